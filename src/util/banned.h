@@ -1,0 +1,31 @@
+/*
+ * Functions that are easy to misuse: a call becomes a compile error.
+ * Included in every translation unit by the build (-include).
+ */
+#ifndef DIVERGE_BANNED_H
+#define DIVERGE_BANNED_H
+
+#define BANNED(func) sorry_##func##_is_a_banned_function
+
+#undef strcpy
+#define strcpy(x, y) BANNED(strcpy)
+#undef strcat
+#define strcat(x, y) BANNED(strcat)
+#undef strncpy
+#define strncpy(x, y, n) BANNED(strncpy)
+#undef sprintf
+#define sprintf(...) BANNED(sprintf)
+#undef vsprintf
+#define vsprintf(...) BANNED(vsprintf)
+#undef strtok
+#define strtok(x, y) BANNED(strtok)
+#undef gets
+#define gets(x) BANNED(gets)
+#undef atoi
+#define atoi(x) BANNED(atoi)
+#undef gmtime
+#define gmtime(t) BANNED(gmtime)
+#undef localtime
+#define localtime(t) BANNED(localtime)
+
+#endif

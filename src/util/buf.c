@@ -1,0 +1,100 @@
+/* Bounded growable buffers. */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/util.h"
+
+/* Initialise an empty buffer that never grows beyond max bytes. */
+void
+buf_init(struct buf *b, size_t max)
+{
+	b->data = NULL;
+	b->len = 0;
+	b->cap = 0;
+	b->max = max;
+}
+
+/* Free the buffer's memory; it is empty and reusable afterwards. */
+void
+buf_release(struct buf *b)
+{
+	free(b->data);
+	b->data = NULL;
+	b->len = 0;
+	b->cap = 0;
+}
+
+/* Empty the buffer, keeping its memory. */
+void
+buf_reset(struct buf *b)
+{
+	b->len = 0;
+	if (b->data != NULL)
+		b->data[0] = '\0';
+}
+
+/* Append n bytes; -1 when the result would exceed the maximum. */
+int
+buf_add(struct buf *b, const void *p, size_t n)
+{
+	size_t need;
+
+	if (n > b->max || b->len > b->max - n)
+		return -1;
+	need = b->len + n + 1;
+	if (need > b->cap) {
+		size_t cap = b->cap ? b->cap : 256;
+
+		while (cap < need)
+			cap *= 2;
+		if (cap > b->max + 1)
+			cap = b->max + 1;
+		b->data = xrealloc(b->data, cap);
+		b->cap = cap;
+	}
+	if (n > 0)
+		memcpy(b->data + b->len, p, n);
+	b->len += n;
+	b->data[b->len] = '\0';
+	return 0;
+}
+
+/* Append a string. */
+int
+buf_addstr(struct buf *b, const char *s)
+{
+	return buf_add(b, s, strlen(s));
+}
+
+/* Append formatted text. */
+int
+buf_printf(struct buf *b, const char *fmt, ...)
+{
+	va_list ap;
+	char *s;
+	int ret;
+
+	va_start(ap, fmt);
+	s = xvasprintf(fmt, ap);
+	va_end(ap);
+	ret = buf_addstr(b, s);
+	free(s);
+	return ret;
+}
+
+/* Hand the contents to the caller and leave the buffer empty. */
+char *
+buf_detach(struct buf *b, size_t *len_out)
+{
+	char *p = b->data;
+
+	if (len_out != NULL)
+		*len_out = b->len;
+	b->data = NULL;
+	b->len = 0;
+	b->cap = 0;
+	return p;
+}

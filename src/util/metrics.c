@@ -1,0 +1,256 @@
+/*
+ * A small Prometheus registry: families declared once, series keyed by
+ * their preformatted label set. A mutex guards everything; the number of
+ * series is small (routes x codes, providers x reasons).
+ */
+#include "config.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/util.h"
+
+static const double buckets[] = {
+	0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+	1, 2.5, 5, 10
+};
+#define NBUCKETS ARRAY_SIZE(buckets)
+
+struct series {
+	struct series *next;
+	char *labels;
+	double value;		/* counter, gauge, or histogram sum */
+	uint64_t count;		/* histogram */
+	uint64_t bucket[NBUCKETS];
+	double (*fn)(void *);
+	void *arg;
+};
+
+struct family {
+	struct family *next;
+	const char *name;
+	const char *help;
+	char *owned_name;	/* set when the family was never declared */
+	enum metric_type type;
+	struct series *series;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct family *families;
+
+static struct family *
+family_get(const char *name)
+{
+	struct family *f;
+
+	for (f = families; f != NULL; f = f->next)
+		if (strcmp(f->name, name) == 0)
+			return f;
+	return NULL;
+}
+
+/* Declare a family (idempotent). */
+void
+metrics_describe(const char *name, enum metric_type type, const char *help)
+{
+	struct family *f, **tail;
+
+	pthread_mutex_lock(&lock);
+	if (family_get(name) == NULL) {
+		f = xcalloc(1, sizeof(*f));
+		f->name = name;
+		f->help = help;
+		f->type = type;
+		for (tail = &families; *tail != NULL; tail = &(*tail)->next)
+			;
+		*tail = f;
+	}
+	pthread_mutex_unlock(&lock);
+}
+
+static struct series *
+series_get(const char *name, const char *labels, enum metric_type type)
+{
+	struct family *f = family_get(name);
+	struct series *s;
+
+	if (f == NULL) {
+		f = xcalloc(1, sizeof(*f));
+		f->owned_name = xstrdup(name);
+		f->name = f->owned_name;
+		f->help = "";
+		f->type = type;
+		f->next = families;
+		families = f;
+	}
+	for (s = f->series; s != NULL; s = s->next)
+		if (strcmp(s->labels, labels) == 0)
+			return s;
+	s = xcalloc(1, sizeof(*s));
+	s->labels = xstrdup(labels);
+	s->next = f->series;
+	f->series = s;
+	return s;
+}
+
+/* Add v to a counter. */
+void
+metrics_inc(const char *name, const char *labels, double v)
+{
+	pthread_mutex_lock(&lock);
+	series_get(name, labels, METRIC_COUNTER)->value += v;
+	pthread_mutex_unlock(&lock);
+}
+
+/* Set a gauge. */
+void
+metrics_set(const char *name, const char *labels, double v)
+{
+	pthread_mutex_lock(&lock);
+	series_get(name, labels, METRIC_GAUGE)->value = v;
+	pthread_mutex_unlock(&lock);
+}
+
+/* Observe a histogram sample. */
+void
+metrics_observe(const char *name, const char *labels, double v)
+{
+	struct series *s;
+	size_t i;
+
+	pthread_mutex_lock(&lock);
+	s = series_get(name, labels, METRIC_HISTOGRAM);
+	s->value += v;
+	s->count++;
+	for (i = 0; i < NBUCKETS; i++)
+		if (v <= buckets[i])
+			s->bucket[i]++;
+	pthread_mutex_unlock(&lock);
+}
+
+/* A gauge computed when rendered. */
+void
+metrics_gauge_fn(const char *name, const char *labels, double (*fn)(void *),
+    void *arg)
+{
+	struct series *s;
+
+	pthread_mutex_lock(&lock);
+	s = series_get(name, labels, METRIC_GAUGE);
+	s->fn = fn;
+	s->arg = arg;
+	pthread_mutex_unlock(&lock);
+}
+
+static const char *
+type_name(enum metric_type t)
+{
+	switch (t) {
+	case METRIC_COUNTER:
+		return "counter";
+	case METRIC_GAUGE:
+		return "gauge";
+	default:
+		return "histogram";
+	}
+}
+
+static int
+render_series(struct buf *b, const struct family *f, const struct series *s)
+{
+	const char *sep = s->labels[0] ? "," : "";
+	size_t i;
+	int r = 0;
+
+	if (f->type != METRIC_HISTOGRAM) {
+		double v = s->fn != NULL ? s->fn(s->arg) : s->value;
+
+		if (s->labels[0])
+			return buf_printf(b, "%s{%s} %.17g\n", f->name,
+			    s->labels, v);
+		return buf_printf(b, "%s %.17g\n", f->name, v);
+	}
+	for (i = 0; i < NBUCKETS && r == 0; i++)
+		r = buf_printf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", f->name,
+		    s->labels, sep, buckets[i],
+		    (unsigned long long)s->bucket[i]);
+	r |= buf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", f->name,
+	    s->labels, sep, (unsigned long long)s->count);
+	if (s->labels[0]) {
+		r |= buf_printf(b, "%s_sum{%s} %.17g\n", f->name, s->labels,
+		    s->value);
+		r |= buf_printf(b, "%s_count{%s} %llu\n", f->name, s->labels,
+		    (unsigned long long)s->count);
+	} else {
+		r |= buf_printf(b, "%s_sum %.17g\n", f->name, s->value);
+		r |= buf_printf(b, "%s_count %llu\n", f->name,
+		    (unsigned long long)s->count);
+	}
+	return r;
+}
+
+/* Render all families in the Prometheus text exposition format. */
+int
+metrics_render(struct buf *b)
+{
+	struct family *f;
+	struct series *s;
+	int r = 0;
+
+	pthread_mutex_lock(&lock);
+	for (f = families; f != NULL && r == 0; f = f->next) {
+		if (f->help[0])
+			r |= buf_printf(b, "# HELP %s %s\n", f->name, f->help);
+		r |= buf_printf(b, "# TYPE %s %s\n", f->name,
+		    type_name(f->type));
+		for (s = f->series; s != NULL && r == 0; s = s->next)
+			r |= render_series(b, f, s);
+	}
+	pthread_mutex_unlock(&lock);
+	return r ? -1 : 0;
+}
+
+/* Escape a label value. */
+char *
+metrics_label_escape(const char *s)
+{
+	struct buf b;
+
+	buf_init(&b, 4096);
+	for (; *s; s++) {
+		if (*s == '\\')
+			buf_addstr(&b, "\\\\");
+		else if (*s == '"')
+			buf_addstr(&b, "\\\"");
+		else if (*s == '\n')
+			buf_addstr(&b, "\\n");
+		else if (buf_add(&b, s, 1) < 0)
+			break;
+	}
+	if (b.data == NULL)
+		return xstrdup("");
+	return buf_detach(&b, NULL);
+}
+
+/* Drop every series and family (tests only; not thread-safe w.r.t. use). */
+void
+metrics_reset(void)
+{
+	struct family *f, *fn;
+	struct series *s, *sn;
+
+	pthread_mutex_lock(&lock);
+	for (f = families; f != NULL; f = fn) {
+		fn = f->next;
+		for (s = f->series; s != NULL; s = sn) {
+			sn = s->next;
+			free(s->labels);
+			free(s);
+		}
+		free(f->owned_name);
+		free(f);
+	}
+	families = NULL;
+	pthread_mutex_unlock(&lock);
+}

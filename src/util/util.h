@@ -1,0 +1,126 @@
+/*
+ * util: allocation, bounded buffers, logging, crypto helpers, metrics and
+ * time. Everything here is thread-safe unless said otherwise.
+ */
+#ifndef DIVERGE_UTIL_H
+#define DIVERGE_UTIL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ---- allocation: out of memory aborts with a message ---- */
+void *xmalloc(size_t n);
+void *xcalloc(size_t nmemb, size_t size);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+/* Copy n bytes of s and NUL-terminate. */
+char *xstrndup(const char *s, size_t n);
+char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+char *xvasprintf(const char *fmt, va_list ap);
+/* Install xmalloc/free into jansson; call once at start. */
+void util_json_init(void);
+
+/*
+ * A growable byte buffer with a hard maximum (curl's dynbuf). data is
+ * always NUL-terminated when non-NULL. Adding beyond max fails with -1 and
+ * leaves the buffer as it was.
+ */
+struct buf {
+	char *data;
+	size_t len;
+	size_t cap;
+	size_t max;
+};
+void buf_init(struct buf *b, size_t max);
+void buf_release(struct buf *b);
+void buf_reset(struct buf *b);
+int buf_add(struct buf *b, const void *p, size_t n);
+int buf_addstr(struct buf *b, const char *s);
+int buf_printf(struct buf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Hand the data over to the caller (may be NULL when empty). */
+char *buf_detach(struct buf *b, size_t *len_out);
+
+/* ---- logging: one line per event ---- */
+enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR };
+/* Set the level and format (json != 0: one JSON object per line). */
+void log_setup(enum log_level level, int json);
+/* Parse "debug|info|warn|error"; -1 when unknown. */
+int log_level_parse(const char *s);
+/*
+ * Log msg with key/value string pairs, terminated by NULL:
+ *   log_kv(LOG_INFO, "webhook accepted", "delivery", id, NULL);
+ * A NULL value prints as "-". Never pass secrets.
+ */
+void log_kv(enum log_level level, const char *msg, ...);
+void log_vkv(enum log_level level, const char *msg, va_list ap);
+int log_enabled(enum log_level level);
+
+/* ---- crypto and encodings ---- */
+/* HMAC-SHA256 of data with key; out gets 32 bytes. */
+void hmac_sha256(const void *key, size_t keylen, const void *data,
+    size_t len, unsigned char out[32]);
+/* Constant-time equality of two buffers of the same length n. */
+int ct_equal(const void *a, const void *b, size_t n);
+/* Wipe memory in a way the compiler keeps. */
+void secure_wipe(void *p, size_t n);
+/* Lowercase hex of n bytes into out (2n+1 bytes). */
+void hex_encode(const unsigned char *in, size_t n, char *out);
+/* Decode exactly 2*n hex chars into n bytes; -1 on a bad digit. */
+int hex_decode(const char *in, size_t inlen, unsigned char *out,
+    size_t *outlen);
+/*
+ * Base64 encode: url != 0 selects the URL alphabet, pad != 0 adds '='.
+ * Returns a new string.
+ */
+char *base64_encode(const unsigned char *in, size_t n, int url, int pad);
+/*
+ * Decode standard or URL-safe base64, padded or not (whitespace refused).
+ * Returns a new buffer in *out (NUL-terminated for convenience) and its
+ * length; -1 on bad input.
+ */
+int base64_decode(const char *in, size_t n, unsigned char **out,
+    size_t *outlen);
+/* Fill buf with n cryptographically random bytes; -1 on failure. */
+int random_bytes(void *buf, size_t n);
+
+/* ---- time ---- */
+/* Monotonic milliseconds. */
+int64_t now_mono_ms(void);
+/* Wall clock seconds since the epoch (overridable in tests). */
+int64_t now_unix(void);
+/* Wall clock milliseconds since the epoch. */
+int64_t now_unix_ms(void);
+/* RFC 3339 UTC "2026-01-02T03:04:05Z" into out (at least 21 bytes). */
+void time_rfc3339(int64_t unix_s, char out[32]);
+/* Sleep for ms milliseconds. */
+void sleep_ms(int64_t ms);
+
+/* ---- metrics (Prometheus text format) ---- */
+enum metric_type { METRIC_COUNTER, METRIC_GAUGE, METRIC_HISTOGRAM };
+/* Declare a metric family once (names are static strings). */
+void metrics_describe(const char *name, enum metric_type type,
+    const char *help);
+/*
+ * labels is a preformatted label set without braces, e.g.
+ * route="/healthz",code="200", or "" for none. Label values must have
+ * been escaped with metrics_label_escape when they come from input.
+ */
+void metrics_inc(const char *name, const char *labels, double v);
+void metrics_set(const char *name, const char *labels, double v);
+void metrics_observe(const char *name, const char *labels, double v);
+/* Register a gauge whose value is read at render time. */
+void metrics_gauge_fn(const char *name, const char *labels,
+    double (*fn)(void *), void *arg);
+/* Render every family into b; -1 if b's maximum is reached. */
+int metrics_render(struct buf *b);
+/* Escape a label value (\\, \", \n) into a new string. */
+char *metrics_label_escape(const char *s);
+/* Forget all series (tests). */
+void metrics_reset(void);
+
+#endif
