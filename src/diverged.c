@@ -1,2 +1,635 @@
+/*
+ * diverged: the daemon. Reads the configuration, opens the state
+ * directory, starts the durable inbox and the HTTP front door, and turns
+ * signals into a reload (SIGHUP) or a graceful stop (SIGTERM, SIGINT).
+ */
 #include "config.h"
-int main(void) { return 0; }
+
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sqlite3.h>
+
+#include "config/config.h"
+#include "http/http.h"
+#include "scm/scm.h"
+#include "util/util.h"
+
+/* Secrets resolved from the configuration; swapped whole on SIGHUP. */
+struct provider_keys {
+	char **vals;
+	size_t *lens;
+	size_t n;
+	unsigned char *signing;
+	size_t signing_len;
+};
+
+struct provider {
+	enum scm_provider id;
+	int enabled;
+	pthread_rwlock_t lock;
+	struct provider_keys keys;
+};
+
+struct daemon {
+	struct config cfg;
+	struct inbox *inbox;
+	struct http_server *http;
+	struct provider github;
+	struct provider gitlab;
+	struct webhook_identity self;
+	char *self_github;
+	int stopping;
+	char *db_path;
+};
+
+static struct daemon D;
+
+/* ------------------------------------------------------------ secrets */
+
+static void
+keys_release(struct provider_keys *k)
+{
+	size_t i;
+
+	for (i = 0; i < k->n; i++) {
+		secure_wipe(k->vals[i], k->lens[i]);
+		free(k->vals[i]);
+	}
+	free(k->vals);
+	free(k->lens);
+	if (k->signing != NULL) {
+		secure_wipe(k->signing, k->signing_len);
+		free(k->signing);
+	}
+	memset(k, 0, sizeof(*k));
+}
+
+static int
+keys_load(struct provider_keys *out, const char *what,
+    const struct config_strlist *refs, const char *signing_ref, char **cause)
+{
+	struct provider_keys k;
+	size_t i;
+	char *c = NULL;
+
+	memset(&k, 0, sizeof(k));
+	k.vals = xcalloc(refs->n + 1, sizeof(char *));
+	k.lens = xcalloc(refs->n + 1, sizeof(size_t));
+	for (i = 0; i < refs->n; i++) {
+		if (config_secret_read(refs->v[i], &k.vals[i], &k.lens[i],
+		    &c) < 0) {
+			*cause = xasprintf("'%s': %s", what, c);
+			free(c);
+			keys_release(&k);
+			return -1;
+		}
+		k.n++;
+	}
+	if (signing_ref != NULL && *signing_ref) {
+		char *tok = NULL;
+		size_t tlen = 0;
+		int r;
+
+		if (config_secret_read(signing_ref, &tok, &tlen, &c) < 0) {
+			*cause = xasprintf("'gitlab.signing_token': %s", c);
+			free(c);
+			keys_release(&k);
+			return -1;
+		}
+		r = webhook_signing_key_decode(tok, &k.signing,
+		    &k.signing_len);
+		secure_wipe(tok, tlen);
+		free(tok);
+		if (r < 0) {
+			*cause = xstrdup("'gitlab.signing_token': not a "
+			    "whsec_<base64> signing token");
+			keys_release(&k);
+			return -1;
+		}
+	}
+	*out = k;
+	return 0;
+}
+
+/* Resolve every webhook secret of cfg; swap them in only if all load. */
+static int
+secrets_reload(const struct config *cfg, char **cause)
+{
+	struct provider_keys gh, gl;
+
+	memset(&gh, 0, sizeof(gh));
+	memset(&gl, 0, sizeof(gl));
+	if (cfg->github.enabled && keys_load(&gh, "github.webhook_secrets",
+	    &cfg->github.webhook_secrets, NULL, cause) < 0)
+		return -1;
+	if (cfg->gitlab.enabled && keys_load(&gl, "gitlab.webhook_tokens",
+	    &cfg->gitlab.webhook_tokens, cfg->gitlab.signing_token,
+	    cause) < 0) {
+		keys_release(&gh);
+		return -1;
+	}
+	pthread_rwlock_wrlock(&D.github.lock);
+	keys_release(&D.github.keys);
+	D.github.keys = gh;
+	D.github.enabled = cfg->github.enabled;
+	pthread_rwlock_unlock(&D.github.lock);
+	pthread_rwlock_wrlock(&D.gitlab.lock);
+	keys_release(&D.gitlab.keys);
+	D.gitlab.keys = gl;
+	D.gitlab.enabled = cfg->gitlab.enabled;
+	pthread_rwlock_unlock(&D.gitlab.lock);
+	return 0;
+}
+
+/* ----------------------------------------------------------- handlers */
+
+static int
+h_healthz(void *arg, struct http_req *req)
+{
+	http_reply_json(req, 200, json_pack("{s:s}", "status", "ok"));
+	return HTTP_DONE;
+}
+
+static int
+store_reachable(void)
+{
+	sqlite3 *db = NULL;
+	int ok;
+
+	ok = sqlite3_open_v2(D.db_path, &db, SQLITE_OPEN_READONLY, NULL) ==
+	    SQLITE_OK && sqlite3_exec(db, "SELECT 1 FROM inbox LIMIT 1",
+	    NULL, NULL, NULL) == SQLITE_OK;
+	sqlite3_close(db);
+	return ok;
+}
+
+static int
+h_readyz(void *arg, struct http_req *req)
+{
+	const char *why = NULL;
+
+	if (D.stopping)
+		why = "shutting down";
+	else if (!inbox_running(D.inbox))
+		why = "inbox workers not running";
+	else if (!store_reachable())
+		why = "state database not reachable";
+	if (why != NULL) {
+		http_reply_json(req, 503, json_pack("{s:b,s:s}", "ready", 0,
+		    "error", why));
+		return HTTP_DONE;
+	}
+	http_reply_json(req, 200, json_pack("{s:b}", "ready", 1));
+	return HTTP_DONE;
+}
+
+static int
+h_metrics(void *arg, struct http_req *req)
+{
+	struct buf b;
+
+	buf_init(&b, 16u << 20);
+	if (metrics_render(&b) < 0) {
+		buf_release(&b);
+		http_reply_error(req, 500, "metrics too large");
+		return HTTP_DONE;
+	}
+	http_reply(req, 200, "text/plain; version=0.0.4; charset=utf-8",
+	    b.data ? b.data : "", b.len);
+	buf_release(&b);
+	return HTTP_DONE;
+}
+
+static const char *
+req_header(void *arg, const char *name)
+{
+	return http_req_header(arg, name);
+}
+
+struct pending_put {
+	struct http_req *req;
+	char *delivery;
+	char *provider;
+	int64_t start_ms;
+};
+
+static void
+count_webhook(const char *provider, const char *outcome, const char *reason)
+{
+	char labels[256];
+
+	snprintf(labels, sizeof(labels),
+	    "provider=\"%s\",outcome=\"%s\",reason=\"%s\"", provider, outcome,
+	    reason);
+	metrics_inc("diverge_webhook_deliveries_total", labels, 1);
+}
+
+static void
+put_done(void *arg, enum inbox_put_result r)
+{
+	struct pending_put *p = arg;
+	const char *outcome = "accepted";
+
+	switch (r) {
+	case INBOX_STORED:
+		http_reply_json(p->req, 202, json_pack("{s:b,s:s}", "accepted",
+		    1, "delivery", p->delivery));
+		log_kv(LOG_INFO, "webhook accepted", "delivery", p->delivery,
+		    "provider", p->provider, NULL);
+		break;
+	case INBOX_DUPLICATE:
+		outcome = "duplicate";
+		http_reply_json(p->req, 200, json_pack("{s:b,s:s}",
+		    "duplicate", 1, "delivery", p->delivery));
+		log_kv(LOG_INFO, "webhook duplicate", "delivery", p->delivery,
+		    "provider", p->provider, NULL);
+		break;
+	case INBOX_FULL:
+		outcome = "inbox_full";
+		http_reply_header(p->req, "Retry-After", "30");
+		http_reply_error(p->req, 503, "inbox full, retry later");
+		log_kv(LOG_WARN, "webhook refused: inbox full", "delivery",
+		    p->delivery, "provider", p->provider, NULL);
+		break;
+	default:
+		outcome = "store_error";
+		http_reply_header(p->req, "Retry-After", "5");
+		http_reply_error(p->req, 503, "cannot store the delivery");
+		log_kv(LOG_ERROR, "webhook not stored", "delivery",
+		    p->delivery, "provider", p->provider, NULL);
+	}
+	count_webhook(p->provider, outcome, outcome);
+	http_resume(p->req);
+	free(p->delivery);
+	free(p->provider);
+	free(p);
+}
+
+static int
+h_webhook(void *arg, struct http_req *req)
+{
+	struct provider *pv = arg;
+	const char *pname = scm_provider_name(pv->id);
+	const char *reason = NULL, *did;
+	struct webhook_keys keys;
+	struct scm_event ev;
+	enum webhook_verdict v;
+	const char *body;
+	size_t len;
+
+	memset(&ev, 0, sizeof(ev));
+	did = pv->id == SCM_GITHUB ?
+	    http_req_header(req, "X-GitHub-Delivery") :
+	    (http_req_header(req, "Idempotency-Key") ?
+	    http_req_header(req, "Idempotency-Key") :
+	    http_req_header(req, "X-Gitlab-Event-UUID"));
+	pthread_rwlock_rdlock(&pv->lock);
+	if (!pv->enabled) {
+		pthread_rwlock_unlock(&pv->lock);
+		count_webhook(pname, "rejected", "provider disabled");
+		http_reply_error(req, 404, pv->id == SCM_GITHUB ?
+		    "github webhooks are not enabled" :
+		    "gitlab webhooks are not enabled");
+		return HTTP_DONE;
+	}
+	keys.secrets = (const char **)pv->keys.vals;
+	keys.secret_lens = pv->keys.lens;
+	keys.nsecrets = pv->keys.n;
+	keys.signing_key = pv->keys.signing;
+	keys.signing_key_len = pv->keys.signing_len;
+	body = http_req_body(req, &len);
+	v = webhook_handle(pv->id, &keys, &D.self, req_header, req, body, len,
+	    now_unix(), &ev, &reason);
+	pthread_rwlock_unlock(&pv->lock);
+
+	switch (v) {
+	case WH_UNAUTHORIZED:
+		count_webhook(pname, "rejected", reason);
+		log_kv(LOG_WARN, "webhook rejected", "delivery", did,
+		    "provider", pname, "status", "401", "reason", reason, NULL);
+		http_reply_error(req, 401, reason);
+		return HTTP_DONE;
+	case WH_UNSUPPORTED:
+		count_webhook(pname, "rejected", "unsupported media type");
+		log_kv(LOG_WARN, "webhook rejected", "delivery", did,
+		    "provider", pname, "status", "415", "reason", reason, NULL);
+		http_reply_error(req, 415, reason);
+		return HTTP_DONE;
+	case WH_BAD_REQUEST:
+		count_webhook(pname, "rejected", "malformed");
+		log_kv(LOG_WARN, "webhook rejected", "delivery", did,
+		    "provider", pname, "status", "400", "reason", reason, NULL);
+		http_reply_json(req, 400, json_pack("{s:s,s:s}", "error",
+		    "malformed payload", "detail", reason));
+		return HTTP_DONE;
+	case WH_IGNORE:
+		count_webhook(pname, "ignored", reason);
+		log_kv(LOG_INFO, "webhook ignored", "delivery", ev.delivery,
+		    "provider", pname, "event", ev.event_name, "reason", reason,
+		    NULL);
+		http_reply_json(req, 200, json_pack("{s:s}", "ignored",
+		    reason));
+		scm_event_release(&ev);
+		return HTTP_DONE;
+	case WH_ACCEPT:
+		break;
+	}
+	{
+		struct pending_put *p = xcalloc(1, sizeof(*p));
+		json_t *j = scm_event_to_json(&ev);
+		char *js = json_dumps(j, JSON_COMPACT);
+		char *key = xasprintf("%s:%s", pname, ev.delivery);
+
+		p->req = req;
+		p->delivery = xstrdup(ev.delivery);
+		p->provider = xstrdup(pname);
+		http_req_set_log_id(req, ev.delivery);
+		/* p is now owned by put_done */
+		inbox_put_async(D.inbox, key, pname, js, put_done, p);
+		free(key);
+		free(js);
+		json_decref(j);
+	}
+	scm_event_release(&ev);
+	return HTTP_SUSPENDED;
+}
+
+static const struct http_route routes[] = {
+	{ "GET", "/healthz", "/healthz", h_healthz, NULL },
+	{ "GET", "/readyz", "/readyz", h_readyz, NULL },
+	{ "GET", "/metrics", "/metrics", h_metrics, NULL },
+	{ "POST", "/webhooks/github", "/webhooks/github", h_webhook,
+	    &D.github },
+	{ "POST", "/webhooks/gitlab", "/webhooks/gitlab", h_webhook,
+	    &D.gitlab },
+};
+
+/* -------------------------------------------------------------- main */
+
+static void
+usage(FILE *f)
+{
+	fprintf(f,
+	    "usage: diverged [--config FILE] [--check-config] [--listen ADDR]\n"
+	    "                [--state-dir DIR] [--version] [--help]\n"
+	    "\n"
+	    "  -c, --config FILE   YAML configuration (default: none, the\n"
+	    "                      embedded mode with webhooks disabled)\n"
+	    "      --check-config  validate the configuration and its secrets,\n"
+	    "                      then exit (0 valid, 2 invalid)\n"
+	    "  -l, --listen ADDR   override 'listen' (HOST:PORT)\n"
+	    "  -s, --state-dir DIR override 'state_dir'\n"
+	    "  -V, --version       print the version and exit\n"
+	    "  -h, --help          print this help and exit\n"
+	    "\n"
+	    "Signals: SIGHUP re-reads the configuration's secrets and log\n"
+	    "level; SIGTERM and SIGINT stop gracefully.\n");
+}
+
+static int
+mkdir_p(const char *path, char **cause)
+{
+	char *p = xstrdup(path), *s;
+	int ret = 0;
+
+	for (s = p + 1; ; s++) {
+		if (*s == '/' || *s == '\0') {
+			char c = *s;
+
+			*s = '\0';
+			if (mkdir(p, 0700) < 0 && errno != EEXIST) {
+				*cause = xasprintf("state_dir '%s': %s", p,
+				    strerror(errno));
+				ret = -1;
+				break;
+			}
+			*s = c;
+			if (c == '\0')
+				break;
+		}
+	}
+	free(p);
+	return ret;
+}
+
+static void
+reload(void)
+{
+	struct config nc;
+	char *cause = NULL;
+
+	if (D.cfg.file == NULL) {
+		log_kv(LOG_INFO, "reload: no configuration file, nothing to do",
+		    NULL);
+		return;
+	}
+	if (config_load(&nc, D.cfg.file, &cause) < 0) {
+		log_kv(LOG_ERROR, "reload failed, keeping the running "
+		    "configuration", "error", cause, NULL);
+		free(cause);
+		return;
+	}
+	if (nc.github.enabled != D.cfg.github.enabled ||
+	    nc.gitlab.enabled != D.cfg.gitlab.enabled)
+		log_kv(LOG_WARN, "reload: enabling or disabling a provider "
+		    "needs a restart", NULL);
+	nc.github.enabled = D.cfg.github.enabled;
+	nc.gitlab.enabled = D.cfg.gitlab.enabled;
+	if (secrets_reload(&nc, &cause) < 0) {
+		log_kv(LOG_ERROR, "reload failed, keeping the running secrets",
+		    "error", cause, NULL);
+		free(cause);
+		config_release(&nc);
+		return;
+	}
+	log_setup((enum log_level)nc.log.level, nc.log.json);
+	config_release(&nc);
+	log_kv(LOG_INFO, "reloaded secrets and log settings", NULL);
+}
+
+int
+main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "check-config", no_argument, NULL, 'C' },
+		{ "listen", required_argument, NULL, 'l' },
+		{ "state-dir", required_argument, NULL, 's' },
+		{ "version", no_argument, NULL, 'V' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 }
+	};
+	const char *config_file = NULL, *listen = NULL, *state_dir = NULL;
+	int check = 0, ch, sig, ret = 1;
+	char *cause = NULL;
+	struct http_server_config hc;
+	struct inbox_config ic;
+	sigset_t set;
+
+	while ((ch = getopt_long(argc, argv, "c:l:s:Vh", opts, NULL)) != -1) {
+		switch (ch) {
+		case 'c':
+			config_file = optarg;
+			break;
+		case 'C':
+			check = 1;
+			break;
+		case 'l':
+			listen = optarg;
+			break;
+		case 's':
+			state_dir = optarg;
+			break;
+		case 'V':
+			printf("diverged %s\n", PACKAGE_VERSION);
+			return 0;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "diverged: unexpected argument '%s'\n",
+		    argv[optind]);
+		usage(stderr);
+		return 2;
+	}
+
+	util_json_init();
+	pthread_rwlock_init(&D.github.lock, NULL);
+	pthread_rwlock_init(&D.gitlab.lock, NULL);
+	D.github.id = SCM_GITHUB;
+	D.gitlab.id = SCM_GITLAB;
+
+	if (config_file != NULL) {
+		if (config_load(&D.cfg, config_file, &cause) < 0) {
+			fprintf(stderr, "config: %s\n", cause);
+			free(cause);
+			return 2;
+		}
+	} else {
+		config_defaults(&D.cfg);
+	}
+	if (listen != NULL) {
+		free(D.cfg.listen);
+		D.cfg.listen = xstrdup(listen);
+	}
+	if (state_dir != NULL) {
+		free(D.cfg.state_dir);
+		D.cfg.state_dir = xstrdup(state_dir);
+	}
+	log_setup((enum log_level)D.cfg.log.level, D.cfg.log.json);
+	if (secrets_reload(&D.cfg, &cause) < 0) {
+		fprintf(stderr, "config: %s\n", cause);
+		free(cause);
+		config_release(&D.cfg);
+		return 2;
+	}
+	if (check) {
+		printf("configuration ok\n");
+		ret = 0;
+		goto out;
+	}
+	if (D.cfg.github.app.slug != NULL) {
+		D.self_github = xasprintf("%s[bot]", D.cfg.github.app.slug);
+		D.self.github_login = D.self_github;
+	}
+
+	/* every thread inherits this mask; main() takes the signals */
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	if (mkdir_p(D.cfg.state_dir, &cause) < 0)
+		goto fail;
+	D.db_path = xasprintf("%s/diverge.db", D.cfg.state_dir);
+	ic.capacity = D.cfg.inbox.capacity;
+	ic.workers = D.cfg.inbox.workers;
+	ic.max_attempts = D.cfg.inbox.max_attempts;
+	ic.retention_s = D.cfg.inbox.retention_s;
+	ic.backoff_base_ms = 0;
+	ic.backoff_max_ms = 0;
+	/* a test hook: keep entries pending (back-pressure, crash tests) */
+	ic.hold = getenv("DIVERGE_TEST_HOLD_INBOX") != NULL;
+	if (inbox_open(&D.inbox, D.db_path, &ic, &cause) < 0 ||
+	    inbox_start(D.inbox, &inbox_record_handler, &cause) < 0)
+		goto fail;
+
+	metrics_describe("diverge_webhook_deliveries_total", METRIC_COUNTER,
+	    "Webhook deliveries by provider, outcome and reason.");
+	hc.listen = D.cfg.listen;
+	hc.threads = D.cfg.http.threads;
+	hc.max_connections = D.cfg.http.max_connections;
+	hc.connection_timeout_s = D.cfg.http.connection_timeout_s;
+	hc.max_body = (size_t)D.cfg.http.max_body_bytes;
+	hc.max_header = (size_t)D.cfg.http.max_header_bytes;
+	if (http_server_start(&D.http, &hc, routes, ARRAY_SIZE(routes),
+	    &cause) < 0)
+		goto fail;
+	{
+		char port[16];
+
+		snprintf(port, sizeof(port), "%d", http_server_port(D.http));
+		log_kv(LOG_INFO, "diverged started", "version",
+		    PACKAGE_VERSION, "listen", D.cfg.listen, "port", port,
+		    "state_dir", D.cfg.state_dir, "store",
+		    D.cfg.kubernetes.mode == KUBE_EMBEDDED ? "embedded" :
+		    "kubernetes", "config", D.cfg.file ? D.cfg.file : "none",
+		    NULL);
+	}
+	if (!D.cfg.github.enabled && !D.cfg.gitlab.enabled)
+		log_kv(LOG_INFO, "webhook providers disabled: set "
+		    "github.enabled or gitlab.enabled with their secrets in a "
+		    "configuration file and start with --config FILE", NULL);
+
+	for (;;) {
+		if (sigwait(&set, &sig) != 0)
+			continue;
+		if (sig == SIGHUP) {
+			reload();
+			continue;
+		}
+		break;
+	}
+	log_kv(LOG_INFO, "stopping", "signal", sig == SIGINT ? "SIGINT" :
+	    "SIGTERM", NULL);
+	D.stopping = 1;
+	http_server_quiesce(D.http);
+	http_server_stop(D.http, (int64_t)D.cfg.shutdown_timeout_s * 1000);
+	D.http = NULL;
+	inbox_stop(D.inbox);
+	ret = 0;
+	log_kv(LOG_INFO, "stopped", NULL);
+	goto out;
+fail:
+	log_kv(LOG_ERROR, "cannot start", "error", cause, NULL);
+	free(cause);
+	ret = 1;
+out:
+	http_server_stop(D.http, 0);
+	inbox_free(D.inbox);
+	pthread_rwlock_wrlock(&D.github.lock);
+	keys_release(&D.github.keys);
+	pthread_rwlock_unlock(&D.github.lock);
+	pthread_rwlock_wrlock(&D.gitlab.lock);
+	keys_release(&D.gitlab.keys);
+	pthread_rwlock_unlock(&D.gitlab.lock);
+	free(D.self_github);
+	free(D.db_path);
+	config_release(&D.cfg);
+	return ret;
+}

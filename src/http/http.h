@@ -1,0 +1,92 @@
+/*
+ * http: the libmicrohttpd server of diverged: a route table, bounded
+ * request bodies, JSON replies, suspend/resume for replies produced on
+ * another thread, and request metrics.
+ */
+#ifndef DIVERGE_HTTP_H
+#define DIVERGE_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+struct http_server;
+struct http_req;
+
+/* A handler returns HTTP_DONE after replying, or HTTP_SUSPENDED. */
+enum { HTTP_DONE = 0, HTTP_SUSPENDED = 1 };
+
+/*
+ * One route: exact path match. method is "GET", "POST", ... A request for
+ * a known path with another method gets 405 with an Allow header.
+ * name labels the route in metrics.
+ */
+struct http_route {
+	const char *method;
+	const char *path;
+	const char *name;
+	int (*handler)(void *arg, struct http_req *req);
+	void *arg;
+};
+
+struct http_server_config {
+	const char *listen;		/* host:port, [v6]:port; port 0 = any */
+	int threads;			/* thread pool size */
+	int max_connections;
+	int connection_timeout_s;	/* idle timeout */
+	size_t max_body;		/* 413 beyond */
+	size_t max_header;		/* request line + headers */
+};
+
+/*
+ * Start serving routes (the array must outlive the server). Returns 0, or
+ * -1 with *cause.
+ */
+int http_server_start(struct http_server **out,
+    const struct http_server_config *cfg, const struct http_route *routes,
+    size_t nroutes, char **cause);
+/* The port actually bound. */
+int http_server_port(const struct http_server *s);
+/* Stop accepting new connections (in-flight ones go on). */
+void http_server_quiesce(struct http_server *s);
+/*
+ * Wait up to timeout_ms for in-flight requests to finish, then stop
+ * every thread and free the server. NULL is a no-op.
+ */
+void http_server_stop(struct http_server *s, int64_t timeout_ms);
+/* Requests being handled right now. */
+int http_server_inflight(const struct http_server *s);
+
+/* ---- request accessors (valid during the handler) ---- */
+const char *http_req_method(const struct http_req *r);
+const char *http_req_path(const struct http_req *r);
+/* A request header (case-insensitive); NULL when absent. */
+const char *http_req_header(const struct http_req *r, const char *name);
+/* A query-string argument; NULL when absent. */
+const char *http_req_query(const struct http_req *r, const char *name);
+/* The request body (NUL-terminated for convenience) and its length. */
+const char *http_req_body(const struct http_req *r, size_t *len);
+/* Context for log lines: set by handlers, e.g. the delivery id. */
+void http_req_set_log_id(struct http_req *r, const char *id);
+
+/* ---- replies: exactly one per request ---- */
+/* Add a response header (before the reply is queued). */
+void http_reply_header(struct http_req *r, const char *name,
+    const char *value);
+/* A reply with a body copied from body. */
+void http_reply(struct http_req *r, int status, const char *content_type,
+    const char *body, size_t len);
+/* A JSON reply; takes the reference to body. */
+void http_reply_json(struct http_req *r, int status, json_t *body);
+/* {"error": msg} with status. */
+void http_reply_error(struct http_req *r, int status, const char *msg);
+
+/*
+ * Suspend the request: the handler returns HTTP_SUSPENDED and another
+ * thread later calls one http_reply* then http_resume(r).
+ */
+void http_suspend(struct http_req *r);
+void http_resume(struct http_req *r);
+
+#endif

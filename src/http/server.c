@@ -1,1 +1,582 @@
+/*
+ * The HTTP server: libmicrohttpd with an internal thread pool (epoll),
+ * connection limit and idle timeout, bodies read into bounded buffers,
+ * replies that may be produced later on another thread (suspend/resume).
+ */
 #include "config.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+
+#include "http/http.h"
+#include "util/util.h"
+
+#if MHD_VERSION < 0x00097002
+#define MHD_RESULT int
+#else
+#define MHD_RESULT enum MHD_Result
+#endif
+
+struct http_server {
+	struct MHD_Daemon *d;
+	const struct http_route *routes;
+	size_t nroutes;
+	size_t max_body;
+	int port;
+	pthread_mutex_t mu;
+	pthread_cond_t idle;
+	int inflight;
+};
+
+struct reply_header {
+	char *name;
+	char *value;
+};
+
+struct http_req {
+	struct http_server *srv;
+	struct MHD_Connection *conn;
+	const struct http_route *route;
+	char *method;
+	char *path;
+	struct buf body;
+	int64_t start_ms;
+	int too_large;
+	size_t discarded;
+	char *log_id;
+
+	/* the reply */
+	int status;
+	char *ctype;
+	char *rbody;
+	size_t rlen;
+	struct reply_header *hdrs;
+	size_t nhdrs;
+	int replied;
+	int queued;
+	int suspended;
+	pthread_mutex_t mu;
+};
+
+/* ------------------------------------------------------------ helpers */
+
+static int
+parse_listen(const char *listen, struct sockaddr_storage *ss,
+    socklen_t *sslen, char **cause)
+{
+	char host[256];
+	const char *colon, *port, *h = listen;
+	size_t hl;
+	struct addrinfo hints, *res = NULL;
+	int rc;
+
+	if (listen[0] == '[') {
+		const char *end = strchr(listen, ']');
+
+		if (end == NULL || end[1] != ':') {
+			*cause = xasprintf("listen address '%s': expected "
+			    "[ADDRESS]:PORT", listen);
+			return -1;
+		}
+		h = listen + 1;
+		hl = (size_t)(end - h);
+		port = end + 2;
+	} else {
+		colon = strrchr(listen, ':');
+		if (colon == NULL) {
+			*cause = xasprintf("listen address '%s': expected "
+			    "HOST:PORT", listen);
+			return -1;
+		}
+		hl = (size_t)(colon - listen);
+		port = colon + 1;
+	}
+	if (hl >= sizeof(host)) {
+		*cause = xasprintf("listen address '%s': host too long", listen);
+		return -1;
+	}
+	memcpy(host, h, hl);
+	host[hl] = '\0';
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+	rc = getaddrinfo(hl > 0 ? host : NULL, port, &hints, &res);
+	if (rc != 0 || res == NULL) {
+		*cause = xasprintf("listen address '%s': %s", listen,
+		    gai_strerror(rc));
+		return -1;
+	}
+	memcpy(ss, res->ai_addr, res->ai_addrlen);
+	*sslen = res->ai_addrlen;
+	freeaddrinfo(res);
+	return 0;
+}
+
+static void
+mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	char *msg = xvasprintf(fmt, ap);
+	size_t n = strlen(msg);
+
+	while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '.'))
+		msg[--n] = '\0';
+	log_kv(LOG_DEBUG, "http server", "detail", msg, NULL);
+	free(msg);
+}
+
+static const struct http_route *
+find_route(const struct http_server *s, const char *method, const char *path,
+    int *path_known, struct buf *allow)
+{
+	size_t i;
+
+	*path_known = 0;
+	for (i = 0; i < s->nroutes; i++) {
+		if (strcmp(s->routes[i].path, path) != 0)
+			continue;
+		*path_known = 1;
+		if (allow->len > 0)
+			buf_addstr(allow, ", ");
+		buf_addstr(allow, s->routes[i].method);
+		if (strcmp(s->routes[i].method, method) == 0)
+			return &s->routes[i];
+	}
+	return NULL;
+}
+
+static void
+req_free(struct http_req *r)
+{
+	size_t i;
+
+	if (r == NULL)
+		return;
+	buf_release(&r->body);
+	free(r->method);
+	free(r->path);
+	free(r->log_id);
+	free(r->ctype);
+	free(r->rbody);
+	for (i = 0; i < r->nhdrs; i++) {
+		free(r->hdrs[i].name);
+		free(r->hdrs[i].value);
+	}
+	free(r->hdrs);
+	pthread_mutex_destroy(&r->mu);
+	free(r);
+}
+
+static MHD_RESULT
+queue_reply(struct http_req *r)
+{
+	struct MHD_Response *resp;
+	MHD_RESULT ret;
+	size_t i;
+
+	resp = MHD_create_response_from_buffer(r->rlen, r->rbody,
+	    MHD_RESPMEM_MUST_COPY);
+	if (resp == NULL)
+		return MHD_NO;
+	if (r->ctype != NULL)
+		MHD_add_response_header(resp, "Content-Type", r->ctype);
+	for (i = 0; i < r->nhdrs; i++)
+		MHD_add_response_header(resp, r->hdrs[i].name,
+		    r->hdrs[i].value);
+	ret = MHD_queue_response(r->conn, (unsigned int)r->status, resp);
+	MHD_destroy_response(resp);
+	r->queued = 1;
+	return ret;
+}
+
+/* -------------------------------------------------------------- MHD */
+
+static MHD_RESULT
+access_cb(void *cls, struct MHD_Connection *conn, const char *url,
+    const char *method, const char *version, const char *upload_data,
+    size_t *upload_data_size, void **con_cls)
+{
+	struct http_server *s = cls;
+	struct http_req *r = *con_cls;
+	int rc;
+
+	if (r == NULL) {
+		struct buf allow;
+		int known;
+		const char *cl;
+
+		r = xcalloc(1, sizeof(*r));
+		pthread_mutex_init(&r->mu, NULL);
+		r->srv = s;
+		r->conn = conn;
+		r->method = xstrdup(method);
+		r->path = xstrdup(url);
+		r->start_ms = now_mono_ms();
+		buf_init(&r->body, s->max_body);
+		*con_cls = r;
+		pthread_mutex_lock(&s->mu);
+		s->inflight++;
+		pthread_mutex_unlock(&s->mu);
+
+		buf_init(&allow, 256);
+		r->route = find_route(s, method, url, &known, &allow);
+		if (r->route == NULL && !known) {
+			http_reply_error(r, 404, "not found");
+		} else if (r->route == NULL) {
+			http_reply_header(r, "Allow", allow.data);
+			http_reply_error(r, 405, "method not allowed");
+		}
+		buf_release(&allow);
+		cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+		    MHD_HTTP_HEADER_CONTENT_LENGTH);
+		if (!r->replied && cl != NULL) {
+			char *e;
+			unsigned long long n;
+
+			errno = 0;
+			n = strtoull(cl, &e, 10);
+			if (errno != 0 || e == cl || *e != '\0' ||
+			    n > s->max_body) {
+				r->too_large = 1;
+				http_reply_error(r, 413,
+				    "request body too large");
+			}
+		}
+		if (r->replied)
+			return queue_reply(r);
+		return MHD_YES;
+	}
+
+	if (*upload_data_size > 0) {
+		if (r->replied || r->too_large) {
+			/* bounded discard, then give up on the connection */
+			r->discarded += *upload_data_size;
+			*upload_data_size = 0;
+			return r->discarded > s->max_body ? MHD_NO : MHD_YES;
+		}
+		if (buf_add(&r->body, upload_data, *upload_data_size) < 0) {
+			r->too_large = 1;
+			buf_release(&r->body);
+			r->discarded += *upload_data_size;
+		}
+		*upload_data_size = 0;
+		return MHD_YES;
+	}
+
+	/* the whole request is here */
+	pthread_mutex_lock(&r->mu);
+	if (r->replied) {
+		MHD_RESULT ret = r->queued ? MHD_YES : queue_reply(r);
+
+		pthread_mutex_unlock(&r->mu);
+		return ret;
+	}
+	pthread_mutex_unlock(&r->mu);
+	if (r->too_large) {
+		http_reply_error(r, 413, "request body too large");
+		return queue_reply(r);
+	}
+	if (r->body.data == NULL)
+		buf_add(&r->body, "", 0);
+	rc = r->route->handler(r->route->arg, r);
+	if (rc == HTTP_SUSPENDED) {
+		pthread_mutex_lock(&r->mu);
+		if (r->replied) {
+			/* replied before we could suspend: answer now */
+			MHD_RESULT ret = queue_reply(r);
+
+			r->suspended = 0;
+			pthread_mutex_unlock(&r->mu);
+			return ret;
+		}
+		r->suspended = 1;
+		MHD_suspend_connection(conn);
+		pthread_mutex_unlock(&r->mu);
+		return MHD_YES;
+	}
+	if (!r->replied)
+		http_reply_error(r, 500, "internal error");
+	return queue_reply(r);
+}
+
+static void
+completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
+    enum MHD_RequestTerminationCode toe)
+{
+	struct http_server *s = cls;
+	struct http_req *r = *con_cls;
+	char labels[256];
+	const char *route;
+
+	if (r == NULL)
+		return;
+	route = r->route != NULL ? r->route->name : "unmatched";
+	if (r->queued) {
+		snprintf(labels, sizeof(labels), "route=\"%s\",code=\"%d\"",
+		    route, r->status);
+		metrics_inc("diverge_http_requests_total", labels, 1);
+		snprintf(labels, sizeof(labels), "route=\"%s\"", route);
+		metrics_observe("diverge_http_request_duration_seconds",
+		    labels, (double)(now_mono_ms() - r->start_ms) / 1000.0);
+	} else {
+		snprintf(labels, sizeof(labels), "route=\"%s\"", route);
+		metrics_inc("diverge_http_requests_aborted_total", labels, 1);
+	}
+	req_free(r);
+	*con_cls = NULL;
+	pthread_mutex_lock(&s->mu);
+	s->inflight--;
+	if (s->inflight == 0)
+		pthread_cond_broadcast(&s->idle);
+	pthread_mutex_unlock(&s->mu);
+}
+
+/* Start the server. */
+int
+http_server_start(struct http_server **out,
+    const struct http_server_config *cfg, const struct http_route *routes,
+    size_t nroutes, char **cause)
+{
+	struct http_server *s;
+	struct sockaddr_storage ss;
+	socklen_t sslen = 0;
+	const union MHD_DaemonInfo *info;
+	unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD |
+	    MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+
+	if (parse_listen(cfg->listen, &ss, &sslen, cause) < 0)
+		return -1;
+	if (ss.ss_family == AF_INET6)
+		flags |= MHD_USE_IPv6;
+#ifdef MHD_USE_EPOLL
+	flags |= MHD_USE_EPOLL;
+#endif
+	s = xcalloc(1, sizeof(*s));
+	s->routes = routes;
+	s->nroutes = nroutes;
+	s->max_body = cfg->max_body;
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->idle, NULL);
+	metrics_describe("diverge_http_requests_total", METRIC_COUNTER,
+	    "HTTP requests answered, by route and status code.");
+	metrics_describe("diverge_http_request_duration_seconds",
+	    METRIC_HISTOGRAM, "HTTP request latency, by route.");
+	metrics_describe("diverge_http_requests_aborted_total", METRIC_COUNTER,
+	    "HTTP requests that ended before a reply (client gone).");
+	s->d = MHD_start_daemon(flags, 0, NULL, NULL, access_cb, s,
+	    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+	    MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)(cfg->threads > 0 ?
+	    cfg->threads : 1),
+	    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)cfg->max_connections,
+	    MHD_OPTION_CONNECTION_TIMEOUT,
+	    (unsigned int)cfg->connection_timeout_s,
+	    MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(cfg->max_header +
+	    16384),
+	    MHD_OPTION_NOTIFY_COMPLETED, completed_cb, s,
+	    MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+	    MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
+	    MHD_OPTION_END);
+	if (s->d == NULL) {
+		*cause = xasprintf("cannot listen on '%s': %s", cfg->listen,
+		    errno ? strerror(errno) : "libmicrohttpd refused");
+		pthread_mutex_destroy(&s->mu);
+		pthread_cond_destroy(&s->idle);
+		free(s);
+		return -1;
+	}
+	info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_LISTEN_FD);
+	if (info != NULL) {
+		struct sockaddr_storage b;
+		socklen_t bl = sizeof(b);
+
+		if (getsockname(info->listen_fd, (struct sockaddr *)&b,
+		    &bl) == 0) {
+			if (b.ss_family == AF_INET6)
+				s->port = ntohs(((struct sockaddr_in6 *)&b)->
+				    sin6_port);
+			else
+				s->port = ntohs(((struct sockaddr_in *)&b)->
+				    sin_port);
+		}
+	}
+	*out = s;
+	return 0;
+}
+
+/* The bound port. */
+int
+http_server_port(const struct http_server *s)
+{
+	return s->port;
+}
+
+/* Requests in flight. */
+int
+http_server_inflight(const struct http_server *s)
+{
+	int n;
+
+	pthread_mutex_lock((pthread_mutex_t *)&s->mu);
+	n = s->inflight;
+	pthread_mutex_unlock((pthread_mutex_t *)&s->mu);
+	return n;
+}
+
+/* Stop accepting. */
+void
+http_server_quiesce(struct http_server *s)
+{
+	MHD_socket fd;
+
+	if (s == NULL)
+		return;
+	fd = MHD_quiesce_daemon(s->d);
+	if (fd != MHD_INVALID_SOCKET)
+		close(fd);
+}
+
+/* Drain and free. */
+void
+http_server_stop(struct http_server *s, int64_t timeout_ms)
+{
+	int64_t deadline;
+
+	if (s == NULL)
+		return;
+	deadline = now_mono_ms() + timeout_ms;
+	pthread_mutex_lock(&s->mu);
+	while (s->inflight > 0 && now_mono_ms() < deadline) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 50 * 1000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&s->idle, &s->mu, &ts);
+	}
+	pthread_mutex_unlock(&s->mu);
+	MHD_stop_daemon(s->d);
+	pthread_mutex_destroy(&s->mu);
+	pthread_cond_destroy(&s->idle);
+	free(s);
+}
+
+/* ---------------------------------------------------------- requests */
+
+const char *
+http_req_method(const struct http_req *r)
+{
+	return r->method;
+}
+
+const char *
+http_req_path(const struct http_req *r)
+{
+	return r->path;
+}
+
+const char *
+http_req_header(const struct http_req *r, const char *name)
+{
+	return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+}
+
+const char *
+http_req_query(const struct http_req *r, const char *name)
+{
+	return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND,
+	    name);
+}
+
+const char *
+http_req_body(const struct http_req *r, size_t *len)
+{
+	*len = r->body.len;
+	return r->body.data ? r->body.data : "";
+}
+
+void
+http_req_set_log_id(struct http_req *r, const char *id)
+{
+	free(r->log_id);
+	r->log_id = id ? xstrdup(id) : NULL;
+}
+
+/* ----------------------------------------------------------- replies */
+
+void
+http_reply_header(struct http_req *r, const char *name, const char *value)
+{
+	r->hdrs = xrealloc(r->hdrs, (r->nhdrs + 1) * sizeof(*r->hdrs));
+	r->hdrs[r->nhdrs].name = xstrdup(name);
+	r->hdrs[r->nhdrs].value = xstrdup(value);
+	r->nhdrs++;
+}
+
+void
+http_reply(struct http_req *r, int status, const char *content_type,
+    const char *body, size_t len)
+{
+	pthread_mutex_lock(&r->mu);
+	if (!r->replied) {
+		r->status = status;
+		r->ctype = content_type ? xstrdup(content_type) : NULL;
+		r->rbody = xmalloc(len + 1);
+		memcpy(r->rbody, body, len);
+		r->rbody[len] = '\0';
+		r->rlen = len;
+		r->replied = 1;
+	}
+	pthread_mutex_unlock(&r->mu);
+}
+
+void
+http_reply_json(struct http_req *r, int status, json_t *body)
+{
+	char *s = json_dumps(body, JSON_COMPACT);
+
+	if (s == NULL) {
+		json_decref(body);
+		http_reply(r, 500, "application/json",
+		    "{\"error\":\"internal error\"}", 26);
+		return;
+	}
+	http_reply(r, status, "application/json", s, strlen(s));
+	free(s);
+	json_decref(body);
+}
+
+void
+http_reply_error(struct http_req *r, int status, const char *msg)
+{
+	http_reply_json(r, status, json_pack("{s:s}", "error", msg));
+}
+
+void
+http_suspend(struct http_req *r)
+{
+	(void)r;	/* the suspension itself happens after the handler */
+}
+
+void
+http_resume(struct http_req *r)
+{
+	pthread_mutex_lock(&r->mu);
+	if (r->suspended) {
+		r->suspended = 0;
+		MHD_resume_connection(r->conn);
+	}
+	pthread_mutex_unlock(&r->mu);
+}

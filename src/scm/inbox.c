@@ -1,1 +1,922 @@
+/*
+ * The durable inbox: accepted deliveries go into SQLite (WAL,
+ * synchronous=FULL) before they are acknowledged, and worker threads hand
+ * them to a handler at least once.
+ *
+ * One writer thread owns every write. Request threads queue puts; worker
+ * threads queue completions; the writer takes everything queued, writes it
+ * in one transaction and syncs once (group commit), then settles each put
+ * and feeds the ids it stored to the workers. Workers read entries through
+ * their own connection (WAL readers never block the writer). The in-memory
+ * work queue holds ids only, so memory stays flat however deep the inbox.
+ */
 #include "config.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sqlite3.h>
+
+#include "scm/scm.h"
+#include "util/util.h"
+
+enum { ST_PENDING = 0, ST_DONE = 1, ST_DEAD = 2 };
+
+struct put_req {
+	struct put_req *next;
+	char *key;
+	char *provider;
+	char *event;
+	inbox_put_cb cb;
+	void *arg;
+	enum inbox_put_result result;
+	int64_t id;
+};
+
+struct done_req {
+	struct done_req *next;
+	int64_t id;
+	int outcome;		/* INBOX_DONE / INBOX_RETRY / INBOX_FAIL */
+	int attempts;		/* attempts including this one */
+	int64_t received_ms;
+	int64_t retry_at_ms;	/* wall clock, for INBOX_RETRY */
+	char *key;
+	char *cause;
+	int (*effect)(struct sqlite3 *, const struct inbox_item *, void *);
+	void *effect_arg;
+	struct inbox_item item;	/* for the effect; event owned below */
+	json_t *event;
+};
+
+struct delayed {
+	int64_t id;
+	int64_t at_ms;
+};
+
+struct inbox {
+	char *path;
+	struct inbox_config cfg;
+	struct inbox_handler h;
+	sqlite3 *wdb;
+
+	pthread_mutex_t mu;
+	pthread_cond_t wcond;	/* the writer waits here */
+	pthread_cond_t qcond;	/* workers wait here */
+	pthread_cond_t pcond;	/* inbox_put waiters */
+
+	struct put_req *puts, **puts_tail;
+	struct done_req *dones, **dones_tail;
+
+	int64_t *ready;		/* ring of ids */
+	size_t rhead, rlen, rcap;
+	struct delayed *delayed;
+	size_t ndelayed, cdelayed;
+
+	int64_t pending;	/* entries stored and not finished */
+	int accepting;
+	int stopping;
+	int workers_done;
+	int started;
+	int64_t last_prune_ms;
+
+	pthread_t writer;
+	pthread_t *workers;
+	int nworkers;
+};
+
+/* ------------------------------------------------------------ helpers */
+
+static int
+exec_sql(sqlite3 *db, const char *sql, char **cause)
+{
+	char *err = NULL;
+
+	if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK) {
+		if (cause != NULL)
+			*cause = xasprintf("sqlite: %s", err ? err :
+			    sqlite3_errmsg(db));
+		sqlite3_free(err);
+		return -1;
+	}
+	return 0;
+}
+
+static int
+open_db(const char *path, sqlite3 **out, char **cause)
+{
+	sqlite3 *db = NULL;
+
+	if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE |
+	    SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
+		*cause = xasprintf("cannot open database '%s': %s", path,
+		    db ? sqlite3_errmsg(db) : "out of memory");
+		sqlite3_close(db);
+		return -1;
+	}
+	sqlite3_busy_timeout(db, 10000);
+	if (exec_sql(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;",
+	    cause) < 0) {
+		sqlite3_close(db);
+		return -1;
+	}
+	*out = db;
+	return 0;
+}
+
+static void
+ready_push(struct inbox *ib, int64_t id)
+{
+	if (ib->rlen == ib->rcap) {
+		size_t ncap = ib->rcap ? ib->rcap * 2 : 1024, i;
+		int64_t *n = xmalloc(ncap * sizeof(*n));
+
+		for (i = 0; i < ib->rlen; i++)
+			n[i] = ib->ready[(ib->rhead + i) % ib->rcap];
+		free(ib->ready);
+		ib->ready = n;
+		ib->rcap = ncap;
+		ib->rhead = 0;
+	}
+	ib->ready[(ib->rhead + ib->rlen) % ib->rcap] = id;
+	ib->rlen++;
+}
+
+static int64_t
+ready_pop(struct inbox *ib)
+{
+	int64_t id = ib->ready[ib->rhead];
+
+	ib->rhead = (ib->rhead + 1) % ib->rcap;
+	ib->rlen--;
+	return id;
+}
+
+static void
+delayed_push(struct inbox *ib, int64_t id, int64_t at_ms)
+{
+	if (ib->ndelayed == ib->cdelayed) {
+		ib->cdelayed = ib->cdelayed ? ib->cdelayed * 2 : 64;
+		ib->delayed = xrealloc(ib->delayed,
+		    ib->cdelayed * sizeof(*ib->delayed));
+	}
+	ib->delayed[ib->ndelayed].id = id;
+	ib->delayed[ib->ndelayed].at_ms = at_ms;
+	ib->ndelayed++;
+}
+
+/* Move due retries to the ready queue; returns ms until the next one. */
+static int64_t
+delayed_release(struct inbox *ib, int64_t now)
+{
+	int64_t next = 1000;
+	size_t i = 0;
+
+	while (i < ib->ndelayed) {
+		if (ib->delayed[i].at_ms <= now) {
+			ready_push(ib, ib->delayed[i].id);
+			ib->delayed[i] = ib->delayed[--ib->ndelayed];
+			continue;
+		}
+		if (ib->delayed[i].at_ms - now < next)
+			next = ib->delayed[i].at_ms - now;
+		i++;
+	}
+	return next;
+}
+
+static void
+timed_wait(pthread_cond_t *c, pthread_mutex_t *m, int64_t ms)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += ms / 1000;
+	ts.tv_nsec += (ms % 1000) * 1000000;
+	if (ts.tv_nsec >= 1000000000) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000;
+	}
+	pthread_cond_timedwait(c, m, &ts);
+}
+
+static double
+depth_gauge(void *arg)
+{
+	return (double)inbox_depth(arg);
+}
+
+/* --------------------------------------------------------------- open */
+
+/* Open or create the inbox tables. */
+int
+inbox_open(struct inbox **out, const char *path,
+    const struct inbox_config *cfg, char **cause)
+{
+	struct inbox *ib = NULL;
+	sqlite3_stmt *st = NULL;
+	int ret = -1;
+
+	ib = xcalloc(1, sizeof(*ib));
+	ib->path = xstrdup(path);
+	ib->cfg = *cfg;
+	if (ib->cfg.workers <= 0)
+		ib->cfg.workers = 1;
+	if (ib->cfg.max_attempts <= 0)
+		ib->cfg.max_attempts = 8;
+	if (ib->cfg.backoff_base_ms <= 0)
+		ib->cfg.backoff_base_ms = 1000;
+	if (ib->cfg.backoff_max_ms <= 0)
+		ib->cfg.backoff_max_ms = 300000;
+	if (ib->cfg.capacity <= 0)
+		ib->cfg.capacity = 1000000;
+	pthread_mutex_init(&ib->mu, NULL);
+	pthread_cond_init(&ib->wcond, NULL);
+	pthread_cond_init(&ib->qcond, NULL);
+	pthread_cond_init(&ib->pcond, NULL);
+	ib->puts_tail = &ib->puts;
+	ib->dones_tail = &ib->dones;
+	if (open_db(path, &ib->wdb, cause) < 0)
+		goto out;
+	if (exec_sql(ib->wdb,
+	    "CREATE TABLE IF NOT EXISTS inbox ("
+	    " id INTEGER PRIMARY KEY,"
+	    " key TEXT NOT NULL UNIQUE,"
+	    " provider TEXT NOT NULL,"
+	    " event TEXT NOT NULL,"
+	    " state INTEGER NOT NULL DEFAULT 0,"
+	    " attempts INTEGER NOT NULL DEFAULT 0,"
+	    " next_at INTEGER NOT NULL DEFAULT 0,"
+	    " last_error TEXT,"
+	    " received_at INTEGER NOT NULL,"
+	    " finished_at INTEGER);"
+	    "CREATE INDEX IF NOT EXISTS inbox_pending ON inbox(id)"
+	    " WHERE state = 0;"
+	    "CREATE INDEX IF NOT EXISTS inbox_finished ON inbox(finished_at)"
+	    " WHERE state = 1;"
+	    "CREATE TABLE IF NOT EXISTS handled_events ("
+	    " key TEXT PRIMARY KEY,"
+	    " provider TEXT NOT NULL,"
+	    " kind TEXT NOT NULL,"
+	    " repo TEXT,"
+	    " number INTEGER,"
+	    " comment_id INTEGER,"
+	    " body TEXT,"
+	    " count INTEGER NOT NULL,"
+	    " handled_at INTEGER NOT NULL);", cause) < 0)
+		goto out;
+	if (sqlite3_prepare_v2(ib->wdb,
+	    "SELECT COUNT(*) FROM inbox WHERE state = 0", -1, &st,
+	    NULL) != SQLITE_OK || sqlite3_step(st) != SQLITE_ROW) {
+		*cause = xasprintf("sqlite: %s", sqlite3_errmsg(ib->wdb));
+		goto out;
+	}
+	ib->pending = sqlite3_column_int64(st, 0);
+	ret = 0;
+out:
+	sqlite3_finalize(st);
+	if (ret < 0) {
+		inbox_free(ib);
+		return -1;
+	}
+	*out = ib;
+	return 0;
+}
+
+/* Pending + in-progress entries. */
+int64_t
+inbox_depth(struct inbox *ib)
+{
+	int64_t n;
+
+	pthread_mutex_lock(&ib->mu);
+	n = ib->pending;
+	pthread_mutex_unlock(&ib->mu);
+	return n;
+}
+
+/* Whether the threads run and accept work. */
+int
+inbox_running(struct inbox *ib)
+{
+	int r;
+
+	pthread_mutex_lock(&ib->mu);
+	r = ib->started && ib->accepting;
+	pthread_mutex_unlock(&ib->mu);
+	return r;
+}
+
+/* ---------------------------------------------------------------- put */
+
+/* Queue a delivery for the next group commit. */
+void
+inbox_put_async(struct inbox *ib, const char *key, const char *provider,
+    const char *event_json, inbox_put_cb cb, void *arg)
+{
+	struct put_req *p;
+
+	pthread_mutex_lock(&ib->mu);
+	if (!ib->accepting) {
+		pthread_mutex_unlock(&ib->mu);
+		cb(arg, INBOX_ERROR);
+		return;
+	}
+	if (ib->pending >= ib->cfg.capacity) {
+		pthread_mutex_unlock(&ib->mu);
+		cb(arg, INBOX_FULL);
+		return;
+	}
+	p = xcalloc(1, sizeof(*p));
+	p->key = xstrdup(key);
+	p->provider = xstrdup(provider);
+	p->event = xstrdup(event_json);
+	p->cb = cb;
+	p->arg = arg;
+	*ib->puts_tail = p;
+	ib->puts_tail = &p->next;
+	pthread_cond_signal(&ib->wcond);
+	pthread_mutex_unlock(&ib->mu);
+}
+
+struct put_wait {
+	struct inbox *ib;
+	int done;
+	enum inbox_put_result r;
+};
+
+static void
+put_wait_cb(void *arg, enum inbox_put_result r)
+{
+	struct put_wait *w = arg;
+
+	pthread_mutex_lock(&w->ib->mu);
+	w->r = r;
+	w->done = 1;
+	pthread_cond_broadcast(&w->ib->pcond);
+	pthread_mutex_unlock(&w->ib->mu);
+}
+
+/* Queue a delivery and wait until it is settled. */
+enum inbox_put_result
+inbox_put(struct inbox *ib, const char *key, const char *provider,
+    const char *event_json)
+{
+	struct put_wait w = { ib, 0, INBOX_ERROR };
+
+	inbox_put_async(ib, key, provider, event_json, put_wait_cb, &w);
+	pthread_mutex_lock(&ib->mu);
+	while (!w.done)
+		pthread_cond_wait(&ib->pcond, &ib->mu);
+	pthread_mutex_unlock(&ib->mu);
+	return w.r;
+}
+
+/* ------------------------------------------------------------- writer */
+
+static int64_t
+backoff_ms(const struct inbox *ib, int attempts)
+{
+	int64_t d = ib->cfg.backoff_base_ms;
+	uint32_t r = 0;
+	int i;
+
+	for (i = 1; i < attempts && d < ib->cfg.backoff_max_ms; i++)
+		d *= 2;
+	if (d > ib->cfg.backoff_max_ms)
+		d = ib->cfg.backoff_max_ms;
+	/* full jitter on the upper half: [d/2, d] */
+	random_bytes(&r, sizeof(r));
+	return d / 2 + (int64_t)(r % (uint32_t)(d / 2 + 1));
+}
+
+static void
+free_done(struct done_req *d)
+{
+	free(d->key);
+	free(d->cause);
+	json_decref(d->event);
+	free(d);
+}
+
+/*
+ * Write one batch in one transaction. Puts get their result; dones are
+ * applied; on failure everything is rolled back and reported.
+ */
+static void
+commit_batch(struct inbox *ib, struct put_req *puts, struct done_req *dones,
+    int64_t *stored_out, int64_t *finished_out)
+{
+	sqlite3_stmt *ins = NULL, *upd = NULL;
+	struct put_req *p;
+	struct done_req *d;
+	int64_t now = now_unix_ms(), stored = 0, finished = 0, pending;
+	int ok = 0;
+
+	pthread_mutex_lock(&ib->mu);
+	pending = ib->pending;
+	pthread_mutex_unlock(&ib->mu);
+
+	if (exec_sql(ib->wdb, "BEGIN IMMEDIATE", NULL) < 0)
+		goto out;
+	if (sqlite3_prepare_v2(ib->wdb,
+	    "INSERT INTO inbox (key, provider, event, received_at)"
+	    " VALUES (?1, ?2, ?3, ?4) ON CONFLICT(key) DO NOTHING",
+	    -1, &ins, NULL) != SQLITE_OK ||
+	    sqlite3_prepare_v2(ib->wdb,
+	    "UPDATE inbox SET state = ?2, attempts = ?3, next_at = ?4,"
+	    " last_error = ?5, finished_at = ?6 WHERE id = ?1",
+	    -1, &upd, NULL) != SQLITE_OK)
+		goto rollback;
+	for (p = puts; p != NULL; p = p->next) {
+		if (pending + stored >= ib->cfg.capacity) {
+			p->result = INBOX_FULL;
+			continue;
+		}
+		sqlite3_reset(ins);
+		sqlite3_bind_text(ins, 1, p->key, -1, SQLITE_STATIC);
+		sqlite3_bind_text(ins, 2, p->provider, -1, SQLITE_STATIC);
+		sqlite3_bind_text(ins, 3, p->event, -1, SQLITE_STATIC);
+		sqlite3_bind_int64(ins, 4, now);
+		if (sqlite3_step(ins) != SQLITE_DONE)
+			goto rollback;
+		if (sqlite3_changes(ib->wdb) == 1) {
+			p->result = INBOX_STORED;
+			p->id = sqlite3_last_insert_rowid(ib->wdb);
+			stored++;
+		} else {
+			p->result = INBOX_DUPLICATE;
+		}
+	}
+	for (d = dones; d != NULL; d = d->next) {
+		int state = ST_PENDING;
+		int64_t next_at = 0;
+
+		if (d->outcome == INBOX_DONE && d->effect != NULL) {
+			exec_sql(ib->wdb, "SAVEPOINT effect", NULL);
+			if (d->effect(ib->wdb, &d->item, d->effect_arg) < 0) {
+				exec_sql(ib->wdb, "ROLLBACK TO effect", NULL);
+				d->outcome = INBOX_RETRY;
+				if (d->cause == NULL)
+					d->cause = xstrdup("effect failed");
+			}
+			exec_sql(ib->wdb, "RELEASE effect", NULL);
+		}
+		if (d->outcome == INBOX_RETRY &&
+		    d->attempts >= ib->cfg.max_attempts)
+			d->outcome = INBOX_FAIL;
+		if (d->outcome == INBOX_DONE)
+			state = ST_DONE;
+		else if (d->outcome == INBOX_FAIL)
+			state = ST_DEAD;
+		else
+			next_at = now + backoff_ms(ib, d->attempts);
+		sqlite3_reset(upd);
+		sqlite3_bind_int64(upd, 1, d->id);
+		sqlite3_bind_int(upd, 2, state);
+		sqlite3_bind_int(upd, 3, d->attempts);
+		sqlite3_bind_int64(upd, 4, next_at);
+		if (d->cause != NULL)
+			sqlite3_bind_text(upd, 5, d->cause, -1, SQLITE_STATIC);
+		else
+			sqlite3_bind_null(upd, 5);
+		if (state == ST_PENDING)
+			sqlite3_bind_null(upd, 6);
+		else
+			sqlite3_bind_int64(upd, 6, now);
+		if (sqlite3_step(upd) != SQLITE_DONE)
+			goto rollback;
+		if (state != ST_PENDING)
+			finished++;
+		d->retry_at_ms = next_at;
+	}
+	if (exec_sql(ib->wdb, "COMMIT", NULL) < 0)
+		goto rollback;
+	ok = 1;
+	goto out;
+rollback:
+	log_kv(LOG_ERROR, "inbox write failed", "error",
+	    sqlite3_errmsg(ib->wdb), NULL);
+	exec_sql(ib->wdb, "ROLLBACK", NULL);
+out:
+	sqlite3_finalize(ins);
+	sqlite3_finalize(upd);
+	if (!ok) {
+		for (p = puts; p != NULL; p = p->next)
+			p->result = INBOX_ERROR;
+		stored = 0;
+		finished = 0;
+		/* completions are retried from the queue a second later */
+		for (d = dones; d != NULL; d = d->next) {
+			d->outcome = INBOX_RETRY;
+			d->retry_at_ms = now + 1000;
+		}
+	}
+	*stored_out = stored;
+	*finished_out = finished;
+}
+
+static void
+prune(struct inbox *ib)
+{
+	sqlite3_stmt *st = NULL;
+	int64_t cutoff = now_unix_ms() - ib->cfg.retention_s * 1000;
+
+	if (sqlite3_prepare_v2(ib->wdb,
+	    "DELETE FROM inbox WHERE id IN (SELECT id FROM inbox"
+	    " WHERE state = 1 AND finished_at < ?1 LIMIT 10000)", -1, &st,
+	    NULL) != SQLITE_OK)
+		goto out;
+	sqlite3_bind_int64(st, 1, cutoff);
+	if (sqlite3_step(st) == SQLITE_DONE && sqlite3_changes(ib->wdb) > 0) {
+		char n[32];
+
+		snprintf(n, sizeof(n), "%d", sqlite3_changes(ib->wdb));
+		log_kv(LOG_INFO, "inbox pruned finished entries", "count", n,
+		    NULL);
+	}
+out:
+	sqlite3_finalize(st);
+}
+
+static const char *
+outcome_name(int o)
+{
+	return o == INBOX_DONE ? "done" : o == INBOX_RETRY ? "retry" : "dead";
+}
+
+static void *
+writer_main(void *arg)
+{
+	struct inbox *ib = arg;
+
+	pthread_mutex_lock(&ib->mu);
+	for (;;) {
+		struct put_req *puts, *p, *pn;
+		struct done_req *dones, *d, *dn;
+		int64_t stored, finished, now;
+
+		while (ib->puts == NULL && ib->dones == NULL &&
+		    !ib->workers_done &&
+		    now_mono_ms() - ib->last_prune_ms < 60000)
+			timed_wait(&ib->wcond, &ib->mu, 1000);
+		if (ib->puts == NULL && ib->dones == NULL && ib->workers_done)
+			break;
+		puts = ib->puts;
+		dones = ib->dones;
+		ib->puts = NULL;
+		ib->puts_tail = &ib->puts;
+		ib->dones = NULL;
+		ib->dones_tail = &ib->dones;
+		pthread_mutex_unlock(&ib->mu);
+
+		if (puts != NULL || dones != NULL)
+			commit_batch(ib, puts, dones, &stored, &finished);
+		else
+			stored = finished = 0;
+		now = now_mono_ms();
+
+		pthread_mutex_lock(&ib->mu);
+		ib->pending += stored - finished;
+		for (p = puts; p != NULL; p = p->next)
+			if (p->result == INBOX_STORED)
+				ready_push(ib, p->id);
+		for (d = dones; d != NULL; d = d->next)
+			if (d->outcome == INBOX_RETRY && !ib->stopping)
+				delayed_push(ib, d->id, now +
+				    (d->retry_at_ms - now_unix_ms()));
+		if (stored > 0 || dones != NULL)
+			pthread_cond_broadcast(&ib->qcond);
+		if (now - ib->last_prune_ms >= 60000) {
+			ib->last_prune_ms = now;
+			pthread_mutex_unlock(&ib->mu);
+			prune(ib);
+			pthread_mutex_lock(&ib->mu);
+		}
+		pthread_mutex_unlock(&ib->mu);
+
+		for (p = puts; p != NULL; p = pn) {
+			pn = p->next;
+			p->cb(p->arg, p->result);
+			free(p->key);
+			free(p->provider);
+			free(p->event);
+			free(p);
+		}
+		for (d = dones; d != NULL; d = dn) {
+			dn = d->next;
+			metrics_inc("diverge_inbox_processed_total",
+			    d->outcome == INBOX_DONE ? "outcome=\"done\"" :
+			    d->outcome == INBOX_RETRY ? "outcome=\"retry\"" :
+			    "outcome=\"dead\"", 1);
+			if (d->outcome == INBOX_DONE)
+				metrics_observe("diverge_inbox_processing_seconds",
+				    "", (double)(now_unix_ms() -
+				    d->received_ms) / 1000.0);
+			if (d->outcome != INBOX_DONE) {
+				char att[16];
+
+				snprintf(att, sizeof(att), "%d", d->attempts);
+				log_kv(d->outcome == INBOX_FAIL ? LOG_ERROR :
+				    LOG_WARN, d->outcome == INBOX_FAIL ?
+				    "inbox entry dead-lettered" :
+				    "inbox entry will be retried",
+				    "delivery", d->key, "attempts", att,
+				    "outcome", outcome_name(d->outcome),
+				    "error", d->cause, NULL);
+			}
+			free_done(d);
+		}
+		pthread_mutex_lock(&ib->mu);
+	}
+	pthread_mutex_unlock(&ib->mu);
+	return NULL;
+}
+
+/* ------------------------------------------------------------ workers */
+
+struct worker {
+	struct inbox *ib;
+	sqlite3 *db;
+	sqlite3_stmt *get;
+};
+
+static void
+process(struct worker *w, int64_t id)
+{
+	struct inbox *ib = w->ib;
+	struct done_req *d;
+	json_error_t jerr;
+	const char *ev;
+	int rc;
+
+	sqlite3_reset(w->get);
+	sqlite3_bind_int64(w->get, 1, id);
+	rc = sqlite3_step(w->get);
+	if (rc != SQLITE_ROW) {
+		/* already finished (e.g. a duplicate completion): nothing */
+		if (rc != SQLITE_DONE) {
+			log_kv(LOG_ERROR, "inbox read failed", "error",
+			    sqlite3_errmsg(w->db), NULL);
+			pthread_mutex_lock(&ib->mu);
+			delayed_push(ib, id, now_mono_ms() + 1000);
+			pthread_mutex_unlock(&ib->mu);
+		}
+		return;
+	}
+	d = xcalloc(1, sizeof(*d));
+	d->id = id;
+	d->key = xstrdup((const char *)sqlite3_column_text(w->get, 0));
+	d->attempts = sqlite3_column_int(w->get, 3) + 1;
+	d->received_ms = sqlite3_column_int64(w->get, 4);
+	ev = (const char *)sqlite3_column_text(w->get, 2);
+	d->event = json_loads(ev ? ev : "", 0, &jerr);
+	d->item.id = id;
+	d->item.key = d->key;
+	d->item.provider = json_string_value(json_object_get(d->event,
+	    "provider"));
+	d->item.event = d->event;
+	d->item.attempts = d->attempts - 1;
+	d->item.received_ms = d->received_ms;
+	if (d->event == NULL) {
+		d->outcome = INBOX_FAIL;
+		d->cause = xstrdup("stored event is not valid JSON");
+	} else {
+		d->outcome = ib->h.handle(ib->h.arg, &d->item, &d->cause);
+		if (d->outcome != INBOX_DONE && d->outcome != INBOX_RETRY)
+			d->outcome = INBOX_FAIL;
+	}
+	d->effect = d->item.effect;
+	d->effect_arg = d->item.effect_arg;
+	sqlite3_reset(w->get);
+
+	pthread_mutex_lock(&ib->mu);
+	*ib->dones_tail = d;
+	ib->dones_tail = &d->next;
+	pthread_cond_signal(&ib->wcond);
+	pthread_mutex_unlock(&ib->mu);
+}
+
+static void *
+worker_main(void *arg)
+{
+	struct worker *w = arg;
+	struct inbox *ib = w->ib;
+
+	pthread_mutex_lock(&ib->mu);
+	for (;;) {
+		int64_t wait = delayed_release(ib, now_mono_ms());
+
+		if (ib->rlen > 0) {
+			int64_t id = ready_pop(ib);
+
+			pthread_mutex_unlock(&ib->mu);
+			process(w, id);
+			pthread_mutex_lock(&ib->mu);
+			continue;
+		}
+		if (ib->stopping)
+			break;
+		timed_wait(&ib->qcond, &ib->mu, wait > 0 ? wait : 1);
+	}
+	pthread_mutex_unlock(&ib->mu);
+	sqlite3_finalize(w->get);
+	sqlite3_close(w->db);
+	free(w);
+	return NULL;
+}
+
+/* Load unfinished entries, then start the writer and the workers. */
+int
+inbox_start(struct inbox *ib, const struct inbox_handler *h, char **cause)
+{
+	sqlite3_stmt *st = NULL;
+	int64_t now_wall = now_unix_ms(), now = now_mono_ms();
+	int i;
+
+	ib->h = *h;
+	if (sqlite3_prepare_v2(ib->wdb,
+	    "SELECT id, next_at FROM inbox WHERE state = 0 ORDER BY id", -1,
+	    &st, NULL) != SQLITE_OK) {
+		*cause = xasprintf("sqlite: %s", sqlite3_errmsg(ib->wdb));
+		return -1;
+	}
+	pthread_mutex_lock(&ib->mu);
+	while (sqlite3_step(st) == SQLITE_ROW) {
+		int64_t id = sqlite3_column_int64(st, 0);
+		int64_t at = sqlite3_column_int64(st, 1);
+
+		if (at > now_wall)
+			delayed_push(ib, id, now + (at - now_wall));
+		else
+			ready_push(ib, id);
+	}
+	sqlite3_finalize(st);
+	if (ib->rlen + ib->ndelayed > 0) {
+		char n[32];
+
+		snprintf(n, sizeof(n), "%zu", ib->rlen + ib->ndelayed);
+		log_kv(LOG_INFO, "inbox resuming unfinished entries", "count",
+		    n, NULL);
+	}
+	ib->accepting = 1;
+	/* the first prune runs a second after start, then every minute */
+	ib->last_prune_ms = now - 59000;
+	pthread_mutex_unlock(&ib->mu);
+
+	metrics_describe("diverge_inbox_depth", METRIC_GAUGE,
+	    "Inbox entries stored and not yet finished.");
+	metrics_describe("diverge_inbox_processed_total", METRIC_COUNTER,
+	    "Inbox entries handled, by outcome (done, retry, dead).");
+	metrics_describe("diverge_inbox_processing_seconds", METRIC_HISTOGRAM,
+	    "Time from receipt of a delivery to the end of its handling.");
+	metrics_gauge_fn("diverge_inbox_depth", "", depth_gauge, ib);
+
+	if (pthread_create(&ib->writer, NULL, writer_main, ib) != 0) {
+		*cause = xstrdup("cannot start the inbox writer thread");
+		return -1;
+	}
+	ib->workers = xcalloc((size_t)ib->cfg.workers, sizeof(pthread_t));
+	if (ib->cfg.hold) {
+		log_kv(LOG_WARN, "inbox workers held: deliveries are stored "
+		    "but not processed", NULL);
+		ib->started = 1;
+		return 0;
+	}
+	for (i = 0; i < ib->cfg.workers; i++) {
+		struct worker *w = xcalloc(1, sizeof(*w));
+
+		w->ib = ib;
+		if (open_db(ib->path, &w->db, cause) < 0 ||
+		    sqlite3_prepare_v2(w->db,
+		    "SELECT key, provider, event, attempts, received_at"
+		    " FROM inbox WHERE id = ?1 AND state = 0", -1, &w->get,
+		    NULL) != SQLITE_OK) {
+			if (*cause == NULL)
+				*cause = xasprintf("sqlite: %s",
+				    sqlite3_errmsg(w->db));
+			sqlite3_close(w->db);
+			free(w);
+			break;
+		}
+		if (pthread_create(&ib->workers[i], NULL, worker_main, w) != 0)
+			break;
+		ib->nworkers++;
+	}
+	ib->started = 1;
+	if (ib->nworkers < ib->cfg.workers) {
+		if (*cause == NULL)
+			*cause = xstrdup("cannot start the inbox workers");
+		inbox_stop(ib);
+		return -1;
+	}
+	return 0;
+}
+
+/* Drain and stop the threads. */
+void
+inbox_stop(struct inbox *ib)
+{
+	int i;
+
+	pthread_mutex_lock(&ib->mu);
+	if (!ib->started || ib->stopping) {
+		pthread_mutex_unlock(&ib->mu);
+		return;
+	}
+	ib->accepting = 0;
+	ib->stopping = 1;
+	/* entries not yet taken stay pending in the database */
+	ib->rlen = 0;
+	ib->ndelayed = 0;
+	pthread_cond_broadcast(&ib->qcond);
+	pthread_mutex_unlock(&ib->mu);
+	for (i = 0; i < ib->nworkers; i++)
+		pthread_join(ib->workers[i], NULL);
+	pthread_mutex_lock(&ib->mu);
+	ib->workers_done = 1;
+	pthread_cond_signal(&ib->wcond);
+	pthread_mutex_unlock(&ib->mu);
+	pthread_join(ib->writer, NULL);
+}
+
+/* Free the inbox (stopping it first). */
+void
+inbox_free(struct inbox *ib)
+{
+	if (ib == NULL)
+		return;
+	inbox_stop(ib);
+	if (ib->wdb != NULL) {
+		sqlite3_close(ib->wdb);
+		ib->wdb = NULL;
+	}
+	pthread_mutex_destroy(&ib->mu);
+	pthread_cond_destroy(&ib->wcond);
+	pthread_cond_destroy(&ib->qcond);
+	pthread_cond_destroy(&ib->pcond);
+	free(ib->ready);
+	free(ib->delayed);
+	free(ib->workers);
+	free(ib->path);
+	free(ib);
+}
+
+/* ------------------------------------------------------ record handler */
+
+static int
+record_effect(struct sqlite3 *db, const struct inbox_item *item, void *arg)
+{
+	sqlite3_stmt *st = NULL;
+	const json_t *ev = item->event;
+	int ret = -1;
+
+	if (sqlite3_prepare_v2(db,
+	    "INSERT INTO handled_events (key, provider, kind, repo, number,"
+	    " comment_id, body, count, handled_at)"
+	    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 1, ?8)"
+	    " ON CONFLICT(key) DO UPDATE SET count = count + 1", -1, &st,
+	    NULL) != SQLITE_OK)
+		goto out;
+	sqlite3_bind_text(st, 1, item->key, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 2, item->provider ? item->provider : "", -1,
+	    SQLITE_STATIC);
+	sqlite3_bind_text(st, 3, json_string_value(json_object_get(ev,
+	    "kind")), -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 4, json_string_value(json_object_get(ev,
+	    "repo")), -1, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 5, json_integer_value(json_object_get(ev,
+	    "number")));
+	sqlite3_bind_int64(st, 6, json_integer_value(json_object_get(ev,
+	    "commentId")));
+	sqlite3_bind_text(st, 7, json_string_value(json_object_get(ev,
+	    "body")), -1, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 8, now_unix_ms());
+	if (sqlite3_step(st) == SQLITE_DONE)
+		ret = 0;
+out:
+	sqlite3_finalize(st);
+	return ret;
+}
+
+static int
+record_handle(void *arg, struct inbox_item *item, char **cause)
+{
+	char num[32];
+
+	snprintf(num, sizeof(num), "%lld", (long long)json_integer_value(
+	    json_object_get(item->event, "number")));
+	log_kv(LOG_DEBUG, "event recorded", "delivery", item->key, "kind",
+	    json_string_value(json_object_get(item->event, "kind")), "repo",
+	    json_string_value(json_object_get(item->event, "repo")), "number",
+	    num, NULL);
+	item->effect = record_effect;
+	item->effect_arg = NULL;
+	return INBOX_DONE;
+}
+
+const struct inbox_handler inbox_record_handler = {
+	.handle = record_handle,
+	.arg = NULL,
+};

@@ -1,0 +1,241 @@
+/*
+ * scm: everything about GitHub and GitLab: webhook signatures and
+ * normalization (webhook.c), the durable inbox (inbox.c), and the
+ * slash-command grammar (commands.c, declared in scm/commands.h).
+ */
+#ifndef DIVERGE_SCM_H
+#define DIVERGE_SCM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "scm/commands.h"
+
+enum scm_provider { SCM_GITHUB = 1, SCM_GITLAB = 2 };
+
+/* What a relevant delivery means, provider-neutrally. */
+enum scm_event_kind {
+	SCM_EV_NONE = 0,
+	SCM_EV_COMMENT,		/* a comment created on a PR/MR */
+	SCM_EV_CLOSED,		/* a PR/MR closed without merging */
+	SCM_EV_MERGED,		/* a PR/MR merged */
+	SCM_EV_PING
+};
+
+/*
+ * One normalized webhook event. Strings are owned by the struct (NULL when
+ * the payload lacks them); release with scm_event_release.
+ */
+struct scm_event {
+	enum scm_provider provider;
+	enum scm_event_kind kind;
+	char *delivery;		/* provider delivery key (no prefix) */
+	char *event_name;	/* X-GitHub-Event / X-Gitlab-Event */
+	char *repo;		/* GitHub full_name; GitLab path_with_namespace */
+	int64_t project_id;	/* GitLab project id (0 on GitHub) */
+	int64_t repo_id;	/* GitHub repository id */
+	int64_t number;		/* PR number / MR iid */
+	int64_t comment_id;	/* comment / note id */
+	char *comment_body;
+	int review_comment;	/* GitHub pull_request_review_comment */
+	char *author_login;
+	int64_t author_id;
+	char *author_type;	/* GitHub user.type ("User", "Bot") */
+	char *author_hint;	/* GitHub author_association */
+	char *head_ref;
+	char *base_ref;
+	char *clone_url;	/* the base repository's clone URL */
+	char *head_clone_url;	/* the head repository's (fork) clone URL */
+	int fork;		/* 1 fork, 0 same repo, -1 unknown */
+	int64_t installation_id;	/* GitHub App installation, 0 if none */
+	char *html_url;		/* the comment or PR/MR page */
+};
+
+void scm_event_release(struct scm_event *ev);
+const char *scm_provider_name(enum scm_provider p);
+const char *scm_event_kind_name(enum scm_event_kind k);
+/* Serialize / parse the normalized event (the inbox's stored form). */
+json_t *scm_event_to_json(const struct scm_event *ev);
+int scm_event_from_json(struct scm_event *out, const json_t *j);
+
+/* ---- webhook.c ---- */
+
+/* The outcome of authenticating and classifying one delivery. */
+enum webhook_verdict {
+	WH_ACCEPT = 0,		/* relevant: store it, answer 202 */
+	WH_IGNORE,		/* authenticated, irrelevant: 200 ignored */
+	WH_UNAUTHORIZED,	/* 401 */
+	WH_BAD_REQUEST,		/* 400 */
+	WH_UNSUPPORTED		/* 415 */
+};
+
+/* Looks a request header up, case-insensitively; NULL when absent. */
+typedef const char *(*webhook_header_fn)(void *arg, const char *name);
+
+/* Secrets in force for verification; values are raw bytes. */
+struct webhook_keys {
+	const char **secrets;	/* GitHub webhook secrets / GitLab tokens */
+	const size_t *secret_lens;
+	size_t nsecrets;
+	const unsigned char *signing_key;	/* GitLab whsec_ key, decoded */
+	size_t signing_key_len;
+};
+
+/* Who the bot is, so its own comments are ignored (may be NULL). */
+struct webhook_identity {
+	const char *github_login;
+	const char *gitlab_username;
+	int64_t gitlab_user_id;
+};
+
+/*
+ * GitHub X-Hub-Signature-256 check: "sha256=" and 64 lowercase hex digits
+ * of HMAC-SHA256(secret, body), compared in constant time against every
+ * secret. Returns 0 when one matches, -1 otherwise.
+ */
+int webhook_github_verify(const struct webhook_keys *keys, const char *header,
+    const char *body, size_t len);
+
+/*
+ * GitLab X-Gitlab-Token check against every token, in constant time.
+ */
+int webhook_gitlab_verify_token(const struct webhook_keys *keys,
+    const char *token);
+
+/*
+ * Standard Webhooks check: signature list ("v1,<b64> v1,<b64>") over
+ * "<id>.<timestamp>.<body>", timestamp within 300 s of now.
+ * Returns 0 ok, -1 with *reason set.
+ */
+int webhook_standard_verify(const unsigned char *key, size_t keylen,
+    const char *id, const char *timestamp, const char *signature,
+    const char *body, size_t len, int64_t now, const char **reason);
+
+/* Decode a "whsec_<base64>" signing token into raw key bytes. */
+int webhook_signing_key_decode(const char *token, unsigned char **out,
+    size_t *outlen);
+
+/*
+ * Authenticate and classify one delivery. provider selects the rules;
+ * header() reads request headers; body is the raw request body. On
+ * WH_ACCEPT and WH_IGNORE with an event, *out is filled (release it);
+ * *reason is a static string explaining any non-accept verdict (or the
+ * ignore reason). now is the wall clock (seconds), for timestamps.
+ */
+enum webhook_verdict webhook_handle(enum scm_provider provider,
+    const struct webhook_keys *keys, const struct webhook_identity *self,
+    webhook_header_fn header, void *header_arg, const char *body,
+    size_t len, int64_t now, struct scm_event *out, const char **reason);
+
+/*
+ * Classify an already-authenticated JSON payload (the normalizer alone;
+ * fuzzed). event is the provider's event header value, delivery the key.
+ */
+enum webhook_verdict webhook_normalize(enum scm_provider provider,
+    const char *event, const char *delivery, const char *json, size_t len,
+    const struct webhook_identity *self, struct scm_event *out,
+    const char **reason);
+
+/*
+ * Whether text has a line starting with up to 3 spaces and "/diverge"
+ * (case-insensitive) followed by whitespace or the end of the line: the
+ * cheap prefilter before storage.
+ */
+int webhook_has_command_line(const char *text, size_t len);
+
+/* ---- inbox.c: the durable delivery queue ---- */
+
+struct inbox;
+struct sqlite3;
+
+struct inbox_config {
+	int64_t capacity;	/* pending entries; beyond: INBOX_FULL */
+	int workers;
+	int max_attempts;	/* then dead-lettered */
+	int64_t retention_s;	/* finished entries kept this long */
+	int64_t backoff_base_ms;	/* first retry delay (default 1000) */
+	int64_t backoff_max_ms;		/* cap (default 300000) */
+	int hold;		/* tests: store but start no worker */
+};
+
+/* One entry handed to the handler. */
+struct inbox_item {
+	int64_t id;
+	const char *key;	/* "github:<delivery>" */
+	const char *provider;
+	const json_t *event;	/* the normalized event (scm_event_to_json) */
+	int attempts;		/* previous failed attempts */
+	int64_t received_ms;
+	/*
+	 * Set by the handler: run inside the transaction that marks the entry
+	 * done, so the effect and the completion commit together. Returns 0
+	 * or -1 (the transaction is then rolled back and the entry retried).
+	 */
+	int (*effect)(struct sqlite3 *db, const struct inbox_item *item,
+	    void *arg);
+	void *effect_arg;
+};
+
+enum { INBOX_DONE = 0, INBOX_RETRY = 1, INBOX_FAIL = -1 };
+
+/*
+ * The work done for each entry: returns INBOX_DONE, INBOX_RETRY (retry
+ * with backoff) or INBOX_FAIL (dead-letter now). *cause may be set to a
+ * message (freed by the inbox).
+ */
+struct inbox_handler {
+	int (*handle)(void *arg, struct inbox_item *item, char **cause);
+	void *arg;
+};
+
+enum inbox_put_result {
+	INBOX_STORED = 0,
+	INBOX_DUPLICATE,
+	INBOX_FULL,
+	INBOX_ERROR
+};
+
+/* Called from the writer thread once a put is settled. */
+typedef void (*inbox_put_cb)(void *arg, enum inbox_put_result r);
+
+/*
+ * Open (creating) the inbox tables in the SQLite database at path (WAL,
+ * synchronous=FULL). Returns 0, or -1 with *cause.
+ */
+int inbox_open(struct inbox **out, const char *path,
+    const struct inbox_config *cfg, char **cause);
+/* Start the writer and worker threads with handler h (copied). */
+int inbox_start(struct inbox *ib, const struct inbox_handler *h,
+    char **cause);
+/*
+ * Queue a delivery; cb runs (on the writer thread) after the entry is
+ * durably committed, found to be a duplicate, refused as full, or failed.
+ * event_json is copied.
+ */
+void inbox_put_async(struct inbox *ib, const char *key, const char *provider,
+    const char *event_json, inbox_put_cb cb, void *arg);
+/* The same, waiting for the outcome. */
+enum inbox_put_result inbox_put(struct inbox *ib, const char *key,
+    const char *provider, const char *event_json);
+/* Entries not yet done or dead. */
+int64_t inbox_depth(struct inbox *ib);
+/* Whether writer and workers are running. */
+int inbox_running(struct inbox *ib);
+/*
+ * Stop: refuse new puts (INBOX_ERROR), let workers finish the entries
+ * they hold, commit everything queued, join the threads.
+ */
+void inbox_stop(struct inbox *ib);
+void inbox_free(struct inbox *ib);
+
+/*
+ * The handler that records each normalized event in the table
+ * handled_events (key, provider, kind, repo, number, comment_id, body,
+ * count), in the completing transaction. Used until command handling
+ * plugs in, and by the durability tests.
+ */
+extern const struct inbox_handler inbox_record_handler;
+
+#endif

@@ -1,1 +1,401 @@
-int main(void) { return 0; }
+/* The durable inbox: group commit, duplicates, capacity, retries, restart. */
+#include "config.h"
+
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <sqlite3.h>
+
+#include "scm/scm.h"
+#include "testutil.h"
+
+struct counter {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int calls;
+	int fail_first;		/* fail this many calls with RETRY */
+	int always;		/* INBOX_DONE/RETRY/FAIL forced */
+	int block;		/* hold every call until cleared */
+	int record;		/* use the record effect */
+};
+
+static int
+count_handle(void *arg, struct inbox_item *item, char **cause)
+{
+	struct counter *c = arg;
+	int n, r = INBOX_DONE;
+
+	pthread_mutex_lock(&c->mu);
+	while (c->block)
+		pthread_cond_wait(&c->cv, &c->mu);
+	n = ++c->calls;
+	if (c->always)
+		r = c->always;
+	else if (n <= c->fail_first)
+		r = INBOX_RETRY;
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+	if (r != INBOX_DONE)
+		*cause = xasprintf("planned failure %d", n);
+	else if (c->record)
+		return inbox_record_handler.handle(NULL, item, cause);
+	return r;
+}
+
+static void
+counter_init(struct counter *c)
+{
+	memset(c, 0, sizeof(*c));
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_cond_init(&c->cv, NULL);
+}
+
+static int
+wait_calls(struct counter *c, int n, int ms)
+{
+	int64_t end = now_mono_ms() + ms;
+	int got;
+
+	for (;;) {
+		pthread_mutex_lock(&c->mu);
+		got = c->calls;
+		pthread_mutex_unlock(&c->mu);
+		if (got >= n || now_mono_ms() > end)
+			return got;
+		sleep_ms(5);
+	}
+}
+
+static char *
+tmpdb(void)
+{
+	char tmpl[] = "/tmp/diverge-inbox-XXXXXX";
+	char *d = mkdtemp(tmpl);
+
+	assert_non_null(d);
+	return xasprintf("%s/diverge.db", d);
+}
+
+static int64_t
+query_int(const char *path, const char *sql)
+{
+	sqlite3 *db;
+	sqlite3_stmt *st;
+	int64_t v = -1;
+
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL),
+	    SQLITE_OK);
+	if (sqlite3_step(st) == SQLITE_ROW)
+		v = sqlite3_column_int64(st, 0);
+	sqlite3_finalize(st);
+	sqlite3_close(db);
+	return v;
+}
+
+static struct inbox *
+open_started(const char *path, struct counter *c, int64_t capacity,
+    int max_attempts, int64_t retention)
+{
+	struct inbox_config cfg = { capacity, 2, max_attempts, retention, 10,
+	    40 };
+	struct inbox_handler h = { count_handle, c };
+	struct inbox *ib = NULL;
+	char *cause = NULL;
+
+	assert_int_equal(inbox_open(&ib, path, &cfg, &cause), 0);
+	assert_int_equal(inbox_start(ib, &h, &cause), 0);
+	return ib;
+}
+
+static const char *EV = "{\"provider\":\"github\",\"kind\":\"comment\","
+    "\"repo\":\"o/r\",\"number\":7,\"commentId\":9,\"body\":\"/diverge x\"}";
+
+static void
+put_dup_and_record(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+
+	counter_init(&c);
+	c.record = 1;
+	ib = open_started(path, &c, 100, 3, 3600);
+	assert_int_equal(inbox_put(ib, "github:a", "github", EV), INBOX_STORED);
+	assert_int_equal(inbox_put(ib, "github:a", "github", EV),
+	    INBOX_DUPLICATE);
+	assert_int_equal(inbox_put(ib, "gitlab:a", "gitlab", EV), INBOX_STORED);
+	assert_int_equal(wait_calls(&c, 2, 5000), 2);
+	inbox_free(ib);
+	assert_int_equal(c.calls, 2);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox"), 2);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM inbox WHERE state = 1"), 2);
+	assert_int_equal(query_int(path,
+	    "SELECT SUM(count) FROM handled_events"), 2);
+	assert_int_equal(query_int(path,
+	    "SELECT number FROM handled_events WHERE key = 'github:a'"), 7);
+	free(path);
+}
+
+static void
+capacity_refuses(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+	char key[32];
+	int i;
+
+	counter_init(&c);
+	c.block = 1;
+	ib = open_started(path, &c, 3, 3, 3600);
+	for (i = 0; i < 3; i++) {
+		snprintf(key, sizeof(key), "github:%d", i);
+		assert_int_equal(inbox_put(ib, key, "github", EV),
+		    INBOX_STORED);
+	}
+	assert_int_equal(inbox_depth(ib), 3);
+	assert_int_equal(inbox_put(ib, "github:x", "github", EV), INBOX_FULL);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox"), 3);
+	/* release the handler: room again */
+	pthread_mutex_lock(&c.mu);
+	c.block = 0;
+	pthread_cond_broadcast(&c.cv);
+	pthread_mutex_unlock(&c.mu);
+	assert_int_equal(wait_calls(&c, 3, 5000), 3);
+	for (i = 0; i < 200 && inbox_depth(ib) > 0; i++)
+		sleep_ms(10);
+	assert_int_equal(inbox_depth(ib), 0);
+	assert_int_equal(inbox_put(ib, "github:x", "github", EV), INBOX_STORED);
+	inbox_free(ib);
+	free(path);
+}
+
+static void
+retry_then_dead(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+
+	counter_init(&c);
+	c.always = INBOX_RETRY;
+	ib = open_started(path, &c, 100, 3, 3600);
+	assert_int_equal(inbox_put(ib, "github:r", "github", EV), INBOX_STORED);
+	assert_int_equal(wait_calls(&c, 3, 5000), 3);
+	/* no fourth attempt */
+	sleep_ms(300);
+	inbox_free(ib);
+	assert_int_equal(c.calls, 3);
+	assert_int_equal(query_int(path,
+	    "SELECT state FROM inbox WHERE key = 'github:r'"), 2);
+	assert_int_equal(query_int(path,
+	    "SELECT attempts FROM inbox WHERE key = 'github:r'"), 3);
+	free(path);
+}
+
+static void
+retry_then_success(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+
+	counter_init(&c);
+	c.fail_first = 2;
+	c.record = 1;
+	ib = open_started(path, &c, 100, 5, 3600);
+	assert_int_equal(inbox_put(ib, "github:s", "github", EV), INBOX_STORED);
+	assert_int_equal(wait_calls(&c, 3, 5000), 3);
+	sleep_ms(100);
+	inbox_free(ib);
+	assert_int_equal(c.calls, 3);
+	assert_int_equal(query_int(path,
+	    "SELECT state FROM inbox WHERE key = 'github:s'"), 1);
+	assert_int_equal(query_int(path,
+	    "SELECT count FROM handled_events WHERE key = 'github:s'"), 1);
+	free(path);
+}
+
+static void
+permanent_failure(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+
+	counter_init(&c);
+	c.always = INBOX_FAIL;
+	ib = open_started(path, &c, 100, 5, 3600);
+	assert_int_equal(inbox_put(ib, "github:f", "github", EV), INBOX_STORED);
+	assert_int_equal(wait_calls(&c, 1, 5000), 1);
+	sleep_ms(200);
+	inbox_free(ib);
+	assert_int_equal(c.calls, 1);
+	assert_int_equal(query_int(path,
+	    "SELECT state FROM inbox WHERE key = 'github:f'"), 2);
+	free(path);
+}
+
+static void
+restart_resumes(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+	char key[32];
+	int i;
+
+	counter_init(&c);
+	c.block = 1;
+	ib = open_started(path, &c, 1000, 3, 3600);
+	for (i = 0; i < 20; i++) {
+		snprintf(key, sizeof(key), "github:%d", i);
+		assert_int_equal(inbox_put(ib, key, "github", EV),
+		    INBOX_STORED);
+	}
+	/* let at most the two held items finish after the stop begins */
+	pthread_mutex_lock(&c.mu);
+	c.block = 0;
+	c.always = INBOX_RETRY;	/* whatever was taken is not done */
+	pthread_cond_broadcast(&c.cv);
+	pthread_mutex_unlock(&c.mu);
+	inbox_free(ib);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM inbox WHERE state = 0"), 20);
+
+	counter_init(&c);
+	c.record = 1;
+	ib = open_started(path, &c, 1000, 3, 3600);
+	assert_int_equal(wait_calls(&c, 20, 10000), 20);
+	sleep_ms(100);
+	inbox_free(ib);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM handled_events"), 20);
+	assert_int_equal(query_int(path,
+	    "SELECT MAX(count) FROM handled_events"), 1);
+	free(path);
+}
+
+struct putter {
+	struct inbox *ib;
+	int base;
+	int stored;
+};
+
+static void *
+put_many(void *arg)
+{
+	struct putter *p = arg;
+	char key[32];
+	int i;
+
+	for (i = 0; i < 200; i++) {
+		snprintf(key, sizeof(key), "github:%d-%d", p->base, i);
+		if (inbox_put(p->ib, key, "github", EV) == INBOX_STORED)
+			p->stored++;
+		/* every tenth is sent twice */
+		if (i % 10 == 0 && inbox_put(p->ib, key, "github", EV) !=
+		    INBOX_DUPLICATE)
+			p->stored = -100000;
+	}
+	return NULL;
+}
+
+static void
+concurrent_group_commit(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+	pthread_t t[8];
+	struct putter p[8];
+	int i, total = 0;
+
+	counter_init(&c);
+	c.record = 1;
+	ib = open_started(path, &c, 100000, 3, 3600);
+	for (i = 0; i < 8; i++) {
+		p[i].ib = ib;
+		p[i].base = i;
+		p[i].stored = 0;
+		pthread_create(&t[i], NULL, put_many, &p[i]);
+	}
+	for (i = 0; i < 8; i++) {
+		pthread_join(t[i], NULL);
+		total += p[i].stored;
+	}
+	assert_int_equal(total, 1600);
+	assert_int_equal(wait_calls(&c, 1600, 20000), 1600);
+	sleep_ms(100);
+	inbox_free(ib);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM handled_events"), 1600);
+	assert_int_equal(query_int(path,
+	    "SELECT MAX(count) FROM handled_events"), 1);
+	free(path);
+}
+
+static void
+prune_finished(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+	int i;
+
+	counter_init(&c);
+	ib = open_started(path, &c, 100, 3, 0);
+	assert_int_equal(inbox_put(ib, "github:p", "github", EV), INBOX_STORED);
+	assert_int_equal(wait_calls(&c, 1, 5000), 1);
+	for (i = 0; i < 300; i++) {
+		if (query_int(path, "SELECT COUNT(*) FROM inbox") == 0)
+			break;
+		sleep_ms(10);
+	}
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox"), 0);
+	inbox_free(ib);
+	free(path);
+}
+
+static void
+put_after_stop(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+
+	counter_init(&c);
+	ib = open_started(path, &c, 100, 3, 3600);
+	inbox_stop(ib);
+	assert_int_equal(inbox_put(ib, "github:late", "github", EV),
+	    INBOX_ERROR);
+	inbox_free(ib);
+	free(path);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(put_dup_and_record),
+		cmocka_unit_test(capacity_refuses),
+		cmocka_unit_test(retry_then_dead),
+		cmocka_unit_test(retry_then_success),
+		cmocka_unit_test(permanent_failure),
+		cmocka_unit_test(restart_resumes),
+		cmocka_unit_test(concurrent_group_commit),
+		cmocka_unit_test(prune_finished),
+		cmocka_unit_test(put_after_stop),
+	};
+
+	util_json_init();
+	log_setup(LOG_ERROR, 0);
+	return cmocka_run_group_tests_name("inbox", tests, NULL, NULL);
+}

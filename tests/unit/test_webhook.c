@@ -1,1 +1,761 @@
-int main(void) { return 0; }
+/* Webhook signatures (the shared vectors) and normalization (fixtures). */
+#include "config.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <strings.h>
+
+#include <cmocka.h>
+
+#include "scm/scm.h"
+#include "testutil.h"
+
+/* ---- header tables for webhook_handle ---- */
+struct hdrs {
+	const char *k[12];
+	const char *v[12];
+};
+
+static const char *
+hget(void *arg, const char *name)
+{
+	struct hdrs *h = arg;
+	int i;
+
+	for (i = 0; i < 12 && h->k[i] != NULL; i++)
+		if (strcasecmp(h->k[i], name) == 0)
+			return h->v[i];
+	return NULL;
+}
+
+static void
+one_key(struct webhook_keys *k, const char **s, size_t *l, const char *secret)
+{
+	s[0] = secret;
+	l[0] = strlen(secret);
+	memset(k, 0, sizeof(*k));
+	k->secrets = s;
+	k->secret_lens = l;
+	k->nsecrets = 1;
+}
+
+static char *
+sign_github(const char *secret, const char *body, size_t len)
+{
+	unsigned char mac[32];
+	char hex[65];
+
+	hmac_sha256(secret, strlen(secret), body, len, mac);
+	hex_encode(mac, 32, hex);
+	return xasprintf("sha256=%s", hex);
+}
+
+/* ---- signatures ---- */
+
+static void
+github_vectors(void **state)
+{
+	size_t len, i;
+	char *text = test_read_file("tests/data/vectors/webhooks.json", &len);
+	json_t *root = json_loads(text, 0, NULL), *arr;
+	json_t *v;
+
+	assert_non_null(root);
+	arr = json_object_get(root, "github");
+	assert_true(json_array_size(arr) >= 2);
+	json_array_foreach(arr, i, v) {
+		const char *secret = json_string_value(json_object_get(v,
+		    "secret"));
+		const char *payload = json_string_value(json_object_get(v,
+		    "payload"));
+		const char *value = json_string_value(json_object_get(v,
+		    "value"));
+		struct webhook_keys k;
+		const char *s[1];
+		size_t l[1];
+		char *mine;
+
+		one_key(&k, s, l, secret);
+		assert_int_equal(webhook_github_verify(&k, value, payload,
+		    strlen(payload)), 0);
+		/* and our own signer produces the same bytes */
+		mine = sign_github(secret, payload, strlen(payload));
+		assert_string_equal(mine, value);
+		free(mine);
+	}
+	json_decref(root);
+	free(text);
+}
+
+static void
+github_bad_signatures(void **state)
+{
+	const char *body = "Hello, World!";
+	const char *good = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d"
+	    "7586c22c46f4379c8b043e17";
+	struct webhook_keys k;
+	const char *s[2];
+	size_t l[2];
+	char *upper, *trunc;
+	size_t i;
+
+	one_key(&k, s, l, "It's a Secret to Everybody");
+	assert_int_equal(webhook_github_verify(&k, good, body, 13), 0);
+	/* wrong body, wrong secret, missing header */
+	assert_int_equal(webhook_github_verify(&k, good, body, 12), -1);
+	assert_int_equal(webhook_github_verify(&k, NULL, body, 13), -1);
+	one_key(&k, s, l, "It's a Secret to everybody");
+	assert_int_equal(webhook_github_verify(&k, good, body, 13), -1);
+	one_key(&k, s, l, "It's a Secret to Everybody");
+	/* truncated */
+	trunc = xstrndup(good, strlen(good) - 2);
+	assert_int_equal(webhook_github_verify(&k, trunc, body, 13), -1);
+	free(trunc);
+	/* upper-cased hex or prefix */
+	upper = xstrdup(good);
+	for (i = 7; upper[i]; i++)
+		if (upper[i] >= 'a' && upper[i] <= 'f')
+			upper[i] = (char)(upper[i] - 32);
+	assert_int_equal(webhook_github_verify(&k, upper, body, 13), -1);
+	upper[0] = 'S';
+	assert_int_equal(webhook_github_verify(&k, upper, body, 13), -1);
+	free(upper);
+	/* sha1-only (the legacy X-Hub-Signature value) */
+	assert_int_equal(webhook_github_verify(&k,
+	    "sha1=dc5e7a0ee4e3f2e8d1e0c8b1f2e3a4b5c6d7e8f9", body, 13), -1);
+	/* empty and garbage */
+	assert_int_equal(webhook_github_verify(&k, "", body, 13), -1);
+	assert_int_equal(webhook_github_verify(&k, "sha256=", body, 13), -1);
+	/* rotation: the second secret matches */
+	s[0] = "old-secret";
+	l[0] = strlen(s[0]);
+	s[1] = "It's a Secret to Everybody";
+	l[1] = strlen(s[1]);
+	k.nsecrets = 2;
+	assert_int_equal(webhook_github_verify(&k, good, body, 13), 0);
+	/* no secret at all never verifies */
+	k.nsecrets = 0;
+	assert_int_equal(webhook_github_verify(&k, good, body, 13), -1);
+}
+
+static void
+standard_webhooks_vector(void **state)
+{
+	size_t len, klen;
+	char *text = test_read_file("tests/data/vectors/webhooks.json", &len);
+	json_t *root = json_loads(text, 0, NULL);
+	json_t *v = json_array_get(json_object_get(root,
+	    "gitlab_standard_webhooks"), 0);
+	const char *secret = json_string_value(json_object_get(v, "secret"));
+	const char *id = json_string_value(json_object_get(v, "webhook-id"));
+	const char *ts = json_string_value(json_object_get(v,
+	    "webhook-timestamp"));
+	const char *payload = json_string_value(json_object_get(v, "payload"));
+	const char *sig = json_string_value(json_object_get(v,
+	    "webhook-signature"));
+	unsigned char *key = NULL;
+	const char *reason = NULL;
+	int64_t t = strtoll(ts, NULL, 10);
+	char *multi;
+
+	assert_int_equal(webhook_signing_key_decode(secret, &key, &klen), 0);
+	assert_int_equal(klen, 24);
+	assert_int_equal(webhook_standard_verify(key, klen, id, ts, sig,
+	    payload, strlen(payload), t, &reason), 0);
+	/* within the window on both sides, outside it refused */
+	assert_int_equal(webhook_standard_verify(key, klen, id, ts, sig,
+	    payload, strlen(payload), t + 299, &reason), 0);
+	assert_int_equal(webhook_standard_verify(key, klen, id, ts, sig,
+	    payload, strlen(payload), t + 301, &reason), -1);
+	assert_int_equal(webhook_standard_verify(key, klen, id, ts, sig,
+	    payload, strlen(payload), t - 301, &reason), -1);
+	/* tampered body and id */
+	assert_int_equal(webhook_standard_verify(key, klen, id, ts, sig,
+	    "{\"test\": 2432232315}", strlen(payload), t, &reason), -1);
+	assert_int_equal(webhook_standard_verify(key, klen, "msg_x", ts, sig,
+	    payload, strlen(payload), t, &reason), -1);
+	/* several signatures, one good */
+	multi = xasprintf("v1,AAAA v2,xyz %s", sig);
+	assert_int_equal(webhook_standard_verify(key, klen, id, ts, multi,
+	    payload, strlen(payload), t, &reason), 0);
+	free(multi);
+	assert_int_equal(webhook_standard_verify(key, klen, id, ts,
+	    "v1,!!!notbase64", payload, strlen(payload), t, &reason), -1);
+	assert_int_equal(webhook_standard_verify(key, klen, id, NULL, sig,
+	    payload, strlen(payload), t, &reason), -1);
+	assert_int_equal(webhook_standard_verify(key, klen, id, "12ab", sig,
+	    payload, strlen(payload), t, &reason), -1);
+	free(key);
+	json_decref(root);
+	free(text);
+}
+
+static void
+gitlab_tokens(void **state)
+{
+	struct webhook_keys k;
+	const char *s[2] = { "token-one", "token-two" };
+	size_t l[2] = { 9, 9 };
+
+	memset(&k, 0, sizeof(k));
+	k.secrets = s;
+	k.secret_lens = l;
+	k.nsecrets = 2;
+	assert_int_equal(webhook_gitlab_verify_token(&k, "token-two"), 0);
+	assert_int_equal(webhook_gitlab_verify_token(&k, "token-one"), 0);
+	assert_int_equal(webhook_gitlab_verify_token(&k, "token-on"), -1);
+	assert_int_equal(webhook_gitlab_verify_token(&k, "token-one "), -1);
+	assert_int_equal(webhook_gitlab_verify_token(&k, ""), -1);
+	assert_int_equal(webhook_gitlab_verify_token(&k, NULL), -1);
+}
+
+/* ---- prefilter ---- */
+
+static void
+prefilter(void **state)
+{
+	static const struct {
+		const char *text;
+		int want;
+	} cases[] = {
+		{ "/diverge fix it", 1 },
+		{ "/diverge", 1 },
+		{ "/DIVERGE status", 1 },
+		{ "   /diverge pause", 1 },
+		{ "    /diverge pause", 0 },	/* 4 spaces: code block */
+		{ "hello\n/diverge help\n", 1 },
+		{ "hello\r\n/diverge help\r\n", 1 },
+		{ "hello /diverge help", 0 },
+		{ "/divergent idea", 0 },
+		{ "/diverge-x", 0 },
+		{ "/diverge\tfix", 1 },
+		{ "", 0 },
+		{ "/diverg", 0 },
+		{ "text\n\n/diverge", 1 },
+	};
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(cases); i++)
+		assert_int_equal(webhook_has_command_line(cases[i].text,
+		    strlen(cases[i].text)), cases[i].want);
+}
+
+/* ---- fixtures as they are ---- */
+
+struct fixture_case {
+	enum scm_provider provider;
+	const char *event;
+	const char *file;
+	enum webhook_verdict verdict;
+	const char *reason;	/* substring of the reason */
+};
+
+static const struct fixture_case fixtures[] = {
+	{ SCM_GITHUB, "issue_comment", "github/go-playground--issue-comment.json", WH_IGNORE, "not a pull request" },
+	{ SCM_GITHUB, "ping", "github/go-playground--ping.json", WH_IGNORE, "ping" },
+	{ SCM_GITHUB, "issue_comment", "github/go-playground--pull-request-issue-comment.json", WH_IGNORE, "no /diverge command" },
+	{ SCM_GITHUB, "pull_request_review_comment", "github/go-playground--pull-request-review-comment.json", WH_IGNORE, "no /diverge command" },
+	{ SCM_GITHUB, "pull_request", "github/go-playground--pull-request.json", WH_IGNORE, "other than closed" },
+	{ SCM_GITHUB, "issue_comment", "github/octokit-webhooks--issue_comment.created.with-installation.payload.json", WH_IGNORE, "not a pull request" },
+	{ SCM_GITHUB, "issue_comment", "github/octokit-webhooks--issue_comment.edited.payload.json", WH_IGNORE, "not newly created" },
+	{ SCM_GITHUB, "ping", "github/octokit-webhooks--ping.payload.json", WH_IGNORE, "ping" },
+	{ SCM_GITHUB, "pull_request", "github/octokit-webhooks--pull_request.closed.payload.json", WH_ACCEPT, NULL },
+	{ SCM_GITHUB, "pull_request", "github/octokit-webhooks--pull_request.opened.payload.json", WH_IGNORE, "other than closed" },
+	{ SCM_GITHUB, "pull_request_review_comment", "github/octokit-webhooks--pull_request_review_comment.created.payload.json", WH_IGNORE, "no /diverge command" },
+	{ SCM_GITLAB, "Note Hook", "gitlab/gitlab-docs--comment-on-a-code-snippet.json", WH_IGNORE, "not on a merge request" },
+	{ SCM_GITLAB, "Note Hook", "gitlab/gitlab-docs--comment-on-a-commit.json", WH_IGNORE, "not on a merge request" },
+	{ SCM_GITLAB, "Note Hook", "gitlab/gitlab-docs--comment-on-a-merge-request.json", WH_IGNORE, "no /diverge command" },
+	{ SCM_GITLAB, "Note Hook", "gitlab/gitlab-docs--comment-on-an-issue.json", WH_IGNORE, "not on a merge request" },
+	{ SCM_GITLAB, "Merge Request Hook", "gitlab/gitlab-docs--merge-request-events.json", WH_IGNORE, "other than close or merge" },
+	{ SCM_GITLAB, "Merge Request Hook", "gitlab/go-gitlab--merge_request.json", WH_IGNORE, "other than close or merge" },
+	{ SCM_GITLAB, "Note Hook", "gitlab/go-gitlab--note_commit.json", WH_IGNORE, "not on a merge request" },
+	{ SCM_GITLAB, "Note Hook", "gitlab/go-gitlab--note_issue.json", WH_IGNORE, "not on a merge request" },
+	{ SCM_GITLAB, "Note Hook", "gitlab/go-gitlab--note_merge_request.json", WH_IGNORE, "no /diverge command" },
+	{ SCM_GITLAB, "Note Hook", "gitlab/go-gitlab--note_snippet.json", WH_IGNORE, "not on a merge request" },
+	{ SCM_GITLAB, "Push Hook", "gitlab/go-gitlab--push.json", WH_IGNORE, "event not handled" },
+	{ SCM_GITLAB, "Note Hook", "gitlab/go-playground--comment-commit-event.json", WH_IGNORE, "not on a merge request" },
+	{ SCM_GITLAB, "Note Hook", "gitlab/go-playground--comment-issue-event.json", WH_IGNORE, "not on a merge request" },
+	{ SCM_GITLAB, "Note Hook", "gitlab/go-playground--comment-merge-request-event.json", WH_IGNORE, "no /diverge command" },
+	{ SCM_GITLAB, "Note Hook", "gitlab/go-playground--comment-snippet-event.json", WH_IGNORE, "not on a merge request" },
+	{ SCM_GITLAB, "Confidential Note Hook", "gitlab/go-playground--confidential-comment-event.json", WH_IGNORE, "not on a merge request" },
+	{ SCM_GITLAB, "Merge Request Hook", "gitlab/go-playground--merge-request-event.json", WH_IGNORE, "other than close or merge" },
+	{ SCM_GITLAB, "Push Hook", "gitlab/go-playground--push-event.json", WH_IGNORE, "event not handled" },
+};
+
+static char *
+fixture(const char *file, size_t *len)
+{
+	char *rel = xasprintf("tests/data/webhooks/%s", file);
+	char *t = test_read_file(rel, len);
+
+	free(rel);
+	return t;
+}
+
+static void
+fixtures_as_is(void **state)
+{
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(fixtures); i++) {
+		const struct fixture_case *c = &fixtures[i];
+		struct scm_event ev;
+		const char *reason = NULL;
+		size_t len;
+		char *body = fixture(c->file, &len);
+		enum webhook_verdict v;
+
+		memset(&ev, 0, sizeof(ev));
+		v = webhook_normalize(c->provider, c->event, "d-1", body, len,
+		    NULL, &ev, &reason);
+		if (v != c->verdict)
+			fprintf(stderr, "# %s: verdict %d reason %s\n",
+			    c->file, v, reason ? reason : "-");
+		assert_int_equal(v, c->verdict);
+		if (c->reason != NULL) {
+			assert_non_null(reason);
+			assert_non_null(strstr(reason, c->reason));
+		}
+		scm_event_release(&ev);
+		free(body);
+	}
+}
+
+/* Replace the comment body of a fixture and normalize it. */
+static enum webhook_verdict
+with_body(enum scm_provider p, const char *event, const char *file,
+    const char *newbody, const struct webhook_identity *self,
+    struct scm_event *ev, const char **reason)
+{
+	size_t len;
+	char *text = fixture(file, &len);
+	json_t *root = json_loads(text, 0, NULL);
+	char *out;
+	enum webhook_verdict v;
+
+	assert_non_null(root);
+	if (p == SCM_GITHUB)
+		json_object_set_new(json_object_get(root, "comment"), "body",
+		    json_string(newbody));
+	else
+		json_object_set_new(json_object_get(root,
+		    "object_attributes"), "note", json_string(newbody));
+	out = json_dumps(root, JSON_COMPACT);
+	memset(ev, 0, sizeof(*ev));
+	v = webhook_normalize(p, event, "d-2", out, strlen(out), self, ev,
+	    reason);
+	free(out);
+	json_decref(root);
+	free(text);
+	return v;
+}
+
+static void
+fixtures_with_command(void **state)
+{
+	struct scm_event ev;
+	const char *reason;
+	struct webhook_identity self = { "diverge-bot[bot]", "diverge-bot",
+	    4242 };
+
+	/* GitHub: issue_comment on a PR */
+	assert_int_equal(with_body(SCM_GITHUB, "issue_comment",
+	    "github/go-playground--pull-request-issue-comment.json",
+	    "please\n/diverge fix the N+1 query", &self, &ev, &reason),
+	    WH_ACCEPT);
+	assert_int_equal(ev.kind, SCM_EV_COMMENT);
+	assert_string_equal(ev.repo, "chhsia0/knative-route-demo");
+	assert_int_equal(ev.number, 3);
+	assert_int_equal(ev.comment_id, 546616131);
+	assert_string_equal(ev.author_login, "chhsia0");
+	assert_string_equal(ev.author_type, "User");
+	assert_string_equal(ev.author_hint, "OWNER");
+	assert_string_equal(ev.comment_body,
+	    "please\n/diverge fix the N+1 query");
+	assert_string_equal(ev.delivery, "d-2");
+	assert_null(ev.head_ref);	/* issue_comment carries no refs */
+	scm_event_release(&ev);
+
+	/* the same comment on a plain issue stays ignored */
+	assert_int_equal(with_body(SCM_GITHUB, "issue_comment",
+	    "github/go-playground--issue-comment.json", "/diverge fix x",
+	    &self, &ev, &reason), WH_IGNORE);
+	scm_event_release(&ev);
+	/* an edit with a command stays ignored */
+	assert_int_equal(with_body(SCM_GITHUB, "issue_comment",
+	    "github/octokit-webhooks--issue_comment.edited.payload.json",
+	    "/diverge fix x", &self, &ev, &reason), WH_IGNORE);
+	scm_event_release(&ev);
+
+	/* review comment: refs and installation come with it */
+	assert_int_equal(with_body(SCM_GITHUB, "pull_request_review_comment",
+	    "github/octokit-webhooks--pull_request_review_comment.created."
+	    "payload.json", "/diverge status", &self, &ev, &reason),
+	    WH_ACCEPT);
+	assert_string_equal(ev.repo, "Codertocat/Hello-World");
+	assert_int_equal(ev.number, 2);
+	assert_int_equal(ev.comment_id, 284312630);
+	assert_string_equal(ev.head_ref, "changes");
+	assert_string_equal(ev.base_ref, "master");
+	assert_int_equal(ev.installation_id, 1);
+	assert_int_equal(ev.review_comment, 1);
+	assert_int_equal(ev.fork, 0);
+	scm_event_release(&ev);
+
+	/* GitLab: note on an MR */
+	assert_int_equal(with_body(SCM_GITLAB, "Note Hook",
+	    "gitlab/gitlab-docs--comment-on-a-merge-request.json",
+	    "/diverge fix make it fast", &self, &ev, &reason), WH_ACCEPT);
+	assert_string_equal(ev.repo, "gitlab-org/gitlab-test");
+	assert_int_equal(ev.project_id, 5);
+	assert_int_equal(ev.number, 1);
+	assert_int_equal(ev.comment_id, 1244);
+	assert_string_equal(ev.author_login, "root");
+	assert_string_equal(ev.head_ref, "master");
+	assert_string_equal(ev.base_ref, "markdown");
+	assert_int_equal(ev.fork, 0);
+	scm_event_release(&ev);
+	/* the older shape without action is a creation */
+	assert_int_equal(with_body(SCM_GITLAB, "Note Hook",
+	    "gitlab/go-playground--comment-merge-request-event.json",
+	    "/diverge help", &self, &ev, &reason), WH_ACCEPT);
+	scm_event_release(&ev);
+	/* notes on issues never count */
+	assert_int_equal(with_body(SCM_GITLAB, "Note Hook",
+	    "gitlab/go-gitlab--note_issue.json", "/diverge fix x", &self,
+	    &ev, &reason), WH_IGNORE);
+	scm_event_release(&ev);
+}
+
+static void
+bots_and_self(void **state)
+{
+	struct scm_event ev;
+	const char *reason;
+	struct webhook_identity self = { "chhsia0", "root", 0 };
+	size_t len;
+	char *text;
+	json_t *root;
+	char *out;
+
+	/* our own comment */
+	assert_int_equal(with_body(SCM_GITHUB, "issue_comment",
+	    "github/go-playground--pull-request-issue-comment.json",
+	    "/diverge fix x", &self, &ev, &reason), WH_IGNORE);
+	assert_non_null(strstr(reason, "diverge itself"));
+	scm_event_release(&ev);
+	assert_int_equal(with_body(SCM_GITLAB, "Note Hook",
+	    "gitlab/gitlab-docs--comment-on-a-merge-request.json",
+	    "/diverge fix x", &self, &ev, &reason), WH_IGNORE);
+	assert_non_null(strstr(reason, "diverge itself"));
+	scm_event_release(&ev);
+
+	/* another bot (GitHub user.type Bot) */
+	text = fixture("github/go-playground--pull-request-issue-comment.json",
+	    &len);
+	root = json_loads(text, 0, NULL);
+	json_object_set_new(json_object_get(root, "comment"), "body",
+	    json_string("/diverge fix x"));
+	json_object_set_new(json_object_get(json_object_get(root, "comment"),
+	    "user"), "type", json_string("Bot"));
+	out = json_dumps(root, JSON_COMPACT);
+	assert_int_equal(webhook_normalize(SCM_GITHUB, "issue_comment", "d",
+	    out, strlen(out), NULL, &ev, &reason), WH_IGNORE);
+	assert_non_null(strstr(reason, "bot"));
+	scm_event_release(&ev);
+	free(out);
+	json_decref(root);
+	free(text);
+
+	/* a GitLab project access token bot */
+	text = fixture("gitlab/gitlab-docs--comment-on-a-merge-request.json",
+	    &len);
+	root = json_loads(text, 0, NULL);
+	json_object_set_new(json_object_get(root, "object_attributes"), "note",
+	    json_string("/diverge fix x"));
+	json_object_set_new(json_object_get(root, "user"), "username",
+	    json_string("project_278964_bot_3d6a0b2c"));
+	out = json_dumps(root, JSON_COMPACT);
+	assert_int_equal(webhook_normalize(SCM_GITLAB, "Note Hook", "d", out,
+	    strlen(out), NULL, &ev, &reason), WH_IGNORE);
+	assert_non_null(strstr(reason, "bot"));
+	scm_event_release(&ev);
+	free(out);
+	json_decref(root);
+	free(text);
+}
+
+static void
+closed_and_merged(void **state)
+{
+	struct scm_event ev;
+	const char *reason;
+	size_t len;
+	char *text = fixture(
+	    "github/octokit-webhooks--pull_request.closed.payload.json", &len);
+	json_t *root = json_loads(text, 0, NULL);
+	char *out;
+
+	assert_int_equal(webhook_normalize(SCM_GITHUB, "pull_request", "d",
+	    text, len, NULL, &ev, &reason), WH_ACCEPT);
+	assert_int_equal(ev.kind, SCM_EV_CLOSED);
+	assert_int_equal(ev.number, 2);
+	assert_string_equal(ev.repo, "Codertocat/Hello-World");
+	scm_event_release(&ev);
+	json_object_set_new(json_object_get(root, "pull_request"), "merged",
+	    json_true());
+	out = json_dumps(root, JSON_COMPACT);
+	assert_int_equal(webhook_normalize(SCM_GITHUB, "pull_request", "d",
+	    out, strlen(out), NULL, &ev, &reason), WH_ACCEPT);
+	assert_int_equal(ev.kind, SCM_EV_MERGED);
+	scm_event_release(&ev);
+	free(out);
+	json_decref(root);
+	free(text);
+
+	/* GitLab merge and close */
+	text = fixture("gitlab/go-gitlab--merge_request.json", &len);
+	root = json_loads(text, 0, NULL);
+	json_object_set_new(json_object_get(root, "object_attributes"),
+	    "action", json_string("merge"));
+	out = json_dumps(root, JSON_COMPACT);
+	assert_int_equal(webhook_normalize(SCM_GITLAB, "Merge Request Hook",
+	    "d", out, strlen(out), NULL, &ev, &reason), WH_ACCEPT);
+	assert_int_equal(ev.kind, SCM_EV_MERGED);
+	assert_int_equal(ev.number, 1);
+	assert_string_equal(ev.repo, "gitlabhq/gitlab-test");
+	scm_event_release(&ev);
+	free(out);
+	json_object_set_new(json_object_get(root, "object_attributes"),
+	    "action", json_string("close"));
+	out = json_dumps(root, JSON_COMPACT);
+	assert_int_equal(webhook_normalize(SCM_GITLAB, "Merge Request Hook",
+	    "d", out, strlen(out), NULL, &ev, &reason), WH_ACCEPT);
+	assert_int_equal(ev.kind, SCM_EV_CLOSED);
+	scm_event_release(&ev);
+	free(out);
+	json_decref(root);
+	free(text);
+}
+
+static void
+bad_shapes(void **state)
+{
+	static const struct {
+		const char *event;
+		const char *json;
+	} cases[] = {
+		{ "issue_comment", "{" },
+		{ "issue_comment", "[]" },
+		{ "issue_comment", "\"x\"" },
+		{ "issue_comment", "{\"action\":5}" },
+		{ "issue_comment", "{}" },
+		{ "issue_comment", "{\"action\":\"created\",\"issue\":{\"number\":1,\"pull_request\":{}},\"comment\":{\"id\":1,\"user\":{\"login\":\"a\"}},\"repository\":{\"full_name\":\"o/r\"}}" },
+		{ "issue_comment", "{\"action\":\"created\",\"issue\":{\"number\":1,\"pull_request\":{}},\"comment\":{\"id\":\"1\",\"body\":\"/diverge x\",\"user\":{\"login\":\"a\"}},\"repository\":{\"full_name\":\"o/r\"}}" },
+		{ "issue_comment", "{\"action\":\"created\",\"issue\":{\"number\":1e400,\"pull_request\":{}}}" },
+		{ "issue_comment", "{\"action\":\"created\",\"issue\":{\"number\":99999999999999999999999,\"pull_request\":{}}}" },
+		{ "issue_comment", "{\"action\":\"created\",\"issue\":{\"number\":-4,\"pull_request\":{}},\"comment\":{\"id\":1,\"body\":\"/diverge x\",\"user\":{\"login\":\"a\"}},\"repository\":{\"full_name\":\"o/r\"}}" },
+		{ "issue_comment", "{\"action\":\"created\",\"issue\":7}" },
+		{ "issue_comment", "{\"a\":1,\"a\":2}" },
+		{ "pull_request", "{\"action\":\"closed\"}" },
+		{ "pull_request", "{\"action\":\"closed\",\"number\":2,\"pull_request\":{\"merged\":\"yes\"},\"repository\":{\"full_name\":\"o/r\"}}" },
+	};
+	struct scm_event ev;
+	const char *reason;
+	size_t i;
+	struct buf deep;
+
+	for (i = 0; i < ARRAY_SIZE(cases); i++) {
+		memset(&ev, 0, sizeof(ev));
+		reason = NULL;
+		assert_int_equal(webhook_normalize(SCM_GITHUB, cases[i].event,
+		    "d", cases[i].json, strlen(cases[i].json), NULL, &ev,
+		    &reason), WH_BAD_REQUEST);
+		assert_non_null(reason);
+	}
+	/* 10,000-deep nesting */
+	buf_init(&deep, 1 << 20);
+	for (i = 0; i < 10000; i++)
+		buf_addstr(&deep, "{\"a\":");
+	buf_addstr(&deep, "1");
+	for (i = 0; i < 10000; i++)
+		buf_addstr(&deep, "}");
+	assert_int_equal(webhook_normalize(SCM_GITHUB, "issue_comment", "d",
+	    deep.data, deep.len, NULL, &ev, &reason), WH_BAD_REQUEST);
+	buf_reset(&deep);
+	for (i = 0; i < 10000; i++)
+		buf_addstr(&deep, "[");
+	assert_int_equal(webhook_normalize(SCM_GITLAB, "Note Hook", "d",
+	    deep.data, deep.len, NULL, &ev, &reason), WH_BAD_REQUEST);
+	buf_release(&deep);
+	/* GitLab: wrong types */
+	assert_int_equal(webhook_normalize(SCM_GITLAB, "Note Hook", "d",
+	    "{\"object_attributes\":{\"noteable_type\":3}}", 42, NULL, &ev,
+	    &reason), WH_BAD_REQUEST);
+	assert_int_equal(webhook_normalize(SCM_GITLAB, "Merge Request Hook",
+	    "d", "{\"object_attributes\":{\"action\":\"merge\"}}", 40, NULL,
+	    &ev, &reason), WH_BAD_REQUEST);
+}
+
+static void
+handle_requests(void **state)
+{
+	const char *body = "{\"zen\":\"Keep it logically awesome.\","
+	    "\"hook_id\":1}";
+	struct webhook_keys k;
+	const char *s[1];
+	size_t l[1];
+	struct scm_event ev;
+	const char *reason;
+	char *sig = sign_github("sekrit", body, strlen(body));
+	char *form, *esc, *fsig;
+	struct hdrs h = { { "Content-Type", "X-Hub-Signature-256",
+	    "X-GitHub-Event", "X-GitHub-Delivery" }, { "application/json",
+	    sig, "ping", "abc-1" } };
+	struct hdrs g;
+	char *gl, *gl2;
+	size_t gllen;
+
+	one_key(&k, s, l, "sekrit");
+	memset(&ev, 0, sizeof(ev));
+	assert_int_equal(webhook_handle(SCM_GITHUB, &k, NULL, hget, &h, body,
+	    strlen(body), 0, &ev, &reason), WH_IGNORE);
+	assert_string_equal(reason, "ping");
+	scm_event_release(&ev);
+	/* charset parameter is fine */
+	h.v[0] = "application/json; charset=utf-8";
+	assert_int_equal(webhook_handle(SCM_GITHUB, &k, NULL, hget, &h, body,
+	    strlen(body), 0, &ev, &reason), WH_IGNORE);
+	scm_event_release(&ev);
+	/* wrong content type, before anything else */
+	h.v[0] = "text/plain";
+	assert_int_equal(webhook_handle(SCM_GITHUB, &k, NULL, hget, &h, body,
+	    strlen(body), 0, &ev, &reason), WH_UNSUPPORTED);
+	h.v[0] = "application/json";
+	/* bad signature */
+	h.v[1] = "sha256=00";
+	assert_int_equal(webhook_handle(SCM_GITHUB, &k, NULL, hget, &h, body,
+	    strlen(body), 0, &ev, &reason), WH_UNAUTHORIZED);
+	h.v[1] = sig;
+	/* missing event / delivery headers */
+	h.k[2] = "X-Other";
+	assert_int_equal(webhook_handle(SCM_GITHUB, &k, NULL, hget, &h, body,
+	    strlen(body), 0, &ev, &reason), WH_BAD_REQUEST);
+	h.k[2] = "X-GitHub-Event";
+	h.v[3] = "has space";
+	assert_int_equal(webhook_handle(SCM_GITHUB, &k, NULL, hget, &h, body,
+	    strlen(body), 0, &ev, &reason), WH_BAD_REQUEST);
+	h.v[3] = "abc-1";
+
+	/* form-encoded: the signature covers the raw form body */
+	esc = xstrdup("payload=%7B%22zen%22%3A%22a+b%22%2C%22hook_id%22%3A1%7D");
+	fsig = sign_github("sekrit", esc, strlen(esc));
+	h.v[0] = "application/x-www-form-urlencoded";
+	h.v[1] = fsig;
+	assert_int_equal(webhook_handle(SCM_GITHUB, &k, NULL, hget, &h, esc,
+	    strlen(esc), 0, &ev, &reason), WH_IGNORE);
+	assert_string_equal(reason, "ping");
+	scm_event_release(&ev);
+	form = xstrdup("other=1");
+	free(fsig);
+	fsig = sign_github("sekrit", form, strlen(form));
+	h.v[1] = fsig;
+	assert_int_equal(webhook_handle(SCM_GITHUB, &k, NULL, hget, &h, form,
+	    strlen(form), 0, &ev, &reason), WH_BAD_REQUEST);
+	free(form);
+	free(fsig);
+	free(esc);
+	free(sig);
+
+	/* GitLab without any delivery id: keyed by the body's digest */
+	gl = fixture("gitlab/gitlab-docs--comment-on-a-merge-request.json",
+	    &gllen);
+	{
+		json_t *root = json_loads(gl, 0, NULL);
+
+		json_object_set_new(json_object_get(root, "object_attributes"),
+		    "note", json_string("/diverge status"));
+		gl2 = json_dumps(root, JSON_COMPACT);
+		json_decref(root);
+	}
+	memset(&g, 0, sizeof(g));
+	g.k[0] = "Content-Type";
+	g.v[0] = "application/json";
+	g.k[1] = "X-Gitlab-Token";
+	g.v[1] = "sekrit";
+	g.k[2] = "X-Gitlab-Event";
+	g.v[2] = "Note Hook";
+	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, gl2,
+	    strlen(gl2), 0, &ev, &reason), WH_ACCEPT);
+	assert_int_equal(strlen(ev.delivery), 64);
+	scm_event_release(&ev);
+	g.k[3] = "X-Gitlab-Event-UUID";
+	g.v[3] = "uuid-1";
+	g.k[4] = "Idempotency-Key";
+	g.v[4] = "idem-1";
+	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, gl2,
+	    strlen(gl2), 0, &ev, &reason), WH_ACCEPT);
+	assert_string_equal(ev.delivery, "idem-1");
+	scm_event_release(&ev);
+	g.v[1] = "wrong";
+	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, gl2,
+	    strlen(gl2), 0, &ev, &reason), WH_UNAUTHORIZED);
+	g.k[1] = "X-Nothing";
+	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, gl2,
+	    strlen(gl2), 0, &ev, &reason), WH_UNAUTHORIZED);
+	free(gl2);
+	free(gl);
+}
+
+static void
+event_json_roundtrip(void **state)
+{
+	struct scm_event ev, back;
+	const char *reason;
+	json_t *j;
+
+	assert_int_equal(with_body(SCM_GITLAB, "Note Hook",
+	    "gitlab/gitlab-docs--comment-on-a-merge-request.json",
+	    "/diverge fix x", NULL, &ev, &reason), WH_ACCEPT);
+	j = scm_event_to_json(&ev);
+	assert_int_equal(scm_event_from_json(&back, j), 0);
+	assert_int_equal(back.provider, SCM_GITLAB);
+	assert_int_equal(back.kind, SCM_EV_COMMENT);
+	assert_string_equal(back.repo, ev.repo);
+	assert_int_equal(back.project_id, 5);
+	assert_int_equal(back.number, 1);
+	assert_int_equal(back.comment_id, 1244);
+	assert_string_equal(back.comment_body, "/diverge fix x");
+	assert_string_equal(back.head_ref, "master");
+	assert_int_equal(back.fork, 0);
+	scm_event_release(&back);
+	scm_event_release(&ev);
+	json_decref(j);
+	j = json_pack("{s:s,s:s}", "provider", "svn", "kind", "comment");
+	assert_int_equal(scm_event_from_json(&back, j), -1);
+	json_decref(j);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(github_vectors),
+		cmocka_unit_test(github_bad_signatures),
+		cmocka_unit_test(standard_webhooks_vector),
+		cmocka_unit_test(gitlab_tokens),
+		cmocka_unit_test(prefilter),
+		cmocka_unit_test(fixtures_as_is),
+		cmocka_unit_test(fixtures_with_command),
+		cmocka_unit_test(bots_and_self),
+		cmocka_unit_test(closed_and_merged),
+		cmocka_unit_test(bad_shapes),
+		cmocka_unit_test(handle_requests),
+		cmocka_unit_test(event_json_roundtrip),
+	};
+
+	util_json_init();
+	return cmocka_run_group_tests_name("webhook", tests, NULL, NULL);
+}

@@ -1,0 +1,310 @@
+"""Shared helpers for the integration tests: a TAP writer, a running
+diverged on an OS-chosen loopback port, signed webhook deliveries and raw
+HTTP. Only loopback addresses are ever contacted."""
+
+import hashlib
+import hmac
+import http.client
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+TOP_SRCDIR = os.environ.get("top_srcdir") or os.path.abspath(
+    os.path.join(os.path.dirname(__file__), "..", ".."))
+TOP_BUILDDIR = os.environ.get("top_builddir") or TOP_SRCDIR
+DIVERGED = os.path.join(TOP_BUILDDIR, "diverged")
+DATA = os.path.join(TOP_SRCDIR, "tests", "data")
+
+
+class Tap:
+    """Minimal TAP producer; the plan is printed at the end."""
+
+    def __init__(self):
+        self.n = 0
+        self.failed = 0
+
+    def ok(self, cond, name, detail=None):
+        self.n += 1
+        if not cond:
+            self.failed += 1
+            print("not ok %d - %s" % (self.n, name))
+            if detail is not None:
+                for line in str(detail).splitlines()[:40]:
+                    print("# " + line)
+        else:
+            print("ok %d - %s" % (self.n, name))
+        sys.stdout.flush()
+        return cond
+
+    def eq(self, got, want, name):
+        return self.ok(got == want, name, "got %r, want %r" % (got, want))
+
+    def skip_all(self, why):
+        print("1..0 # SKIP %s" % why)
+        sys.exit(0)
+
+    def done(self):
+        print("1..%d" % self.n)
+        sys.exit(1 if self.failed else 0)
+
+
+def run_tests(fn):
+    """Run fn(tap) and make an exception a failed test, not a crash."""
+    tap = Tap()
+    try:
+        fn(tap)
+    except Exception:  # noqa: BLE001 - report anything as a failure
+        tap.ok(False, "unexpected exception", traceback.format_exc())
+    finally:
+        Daemon.kill_all()
+    tap.done()
+
+
+def sign(secret, body):
+    if isinstance(secret, str):
+        secret = secret.encode()
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+def fixture(rel):
+    with open(os.path.join(DATA, "webhooks", rel), "rb") as f:
+        return json.load(f)
+
+
+def with_comment(doc, body):
+    doc = json.loads(json.dumps(doc))
+    if "comment" in doc:
+        doc["comment"]["body"] = body
+    else:
+        doc["object_attributes"]["note"] = body
+    return doc
+
+
+def compact(doc):
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+class Daemon:
+    """A diverged process with its own state dir and config file."""
+
+    running = []
+
+    def __init__(self, config="", env=None, args=None, state_dir=None,
+                 secret="test-secret", cwd=None):
+        self.tmp = tempfile.mkdtemp(prefix="diverge-it-")
+        self.state_dir = state_dir or os.path.join(self.tmp, "state")
+        self.secret = secret
+        self.secret_file = os.path.join(self.tmp, "github-secret")
+        with open(self.secret_file, "w") as f:
+            f.write(secret + "\n")
+        self.gitlab_token_file = os.path.join(self.tmp, "gitlab-token")
+        with open(self.gitlab_token_file, "w") as f:
+            f.write("gl-token\n")
+        self.config_file = None
+        if config is not None:
+            self.config_file = os.path.join(self.tmp, "diverged.yaml")
+            text = config.format(secret_file=self.secret_file,
+                                 gitlab_token_file=self.gitlab_token_file,
+                                 tmp=self.tmp)
+            with open(self.config_file, "w") as f:
+                f.write(text)
+        self.env = dict(os.environ)
+        if env:
+            self.env.update(env)
+        self.args = args
+        self.cwd = cwd
+        self.proc = None
+        self.port = None
+        self.lines = []
+        self.lock = threading.Lock()
+
+    def command(self):
+        cmd = [DIVERGED]
+        if self.config_file:
+            cmd += ["--config", self.config_file]
+        if self.args is not None:
+            cmd += self.args
+        else:
+            cmd += ["--listen", "127.0.0.1:0", "--state-dir", self.state_dir]
+        return cmd
+
+    def _reader(self, stream):
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            with self.lock:
+                self.lines.append(line)
+        stream.close()
+
+    def start(self, wait=True, timeout=15):
+        self.lines = []
+        self.port = None
+        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=self.env,
+                                     cwd=self.cwd)
+        Daemon.running.append(self)
+        for s in (self.proc.stdout, self.proc.stderr):
+            threading.Thread(target=self._reader, args=(s,),
+                             daemon=True).start()
+        if not wait:
+            return self
+        end = time.time() + timeout
+        while time.time() < end:
+            with self.lock:
+                for line in self.lines:
+                    if "diverged started" in line:
+                        for part in line.split():
+                            if part.startswith("port="):
+                                self.port = int(part[5:])
+                        if '"port":"' in line:
+                            self.port = int(json.loads(line)["port"])
+            if self.port:
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError("diverged exited with %d:\n%s" % (
+                    self.proc.returncode, "\n".join(self.lines[-20:])))
+            time.sleep(0.02)
+        raise RuntimeError("diverged did not start:\n" +
+                           "\n".join(self.lines[-20:]))
+
+    def log(self):
+        with self.lock:
+            return list(self.lines)
+
+    def wait_log(self, text, timeout=10):
+        end = time.time() + timeout
+        while time.time() < end:
+            if any(text in l for l in self.log()):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def send_signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def stop(self, sig=signal.SIGTERM, timeout=20):
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def kill9(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    @classmethod
+    def kill_all(cls):
+        for d in cls.running:
+            if d.proc is not None and d.proc.poll() is None:
+                d.proc.kill()
+                d.proc.wait()
+
+    # ---- HTTP ----
+    def request(self, method, path, body=None, headers=None, timeout=10):
+        c = http.client.HTTPConnection("127.0.0.1", self.port,
+                                       timeout=timeout)
+        try:
+            c.request(method, path, body=body, headers=headers or {})
+            r = c.getresponse()
+            data = r.read()
+            return r.status, dict((k.lower(), v) for k, v in
+                                  r.getheaders()), data
+        finally:
+            c.close()
+
+    def json(self, method, path, body=None, headers=None):
+        status, hdrs, data = self.request(method, path, body, headers)
+        try:
+            doc = json.loads(data) if data else None
+        except ValueError:
+            doc = None
+        return status, hdrs, doc
+
+    def github(self, event, doc_or_bytes, delivery, secret=None,
+               content_type="application/json", extra=None):
+        body = doc_or_bytes if isinstance(doc_or_bytes, bytes) else \
+            compact(doc_or_bytes)
+        h = {"Content-Type": content_type, "X-GitHub-Event": event,
+             "X-GitHub-Delivery": delivery,
+             "X-Hub-Signature-256": sign(secret or self.secret, body),
+             "User-Agent": "GitHub-Hookshot/test"}
+        if extra:
+            h.update(extra)
+        return self.json("POST", "/webhooks/github", body, h)
+
+    def gitlab(self, event, doc, delivery, token="gl-token", extra=None):
+        body = doc if isinstance(doc, bytes) else compact(doc)
+        h = {"Content-Type": "application/json", "X-Gitlab-Event": event,
+             "X-Gitlab-Token": token, "Idempotency-Key": delivery,
+             "User-Agent": "GitLab/18.0.0"}
+        if token is None:
+            del h["X-Gitlab-Token"]
+        if extra:
+            h.update(extra)
+        return self.json("POST", "/webhooks/gitlab", body, h)
+
+    def raw(self, data, timeout=5):
+        """Send raw bytes, return what comes back (until close/timeout)."""
+        s = socket.create_connection(("127.0.0.1", self.port),
+                                     timeout=timeout)
+        out = b""
+        try:
+            s.sendall(data)
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                out += chunk
+        except (socket.timeout, ConnectionResetError, BrokenPipeError):
+            pass
+        finally:
+            s.close()
+        return out
+
+    # ---- state ----
+    def db(self):
+        return os.path.join(self.state_dir, "diverge.db")
+
+    def query(self, sql, args=()):
+        con = sqlite3.connect(self.db(), timeout=10)
+        try:
+            return con.execute(sql, args).fetchall()
+        finally:
+            con.close()
+
+    def wait_handled(self, keys, timeout=30):
+        keys = set(keys)
+        end = time.time() + timeout
+        got = {}
+        while time.time() < end:
+            got = dict(self.query("SELECT key, count FROM handled_events"))
+            if keys <= set(got):
+                return got
+            time.sleep(0.1)
+        return got
+
+    def metrics(self):
+        status, _, data = self.request("GET", "/metrics")
+        return data.decode()
+
+
+GITHUB_CONFIG = """
+log: {{level: debug}}
+github:
+  enabled: true
+  webhook_secrets: ["file:{secret_file}"]
+gitlab:
+  enabled: true
+  webhook_tokens: ["file:{gitlab_token_file}"]
+"""

@@ -1,0 +1,187 @@
+"""The daemon itself: command line, the embedded default with no config,
+config errors with file:line, health/readiness/metrics, JSON logs, SIGHUP
+secret rotation and graceful SIGTERM/SIGINT."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+
+from divtest import (DIVERGED, Daemon, GITHUB_CONFIG, compact, fixture,
+                     run_tests, with_comment)
+
+DOC = with_comment(fixture(
+    "github/go-playground--pull-request-issue-comment.json"),
+    "/diverge status")
+
+
+def run(args, **kw):
+    p = subprocess.run([DIVERGED] + args, capture_output=True, text=True,
+                       timeout=30, **kw)
+    return p.returncode, p.stdout, p.stderr
+
+
+def port_free(port):
+    s = socket.socket()
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def cli(t):
+    rc, out, _ = run(["--version"])
+    t.ok(rc == 0 and out.startswith("diverged "), "--version", out)
+    rc, out, _ = run(["--help"])
+    t.ok(rc == 0 and "--config" in out and "--check-config" in out,
+         "--help")
+    rc, _, err = run(["--frobnicate"])
+    t.ok(rc == 2 and "usage" in err, "unknown flag: exit 2 with usage")
+    rc, _, err = run(["extra"])
+    t.eq(rc, 2, "stray argument: exit 2")
+
+
+def config_errors(t):
+    tmp = tempfile.mkdtemp(prefix="diverge-cfg-")
+    cases = {
+        "unknown key": ("listen: 127.0.0.1:0\nlistne: x\n", ":2:"),
+        "bad value": ("log:\n  level: info\n  format: xml\n", ":3:"),
+        "provider without secret": ("github:\n  enabled: true\n", ":2:"),
+        "bad yaml": ("a: [1, 2\n", ":"),
+    }
+    for name, (text, line) in cases.items():
+        path = os.path.join(tmp, name.replace(" ", "-") + ".yaml")
+        with open(path, "w") as f:
+            f.write(text)
+        rc, _, err = run(["--config", path, "--check-config"])
+        t.ok(rc == 2 and err.startswith("config: " + path + line),
+             "config %s: exit 2 with config: FILE:LINE" % name, (rc, err))
+    path = os.path.join(tmp, "missing-secret.yaml")
+    with open(path, "w") as f:
+        f.write("github:\n  enabled: true\n  webhook_secrets: "
+                "[\"file:%s/nope\"]\n" % tmp)
+    rc, _, err = run(["--config", path])
+    t.ok(rc == 2 and "github.webhook_secrets" in err and "nope" in err,
+         "unreadable secret file: refuses to start, names the key and file",
+         (rc, err))
+    rc, _, err = run(["--config", os.path.join(tmp, "absent.yaml")])
+    t.ok(rc == 2 and "absent.yaml" in err, "missing config file: exit 2",
+         err)
+    d = Daemon(GITHUB_CONFIG)
+    rc, out, err = run(["--config", d.config_file, "--check-config"])
+    t.ok(rc == 0, "--check-config on a valid file: exit 0", err)
+
+
+def embedded_default(t):
+    """No config at all: ./diverge-state and 127.0.0.1:8080."""
+    if not port_free(8080):
+        t.ok(True, "# SKIP 127.0.0.1:8080 is busy on this machine")
+        return
+    cwd = tempfile.mkdtemp(prefix="diverge-cwd-")
+    d = Daemon(config=None, args=[], cwd=cwd).start()
+    t.eq(d.port, 8080, "no config: listens on 127.0.0.1:8080")
+    t.ok(os.path.exists(os.path.join(cwd, "diverge-state", "diverge.db")),
+         "no config: state in ./diverge-state")
+    t.ok(any("webhook providers disabled" in l and "--config" in l
+             for l in d.log()), "no config: one line says how to enable "
+         "webhooks")
+    s, _, j = d.github("issue_comment", DOC, "x-1")
+    t.ok(s == 404 and "not enabled" in j["error"],
+         "disabled provider: 404 with a reason", (s, j))
+    t.eq(d.stop(), 0, "SIGTERM: exit 0")
+
+
+def operations(t):
+    d = Daemon(GITHUB_CONFIG).start()
+    s, _, j = d.json("GET", "/healthz")
+    t.eq((s, j), (200, {"status": "ok"}), "/healthz")
+    s, _, j = d.json("GET", "/readyz")
+    t.eq((s, j), (200, {"ready": True}), "/readyz")
+    d.github("issue_comment", DOC, str(uuid.uuid4()))
+    d.wait_handled([], timeout=1)
+    time.sleep(0.3)
+    m = d.metrics()
+    for name in ("diverge_http_requests_total{route=\"/healthz\","
+                 "code=\"200\"}",
+                 "diverge_webhook_deliveries_total",
+                 "diverge_inbox_depth",
+                 "diverge_inbox_processing_seconds_bucket",
+                 "diverge_http_request_duration_seconds_bucket",
+                 "# TYPE diverge_inbox_processing_seconds histogram"):
+        t.ok(name in m, "metrics: %s" % name)
+
+    # SIGHUP: rotate the secret file
+    with open(d.secret_file, "w") as f:
+        f.write("rotated-secret\n")
+    d.send_signal(signal.SIGHUP)
+    t.ok(d.wait_log("reloaded secrets"), "SIGHUP: reload logged")
+    s, _, _ = d.github("issue_comment", DOC, str(uuid.uuid4()))
+    t.eq(s, 401, "after SIGHUP the old secret is refused")
+    s, _, _ = d.github("issue_comment", DOC, str(uuid.uuid4()),
+                       secret="rotated-secret")
+    t.eq(s, 202, "after SIGHUP the new secret is accepted")
+    os.unlink(d.secret_file)
+    d.send_signal(signal.SIGHUP)
+    t.ok(d.wait_log("reload failed"), "SIGHUP with an unreadable secret: "
+         "the running one is kept")
+    s, _, _ = d.github("issue_comment", DOC, str(uuid.uuid4()),
+                       secret="rotated-secret")
+    t.eq(s, 202, "still serving with the previous secret")
+    t.ok(not any("rotated-secret" in l for l in d.log()),
+         "secrets never in logs")
+    t.eq(d.stop(signal.SIGINT), 0, "SIGINT: exit 0")
+    t.ok(any("stopped" in l for l in d.log()), "stop logged")
+
+
+def json_logs(t):
+    d = Daemon(GITHUB_CONFIG.replace("log: {{level: debug}}",
+                                     "log: {{level: info, format: json}}"))
+    d.start()
+    key = str(uuid.uuid4())
+    d.github("issue_comment", DOC, key)
+    d.stop()
+    lines = [l for l in d.log() if l.strip()]
+    parsed = []
+    for l in lines:
+        try:
+            parsed.append(json.loads(l))
+        except ValueError:
+            t.ok(False, "log line is JSON", l)
+            return
+    t.ok(all("ts" in p and "level" in p and "msg" in p for p in parsed),
+         "json logs: every line has ts, level, msg")
+    t.ok(any(p.get("delivery") == key for p in parsed),
+         "json logs: webhook line carries the delivery id")
+
+
+def graceful(t):
+    """SIGTERM while requests are in flight: they finish, exit 0."""
+    d = Daemon(GITHUB_CONFIG).start()
+    # a slow client holding a request open
+    s = socket.create_connection(("127.0.0.1", d.port))
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    start = time.time()
+    rc = d.stop()
+    t.eq(rc, 0, "SIGTERM with a half-sent request: exit 0")
+    t.ok(time.time() - start < 35, "stopped within the shutdown timeout")
+    s.close()
+
+
+def main(t):
+    cli(t)
+    config_errors(t)
+    embedded_default(t)
+    operations(t)
+    json_logs(t)
+    graceful(t)
+
+
+run_tests(main)
