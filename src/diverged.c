@@ -344,8 +344,7 @@ h_webhook(void *arg, struct http_req *req)
 	}
 	{
 		struct pending_put *p = xcalloc(1, sizeof(*p));
-		json_t *j = scm_event_to_json(&ev);
-		char *js = json_dumps(j, JSON_COMPACT);
+		char *js = scm_event_encode(&ev);
 		char *key = xasprintf("%s:%s", pname, ev.delivery);
 
 		p->req = req;
@@ -356,7 +355,6 @@ h_webhook(void *arg, struct http_req *req)
 		inbox_put_async(D.inbox, key, pname, js, put_done, p);
 		free(key);
 		free(js);
-		json_decref(j);
 	}
 	scm_event_release(&ev);
 	return HTTP_SUSPENDED;

@@ -56,9 +56,13 @@ struct scm_event {
 void scm_event_release(struct scm_event *ev);
 const char *scm_provider_name(enum scm_provider p);
 const char *scm_event_kind_name(enum scm_event_kind k);
-/* Serialize / parse the normalized event (the inbox's stored form). */
-json_t *scm_event_to_json(const struct scm_event *ev);
-int scm_event_from_json(struct scm_event *out, const json_t *j);
+/*
+ * The inbox's stored form of an event: compact JSON, written and read
+ * without building a tree (it is on the intake path). encode returns a new
+ * string; decode fills *out (release it) or returns -1.
+ */
+char *scm_event_encode(const struct scm_event *ev);
+int scm_event_decode(struct scm_event *out, const char *text, size_t len);
 
 /* ---- webhook.c ---- */
 
@@ -150,6 +154,17 @@ int webhook_has_command_line(const char *text, size_t len);
 struct inbox;
 struct sqlite3;
 
+/*
+ * Shards: the inbox is spread over this many SQLite databases (the state
+ * database and inbox-N.db beside it), each with its own writer, so that
+ * their syncs run in parallel. Fixed: a delivery key's shard must not
+ * change between runs.
+ */
+#define INBOX_SHARDS 4
+
+/* The database file of shard i for the state database at path. */
+char *inbox_shard_path(const char *path, int i);
+
 struct inbox_config {
 	int64_t capacity;	/* pending entries; beyond: INBOX_FULL */
 	int workers;
@@ -164,8 +179,8 @@ struct inbox_config {
 struct inbox_item {
 	int64_t id;
 	const char *key;	/* "github:<delivery>" */
-	const char *provider;
-	const json_t *event;	/* the normalized event (scm_event_to_json) */
+	const char *provider;	/* "github" or "gitlab" */
+	const struct scm_event *event;	/* the normalized event */
 	int attempts;		/* previous failed attempts */
 	int64_t received_ms;
 	/*

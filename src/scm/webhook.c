@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include "scm/scm.h"
+#include "util/jscan.h"
 #include "util/util.h"
 
 #define MAX_DELIVERY_KEY 200
@@ -61,111 +62,151 @@ scm_event_kind_name(enum scm_event_kind k)
 }
 
 static void
-set_str(json_t *o, const char *k, const char *v)
+enc_str(struct buf *b, int *first, const char *k, const char *v)
 {
-	if (v != NULL)
-		json_object_set_new(o, k, json_string(v));
+	if (v == NULL)
+		return;
+	buf_printf(b, "%s\"%s\":", *first ? "" : ",", k);
+	jscan_escape(b, v);
+	*first = 0;
 }
 
 static void
-set_int(json_t *o, const char *k, int64_t v)
+enc_int(struct buf *b, int *first, const char *k, int64_t v)
 {
-	if (v != 0)
-		json_object_set_new(o, k, json_integer(v));
+	if (v == 0)
+		return;
+	buf_printf(b, "%s\"%s\":%lld", *first ? "" : ",", k, (long long)v);
+	*first = 0;
 }
 
-/* The inbox's stored form of an event. */
-json_t *
-scm_event_to_json(const struct scm_event *ev)
+/* The inbox's stored form of an event: compact JSON. */
+char *
+scm_event_encode(const struct scm_event *ev)
 {
-	json_t *o = json_object();
+	struct buf b;
+	int first = 1;
 
-	set_str(o, "provider", scm_provider_name(ev->provider));
-	set_str(o, "kind", scm_event_kind_name(ev->kind));
-	set_str(o, "delivery", ev->delivery);
-	set_str(o, "event", ev->event_name);
-	set_str(o, "repo", ev->repo);
-	set_int(o, "projectId", ev->project_id);
-	set_int(o, "repoId", ev->repo_id);
-	set_int(o, "number", ev->number);
-	set_int(o, "commentId", ev->comment_id);
-	set_str(o, "body", ev->comment_body);
-	if (ev->review_comment)
-		json_object_set_new(o, "reviewComment", json_true());
-	set_str(o, "author", ev->author_login);
-	set_int(o, "authorId", ev->author_id);
-	set_str(o, "authorType", ev->author_type);
-	set_str(o, "authorHint", ev->author_hint);
-	set_str(o, "headRef", ev->head_ref);
-	set_str(o, "baseRef", ev->base_ref);
-	set_str(o, "cloneUrl", ev->clone_url);
-	set_str(o, "headCloneUrl", ev->head_clone_url);
-	if (ev->fork >= 0)
-		json_object_set_new(o, "fork", json_boolean(ev->fork));
-	set_int(o, "installationId", ev->installation_id);
-	set_str(o, "htmlUrl", ev->html_url);
-	return o;
+	buf_init(&b, 1u << 26);
+	buf_add(&b, "{", 1);
+	enc_str(&b, &first, "provider", scm_provider_name(ev->provider));
+	enc_str(&b, &first, "kind", scm_event_kind_name(ev->kind));
+	enc_str(&b, &first, "delivery", ev->delivery);
+	enc_str(&b, &first, "event", ev->event_name);
+	enc_str(&b, &first, "repo", ev->repo);
+	enc_int(&b, &first, "projectId", ev->project_id);
+	enc_int(&b, &first, "repoId", ev->repo_id);
+	enc_int(&b, &first, "number", ev->number);
+	enc_int(&b, &first, "commentId", ev->comment_id);
+	enc_str(&b, &first, "body", ev->comment_body);
+	enc_int(&b, &first, "reviewComment", ev->review_comment);
+	enc_str(&b, &first, "author", ev->author_login);
+	enc_int(&b, &first, "authorId", ev->author_id);
+	enc_str(&b, &first, "authorType", ev->author_type);
+	enc_str(&b, &first, "authorHint", ev->author_hint);
+	enc_str(&b, &first, "headRef", ev->head_ref);
+	enc_str(&b, &first, "baseRef", ev->base_ref);
+	enc_str(&b, &first, "cloneUrl", ev->clone_url);
+	enc_str(&b, &first, "headCloneUrl", ev->head_clone_url);
+	/* fork: -1 unknown (absent), 0 or 1 stored as 1 and 2 */
+	enc_int(&b, &first, "fork", ev->fork + 1);
+	enc_int(&b, &first, "installationId", ev->installation_id);
+	enc_str(&b, &first, "htmlUrl", ev->html_url);
+	buf_add(&b, "}", 1);
+	return buf_detach(&b, NULL);
 }
+
+static const char *const event_paths[] = {
+	"provider", "kind", "delivery", "event", "repo", "projectId", "repoId",
+	"number", "commentId", "body", "reviewComment", "author", "authorId",
+	"authorType", "authorHint", "headRef", "baseRef", "cloneUrl",
+	"headCloneUrl", "fork", "installationId", "htmlUrl", NULL
+};
 
 static char *
-dup_str(const json_t *o, const char *k)
+dec_str(const struct jfield *f, size_t n, const char *k, int *bad)
 {
-	const char *s = json_string_value(json_object_get(o, k));
+	const struct jfield *x = jscan_get(f, n, k);
+	char *s = NULL;
+	size_t len;
 
-	return s != NULL ? xstrdup(s) : NULL;
+	if (x == NULL || x->type == JT_ABSENT)
+		return NULL;
+	if (jscan_string(x, &s, &len) < 0) {
+		*bad = 1;
+		return NULL;
+	}
+	return s;
+}
+
+static int64_t
+dec_int(const struct jfield *f, size_t n, const char *k, int *bad)
+{
+	const struct jfield *x = jscan_get(f, n, k);
+	int64_t v = 0;
+
+	if (x == NULL || x->type == JT_ABSENT)
+		return 0;
+	if (jscan_int(x, &v) < 0)
+		*bad = 1;
+	return v;
 }
 
 /* Parse the stored form back; -1 if it is not one. */
 int
-scm_event_from_json(struct scm_event *out, const json_t *j)
+scm_event_decode(struct scm_event *out, const char *text, size_t len)
 {
+	struct jfield f[ARRAY_SIZE(event_paths)];
 	struct scm_event ev;
-	const char *p, *k;
-	size_t i;
+	const char *err;
+	char *p = NULL, *k = NULL;
+	size_t i, n;
+	int bad = 0;
 	static const enum scm_event_kind kinds[] = {
 		SCM_EV_COMMENT, SCM_EV_CLOSED, SCM_EV_MERGED, SCM_EV_PING
 	};
 
-	if (!json_is_object(j))
+	for (n = 0; event_paths[n] != NULL; n++)
+		f[n].path = event_paths[n];
+	if (jscan(text, len, f, n, 4, &err) < 0)
 		return -1;
 	memset(&ev, 0, sizeof(ev));
-	p = json_string_value(json_object_get(j, "provider"));
-	k = json_string_value(json_object_get(j, "kind"));
-	if (p == NULL || k == NULL)
-		return -1;
-	if (strcmp(p, "github") == 0)
+	p = dec_str(f, n, "provider", &bad);
+	k = dec_str(f, n, "kind", &bad);
+	if (p != NULL && strcmp(p, "github") == 0)
 		ev.provider = SCM_GITHUB;
-	else if (strcmp(p, "gitlab") == 0)
+	else if (p != NULL && strcmp(p, "gitlab") == 0)
 		ev.provider = SCM_GITLAB;
-	else
-		return -1;
-	for (i = 0; i < ARRAY_SIZE(kinds); i++)
+	for (i = 0; k != NULL && i < ARRAY_SIZE(kinds); i++)
 		if (strcmp(k, scm_event_kind_name(kinds[i])) == 0)
 			ev.kind = kinds[i];
-	if (ev.kind == SCM_EV_NONE)
+	free(p);
+	free(k);
+	ev.delivery = dec_str(f, n, "delivery", &bad);
+	ev.event_name = dec_str(f, n, "event", &bad);
+	ev.repo = dec_str(f, n, "repo", &bad);
+	ev.project_id = dec_int(f, n, "projectId", &bad);
+	ev.repo_id = dec_int(f, n, "repoId", &bad);
+	ev.number = dec_int(f, n, "number", &bad);
+	ev.comment_id = dec_int(f, n, "commentId", &bad);
+	ev.comment_body = dec_str(f, n, "body", &bad);
+	ev.review_comment = (int)dec_int(f, n, "reviewComment", &bad);
+	ev.author_login = dec_str(f, n, "author", &bad);
+	ev.author_id = dec_int(f, n, "authorId", &bad);
+	ev.author_type = dec_str(f, n, "authorType", &bad);
+	ev.author_hint = dec_str(f, n, "authorHint", &bad);
+	ev.head_ref = dec_str(f, n, "headRef", &bad);
+	ev.base_ref = dec_str(f, n, "baseRef", &bad);
+	ev.clone_url = dec_str(f, n, "cloneUrl", &bad);
+	ev.head_clone_url = dec_str(f, n, "headCloneUrl", &bad);
+	ev.fork = (int)dec_int(f, n, "fork", &bad) - 1;
+	ev.installation_id = dec_int(f, n, "installationId", &bad);
+	ev.html_url = dec_str(f, n, "htmlUrl", &bad);
+	if (bad || ev.provider == 0 || ev.kind == SCM_EV_NONE ||
+	    ev.fork < -1 || ev.fork > 1) {
+		scm_event_release(&ev);
 		return -1;
-	ev.delivery = dup_str(j, "delivery");
-	ev.event_name = dup_str(j, "event");
-	ev.repo = dup_str(j, "repo");
-	ev.project_id = json_integer_value(json_object_get(j, "projectId"));
-	ev.repo_id = json_integer_value(json_object_get(j, "repoId"));
-	ev.number = json_integer_value(json_object_get(j, "number"));
-	ev.comment_id = json_integer_value(json_object_get(j, "commentId"));
-	ev.comment_body = dup_str(j, "body");
-	ev.review_comment = json_is_true(json_object_get(j, "reviewComment"));
-	ev.author_login = dup_str(j, "author");
-	ev.author_id = json_integer_value(json_object_get(j, "authorId"));
-	ev.author_type = dup_str(j, "authorType");
-	ev.author_hint = dup_str(j, "authorHint");
-	ev.head_ref = dup_str(j, "headRef");
-	ev.base_ref = dup_str(j, "baseRef");
-	ev.clone_url = dup_str(j, "cloneUrl");
-	ev.head_clone_url = dup_str(j, "headCloneUrl");
-	ev.fork = json_object_get(j, "fork") == NULL ? -1 :
-	    json_is_true(json_object_get(j, "fork"));
-	ev.installation_id =
-	    json_integer_value(json_object_get(j, "installationId"));
-	ev.html_url = dup_str(j, "htmlUrl");
+	}
 	*out = ev;
 	return 0;
 }
@@ -339,33 +380,79 @@ webhook_has_command_line(const char *text, size_t len)
 /* ------------------------------------------------------- normalization */
 
 /*
- * A shape error: the payload is valid JSON but not what the provider
- * sends. Field paths are static strings.
+ * The fields the normalizers read, found in one validating pass of the
+ * payload (util/jscan.h): a full JSON tree of a 10-25 KB delivery costs ten
+ * times more, and intake reads only these.
  */
-struct shape {
+static const char *const github_paths[] = {
+	"action", "number", "issue", "issue.number", "issue.pull_request",
+	"comment.body", "comment.id", "comment.user.login", "comment.user.type",
+	"comment.user.id", "comment.author_association", "comment.html_url",
+	"repository.full_name", "repository.id", "repository.clone_url",
+	"installation.id", "pull_request.number", "pull_request.head.ref",
+	"pull_request.base.ref", "pull_request.head.repo.clone_url",
+	"pull_request.base.repo.clone_url", "pull_request.merged",
+	"pull_request.html_url", "sender.login", NULL
+};
+
+static const char *const gitlab_paths[] = {
+	"object_attributes.noteable_type", "object_attributes.action",
+	"object_attributes.system", "object_attributes.note",
+	"object_attributes.id", "object_attributes.url",
+	"object_attributes.iid", "object_attributes.target_project_id",
+	"object_attributes.source_branch", "object_attributes.target_branch",
+	"user.username", "user.id", "project_id", "project.id",
+	"project.path_with_namespace", "project.git_http_url",
+	"merge_request.iid", "merge_request.source_branch",
+	"merge_request.target_branch", "merge_request.source.git_http_url",
+	"merge_request.source_project_id", "merge_request.target_project_id",
+	NULL
+};
+
+#define MAX_STRINGS 32
+
+/*
+ * A scanned payload. A shape error (valid JSON, but not what the
+ * provider sends) is recorded once in reason; strings decoded for the
+ * normalizer live until scan_release.
+ */
+struct scan {
+	struct jfield f[JSCAN_MAX_FIELDS];
+	size_t n;
+	char *strings[MAX_STRINGS];
+	size_t nstrings;
 	const char *reason;
 };
 
-static const json_t *
-path_get(const json_t *root, const char *path)
+static void
+scan_release(struct scan *sc)
 {
-	char key[64];
-	const char *p = path, *dot;
-	const json_t *cur = root;
+	size_t i;
 
-	while (cur != NULL && *p) {
-		size_t n;
+	for (i = 0; i < sc->nstrings; i++)
+		free(sc->strings[i]);
+	sc->nstrings = 0;
+}
 
-		dot = strchr(p, '.');
-		n = dot ? (size_t)(dot - p) : strlen(p);
-		if (n >= sizeof(key))
-			return NULL;
-		memcpy(key, p, n);
-		key[n] = '\0';
-		cur = json_is_object(cur) ? json_object_get(cur, key) : NULL;
-		p += n + (dot ? 1 : 0);
-	}
-	return cur;
+static const struct jfield *
+field(const struct scan *sc, const char *path)
+{
+	return jscan_get(sc->f, sc->n, path);
+}
+
+static enum jtype
+ftype(const struct scan *sc, const char *path)
+{
+	const struct jfield *f = field(sc, path);
+
+	return f != NULL ? f->type : JT_ABSENT;
+}
+
+static void
+shape(struct scan *sc, const char *why)
+{
+	if (sc->reason == NULL)
+		sc->reason = why;
 }
 
 /*
@@ -374,57 +461,56 @@ path_get(const json_t *root, const char *path)
  * records the reason.
  */
 static const char *
-get_str(const json_t *root, const char *path, int required, struct shape *sh,
-    const char *why)
+get_str(struct scan *sc, const char *path, int required, const char *why)
 {
-	const json_t *v = path_get(root, path);
+	const struct jfield *f = field(sc, path);
+	char *out = NULL;
+	size_t n;
 
-	if (v == NULL || json_is_null(v)) {
-		if (required && sh->reason == NULL)
-			sh->reason = why;
+	if (f == NULL || f->type == JT_ABSENT || f->type == JT_NULL) {
+		if (required)
+			shape(sc, why);
 		return NULL;
 	}
-	if (!json_is_string(v)) {
-		if (sh->reason == NULL)
-			sh->reason = why;
+	if (f->type != JT_STRING || sc->nstrings == MAX_STRINGS ||
+	    jscan_string(f, &out, &n) < 0) {
+		shape(sc, why);
 		return NULL;
 	}
-	return json_string_value(v);
+	sc->strings[sc->nstrings++] = out;
+	return out;
 }
 
 static int64_t
-get_int(const json_t *root, const char *path, int required, struct shape *sh,
-    const char *why)
+get_int(struct scan *sc, const char *path, int required, const char *why)
 {
-	const json_t *v = path_get(root, path);
+	const struct jfield *f = field(sc, path);
+	int64_t v;
 
-	if (v == NULL || json_is_null(v)) {
-		if (required && sh->reason == NULL)
-			sh->reason = why;
+	if (f == NULL || f->type == JT_ABSENT || f->type == JT_NULL) {
+		if (required)
+			shape(sc, why);
 		return 0;
 	}
-	if (!json_is_integer(v) || json_integer_value(v) < 0) {
-		if (sh->reason == NULL)
-			sh->reason = why;
+	if (jscan_int(f, &v) < 0 || v < 0) {
+		shape(sc, why);
 		return 0;
 	}
-	return json_integer_value(v);
+	return v;
 }
 
 static int
-get_bool(const json_t *root, const char *path, struct shape *sh,
-    const char *why)
+get_bool(struct scan *sc, const char *path, const char *why)
 {
-	const json_t *v = path_get(root, path);
+	enum jtype t = ftype(sc, path);
 
-	if (v == NULL || json_is_null(v))
+	if (t == JT_ABSENT || t == JT_NULL)
 		return 0;
-	if (!json_is_boolean(v)) {
-		if (sh->reason == NULL)
-			sh->reason = why;
+	if (t != JT_TRUE && t != JT_FALSE) {
+		shape(sc, why);
 		return 0;
 	}
-	return json_is_true(v);
+	return t == JT_TRUE;
 }
 
 static char *
@@ -441,69 +527,69 @@ same_login(const char *a, const char *b)
 
 /* GitHub: issue_comment and pull_request_review_comment. */
 static enum webhook_verdict
-github_comment(const json_t *root, int review, const struct webhook_identity *self,
-    struct scm_event *ev, struct shape *sh, const char **reason)
+github_comment(struct scan *sc, int review, const struct webhook_identity *self,
+    struct scm_event *ev, const char **reason)
 {
 	const char *action, *body, *login, *type;
 
-	action = get_str(root, "action", 1, sh, "missing or invalid 'action'");
-	if (sh->reason != NULL)
+	action = get_str(sc, "action", 1, "missing or invalid 'action'");
+	if (sc->reason != NULL)
 		return WH_BAD_REQUEST;
 	if (strcmp(action, "created") != 0) {
 		*reason = "comment not newly created";
 		return WH_IGNORE;
 	}
-	if (!review && path_get(root, "issue") != NULL &&
-	    !json_is_object(path_get(root, "issue"))) {
-		sh->reason = "invalid 'issue'";
+	if (!review && ftype(sc, "issue") != JT_ABSENT &&
+	    ftype(sc, "issue") != JT_OBJECT) {
+		sc->reason = "invalid 'issue'";
 		return WH_BAD_REQUEST;
 	}
-	if (!review && (path_get(root, "issue.pull_request") == NULL ||
-	    json_is_null(path_get(root, "issue.pull_request")))) {
+	if (!review && (ftype(sc, "issue.pull_request") == JT_ABSENT ||
+	    ftype(sc, "issue.pull_request") == JT_NULL)) {
 		*reason = "comment on an issue, not a pull request";
 		return WH_IGNORE;
 	}
-	body = get_str(root, "comment.body", 1, sh,
+	body = get_str(sc, "comment.body", 1,
 	    "missing or invalid 'comment.body'");
-	login = get_str(root, "comment.user.login", 1, sh,
+	login = get_str(sc, "comment.user.login", 1,
 	    "missing or invalid 'comment.user.login'");
-	type = get_str(root, "comment.user.type", 0, sh,
+	type = get_str(sc, "comment.user.type", 0,
 	    "invalid 'comment.user.type'");
-	ev->repo = opt_dup(get_str(root, "repository.full_name", 1, sh,
+	ev->repo = opt_dup(get_str(sc, "repository.full_name", 1,
 	    "missing or invalid 'repository.full_name'"));
-	ev->repo_id = get_int(root, "repository.id", 0, sh,
+	ev->repo_id = get_int(sc, "repository.id", 0,
 	    "invalid 'repository.id'");
-	ev->comment_id = get_int(root, "comment.id", 1, sh,
+	ev->comment_id = get_int(sc, "comment.id", 1,
 	    "missing or invalid 'comment.id'");
-	ev->author_id = get_int(root, "comment.user.id", 0, sh,
+	ev->author_id = get_int(sc, "comment.user.id", 0,
 	    "invalid 'comment.user.id'");
-	ev->author_hint = opt_dup(get_str(root, "comment.author_association",
-	    0, sh, "invalid 'comment.author_association'"));
-	ev->html_url = opt_dup(get_str(root, "comment.html_url", 0, sh,
+	ev->author_hint = opt_dup(get_str(sc, "comment.author_association",
+	    0, "invalid 'comment.author_association'"));
+	ev->html_url = opt_dup(get_str(sc, "comment.html_url", 0,
 	    "invalid 'comment.html_url'"));
-	ev->installation_id = get_int(root, "installation.id", 0, sh,
+	ev->installation_id = get_int(sc, "installation.id", 0,
 	    "invalid 'installation.id'");
 	if (review) {
 		ev->review_comment = 1;
-		ev->number = get_int(root, "pull_request.number", 1, sh,
+		ev->number = get_int(sc, "pull_request.number", 1,
 		    "missing or invalid 'pull_request.number'");
-		ev->head_ref = opt_dup(get_str(root, "pull_request.head.ref",
-		    0, sh, "invalid 'pull_request.head.ref'"));
-		ev->base_ref = opt_dup(get_str(root, "pull_request.base.ref",
-		    0, sh, "invalid 'pull_request.base.ref'"));
-		ev->head_clone_url = opt_dup(get_str(root,
-		    "pull_request.head.repo.clone_url", 0, sh,
+		ev->head_ref = opt_dup(get_str(sc, "pull_request.head.ref",
+		    0, "invalid 'pull_request.head.ref'"));
+		ev->base_ref = opt_dup(get_str(sc, "pull_request.base.ref",
+		    0, "invalid 'pull_request.base.ref'"));
+		ev->head_clone_url = opt_dup(get_str(sc,
+		    "pull_request.head.repo.clone_url", 0,
 		    "invalid 'pull_request.head.repo.clone_url'"));
-		ev->clone_url = opt_dup(get_str(root,
-		    "pull_request.base.repo.clone_url", 0, sh,
+		ev->clone_url = opt_dup(get_str(sc,
+		    "pull_request.base.repo.clone_url", 0,
 		    "invalid 'pull_request.base.repo.clone_url'"));
 	} else {
-		ev->number = get_int(root, "issue.number", 1, sh,
+		ev->number = get_int(sc, "issue.number", 1,
 		    "missing or invalid 'issue.number'");
-		ev->clone_url = opt_dup(get_str(root, "repository.clone_url",
-		    0, sh, "invalid 'repository.clone_url'"));
+		ev->clone_url = opt_dup(get_str(sc, "repository.clone_url",
+		    0, "invalid 'repository.clone_url'"));
 	}
-	if (sh->reason != NULL)
+	if (sc->reason != NULL)
 		return WH_BAD_REQUEST;
 	ev->comment_body = xstrdup(body);
 	ev->author_login = xstrdup(login);
@@ -528,49 +614,49 @@ github_comment(const json_t *root, int review, const struct webhook_identity *se
 
 /* GitHub: pull_request. */
 static enum webhook_verdict
-github_pull_request(const json_t *root, struct scm_event *ev,
-    struct shape *sh, const char **reason)
+github_pull_request(struct scan *sc, struct scm_event *ev,
+    const char **reason)
 {
 	const char *action;
 	int merged;
 
-	action = get_str(root, "action", 1, sh, "missing or invalid 'action'");
-	if (sh->reason != NULL)
+	action = get_str(sc, "action", 1, "missing or invalid 'action'");
+	if (sc->reason != NULL)
 		return WH_BAD_REQUEST;
 	if (strcmp(action, "closed") != 0) {
 		*reason = "pull request event other than closed";
 		return WH_IGNORE;
 	}
-	ev->number = get_int(root, "number", 0, sh, "invalid 'number'");
+	ev->number = get_int(sc, "number", 0, "invalid 'number'");
 	if (ev->number == 0)
-		ev->number = get_int(root, "pull_request.number", 1, sh,
+		ev->number = get_int(sc, "pull_request.number", 1,
 		    "missing or invalid 'number'");
-	merged = get_bool(root, "pull_request.merged", sh,
+	merged = get_bool(sc, "pull_request.merged",
 	    "invalid 'pull_request.merged'");
-	ev->repo = opt_dup(get_str(root, "repository.full_name", 1, sh,
+	ev->repo = opt_dup(get_str(sc, "repository.full_name", 1,
 	    "missing or invalid 'repository.full_name'"));
-	ev->repo_id = get_int(root, "repository.id", 0, sh,
+	ev->repo_id = get_int(sc, "repository.id", 0,
 	    "invalid 'repository.id'");
-	ev->author_login = opt_dup(get_str(root, "sender.login", 0, sh,
+	ev->author_login = opt_dup(get_str(sc, "sender.login", 0,
 	    "invalid 'sender.login'"));
-	ev->head_ref = opt_dup(get_str(root, "pull_request.head.ref", 0, sh,
+	ev->head_ref = opt_dup(get_str(sc, "pull_request.head.ref", 0,
 	    "invalid 'pull_request.head.ref'"));
-	ev->base_ref = opt_dup(get_str(root, "pull_request.base.ref", 0, sh,
+	ev->base_ref = opt_dup(get_str(sc, "pull_request.base.ref", 0,
 	    "invalid 'pull_request.base.ref'"));
-	ev->html_url = opt_dup(get_str(root, "pull_request.html_url", 0, sh,
+	ev->html_url = opt_dup(get_str(sc, "pull_request.html_url", 0,
 	    "invalid 'pull_request.html_url'"));
-	ev->installation_id = get_int(root, "installation.id", 0, sh,
+	ev->installation_id = get_int(sc, "installation.id", 0,
 	    "invalid 'installation.id'");
-	if (sh->reason != NULL)
+	if (sc->reason != NULL)
 		return WH_BAD_REQUEST;
 	ev->kind = merged ? SCM_EV_MERGED : SCM_EV_CLOSED;
 	return WH_ACCEPT;
 }
 
 static enum webhook_verdict
-github_normalize(const char *event, const json_t *root,
+github_normalize(const char *event, struct scan *sc,
     const struct webhook_identity *self, struct scm_event *ev,
-    struct shape *sh, const char **reason)
+    const char **reason)
 {
 	if (strcmp(event, "ping") == 0) {
 		*reason = "ping";
@@ -578,11 +664,11 @@ github_normalize(const char *event, const json_t *root,
 		return WH_IGNORE;
 	}
 	if (strcmp(event, "issue_comment") == 0)
-		return github_comment(root, 0, self, ev, sh, reason);
+		return github_comment(sc, 0, self, ev, reason);
 	if (strcmp(event, "pull_request_review_comment") == 0)
-		return github_comment(root, 1, self, ev, sh, reason);
+		return github_comment(sc, 1, self, ev, reason);
 	if (strcmp(event, "pull_request") == 0)
-		return github_pull_request(root, ev, sh, reason);
+		return github_pull_request(sc, ev, reason);
 	*reason = "event not handled";
 	return WH_IGNORE;
 }
@@ -611,17 +697,17 @@ gitlab_bot_username(const char *u)
 
 /* GitLab: Note Hook / Confidential Note Hook on a merge request. */
 static enum webhook_verdict
-gitlab_note(const json_t *root, const struct webhook_identity *self,
-    struct scm_event *ev, struct shape *sh, const char **reason)
+gitlab_note(struct scan *sc, const struct webhook_identity *self,
+    struct scm_event *ev, const char **reason)
 {
 	const char *type, *action, *body, *user;
 	int64_t src, dst;
 
-	type = get_str(root, "object_attributes.noteable_type", 1, sh,
+	type = get_str(sc, "object_attributes.noteable_type", 1,
 	    "missing or invalid 'object_attributes.noteable_type'");
-	action = get_str(root, "object_attributes.action", 0, sh,
+	action = get_str(sc, "object_attributes.action", 0,
 	    "invalid 'object_attributes.action'");
-	if (sh->reason != NULL)
+	if (sc->reason != NULL)
 		return WH_BAD_REQUEST;
 	if (strcmp(type, "MergeRequest") != 0) {
 		*reason = "comment not on a merge request";
@@ -632,43 +718,41 @@ gitlab_note(const json_t *root, const struct webhook_identity *self,
 		*reason = "comment not newly created";
 		return WH_IGNORE;
 	}
-	if (get_bool(root, "object_attributes.system", sh,
+	if (get_bool(sc, "object_attributes.system",
 	    "invalid 'object_attributes.system'")) {
 		*reason = "system note";
 		return WH_IGNORE;
 	}
-	body = get_str(root, "object_attributes.note", 1, sh,
+	body = get_str(sc, "object_attributes.note", 1,
 	    "missing or invalid 'object_attributes.note'");
-	user = get_str(root, "user.username", 1, sh,
+	user = get_str(sc, "user.username", 1,
 	    "missing or invalid 'user.username'");
-	ev->author_id = get_int(root, "user.id", 0, sh, "invalid 'user.id'");
-	ev->comment_id = get_int(root, "object_attributes.id", 1, sh,
+	ev->author_id = get_int(sc, "user.id", 0, "invalid 'user.id'");
+	ev->comment_id = get_int(sc, "object_attributes.id", 1,
 	    "missing or invalid 'object_attributes.id'");
-	ev->project_id = get_int(root, "project_id", 0, sh,
+	ev->project_id = get_int(sc, "project_id", 0,
 	    "invalid 'project_id'");
 	if (ev->project_id == 0)
-		ev->project_id = get_int(root, "project.id", 1, sh,
+		ev->project_id = get_int(sc, "project.id", 1,
 		    "missing or invalid 'project_id'");
-	ev->repo = opt_dup(get_str(root, "project.path_with_namespace", 1, sh,
+	ev->repo = opt_dup(get_str(sc, "project.path_with_namespace", 1,
 	    "missing or invalid 'project.path_with_namespace'"));
-	ev->number = get_int(root, "merge_request.iid", 1, sh,
+	ev->number = get_int(sc, "merge_request.iid", 1,
 	    "missing or invalid 'merge_request.iid'");
-	ev->head_ref = opt_dup(get_str(root, "merge_request.source_branch", 0,
-	    sh, "invalid 'merge_request.source_branch'"));
-	ev->base_ref = opt_dup(get_str(root, "merge_request.target_branch", 0,
-	    sh, "invalid 'merge_request.target_branch'"));
-	ev->head_clone_url = opt_dup(get_str(root,
-	    "merge_request.source.git_http_url", 0, sh,
+	ev->head_ref = opt_dup(get_str(sc, "merge_request.source_branch", 0, "invalid 'merge_request.source_branch'"));
+	ev->base_ref = opt_dup(get_str(sc, "merge_request.target_branch", 0, "invalid 'merge_request.target_branch'"));
+	ev->head_clone_url = opt_dup(get_str(sc,
+	    "merge_request.source.git_http_url", 0,
 	    "invalid 'merge_request.source.git_http_url'"));
-	ev->clone_url = opt_dup(get_str(root, "project.git_http_url", 0, sh,
+	ev->clone_url = opt_dup(get_str(sc, "project.git_http_url", 0,
 	    "invalid 'project.git_http_url'"));
-	ev->html_url = opt_dup(get_str(root, "object_attributes.url", 0, sh,
+	ev->html_url = opt_dup(get_str(sc, "object_attributes.url", 0,
 	    "invalid 'object_attributes.url'"));
-	src = get_int(root, "merge_request.source_project_id", 0, sh,
+	src = get_int(sc, "merge_request.source_project_id", 0,
 	    "invalid 'merge_request.source_project_id'");
-	dst = get_int(root, "merge_request.target_project_id", 0, sh,
+	dst = get_int(sc, "merge_request.target_project_id", 0,
 	    "invalid 'merge_request.target_project_id'");
-	if (sh->reason != NULL)
+	if (sc->reason != NULL)
 		return WH_BAD_REQUEST;
 	ev->fork = (src != 0 && dst != 0) ? src != dst : -1;
 	ev->comment_body = xstrdup(body);
@@ -693,53 +777,53 @@ gitlab_note(const json_t *root, const struct webhook_identity *self,
 
 /* GitLab: Merge Request Hook. */
 static enum webhook_verdict
-gitlab_merge_request(const json_t *root, struct scm_event *ev,
-    struct shape *sh, const char **reason)
+gitlab_merge_request(struct scan *sc, struct scm_event *ev,
+    const char **reason)
 {
 	const char *action;
 
-	action = get_str(root, "object_attributes.action", 0, sh,
+	action = get_str(sc, "object_attributes.action", 0,
 	    "invalid 'object_attributes.action'");
-	if (sh->reason != NULL)
+	if (sc->reason != NULL)
 		return WH_BAD_REQUEST;
 	if (action == NULL ||
 	    (strcmp(action, "close") != 0 && strcmp(action, "merge") != 0)) {
 		*reason = "merge request event other than close or merge";
 		return WH_IGNORE;
 	}
-	ev->number = get_int(root, "object_attributes.iid", 1, sh,
+	ev->number = get_int(sc, "object_attributes.iid", 1,
 	    "missing or invalid 'object_attributes.iid'");
-	ev->project_id = get_int(root, "project.id", 0, sh,
+	ev->project_id = get_int(sc, "project.id", 0,
 	    "invalid 'project.id'");
 	if (ev->project_id == 0)
-		ev->project_id = get_int(root, "object_attributes.target_project_id",
-		    1, sh, "missing or invalid 'project.id'");
-	ev->repo = opt_dup(get_str(root, "project.path_with_namespace", 1, sh,
+		ev->project_id = get_int(sc, "object_attributes.target_project_id",
+		    1, "missing or invalid 'project.id'");
+	ev->repo = opt_dup(get_str(sc, "project.path_with_namespace", 1,
 	    "missing or invalid 'project.path_with_namespace'"));
-	ev->author_login = opt_dup(get_str(root, "user.username", 0, sh,
+	ev->author_login = opt_dup(get_str(sc, "user.username", 0,
 	    "invalid 'user.username'"));
-	ev->head_ref = opt_dup(get_str(root, "object_attributes.source_branch",
-	    0, sh, "invalid 'object_attributes.source_branch'"));
-	ev->base_ref = opt_dup(get_str(root, "object_attributes.target_branch",
-	    0, sh, "invalid 'object_attributes.target_branch'"));
-	ev->html_url = opt_dup(get_str(root, "object_attributes.url", 0, sh,
+	ev->head_ref = opt_dup(get_str(sc, "object_attributes.source_branch",
+	    0, "invalid 'object_attributes.source_branch'"));
+	ev->base_ref = opt_dup(get_str(sc, "object_attributes.target_branch",
+	    0, "invalid 'object_attributes.target_branch'"));
+	ev->html_url = opt_dup(get_str(sc, "object_attributes.url", 0,
 	    "invalid 'object_attributes.url'"));
-	if (sh->reason != NULL)
+	if (sc->reason != NULL)
 		return WH_BAD_REQUEST;
 	ev->kind = strcmp(action, "merge") == 0 ? SCM_EV_MERGED : SCM_EV_CLOSED;
 	return WH_ACCEPT;
 }
 
 static enum webhook_verdict
-gitlab_normalize(const char *event, const json_t *root,
+gitlab_normalize(const char *event, struct scan *sc,
     const struct webhook_identity *self, struct scm_event *ev,
-    struct shape *sh, const char **reason)
+    const char **reason)
 {
 	if (strcmp(event, "Note Hook") == 0 ||
 	    strcmp(event, "Confidential Note Hook") == 0)
-		return gitlab_note(root, self, ev, sh, reason);
+		return gitlab_note(sc, self, ev, reason);
 	if (strcmp(event, "Merge Request Hook") == 0)
-		return gitlab_merge_request(root, ev, sh, reason);
+		return gitlab_merge_request(sc, ev, reason);
 	*reason = "event not handled";
 	return WH_IGNORE;
 }
@@ -751,40 +835,58 @@ webhook_normalize(enum scm_provider provider, const char *event,
     const struct webhook_identity *self, struct scm_event *out,
     const char **reason)
 {
+	static struct scan empty;
 	struct scm_event ev;
-	struct shape sh = { NULL };
-	json_error_t err;
-	json_t *root;
+	struct scan *sc;
+	const char *const *paths = provider == SCM_GITHUB ? github_paths :
+	    gitlab_paths;
+	const char *err = NULL;
 	enum webhook_verdict v;
+	size_t i, k = 0;
 
-	memset(&ev, 0, sizeof(ev));
-	ev.fork = -1;
-	root = json_loadb(jsontext, len, JSON_REJECT_DUPLICATES, &err);
-	if (root == NULL) {
+	while (k < len && (jsontext[k] == ' ' || jsontext[k] == '\n' ||
+	    jsontext[k] == '\r' || jsontext[k] == '\t'))
+		k++;
+	sc = xmalloc(sizeof(*sc));
+	*sc = empty;
+	for (i = 0; paths[i] != NULL; i++)
+		sc->f[i].path = paths[i];
+	sc->n = i;
+	if (jscan(jsontext, len, sc->f, sc->n, 512, &err) < 0) {
+		free(sc);
 		*reason = "body is not valid JSON";
 		return WH_BAD_REQUEST;
 	}
-	if (!json_is_object(root)) {
-		json_decref(root);
+	if (k == len || jsontext[k] != '{') {
+		free(sc);
 		*reason = "body is not a JSON object";
 		return WH_BAD_REQUEST;
 	}
+	for (i = 0; i < sc->n; i++)
+		if (sc->f[i].count > 1) {
+			free(sc);
+			*reason = "duplicate key in the payload";
+			return WH_BAD_REQUEST;
+		}
+	memset(&ev, 0, sizeof(ev));
+	ev.fork = -1;
 	ev.provider = provider;
 	ev.delivery = xstrdup(delivery);
 	ev.event_name = xstrdup(event);
 	if (provider == SCM_GITHUB)
-		v = github_normalize(event, root, self, &ev, &sh, reason);
+		v = github_normalize(event, sc, self, &ev, reason);
 	else
-		v = gitlab_normalize(event, root, self, &ev, &sh, reason);
-	json_decref(root);
+		v = gitlab_normalize(event, sc, self, &ev, reason);
 	if (v == WH_BAD_REQUEST) {
-		*reason = sh.reason;
+		*reason = sc->reason;
 		scm_event_release(&ev);
-		return v;
+	} else {
+		if (v == WH_ACCEPT)
+			*reason = NULL;
+		*out = ev;
 	}
-	if (v == WH_ACCEPT)
-		*reason = NULL;
-	*out = ev;
+	scan_release(sc);
+	free(sc);
 	return v;
 }
 

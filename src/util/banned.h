@@ -5,6 +5,16 @@
 #ifndef DIVERGE_BANNED_H
 #define DIVERGE_BANNED_H
 
+/*
+ * The system headers first: with optimisation glibc defines some of these
+ * functions inline, and the macros below must not rewrite those
+ * definitions, only our calls.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
 #define BANNED(func) sorry_##func##_is_a_banned_function
 
 #undef strcpy

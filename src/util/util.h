@@ -20,7 +20,8 @@ char *xstrdup(const char *s);
 /* Copy n bytes of s and NUL-terminate. */
 char *xstrndup(const char *s, size_t n);
 char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-char *xvasprintf(const char *fmt, va_list ap);
+char *xvasprintf(const char *fmt, va_list ap)
+    __attribute__((format(printf, 1, 0)));
 /* Install xmalloc/free into jansson; call once at start. */
 void util_json_init(void);
 

@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "scm/scm.h"
@@ -35,6 +36,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct scm_event ev;
 	const char *reason = NULL;
 	const char *body;
+	enum webhook_verdict v;
 	size_t i, len;
 	char *text;
 
@@ -46,17 +48,29 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	body = (const char *)data + 1;
 	len = size - 1;
 	memset(&ev, 0, sizeof(ev));
-	if (webhook_normalize(events[i].p, events[i].event, "fuzz", body, len,
-	    &self, &ev, &reason) != WH_BAD_REQUEST) {
-		json_t *j = scm_event_to_json(&ev);
+	v = webhook_normalize(events[i].p, events[i].event, "fuzz", body, len,
+	    &self, &ev, &reason);
+	if (v == WH_ACCEPT) {
+		char *enc = scm_event_encode(&ev);
 		struct scm_event back;
 
-		if (scm_event_from_json(&back, j) == 0)
-			scm_event_release(&back);
-		json_decref(j);
-		scm_event_release(&ev);
+		/* what we store must read back the same */
+		if (scm_event_decode(&back, enc, strlen(enc)) != 0 ||
+		    back.number != ev.number || back.kind != ev.kind)
+			abort();
+		scm_event_release(&back);
+		free(enc);
 	}
+	if (v == WH_ACCEPT || v == WH_IGNORE)
+		scm_event_release(&ev);
 	webhook_has_command_line(body, len);
+	/* the stored-form decoder on arbitrary bytes */
+	{
+		struct scm_event any;
+
+		if (scm_event_decode(&any, body, len) == 0)
+			scm_event_release(&any);
+	}
 	/* the same bytes as signature headers */
 	text = xstrndup(body, len);
 	{

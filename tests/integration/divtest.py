@@ -44,6 +44,10 @@ class Tap:
         sys.stdout.flush()
         return cond
 
+    def skip(self, name):
+        self.n += 1
+        print("ok %d - %s # SKIP" % (self.n, name))
+
     def eq(self, got, want, name):
         return self.ok(got == want, name, "got %r, want %r" % (got, want))
 
@@ -276,12 +280,27 @@ class Daemon:
     def db(self):
         return os.path.join(self.state_dir, "diverge.db")
 
+    def shard_dbs(self):
+        """The inbox shards: the state database and inbox-N.db."""
+        return [self.db()] + [os.path.join(self.state_dir, "inbox-%d.db" % i)
+                              for i in range(1, 4)]
+
     def query(self, sql, args=()):
-        con = sqlite3.connect(self.db(), timeout=10)
-        try:
-            return con.execute(sql, args).fetchall()
-        finally:
-            con.close()
+        """Run sql on every inbox shard; the rows of all, concatenated."""
+        rows = []
+        for path in self.shard_dbs():
+            if not os.path.exists(path):
+                continue
+            con = sqlite3.connect(path, timeout=10)
+            try:
+                rows += con.execute(sql, args).fetchall()
+            finally:
+                con.close()
+        return rows
+
+    def count(self, table, where="1"):
+        return sum(r[0] for r in self.query(
+            "SELECT COUNT(*) FROM %s WHERE %s" % (table, where)))
 
     def wait_handled(self, keys, timeout=30):
         keys = set(keys)

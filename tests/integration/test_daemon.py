@@ -83,7 +83,7 @@ def config_errors(t):
 def embedded_default(t):
     """No config at all: ./diverge-state and 127.0.0.1:8080."""
     if not port_free(8080):
-        t.ok(True, "# SKIP 127.0.0.1:8080 is busy on this machine")
+        t.skip("embedded default on 127.0.0.1:8080: the port is busy")
         return
     cwd = tempfile.mkdtemp(prefix="diverge-cwd-")
     d = Daemon(config=None, args=[], cwd=cwd).start()
@@ -175,6 +175,43 @@ def graceful(t):
     s.close()
 
 
+def limits(t):
+    """Slow clients time out; connections beyond the limit are refused."""
+    d = Daemon(GITHUB_CONFIG + "http: {{connection_timeout: 1s, "
+               "max_connections: 4}}\n").start()
+    slow = socket.create_connection(("127.0.0.1", d.port), timeout=10)
+    slow.sendall(b"POST /webhooks/github HTTP/1.1\r\nHost: x\r\n")
+    start = time.time()
+    try:
+        data = slow.recv(100)
+    except OSError:
+        data = b""
+    waited = time.time() - start
+    t.ok(data == b"" and waited < 5, "a client that stops sending is "
+         "disconnected after the idle timeout (%.1fs)" % waited, data)
+    slow.close()
+    held = [socket.create_connection(("127.0.0.1", d.port), timeout=5)
+            for _ in range(4)]
+    for h in held:
+        h.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    time.sleep(0.2)
+    extra = socket.create_connection(("127.0.0.1", d.port), timeout=0.5)
+    try:
+        extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = extra.recv(100)
+    except OSError:
+        got = b""
+    t.ok(not got.startswith(b"HTTP/1.1 200"), "a connection over the limit "
+         "is not served while the others are held", got)
+    extra.close()
+    for h in held:
+        h.close()
+    time.sleep(0.3)
+    s, _, _ = d.json("GET", "/healthz")
+    t.eq(s, 200, "served again once connections are released")
+    t.eq(d.stop(), 0, "exit 0")
+
+
 def main(t):
     cli(t)
     config_errors(t)
@@ -182,6 +219,7 @@ def main(t):
     operations(t)
     json_logs(t)
     graceful(t)
+    limits(t)
 
 
 run_tests(main)

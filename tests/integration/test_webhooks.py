@@ -218,7 +218,7 @@ def main(t):
     s, h, j = d3.github("issue_comment", body, did())
     t.ok(s == 503 and h.get("retry-after") and j.get("error"),
          "full inbox: 503 with Retry-After", (s, h, j))
-    t.eq(d3.query("SELECT COUNT(*) FROM inbox")[0][0], 3,
+    t.eq(d3.count("inbox"), 3,
          "full inbox stored nothing more")
     t.ok("diverge_inbox_depth 3" in d3.metrics(), "inbox depth gauge")
     d3.stop()

@@ -82,19 +82,56 @@ tmpdb(void)
 }
 
 static int64_t
-query_int(const char *path, const char *sql)
+query_shard(const char *path, const char *sql, int *found)
 {
 	sqlite3 *db;
 	sqlite3_stmt *st;
-	int64_t v = -1;
+	int64_t v = 0;
 
+	*found = 0;
 	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
 	assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL),
 	    SQLITE_OK);
-	if (sqlite3_step(st) == SQLITE_ROW)
+	if (sqlite3_step(st) == SQLITE_ROW &&
+	    sqlite3_column_type(st, 0) != SQLITE_NULL) {
 		v = sqlite3_column_int64(st, 0);
+		*found = 1;
+	}
 	sqlite3_finalize(st);
 	sqlite3_close(db);
+	return v;
+}
+
+/*
+ * Run sql on every shard: COUNT and SUM add up, MAX takes the largest,
+ * anything else is the value of the one shard that has a row (-1: none).
+ */
+static int64_t
+query_int(const char *path, const char *sql)
+{
+	int64_t v = -1, total = 0;
+	int i, found, any = 0;
+
+	for (i = 0; i < INBOX_SHARDS; i++) {
+		char *sp = inbox_shard_path(path, i);
+		int64_t x = query_shard(sp, sql, &found);
+
+		free(sp);
+		if (!found)
+			continue;
+		if (strncmp(sql, "SELECT COUNT", 12) == 0 ||
+		    strncmp(sql, "SELECT SUM", 10) == 0)
+			total += x;
+		else if (strncmp(sql, "SELECT MAX", 10) == 0)
+			total = !any || x > total ? x : total;
+		else
+			v = x;
+		any = 1;
+	}
+	if (strncmp(sql, "SELECT COUNT", 12) == 0 ||
+	    strncmp(sql, "SELECT SUM", 10) == 0 ||
+	    strncmp(sql, "SELECT MAX", 10) == 0)
+		return total;
 	return v;
 }
 
@@ -102,8 +139,14 @@ static struct inbox *
 open_started(const char *path, struct counter *c, int64_t capacity,
     int max_attempts, int64_t retention)
 {
-	struct inbox_config cfg = { capacity, 2, max_attempts, retention, 10,
-	    40 };
+	struct inbox_config cfg = {
+		.capacity = capacity,
+		.workers = 2,
+		.max_attempts = max_attempts,
+		.retention_s = retention,
+		.backoff_base_ms = 10,
+		.backoff_max_ms = 40,
+	};
 	struct inbox_handler h = { count_handle, c };
 	struct inbox *ib = NULL;
 	char *cause = NULL;

@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include "testutil.h"
+#include "util/jscan.h"
 
 static void
 buf_bounds(void **state)
@@ -147,6 +148,110 @@ time_format(void **state)
 	assert_string_equal(out, "2021-02-25T15:02:10Z");
 }
 
+static void
+jscan_validity(void **state)
+{
+	static const char *const good[] = {
+		"{}", "[]", "0", "-0", "1.5e-3", "\"x\"", "true", "null",
+		" {\"a\" : [1, 2, {\"b\": null}] } ",
+		"\"\\ud83d\\ude00\"", "\"\\u00e9\\n\\t\\/\"",
+		"\"caf\xc3\xa9\"", "[1e10, -2E+3, 0.5]",
+	};
+	static const char *const bad[] = {
+		"", "{", "}", "[1,]", "{\"a\":}", "{\"a\" 1}", "{a:1}",
+		"01", "-", "1.", ".5", "1e", "+1", "tru", "nul", "\"abc",
+		"\"\\x\"", "\"\\ud800\"", "\"\\udc00\"",
+		"\"\\ud800\\u0041\"", "\"a\tb\"", "\"\xc0\xaf\"",
+		"\"\xed\xa0\x80\"", "\"\xf5\x80\x80\x80\"", "{} x",
+		"[1] [2]", "{\"a\":1,}", "\"\\u12\"",
+	};
+	struct jfield f[1] = { { "a", 0, NULL, 0, 0 } };
+	const char *err;
+	size_t i;
+	struct buf deep;
+
+	for (i = 0; i < ARRAY_SIZE(good); i++) {
+		err = NULL;
+		if (jscan(good[i], strlen(good[i]), f, 1, 64, &err) != 0)
+			fprintf(stderr, "# good %zu: %s\n", i, err);
+		assert_int_equal(jscan(good[i], strlen(good[i]), f, 1, 64,
+		    &err), 0);
+	}
+	for (i = 0; i < ARRAY_SIZE(bad); i++) {
+		err = NULL;
+		assert_int_equal(jscan(bad[i], strlen(bad[i]), f, 1, 64, &err),
+		    -1);
+		assert_non_null(err);
+	}
+	buf_init(&deep, 1 << 20);
+	for (i = 0; i < 100; i++)
+		buf_addstr(&deep, "[");
+	for (i = 0; i < 100; i++)
+		buf_addstr(&deep, "]");
+	assert_int_equal(jscan(deep.data, deep.len, f, 1, 64, &err), -1);
+	assert_int_equal(jscan(deep.data, deep.len, f, 1, 128, &err), 0);
+	buf_release(&deep);
+}
+
+static void
+jscan_fields(void **state)
+{
+	const char *doc = "{\"action\":\"created\",\"issue\":{\"number\":42,"
+	    "\"pull_request\":{\"url\":\"u\"},\"labels\":[{\"number\":7}]},"
+	    "\"comment\":{\"body\":\"hi\\n\\u00e9 \\ud83d\\ude00\","
+	    "\"user\":{\"login\":\"octo\",\"type\":null}},"
+	    "\"n\":123456789012,\"big\":99999999999999999999,\"f\":1.5,"
+	    "\"t\":true,\"\\u0061\\u0062\":\"escaped key\"}";
+	struct jfield f[] = {
+		{ "action", 0, NULL, 0, 0 }, { "issue", 0, NULL, 0, 0 },
+		{ "issue.number", 0, NULL, 0, 0 },
+		{ "issue.pull_request", 0, NULL, 0, 0 },
+		{ "comment.body", 0, NULL, 0, 0 },
+		{ "comment.user.login", 0, NULL, 0, 0 },
+		{ "comment.user.type", 0, NULL, 0, 0 },
+		{ "n", 0, NULL, 0, 0 }, { "big", 0, NULL, 0, 0 },
+		{ "f", 0, NULL, 0, 0 }, { "t", 0, NULL, 0, 0 },
+		{ "ab", 0, NULL, 0, 0 }, { "missing.x", 0, NULL, 0, 0 },
+	};
+	const char *err;
+	char *str;
+	size_t n;
+	int64_t v;
+
+	assert_int_equal(jscan(doc, strlen(doc), f, ARRAY_SIZE(f), 16, &err),
+	    0);
+	assert_int_equal(f[0].type, JT_STRING);
+	assert_int_equal(jscan_string(&f[0], &str, &n), 0);
+	assert_string_equal(str, "created");
+	free(str);
+	assert_int_equal(f[1].type, JT_OBJECT);
+	/* the number inside the labels array is not issue.number */
+	assert_int_equal(jscan_int(&f[2], &v), 0);
+	assert_int_equal(v, 42);
+	assert_int_equal(f[2].count, 1);
+	assert_int_equal(f[3].type, JT_OBJECT);
+	assert_int_equal(jscan_string(&f[4], &str, &n), 0);
+	assert_string_equal(str, "hi\n\xc3\xa9 \xf0\x9f\x98\x80");
+	free(str);
+	assert_int_equal(f[6].type, JT_NULL);
+	assert_int_equal(jscan_int(&f[7], &v), 0);
+	assert_int_equal(v, INT64_C(123456789012));
+	assert_int_equal(jscan_int(&f[8], &v), -1);	/* overflow */
+	assert_int_equal(jscan_int(&f[9], &v), -1);	/* fraction */
+	assert_int_equal(f[10].type, JT_TRUE);
+	assert_int_equal(f[11].type, JT_STRING);	/* escaped key */
+	assert_int_equal(f[12].type, JT_ABSENT);
+	/* duplicates are counted, NUL is refused when decoding */
+	{
+		const char *dup = "{\"a\":1,\"a\":\"x\\u0000y\"}";
+		struct jfield d[1] = { { "a", 0, NULL, 0, 0 } };
+
+		assert_int_equal(jscan(dup, strlen(dup), d, 1, 8, &err), 0);
+		assert_int_equal(d[0].count, 2);
+		assert_int_equal(jscan_string(&d[0], &str, &n), -1);
+	}
+}
+
 int
 main(void)
 {
@@ -156,6 +261,8 @@ main(void)
 		cmocka_unit_test(hex_and_hmac),
 		cmocka_unit_test(metrics_text),
 		cmocka_unit_test(time_format),
+		cmocka_unit_test(jscan_validity),
+		cmocka_unit_test(jscan_fields),
 	};
 
 	util_json_init();

@@ -1,0 +1,178 @@
+/*
+ * config: the YAML configuration of diverged (DESIGN.md section 12).
+ *
+ * config_load() parses a file into a struct config; config_defaults()
+ * fills the embedded-mode defaults used when there is no file at all.
+ * Errors come back in *cause as "FILE:LINE: what" (the caller prefixes
+ * "config: "). Secrets are never read by the parser: secret-valued keys keep
+ * their reference ("file:/path" or "env:NAME") and config_secret_read()
+ * resolves one when needed (at start and on SIGHUP).
+ */
+#ifndef DIVERGE_CONFIG_H
+#define DIVERGE_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum kube_mode { KUBE_EMBEDDED = 0, KUBE_KUBECONFIG, KUBE_IN_CLUSTER };
+
+struct config_repo_rule {
+	char *match;		/* glob on "host/owner/name" */
+	char *namespace;
+	int line;		/* where it was written, for later errors */
+};
+
+struct config_strlist {
+	char **v;
+	size_t n;
+};
+
+struct config {
+	char *file;		/* path it was read from, NULL for defaults */
+
+	char *listen;		/* host:port, [v6]:port; default 127.0.0.1:8080 */
+	char *state_dir;	/* default ./diverge-state */
+
+	struct {
+		char *listen;	/* default 127.0.0.1:8081 */
+		char *tls_cert;	/* file paths; required off loopback */
+		char *tls_key;
+		char *token;	/* secret ref; required off loopback */
+	} api;
+
+	struct {
+		int level;	/* enum log_level */
+		int json;	/* format: json */
+	} log;
+
+	struct {
+		enum kube_mode mode;
+		char *kubeconfig;	/* "" = $KUBECONFIG then ~/.kube/config */
+		char *context;
+	} kubernetes;
+
+	char *namespace;	/* default "default" */
+
+	struct {
+		char *namespace;	/* default diverge-system */
+		int workers;		/* default 4, 1..64 */
+	} controller;
+
+	struct {
+		char *public_url;	/* default http://127.0.0.1:8080 */
+	} meter;
+
+	struct {
+		int enabled;
+		char *api_url;		/* default https://api.github.com */
+		struct config_strlist webhook_secrets;	/* secret refs */
+		char *token;		/* secret ref or NULL */
+		struct {
+			char *id;	/* app id or client id; NULL: no app */
+			char *private_key;	/* secret ref (PEM) */
+			char *slug;
+		} app;
+		int allow_forks;	/* default 0 */
+		char *ca_file;
+	} github;
+
+	struct {
+		int enabled;
+		char *api_url;		/* default https://gitlab.com/api/v4 */
+		struct config_strlist webhook_tokens;	/* secret refs */
+		char *signing_token;	/* secret ref or NULL */
+		char *token;		/* secret ref or NULL */
+		int allow_forks;
+		char *ca_file;
+	} gitlab;
+
+	struct config_repo_rule *repos;
+	size_t nrepos;
+
+	struct {
+		struct config_strlist capabilities;
+		int64_t budget_usd_micro;	/* budgetUSD "5.00" -> 5000000 */
+		int64_t budget_tokens;		/* default 1000000 */
+		int max_iterations;		/* default 5 */
+		int timeout_seconds;		/* default 3600 */
+	} defaults;
+
+	struct {
+		char *image;
+		char *runtime_class;
+		int64_t uid;			/* default 64000 */
+		char *workspace_size;		/* Kubernetes quantity, 5Gi */
+		int network_policy;		/* default 1 */
+		int64_t audit_window_s;		/* duration, default 24h */
+		int warm_pool;			/* default 0 */
+	} sandbox;
+
+	struct {
+		char *url_template;	/* must contain {env} */
+	} preview;
+
+	/* additions beyond the contract keys */
+	struct {
+		int64_t max_body_bytes;		/* default 5 MiB */
+		int max_connections;		/* default 1024 */
+		int connection_timeout_s;	/* default 30 */
+		int threads;			/* default 4 */
+		int64_t max_header_bytes;	/* default 32 KiB */
+	} http;
+
+	struct {
+		int64_t capacity;		/* default 1,000,000 */
+		int workers;			/* default 2 */
+		int max_attempts;		/* default 8, then dead letter */
+		int64_t retention_s;		/* default 7d */
+	} inbox;
+
+	struct {
+		int max_per_comment;		/* default 5 */
+		int64_t max_bump_usd_micro;	/* default $1000 */
+		int64_t max_bump_tokens;	/* default 100M */
+	} commands;
+
+	int shutdown_timeout_s;			/* default 30 */
+};
+
+/* Fill c with the defaults (embedded mode, no providers). */
+void config_defaults(struct config *c);
+
+/*
+ * Parse the YAML file at path over the defaults into *out. On error
+ * returns -1 and sets *cause to "PATH:LINE: what" (caller frees);
+ * *out is then untouched. Validates values and cross-key rules
+ * (a provider enabled without any webhook secret/token is an error).
+ */
+int config_load(struct config *out, const char *path, char **cause);
+
+/*
+ * Parse YAML text held in memory (name is used in messages); same
+ * contract as config_load. For tests and fuzzing.
+ */
+int config_parse(struct config *out, const char *name, const char *text,
+    size_t len, char **cause);
+
+/* Free everything c owns; c is then invalid until config_defaults. */
+void config_release(struct config *c);
+
+/*
+ * Resolve a secret reference "file:/path" or "env:NAME" into a new
+ * NUL-terminated buffer (*out, *outlen); a single trailing newline of a
+ * file is dropped. Errors name the reference's source but never the
+ * secret's value. The caller wipes and frees *out.
+ */
+int config_secret_read(const char *ref, char **out, size_t *outlen,
+    char **cause);
+
+/* Parse "24h", "90m", "30s", "2d", "1h30m" into seconds; -1 if bad. */
+int64_t config_parse_duration(const char *s);
+
+/*
+ * Parse a decimal USD amount ("5", "5.00", "0.5") into micro-USD;
+ * at most 6 decimals; -1 on bad syntax or overflow.
+ */
+int64_t config_parse_usd(const char *s);
+
+#endif

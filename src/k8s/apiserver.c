@@ -1,0 +1,3210 @@
+/*
+ * The embedded store over HTTP: a small kube-apiserver for the kinds of
+ * k8s_resources[] (discovery, an OpenAPI v3 document, get, list, create,
+ * update, patch, delete, the status subresource and watch), so that the
+ * real kubectl and client libraries can work against any struct k8s_api.
+ * The wire details are in reference/k8s-api-subset.md.
+ *
+ * It is its own libmicrohttpd daemon with one thread per connection: a
+ * watch blocks in its content reader on k8s_watch_next, in short slices so
+ * that k8s_apiserver_stop ends every stream promptly.
+ */
+#include "config.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <microhttpd.h>
+
+#include "k8s/k8s.h"
+#include "util/util.h"
+
+#if MHD_VERSION < 0x00097002
+#define MHD_RESULT int
+#else
+#define MHD_RESULT enum MHD_Result
+#endif
+
+#define API_DEFAULT_LISTEN	"127.0.0.1:8081"
+#define API_MAX_BODY		(16u * 1024 * 1024)
+#define API_MAX_PENDING		(64u * 1024 * 1024)
+#define API_MAX_PEM		(1024 * 1024)
+#define API_MAX_SEGS		12
+#define API_IDLE_TIMEOUT_S	300
+#define WATCH_SLICE_MS		200
+#define WATCH_BOOKMARK_MS	5000
+#define WATCH_DEFAULT_S		1800
+#define PATCH_RETRIES		5
+
+#define MT_JSON		"application/json"
+#define MT_MERGE	"application/merge-patch+json"
+#define MT_JSONPATCH	"application/json-patch+json"
+#define MT_STRATEGIC	"application/strategic-merge-patch+json"
+#define MT_APPLY	"application/apply-patch+yaml"
+
+struct k8s_apiserver {
+	struct MHD_Daemon *d;
+	struct k8s_api *api;
+	int port;
+	int stopping;			/* read and written atomically */
+	int has_token;
+	unsigned char mac_key[32];	/* random, to compare tokens */
+	unsigned char token_mac[32];	/* HMAC of the configured token */
+	char *cert;
+	char *key;
+	size_t key_len;
+	json_t **schemas;		/* parsed, one per k8s_resources[] */
+};
+
+enum table_mode { TABLE_NONE = 0, TABLE_V1, TABLE_V1BETA1 };
+enum include_mode { INCLUDE_METADATA = 0, INCLUDE_NONE, INCLUDE_OBJECT };
+enum patch_kind { PATCH_MERGE = 1, PATCH_JSON, PATCH_STRATEGIC };
+enum field_validation { FV_WARN = 0, FV_STRICT, FV_IGNORE };
+
+struct watch_stream;
+
+/* One HTTP request: its body, then the reply or a watch stream. */
+struct api_req {
+	struct k8s_apiserver *srv;
+	struct MHD_Connection *conn;
+	const char *method;		/* owned by MHD */
+	char *url;
+	struct buf body;
+	int too_large;
+	int queued;
+	size_t discarded;
+
+	int code;
+	json_t *reply;
+	const char *text;		/* a static text reply instead */
+	const char *ctype;
+	int pretty;
+	char **warnings;
+	size_t nwarnings;
+	struct watch_stream *stream;
+};
+
+/* What a resource path names. */
+struct target {
+	const struct k8s_resource *r;
+	const char *ns;		/* NULL: all namespaces or cluster scope */
+	const char *name;	/* NULL: the collection */
+	int status;		/* the status subresource */
+};
+
+/* A column of the Table output (server-side printing). */
+struct column {
+	const char *name;
+	const char *type;	/* string, integer or date */
+	const char *path;	/* ".status.phase"; NULL = count of .data */
+	const char *desc;
+};
+
+struct watch_stream {
+	struct k8s_apiserver *srv;
+	struct k8s_watch *w;
+	const struct k8s_resource *r;
+	enum table_mode table;
+	enum include_mode include;
+	int fd;
+	int bookmarks;
+	int done;
+	int64_t deadline_ms;
+	int64_t last_send_ms;
+	int64_t rv;		/* newest resourceVersion sent, 0 unknown */
+	struct buf out;
+	size_t off;
+};
+
+/* Namespaces are not stored: every valid name exists (a stub). */
+static const struct k8s_resource namespace_resource = {
+	.group = "",
+	.version = "v1",
+	.plural = "namespaces",
+	.singular = "namespace",
+	.kind = "Namespace",
+	.short_name = "ns",
+	.namespaced = 0,
+	.has_status = 0,
+};
+
+static const char *const object_meta_fields[] = {
+	"name", "generateName", "namespace", "selfLink", "uid",
+	"resourceVersion", "generation", "creationTimestamp",
+	"deletionTimestamp", "deletionGracePeriodSeconds", "labels",
+	"annotations", "ownerReferences", "finalizers", "managedFields",
+	NULL
+};
+
+static void reply_err(struct api_req *q, enum k8s_err err, int code,
+    const char *reason, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* ------------------------------------------------------------ helpers */
+
+static int
+stopping(struct k8s_apiserver *s)
+{
+	return __atomic_load_n(&s->stopping, __ATOMIC_SEQ_CST);
+}
+
+static int
+parse_listen(const char *listen, struct sockaddr_storage *ss,
+    socklen_t *sslen, char **cause)
+{
+	char host[256];
+	const char *colon, *port, *h = listen;
+	size_t hl;
+	struct addrinfo hints, *res = NULL;
+	int rc;
+
+	if (listen[0] == '[') {
+		const char *end = strchr(listen, ']');
+
+		if (end == NULL || end[1] != ':') {
+			*cause = xasprintf("api listen address '%s': expected "
+			    "[ADDRESS]:PORT", listen);
+			return -1;
+		}
+		h = listen + 1;
+		hl = (size_t)(end - h);
+		port = end + 2;
+	} else {
+		colon = strrchr(listen, ':');
+		if (colon == NULL) {
+			*cause = xasprintf("api listen address '%s': expected "
+			    "HOST:PORT", listen);
+			return -1;
+		}
+		hl = (size_t)(colon - listen);
+		port = colon + 1;
+	}
+	if (hl >= sizeof(host)) {
+		*cause = xasprintf("api listen address '%s': host too long",
+		    listen);
+		return -1;
+	}
+	memcpy(host, h, hl);
+	host[hl] = '\0';
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+	rc = getaddrinfo(hl > 0 ? host : NULL, port, &hints, &res);
+	if (rc != 0 || res == NULL) {
+		*cause = xasprintf("api listen address '%s': %s", listen,
+		    gai_strerror(rc));
+		return -1;
+	}
+	memcpy(ss, res->ai_addr, res->ai_addrlen);
+	*sslen = res->ai_addrlen;
+	freeaddrinfo(res);
+	return 0;
+}
+
+static int
+is_loopback(const struct sockaddr_storage *ss)
+{
+	if (ss->ss_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
+
+		return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+	}
+	if (ss->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 =
+		    (const struct sockaddr_in6 *)ss;
+
+		if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr))
+			return 1;
+		if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr))
+			return in6->sin6_addr.s6_addr[12] == 127;
+	}
+	return 0;
+}
+
+/* Read a whole (small) file into a NUL-terminated string. */
+static int
+read_pem(const char *path, char **out, size_t *len_out, char **cause)
+{
+	FILE *f = NULL;
+	struct buf b;
+	char chunk[4096];
+	size_t n;
+	int ret = -1;
+
+	buf_init(&b, API_MAX_PEM);
+	f = fopen(path, "r");
+	if (f == NULL) {
+		*cause = xasprintf("api: file '%s' is not readable: %s", path,
+		    strerror(errno));
+		goto out;
+	}
+	while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) {
+		if (buf_add(&b, chunk, n) < 0) {
+			*cause = xasprintf("api: file '%s' is too large", path);
+			goto out;
+		}
+	}
+	if (ferror(f) || b.len == 0) {
+		*cause = xasprintf("api: file '%s' is empty or unreadable",
+		    path);
+		goto out;
+	}
+	*len_out = b.len;
+	*out = buf_detach(&b, NULL);
+	ret = 0;
+out:
+	if (f != NULL)
+		fclose(f);
+	secure_wipe(chunk, sizeof(chunk));
+	if (b.data != NULL)
+		secure_wipe(b.data, b.len);
+	buf_release(&b);
+	return ret;
+}
+
+static void
+mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	char *msg = xvasprintf(fmt, ap);
+	size_t n = strlen(msg);
+
+	while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '.'))
+		msg[--n] = '\0';
+	log_kv(LOG_DEBUG, "api server", "detail", msg, NULL);
+	free(msg);
+}
+
+static const char *
+query(const struct api_req *q, const char *key)
+{
+	return MHD_lookup_connection_value(q->conn, MHD_GET_ARGUMENT_KIND,
+	    key);
+}
+
+static const char *
+header(const struct api_req *q, const char *key)
+{
+	return MHD_lookup_connection_value(q->conn, MHD_HEADER_KIND, key);
+}
+
+static int
+query_bool(const struct api_req *q, const char *key)
+{
+	const char *v = query(q, key);
+
+	return v != NULL && (strcmp(v, "true") == 0 || strcmp(v, "1") == 0);
+}
+
+/* The media type of a Content-Type, lowercased, without parameters. */
+static char *
+media_type(const char *ctype)
+{
+	const char *e;
+	char *m;
+	size_t i;
+
+	if (ctype == NULL)
+		return xstrdup("");
+	while (*ctype == ' ' || *ctype == '\t')
+		ctype++;
+	e = strchr(ctype, ';');
+	if (e == NULL)
+		e = ctype + strlen(ctype);
+	while (e > ctype && (e[-1] == ' ' || e[-1] == '\t'))
+		e--;
+	m = xstrndup(ctype, (size_t)(e - ctype));
+	for (i = 0; m[i] != '\0'; i++)
+		if (m[i] >= 'A' && m[i] <= 'Z')
+			m[i] = (char)(m[i] - 'A' + 'a');
+	return m;
+}
+
+static int
+is_builtin(const struct k8s_resource *r)
+{
+	size_t n = strlen(r->group), m = strlen(".k8s.io");
+
+	if (r->group[0] == '\0')
+		return 1;
+	return n > m && strcmp(r->group + n - m, ".k8s.io") == 0 &&
+	    strstr(r->group, "x-k8s.io") == NULL;
+}
+
+static int
+dns_label(const char *s)
+{
+	size_t i, n = strlen(s);
+
+	if (n == 0 || n > 63)
+		return 0;
+	for (i = 0; i < n; i++) {
+		char c = s[i];
+
+		if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'))
+			continue;
+		if (c == '-' && i > 0 && i < n - 1)
+			continue;
+		return 0;
+	}
+	return 1;
+}
+
+/* apiVersion and kind on an object (and on every item of a list). */
+static void
+ensure_typed(json_t *obj, const struct k8s_resource *r)
+{
+	if (!json_is_object(obj))
+		return;
+	if (!json_is_string(json_object_get(obj, "apiVersion")))
+		json_object_set_new(obj, "apiVersion",
+		    json_string(k8s_api_version(r)));
+	if (!json_is_string(json_object_get(obj, "kind")))
+		json_object_set_new(obj, "kind", json_string(r->kind));
+}
+
+static void
+ensure_typed_list(json_t *list, const struct k8s_resource *r)
+{
+	json_t *items, *it;
+	size_t i;
+	char *lk;
+
+	if (!json_is_object(list))
+		return;
+	if (!json_is_string(json_object_get(list, "apiVersion")))
+		json_object_set_new(list, "apiVersion",
+		    json_string(k8s_api_version(r)));
+	if (!json_is_string(json_object_get(list, "kind"))) {
+		lk = xasprintf("%sList", r->kind);
+		json_object_set_new(list, "kind", json_string(lk));
+		free(lk);
+	}
+	if (!json_is_object(json_object_get(list, "metadata")))
+		json_object_set_new(list, "metadata", json_object());
+	items = json_object_get(list, "items");
+	if (!json_is_array(items)) {
+		items = json_array();
+		json_object_set_new(list, "items", items);
+	}
+	json_array_foreach(items, i, it)
+		ensure_typed(it, r);
+}
+
+/* Value at a simple JSONPath ".a.b.c"; NULL when absent. */
+static json_t *
+json_path(json_t *obj, const char *path)
+{
+	char key[128];
+	const char *p = path, *e;
+	size_t n;
+
+	while (*p == '.' && obj != NULL) {
+		p++;
+		e = strchr(p, '.');
+		if (e == NULL)
+			e = p + strlen(p);
+		n = (size_t)(e - p);
+		if (n == 0 || n >= sizeof(key))
+			return NULL;
+		memcpy(key, p, n);
+		key[n] = '\0';
+		obj = json_is_object(obj) ? json_object_get(obj, key) : NULL;
+		p = e;
+	}
+	return obj;
+}
+
+static int64_t
+days_from_civil(int64_t y, int64_t m, int64_t d)
+{
+	int64_t era, yoe, doy, doe;
+
+	y -= m <= 2;
+	era = (y >= 0 ? y : y - 399) / 400;
+	yoe = y - era * 400;
+	doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+	doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+	return era * 146097 + doe - 719468;
+}
+
+/* RFC 3339 to seconds since the epoch; -1 when unparsable. */
+static int
+parse_rfc3339(const char *s, int64_t *out)
+{
+	int y, mo, d, h, mi, se, n = 0, oh, om;
+	const char *p;
+	int64_t t;
+
+	if (sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &se,
+	    &n) != 6 || n == 0)
+		return -1;
+	p = s + n;
+	if (*p == '.')
+		for (p++; *p >= '0' && *p <= '9'; p++)
+			;
+	t = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + se;
+	if (*p == 'Z' || *p == 'z') {
+		p++;
+	} else if ((*p == '+' || *p == '-') &&
+	    sscanf(p + 1, "%2d:%2d", &oh, &om) == 2) {
+		t += (*p == '+' ? -1 : 1) * (int64_t)(oh * 3600 + om * 60);
+		p += 6;
+	} else {
+		return -1;
+	}
+	if (*p != '\0')
+		return -1;
+	*out = t;
+	return 0;
+}
+
+/* apimachinery's duration.HumanDuration, which kubectl prints as AGE. */
+static char *
+human_duration(int64_t secs)
+{
+	int64_t m, h, dy;
+
+	if (secs < -1)
+		return xstrdup("<invalid>");
+	if (secs < 0)
+		return xstrdup("0s");
+	if (secs < 120)
+		return xasprintf("%llds", (long long)secs);
+	m = secs / 60;
+	if (m < 10)
+		return secs % 60 == 0 ? xasprintf("%lldm", (long long)m) :
+		    xasprintf("%lldm%llds", (long long)m,
+		    (long long)(secs % 60));
+	if (m < 180)
+		return xasprintf("%lldm", (long long)m);
+	h = secs / 3600;
+	if (h < 8)
+		return m % 60 == 0 ? xasprintf("%lldh", (long long)h) :
+		    xasprintf("%lldh%lldm", (long long)h,
+		    (long long)(m % 60));
+	if (h < 48)
+		return xasprintf("%lldh", (long long)h);
+	if (h < 24 * 8)
+		return h % 24 == 0 ? xasprintf("%lldd", (long long)(h / 24)) :
+		    xasprintf("%lldd%lldh", (long long)(h / 24),
+		    (long long)(h % 24));
+	if (h < 24 * 365 * 2)
+		return xasprintf("%lldd", (long long)(h / 24));
+	if (h < 24 * 365 * 8) {
+		dy = (h / 24) % 365;
+		return dy == 0 ? xasprintf("%lldy", (long long)(h / 24 / 365)) :
+		    xasprintf("%lldy%lldd", (long long)(h / 24 / 365),
+		    (long long)dy);
+	}
+	return xasprintf("%lldy", (long long)(h / 24 / 365));
+}
+
+/* ------------------------------------------------------------ replies */
+
+/* Reply with a JSON body (stolen). */
+static void
+reply_json(struct api_req *q, int code, json_t *body)
+{
+	json_decref(q->reply);
+	q->code = code;
+	q->reply = body;
+	q->ctype = MT_JSON;
+}
+
+/* Reply with the Status of an error from the API. */
+static void
+reply_st(struct api_req *q, const struct k8s_status *st)
+{
+	int code = st->code > 0 ? st->code : k8s_err_http_code(st->err);
+
+	reply_json(q, code, k8s_status_json(st));
+}
+
+/* An error of our own; code and reason, when given, override err's. */
+static void
+reply_err(struct api_req *q, enum k8s_err err, int code, const char *reason,
+    const char *fmt, ...)
+{
+	struct k8s_status st;
+	va_list ap;
+	char *msg;
+	json_t *j;
+
+	memset(&st, 0, sizeof(st));
+	va_start(ap, fmt);
+	msg = xvasprintf(fmt, ap);
+	va_end(ap);
+	k8s_status_set(&st, err, msg, NULL);
+	j = k8s_status_json(&st);
+	if (code > 0)
+		json_object_set_new(j, "code", json_integer(code));
+	else
+		code = st.code > 0 ? st.code : k8s_err_http_code(err);
+	if (reason != NULL)
+		json_object_set_new(j, "reason", json_string(reason));
+	reply_json(q, code, j);
+	k8s_status_release(&st);
+	free(msg);
+}
+
+static void
+reply_notfound(struct api_req *q)
+{
+	reply_err(q, K8S_ENOTFOUND, 404, "NotFound",
+	    "the server could not find the requested resource");
+}
+
+static void
+reply_method(struct api_req *q)
+{
+	reply_err(q, K8S_EUNSUPPORTED, 405, "MethodNotAllowed",
+	    "the server does not allow this method on the requested "
+	    "resource");
+}
+
+static void
+add_warning(struct api_req *q, const char *text)
+{
+	struct buf b;
+	const char *p;
+
+	buf_init(&b, 4096);
+	buf_addstr(&b, "299 - \"");
+	for (p = text; *p != '\0'; p++) {
+		if (*p == '"' || *p == '\\')
+			buf_add(&b, "\\", 1);
+		buf_add(&b, p, 1);
+	}
+	buf_addstr(&b, "\"");
+	q->warnings = xrealloc(q->warnings,
+	    (q->nwarnings + 1) * sizeof(*q->warnings));
+	q->warnings[q->nwarnings++] = buf_detach(&b, NULL);
+}
+
+/* ---------------------------------------------------------- discovery */
+
+static const char *const verbs_main[] = {
+	"create", "delete", "deletecollection", "get", "list", "patch",
+	"update", "watch", NULL
+};
+static const char *const verbs_status[] = { "get", "patch", "update", NULL };
+static const char *const verbs_namespace[] = { "get", "list", NULL };
+
+static json_t *
+str_array(const char *const *v)
+{
+	json_t *a = json_array();
+
+	for (; *v != NULL; v++)
+		json_array_append_new(a, json_string(*v));
+	return a;
+}
+
+static json_t *
+api_resource(const struct k8s_resource *r, int sub,
+    const char *const *verbs)
+{
+	json_t *j;
+	char *name = sub ? xasprintf("%s/status", r->plural) :
+	    xstrdup(r->plural);
+
+	j = json_pack("{s:s, s:s, s:b, s:s, s:o}", "name", name,
+	    "singularName", sub ? "" : r->singular, "namespaced",
+	    r->namespaced, "kind", r->kind, "verbs", str_array(verbs));
+	if (!sub && r->short_name != NULL)
+		json_object_set_new(j, "shortNames",
+		    json_pack("[s]", r->short_name));
+	if (!sub && strcmp(r->group, "divergedev.com") == 0)
+		json_object_set_new(j, "categories", json_pack("[s]",
+		    "diverge"));
+	free(name);
+	return j;
+}
+
+/* APIResourceList of group/version; NULL when nothing is served there. */
+static json_t *
+resource_list(const char *group, const char *version)
+{
+	json_t *res = json_array();
+	const struct k8s_resource *const *rp;
+	char *gv;
+	size_t n = 0;
+	json_t *j;
+
+	if (group[0] == '\0' && strcmp(version, "v1") == 0) {
+		json_array_append_new(res, api_resource(&namespace_resource, 0,
+		    verbs_namespace));
+	}
+	for (rp = k8s_resources; *rp != NULL; rp++) {
+		if (strcmp((*rp)->group, group) != 0 ||
+		    strcmp((*rp)->version, version) != 0)
+			continue;
+		json_array_append_new(res, api_resource(*rp, 0, verbs_main));
+		if ((*rp)->has_status)
+			json_array_append_new(res, api_resource(*rp, 1,
+			    verbs_status));
+		n++;
+	}
+	if (n == 0) {
+		json_decref(res);
+		return NULL;
+	}
+	gv = group[0] == '\0' ? xstrdup(version) :
+	    xasprintf("%s/%s", group, version);
+	j = json_pack("{s:s, s:s, s:s, s:o}", "kind", "APIResourceList",
+	    "apiVersion", "v1", "groupVersion", gv, "resources", res);
+	free(gv);
+	return j;
+}
+
+/* One APIGroup (name, versions, preferredVersion); NULL if unknown. */
+static json_t *
+api_group(const char *group)
+{
+	const struct k8s_resource *const *rp, *const *sp;
+	json_t *versions = json_array(), *first = NULL, *j;
+	char *gv;
+
+	for (rp = k8s_resources; *rp != NULL; rp++) {
+		int seen = 0;
+
+		if (strcmp((*rp)->group, group) != 0)
+			continue;
+		for (sp = k8s_resources; sp != rp; sp++)
+			if (strcmp((*sp)->group, group) == 0 &&
+			    strcmp((*sp)->version, (*rp)->version) == 0)
+				seen = 1;
+		if (seen)
+			continue;
+		gv = xasprintf("%s/%s", group, (*rp)->version);
+		j = json_pack("{s:s, s:s}", "groupVersion", gv, "version",
+		    (*rp)->version);
+		free(gv);
+		if (first == NULL)
+			first = json_deep_copy(j);
+		json_array_append_new(versions, j);
+	}
+	if (first == NULL) {
+		json_decref(versions);
+		return NULL;
+	}
+	return json_pack("{s:s, s:o, s:o}", "name", group, "versions",
+	    versions, "preferredVersion", first);
+}
+
+static json_t *
+api_group_list(void)
+{
+	const struct k8s_resource *const *rp, *const *sp;
+	json_t *groups = json_array();
+
+	for (rp = k8s_resources; *rp != NULL; rp++) {
+		int seen = 0;
+
+		if ((*rp)->group[0] == '\0')
+			continue;
+		for (sp = k8s_resources; sp != rp; sp++)
+			if (strcmp((*sp)->group, (*rp)->group) == 0)
+				seen = 1;
+		if (!seen)
+			json_array_append_new(groups, api_group((*rp)->group));
+	}
+	return json_pack("{s:s, s:s, s:o}", "kind", "APIGroupList",
+	    "apiVersion", "v1", "groups", groups);
+}
+
+static json_t *
+version_info(void)
+{
+	return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s}",
+	    "major", "1", "minor", "32", "gitVersion", "v1.32.0",
+	    "gitCommit", "", "gitTreeState", "clean", "buildDate",
+	    "2026-01-01T00:00:00Z", "goVersion", "go1.23", "compiler", "gc",
+	    "platform", "linux/amd64");
+}
+
+/* ------------------------------------------------------------ OpenAPI */
+
+/*
+ * The schemas of the divergedev.com kinds: the openAPIV3Schema of
+ * deploy/crds/divergedev.com_{agenttasks,environments}.yaml as compact
+ * JSON (tests/integration/test_kubectl.py checks that they agree).
+ */
+static const char agenttask_schema[] =
+	"{\"description\":\"An autonomous coding agent working on a repositor"
+	"y in a sandbox, within budgets.\",\"type\":\"object\",\"required\":["
+	"\"spec\"],\"properties\":{\"apiVersion\":{\"type\":\"string\"},\"kin"
+	"d\":{\"type\":\"string\"},\"metadata\":{\"type\":\"object\"},\"spec"
+	"\":{\"description\":\"What the agent should do and the limits it wor"
+	"ks within.\",\"type\":\"object\",\"required\":[\"objective\"],\"prop"
+	"erties\":{\"objective\":{\"description\":\"What the agent should ach"
+	"ieve, in plain language.\",\"type\":\"string\",\"minLength\":1,\"max"
+	"Length\":4000},\"draftPR\":{\"description\":\"Open the pull request "
+	"as a draft.\",\"type\":\"boolean\"},\"repository\":{\"type\":\"objec"
+	"t\",\"properties\":{\"url\":{\"type\":\"string\"},\"baseBranch\":{\""
+	"type\":\"string\"},\"workingBranch\":{\"type\":\"string\"}}},\"maxIt"
+	"erations\":{\"description\":\"Build-verify-fix iterations allowed; 0"
+	" or unset means no limit.\",\"type\":\"integer\",\"format\":\"int32"
+	"\",\"minimum\":0},\"budgetUSD\":{\"description\":\"USD budget as a d"
+	"ecimal string; 0 or unset uses the token caveat.\",\"type\":\"string"
+	"\",\"pattern\":\"^[0-9]+(\\\\.[0-9]{1,6})?$\"},\"budgetTokens\":{\"d"
+	"escription\":\"LLM token budget; 0 or unset uses the token caveat.\""
+	",\"type\":\"integer\",\"format\":\"int64\",\"minimum\":0},\"capabili"
+	"ties\":{\"description\":\"Allowed models, exact names or prefixes en"
+	"ding in '*'.\",\"type\":\"array\",\"items\":{\"type\":\"string\"}},"
+	"\"allowedTools\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}"
+	"},\"suspended\":{\"description\":\"Pause the task (true) or resume i"
+	"t (false).\",\"type\":\"boolean\"},\"sandbox\":{\"type\":\"object\","
+	"\"properties\":{\"provider\":{\"type\":\"string\",\"enum\":[\"agent-"
+	"sandbox\"]},\"timeoutSeconds\":{\"type\":\"integer\",\"format\":\"in"
+	"t32\",\"minimum\":1},\"image\":{\"type\":\"string\"},\"runtimeClassN"
+	"ame\":{\"type\":\"string\"}}}}},\"status\":{\"description\":\"What t"
+	"he controller observed.\",\"type\":\"object\",\"properties\":{\"phas"
+	"e\":{\"type\":\"string\",\"enum\":[\"Pending\",\"Provisioning\",\"Ac"
+	"tive\",\"Pausing\",\"Paused\",\"Completed\",\"Failed\"]},\"reason\":"
+	"{\"description\":\"BudgetExceeded, Timeout, SandboxFailed, PullReque"
+	"stClosed, ...\",\"type\":\"string\"},\"message\":{\"type\":\"string"
+	"\"},\"conditions\":{\"type\":\"array\",\"x-kubernetes-list-type\":\""
+	"map\",\"x-kubernetes-list-map-keys\":[\"type\"],\"items\":{\"type\":"
+	"\"object\",\"required\":[\"type\",\"status\"],\"properties\":{\"type"
+	"\":{\"type\":\"string\"},\"status\":{\"type\":\"string\",\"enum\":["
+	"\"True\",\"False\",\"Unknown\"]},\"reason\":{\"type\":\"string\"},\""
+	"message\":{\"type\":\"string\"},\"lastTransitionTime\":{\"type\":\"s"
+	"tring\",\"format\":\"date-time\"}}}},\"observedGeneration\":{\"type"
+	"\":\"integer\",\"format\":\"int64\"},\"run\":{\"description\":\"Incr"
+	"emented when a finished task is run again.\",\"type\":\"integer\",\""
+	"format\":\"int32\",\"minimum\":0},\"tokensConsumed\":{\"type\":\"int"
+	"eger\",\"format\":\"int64\",\"minimum\":0},\"costUSD\":{\"descriptio"
+	"n\":\"USD spent, exact decimal with 6 places.\",\"type\":\"string\","
+	"\"pattern\":\"^[0-9]+(\\\\.[0-9]{1,6})?$\"},\"iteration\":{\"type\":"
+	"\"integer\",\"format\":\"int32\",\"minimum\":0},\"lastMeterRequestId"
+	"s\":{\"description\":\"The most recent meter request ids, oldest fir"
+	"st.\",\"type\":\"array\",\"maxItems\":32,\"items\":{\"type\":\"strin"
+	"g\"}},\"tokenId\":{\"description\":\"Identifier of the live capabili"
+	"ty token.\",\"type\":\"string\"},\"sandboxName\":{\"type\":\"string"
+	"\"},\"previewEnvironment\":{\"type\":\"string\"},\"previewUrl\":{\"t"
+	"ype\":\"string\"},\"activeSeconds\":{\"description\":\"Wall time spe"
+	"nt Provisioning or Active.\",\"type\":\"integer\",\"format\":\"int64"
+	"\",\"minimum\":0},\"startedAt\":{\"type\":\"string\",\"format\":\"da"
+	"te-time\"},\"completedAt\":{\"type\":\"string\",\"format\":\"date-ti"
+	"me\"},\"notifier\":{\"description\":\"State of the sticky status com"
+	"ment.\",\"type\":\"object\",\"properties\":{\"commentId\":{\"x-kuber"
+	"netes-int-or-string\":true},\"reportedPhase\":{\"type\":\"string\"},"
+	"\"bodyHash\":{\"type\":\"string\"}}}}}}}";
+
+static const char environment_schema[] =
+	"{\"description\":\"A preview environment running one branch of a ser"
+	"vice.\",\"type\":\"object\",\"properties\":{\"apiVersion\":{\"type\""
+	":\"string\"},\"kind\":{\"type\":\"string\"},\"metadata\":{\"type\":"
+	"\"object\"},\"spec\":{\"type\":\"object\",\"properties\":{\"branch\""
+	":{\"description\":\"The branch deployed, e.g. the agent's working br"
+	"anch.\",\"type\":\"string\"},\"service\":{\"type\":\"string\"},\"ima"
+	"ge\":{\"type\":\"string\"},\"port\":{\"type\":\"integer\",\"format\""
+	":\"int32\",\"minimum\":1,\"maximum\":65535},\"repository\":{\"descri"
+	"ption\":\"URL of the repository the branch belongs to.\",\"type\":\""
+	"string\"}}},\"status\":{\"type\":\"object\",\"x-kubernetes-preserve-"
+	"unknown-fields\":true}}}";
+
+static const char secret_schema[] =
+	"{\"description\":\"Secret holds secret data of a certain type.\","
+	"\"type\":\"object\",\"properties\":{\"apiVersion\":{\"type\":"
+	"\"string\"},\"kind\":{\"type\":\"string\"},\"metadata\":{\"type\":"
+	"\"object\"},\"data\":{\"type\":\"object\",\"additionalProperties\":"
+	"{\"type\":\"string\",\"format\":\"byte\"}},\"stringData\":{\"type\":"
+	"\"object\",\"additionalProperties\":{\"type\":\"string\"}},"
+	"\"type\":{\"type\":\"string\"},\"immutable\":{\"type\":"
+	"\"boolean\"}}}";
+
+/* Kinds whose schema lives elsewhere: spec and status kept as sent. */
+static const char open_schema[] =
+	"{\"type\":\"object\",\"properties\":{\"apiVersion\":{\"type\":"
+	"\"string\"},\"kind\":{\"type\":\"string\"},\"metadata\":{\"type\":"
+	"\"object\"},\"spec\":{\"type\":\"object\","
+	"\"x-kubernetes-preserve-unknown-fields\":true},\"status\":{\"type\":"
+	"\"object\",\"x-kubernetes-preserve-unknown-fields\":true}}}";
+
+static json_t *
+load_schema(const struct k8s_resource *r)
+{
+	const char *text = open_schema;
+
+	if (strcmp(r->group, "divergedev.com") == 0 &&
+	    strcmp(r->kind, "AgentTask") == 0)
+		text = agenttask_schema;
+	else if (strcmp(r->group, "divergedev.com") == 0 &&
+	    strcmp(r->kind, "Environment") == 0)
+		text = environment_schema;
+	else if (r->group[0] == '\0' && strcmp(r->kind, "Secret") == 0)
+		text = secret_schema;
+	return json_loads(text, 0, NULL);
+}
+
+/* The schema of r (borrowed), parsed at start. */
+static const json_t *
+schema_of(const struct k8s_apiserver *s, const struct k8s_resource *r)
+{
+	size_t i;
+
+	for (i = 0; k8s_resources[i] != NULL; i++)
+		if (k8s_resources[i] == r ||
+		    (strcmp(k8s_resources[i]->group, r->group) == 0 &&
+		    strcmp(k8s_resources[i]->plural, r->plural) == 0))
+			return s->schemas[i];
+	return NULL;
+}
+
+/* "com.divergedev.v1alpha1.AgentTask", "io.k8s.api.core.v1.Secret". */
+static char *
+schema_name(const struct k8s_resource *r, const char *suffix)
+{
+	struct buf b;
+	const char *g = r->group, *dot;
+	size_t n;
+
+	buf_init(&b, 1024);
+	if (g[0] == '\0') {
+		buf_addstr(&b, "io.k8s.api.core");
+	} else if (is_builtin(r)) {
+		dot = strchr(g, '.');
+		buf_addstr(&b, "io.k8s.api.");
+		buf_add(&b, g, (size_t)(dot - g));
+	} else {
+		n = strlen(g);
+		while (n > 0) {
+			const char *seg = g + n;
+
+			while (seg > g && seg[-1] != '.')
+				seg--;
+			if (b.len > 0)
+				buf_addstr(&b, ".");
+			buf_add(&b, seg, (size_t)(g + n - seg));
+			n = seg > g ? (size_t)(seg - g - 1) : 0;
+		}
+	}
+	buf_printf(&b, ".%s.%s%s", r->version, r->kind, suffix);
+	return buf_detach(&b, NULL);
+}
+
+static json_t *
+gvk_json(const struct k8s_resource *r, const char *kind)
+{
+	return json_pack("{s:s, s:s, s:s}", "group", r->group, "version",
+	    r->version, "kind", kind);
+}
+
+static json_t *
+query_param(const char *name, const char *type)
+{
+	return json_pack("{s:s, s:s, s:{s:s}, s:b}", "name", name, "in",
+	    "query", "schema", "type", type, "uniqueItems", 1);
+}
+
+static json_t *
+path_param(const char *name)
+{
+	return json_pack("{s:s, s:s, s:b, s:{s:s}, s:b}", "name", name, "in",
+	    "path", "required", 1, "schema", "type", "string",
+	    "uniqueItems", 1);
+}
+
+/*
+ * One operation. kubectl looks for the PATCH operation of a kind (by
+ * x-kubernetes-group-version-kind) and its fieldValidation parameter to
+ * choose server-side validation; its requestBody lists merge patches only
+ * so that apply does not send strategic merge patches.
+ */
+static json_t *
+openapi_op(const struct k8s_resource *r, const char *action,
+    const char *opid, const char *ref, int code)
+{
+	json_t *op, *params, *resp;
+	char *id, *tag, *codes;
+	const char *p;
+
+	tag = xstrdup(r->group[0] == '\0' ? "core_v1" : r->group);
+	for (p = tag; *p != '\0'; p++)
+		if (*p == '.' || *p == '-')
+			tag[p - tag] = '_';
+	id = xasprintf("%s%s", opid, r->kind);
+	params = json_array();
+	if (strcmp(action, "list") == 0 || strcmp(action, "watch") == 0) {
+		json_array_append_new(params, query_param("allowWatchBookmarks",
+		    "boolean"));
+		json_array_append_new(params, query_param("continue",
+		    "string"));
+		json_array_append_new(params, query_param("fieldSelector",
+		    "string"));
+		json_array_append_new(params, query_param("labelSelector",
+		    "string"));
+		json_array_append_new(params, query_param("limit", "integer"));
+		json_array_append_new(params, query_param("resourceVersion",
+		    "string"));
+		json_array_append_new(params, query_param("timeoutSeconds",
+		    "integer"));
+		json_array_append_new(params, query_param("watch", "boolean"));
+	} else if (strcmp(action, "get") != 0) {
+		json_array_append_new(params, query_param("dryRun", "string"));
+		if (strcmp(action, "delete") != 0) {
+			json_array_append_new(params,
+			    query_param("fieldManager", "string"));
+			json_array_append_new(params,
+			    query_param("fieldValidation", "string"));
+		}
+	}
+	codes = xasprintf("%d", code);
+	resp = json_pack("{s:{s:s, s:{s:{s:{s:s}}}}, s:{s:s}}", codes,
+	    "description", "OK", "content", MT_JSON, "schema", "$ref", ref,
+	    "401", "description", "Unauthorized");
+	op = json_pack("{s:[s], s:s, s:o, s:o, s:s, s:o}", "tags", tag,
+	    "operationId", id, "parameters", params, "responses", resp,
+	    "x-kubernetes-action", action, "x-kubernetes-group-version-kind",
+	    gvk_json(r, r->kind));
+	if (strcmp(action, "patch") == 0)
+		json_object_set_new(op, "requestBody", json_pack(
+		    "{s:{s:{s:{s:s}}}, s:b}", "content", MT_MERGE, "schema",
+		    "type", "object", "required", 1));
+	else if (strcmp(action, "post") == 0 || strcmp(action, "put") == 0)
+		json_object_set_new(op, "requestBody", json_pack(
+		    "{s:{s:{s:{s:s}}}, s:b}", "content", MT_JSON, "schema",
+		    "$ref", ref, "required", 1));
+	free(codes);
+	free(id);
+	free(tag);
+	return op;
+}
+
+static json_t *
+path_params(const struct k8s_resource *r, int with_name)
+{
+	json_t *a = json_array();
+
+	if (with_name)
+		json_array_append_new(a, path_param("name"));
+	if (r->namespaced)
+		json_array_append_new(a, path_param("namespace"));
+	json_array_append_new(a, query_param("pretty", "string"));
+	return a;
+}
+
+static void
+openapi_paths(json_t *paths, const struct k8s_resource *r)
+{
+	char *prefix, *coll, *obj, *st, *all, *ref, *lref, *name;
+	int ns = r->namespaced;
+	json_t *pi;
+
+	prefix = r->group[0] == '\0' ? xstrdup("/api/v1") :
+	    xasprintf("/apis/%s/%s", r->group, r->version);
+	coll = ns ? xasprintf("%s/namespaces/{namespace}/%s", prefix,
+	    r->plural) : xasprintf("%s/%s", prefix, r->plural);
+	obj = xasprintf("%s/{name}", coll);
+	st = xasprintf("%s/status", obj);
+	all = xasprintf("%s/%s", prefix, r->plural);
+	name = schema_name(r, "");
+	ref = xasprintf("#/components/schemas/%s", name);
+	free(name);
+	name = schema_name(r, "List");
+	lref = xasprintf("#/components/schemas/%s", name);
+	free(name);
+
+	pi = json_pack("{s:o, s:o, s:o, s:o}", "get", openapi_op(r, "list",
+	    ns ? "listNamespaced" : "list", lref, 200), "post",
+	    openapi_op(r, "post", ns ? "createNamespaced" : "create", ref,
+	    201), "delete", openapi_op(r, "deletecollection",
+	    ns ? "deleteCollectionNamespaced" : "deleteCollection", lref,
+	    200), "parameters", path_params(r, 0));
+	json_object_set_new(paths, coll, pi);
+	pi = json_pack("{s:o, s:o, s:o, s:o, s:o}", "get", openapi_op(r,
+	    "get", ns ? "readNamespaced" : "read", ref, 200), "put",
+	    openapi_op(r, "put", ns ? "replaceNamespaced" : "replace", ref,
+	    200), "patch", openapi_op(r, "patch", ns ? "patchNamespaced" :
+	    "patch", ref, 200), "delete", openapi_op(r, "delete",
+	    ns ? "deleteNamespaced" : "delete", ref, 200), "parameters",
+	    path_params(r, 1));
+	json_object_set_new(paths, obj, pi);
+	if (r->has_status) {
+		pi = json_pack("{s:o, s:o, s:o, s:o}", "get", openapi_op(r,
+		    "get", ns ? "readNamespacedStatus" : "readStatus", ref,
+		    200), "put", openapi_op(r, "put",
+		    ns ? "replaceNamespacedStatus" : "replaceStatus", ref,
+		    200), "patch", openapi_op(r, "patch",
+		    ns ? "patchNamespacedStatus" : "patchStatus", ref, 200),
+		    "parameters", path_params(r, 1));
+		json_object_set_new(paths, st, pi);
+	}
+	if (ns) {
+		pi = json_pack("{s:o, s:[o]}", "get", openapi_op(r, "list",
+		    "listForAllNamespaces", lref, 200), "parameters",
+		    query_param("pretty", "string"));
+		json_object_set_new(paths, all, pi);
+	}
+	free(prefix);
+	free(coll);
+	free(obj);
+	free(st);
+	free(all);
+	free(ref);
+	free(lref);
+}
+
+static void
+openapi_schemas(const struct k8s_apiserver *s, json_t *schemas,
+    const struct k8s_resource *r)
+{
+	const json_t *base = schema_of(s, r);
+	json_t *sch = base != NULL ? json_deep_copy(base) : json_object();
+	char *name = schema_name(r, ""), *lname = schema_name(r, "List");
+	char *lkind = xasprintf("%sList", r->kind);
+	char *ref = xasprintf("#/components/schemas/%s", name);
+
+	json_object_set_new(sch, "x-kubernetes-group-version-kind",
+	    json_pack("[o]", gvk_json(r, r->kind)));
+	json_object_set_new(schemas, name, sch);
+	json_object_set_new(schemas, lname, json_pack("{s:s, s:s, s:[s], "
+	    "s:{s:{s:s}, s:{s:s}, s:{s:s}, s:{s:s, s:{s:s}}}, s:[o]}",
+	    "description", "A list of objects.", "type", "object", "required",
+	    "items", "properties", "apiVersion", "type", "string", "kind",
+	    "type", "string", "metadata", "type", "object", "items", "type",
+	    "array", "items", "$ref", ref, "x-kubernetes-group-version-kind",
+	    gvk_json(r, lkind)));
+	free(name);
+	free(lname);
+	free(lkind);
+	free(ref);
+}
+
+/* The OpenAPI v3 document of one group/version; NULL if none. */
+static json_t *
+openapi_doc(const struct k8s_apiserver *s, const char *group,
+    const char *version)
+{
+	const struct k8s_resource *const *rp;
+	json_t *paths = json_object(), *schemas = json_object();
+	size_t n = 0;
+
+	for (rp = k8s_resources; *rp != NULL; rp++) {
+		if (strcmp((*rp)->group, group) != 0 ||
+		    strcmp((*rp)->version, version) != 0)
+			continue;
+		openapi_paths(paths, *rp);
+		openapi_schemas(s, schemas, *rp);
+		n++;
+	}
+	if (n == 0) {
+		json_decref(paths);
+		json_decref(schemas);
+		return NULL;
+	}
+	return json_pack("{s:s, s:{s:s, s:s}, s:o, s:{s:o}}", "openapi",
+	    "3.0.0", "info", "title", "Kubernetes", "version", "v1.32.0",
+	    "paths", paths, "components", "schemas", schemas);
+}
+
+/* /openapi/v3: where each group/version document is, with a hash. */
+static json_t *
+openapi_index(const struct k8s_apiserver *s)
+{
+	const struct k8s_resource *const *rp, *const *sp;
+	json_t *paths = json_object(), *doc;
+	unsigned char mac[32];
+	char hex[65], *key, *url, *text;
+
+	for (rp = k8s_resources; *rp != NULL; rp++) {
+		int seen = 0;
+
+		for (sp = k8s_resources; sp != rp; sp++)
+			if (strcmp((*sp)->group, (*rp)->group) == 0 &&
+			    strcmp((*sp)->version, (*rp)->version) == 0)
+				seen = 1;
+		if (seen)
+			continue;
+		doc = openapi_doc(s, (*rp)->group, (*rp)->version);
+		text = json_dumps(doc, JSON_COMPACT | JSON_SORT_KEYS);
+		hmac_sha256("openapi", 7, text, strlen(text), mac);
+		hex_encode(mac, 32, hex);
+		key = (*rp)->group[0] == '\0' ? xstrdup("api/v1") :
+		    xasprintf("apis/%s/%s", (*rp)->group, (*rp)->version);
+		url = xasprintf("/openapi/v3/%s?hash=%s", key, hex);
+		json_object_set_new(paths, key, json_pack("{s:s}",
+		    "serverRelativeURL", url));
+		free(url);
+		free(key);
+		free(text);
+		json_decref(doc);
+	}
+	return json_pack("{s:o}", "paths", paths);
+}
+
+/* ---------------------------------------------------- field validation */
+
+static int
+in_list(const char *const *list, const char *s)
+{
+	for (; *list != NULL; list++)
+		if (strcmp(*list, s) == 0)
+			return 1;
+	return 0;
+}
+
+static void
+add_unknown(json_t *found, const char *path, const char *key)
+{
+	char *p = path[0] == '\0' ? xstrdup(key) :
+	    xasprintf("%s.%s", path, key);
+
+	if (json_array_size(found) < 100)
+		json_array_append_new(found, json_string(p));
+	free(p);
+}
+
+/*
+ * Collect the fields of v that schema does not declare, as structural
+ * pruning would drop them (paths like "spec.foo" or "a.b[0].c"). Null
+ * values are skipped: in a merge patch they delete.
+ */
+static void
+unknown_fields(const json_t *v, const json_t *schema, const char *path,
+    int depth, json_t *found)
+{
+	const json_t *props, *addl, *items, *sub, *val;
+	const char *key;
+	char *p;
+	size_t i;
+	int preserve;
+
+	if (!json_is_object(schema) || depth > 64)
+		return;
+	preserve = json_is_true(json_object_get(schema,
+	    "x-kubernetes-preserve-unknown-fields"));
+	if (json_object_get(schema, "x-kubernetes-int-or-string") != NULL)
+		return;
+	if (json_is_array(v)) {
+		items = json_object_get(schema, "items");
+		if (!json_is_object(items))
+			return;
+		json_array_foreach(v, i, val) {
+			p = xasprintf("%s[%zu]", path, i);
+			unknown_fields(val, items, p, depth + 1, found);
+			free(p);
+		}
+		return;
+	}
+	if (!json_is_object(v))
+		return;
+	props = json_object_get(schema, "properties");
+	addl = json_object_get(schema, "additionalProperties");
+	json_object_foreach((json_t *)v, key, val) {
+		if (json_is_null(val))
+			continue;
+		if (depth == 0 && strcmp(key, "metadata") == 0) {
+			const char *mk;
+			const json_t *mv;
+
+			if (!json_is_object(val))
+				continue;
+			json_object_foreach((json_t *)val, mk, mv) {
+				if (!json_is_null(mv) &&
+				    !in_list(object_meta_fields, mk))
+					add_unknown(found, "metadata", mk);
+			}
+			continue;
+		}
+		sub = json_is_object(props) ? json_object_get(props, key) :
+		    NULL;
+		if (sub == NULL && json_is_object(addl))
+			sub = addl;
+		if (sub != NULL) {
+			p = path[0] == '\0' ? xstrdup(key) :
+			    xasprintf("%s.%s", path, key);
+			unknown_fields(val, sub, p, depth + 1, found);
+			free(p);
+			continue;
+		}
+		if (preserve || json_is_true(addl))
+			continue;
+		add_unknown(found, path, key);
+	}
+}
+
+static int
+field_validation_mode(struct api_req *q, enum field_validation *out)
+{
+	const char *v = query(q, "fieldValidation");
+
+	if (v == NULL || v[0] == '\0' || strcasecmp(v, "Warn") == 0)
+		*out = FV_WARN;
+	else if (strcasecmp(v, "Strict") == 0)
+		*out = FV_STRICT;
+	else if (strcasecmp(v, "Ignore") == 0)
+		*out = FV_IGNORE;
+	else
+		return -1;
+	return 0;
+}
+
+/*
+ * Check obj (a whole object or a merge patch) for fields the schema does
+ * not know: a warning each, or with fieldValidation=Strict an error.
+ */
+static int
+check_fields(struct api_req *q, const struct target *t, const json_t *obj,
+    struct k8s_status *st)
+{
+	enum field_validation mode;
+	const json_t *schema = schema_of(q->srv, t->r);
+	json_t *found = NULL, *f;
+	struct buf msg;
+	size_t i;
+	int ret = -1;
+
+	buf_init(&msg, 64 * 1024);
+	if (field_validation_mode(q, &mode) < 0) {
+		ret = k8s_status_set(st, K8S_EBADREQUEST, "fieldValidation "
+		    "must be one of Strict, Warn or Ignore", NULL);
+		goto out;
+	}
+	if (mode == FV_IGNORE || schema == NULL) {
+		ret = 0;
+		goto out;
+	}
+	found = json_array();
+	unknown_fields(obj, schema, "", 0, found);
+	if (json_array_size(found) == 0) {
+		ret = 0;
+		goto out;
+	}
+	if (mode == FV_WARN) {
+		json_array_foreach(found, i, f) {
+			char *w = xasprintf("unknown field \"%s\"",
+			    json_string_value(f));
+
+			add_warning(q, w);
+			free(w);
+		}
+		ret = 0;
+		goto out;
+	}
+	buf_printf(&msg, "%s in version \"%s\" cannot be handled as a %s: "
+	    "strict decoding error: ", t->r->kind, t->r->version, t->r->kind);
+	json_array_foreach(found, i, f)
+		buf_printf(&msg, "%sunknown field \"%s\"", i > 0 ? ", " : "",
+		    json_string_value(f));
+	ret = k8s_status_set(st, K8S_EBADREQUEST, msg.data, NULL);
+out:
+	json_decref(found);
+	buf_release(&msg);
+	return ret;
+}
+
+/* -------------------------------------------------------------- tables */
+
+static const struct column agenttask_columns[] = {
+	{ "Phase", "string", ".status.phase", "" },
+	{ "Cost", "string", ".status.costUSD", "USD spent so far" },
+	{ "Tokens", "integer", ".status.tokensConsumed",
+	    "LLM tokens consumed so far" },
+	{ "Iteration", "integer", ".status.iteration", "" },
+	{ "Age", "date", ".metadata.creationTimestamp", "" },
+	{ NULL, NULL, NULL, NULL }
+};
+static const struct column environment_columns[] = {
+	{ "Branch", "string", ".spec.branch", "" },
+	{ "Service", "string", ".spec.service", "" },
+	{ "Age", "date", ".metadata.creationTimestamp", "" },
+	{ NULL, NULL, NULL, NULL }
+};
+static const struct column secret_columns[] = {
+	{ "Type", "string", ".type", "" },
+	{ "Data", "integer", NULL, "" },
+	{ "Age", "date", ".metadata.creationTimestamp", "" },
+	{ NULL, NULL, NULL, NULL }
+};
+static const struct column namespace_columns[] = {
+	{ "Status", "string", ".status.phase", "" },
+	{ "Age", "date", ".metadata.creationTimestamp", "" },
+	{ NULL, NULL, NULL, NULL }
+};
+static const struct column default_columns[] = {
+	{ "Age", "date", ".metadata.creationTimestamp", "" },
+	{ NULL, NULL, NULL, NULL }
+};
+
+static const struct column *
+columns_of(const struct k8s_resource *r)
+{
+	if (strcmp(r->group, "divergedev.com") == 0 &&
+	    strcmp(r->kind, "AgentTask") == 0)
+		return agenttask_columns;
+	if (strcmp(r->group, "divergedev.com") == 0 &&
+	    strcmp(r->kind, "Environment") == 0)
+		return environment_columns;
+	if (r->group[0] == '\0' && strcmp(r->kind, "Secret") == 0)
+		return secret_columns;
+	if (r->group[0] == '\0' && strcmp(r->kind, "Namespace") == 0)
+		return namespace_columns;
+	return default_columns;
+}
+
+/* Which Table, if any, the Accept header asks for first. */
+static enum table_mode
+table_mode(const char *accept)
+{
+	char *copy, *save = NULL, *range;
+	enum table_mode mode = TABLE_NONE;
+
+	if (accept == NULL)
+		return TABLE_NONE;
+	copy = xstrdup(accept);
+	for (range = strtok_r(copy, ",", &save); range != NULL;
+	    range = strtok_r(NULL, ",", &save)) {
+		char *m = media_type(range);
+		int json = strcmp(m, MT_JSON) == 0 || strcmp(m, "*/*") == 0 ||
+		    strcmp(m, "application/*") == 0;
+
+		free(m);
+		if (!json)
+			continue;
+		if (strstr(range, "as=Table") != NULL &&
+		    strstr(range, "g=meta.k8s.io") != NULL) {
+			if (strstr(range, "v=v1beta1") != NULL)
+				mode = TABLE_V1BETA1;
+			else if (strstr(range, "v=v1") != NULL)
+				mode = TABLE_V1;
+			else
+				continue;
+			break;
+		}
+		if (strstr(range, "as=") == NULL)
+			break;	/* plain JSON comes first */
+	}
+	free(copy);
+	return mode;
+}
+
+static const char *
+table_ctype(enum table_mode mode)
+{
+	return mode == TABLE_V1BETA1 ?
+	    "application/json;as=Table;v=v1beta1;g=meta.k8s.io" :
+	    "application/json;as=Table;v=v1;g=meta.k8s.io";
+}
+
+static json_t *
+table_cell(const struct column *c, json_t *obj, int64_t now)
+{
+	json_t *v;
+	int64_t t;
+	char *s;
+
+	if (c->path == NULL) {
+		v = json_object_get(obj, "data");
+		return json_integer(json_is_object(v) ?
+		    (json_int_t)json_object_size(v) : 0);
+	}
+	v = json_path(obj, c->path);
+	if (v == NULL || json_is_null(v))
+		return json_null();
+	if (strcmp(c->type, "date") == 0) {
+		if (!json_is_string(v) ||
+		    parse_rfc3339(json_string_value(v), &t) < 0)
+			return json_string("<unknown>");
+		s = human_duration(now - t);
+		v = json_string(s);
+		free(s);
+		return v;
+	}
+	if (json_is_object(v) || json_is_array(v)) {
+		s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+		v = json_string(s != NULL ? s : "");
+		free(s);
+		return v;
+	}
+	return json_incref(v);
+}
+
+/*
+ * A meta.k8s.io Table of items (an array) with the kind's printer
+ * columns; row objects as include asks (PartialObjectMetadata by default).
+ */
+static json_t *
+table_json(const struct k8s_resource *r, enum table_mode mode,
+    enum include_mode include, const json_t *items, const char *rv)
+{
+	const char *av = mode == TABLE_V1BETA1 ? "meta.k8s.io/v1beta1" :
+	    "meta.k8s.io/v1";
+	const struct column *c, *cols = columns_of(r);
+	json_t *defs, *rows, *it, *cells, *row, *meta;
+	int64_t now = now_unix();
+	size_t i;
+
+	defs = json_array();
+	json_array_append_new(defs, json_pack("{s:s, s:s, s:s, s:s, s:i}",
+	    "name", "Name", "type", "string", "format", "name",
+	    "description", "Name must be unique within a namespace.",
+	    "priority", 0));
+	for (c = cols; c->name != NULL; c++)
+		json_array_append_new(defs, json_pack("{s:s, s:s, s:s, s:s, "
+		    "s:i}", "name", c->name, "type", c->type, "format", "",
+		    "description", c->desc, "priority", 0));
+	rows = json_array();
+	json_array_foreach(items, i, it) {
+		const char *name = k8s_meta_str(it, "name");
+
+		cells = json_array();
+		json_array_append_new(cells, json_string(name ? name : ""));
+		for (c = cols; c->name != NULL; c++)
+			json_array_append_new(cells, table_cell(c, it, now));
+		row = json_pack("{s:o}", "cells", cells);
+		if (include == INCLUDE_OBJECT) {
+			json_object_set(row, "object", it);
+		} else if (include == INCLUDE_METADATA) {
+			meta = json_object_get(it, "metadata");
+			json_object_set_new(row, "object", json_pack(
+			    "{s:s, s:s, s:O}", "kind", "PartialObjectMetadata",
+			    "apiVersion", av, "metadata", meta ? meta :
+			    json_object()));
+		}
+		json_array_append_new(rows, row);
+	}
+	return json_pack("{s:s, s:s, s:{s:s, s:s}, s:o, s:o}", "kind",
+	    "Table", "apiVersion", av, "metadata", "resourceVersion",
+	    rv != NULL ? rv : "", "continue", "", "columnDefinitions", defs,
+	    "rows", rows);
+}
+
+static enum include_mode
+include_mode(struct api_req *q)
+{
+	const char *v = query(q, "includeObject");
+
+	if (v == NULL)
+		return INCLUDE_METADATA;
+	if (strcmp(v, "None") == 0)
+		return INCLUDE_NONE;
+	if (strcmp(v, "Object") == 0)
+		return INCLUDE_OBJECT;
+	return INCLUDE_METADATA;
+}
+
+/* Answer obj (stolen): as a Table when asked, as JSON otherwise. */
+static void
+reply_object(struct api_req *q, int code, const struct k8s_resource *r,
+    json_t *obj, int single)
+{
+	enum table_mode mode = table_mode(header(q, "Accept"));
+	json_t *t, *items;
+	const char *rv;
+
+	if (mode == TABLE_NONE) {
+		reply_json(q, code, obj);
+		return;
+	}
+	if (single) {
+		items = json_pack("[O]", obj);
+		rv = k8s_meta_str(obj, "resourceVersion");
+	} else {
+		items = json_incref(json_object_get(obj, "items"));
+		rv = k8s_meta_str(obj, "resourceVersion");
+	}
+	t = table_json(r, mode, include_mode(q), items, rv);
+	json_decref(items);
+	json_decref(obj);
+	reply_json(q, code, t);
+	q->ctype = table_ctype(mode);
+}
+
+/* ---------------------------------------------- JSON Patch (RFC 6902) */
+
+/* Split a JSON pointer into unescaped tokens; -1 when malformed. */
+static int
+pointer_split(const char *ptr, char ***out, size_t *n_out)
+{
+	char **toks = NULL;
+	size_t n = 0;
+	const char *p = ptr, *e;
+
+	if (ptr[0] != '\0' && ptr[0] != '/')
+		return -1;
+	while (*p == '/') {
+		struct buf b;
+		const char *c;
+
+		p++;
+		e = strchr(p, '/');
+		if (e == NULL)
+			e = p + strlen(p);
+		buf_init(&b, 64 * 1024);
+		buf_add(&b, "", 0);
+		for (c = p; c < e; c++) {
+			if (*c == '~' && c + 1 < e && (c[1] == '0' ||
+			    c[1] == '1')) {
+				buf_add(&b, c[1] == '0' ? "~" : "/", 1);
+				c++;
+			} else if (*c == '~') {
+				buf_release(&b);
+				goto bad;
+			} else {
+				buf_add(&b, c, 1);
+			}
+		}
+		toks = xrealloc(toks, (n + 1) * sizeof(*toks));
+		toks[n++] = buf_detach(&b, NULL);
+		p = e;
+	}
+	*out = toks;
+	*n_out = n;
+	return 0;
+bad:
+	while (n > 0)
+		free(toks[--n]);
+	free(toks);
+	return -1;
+}
+
+static void
+pointer_free(char **toks, size_t n)
+{
+	while (n > 0)
+		free(toks[--n]);
+	free(toks);
+}
+
+/* An array index token: digits without a leading zero; -1 otherwise. */
+static int
+array_index(const char *tok, size_t *out)
+{
+	size_t i, v = 0;
+
+	if (tok[0] == '\0' || (tok[0] == '0' && tok[1] != '\0'))
+		return -1;
+	for (i = 0; tok[i] != '\0'; i++) {
+		if (tok[i] < '0' || tok[i] > '9' || v > 100000000)
+			return -1;
+		v = v * 10 + (size_t)(tok[i] - '0');
+	}
+	*out = v;
+	return 0;
+}
+
+/* The value at tokens [0, n) (borrowed), NULL when absent. */
+static json_t *
+pointer_get(json_t *doc, char **toks, size_t n)
+{
+	size_t i, idx;
+
+	for (i = 0; i < n && doc != NULL; i++) {
+		if (json_is_object(doc))
+			doc = json_object_get(doc, toks[i]);
+		else if (json_is_array(doc) &&
+		    array_index(toks[i], &idx) == 0)
+			doc = json_array_get(doc, idx);
+		else
+			doc = NULL;
+	}
+	return doc;
+}
+
+/* add (replace = 0) or replace (1) the value at toks with v (stolen). */
+static int
+pointer_put(json_t **doc, char **toks, size_t n, json_t *v, int replace)
+{
+	json_t *parent;
+	const char *last;
+	size_t idx;
+
+	if (n == 0) {
+		json_decref(*doc);
+		*doc = v;
+		return 0;
+	}
+	parent = pointer_get(*doc, toks, n - 1);
+	last = toks[n - 1];
+	if (json_is_object(parent)) {
+		if (replace && json_object_get(parent, last) == NULL)
+			goto bad;
+		return json_object_set_new(parent, last, v) == 0 ? 0 : -1;
+	}
+	if (json_is_array(parent)) {
+		if (!replace && strcmp(last, "-") == 0)
+			return json_array_append_new(parent, v) == 0 ? 0 : -1;
+		if (array_index(last, &idx) < 0)
+			goto bad;
+		if (replace && idx < json_array_size(parent))
+			return json_array_set_new(parent, idx, v) == 0 ? 0 : -1;
+		if (!replace && idx <= json_array_size(parent))
+			return json_array_insert_new(parent, idx, v) == 0 ?
+			    0 : -1;
+	}
+bad:
+	json_decref(v);
+	return -1;
+}
+
+static int
+pointer_remove(json_t *doc, char **toks, size_t n)
+{
+	json_t *parent;
+	size_t idx;
+
+	if (n == 0)
+		return -1;
+	parent = pointer_get(doc, toks, n - 1);
+	if (json_is_object(parent))
+		return json_object_del(parent, toks[n - 1]);
+	if (json_is_array(parent) && array_index(toks[n - 1], &idx) == 0)
+		return json_array_remove(parent, idx);
+	return -1;
+}
+
+/*
+ * Apply an RFC 6902 patch to *doc in place. K8S_EBADREQUEST for a
+ * malformed patch, K8S_EINVALID when an operation does not apply.
+ */
+static int
+json_patch_apply(json_t **doc, const json_t *patch, struct k8s_status *st)
+{
+	const json_t *op;
+	char **path = NULL, **from = NULL;
+	size_t i, np = 0, nf = 0;
+	int ret = -1;
+
+	if (!json_is_array(patch))
+		return k8s_status_set(st, K8S_EBADREQUEST, "json patch: the "
+		    "body must be an array of operations", NULL);
+	json_array_foreach(patch, i, op) {
+		const char *name, *ps, *fs;
+		json_t *value, *v;
+		char *msg;
+
+		name = json_string_value(json_object_get(op, "op"));
+		ps = json_string_value(json_object_get(op, "path"));
+		fs = json_string_value(json_object_get(op, "from"));
+		value = json_object_get(op, "value");
+		if (name == NULL || ps == NULL ||
+		    pointer_split(ps, &path, &np) < 0) {
+			ret = k8s_status_set(st, K8S_EBADREQUEST, "json patch: "
+			    "operation needs an op and a valid path", NULL);
+			goto out;
+		}
+		if ((strcmp(name, "move") == 0 || strcmp(name, "copy") == 0) &&
+		    (fs == NULL || pointer_split(fs, &from, &nf) < 0)) {
+			ret = k8s_status_set(st, K8S_EBADREQUEST, "json patch: "
+			    "move and copy need a valid from", NULL);
+			goto out;
+		}
+		if ((strcmp(name, "add") == 0 || strcmp(name, "replace") == 0 ||
+		    strcmp(name, "test") == 0) && value == NULL) {
+			ret = k8s_status_set(st, K8S_EBADREQUEST, "json patch: "
+			    "add, replace and test need a value", NULL);
+			goto out;
+		}
+		msg = NULL;
+		if (strcmp(name, "add") == 0) {
+			if (pointer_put(doc, path, np, json_deep_copy(value),
+			    0) < 0)
+				msg = xasprintf("add operation does not apply: "
+				    "doc is missing path: \"%s\"", ps);
+		} else if (strcmp(name, "remove") == 0) {
+			if (pointer_remove(*doc, path, np) < 0)
+				msg = xasprintf("remove operation does not "
+				    "apply: doc is missing path: \"%s\"", ps);
+		} else if (strcmp(name, "replace") == 0) {
+			if (pointer_put(doc, path, np, json_deep_copy(value),
+			    1) < 0)
+				msg = xasprintf("replace operation does not "
+				    "apply: doc is missing key: %s", ps);
+		} else if (strcmp(name, "test") == 0) {
+			v = pointer_get(*doc, path, np);
+			if (v == NULL || !json_equal(v, value))
+				msg = xasprintf("testing value %s failed", ps);
+		} else if (strcmp(name, "move") == 0 ||
+		    strcmp(name, "copy") == 0) {
+			size_t fl = strlen(fs);
+			int move = strcmp(name, "move") == 0;
+
+			v = pointer_get(*doc, from, nf);
+			if (v == NULL) {
+				msg = xasprintf("%s operation does not apply: "
+				    "doc is missing from path: %s", name, fs);
+			} else if (move && strncmp(ps, fs, fl) == 0 &&
+			    ps[fl] == '/') {
+				msg = xasprintf("move operation: %s is a "
+				    "child of %s", ps, fs);
+			} else {
+				v = json_deep_copy(v);
+				if (move && pointer_remove(*doc, from,
+				    nf) < 0) {
+					json_decref(v);
+					v = NULL;
+				}
+				if (v == NULL || pointer_put(doc, path, np, v,
+				    0) < 0)
+					msg = xasprintf("%s operation does not "
+					    "apply: %s", name, ps);
+			}
+		} else {
+			msg = xasprintf("unexpected kind: %s", name);
+			ret = k8s_status_set(st, K8S_EBADREQUEST, msg, NULL);
+			free(msg);
+			goto out;
+		}
+		if (msg != NULL) {
+			ret = k8s_status_set(st, K8S_EINVALID, msg, NULL);
+			free(msg);
+			goto out;
+		}
+		pointer_free(path, np);
+		pointer_free(from, nf);
+		path = from = NULL;
+		np = nf = 0;
+	}
+	ret = 0;
+out:
+	pointer_free(path, np);
+	pointer_free(from, nf);
+	return ret;
+}
+
+/* ------------------------------------------------------------ objects */
+
+static int
+dry_run_refused(struct api_req *q)
+{
+	const char *v = query(q, "dryRun");
+
+	if (v == NULL || v[0] == '\0')
+		return 0;
+	reply_err(q, K8S_EBADREQUEST, 400, "BadRequest", "dryRun=%s is not "
+	    "supported by this server", v);
+	return 1;
+}
+
+/* The request body as JSON (any type) into *out. */
+static int
+body_json(struct api_req *q, json_t **out, struct k8s_status *st)
+{
+	char *m = media_type(header(q, "Content-Type"));
+	json_error_t e;
+	json_t *j;
+	int ret = -1;
+
+	if (strstr(m, "protobuf") != NULL || strstr(m, "yaml") != NULL ||
+	    strstr(m, "cbor") != NULL) {
+		ret = k8s_status_set(st, K8S_EUNSUPPORTED, "the body of the "
+		    "request was in an unknown format - accepted media types "
+		    "include: application/json", NULL);
+		goto out;
+	}
+	if (q->body.len == 0) {
+		ret = k8s_status_set(st, K8S_EBADREQUEST, "the body of the "
+		    "request is empty", NULL);
+		goto out;
+	}
+	j = json_loadb(q->body.data, q->body.len, JSON_DECODE_ANY, &e);
+	if (j == NULL) {
+		char *msg = xasprintf("the body of the request is not valid "
+		    "JSON: %s (line %d, column %d)", e.text, e.line, e.column);
+
+		ret = k8s_status_set(st, K8S_EBADREQUEST, msg, NULL);
+		free(msg);
+		goto out;
+	}
+	*out = j;
+	ret = 0;
+out:
+	free(m);
+	return ret;
+}
+
+/* The body of a create or replace: one object of the path's kind. */
+static int
+body_object(struct api_req *q, const struct target *t, int update,
+    json_t **out, struct k8s_status *st)
+{
+	json_t *obj = NULL, *meta;
+	const char *av, *kind, *ns, *name;
+	char *msg = NULL;
+	int ret;
+
+	ret = body_json(q, &obj, st);
+	if (ret < 0)
+		goto out;
+	ret = -1;
+	if (!json_is_object(obj)) {
+		ret = k8s_status_set(st, K8S_EBADREQUEST, "the body of the "
+		    "request must be a JSON object", NULL);
+		goto out;
+	}
+	av = json_string_value(json_object_get(obj, "apiVersion"));
+	kind = json_string_value(json_object_get(obj, "kind"));
+	if (av != NULL && strcmp(av, k8s_api_version(t->r)) != 0)
+		msg = xasprintf("the API version in the data (%s) does not "
+		    "match the expected API version (%s)", av,
+		    k8s_api_version(t->r));
+	else if (kind != NULL && strcmp(kind, t->r->kind) != 0)
+		msg = xasprintf("the kind in the data (%s) does not match the "
+		    "expected kind (%s)", kind, t->r->kind);
+	if (msg != NULL) {
+		ret = k8s_status_set(st, K8S_EBADREQUEST, msg, NULL);
+		goto out;
+	}
+	ensure_typed(obj, t->r);
+	meta = json_object_get(obj, "metadata");
+	if (meta == NULL) {
+		meta = json_object();
+		json_object_set_new(obj, "metadata", meta);
+	}
+	if (!json_is_object(meta)) {
+		ret = k8s_status_set(st, K8S_EBADREQUEST, "metadata must be "
+		    "an object", NULL);
+		goto out;
+	}
+	ns = json_string_value(json_object_get(meta, "namespace"));
+	if (t->r->namespaced && ns != NULL && ns[0] != '\0' &&
+	    t->ns != NULL && strcmp(ns, t->ns) != 0) {
+		ret = k8s_status_set(st, K8S_EBADREQUEST, "the namespace of "
+		    "the provided object does not match the namespace sent on "
+		    "the request", NULL);
+		goto out;
+	}
+	name = json_string_value(json_object_get(meta, "name"));
+	if (update && name != NULL && name[0] != '\0' &&
+	    strcmp(name, t->name) != 0) {
+		msg = xasprintf("the name of the object (%s) does not match "
+		    "the name on the URL (%s)", name, t->name);
+		ret = k8s_status_set(st, K8S_EBADREQUEST, msg, NULL);
+		goto out;
+	}
+	if (update && (name == NULL || name[0] == '\0'))
+		json_object_set_new(meta, "name", json_string(t->name));
+	*out = obj;
+	obj = NULL;	/* now the caller's */
+	ret = 0;
+out:
+	json_decref(obj);
+	free(msg);
+	return ret;
+}
+
+static int
+is_secret(const struct k8s_resource *r)
+{
+	return r->group[0] == '\0' && strcmp(r->kind, "Secret") == 0;
+}
+
+/* Secrets: stringData is folded into data (base64), as the API does. */
+static void
+secret_fold(json_t *obj)
+{
+	json_t *sd = json_object_get(obj, "stringData"), *data, *v;
+	const char *k;
+	char *b64;
+
+	if (sd == NULL)
+		return;
+	if (json_is_object(sd) && json_object_size(sd) > 0) {
+		data = json_object_get(obj, "data");
+		if (!json_is_object(data)) {
+			data = json_object();
+			json_object_set_new(obj, "data", data);
+		}
+		json_object_foreach(sd, k, v) {
+			if (!json_is_string(v))
+				continue;
+			b64 = base64_encode((const unsigned char *)
+			    json_string_value(v), json_string_length(v), 0, 1);
+			json_object_set_new(data, k, json_string(b64));
+			free(b64);
+		}
+	}
+	json_object_del(obj, "stringData");
+}
+
+static int
+check_selectors(struct api_req *q, const struct target *t,
+    struct k8s_list_opts *opts, char **fsel, struct k8s_status *st)
+{
+	const char *ls = query(q, "labelSelector");
+	const char *fs = query(q, "fieldSelector");
+	struct k8s_selector *sel = NULL;
+	char *cause = NULL, *msg;
+	int ret = -1;
+
+	memset(opts, 0, sizeof(*opts));
+	*fsel = NULL;
+	if (ls != NULL && ls[0] != '\0') {
+		if (k8s_selector_parse(ls, &sel, &cause) < 0)
+			goto bad;
+		k8s_selector_free(sel);
+		sel = NULL;
+		opts->label_selector = ls;
+	}
+	if (t->name != NULL) {
+		*fsel = fs != NULL && fs[0] != '\0' ?
+		    xasprintf("metadata.name=%s,%s", t->name, fs) :
+		    xasprintf("metadata.name=%s", t->name);
+		fs = *fsel;
+	}
+	if (fs != NULL && fs[0] != '\0') {
+		if (k8s_fieldsel_parse(fs, &sel, &cause) < 0)
+			goto bad;
+		k8s_selector_free(sel);
+		sel = NULL;
+		opts->field_selector = fs;
+	}
+	return 0;
+bad:
+	msg = xasprintf("unable to parse selector: %s",
+	    cause != NULL ? cause : "syntax error");
+	ret = k8s_status_set(st, K8S_EBADREQUEST, msg, NULL);
+	free(msg);
+	free(cause);
+	free(*fsel);
+	*fsel = NULL;
+	return ret;
+}
+
+static void
+do_list(struct api_req *q, const struct target *t)
+{
+	struct k8s_list_opts opts;
+	struct k8s_status st;
+	json_t *list = NULL;
+	char *fsel = NULL;
+
+	memset(&st, 0, sizeof(st));
+	if (check_selectors(q, t, &opts, &fsel, &st) < 0 ||
+	    k8s_list(q->srv->api, t->r, t->ns, &opts, &list, &st) < 0) {
+		reply_st(q, &st);
+		goto out;
+	}
+	ensure_typed_list(list, t->r);
+	reply_object(q, 200, t->r, list, 0);
+out:
+	free(fsel);
+	k8s_status_release(&st);
+}
+
+static void
+do_get(struct api_req *q, const struct target *t)
+{
+	struct k8s_status st;
+	json_t *obj = NULL;
+
+	memset(&st, 0, sizeof(st));
+	if (k8s_get(q->srv->api, t->r, t->ns, t->name, &obj, &st) < 0) {
+		reply_st(q, &st);
+	} else {
+		ensure_typed(obj, t->r);
+		reply_object(q, 200, t->r, obj, 1);
+	}
+	k8s_status_release(&st);
+}
+
+static void
+do_create(struct api_req *q, const struct target *t)
+{
+	struct k8s_status st;
+	json_t *obj = NULL, *created = NULL;
+
+	memset(&st, 0, sizeof(st));
+	if (t->r->namespaced && t->ns == NULL) {
+		reply_method(q);
+		goto out;
+	}
+	if (dry_run_refused(q))
+		goto out;
+	if (body_object(q, t, 0, &obj, &st) < 0)
+		goto fail;
+	if (is_secret(t->r))
+		secret_fold(obj);
+	if (check_fields(q, t, obj, &st) < 0 ||
+	    k8s_create(q->srv->api, t->r, t->ns, obj, &created, &st) < 0)
+		goto fail;
+	ensure_typed(created, t->r);
+	reply_json(q, 201, created);
+	goto out;
+fail:
+	reply_st(q, &st);
+out:
+	json_decref(obj);
+	k8s_status_release(&st);
+}
+
+static void
+do_update(struct api_req *q, const struct target *t)
+{
+	struct k8s_status st;
+	json_t *obj = NULL, *updated = NULL;
+	int rc;
+
+	memset(&st, 0, sizeof(st));
+	if (dry_run_refused(q))
+		goto out;
+	if (body_object(q, t, 1, &obj, &st) < 0)
+		goto fail;
+	if (is_secret(t->r))
+		secret_fold(obj);
+	if (check_fields(q, t, obj, &st) < 0)
+		goto fail;
+	if (t->status)
+		rc = k8s_update_status(q->srv->api, t->r, t->ns, t->name, obj,
+		    &updated, &st);
+	else
+		rc = k8s_update(q->srv->api, t->r, t->ns, t->name, obj,
+		    &updated, &st);
+	if (rc < 0)
+		goto fail;
+	ensure_typed(updated, t->r);
+	reply_json(q, 200, updated);
+	goto out;
+fail:
+	reply_st(q, &st);
+out:
+	json_decref(obj);
+	k8s_status_release(&st);
+}
+
+/*
+ * Strategic merge patches of built-in kinds are applied as merge patches:
+ * ordering directives are dropped, others refused. Secrets and
+ * NetworkPolicies have no list that merges by key, so the result is the
+ * same for what kubectl sends them.
+ */
+static int
+strip_directives(json_t *v, struct k8s_status *st)
+{
+	const char *key;
+	json_t *val;
+	void *tmp;
+	size_t i;
+	char *msg;
+
+	if (json_is_array(v)) {
+		json_array_foreach(v, i, val)
+			if (strip_directives(val, st) < 0)
+				return -1;
+		return 0;
+	}
+	if (!json_is_object(v))
+		return 0;
+	json_object_foreach_safe(v, tmp, key, val) {
+		if (key[0] == '$') {
+			if (strncmp(key, "$setElementOrder/", 17) == 0 ||
+			    strcmp(key, "$retainKeys") == 0) {
+				json_object_del(v, key);
+				continue;
+			}
+			msg = xasprintf("strategic merge patch directive '%s' "
+			    "is not supported: use a merge patch", key);
+			k8s_status_set(st, K8S_EUNSUPPORTED, msg, NULL);
+			free(msg);
+			return -1;
+		}
+		if (strip_directives(val, st) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/*
+ * Patch by reading the object, patching it here and writing it back with
+ * the resourceVersion read, again on a conflict unless the patch itself
+ * set the resourceVersion (a precondition of the client's).
+ */
+static int
+patch_locally(struct api_req *q, const struct target *t,
+    enum patch_kind kind, const json_t *patch, json_t **out,
+    struct k8s_status *st)
+{
+	struct k8s_api *api = q->srv->api;
+	json_t *cur = NULL, *doc = NULL;
+	const char *name, *nrv;
+	char *rv = NULL, *msg;
+	int attempt, rc = -1;
+
+	for (attempt = 0; attempt <= PATCH_RETRIES; attempt++) {
+		json_decref(cur);
+		json_decref(doc);
+		free(rv);
+		cur = doc = NULL;
+		rv = NULL;
+		if (attempt > 0) {
+			k8s_status_release(st);
+			memset(st, 0, sizeof(*st));
+		}
+		rc = k8s_get(api, t->r, t->ns, t->name, &cur, st);
+		if (rc < 0)
+			goto out;
+		rv = xstrdup(k8s_meta_str(cur, "resourceVersion") ?
+		    k8s_meta_str(cur, "resourceVersion") : "");
+		if (kind == PATCH_JSON) {
+			doc = json_deep_copy(cur);
+			rc = json_patch_apply(&doc, patch, st);
+			if (rc < 0)
+				goto out;
+		} else {
+			doc = k8s_merge_patch(cur, patch);
+		}
+		if (!json_is_object(doc) ||
+		    !json_is_object(json_object_get(doc, "metadata"))) {
+			rc = k8s_status_set(st, K8S_EINVALID, "the patched "
+			    "object is not an object with metadata", NULL);
+			goto out;
+		}
+		name = k8s_meta_str(doc, "name");
+		if (name == NULL || strcmp(name, t->name) != 0) {
+			msg = xasprintf("metadata.name: Invalid value: \"%s\": "
+			    "field is immutable", name ? name : "");
+			rc = k8s_status_set(st, K8S_EINVALID, msg, NULL);
+			free(msg);
+			goto out;
+		}
+		if (kind == PATCH_JSON && attempt == 0) {
+			rc = check_fields(q, t, doc, st);
+			if (rc < 0)
+				goto out;
+		}
+		if (is_secret(t->r))
+			secret_fold(doc);
+		if (t->status)
+			rc = k8s_update_status(api, t->r, t->ns, t->name, doc,
+			    out, st);
+		else
+			rc = k8s_update(api, t->r, t->ns, t->name, doc, out,
+			    st);
+		if (rc != K8S_ECONFLICT)
+			goto out;
+		nrv = k8s_meta_str(doc, "resourceVersion");
+		if (nrv == NULL || strcmp(nrv, rv) != 0)
+			goto out;
+	}
+out:
+	json_decref(cur);
+	json_decref(doc);
+	free(rv);
+	return rc;
+}
+
+static void
+do_patch(struct api_req *q, const struct target *t)
+{
+	struct k8s_status st;
+	json_t *patch = NULL, *patched = NULL;
+	char *m = media_type(header(q, "Content-Type"));
+	enum patch_kind kind;
+	int rc;
+
+	memset(&st, 0, sizeof(st));
+	if (strcmp(m, MT_MERGE) == 0) {
+		kind = PATCH_MERGE;
+	} else if (strcmp(m, MT_JSONPATCH) == 0) {
+		kind = PATCH_JSON;
+	} else if (strcmp(m, MT_STRATEGIC) == 0 && is_builtin(t->r)) {
+		kind = PATCH_STRATEGIC;
+	} else if (strcmp(m, MT_APPLY) == 0 ||
+	    strcmp(m, "application/apply-patch+cbor") == 0) {
+		reply_err(q, K8S_EUNSUPPORTED, 415, "UnsupportedMediaType",
+		    "server-side apply is not supported by this server: use "
+		    "client-side apply (kubectl apply without --server-side)");
+		goto out;
+	} else {
+		reply_err(q, K8S_EUNSUPPORTED, 415, "UnsupportedMediaType",
+		    "the body of the request was in an unknown format - "
+		    "accepted media types include: %s%s, %s, %s",
+		    is_builtin(t->r) ? MT_STRATEGIC ", " : "", MT_JSONPATCH,
+		    MT_MERGE, MT_APPLY);
+		goto out;
+	}
+	if (dry_run_refused(q))
+		goto out;
+	if (body_json(q, &patch, &st) < 0)
+		goto fail;
+	if (kind != PATCH_JSON && !json_is_object(patch)) {
+		k8s_status_set(&st, K8S_EBADREQUEST, "a merge patch must be a "
+		    "JSON object", NULL);
+		goto fail;
+	}
+	if (kind == PATCH_STRATEGIC && strip_directives(patch, &st) < 0) {
+		reply_err(q, K8S_EUNSUPPORTED, 415, "UnsupportedMediaType",
+		    "%s", st.message ? st.message : "unsupported directive");
+		goto out;
+	}
+	if (kind != PATCH_JSON && check_fields(q, t, patch, &st) < 0)
+		goto fail;
+	if (kind == PATCH_JSON || (is_secret(t->r) &&
+	    json_object_get(patch, "stringData") != NULL))
+		rc = patch_locally(q, t, kind, patch, &patched, &st);
+	else
+		rc = k8s_patch(q->srv->api, t->r, t->ns, t->name, t->status,
+		    patch, &patched, &st);
+	if (rc < 0)
+		goto fail;
+	ensure_typed(patched, t->r);
+	reply_json(q, 200, patched);
+	goto out;
+fail:
+	reply_st(q, &st);
+out:
+	free(m);
+	json_decref(patch);
+	k8s_status_release(&st);
+}
+
+/* DeleteOptions.preconditions: uid and resourceVersion must match. */
+static int
+check_preconditions(struct api_req *q, const struct target *t,
+    const json_t *pre, struct k8s_status *st)
+{
+	const char *uid = json_string_value(json_object_get(pre, "uid"));
+	const char *rv = json_string_value(json_object_get(pre,
+	    "resourceVersion"));
+	const char *have;
+	json_t *cur = NULL;
+	char *msg = NULL;
+	int ret;
+
+	if (uid == NULL && rv == NULL)
+		return 0;
+	ret = k8s_get(q->srv->api, t->r, t->ns, t->name, &cur, st);
+	if (ret < 0)
+		goto out;
+	have = k8s_meta_str(cur, "uid");
+	if (uid != NULL && (have == NULL || strcmp(uid, have) != 0))
+		msg = xasprintf("Precondition failed: UID in precondition: %s, "
+		    "UID in object meta: %s", uid, have ? have : "");
+	have = k8s_meta_str(cur, "resourceVersion");
+	if (msg == NULL && rv != NULL && (have == NULL ||
+	    strcmp(rv, have) != 0))
+		msg = xasprintf("Precondition failed: ResourceVersion in "
+		    "precondition: %s, ResourceVersion in object meta: %s",
+		    rv, have ? have : "");
+	if (msg != NULL)
+		ret = k8s_status_set(st, K8S_ECONFLICT, msg, json_pack(
+		    "{s:s, s:s, s:s}", "name", t->name, "group", t->r->group,
+		    "kind", t->r->plural));
+out:
+	json_decref(cur);
+	free(msg);
+	return ret;
+}
+
+static void
+do_delete(struct api_req *q, const struct target *t)
+{
+	struct k8s_status st;
+	json_t *opts = NULL, *gone = NULL;
+
+	memset(&st, 0, sizeof(st));
+	if (dry_run_refused(q))
+		goto out;
+	if (q->body.len > 0) {
+		if (body_json(q, &opts, &st) < 0)
+			goto fail;
+		if (check_preconditions(q, t, json_object_get(opts,
+		    "preconditions"), &st) < 0)
+			goto fail;
+	}
+	if (k8s_delete(q->srv->api, t->r, t->ns, t->name, &gone, &st) < 0)
+		goto fail;
+	if (gone != NULL) {
+		ensure_typed(gone, t->r);
+		reply_json(q, 200, gone);
+	} else {
+		reply_json(q, 200, json_pack("{s:s, s:s, s:{}, s:s, s:{s:s, "
+		    "s:s, s:s}}", "kind", "Status", "apiVersion", "v1",
+		    "metadata", "status", "Success", "details", "name",
+		    t->name, "group", t->r->group, "kind", t->r->plural));
+	}
+	goto out;
+fail:
+	reply_st(q, &st);
+out:
+	json_decref(opts);
+	k8s_status_release(&st);
+}
+
+static void
+do_delete_collection(struct api_req *q, const struct target *t)
+{
+	struct k8s_list_opts opts;
+	struct k8s_status st;
+	json_t *list = NULL, *it, *gone;
+	char *fsel = NULL;
+	size_t i;
+
+	memset(&st, 0, sizeof(st));
+	if (t->r->namespaced && t->ns == NULL) {
+		reply_method(q);
+		goto out;
+	}
+	if (dry_run_refused(q))
+		goto out;
+	if (check_selectors(q, t, &opts, &fsel, &st) < 0 ||
+	    k8s_list(q->srv->api, t->r, t->ns, &opts, &list, &st) < 0)
+		goto fail;
+	ensure_typed_list(list, t->r);
+	json_array_foreach(json_object_get(list, "items"), i, it) {
+		const char *name = k8s_meta_str(it, "name");
+
+		gone = NULL;
+		if (name == NULL)
+			continue;
+		if (k8s_delete(q->srv->api, t->r, t->ns, name, &gone,
+		    &st) < 0 && st.err != K8S_ENOTFOUND)
+			goto fail;
+		k8s_status_release(&st);
+		memset(&st, 0, sizeof(st));
+		if (gone != NULL) {
+			ensure_typed(gone, t->r);
+			json_array_set_new(json_object_get(list, "items"), i,
+			    gone);
+		}
+	}
+	reply_json(q, 200, list);
+	list = NULL;	/* now the reply's */
+	goto out;
+fail:
+	reply_st(q, &st);
+out:
+	json_decref(list);
+	free(fsel);
+	k8s_status_release(&st);
+}
+
+/* -------------------------------------------------------------- watch */
+
+static int
+peer_gone(int fd)
+{
+	struct pollfd p;
+	char c;
+	ssize_t n;
+
+	if (fd < 0)
+		return 0;
+	p.fd = fd;
+	p.events = POLLIN;
+	p.revents = 0;
+	if (poll(&p, 1, 0) <= 0)
+		return 0;
+	if (p.revents & (POLLHUP | POLLERR | POLLNVAL))
+		return 1;
+	if (p.revents & POLLIN) {
+		n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+		if (n == 0)
+			return 1;
+		if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+		    errno != EINTR)
+			return 1;
+	}
+	return 0;
+}
+
+/* Queue one event line; obj is borrowed. */
+static void
+stream_event(struct watch_stream *ws, const char *type, json_t *obj)
+{
+	json_t *ev, *o, *items;
+	char *text;
+
+	if (ws->table != TABLE_NONE && strcmp(type, "ERROR") != 0 &&
+	    strcmp(type, "BOOKMARK") != 0) {
+		items = json_pack("[O]", obj);
+		o = table_json(ws->r, ws->table, ws->include, items,
+		    k8s_meta_str(obj, "resourceVersion"));
+		json_decref(items);
+	} else {
+		o = json_incref(obj);
+	}
+	ev = json_pack("{s:s, s:o}", "type", type, "object", o);
+	text = json_dumps(ev, JSON_COMPACT);
+	if (text == NULL || buf_add(&ws->out, text, strlen(text)) < 0 ||
+	    buf_add(&ws->out, "\n", 1) < 0)
+		ws->done = 1;
+	free(text);
+	json_decref(ev);
+	ws->last_send_ms = now_mono_ms();
+}
+
+static void
+stream_bookmark(struct watch_stream *ws)
+{
+	char rv[32];
+	json_t *o;
+
+	snprintf(rv, sizeof(rv), "%lld", (long long)ws->rv);
+	o = json_pack("{s:s, s:s, s:{s:s}}", "kind", ws->r->kind,
+	    "apiVersion", k8s_api_version(ws->r), "metadata",
+	    "resourceVersion", rv);
+	stream_event(ws, "BOOKMARK", o);
+	json_decref(o);
+}
+
+/* Wait a slice for the next event and queue what it gives. */
+static void
+watch_step(struct watch_stream *ws)
+{
+	struct k8s_event ev;
+	struct k8s_status st;
+	int64_t now = now_mono_ms(), left, rv;
+	json_t *sj;
+	int rc;
+
+	if (stopping(ws->srv) || now >= ws->deadline_ms ||
+	    peer_gone(ws->fd)) {
+		ws->done = 1;
+		return;
+	}
+	left = ws->deadline_ms - now;
+	memset(&ev, 0, sizeof(ev));
+	memset(&st, 0, sizeof(st));
+	rc = k8s_watch_next(ws->w, left < WATCH_SLICE_MS ? (int)left :
+	    WATCH_SLICE_MS, &ev, &st);
+	if (rc > 0) {
+		rv = ev.rv > 0 ? ev.rv : k8s_resource_version(ev.object);
+		if (ev.type == K8S_ERROR) {
+			stream_event(ws, "ERROR", ev.object);
+			ws->done = 1;
+		} else if (ev.type == K8S_BOOKMARK) {
+			if (ws->bookmarks && rv > 0) {
+				if (rv > ws->rv)
+					ws->rv = rv;
+				stream_bookmark(ws);
+			}
+		} else if (ev.object != NULL) {
+			ensure_typed(ev.object, ws->r);
+			stream_event(ws, k8s_event_type_name(ev.type),
+			    ev.object);
+		}
+		if (rv > ws->rv)
+			ws->rv = rv;
+		json_decref(ev.object);
+	} else if (rc == 0) {
+		if (ws->bookmarks && ws->rv > 0 &&
+		    now_mono_ms() - ws->last_send_ms >= WATCH_BOOKMARK_MS)
+			stream_bookmark(ws);
+	} else {
+		sj = k8s_status_json(&st);
+		stream_event(ws, "ERROR", sj);
+		json_decref(sj);
+		ws->done = 1;
+	}
+	k8s_status_release(&st);
+}
+
+static ssize_t
+watch_read(void *cls, uint64_t pos, char *out, size_t max)
+{
+	struct watch_stream *ws = cls;
+	size_t n;
+
+	(void)pos;
+	for (;;) {
+		if (ws->off < ws->out.len) {
+			n = ws->out.len - ws->off;
+			if (n > max)
+				n = max;
+			memcpy(out, ws->out.data + ws->off, n);
+			ws->off += n;
+			if (ws->off == ws->out.len) {
+				buf_reset(&ws->out);
+				ws->off = 0;
+			}
+			return (ssize_t)n;
+		}
+		if (ws->done)
+			return MHD_CONTENT_READER_END_OF_STREAM;
+		watch_step(ws);
+	}
+}
+
+static void
+watch_free(void *cls)
+{
+	struct watch_stream *ws = cls;
+
+	if (ws == NULL)
+		return;
+	if (ws->w != NULL)
+		k8s_watch_free(ws->w);
+	buf_release(&ws->out);
+	free(ws);
+}
+
+static void
+do_watch(struct api_req *q, const struct target *t)
+{
+	const union MHD_ConnectionInfo *ci;
+	struct k8s_list_opts opts;
+	struct k8s_status st;
+	struct watch_stream *ws;
+	struct k8s_watch *w = NULL;
+	const char *v;
+	char *fsel = NULL, *end;
+	long long secs = 0, rv;
+	unsigned int jitter = 0;
+	json_t *sj;
+	int rc;
+
+	memset(&st, 0, sizeof(st));
+	if (check_selectors(q, t, &opts, &fsel, &st) < 0) {
+		reply_st(q, &st);
+		goto out;
+	}
+	v = query(q, "resourceVersion");
+	opts.resource_version = v != NULL && v[0] != '\0' ? v : NULL;
+	v = query(q, "timeoutSeconds");
+	if (v != NULL && v[0] != '\0') {
+		errno = 0;
+		secs = strtoll(v, &end, 10);
+		if (errno != 0 || *end != '\0' || secs < 0) {
+			reply_err(q, K8S_EBADREQUEST, 400, "BadRequest",
+			    "timeoutSeconds: invalid value '%s'", v);
+			goto out;
+		}
+	}
+	rc = k8s_watch(q->srv->api, t->r, t->ns, &opts, &w, &st);
+	if (rc < 0 && rc != K8S_EGONE) {
+		reply_st(q, &st);
+		goto out;
+	}
+	ws = xcalloc(1, sizeof(*ws));
+	ws->srv = q->srv;
+	ws->w = rc < 0 ? NULL : w;
+	ws->r = t->r;
+	ws->table = table_mode(header(q, "Accept"));
+	ws->include = include_mode(q);
+	ws->bookmarks = query_bool(q, "allowWatchBookmarks");
+	ws->last_send_ms = now_mono_ms();
+	buf_init(&ws->out, API_MAX_PENDING);
+	ci = MHD_get_connection_info(q->conn,
+	    MHD_CONNECTION_INFO_CONNECTION_FD);
+	ws->fd = ci != NULL ? (int)ci->connect_fd : -1;
+	if (secs == 0) {
+		/* like the apiserver: spread reconnects over time */
+		if (random_bytes(&jitter, sizeof(jitter)) < 0)
+			jitter = 0;
+		secs = WATCH_DEFAULT_S + jitter % (WATCH_DEFAULT_S / 10);
+	}
+	ws->deadline_ms = now_mono_ms() + secs * 1000;
+	if (opts.resource_version != NULL) {
+		rv = strtoll(opts.resource_version, &end, 10);
+		if (*end == '\0' && rv > 0)
+			ws->rv = rv;
+	}
+	if (rc == K8S_EGONE) {
+		/* the apiserver's way: 200, one ERROR event, the end */
+		sj = k8s_status_json(&st);
+		stream_event(ws, "ERROR", sj);
+		json_decref(sj);
+		ws->done = 1;
+	}
+	q->stream = ws;
+	q->code = 200;
+	q->ctype = ws->table != TABLE_NONE ? table_ctype(ws->table) : MT_JSON;
+	/* a quiet watch is not an idle connection */
+	MHD_set_connection_option(q->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+out:
+	free(fsel);
+	k8s_status_release(&st);
+}
+
+/* --------------------------------------------------------- namespaces */
+
+static json_t *
+namespace_stub(const char *name)
+{
+	return json_pack("{s:s, s:s, s:{s:s}, s:{s:[s]}, s:{s:s}}",
+	    "apiVersion", "v1", "kind", "Namespace", "metadata", "name", name,
+	    "spec", "finalizers", "kubernetes", "status", "phase", "Active");
+}
+
+static int
+cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Every namespace that holds an object, and default. */
+static void
+do_namespace_list(struct api_req *q)
+{
+	const struct k8s_resource *const *rp;
+	struct k8s_list_opts opts;
+	struct k8s_status st;
+	json_t *set = json_object(), *list, *items, *it, *v;
+	const char **names = NULL, *key;
+	size_t i, n = 0;
+
+	memset(&opts, 0, sizeof(opts));
+	json_object_set_new(set, "default", json_true());
+	for (rp = k8s_resources; *rp != NULL; rp++) {
+		if (!(*rp)->namespaced)
+			continue;
+		memset(&st, 0, sizeof(st));
+		list = NULL;
+		if (k8s_list(q->srv->api, *rp, NULL, &opts, &list, &st) < 0) {
+			reply_st(q, &st);
+			k8s_status_release(&st);
+			json_decref(set);
+			return;
+		}
+		json_array_foreach(json_object_get(list, "items"), i, it) {
+			const char *ns = k8s_meta_str(it, "namespace");
+
+			if (ns != NULL)
+				json_object_set_new(set, ns, json_true());
+		}
+		json_decref(list);
+		k8s_status_release(&st);
+	}
+	names = xcalloc(json_object_size(set), sizeof(*names));
+	json_object_foreach(set, key, v)
+		names[n++] = key;
+	qsort(names, n, sizeof(*names), cmp_str);
+	items = json_array();
+	for (i = 0; i < n; i++)
+		json_array_append_new(items, namespace_stub(names[i]));
+	free(names);
+	json_decref(set);
+	reply_object(q, 200, &namespace_resource, json_pack("{s:s, s:s, "
+	    "s:{s:s}, s:o}", "kind", "NamespaceList", "apiVersion", "v1",
+	    "metadata", "resourceVersion", "", "items", items), 0);
+}
+
+static void
+do_namespace(struct api_req *q, const char *name)
+{
+	if (strcmp(q->method, "GET") != 0) {
+		reply_method(q);
+		return;
+	}
+	if (!dns_label(name)) {
+		reply_err(q, K8S_ENOTFOUND, 404, "NotFound",
+		    "namespaces \"%s\" not found", name);
+		return;
+	}
+	reply_object(q, 200, &namespace_resource, namespace_stub(name), 1);
+}
+
+/* ------------------------------------------------------------ routing */
+
+static void
+route_objects(struct api_req *q, const char *group, const char *version,
+    char **seg, size_t n)
+{
+	struct target t;
+	const char *m = q->method;
+	size_t i = 0;
+
+	memset(&t, 0, sizeof(t));
+	if (group[0] == '\0' && n == 1 && strcmp(seg[0], "namespaces") == 0) {
+		if (strcmp(m, "GET") != 0)
+			reply_method(q);
+		else
+			do_namespace_list(q);
+		return;
+	}
+	if (group[0] == '\0' && n == 2 && strcmp(seg[0], "namespaces") == 0) {
+		do_namespace(q, seg[1]);
+		return;
+	}
+	if (n >= 3 && strcmp(seg[0], "namespaces") == 0) {
+		t.ns = seg[1];
+		i = 2;
+	}
+	if (n - i < 1 || n - i > 3) {
+		reply_notfound(q);
+		return;
+	}
+	t.r = k8s_resource_find(group, version, seg[i]);
+	if (t.r == NULL || (t.ns != NULL && !t.r->namespaced) ||
+	    (t.ns == NULL && t.r->namespaced && n - i > 1)) {
+		reply_notfound(q);
+		return;
+	}
+	if (n - i >= 2)
+		t.name = seg[i + 1];
+	if (n - i == 3) {
+		if (strcmp(seg[i + 2], "status") != 0 || !t.r->has_status) {
+			reply_notfound(q);
+			return;
+		}
+		t.status = 1;
+	}
+	if (t.ns != NULL && !dns_label(t.ns)) {
+		reply_err(q, K8S_ENOTFOUND, 404, "NotFound",
+		    "namespaces \"%s\" not found", t.ns);
+		return;
+	}
+	if (t.name == NULL) {
+		if (strcmp(m, "GET") == 0 && query_bool(q, "watch"))
+			do_watch(q, &t);
+		else if (strcmp(m, "GET") == 0)
+			do_list(q, &t);
+		else if (strcmp(m, "POST") == 0)
+			do_create(q, &t);
+		else if (strcmp(m, "DELETE") == 0)
+			do_delete_collection(q, &t);
+		else
+			reply_method(q);
+	} else if (strcmp(m, "GET") == 0) {
+		if (!t.status && query_bool(q, "watch"))
+			do_watch(q, &t);
+		else
+			do_get(q, &t);
+	} else if (strcmp(m, "PUT") == 0) {
+		do_update(q, &t);
+	} else if (strcmp(m, "PATCH") == 0) {
+		do_patch(q, &t);
+	} else if (strcmp(m, "DELETE") == 0 && !t.status) {
+		do_delete(q, &t);
+	} else {
+		reply_method(q);
+	}
+}
+
+static json_t *
+root_paths(void)
+{
+	const struct k8s_resource *const *rp;
+	json_t *paths = json_array(), *seen = json_object();
+	char *p;
+
+	json_array_append_new(paths, json_string("/api"));
+	json_array_append_new(paths, json_string("/api/v1"));
+	json_array_append_new(paths, json_string("/apis"));
+	for (rp = k8s_resources; *rp != NULL; rp++) {
+		if ((*rp)->group[0] == '\0')
+			continue;
+		p = xasprintf("/apis/%s", (*rp)->group);
+		if (json_object_get(seen, p) == NULL)
+			json_array_append_new(paths, json_string(p));
+		json_object_set_new(seen, p, json_true());
+		free(p);
+		p = xasprintf("/apis/%s/%s", (*rp)->group, (*rp)->version);
+		if (json_object_get(seen, p) == NULL)
+			json_array_append_new(paths, json_string(p));
+		json_object_set_new(seen, p, json_true());
+		free(p);
+	}
+	json_array_append_new(paths, json_string("/healthz"));
+	json_array_append_new(paths, json_string("/openapi/v3"));
+	json_array_append_new(paths, json_string("/version"));
+	json_decref(seen);
+	return json_pack("{s:o}", "paths", paths);
+}
+
+/* Read-only documents: discovery, OpenAPI, version, health. */
+static int
+route_docs(struct api_req *q, char **seg, size_t n)
+{
+	json_t *j = NULL;
+
+	if (n == 1 && (strcmp(seg[0], "healthz") == 0 ||
+	    strcmp(seg[0], "livez") == 0 || strcmp(seg[0], "readyz") == 0)) {
+		q->code = 200;
+		q->text = "ok";
+		q->ctype = "text/plain; charset=utf-8";
+	} else if (n == 0) {
+		j = root_paths();
+	} else if (n == 1 && strcmp(seg[0], "version") == 0) {
+		j = version_info();
+	} else if (n == 1 && strcmp(seg[0], "api") == 0) {
+		j = json_pack("{s:s, s:[s]}", "kind", "APIVersions",
+		    "versions", "v1");
+	} else if (n == 2 && strcmp(seg[0], "api") == 0 &&
+	    strcmp(seg[1], "v1") == 0) {
+		j = resource_list("", "v1");
+	} else if (n == 1 && strcmp(seg[0], "apis") == 0) {
+		j = api_group_list();
+	} else if (n == 2 && strcmp(seg[0], "apis") == 0) {
+		j = api_group(seg[1]);
+		if (j != NULL) {
+			json_object_set_new(j, "kind", json_string("APIGroup"));
+			json_object_set_new(j, "apiVersion", json_string("v1"));
+		}
+	} else if (n == 3 && strcmp(seg[0], "apis") == 0) {
+		j = resource_list(seg[1], seg[2]);
+	} else if (n >= 1 && strcmp(seg[0], "openapi") == 0) {
+		if (n == 2 && strcmp(seg[1], "v3") == 0)
+			j = openapi_index(q->srv);
+		else if (n == 4 && strcmp(seg[1], "v3") == 0 &&
+		    strcmp(seg[2], "api") == 0 && strcmp(seg[3], "v1") == 0)
+			j = openapi_doc(q->srv, "", "v1");
+		else if (n == 5 && strcmp(seg[1], "v3") == 0 &&
+		    strcmp(seg[2], "apis") == 0)
+			j = openapi_doc(q->srv, seg[3], seg[4]);
+	} else {
+		return 0;
+	}
+	if (strcmp(q->method, "GET") != 0) {
+		json_decref(j);
+		q->text = NULL;
+		reply_method(q);
+	} else if (j != NULL) {
+		reply_json(q, 200, j);
+	} else if (q->text == NULL) {
+		reply_notfound(q);
+	}
+	return 1;
+}
+
+static void
+handle(struct api_req *q)
+{
+	char *segs[API_MAX_SEGS + 1], *path, *save = NULL, *tok;
+	size_t n = 0;
+
+	q->pretty = query_bool(q, "pretty");
+	path = xstrdup(q->url);
+	for (tok = strtok_r(path, "/", &save); tok != NULL;
+	    tok = strtok_r(NULL, "/", &save)) {
+		if (n == API_MAX_SEGS) {
+			reply_notfound(q);
+			goto out;
+		}
+		segs[n++] = tok;
+	}
+	if (route_docs(q, segs, n))
+		goto out;
+	if (n >= 3 && strcmp(segs[0], "api") == 0 &&
+	    strcmp(segs[1], "v1") == 0)
+		route_objects(q, "", "v1", segs + 2, n - 2);
+	else if (n >= 4 && strcmp(segs[0], "apis") == 0)
+		route_objects(q, segs[1], segs[2], segs + 3, n - 3);
+	else
+		reply_notfound(q);
+out:
+	free(path);
+}
+
+/* ----------------------------------------------------------------- MHD */
+
+static int
+authorized(const struct k8s_apiserver *s, struct MHD_Connection *conn)
+{
+	unsigned char mac[32];
+	const char *h, *tok;
+	int ok;
+
+	if (!s->has_token)
+		return 1;
+	h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+	    MHD_HTTP_HEADER_AUTHORIZATION);
+	if (h == NULL || strncasecmp(h, "Bearer ", 7) != 0)
+		return 0;
+	for (tok = h + 7; *tok == ' '; tok++)
+		;
+	if (*tok == '\0')
+		return 0;
+	/* equal-length digests: the comparison leaks nothing */
+	hmac_sha256(s->mac_key, sizeof(s->mac_key), tok, strlen(tok), mac);
+	ok = ct_equal(mac, s->token_mac, sizeof(mac));
+	secure_wipe(mac, sizeof(mac));
+	return ok;
+}
+
+static MHD_RESULT
+send_reply(struct api_req *q)
+{
+	struct MHD_Response *resp;
+	MHD_RESULT ret;
+	char *text = NULL, code[16];
+	size_t i;
+
+	if (q->stream != NULL) {
+		resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN,
+		    16 * 1024, watch_read, q->stream, watch_free);
+		if (resp == NULL)
+			return MHD_NO;
+		q->stream = NULL;	/* now owned by the response */
+	} else if (q->text != NULL) {
+		resp = MHD_create_response_from_buffer(strlen(q->text),
+		    (void *)(uintptr_t)q->text, MHD_RESPMEM_PERSISTENT);
+	} else {
+		if (q->reply == NULL)
+			reply_err(q, K8S_EINTERNAL, 500, "InternalError",
+			    "no reply");
+		text = json_dumps(q->reply, q->pretty ? JSON_INDENT(2) :
+		    JSON_COMPACT);
+		if (text == NULL)
+			return MHD_NO;
+		resp = MHD_create_response_from_buffer(strlen(text), text,
+		    MHD_RESPMEM_MUST_COPY);
+	}
+	if (resp == NULL) {
+		free(text);
+		return MHD_NO;
+	}
+	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
+	    q->ctype != NULL ? q->ctype : MT_JSON);
+	MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL,
+	    "no-cache, private");
+	for (i = 0; i < q->nwarnings; i++)
+		MHD_add_response_header(resp, "Warning", q->warnings[i]);
+	if (q->code == 0)
+		q->code = 500;
+	ret = MHD_queue_response(q->conn, (unsigned int)q->code, resp);
+	MHD_destroy_response(resp);
+	q->queued = 1;
+	if (log_enabled(LOG_DEBUG)) {
+		snprintf(code, sizeof(code), "%d", q->code);
+		log_kv(LOG_DEBUG, "api request", "method", q->method, "path",
+		    q->url, "code", code, NULL);
+	}
+	free(text);
+	return ret;
+}
+
+static MHD_RESULT
+access_cb(void *cls, struct MHD_Connection *conn, const char *url,
+    const char *method, const char *version, const char *upload_data,
+    size_t *upload_data_size, void **con_cls)
+{
+	struct k8s_apiserver *s = cls;
+	struct api_req *q = *con_cls;
+	const char *cl;
+
+	(void)version;
+	if (q == NULL) {
+		q = xcalloc(1, sizeof(*q));
+		q->srv = s;
+		q->conn = conn;
+		q->method = method;
+		q->url = xstrdup(url);
+		buf_init(&q->body, API_MAX_BODY);
+		*con_cls = q;
+		if (!authorized(s, conn)) {
+			reply_err(q, K8S_EUNAUTHORIZED, 401, "Unauthorized",
+			    "Unauthorized");
+			return send_reply(q);
+		}
+		cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+		    MHD_HTTP_HEADER_CONTENT_LENGTH);
+		if (cl != NULL) {
+			char *e;
+			unsigned long long n;
+
+			errno = 0;
+			n = strtoull(cl, &e, 10);
+			if (errno != 0 || e == cl || *e != '\0' ||
+			    n > API_MAX_BODY) {
+				reply_err(q, K8S_EBADREQUEST, 413,
+				    "RequestEntityTooLarge", "the request "
+				    "body is larger than %u bytes",
+				    API_MAX_BODY);
+				return send_reply(q);
+			}
+		}
+		return MHD_YES;
+	}
+	if (*upload_data_size > 0) {
+		if (q->queued || q->too_large) {
+			/* bounded discard, then give up on the connection */
+			q->discarded += *upload_data_size;
+			*upload_data_size = 0;
+			return q->discarded > API_MAX_BODY ? MHD_NO : MHD_YES;
+		}
+		if (buf_add(&q->body, upload_data, *upload_data_size) < 0) {
+			q->too_large = 1;
+			buf_release(&q->body);
+			q->discarded += *upload_data_size;
+		}
+		*upload_data_size = 0;
+		return MHD_YES;
+	}
+	if (q->queued)
+		return MHD_YES;
+	if (q->too_large)
+		reply_err(q, K8S_EBADREQUEST, 413, "RequestEntityTooLarge",
+		    "the request body is larger than %u bytes", API_MAX_BODY);
+	else
+		handle(q);
+	return send_reply(q);
+}
+
+static void
+completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
+    enum MHD_RequestTerminationCode toe)
+{
+	struct api_req *q = *con_cls;
+	size_t i;
+
+	(void)cls;
+	(void)conn;
+	(void)toe;
+	if (q == NULL)
+		return;
+	*con_cls = NULL;
+	watch_free(q->stream);
+	json_decref(q->reply);
+	for (i = 0; i < q->nwarnings; i++)
+		free(q->warnings[i]);
+	free(q->warnings);
+	buf_release(&q->body);
+	free(q->url);
+	free(q);
+}
+
+static void
+server_free(struct k8s_apiserver *s)
+{
+	size_t i;
+
+	if (s == NULL)
+		return;
+	if (s->schemas != NULL) {
+		for (i = 0; k8s_resources[i] != NULL; i++)
+			json_decref(s->schemas[i]);
+		free(s->schemas);
+	}
+	if (s->key != NULL)
+		secure_wipe(s->key, s->key_len);
+	free(s->key);
+	free(s->cert);
+	secure_wipe(s->mac_key, sizeof(s->mac_key));
+	free(s);
+}
+
+/* Start serving api on cfg->listen. */
+int
+k8s_apiserver_start(struct k8s_apiserver **out, struct k8s_api *api,
+    const struct k8s_apiserver_config *cfg, char **cause)
+{
+	struct k8s_apiserver *s = NULL;
+	struct sockaddr_storage ss, b;
+	socklen_t sslen = 0, bl = sizeof(b);
+	struct MHD_OptionItem tls_opts[3];
+	const union MHD_DaemonInfo *info;
+	const char *listen = cfg->listen != NULL && cfg->listen[0] != '\0' ?
+	    cfg->listen : API_DEFAULT_LISTEN;
+	int tls, token, ret = -1;
+	unsigned int flags = MHD_USE_THREAD_PER_CONNECTION |
+	    MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+	size_t i, n, cert_len = 0;
+	char port[16];
+
+	tls = cfg->tls_cert != NULL && cfg->tls_cert[0] != '\0';
+	token = cfg->token != NULL && cfg->token[0] != '\0';
+	if (parse_listen(listen, &ss, &sslen, cause) < 0)
+		goto out;
+	if (tls != (cfg->tls_key != NULL && cfg->tls_key[0] != '\0')) {
+		*cause = xstrdup("api: tls_cert and tls_key go together");
+		goto out;
+	}
+	if (!is_loopback(&ss) && (!tls || !token)) {
+		*cause = xasprintf("api listen address '%s' is not loopback: "
+		    "it needs tls_cert, tls_key and token", listen);
+		goto out;
+	}
+	if (tls && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+		*cause = xstrdup("api: TLS is configured but libmicrohttpd "
+		    "was built without TLS support");
+		goto out;
+	}
+	s = xcalloc(1, sizeof(*s));
+	s->api = api;
+	if (tls) {
+		if (read_pem(cfg->tls_cert, &s->cert, &cert_len, cause) < 0 ||
+		    read_pem(cfg->tls_key, &s->key, &s->key_len, cause) < 0)
+			goto out;
+		flags |= MHD_USE_TLS;
+	}
+	if (token) {
+		if (random_bytes(s->mac_key, sizeof(s->mac_key)) < 0) {
+			*cause = xstrdup("api: no random bytes for the token");
+			goto out;
+		}
+		hmac_sha256(s->mac_key, sizeof(s->mac_key), cfg->token,
+		    strlen(cfg->token), s->token_mac);
+		s->has_token = 1;
+	}
+	for (n = 0; k8s_resources[n] != NULL; n++)
+		;
+	s->schemas = xcalloc(n + 1, sizeof(*s->schemas));
+	for (i = 0; i < n; i++)
+		s->schemas[i] = load_schema(k8s_resources[i]);
+	if (ss.ss_family == AF_INET6)
+		flags |= MHD_USE_IPv6;
+#ifdef MHD_USE_POLL
+	flags |= MHD_USE_POLL;	/* no FD_SETSIZE limit in a busy daemon */
+#endif
+	memset(tls_opts, 0, sizeof(tls_opts));
+	tls_opts[0].option = MHD_OPTION_END;
+	tls_opts[1].option = MHD_OPTION_END;
+	tls_opts[2].option = MHD_OPTION_END;
+	if (tls) {
+		tls_opts[0].option = MHD_OPTION_HTTPS_MEM_KEY;
+		tls_opts[0].ptr_value = s->key;
+		tls_opts[1].option = MHD_OPTION_HTTPS_MEM_CERT;
+		tls_opts[1].ptr_value = s->cert;
+	}
+	errno = 0;
+	s->d = MHD_start_daemon(flags, 0, NULL, NULL, access_cb, s,
+	    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+	    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)
+	    (cfg->max_connections > 0 ? cfg->max_connections : 256),
+	    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)API_IDLE_TIMEOUT_S,
+	    MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(128 * 1024),
+	    MHD_OPTION_NOTIFY_COMPLETED, completed_cb, s,
+	    MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+	    MHD_OPTION_ARRAY, tls_opts,
+	    MHD_OPTION_END);
+	if (s->d == NULL) {
+		*cause = xasprintf("api: cannot listen on '%s': %s", listen,
+		    errno != 0 ? strerror(errno) : "libmicrohttpd refused "
+		    "(a bad certificate or key?)");
+		goto out;
+	}
+	info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_LISTEN_FD);
+	if (info != NULL && getsockname(info->listen_fd,
+	    (struct sockaddr *)&b, &bl) == 0) {
+		if (b.ss_family == AF_INET6)
+			s->port = ntohs(((struct sockaddr_in6 *)&b)->sin6_port);
+		else
+			s->port = ntohs(((struct sockaddr_in *)&b)->sin_port);
+	}
+	snprintf(port, sizeof(port), "%d", s->port);
+	log_kv(LOG_INFO, "api server started", "listen", listen, "port", port,
+	    "tls", tls ? "on" : "off", "auth", token ? "bearer" : "none",
+	    NULL);
+	*out = s;
+	s = NULL;	/* now the caller's */
+	ret = 0;
+out:
+	server_free(s);
+	return ret;
+}
+
+/* The bound port. */
+int
+k8s_apiserver_port(const struct k8s_apiserver *s)
+{
+	return s->port;
+}
+
+/* End every stream, stop the daemon and free the server. */
+void
+k8s_apiserver_stop(struct k8s_apiserver *s)
+{
+	if (s == NULL)
+		return;
+	__atomic_store_n(&s->stopping, 1, __ATOMIC_SEQ_CST);
+	MHD_stop_daemon(s->d);
+	server_free(s);
+}

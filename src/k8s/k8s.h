@@ -1,0 +1,350 @@
+/*
+ * k8s: one resource API over Kubernetes-style objects, with two backends
+ * behind one ops table: the embedded SQLite store (embedded.c) and a REST
+ * client for real API servers (rest.c, kubeconfig.c). The embedded store is
+ * also served over HTTP as a small kube-apiserver (apiserver.c).
+ *
+ * Objects are jansson JSON objects shaped exactly as the Kubernetes API
+ * sends them (apiVersion, kind, metadata, spec, status). Unless a comment
+ * says otherwise, functions that take an object do not steal it, and
+ * functions that return one through *out hand over a new reference.
+ *
+ * Every call returns 0 or a negative enum k8s_err; on error, when st is
+ * not NULL, it is filled with the Kubernetes Status (release it with
+ * k8s_status_release).
+ */
+#ifndef DIVERGE_K8S_H
+#define DIVERGE_K8S_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+/* ---- resources ---- */
+
+struct k8s_resource {
+	const char *group;	/* "" for the core group */
+	const char *version;
+	const char *plural;
+	const char *singular;
+	const char *kind;
+	const char *short_name;	/* or NULL */
+	int namespaced;
+	int has_status;		/* status subresource */
+};
+
+extern const struct k8s_resource K8S_AGENTTASK;	/* divergedev.com/v1alpha1 */
+extern const struct k8s_resource K8S_ENVIRONMENT;
+extern const struct k8s_resource K8S_SECRET;	/* v1 */
+extern const struct k8s_resource K8S_SANDBOX;	/* agents.x-k8s.io/v1beta1 */
+extern const struct k8s_resource K8S_SANDBOXCLAIM;
+	/* extensions.agents.x-k8s.io/v1beta1 */
+extern const struct k8s_resource K8S_NETWORKPOLICY; /* networking.k8s.io/v1 */
+
+/* The kinds the embedded store serves, NULL-terminated. */
+extern const struct k8s_resource *const k8s_resources[];
+
+/* Look a resource up by group, version and plural; NULL if unknown. */
+const struct k8s_resource *k8s_resource_find(const char *group,
+    const char *version, const char *plural);
+/* "divergedev.com/v1alpha1" or "v1" for the core group (static buffer
+ * owned by the resource table: valid for the program's life). */
+const char *k8s_api_version(const struct k8s_resource *r);
+/* "agenttasks.divergedev.com" or "secrets" (same lifetime). */
+const char *k8s_qualified_plural(const struct k8s_resource *r);
+
+/* ---- errors (Kubernetes Status) ---- */
+
+enum k8s_err {
+	K8S_OK = 0,
+	K8S_ENOTFOUND = -1,	/* 404 NotFound */
+	K8S_EEXISTS = -2,	/* 409 AlreadyExists */
+	K8S_ECONFLICT = -3,	/* 409 Conflict (stale resourceVersion) */
+	K8S_EINVALID = -4,	/* 422 Invalid */
+	K8S_EGONE = -5,		/* 410 Expired / Gone */
+	K8S_EUNAUTHORIZED = -6,	/* 401 */
+	K8S_EFORBIDDEN = -7,	/* 403 */
+	K8S_ETIMEOUT = -8,	/* 504 Timeout, or a client-side timeout */
+	K8S_EBADREQUEST = -9,	/* 400 BadRequest */
+	K8S_EUNAVAILABLE = -10,	/* transport failure, 503, 429 after retries */
+	K8S_EINTERNAL = -11,	/* 500 and anything else */
+	K8S_EUNSUPPORTED = -12	/* 415 UnsupportedMediaType, 405 */
+};
+
+struct k8s_status {
+	enum k8s_err err;
+	int code;		/* HTTP status */
+	char *reason;		/* "NotFound", "Conflict", ... */
+	char *message;		/* human-readable */
+	json_t *details;	/* Status.details or NULL */
+};
+
+void k8s_status_release(struct k8s_status *st);
+/* Fill st (if not NULL) and return err. message is copied. */
+int k8s_status_set(struct k8s_status *st, enum k8s_err err,
+    const char *message, json_t *details);
+/* Build the error the apiserver would send for a resource and name. */
+int k8s_error_notfound(struct k8s_status *st, const struct k8s_resource *r,
+    const char *name);
+int k8s_error_exists(struct k8s_status *st, const struct k8s_resource *r,
+    const char *name);
+int k8s_error_conflict(struct k8s_status *st, const struct k8s_resource *r,
+    const char *name);
+/* The Status JSON object for st (new reference). */
+json_t *k8s_status_json(const struct k8s_status *st);
+/* Parse a Status object (from a REST reply) into st; http code given. */
+int k8s_status_from_json(struct k8s_status *st, int code, const json_t *j);
+/* Map an HTTP status code and reason to the enum. */
+enum k8s_err k8s_err_from_http(int code, const char *reason);
+int k8s_err_http_code(enum k8s_err err);
+const char *k8s_err_reason(enum k8s_err err);
+
+/* ---- selectors ---- */
+
+struct k8s_selector;
+/*
+ * Parse a label selector (=, ==, !=, in, notin, exists, !exists; comma
+ * means AND). An empty or NULL string matches everything. -1 with *cause
+ * on a syntax error.
+ */
+int k8s_selector_parse(const char *s, struct k8s_selector **out,
+    char **cause);
+/* Whether an object's metadata.labels match. */
+int k8s_selector_match(const struct k8s_selector *sel, const json_t *obj);
+void k8s_selector_free(struct k8s_selector *sel);
+/*
+ * Field selector: metadata.name and metadata.namespace with =, ==, !=.
+ * Same contract as the label selector.
+ */
+int k8s_fieldsel_parse(const char *s, struct k8s_selector **out,
+    char **cause);
+
+/* ---- JSON helpers ---- */
+
+/* RFC 7386 merge patch: a new object = target patched with patch. */
+json_t *k8s_merge_patch(const json_t *target, const json_t *patch);
+/* Convenience getters; NULL / 0 when absent. */
+const char *k8s_meta_str(const json_t *obj, const char *field);
+int64_t k8s_meta_int(const json_t *obj, const char *field);
+/* metadata.resourceVersion as an integer (0 if absent or not a number). */
+int64_t k8s_resource_version(const json_t *obj);
+
+/*
+ * Validate an object of a divergedev.com kind (other kinds: basic
+ * metadata only) as the CRD schema does: required fields, types, ranges,
+ * enums. On failure returns K8S_EINVALID with a Status whose message
+ * names the field path, e.g. spec.objective: Required value.
+ */
+int k8s_validate(const struct k8s_resource *r, const json_t *obj,
+    struct k8s_status *st);
+
+/* ---- the API ---- */
+
+struct k8s_api;
+struct k8s_watch;
+
+enum k8s_event_type {
+	K8S_ADDED = 1,
+	K8S_MODIFIED,
+	K8S_DELETED,
+	K8S_BOOKMARK,
+	K8S_ERROR
+};
+
+struct k8s_event {
+	enum k8s_event_type type;
+	json_t *object;		/* owned by the caller after next() */
+	int64_t rv;
+};
+
+const char *k8s_event_type_name(enum k8s_event_type t);
+
+/*
+ * Options for list and watch. ns NULL = all namespaces (namespaced
+ * resources). resource_version for watch: NULL or "0" = synthetic ADDED
+ * for every current match, then changes; "N" = changes after N only.
+ */
+struct k8s_list_opts {
+	const char *label_selector;
+	const char *field_selector;
+	const char *resource_version;
+};
+
+struct k8s_ops {
+	const char *name;
+	int (*get)(struct k8s_api *api, const struct k8s_resource *r,
+	    const char *ns, const char *name, json_t **out,
+	    struct k8s_status *st);
+	/* *out = {"kind":"<Kind>List","apiVersion",...,"metadata":
+	 * {"resourceVersion"},"items":[...]} */
+	int (*list)(struct k8s_api *api, const struct k8s_resource *r,
+	    const char *ns, const struct k8s_list_opts *opts, json_t **out,
+	    struct k8s_status *st);
+	/* name from obj.metadata.name (or generateName); ns from ns. */
+	int (*create)(struct k8s_api *api, const struct k8s_resource *r,
+	    const char *ns, const json_t *obj, json_t **out,
+	    struct k8s_status *st);
+	/*
+	 * Replace spec and metadata (status changes ignored); obj must carry
+	 * metadata.resourceVersion (422 otherwise, 409 when stale).
+	 */
+	int (*update)(struct k8s_api *api, const struct k8s_resource *r,
+	    const char *ns, const char *name, const json_t *obj,
+	    json_t **out, struct k8s_status *st);
+	/* The status subresource: only .status is taken from obj. */
+	int (*update_status)(struct k8s_api *api, const struct k8s_resource *r,
+	    const char *ns, const char *name, const json_t *obj,
+	    json_t **out, struct k8s_status *st);
+	/*
+	 * RFC 7386 merge patch on the object (status ignored) or, with
+	 * status != 0, on the status subresource (only .status applied). A
+	 * metadata.resourceVersion in the patch makes it conditional (409).
+	 */
+	int (*patch)(struct k8s_api *api, const struct k8s_resource *r,
+	    const char *ns, const char *name, int status, const json_t *patch,
+	    json_t **out, struct k8s_status *st);
+	/* Delete (dependents through ownerReferences follow); *out = the
+	 * deleted object (may be NULL-ed by passing out NULL). */
+	int (*del)(struct k8s_api *api, const struct k8s_resource *r,
+	    const char *ns, const char *name, json_t **out,
+	    struct k8s_status *st);
+	/* Start a watch; events come from k8s_watch_next. */
+	int (*watch)(struct k8s_api *api, const struct k8s_resource *r,
+	    const char *ns, const struct k8s_list_opts *opts,
+	    struct k8s_watch **out, struct k8s_status *st);
+	/*
+	 * Next event: 1 with *ev filled, 0 on timeout (no event within
+	 * timeout_ms), or a negative error: K8S_EGONE when the watch fell
+	 * behind the retained history (relist), others when the stream
+	 * broke. After an error the watch is finished: free it.
+	 */
+	int (*watch_next)(struct k8s_watch *w, int timeout_ms,
+	    struct k8s_event *ev, struct k8s_status *st);
+	void (*watch_free)(struct k8s_watch *w);
+	void (*free)(struct k8s_api *api);
+};
+
+/* A backend instance starts with its ops. */
+struct k8s_api {
+	const struct k8s_ops *ops;
+};
+
+/* Watches start with their api. */
+struct k8s_watch {
+	struct k8s_api *api;
+};
+
+/* Dispatch helpers (same contracts as the ops). */
+int k8s_get(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, json_t **out, struct k8s_status *st);
+int k8s_list(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const struct k8s_list_opts *opts, json_t **out,
+    struct k8s_status *st);
+int k8s_create(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const json_t *obj, json_t **out, struct k8s_status *st);
+int k8s_update(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, const json_t *obj, json_t **out,
+    struct k8s_status *st);
+int k8s_update_status(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, const json_t *obj, json_t **out,
+    struct k8s_status *st);
+int k8s_patch(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, int status, const json_t *patch,
+    json_t **out, struct k8s_status *st);
+int k8s_delete(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, json_t **out, struct k8s_status *st);
+int k8s_watch(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const struct k8s_list_opts *opts, struct k8s_watch **out,
+    struct k8s_status *st);
+int k8s_watch_next(struct k8s_watch *w, int timeout_ms, struct k8s_event *ev,
+    struct k8s_status *st);
+void k8s_watch_free(struct k8s_watch *w);
+void k8s_api_free(struct k8s_api *api);
+
+/* ---- embedded backend (embedded.c) ---- */
+
+struct k8s_embedded_config {
+	size_t watch_window_events;	/* default 10000 */
+	int64_t watch_window_s;		/* default 3600 */
+};
+
+/*
+ * Open the embedded store in the SQLite database at path (tables created
+ * on first use; WAL; every write one transaction, committed in groups).
+ */
+int k8s_embedded_open(struct k8s_api **out, const char *path,
+    const struct k8s_embedded_config *cfg, char **cause);
+/* Writes committed since open (tests: idempotency counts). */
+uint64_t k8s_embedded_write_count(struct k8s_api *api);
+
+/* ---- REST backend (rest.c, kubeconfig.c) ---- */
+
+/* Where and how to reach an API server. */
+struct k8s_cluster {
+	char *server;		/* https://host:port[/prefix] */
+	char *namespace;	/* the context's namespace or "default" */
+	char *ca_file;		/* a file path, or NULL */
+	char *ca_data;		/* PEM bytes, or NULL */
+	int insecure;		/* insecure-skip-tls-verify */
+	char *tls_server_name;
+	char *cert_file, *key_file;	/* client certificate paths */
+	char *cert_data, *key_data;	/* client certificate PEM */
+	char *token;		/* bearer token, or NULL */
+	char *token_file;	/* re-read when it changes (rotation) */
+	char *username, *password;
+};
+
+void k8s_cluster_release(struct k8s_cluster *c);
+
+/*
+ * Load a kubeconfig: paths is a ':'-separated list (KUBECONFIG syntax;
+ * NULL or "" = $KUBECONFIG, then ~/.kube/config), context NULL or "" =
+ * current-context. Relative file paths resolve against the file's
+ * directory. An exec or auth-provider user gives a clear "not supported"
+ * error. -1 with *cause naming the file and what is missing.
+ */
+int k8s_kubeconfig_load(struct k8s_cluster *out, const char *paths,
+    const char *context, char **cause);
+
+/*
+ * In-cluster configuration: KUBERNETES_SERVICE_HOST/PORT, the service
+ * account token (re-read on rotation), CA and namespace under root
+ * (NULL = /var/run/secrets/kubernetes.io/serviceaccount).
+ */
+int k8s_incluster_load(struct k8s_cluster *out, const char *root,
+    char **cause);
+
+struct k8s_rest_config {
+	int connect_timeout_ms;		/* default 5000 */
+	int timeout_ms;			/* per call, default 30000 */
+	int max_retries;		/* on 429/5xx/transport, default 4 */
+	int64_t max_retry_wait_ms;	/* cap on one Retry-After wait */
+};
+
+/* A REST client for cluster c (copied). cfg may be NULL (defaults). */
+int k8s_rest_open(struct k8s_api **out, const struct k8s_cluster *c,
+    const struct k8s_rest_config *cfg, char **cause);
+
+/* ---- the embedded store over HTTP (apiserver.c) ---- */
+
+struct k8s_apiserver;
+
+struct k8s_apiserver_config {
+	const char *listen;	/* host:port (port 0 = any) */
+	const char *tls_cert;	/* PEM files; required off loopback */
+	const char *tls_key;
+	const char *token;	/* bearer token; required off loopback */
+	int max_connections;
+};
+
+/*
+ * Serve api (any backend; normally the embedded one) as a
+ * Kubernetes-compatible REST API. -1 with *cause.
+ */
+int k8s_apiserver_start(struct k8s_apiserver **out, struct k8s_api *api,
+    const struct k8s_apiserver_config *cfg, char **cause);
+int k8s_apiserver_port(const struct k8s_apiserver *s);
+void k8s_apiserver_stop(struct k8s_apiserver *s);
+
+#endif

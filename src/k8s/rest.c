@@ -1,0 +1,2030 @@
+/*
+ * The REST backend: the k8s ops against a Kubernetes API server (or the
+ * embedded store served by apiserver.c) with libcurl.
+ *
+ * Connections: a small mutex-protected pool of easy handles, each keeping
+ * its own connection alive between calls, all sharing one CURLSH for DNS
+ * and TLS sessions (libcurl does not support sharing the connection cache
+ * between threads that run transfers concurrently, so each handle keeps
+ * its own). TLS verification is on unless the cluster says
+ * insecure-skip-tls-verify; credentials are only sent over https, as
+ * kubectl does. A tokenFile is re-read whenever its inode, size or mtime
+ * changes, so projected service account tokens rotate without a restart.
+ *
+ * Retries (k8s_rest_config.max_retries, exponential backoff from 200 ms
+ * with jitter, or the server's Retry-After in seconds, each wait capped at
+ * max_retry_wait_ms):
+ *   - 429 and 503 answers: every method (the server did not act on them);
+ *   - other 5xx answers: every method but POST (create), since a create
+ *     may have happened before the 500;
+ *   - transport errors before the request was sent (DNS, connect, TLS
+ *     handshake): every method;
+ *   - transport errors after it was sent: every method but POST, and
+ *     never a timeout once sent (that already took timeout_ms);
+ *   - other 4xx answers, TLS verification failures: never.
+ * An update retried after a lost answer may see 409 Conflict (its own
+ * write bumped the resourceVersion) and a delete may see 404: both are the
+ * answers a controller already handles by re-reading.
+ *
+ * Watches: one thread per watch drives a curl multi handle (so that
+ * watch_free can wake it at once with curl_multi_wakeup), splits the
+ * stream into lines, parses each line as one event and appends it to a
+ * bounded queue (QUEUE_MAX events or QUEUE_MAX_BYTES). When the queue is
+ * full the write callback blocks, curl stops reading and TCP flow control
+ * pushes back on the server; if that lasts long enough for the low-speed
+ * guard to fire, the stream is simply re-opened from the last delivered
+ * resourceVersion. When the server ends the stream (timeoutSeconds, a
+ * proxy idle timeout, a reset) it is re-opened the same way, transparently;
+ * only an ERROR event, a 410 or repeated failures end the watch.
+ */
+#include "config.h"
+
+#include <sys/stat.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include "k8s/k8s.h"
+#include "util/util.h"
+
+#define MIB			(1024 * 1024)
+#define MAX_BODY		(16 * MIB)	/* one object */
+#define MAX_LIST_BODY		(64 * MIB)	/* a list */
+#define MAX_ERR_BODY		(1 * MIB)	/* a watch's error reply */
+#define MAX_LINE		(16 * MIB)	/* one watch event */
+#define MAX_TOKEN		(64 * 1024)
+#define MAX_PATH		(64 * 1024)
+#define POOL_MAX		8		/* idle easy handles kept */
+#define QUEUE_MAX		1024		/* watch events queued */
+#define QUEUE_MAX_BYTES		((size_t)64 * MIB)
+#define BACKOFF_BASE_MS		200
+#define BACKOFF_MAX_MS		10000
+#define WATCH_TIMEOUT_S		300		/* + up to 300 s of jitter */
+#define WATCH_QUIET_S		60		/* low-speed guard on top */
+#define USER_AGENT		PACKAGE_NAME "/" PACKAGE_VERSION
+
+#define DEF_CONNECT_MS		5000
+#define DEF_TIMEOUT_MS		30000
+#define DEF_RETRIES		4
+#define DEF_RETRY_WAIT_MS	10000
+
+struct rest {
+	struct k8s_api api;		/* first: the ops */
+	struct k8s_cluster c;		/* our copy */
+	struct k8s_rest_config cfg;
+	char *base;		/* scheme://host:port[/prefix] for URLs */
+	char *shown;		/* scheme://host:port[/prefix] for messages */
+	struct curl_slist *connect_to;	/* tls-server-name redirection */
+	char *host_hdr;		/* "Host: ..." in that case */
+	int creds;		/* send credentials (https only) */
+	struct curl_blob ca_blob, cert_blob, key_blob;
+
+	CURLSH *share;
+	pthread_mutex_t share_lock[CURL_LOCK_DATA_LAST];
+
+	pthread_mutex_t pool_lock;
+	CURL *pool[POOL_MAX];
+	size_t npool;
+
+	pthread_mutex_t token_lock;
+	char *token;		/* last read from c.token_file */
+	struct stat token_st;
+	int token_warned;
+};
+
+/* One request. */
+struct req {
+	const char *method;
+	char *path;		/* from the prefix on, with the query */
+	const char *ctype;	/* of the body, or NULL */
+	char *body;
+	size_t body_len;
+	size_t max;		/* response bound */
+	int keep_status;	/* a 2xx Status body is an answer (delete) */
+};
+
+/* One response. */
+struct resp {
+	long code;
+	struct buf body;
+	int overflow;
+	int64_t retry_after_ms;	/* -1: no Retry-After */
+};
+
+/* A queued watch event. */
+struct wev {
+	struct wev *next;
+	struct k8s_event ev;
+	size_t size;
+};
+
+struct rest_watch {
+	struct k8s_watch w;	/* first: the api */
+	struct rest *rs;
+	char *query;		/* path and query, without resourceVersion */
+	char *rv;		/* resume point: last resourceVersion seen */
+	pthread_t thread;
+	int thread_started;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;	/* to the consumer: event, start or end */
+	pthread_cond_t space;	/* to the reader: room, or stop */
+	struct wev *head, *tail;
+	size_t count, bytes;
+	int stop;		/* watch_free is waiting for the thread */
+	int started;		/* a 200 answer arrived */
+	int done;		/* the reader ended; err says why */
+	int err;
+	struct k8s_status est;
+	int est_set;
+	CURLM *multi;
+
+	/* reader thread only: the current connection */
+	CURL *h;
+	struct buf line;
+	struct buf errbody;
+	long code;
+	int64_t retry_after_ms;
+	int timeout_s;
+	int fatal;		/* the stream itself ended the watch */
+	int fatal_err;
+	struct k8s_status fatal_st;
+	size_t nevents;
+};
+
+int k8s_rest_watch_parse_line(const char *line, size_t len,
+    struct k8s_event *out, struct k8s_status *st);
+
+static const struct k8s_ops rest_ops;
+
+/* ---- small helpers ---- */
+
+static void
+free_secret(char *s)
+{
+	if (s != NULL) {
+		secure_wipe(s, strlen(s));
+		free(s);
+	}
+}
+
+static char *
+dup_or_null(const char *s)
+{
+	return s != NULL ? xstrdup(s) : NULL;
+}
+
+/* Percent-encode everything but RFC 3986 unreserved characters. */
+static int
+add_escaped(struct buf *b, const char *s)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	const unsigned char *p;
+	char enc[3];
+
+	for (p = (const unsigned char *)s; *p != '\0'; p++) {
+		if ((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') ||
+		    (*p >= '0' && *p <= '9') || *p == '-' || *p == '.' ||
+		    *p == '_' || *p == '~') {
+			if (buf_add(b, p, 1) < 0)
+				return -1;
+			continue;
+		}
+		enc[0] = '%';
+		enc[1] = hex[*p >> 4];
+		enc[2] = hex[*p & 15];
+		if (buf_add(b, enc, 3) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* A path segment from the caller: not empty, not a dot segment. */
+static int
+bad_segment(const char *s)
+{
+	return s == NULL || s[0] == '\0' || strcmp(s, ".") == 0 ||
+	    strcmp(s, "..") == 0;
+}
+
+/*
+ * The path of a collection (name NULL) or an object, optionally its
+ * status subresource. NULL when too long.
+ */
+static char *
+res_path(const struct k8s_resource *r, const char *ns, const char *name,
+    int status)
+{
+	struct buf b;
+	int bad = 0;
+
+	buf_init(&b, MAX_PATH);
+	if (r->group[0] == '\0')
+		bad |= buf_printf(&b, "/api/%s", r->version);
+	else
+		bad |= buf_printf(&b, "/apis/%s/%s", r->group, r->version);
+	if (r->namespaced && ns != NULL) {
+		bad |= buf_addstr(&b, "/namespaces/");
+		bad |= add_escaped(&b, ns);
+	}
+	bad |= buf_printf(&b, "/%s", r->plural);
+	if (name != NULL) {
+		bad |= buf_addstr(&b, "/");
+		bad |= add_escaped(&b, name);
+	}
+	if (status)
+		bad |= buf_addstr(&b, "/status");
+	if (bad) {
+		buf_release(&b);
+		return NULL;
+	}
+	return buf_detach(&b, NULL);
+}
+
+/* Append ?key=value or &key=value; nothing when value is NULL or "". */
+static int
+add_query(struct buf *b, const char *key, const char *value)
+{
+	if (value == NULL || value[0] == '\0')
+		return 0;
+	if (buf_printf(b, "%c%s=", strchr(b->data, '?') ? '&' : '?',
+	    key) < 0)
+		return -1;
+	return add_escaped(b, value);
+}
+
+/* Milliseconds of backoff before retry number attempt (0-based). */
+static int64_t
+backoff_ms(const struct rest *rs, int attempt, int64_t retry_after_ms)
+{
+	int64_t d, wait;
+	uint32_t rnd = 0;
+
+	if (retry_after_ms >= 0)
+		wait = retry_after_ms;
+	else {
+		d = (int64_t)BACKOFF_BASE_MS << (attempt < 10 ? attempt : 10);
+		if (d > BACKOFF_MAX_MS)
+			d = BACKOFF_MAX_MS;
+		if (random_bytes(&rnd, sizeof(rnd)) < 0)
+			rnd = (uint32_t)now_mono_ms();
+		/* "equal jitter": half fixed, half random */
+		wait = d / 2 + (int64_t)(rnd % (uint32_t)(d / 2 + 1));
+	}
+	if (wait > rs->cfg.max_retry_wait_ms)
+		wait = rs->cfg.max_retry_wait_ms;
+	return wait < 0 ? 0 : wait;
+}
+
+/* ---- status and errors ---- */
+
+/*
+ * Fill st (when not NULL) from a Status object j and return the error it
+ * stands for; code is the HTTP code, or the Status's own for watch events.
+ */
+static int
+status_from_obj(struct k8s_status *st, int code, const json_t *j)
+{
+	struct k8s_status tmp;
+	int err;
+
+	memset(&tmp, 0, sizeof(tmp));
+	err = k8s_status_from_json(&tmp, code, j);
+	if (err >= 0)
+		err = tmp.err < 0 ? (int)tmp.err :
+		    (int)k8s_err_from_http(code, tmp.reason);
+	if (code == 410)
+		err = K8S_EGONE;
+	if (err >= 0)
+		err = K8S_EINTERNAL;
+	tmp.err = err;
+	if (tmp.code == 0)
+		tmp.code = code;
+	if (st != NULL) {
+		k8s_status_release(st);
+		*st = tmp;
+	} else
+		k8s_status_release(&tmp);
+	return err;
+}
+
+/*
+ * The error of a non-2xx answer: its Status body when it is one, else
+ * one synthesized from the HTTP code.
+ */
+static int
+http_error(struct k8s_status *st, const char *method, const char *path,
+    long code, const char *body, size_t len)
+{
+	json_t *j = NULL;
+	const char *kind;
+	char *msg;
+	int err;
+
+	if (body != NULL && len > 0)
+		j = json_loadb(body, len, 0, NULL);
+	kind = json_string_value(json_object_get(j, "kind"));
+	if (json_is_object(j) && kind != NULL && strcmp(kind, "Status") == 0) {
+		err = status_from_obj(st, (int)code, j);
+		json_decref(j);
+		return err;
+	}
+	json_decref(j);
+	err = k8s_err_from_http((int)code, NULL);
+	if (code == 410)
+		err = K8S_EGONE;
+	if (err >= 0)
+		err = K8S_EINTERNAL;
+	msg = xasprintf("k8s: %s %s: the server answered HTTP %ld", method,
+	    path, code);
+	k8s_status_set(st, err, msg, NULL);
+	free(msg);
+	if (st != NULL)
+		st->code = (int)code;
+	return err;
+}
+
+static int
+retryable_curl(CURLcode rc)
+{
+	switch (rc) {
+	case CURLE_COULDNT_RESOLVE_HOST:
+	case CURLE_COULDNT_RESOLVE_PROXY:
+	case CURLE_COULDNT_CONNECT:
+	case CURLE_OPERATION_TIMEDOUT:
+	case CURLE_SEND_ERROR:
+	case CURLE_RECV_ERROR:
+	case CURLE_GOT_NOTHING:
+	case CURLE_PARTIAL_FILE:
+	case CURLE_SSL_CONNECT_ERROR:
+	case CURLE_HTTP2:
+	case CURLE_HTTP2_STREAM:
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+/* ---- credentials ---- */
+
+/* Read a token file: trimmed, bounded; NULL when unreadable or empty. */
+static char *
+read_token(const char *path)
+{
+	struct buf b;
+	char chunk[4096];
+	ssize_t n;
+	int fd, ok = 1;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return NULL;
+	buf_init(&b, MAX_TOKEN);
+	for (;;) {
+		n = read(fd, chunk, sizeof(chunk));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			ok = n == 0;
+			break;
+		}
+		if (buf_add(&b, chunk, (size_t)n) < 0) {
+			ok = 0;
+			break;
+		}
+	}
+	close(fd);
+	secure_wipe(chunk, sizeof(chunk));
+	while (ok && b.len > 0 && (b.data[b.len - 1] == '\n' ||
+	    b.data[b.len - 1] == '\r' || b.data[b.len - 1] == ' ' ||
+	    b.data[b.len - 1] == '\t'))
+		b.data[--b.len] = '\0';
+	if (!ok || b.len == 0 || strlen(b.data) != b.len ||
+	    strpbrk(b.data, "\r\n") != NULL) {
+		if (b.data != NULL)
+			secure_wipe(b.data, b.len);
+		buf_release(&b);
+		return NULL;
+	}
+	return buf_detach(&b, NULL);
+}
+
+/*
+ * "Authorization: Bearer ..." for the next request (a new string the
+ * caller wipes), or NULL when there is no token.
+ */
+static char *
+bearer_header(struct rest *rs)
+{
+	const char *tok;
+	struct stat sb;
+	char *hdr = NULL, *t;
+
+	if (!rs->creds)
+		return NULL;
+	if (rs->c.token_file == NULL)
+		return rs->c.token != NULL ?
+		    xasprintf("Authorization: Bearer %s", rs->c.token) : NULL;
+	pthread_mutex_lock(&rs->token_lock);
+	if (stat(rs->c.token_file, &sb) == 0) {
+		if (rs->token == NULL || sb.st_ino != rs->token_st.st_ino ||
+		    sb.st_dev != rs->token_st.st_dev ||
+		    sb.st_size != rs->token_st.st_size ||
+		    sb.st_mtim.tv_sec != rs->token_st.st_mtim.tv_sec ||
+		    sb.st_mtim.tv_nsec != rs->token_st.st_mtim.tv_nsec) {
+			t = read_token(rs->c.token_file);
+			if (t != NULL) {
+				free_secret(rs->token);
+				rs->token = t;
+				rs->token_st = sb;
+				rs->token_warned = 0;
+			} else if (!rs->token_warned) {
+				rs->token_warned = 1;
+				log_kv(LOG_WARN, "k8s: token file is empty or "
+				    "unreadable", "path", rs->c.token_file,
+				    NULL);
+			}
+		}
+	} else if (!rs->token_warned) {
+		rs->token_warned = 1;
+		log_kv(LOG_WARN, "k8s: token file is unreadable", "path",
+		    rs->c.token_file, "error", strerror(errno), NULL);
+	}
+	tok = rs->token != NULL ? rs->token : rs->c.token;
+	if (tok != NULL)
+		hdr = xasprintf("Authorization: Bearer %s", tok);
+	pthread_mutex_unlock(&rs->token_lock);
+	return hdr;
+}
+
+/* Free a header list, wiping the credentials in it first. */
+static void
+free_headers(struct curl_slist *l)
+{
+	struct curl_slist *p;
+
+	for (p = l; p != NULL; p = p->next)
+		if (strncasecmp(p->data, "Authorization:", 14) == 0)
+			secure_wipe(p->data, strlen(p->data));
+	curl_slist_free_all(l);
+}
+
+static struct curl_slist *
+add_header(struct curl_slist *l, const char *h)
+{
+	struct curl_slist *n = curl_slist_append(l, h);
+
+	if (n == NULL) {
+		log_kv(LOG_ERROR, "k8s: out of memory", NULL);
+		abort();
+	}
+	return n;
+}
+
+/*
+ * Options every transfer has: TLS, client certificate, credentials,
+ * timeouts. Returns the header list to pass as CURLOPT_HTTPHEADER.
+ */
+static struct curl_slist *
+setup_common(struct rest *rs, CURL *h)
+{
+	struct curl_slist *hdrs = NULL;
+	char *auth;
+
+	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
+	curl_easy_setopt(h, CURLOPT_HTTP_VERSION,
+	    (long)CURL_HTTP_VERSION_1_1);
+	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
+	    (long)rs->cfg.connect_timeout_ms);
+	curl_easy_setopt(h, CURLOPT_USERAGENT, USER_AGENT);
+	curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+	curl_easy_setopt(h, CURLOPT_TCP_KEEPIDLE, 30L);
+	curl_easy_setopt(h, CURLOPT_TCP_KEEPINTVL, 10L);
+	curl_easy_setopt(h, CURLOPT_ACCEPT_ENCODING, "");
+
+	curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, rs->c.insecure ? 0L : 1L);
+	curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, rs->c.insecure ? 0L : 2L);
+	if (rs->c.ca_data != NULL) {
+		/* only the cluster's CA, as client-go does */
+		curl_easy_setopt(h, CURLOPT_CAINFO, NULL);
+		curl_easy_setopt(h, CURLOPT_CAPATH, NULL);
+		curl_easy_setopt(h, CURLOPT_CAINFO_BLOB, &rs->ca_blob);
+	} else if (rs->c.ca_file != NULL) {
+		curl_easy_setopt(h, CURLOPT_CAPATH, NULL);
+		curl_easy_setopt(h, CURLOPT_CAINFO, rs->c.ca_file);
+	}
+	if (rs->c.cert_data != NULL) {
+		curl_easy_setopt(h, CURLOPT_SSLCERTTYPE, "PEM");
+		curl_easy_setopt(h, CURLOPT_SSLCERT_BLOB, &rs->cert_blob);
+	} else if (rs->c.cert_file != NULL) {
+		curl_easy_setopt(h, CURLOPT_SSLCERTTYPE, "PEM");
+		curl_easy_setopt(h, CURLOPT_SSLCERT, rs->c.cert_file);
+	}
+	if (rs->c.key_data != NULL) {
+		curl_easy_setopt(h, CURLOPT_SSLKEYTYPE, "PEM");
+		curl_easy_setopt(h, CURLOPT_SSLKEY_BLOB, &rs->key_blob);
+	} else if (rs->c.key_file != NULL) {
+		curl_easy_setopt(h, CURLOPT_SSLKEYTYPE, "PEM");
+		curl_easy_setopt(h, CURLOPT_SSLKEY, rs->c.key_file);
+	}
+	if (rs->connect_to != NULL) {
+		curl_easy_setopt(h, CURLOPT_CONNECT_TO, rs->connect_to);
+		hdrs = add_header(hdrs, rs->host_hdr);
+	}
+
+	hdrs = add_header(hdrs, "Accept: application/json");
+	auth = bearer_header(rs);
+	if (auth != NULL) {
+		hdrs = add_header(hdrs, auth);
+		free_secret(auth);
+	} else if (rs->creds && rs->c.username != NULL) {
+		curl_easy_setopt(h, CURLOPT_HTTPAUTH, (long)CURLAUTH_BASIC);
+		curl_easy_setopt(h, CURLOPT_USERNAME, rs->c.username);
+		curl_easy_setopt(h, CURLOPT_PASSWORD,
+		    rs->c.password != NULL ? rs->c.password : "");
+	}
+	return hdrs;
+}
+
+/* ---- the handle pool ---- */
+
+static void
+share_lock(CURL *h, curl_lock_data data, curl_lock_access access,
+    void *arg)
+{
+	struct rest *rs = arg;
+
+	(void)h;
+	(void)access;
+	if ((int)data >= 0 && data < CURL_LOCK_DATA_LAST)
+		pthread_mutex_lock(&rs->share_lock[data]);
+}
+
+static void
+share_unlock(CURL *h, curl_lock_data data, void *arg)
+{
+	struct rest *rs = arg;
+
+	(void)h;
+	if ((int)data >= 0 && data < CURL_LOCK_DATA_LAST)
+		pthread_mutex_unlock(&rs->share_lock[data]);
+}
+
+static CURL *
+handle_new(struct rest *rs)
+{
+	CURL *h = curl_easy_init();
+
+	/* the share stays through curl_easy_reset */
+	if (h != NULL)
+		curl_easy_setopt(h, CURLOPT_SHARE, rs->share);
+	return h;
+}
+
+static CURL *
+pool_get(struct rest *rs)
+{
+	CURL *h = NULL;
+
+	pthread_mutex_lock(&rs->pool_lock);
+	if (rs->npool > 0)
+		h = rs->pool[--rs->npool];
+	pthread_mutex_unlock(&rs->pool_lock);
+	if (h == NULL)
+		h = handle_new(rs);
+	return h;
+}
+
+static void
+pool_put(struct rest *rs, CURL *h)
+{
+	if (h == NULL)
+		return;
+	/* forget this request's options (and pointers), keep the connection */
+	curl_easy_reset(h);
+	pthread_mutex_lock(&rs->pool_lock);
+	if (rs->npool < POOL_MAX) {
+		rs->pool[rs->npool++] = h;
+		h = NULL;	/* now owned by the pool */
+	}
+	pthread_mutex_unlock(&rs->pool_lock);
+	if (h != NULL)
+		curl_easy_cleanup(h);
+}
+
+/* ---- requests ---- */
+
+static size_t
+resp_write(char *data, size_t size, size_t nmemb, void *arg)
+{
+	struct resp *rp = arg;
+	size_t n = size * nmemb;
+
+	if (buf_add(&rp->body, data, n) < 0) {
+		rp->overflow = 1;
+		return 0;
+	}
+	return n;
+}
+
+/* Seconds from a Retry-After header line, -1 when absent or a date. */
+static int64_t
+retry_after(const char *line, size_t n)
+{
+	static const char name[] = "retry-after:";
+	int64_t s = 0;
+	size_t i;
+	int digits = 0;
+
+	if (n < sizeof(name) - 1 ||
+	    strncasecmp(line, name, sizeof(name) - 1) != 0)
+		return -1;
+	for (i = sizeof(name) - 1; i < n && (line[i] == ' ' ||
+	    line[i] == '\t'); i++)
+		;
+	for (; i < n && line[i] >= '0' && line[i] <= '9'; i++) {
+		if (s < 1000000)
+			s = s * 10 + (line[i] - '0');
+		digits++;
+	}
+	for (; i < n; i++)
+		if (line[i] != ' ' && line[i] != '\r' && line[i] != '\n')
+			return -1;
+	return digits > 0 ? s : -1;
+}
+
+static size_t
+resp_header(char *data, size_t size, size_t nmemb, void *arg)
+{
+	struct resp *rp = arg;
+	size_t n = size * nmemb;
+	int64_t s = retry_after(data, n);
+
+	if (s >= 0)
+		rp->retry_after_ms = s * 1000;
+	return n;
+}
+
+static void
+resp_init(struct resp *rp, size_t max)
+{
+	rp->code = 0;
+	buf_init(&rp->body, max);
+	rp->overflow = 0;
+	rp->retry_after_ms = -1;
+}
+
+/* One attempt; *sent says whether any of the request went out. */
+static CURLcode
+do_once(struct rest *rs, CURL *h, const struct req *rq, struct resp *rp,
+    char *errbuf, int *sent)
+{
+	struct curl_slist *hdrs;
+	char *url = xasprintf("%s%s", rs->base, rq->path);
+	long reqsize = 0;
+	CURLcode rc;
+
+	curl_easy_reset(h);
+	hdrs = setup_common(rs, h);
+	errbuf[0] = '\0';
+	curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+	curl_easy_setopt(h, CURLOPT_URL, url);
+	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)rs->cfg.timeout_ms);
+	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, resp_write);
+	curl_easy_setopt(h, CURLOPT_WRITEDATA, rp);
+	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, resp_header);
+	curl_easy_setopt(h, CURLOPT_HEADERDATA, rp);
+	if (strcmp(rq->method, "GET") == 0)
+		curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);
+	else {
+		if (strcmp(rq->method, "POST") != 0)
+			curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, rq->method);
+		curl_easy_setopt(h, CURLOPT_POST, 1L);
+		curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE,
+		    (curl_off_t)rq->body_len);
+		curl_easy_setopt(h, CURLOPT_POSTFIELDS,
+		    rq->body != NULL ? rq->body : "");
+		hdrs = add_header(hdrs, "Expect:");
+	}
+	if (rq->ctype != NULL) {
+		char *ct = xasprintf("Content-Type: %s", rq->ctype);
+
+		hdrs = add_header(hdrs, ct);
+		free(ct);
+	}
+	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+
+	rc = curl_easy_perform(h);
+	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &rp->code);
+	curl_easy_getinfo(h, CURLINFO_REQUEST_SIZE, &reqsize);
+	*sent = reqsize > 0;
+	curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
+	free_headers(hdrs);
+	free(url);
+	return rc;
+}
+
+/* The path without its query, for messages. */
+static char *
+path_shown(const char *path)
+{
+	const char *q = strchr(path, '?');
+
+	return q ? xstrndup(path, (size_t)(q - path)) : xstrdup(path);
+}
+
+/*
+ * Parse a 2xx body into *out (NULL when out is NULL, the body is empty,
+ * or it is a Status and the request does not want it).
+ */
+static int
+parse_ok(const struct req *rq, struct resp *rp, const char *shown,
+    json_t **out, struct k8s_status *st)
+{
+	json_error_t jerr;
+	const char *kind;
+	json_t *j;
+	char *msg;
+	int ret;
+
+	if (rp->body.len == 0) {
+		if (out != NULL)
+			*out = NULL;
+		return 0;
+	}
+	j = json_loadb(rp->body.data, rp->body.len, 0, &jerr);
+	if (!json_is_object(j)) {
+		msg = xasprintf("k8s: %s %s: the answer is not a JSON object "
+		    "(line %d column %d)", rq->method, shown, jerr.line,
+		    jerr.column);
+		ret = k8s_status_set(st, K8S_EINTERNAL, msg, NULL);
+		free(msg);
+		json_decref(j);
+		return ret;
+	}
+	kind = json_string_value(json_object_get(j, "kind"));
+	if (rq->keep_status && kind != NULL && strcmp(kind, "Status") == 0) {
+		json_decref(j);
+		j = NULL;
+	}
+	if (out != NULL)
+		*out = j;
+	else
+		json_decref(j);
+	return 0;
+}
+
+/* Run a request with the retry policy described at the top. */
+static int
+rest_call(struct rest *rs, const struct req *rq, json_t **out,
+    struct k8s_status *st)
+{
+	char errbuf[CURL_ERROR_SIZE];
+	char *shown = path_shown(rq->path), *msg;
+	struct resp rp;
+	CURL *h = NULL;
+	CURLcode rc;
+	int attempt, retry, sent = 0, post, ret = K8S_EINTERNAL;
+	int64_t wait;
+
+	resp_init(&rp, rq->max);
+	post = strcmp(rq->method, "POST") == 0;
+	h = pool_get(rs);
+	if (h == NULL) {
+		ret = k8s_status_set(st, K8S_EINTERNAL,
+		    "k8s: cannot create a curl handle", NULL);
+		goto out;
+	}
+	for (attempt = 0;; attempt++) {
+		buf_release(&rp.body);
+		resp_init(&rp, rq->max);
+		rc = do_once(rs, h, rq, &rp, errbuf, &sent);
+		if (rc == CURLE_OK && rp.code >= 200 && rp.code < 300) {
+			ret = parse_ok(rq, &rp, shown, out, st);
+			goto out;
+		}
+		if (rp.overflow) {
+			msg = xasprintf("k8s: %s %s: the answer is larger "
+			    "than %zu MiB", rq->method, shown,
+			    rq->max / MIB);
+			ret = k8s_status_set(st, K8S_EINTERNAL, msg, NULL);
+			free(msg);
+			goto out;
+		}
+		if (rc != CURLE_OK)
+			retry = retryable_curl(rc) && (!sent || (!post &&
+			    rc != CURLE_OPERATION_TIMEDOUT));
+		else
+			retry = rp.code == 429 || rp.code == 503 ||
+			    (rp.code >= 500 && rp.code != 501 && !post);
+		if (!retry || attempt >= rs->cfg.max_retries)
+			break;
+		wait = backoff_ms(rs, attempt, rp.retry_after_ms);
+		if (log_enabled(LOG_INFO)) {
+			char what[64], ms[32];
+
+			if (rc != CURLE_OK)
+				snprintf(what, sizeof(what), "%s",
+				    curl_easy_strerror(rc));
+			else
+				snprintf(what, sizeof(what), "HTTP %ld",
+				    rp.code);
+			snprintf(ms, sizeof(ms), "%" PRId64, wait);
+			log_kv(LOG_INFO, "k8s: retrying request", "method",
+			    rq->method, "path", shown, "error", what,
+			    "wait_ms", ms, NULL);
+		}
+		sleep_ms(wait);
+	}
+	if (rc != CURLE_OK) {
+		msg = xasprintf("k8s: %s %s%s: %s", rq->method, rs->shown,
+		    shown, errbuf[0] != '\0' ? errbuf :
+		    curl_easy_strerror(rc));
+		ret = k8s_status_set(st, rc == CURLE_OPERATION_TIMEDOUT ?
+		    K8S_ETIMEOUT : K8S_EUNAVAILABLE, msg, NULL);
+		if (st != NULL)
+			st->code = rc == CURLE_OPERATION_TIMEDOUT ? 504 : 503;
+		free(msg);
+	} else
+		ret = http_error(st, rq->method, shown, rp.code,
+		    rp.body.data, rp.body.len);
+out:
+	buf_release(&rp.body);
+	pool_put(rs, h);
+	free(shown);
+	return ret;
+}
+
+/* ---- the ops ---- */
+
+static struct rest *
+rest_of(struct k8s_api *api)
+{
+	return (struct rest *)api;
+}
+
+static int
+bad_request(struct k8s_status *st, const char *what)
+{
+	char *msg = xasprintf("k8s: %s", what);
+	int ret = k8s_status_set(st, K8S_EBADREQUEST, msg, NULL);
+
+	free(msg);
+	return ret;
+}
+
+/* The namespace of a single-object call: the context's by default. */
+static const char *
+object_ns(struct rest *rs, const struct k8s_resource *r, const char *ns)
+{
+	if (!r->namespaced)
+		return NULL;
+	return ns != NULL && ns[0] != '\0' ? ns : rs->c.namespace;
+}
+
+/* Build req->path for an object; an error when names are unusable. */
+static int
+object_req(struct rest *rs, struct req *rq, const struct k8s_resource *r,
+    const char *ns, const char *name, int status, struct k8s_status *st)
+{
+	ns = object_ns(rs, r, ns);
+	if (r->namespaced && bad_segment(ns))
+		return bad_request(st, "a namespace is required");
+	if (name != NULL && bad_segment(name))
+		return bad_request(st, "a valid name is required");
+	rq->path = res_path(r, ns, name, status);
+	if (rq->path == NULL)
+		return bad_request(st, "the request path is too long");
+	return 0;
+}
+
+/*
+ * The body of a create or update: obj with apiVersion and kind filled
+ * in when missing and metadata.namespace set to the request's.
+ */
+static char *
+object_body(const struct k8s_resource *r, const char *ns, const json_t *obj,
+    size_t *len)
+{
+	json_t *copy = json_deep_copy(obj), *meta;
+	char *s;
+
+	if (json_is_object(copy)) {
+		if (json_object_get(copy, "apiVersion") == NULL)
+			json_object_set_new(copy, "apiVersion",
+			    json_string(k8s_api_version(r)));
+		if (json_object_get(copy, "kind") == NULL)
+			json_object_set_new(copy, "kind",
+			    json_string(r->kind));
+		meta = json_object_get(copy, "metadata");
+		if (ns != NULL && json_is_object(meta))
+			json_object_set_new(meta, "namespace",
+			    json_string(ns));
+	}
+	s = json_dumps(copy != NULL ? copy : json_null(),
+	    JSON_COMPACT | JSON_ENCODE_ANY);
+	json_decref(copy);
+	if (s == NULL)
+		s = xstrdup("null");
+	*len = strlen(s);
+	return s;
+}
+
+static void
+req_release(struct req *rq)
+{
+	free(rq->path);
+	free(rq->body);
+}
+
+static int
+rest_get(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, json_t **out, struct k8s_status *st)
+{
+	struct rest *rs = rest_of(api);
+	struct req rq = { .method = "GET", .max = MAX_BODY };
+	int ret;
+
+	if (name == NULL)
+		return bad_request(st, "a name is required");
+	ret = object_req(rs, &rq, r, ns, name, 0, st);
+	if (ret == 0)
+		ret = rest_call(rs, &rq, out, st);
+	req_release(&rq);
+	return ret;
+}
+
+/* Collection path and query of a list or watch; NULL when too long. */
+static char *
+collection_query(const struct k8s_resource *r, const char *ns,
+    const struct k8s_list_opts *opts, int watch, int timeout_s)
+{
+	struct buf b;
+	char *path = res_path(r, ns, NULL, 0);
+	int bad = 0;
+
+	if (path == NULL)
+		return NULL;
+	buf_init(&b, MAX_PATH);
+	bad |= buf_addstr(&b, path);
+	free(path);
+	if (watch) {
+		bad |= buf_printf(&b, "?watch=true&allowWatchBookmarks=true"
+		    "&timeoutSeconds=%d", timeout_s);
+	}
+	if (opts != NULL) {
+		bad |= add_query(&b, "labelSelector", opts->label_selector);
+		bad |= add_query(&b, "fieldSelector", opts->field_selector);
+		if (!watch)
+			bad |= add_query(&b, "resourceVersion",
+			    opts->resource_version);
+	}
+	if (bad) {
+		buf_release(&b);
+		return NULL;
+	}
+	return buf_detach(&b, NULL);
+}
+
+static int
+rest_list(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const struct k8s_list_opts *opts, json_t **out,
+    struct k8s_status *st)
+{
+	struct rest *rs = rest_of(api);
+	struct req rq = { .method = "GET", .max = MAX_LIST_BODY };
+	json_t *list = NULL, *items, *it;
+	char *kind = NULL;
+	size_t i;
+	int ret;
+
+	if (ns != NULL && ns[0] == '\0')
+		ns = NULL;
+	if (ns != NULL && bad_segment(ns))
+		return bad_request(st, "a valid namespace is required");
+	rq.path = collection_query(r, ns, opts, 0, 0);
+	if (rq.path == NULL)
+		return bad_request(st, "the request path is too long");
+	ret = rest_call(rs, &rq, &list, st);
+	if (ret < 0)
+		goto out;
+	if (!json_is_object(list)) {
+		ret = k8s_status_set(st, K8S_EINTERNAL,
+		    "k8s: the list answer is not an object", NULL);
+		goto out;
+	}
+	/*
+	 * Built-in kinds (Secrets) come without apiVersion and kind in
+	 * their items; make the list look the same whatever the kind.
+	 */
+	kind = xasprintf("%sList", r->kind);
+	if (json_object_get(list, "kind") == NULL)
+		json_object_set_new(list, "kind", json_string(kind));
+	if (json_object_get(list, "apiVersion") == NULL)
+		json_object_set_new(list, "apiVersion",
+		    json_string(k8s_api_version(r)));
+	if (!json_is_object(json_object_get(list, "metadata")))
+		json_object_set_new(list, "metadata", json_object());
+	items = json_object_get(list, "items");
+	if (!json_is_array(items)) {
+		items = json_array();
+		json_object_set_new(list, "items", items);
+	}
+	json_array_foreach(items, i, it) {
+		if (!json_is_object(it))
+			continue;
+		if (json_object_get(it, "apiVersion") == NULL)
+			json_object_set_new(it, "apiVersion",
+			    json_string(k8s_api_version(r)));
+		if (json_object_get(it, "kind") == NULL)
+			json_object_set_new(it, "kind", json_string(r->kind));
+	}
+	if (out != NULL) {
+		*out = list;
+		list = NULL;	/* now the caller's */
+	}
+out:
+	json_decref(list);
+	free(kind);
+	req_release(&rq);
+	return ret;
+}
+
+static int
+rest_create(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const json_t *obj, json_t **out, struct k8s_status *st)
+{
+	struct rest *rs = rest_of(api);
+	struct req rq = { .method = "POST", .max = MAX_BODY,
+	    .ctype = "application/json" };
+	int ret;
+
+	if (!json_is_object(obj))
+		return bad_request(st, "the object is not a JSON object");
+	if ((ns == NULL || ns[0] == '\0') && r->namespaced)
+		ns = k8s_meta_str(obj, "namespace");
+	ns = object_ns(rs, r, ns);
+	ret = object_req(rs, &rq, r, ns, NULL, 0, st);
+	if (ret == 0) {
+		rq.body = object_body(r, ns, obj, &rq.body_len);
+		ret = rest_call(rs, &rq, out, st);
+	}
+	req_release(&rq);
+	return ret;
+}
+
+static int
+put_object(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, const json_t *obj, int status,
+    json_t **out, struct k8s_status *st)
+{
+	struct rest *rs = rest_of(api);
+	struct req rq = { .method = "PUT", .max = MAX_BODY,
+	    .ctype = "application/json" };
+	int ret;
+
+	if (!json_is_object(obj))
+		return bad_request(st, "the object is not a JSON object");
+	if (name == NULL)
+		name = k8s_meta_str(obj, "name");
+	if (name == NULL)
+		return bad_request(st, "a name is required");
+	ns = object_ns(rs, r, ns);
+	ret = object_req(rs, &rq, r, ns, name, status, st);
+	if (ret == 0) {
+		rq.body = object_body(r, ns, obj, &rq.body_len);
+		ret = rest_call(rs, &rq, out, st);
+	}
+	req_release(&rq);
+	return ret;
+}
+
+static int
+rest_update(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, const json_t *obj, json_t **out,
+    struct k8s_status *st)
+{
+	return put_object(api, r, ns, name, obj, 0, out, st);
+}
+
+static int
+rest_update_status(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, const json_t *obj, json_t **out,
+    struct k8s_status *st)
+{
+	return put_object(api, r, ns, name, obj, 1, out, st);
+}
+
+static int
+rest_patch(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, int status, const json_t *patch,
+    json_t **out, struct k8s_status *st)
+{
+	struct rest *rs = rest_of(api);
+	struct req rq = { .method = "PATCH", .max = MAX_BODY,
+	    .ctype = "application/merge-patch+json" };
+	int ret;
+
+	if (name == NULL)
+		return bad_request(st, "a name is required");
+	if (!json_is_object(patch))
+		return bad_request(st, "the patch is not a JSON object");
+	ret = object_req(rs, &rq, r, ns, name, status, st);
+	if (ret == 0) {
+		rq.body = json_dumps(patch, JSON_COMPACT);
+		if (rq.body == NULL)
+			rq.body = xstrdup("{}");
+		rq.body_len = strlen(rq.body);
+		ret = rest_call(rs, &rq, out, st);
+	}
+	req_release(&rq);
+	return ret;
+}
+
+static int
+rest_del(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, json_t **out, struct k8s_status *st)
+{
+	struct rest *rs = rest_of(api);
+	struct req rq = { .method = "DELETE", .max = MAX_BODY,
+	    .ctype = "application/json", .keep_status = 1 };
+	int ret;
+
+	if (name == NULL)
+		return bad_request(st, "a name is required");
+	ret = object_req(rs, &rq, r, ns, name, 0, st);
+	if (ret == 0) {
+		rq.body = xstrdup("{\"propagationPolicy\":\"Background\"}");
+		rq.body_len = strlen(rq.body);
+		ret = rest_call(rs, &rq, out, st);
+	}
+	req_release(&rq);
+	return ret;
+}
+
+/* ---- watch: the line parser ---- */
+
+static int
+parse_fail(struct k8s_status *st, const char *msg)
+{
+	return k8s_status_set(st, K8S_EINTERNAL, msg, NULL);
+}
+
+/*
+ * Parse one line of a watch stream: 1 with *out filled (the object is a
+ * new reference), 0 for a blank line, or a negative error with st filled:
+ * the Status of an ERROR event (K8S_EGONE for 410), K8S_EINTERNAL for a
+ * malformed line. Not in the header: the fuzz target calls it.
+ */
+int
+k8s_rest_watch_parse_line(const char *line, size_t len,
+    struct k8s_event *out, struct k8s_status *st)
+{
+	static const struct {
+		const char *name;
+		enum k8s_event_type type;
+	} types[] = {
+		{ "ADDED", K8S_ADDED },
+		{ "MODIFIED", K8S_MODIFIED },
+		{ "DELETED", K8S_DELETED },
+		{ "BOOKMARK", K8S_BOOKMARK },
+		{ "ERROR", K8S_ERROR },
+	};
+	json_error_t jerr;
+	json_t *j = NULL, *obj;
+	const char *type;
+	size_t i;
+	int ret, code;
+
+	while (len > 0 && (line[len - 1] == '\r' || line[len - 1] == ' ' ||
+	    line[len - 1] == '\t' || line[len - 1] == '\n'))
+		len--;
+	if (len == 0)
+		return 0;
+	j = json_loadb(line, len, 0, &jerr);
+	if (j == NULL) {
+		/* jerr.text may quote the input, which may be a Secret */
+		char *msg = xasprintf("k8s: watch: an event is not valid "
+		    "JSON (column %d)", jerr.column);
+
+		ret = parse_fail(st, msg);
+		free(msg);
+		goto out;
+	}
+	type = json_string_value(json_object_get(j, "type"));
+	obj = json_object_get(j, "object");
+	if (!json_is_object(j) || type == NULL || !json_is_object(obj)) {
+		ret = parse_fail(st, "k8s: watch: an event has no type or "
+		    "object");
+		goto out;
+	}
+	for (i = 0; i < ARRAY_SIZE(types); i++)
+		if (strcmp(type, types[i].name) == 0)
+			break;
+	if (i == ARRAY_SIZE(types)) {
+		ret = parse_fail(st, "k8s: watch: an event has an unknown "
+		    "type");
+		goto out;
+	}
+	if (types[i].type == K8S_ERROR) {
+		code = (int)json_integer_value(json_object_get(obj, "code"));
+		if (code < 400 || code > 599)
+			code = 500;
+		ret = status_from_obj(st, code, obj);
+		goto out;
+	}
+	out->type = types[i].type;
+	out->object = json_incref(obj);
+	out->rv = k8s_resource_version(obj);
+	ret = 1;
+out:
+	json_decref(j);
+	return ret;
+}
+
+/* ---- watch: the reader thread ---- */
+
+static void
+deadline_in(struct timespec *ts, int64_t ms)
+{
+	clock_gettime(CLOCK_MONOTONIC, ts);
+	ts->tv_sec += (time_t)(ms / 1000);
+	ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
+}
+
+static int
+watch_stopping(struct rest_watch *w)
+{
+	int stop;
+
+	pthread_mutex_lock(&w->lock);
+	stop = w->stop;
+	pthread_mutex_unlock(&w->lock);
+	return stop;
+}
+
+/* Sleep ms unless the watch is stopped first; 1 when stopping. */
+static int
+watch_sleep(struct rest_watch *w, int64_t ms)
+{
+	struct timespec ts;
+	int stop;
+
+	deadline_in(&ts, ms);
+	pthread_mutex_lock(&w->lock);
+	while (!w->stop)
+		if (pthread_cond_timedwait(&w->space, &w->lock, &ts) ==
+		    ETIMEDOUT)
+			break;
+	stop = w->stop;
+	pthread_mutex_unlock(&w->lock);
+	return stop;
+}
+
+/*
+ * Append an event to the queue, waiting while it is full (backpressure:
+ * curl stops reading meanwhile). -1 when the watch is being freed.
+ */
+static int
+watch_push(struct rest_watch *w, const struct k8s_event *ev, size_t size)
+{
+	struct wev *e;
+
+	pthread_mutex_lock(&w->lock);
+	while (!w->stop &&
+	    (w->count >= QUEUE_MAX || w->bytes >= QUEUE_MAX_BYTES))
+		pthread_cond_wait(&w->space, &w->lock);
+	if (w->stop) {
+		pthread_mutex_unlock(&w->lock);
+		return -1;
+	}
+	e = xcalloc(1, sizeof(*e));
+	e->ev = *ev;
+	e->size = size;
+	if (w->tail != NULL)
+		w->tail->next = e;
+	else
+		w->head = e;
+	w->tail = e;
+	w->count++;
+	w->bytes += size;
+	pthread_cond_broadcast(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+	return 0;
+}
+
+/* The stream itself ends the watch (ERROR event, bad line). */
+static void
+watch_fatal(struct rest_watch *w, int err, struct k8s_status *st)
+{
+	if (w->fatal) {
+		k8s_status_release(st);
+		return;
+	}
+	w->fatal = 1;
+	w->fatal_err = err;
+	w->fatal_st = *st;
+	memset(st, 0, sizeof(*st));	/* now owned by w */
+}
+
+/* One complete line of the stream; -1 ends the transfer. */
+static int
+watch_line(struct rest_watch *w, const char *s, size_t len)
+{
+	struct k8s_event ev;
+	struct k8s_status st;
+	const char *rv;
+	char *rvcopy;
+	int r;
+
+	memset(&st, 0, sizeof(st));
+	memset(&ev, 0, sizeof(ev));
+	r = k8s_rest_watch_parse_line(s, len, &ev, &st);
+	if (r == 0)
+		return 0;
+	if (r < 0) {
+		watch_fatal(w, r, &st);
+		return -1;
+	}
+	rv = k8s_meta_str(ev.object, "resourceVersion");
+	rvcopy = rv != NULL && rv[0] != '\0' ? xstrdup(rv) : NULL;
+	if (watch_push(w, &ev, len) < 0) {
+		json_decref(ev.object);
+		free(rvcopy);
+		return -1;
+	}
+	/* ev.object is now owned by the queue */
+	if (rvcopy != NULL) {
+		free(w->rv);
+		w->rv = rvcopy;
+	}
+	w->nevents++;
+	return 0;
+}
+
+static size_t
+watch_write(char *data, size_t size, size_t nmemb, void *arg)
+{
+	struct rest_watch *w = arg;
+	struct k8s_status st;
+	size_t n = size * nmemb, off = 0, seg, room;
+	const char *nl;
+	int r;
+
+	if (w->code != 200) {
+		/* an error answer: keep what fits for its Status */
+		room = w->errbody.max - w->errbody.len;
+		buf_add(&w->errbody, data, n < room ? n : room);
+		return n;
+	}
+	while (off < n) {
+		nl = memchr(data + off, '\n', n - off);
+		if (nl == NULL) {
+			if (buf_add(&w->line, data + off, n - off) < 0)
+				goto toolong;
+			break;
+		}
+		seg = (size_t)(nl - (data + off));
+		if (w->line.len > 0) {
+			if (buf_add(&w->line, data + off, seg) < 0)
+				goto toolong;
+			r = watch_line(w, w->line.data, w->line.len);
+			if (w->line.cap > MIB)
+				buf_release(&w->line);
+			else
+				buf_reset(&w->line);
+		} else
+			r = watch_line(w, data + off, seg);
+		if (r < 0)
+			return 0;
+		off += seg + 1;
+	}
+	return n;
+toolong:
+	memset(&st, 0, sizeof(st));
+	k8s_status_set(&st, K8S_EINTERNAL, "k8s: watch: an event is larger "
+	    "than 16 MiB", NULL);
+	watch_fatal(w, K8S_EINTERNAL, &st);
+	return 0;
+}
+
+static size_t
+watch_header(char *data, size_t size, size_t nmemb, void *arg)
+{
+	struct rest_watch *w = arg;
+	size_t n = size * nmemb;
+	long code = 0;
+	int64_t s;
+
+	s = retry_after(data, n);
+	if (s >= 0)
+		w->retry_after_ms = s * 1000;
+	if (n > 0 && n <= 2 && (data[0] == '\r' || data[0] == '\n')) {
+		/* end of the headers of a response */
+		curl_easy_getinfo(w->h, CURLINFO_RESPONSE_CODE, &code);
+		if (code >= 200) {
+			w->code = code;
+			if (code == 200) {
+				pthread_mutex_lock(&w->lock);
+				w->started = 1;
+				pthread_cond_broadcast(&w->cond);
+				pthread_mutex_unlock(&w->lock);
+			}
+		}
+	}
+	return n;
+}
+
+/* One connection of the watch, until it ends; the curl result. */
+static CURLcode
+watch_connect(struct rest_watch *w, char *errbuf)
+{
+	struct rest *rs = w->rs;
+	struct curl_slist *hdrs;
+	struct buf url;
+	CURLMsg *msg;
+	CURLcode rc = CURLE_OK;
+	int running = 1, left;
+
+	w->code = 0;
+	w->nevents = 0;
+	w->retry_after_ms = -1;
+	buf_reset(&w->line);
+	buf_reset(&w->errbody);
+	buf_init(&url, 2 * MAX_PATH);
+	buf_printf(&url, "%s%s", rs->base, w->query);
+	if (w->rv != NULL) {
+		buf_addstr(&url, "&resourceVersion=");
+		add_escaped(&url, w->rv);
+	}
+
+	curl_easy_reset(w->h);
+	hdrs = setup_common(rs, w->h);
+	errbuf[0] = '\0';
+	curl_easy_setopt(w->h, CURLOPT_ERRORBUFFER, errbuf);
+	curl_easy_setopt(w->h, CURLOPT_URL, url.data);
+	curl_easy_setopt(w->h, CURLOPT_HTTPGET, 1L);
+	curl_easy_setopt(w->h, CURLOPT_HTTPHEADER, hdrs);
+	curl_easy_setopt(w->h, CURLOPT_WRITEFUNCTION, watch_write);
+	curl_easy_setopt(w->h, CURLOPT_WRITEDATA, w);
+	curl_easy_setopt(w->h, CURLOPT_HEADERFUNCTION, watch_header);
+	curl_easy_setopt(w->h, CURLOPT_HEADERDATA, w);
+	/* no total timeout: a quiet stream longer than this is dead */
+	curl_easy_setopt(w->h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+	curl_easy_setopt(w->h, CURLOPT_LOW_SPEED_TIME,
+	    (long)(w->timeout_s + WATCH_QUIET_S));
+
+	if (curl_multi_add_handle(w->multi, w->h) != CURLM_OK) {
+		rc = CURLE_FAILED_INIT;
+		goto out;
+	}
+	while (running) {
+		if (curl_multi_perform(w->multi, &running) != CURLM_OK) {
+			rc = CURLE_FAILED_INIT;
+			break;
+		}
+		if (!running)
+			break;
+		if (watch_stopping(w)) {
+			rc = CURLE_ABORTED_BY_CALLBACK;
+			break;
+		}
+		if (curl_multi_poll(w->multi, NULL, 0, 1000, NULL) !=
+		    CURLM_OK) {
+			rc = CURLE_FAILED_INIT;
+			break;
+		}
+	}
+	while ((msg = curl_multi_info_read(w->multi, &left)) != NULL)
+		if (msg->msg == CURLMSG_DONE)
+			rc = msg->data.result;
+	curl_multi_remove_handle(w->multi, w->h);
+out:
+	curl_easy_setopt(w->h, CURLOPT_HTTPHEADER, NULL);
+	free_headers(hdrs);
+	buf_release(&url);
+	return rc;
+}
+
+static int
+watch_transport_error(struct rest_watch *w, struct k8s_status *st,
+    CURLcode rc, const char *errbuf)
+{
+	char *path = path_shown(w->query), *msg;
+	int err = rc == CURLE_OPERATION_TIMEDOUT ? K8S_ETIMEOUT :
+	    K8S_EUNAVAILABLE;
+
+	msg = xasprintf("k8s: watch %s%s: %s", w->rs->shown, path,
+	    errbuf[0] != '\0' ? errbuf : curl_easy_strerror(rc));
+	k8s_status_set(st, err, msg, NULL);
+	st->code = err == K8S_ETIMEOUT ? 504 : 503;
+	free(msg);
+	free(path);
+	return err;
+}
+
+static void *
+watch_main(void *arg)
+{
+	struct rest_watch *w = arg;
+	struct rest *rs = w->rs;
+	char errbuf[CURL_ERROR_SIZE];
+	struct k8s_status st;
+	char *path;
+	CURLcode rc;
+	int64_t t0;
+	int failures = 0, err = 0, retry;
+
+	memset(&st, 0, sizeof(st));
+	for (;;) {
+		if (watch_stopping(w))
+			break;
+		t0 = now_mono_ms();
+		rc = watch_connect(w, errbuf);
+		if (watch_stopping(w))
+			break;
+		if (w->fatal) {
+			err = w->fatal_err;
+			st = w->fatal_st;
+			memset(&w->fatal_st, 0, sizeof(w->fatal_st));
+			break;
+		}
+		if (w->code == 200) {
+			/*
+			 * The stream ran and ended (timeoutSeconds, a reset
+			 * or the low-speed guard): go on from the last
+			 * resourceVersion, at once unless it keeps ending
+			 * before anything arrives.
+			 */
+			if (w->nevents > 0 || now_mono_ms() - t0 >= 1000)
+				failures = 0;
+			else if (++failures > rs->cfg.max_retries) {
+				err = rc != CURLE_OK ?
+				    watch_transport_error(w, &st, rc, errbuf) :
+				    k8s_status_set(&st, K8S_EUNAVAILABLE,
+				    "k8s: watch: the server keeps closing the "
+				    "stream", NULL);
+				break;
+			}
+			log_kv(LOG_DEBUG, "k8s: watch reconnecting",
+			    "resource_version", w->rv, "error",
+			    rc != CURLE_OK ? curl_easy_strerror(rc) : NULL,
+			    NULL);
+			if (failures > 0 && watch_sleep(w,
+			    backoff_ms(rs, failures - 1, -1)))
+				break;
+			continue;
+		}
+		if (w->code != 0)
+			retry = w->code == 429 ||
+			    (w->code >= 500 && w->code != 501);
+		else
+			retry = retryable_curl(rc);
+		if (retry)
+			failures++;
+		if (!retry || failures > rs->cfg.max_retries) {
+			if (w->code != 0) {
+				path = path_shown(w->query);
+				err = http_error(&st, "GET", path, w->code,
+				    w->errbody.data, w->errbody.len);
+				free(path);
+			} else
+				err = watch_transport_error(w, &st, rc,
+				    errbuf);
+			break;
+		}
+		if (watch_sleep(w, backoff_ms(rs, failures - 1,
+		    w->retry_after_ms)))
+			break;
+	}
+	pthread_mutex_lock(&w->lock);
+	w->done = 1;
+	w->err = err;
+	w->est = st;
+	w->est_set = err < 0;
+	pthread_cond_broadcast(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+	return NULL;
+}
+
+/* ---- watch: the ops ---- */
+
+static void
+rest_watch_free(struct k8s_watch *kw)
+{
+	struct rest_watch *w = (struct rest_watch *)kw;
+	struct wev *e, *next;
+
+	if (w == NULL)
+		return;
+	pthread_mutex_lock(&w->lock);
+	w->stop = 1;
+	pthread_cond_broadcast(&w->space);
+	pthread_cond_broadcast(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+	if (w->multi != NULL)
+		curl_multi_wakeup(w->multi);
+	if (w->thread_started)
+		pthread_join(w->thread, NULL);
+	for (e = w->head; e != NULL; e = next) {
+		next = e->next;
+		json_decref(e->ev.object);
+		free(e);
+	}
+	if (w->est_set)
+		k8s_status_release(&w->est);
+	k8s_status_release(&w->fatal_st);
+	buf_release(&w->line);
+	buf_release(&w->errbody);
+	if (w->h != NULL)
+		curl_easy_cleanup(w->h);
+	if (w->multi != NULL)
+		curl_multi_cleanup(w->multi);
+	pthread_cond_destroy(&w->cond);
+	pthread_cond_destroy(&w->space);
+	pthread_mutex_destroy(&w->lock);
+	free(w->query);
+	free(w->rv);
+	free(w);
+}
+
+static int
+rest_watch_next(struct k8s_watch *kw, int timeout_ms, struct k8s_event *ev,
+    struct k8s_status *st)
+{
+	struct rest_watch *w = (struct rest_watch *)kw;
+	struct timespec ts;
+	struct wev *e;
+	int ret;
+
+	if (timeout_ms > 0)
+		deadline_in(&ts, timeout_ms);
+	pthread_mutex_lock(&w->lock);
+	while (w->head == NULL && !w->done && timeout_ms != 0) {
+		if (timeout_ms < 0)
+			pthread_cond_wait(&w->cond, &w->lock);
+		else if (pthread_cond_timedwait(&w->cond, &w->lock, &ts) ==
+		    ETIMEDOUT)
+			break;
+	}
+	if (w->head != NULL) {
+		e = w->head;
+		w->head = e->next;
+		if (w->head == NULL)
+			w->tail = NULL;
+		w->count--;
+		w->bytes -= e->size;
+		pthread_cond_signal(&w->space);
+		pthread_mutex_unlock(&w->lock);
+		*ev = e->ev;	/* the object is now the caller's */
+		free(e);
+		return 1;
+	}
+	if (!w->done) {
+		pthread_mutex_unlock(&w->lock);
+		return 0;
+	}
+	ret = w->err < 0 ? w->err : K8S_EUNAVAILABLE;
+	if (st != NULL && w->est_set) {
+		k8s_status_release(st);
+		*st = w->est;
+		memset(&w->est, 0, sizeof(w->est));
+		w->est_set = 0;		/* now the caller's */
+	} else
+		k8s_status_set(st, ret, "k8s: the watch has ended", NULL);
+	pthread_mutex_unlock(&w->lock);
+	return ret;
+}
+
+static int
+rest_watch(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const struct k8s_list_opts *opts,
+    struct k8s_watch **out, struct k8s_status *st)
+{
+	struct rest *rs = rest_of(api);
+	struct rest_watch *w = NULL;
+	pthread_condattr_t ca;
+	struct timespec ts;
+	uint32_t rnd = 0;
+	int ret = K8S_EINTERNAL, sync = 0;
+
+	if (ns != NULL && ns[0] == '\0')
+		ns = NULL;
+	if (ns != NULL && bad_segment(ns))
+		return bad_request(st, "a valid namespace is required");
+	w = xcalloc(1, sizeof(*w));
+	w->w.api = api;
+	w->rs = rs;
+	pthread_mutex_init(&w->lock, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&w->cond, &ca);
+	pthread_cond_init(&w->space, &ca);
+	pthread_condattr_destroy(&ca);
+	buf_init(&w->line, MAX_LINE);
+	buf_init(&w->errbody, MAX_ERR_BODY);
+	(void)random_bytes(&rnd, sizeof(rnd));
+	/* spread reconnects, as client-go's reflector does */
+	w->timeout_s = WATCH_TIMEOUT_S + (int)(rnd % WATCH_TIMEOUT_S);
+	w->query = collection_query(r, ns, opts, 1, w->timeout_s);
+	if (w->query == NULL) {
+		ret = bad_request(st, "the request path is too long");
+		goto out;
+	}
+	if (opts != NULL && opts->resource_version != NULL &&
+	    opts->resource_version[0] != '\0')
+		w->rv = xstrdup(opts->resource_version);
+	w->multi = curl_multi_init();
+	w->h = handle_new(rs);
+	if (w->multi == NULL || w->h == NULL) {
+		ret = k8s_status_set(st, K8S_EINTERNAL,
+		    "k8s: cannot create a curl handle", NULL);
+		goto out;
+	}
+	if (pthread_create(&w->thread, NULL, watch_main, w) != 0) {
+		ret = k8s_status_set(st, K8S_EINTERNAL,
+		    "k8s: cannot start a watch thread", NULL);
+		goto out;
+	}
+	w->thread_started = 1;
+
+	/*
+	 * Wait for the answer so that a refused watch (401, 403, a bad
+	 * selector, no server) fails here; a 410 is reported by next().
+	 */
+	deadline_in(&ts, (int64_t)rs->cfg.connect_timeout_ms +
+	    rs->cfg.timeout_ms);
+	pthread_mutex_lock(&w->lock);
+	while (!w->started && !w->done)
+		if (pthread_cond_timedwait(&w->cond, &w->lock, &ts) ==
+		    ETIMEDOUT)
+			break;
+	if (w->done && w->head == NULL && w->err != K8S_EGONE) {
+		sync = 1;
+		ret = w->err < 0 ? w->err : K8S_EUNAVAILABLE;
+		if (st != NULL && w->est_set) {
+			k8s_status_release(st);
+			*st = w->est;
+			memset(&w->est, 0, sizeof(w->est));
+			w->est_set = 0;	/* now the caller's */
+		} else
+			k8s_status_set(st, ret, "k8s: the watch has ended",
+			    NULL);
+	}
+	pthread_mutex_unlock(&w->lock);
+	if (sync)
+		goto out;
+	*out = &w->w;
+	w = NULL;	/* now the caller's */
+	ret = 0;
+out:
+	rest_watch_free(w ? &w->w : NULL);
+	return ret;
+}
+
+/* ---- open and free ---- */
+
+static void
+rest_free(struct k8s_api *api)
+{
+	struct rest *rs = rest_of(api);
+	size_t i;
+
+	if (rs == NULL)
+		return;
+	for (i = 0; i < rs->npool; i++)
+		curl_easy_cleanup(rs->pool[i]);
+	if (rs->share != NULL)
+		curl_share_cleanup(rs->share);
+	for (i = 0; i < CURL_LOCK_DATA_LAST; i++)
+		pthread_mutex_destroy(&rs->share_lock[i]);
+	pthread_mutex_destroy(&rs->pool_lock);
+	pthread_mutex_destroy(&rs->token_lock);
+	k8s_cluster_release(&rs->c);
+	free_secret(rs->token);
+	free(rs->base);
+	free(rs->shown);
+	free(rs->host_hdr);
+	curl_slist_free_all(rs->connect_to);
+	free(rs);
+}
+
+static const struct k8s_ops rest_ops = {
+	.name = "rest",
+	.get = rest_get,
+	.list = rest_list,
+	.create = rest_create,
+	.update = rest_update,
+	.update_status = rest_update_status,
+	.patch = rest_patch,
+	.del = rest_del,
+	.watch = rest_watch,
+	.watch_next = rest_watch_next,
+	.watch_free = rest_watch_free,
+	.free = rest_free,
+};
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc;
+
+static void
+curl_init(void)
+{
+	curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+/* A file the client needs must be readable now, not at the first call. */
+static int
+check_file(const char *what, const char *path, char **cause)
+{
+	if (path == NULL || access(path, R_OK) == 0)
+		return 0;
+	*cause = xasprintf("k8s: %s '%s': %s", what, path, strerror(errno));
+	return -1;
+}
+
+static void
+copy_cluster(struct k8s_cluster *d, const struct k8s_cluster *s)
+{
+	d->server = dup_or_null(s->server);
+	d->namespace = xstrdup(s->namespace != NULL && s->namespace[0] ?
+	    s->namespace : "default");
+	d->ca_file = dup_or_null(s->ca_file);
+	d->ca_data = dup_or_null(s->ca_data);
+	d->insecure = s->insecure;
+	d->tls_server_name = s->tls_server_name != NULL &&
+	    s->tls_server_name[0] != '\0' ? xstrdup(s->tls_server_name) : NULL;
+	d->cert_file = dup_or_null(s->cert_file);
+	d->key_file = dup_or_null(s->key_file);
+	d->cert_data = dup_or_null(s->cert_data);
+	d->key_data = dup_or_null(s->key_data);
+	d->token = s->token != NULL && s->token[0] != '\0' ?
+	    xstrdup(s->token) : NULL;
+	d->token_file = dup_or_null(s->token_file);
+	d->username = dup_or_null(s->username);
+	d->password = dup_or_null(s->password);
+}
+
+static void
+set_blob(struct curl_blob *b, const char *data)
+{
+	b->data = (void *)(uintptr_t)data;
+	b->len = data != NULL ? strlen(data) : 0;
+	/* the data lives as long as the client and its handles */
+	b->flags = CURL_BLOB_NOCOPY;
+}
+
+/* Open a REST client for the API server of cluster c. */
+int
+k8s_rest_open(struct k8s_api **out, const struct k8s_cluster *c,
+    const struct k8s_rest_config *cfg, char **cause)
+{
+	struct rest *rs = NULL;
+	CURLU *u = NULL;
+	char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL;
+	char *user = NULL, *query = NULL, *ct;
+	size_t i, plen;
+	int ret = -1, https;
+
+	pthread_once(&curl_once, curl_init);
+	if (curl_init_rc != CURLE_OK) {
+		*cause = xasprintf("k8s: curl_global_init: %s",
+		    curl_easy_strerror(curl_init_rc));
+		goto out;
+	}
+	if (c == NULL || c->server == NULL || c->server[0] == '\0') {
+		*cause = xstrdup("k8s: no API server given");
+		goto out;
+	}
+	u = curl_url();
+	if (u == NULL || curl_url_set(u, CURLUPART_URL, c->server, 0) !=
+	    CURLUE_OK ||
+	    curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
+	    curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
+	    curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) !=
+	    CURLUE_OK ||
+	    curl_url_get(u, CURLUPART_PATH, &path, 0) != CURLUE_OK) {
+		/* not echoed: it might carry a password */
+		*cause = xstrdup("k8s: the API server URL is not valid");
+		goto out;
+	}
+	if (curl_url_get(u, CURLUPART_USER, &user, 0) == CURLUE_OK) {
+		*cause = xstrdup("k8s: the API server URL must not carry "
+		    "credentials");
+		goto out;
+	}
+	if (curl_url_get(u, CURLUPART_QUERY, &query, 0) == CURLUE_OK) {
+		*cause = xstrdup("k8s: the API server URL must not have a "
+		    "query");
+		goto out;
+	}
+	https = strcmp(scheme, "https") == 0;
+	if (!https && strcmp(scheme, "http") != 0) {
+		*cause = xasprintf("k8s: API server scheme '%s' is not http "
+		    "or https", scheme);
+		goto out;
+	}
+
+	rs = xcalloc(1, sizeof(*rs));
+	rs->api.ops = &rest_ops;
+	for (i = 0; i < CURL_LOCK_DATA_LAST; i++)
+		pthread_mutex_init(&rs->share_lock[i], NULL);
+	pthread_mutex_init(&rs->pool_lock, NULL);
+	pthread_mutex_init(&rs->token_lock, NULL);
+	copy_cluster(&rs->c, c);
+
+	rs->cfg.connect_timeout_ms = DEF_CONNECT_MS;
+	rs->cfg.timeout_ms = DEF_TIMEOUT_MS;
+	rs->cfg.max_retries = DEF_RETRIES;
+	rs->cfg.max_retry_wait_ms = DEF_RETRY_WAIT_MS;
+	if (cfg != NULL) {
+		if (cfg->connect_timeout_ms > 0)
+			rs->cfg.connect_timeout_ms = cfg->connect_timeout_ms;
+		if (cfg->timeout_ms > 0)
+			rs->cfg.timeout_ms = cfg->timeout_ms;
+		/* 0 = the default, negative = no retries */
+		if (cfg->max_retries != 0)
+			rs->cfg.max_retries = cfg->max_retries > 0 ?
+			    cfg->max_retries : 0;
+		if (cfg->max_retry_wait_ms > 0)
+			rs->cfg.max_retry_wait_ms = cfg->max_retry_wait_ms;
+	}
+
+	plen = strlen(path);
+	while (plen > 0 && path[plen - 1] == '/')
+		path[--plen] = '\0';
+	rs->shown = xasprintf("%s://%s:%s%s", scheme, host, port, path);
+	if (https && rs->c.tls_server_name != NULL) {
+		/*
+		 * Verify (and send SNI for) tls-server-name while connecting
+		 * to the server's own address, as client-go's ServerName.
+		 */
+		rs->base = xasprintf("https://%s:%s%s",
+		    rs->c.tls_server_name, port, path);
+		ct = xasprintf("%s:%s:%s:%s", rs->c.tls_server_name, port,
+		    host, port);
+		rs->connect_to = add_header(NULL, ct);
+		free(ct);
+		rs->host_hdr = xasprintf("Host: %s:%s", host, port);
+	} else
+		rs->base = xstrdup(rs->shown);
+
+	rs->creds = https;
+	if (!https && (rs->c.token != NULL || rs->c.token_file != NULL ||
+	    rs->c.username != NULL || rs->c.cert_file != NULL ||
+	    rs->c.cert_data != NULL))
+		log_kv(LOG_WARN, "k8s: plain http: credentials are not sent",
+		    "server", rs->shown, NULL);
+	if (check_file("certificate-authority", rs->c.ca_file, cause) < 0 ||
+	    check_file("client-certificate", rs->c.cert_file, cause) < 0 ||
+	    check_file("client-key", rs->c.key_file, cause) < 0)
+		goto out;
+	if (rs->c.token == NULL &&
+	    check_file("tokenFile", rs->c.token_file, cause) < 0)
+		goto out;
+	set_blob(&rs->ca_blob, rs->c.ca_data);
+	set_blob(&rs->cert_blob, rs->c.cert_data);
+	set_blob(&rs->key_blob, rs->c.key_data);
+
+	rs->share = curl_share_init();
+	if (rs->share == NULL) {
+		*cause = xstrdup("k8s: cannot create a curl share");
+		goto out;
+	}
+	curl_share_setopt(rs->share, CURLSHOPT_LOCKFUNC, share_lock);
+	curl_share_setopt(rs->share, CURLSHOPT_UNLOCKFUNC, share_unlock);
+	curl_share_setopt(rs->share, CURLSHOPT_USERDATA, rs);
+	curl_share_setopt(rs->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
+	curl_share_setopt(rs->share, CURLSHOPT_SHARE,
+	    CURL_LOCK_DATA_SSL_SESSION);
+
+	*out = &rs->api;
+	rs = NULL;	/* now the caller's */
+	ret = 0;
+out:
+	rest_free(rs ? &rs->api : NULL);
+	curl_free(scheme);
+	curl_free(host);
+	curl_free(port);
+	curl_free(path);
+	curl_free(user);
+	curl_free(query);
+	curl_url_cleanup(u);
+	return ret;
+}

@@ -1,0 +1,956 @@
+/*
+ * Unit tests of the REST backend's configuration: kubeconfig files
+ * (contexts, data and path fields, tokens, relative paths, KUBECONFIG
+ * merges, every error with its exact message), the in-cluster service
+ * account under a fake root, and the parts of rest.c that need no server:
+ * k8s_rest_open's checks, a refused connection, and the watch line parser.
+ */
+#include "config.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <sys/stat.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "k8s/k8s.h"
+#include "util/util.h"
+
+/* Not in the header: exported for the fuzz target and these tests. */
+int k8s_kubeconfig_parse_mem(struct k8s_cluster *out, const char *name,
+    const char *text, size_t len, const char *context, char **cause);
+int k8s_rest_watch_parse_line(const char *line, size_t len,
+    struct k8s_event *out, struct k8s_status *st);
+
+/* ---- helpers ---- */
+
+static char *
+data_path(const char *name)
+{
+	const char *top = getenv("top_srcdir");
+
+	return xasprintf("%s/tests/data/kubeconfig/%s", top ? top : ".",
+	    name);
+}
+
+/* Load that must work; fails the test with the cause if not. */
+static void
+load_ok(struct k8s_cluster *c, const char *paths, const char *context)
+{
+	char *cause = NULL;
+
+	memset(c, 0, sizeof(*c));
+	if (k8s_kubeconfig_load(c, paths, context, &cause) != 0)
+		fail_msg("unexpected error: %s", cause);
+	assert_null(cause);
+	assert_non_null(c->server);
+	assert_non_null(c->namespace);
+}
+
+/* Load a data file that must work. */
+static void
+load_data_ok(struct k8s_cluster *c, const char *file, const char *context)
+{
+	char *path = data_path(file);
+
+	load_ok(c, path, context);
+	free(path);
+}
+
+/*
+ * Load that must fail; checks that *out was not written and returns the
+ * cause (to free).
+ */
+static char *
+load_err(const char *paths, const char *context)
+{
+	struct k8s_cluster c, saved;
+	char *cause = NULL;
+
+	memset(&c, 0xa5, sizeof(c));
+	memcpy(&saved, &c, sizeof(c));
+	assert_int_equal(k8s_kubeconfig_load(&c, paths, context, &cause), -1);
+	assert_non_null(cause);
+	assert_null(strchr(cause, '\n'));
+	assert_memory_equal(&c, &saved, sizeof(c));
+	return cause;
+}
+
+/* realpath() of a file that exists, compared with another path. */
+static void
+assert_same_file(const char *got, const char *want)
+{
+	char a[PATH_MAX], b[PATH_MAX];
+
+	assert_non_null(got);
+	assert_true(got[0] == '/');
+	if (realpath(got, a) == NULL)
+		fail_msg("'%s': %s", got, strerror(errno));
+	if (realpath(want, b) == NULL)
+		fail_msg("'%s': %s", want, strerror(errno));
+	assert_string_equal(a, b);
+}
+
+static int
+ends_with(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), m = strlen(suffix);
+
+	return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static void
+write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+
+	assert_non_null(f);
+	assert_int_equal(fputs(text, f) >= 0, 1);
+	assert_int_equal(fclose(f), 0);
+}
+
+static char *
+make_tmpdir(void)
+{
+	char tmpl[] = "/tmp/test-kubeconfig-XXXXXX";
+
+	assert_non_null(mkdtemp(tmpl));
+	return xstrdup(tmpl);
+}
+
+/* rm -r of the small trees the tests make. */
+static void
+remove_tree(const char *dir, const char *const *rel)
+{
+	char *p;
+	size_t i;
+
+	for (i = 0; rel[i] != NULL; i++) {
+		p = xasprintf("%s/%s", dir, rel[i]);
+		if (unlink(p) < 0)
+			rmdir(p);
+		free(p);
+	}
+	rmdir(dir);
+}
+
+static int
+setup(void **state)
+{
+	(void)state;
+	unsetenv("KUBECONFIG");
+	unsetenv("POD_NAMESPACE");
+	unsetenv("KUBERNETES_SERVICE_HOST");
+	unsetenv("KUBERNETES_SERVICE_PORT");
+	return 0;
+}
+
+/* ---- kubeconfig: successful loads ---- */
+
+static void
+test_current_context(void **state)
+{
+	struct k8s_cluster c;
+
+	(void)state;
+	load_data_ok(&c, "multi.yaml", NULL);
+	assert_string_equal(c.server, "https://dev.example.com:6443");
+	assert_string_equal(c.namespace, "dev-ns");
+	assert_string_equal(c.token, "s3cr3t-dev-token");
+	assert_null(c.token_file);
+	assert_null(c.ca_file);
+	assert_null(c.ca_data);
+	assert_int_equal(c.insecure, 0);
+	assert_null(c.cert_file);
+	assert_null(c.username);
+	k8s_cluster_release(&c);
+
+	/* "" means the current context too */
+	load_data_ok(&c, "multi.yaml", "");
+	assert_string_equal(c.server, "https://dev.example.com:6443");
+	k8s_cluster_release(&c);
+}
+
+static void
+test_context_by_name_paths(void **state)
+{
+	struct k8s_cluster c;
+	char *ca = data_path("certs/ca.crt");
+	char *cert = data_path("certs/client.crt");
+
+	(void)state;
+	load_data_ok(&c, "multi.yaml", "prod");
+	/* trailing slashes of the prefix go */
+	assert_string_equal(c.server, "https://prod.example.com:6443/k8s");
+	assert_string_equal(c.namespace, "default");
+	assert_same_file(c.ca_file, ca);
+	assert_same_file(c.cert_file, cert);
+	/* absolute paths stay as they are */
+	assert_string_equal(c.key_file, "/abs/path/client.key");
+	assert_null(c.token);
+	assert_null(c.cert_data);
+	assert_null(c.key_data);
+	k8s_cluster_release(&c);
+	free(ca);
+	free(cert);
+}
+
+static void
+test_data_fields(void **state)
+{
+	struct k8s_cluster c;
+
+	(void)state;
+	load_data_ok(&c, "multi.yaml", "data");
+	assert_string_equal(c.server, "https://10.0.0.1:6443");
+	assert_string_equal(c.namespace, "data-ns");
+	assert_null(c.ca_file);
+	assert_string_equal(c.ca_data, "-----BEGIN CERTIFICATE-----\n"
+	    "MIIBfakeCAdataForTests0123456789\n-----END CERTIFICATE-----\n");
+	assert_string_equal(c.cert_data, "-----BEGIN CERTIFICATE-----\n"
+	    "MIIBfakeClientCertForTests\n-----END CERTIFICATE-----\n");
+	assert_string_equal(c.key_data, "-----BEGIN PRIVATE KEY-----\n"
+	    "MIIEfakeClientKeyForTestsSECRETKEY\n-----END PRIVATE KEY-----\n");
+	assert_null(c.cert_file);
+	assert_null(c.key_file);
+	k8s_cluster_release(&c);
+}
+
+static void
+test_data_overrides_path(void **state)
+{
+	struct k8s_cluster c;
+
+	(void)state;
+	load_data_ok(&c, "multi.yaml", "both-ca");
+	assert_null(c.ca_file);
+	assert_non_null(c.ca_data);
+	/* a context without a user: no credentials at all */
+	assert_null(c.token);
+	assert_null(c.token_file);
+	assert_null(c.cert_data);
+	k8s_cluster_release(&c);
+}
+
+static void
+test_token_file_relative(void **state)
+{
+	struct k8s_cluster c;
+
+	(void)state;
+	load_data_ok(&c, "multi.yaml", "tokfile");
+	assert_null(c.token);
+	assert_non_null(c.token_file);
+	assert_true(c.token_file[0] == '/');
+	assert_true(ends_with(c.token_file,
+	    "/tests/data/kubeconfig/secrets/token"));
+	k8s_cluster_release(&c);
+}
+
+static void
+test_basic_auth(void **state)
+{
+	struct k8s_cluster c;
+
+	(void)state;
+	load_data_ok(&c, "multi.yaml", "basic");
+	assert_string_equal(c.username, "admin");
+	assert_string_equal(c.password, "hunter2");
+	assert_null(c.token);
+	k8s_cluster_release(&c);
+}
+
+static void
+test_insecure_server_name(void **state)
+{
+	struct k8s_cluster c;
+
+	(void)state;
+	load_data_ok(&c, "multi.yaml", "lab");
+	assert_int_equal(c.insecure, 1);
+	assert_string_equal(c.tls_server_name, "kubernetes.default");
+	assert_string_equal(c.server, "https://lab.internal:8443");
+	assert_null(c.ca_file);
+	k8s_cluster_release(&c);
+}
+
+static void
+test_namespace_default_bare_server(void **state)
+{
+	struct k8s_cluster c;
+
+	(void)state;
+	/* namespace: "" is the default; a bare host:port gets https:// */
+	load_data_ok(&c, "multi.yaml", "bare");
+	assert_string_equal(c.namespace, "default");
+	assert_string_equal(c.server, "https://bare.example.com:6443");
+	k8s_cluster_release(&c);
+}
+
+static void
+test_merge_first_wins(void **state)
+{
+	struct k8s_cluster c;
+	char *a = data_path("merge-a.yaml"), *b = data_path("merge-b.yaml");
+	char *list = xasprintf("%s:%s", a, b);
+
+	(void)state;
+	/* current-context from a; cluster "shared" and a-user from a */
+	load_ok(&c, list, NULL);
+	assert_string_equal(c.server, "https://from-a.example.com");
+	assert_string_equal(c.namespace, "team-a");
+	assert_string_equal(c.token, "token-from-a");
+	k8s_cluster_release(&c);
+
+	/* a context only b defines, resolving names across both files */
+	load_ok(&c, list, "b-shared");
+	assert_string_equal(c.server, "https://from-a.example.com");
+	assert_string_equal(c.token, "token-from-a");
+	k8s_cluster_release(&c);
+	free(a);
+	free(b);
+	free(list);
+}
+
+static void
+test_merge_second_file_paths(void **state)
+{
+	struct k8s_cluster c;
+	char *a = data_path("merge-a.yaml"), *b = data_path("merge-b.yaml");
+	char *list = xasprintf("%s::%s", a, b);
+
+	(void)state;
+	/* empty entries are skipped; b's paths resolve against b's dir */
+	load_ok(&c, list, "b-ctx");
+	assert_string_equal(c.server, "https://b.example.com:6443");
+	assert_string_equal(c.namespace, "default");
+	assert_true(ends_with(c.ca_file, "/tests/data/kubeconfig/b-ca.crt"));
+	assert_true(ends_with(c.token_file,
+	    "/tests/data/kubeconfig/b-token"));
+	k8s_cluster_release(&c);
+	free(a);
+	free(b);
+	free(list);
+}
+
+static void
+test_merge_missing_file_skipped(void **state)
+{
+	struct k8s_cluster c;
+	char *b = data_path("merge-b.yaml");
+	char *list = xasprintf("/nonexistent/kubeconfig:%s", b);
+
+	(void)state;
+	load_ok(&c, list, NULL);
+	/* b's current-context, now that a is absent */
+	assert_string_equal(c.server, "https://b.example.com:6443");
+	k8s_cluster_release(&c);
+	free(b);
+	free(list);
+}
+
+static void
+test_kubeconfig_env(void **state)
+{
+	struct k8s_cluster c;
+	char *a = data_path("merge-a.yaml"), *b = data_path("merge-b.yaml");
+	char *list = xasprintf("%s:%s", b, a);
+
+	(void)state;
+	setenv("KUBECONFIG", list, 1);
+	/* NULL and "" both mean $KUBECONFIG; b is first this time */
+	load_ok(&c, NULL, NULL);
+	assert_string_equal(c.server, "https://b.example.com:6443");
+	k8s_cluster_release(&c);
+	load_ok(&c, "", "a-ctx");
+	/* b defines a-ctx too, and b comes first */
+	assert_string_equal(c.server, "https://b.example.com:6443");
+	k8s_cluster_release(&c);
+	unsetenv("KUBECONFIG");
+	free(a);
+	free(b);
+	free(list);
+}
+
+static void
+test_home_default(void **state)
+{
+	static const char *const tree[] = { ".kube/config", ".kube", NULL };
+	struct k8s_cluster c;
+	char *dir = make_tmpdir(), *p, *old = NULL;
+
+	(void)state;
+	if (getenv("HOME") != NULL)
+		old = xstrdup(getenv("HOME"));
+	p = xasprintf("%s/.kube", dir);
+	assert_int_equal(mkdir(p, 0700), 0);
+	free(p);
+	p = xasprintf("%s/.kube/config", dir);
+	write_file(p, "current-context: home\n"
+	    "contexts: [{name: home, context: {cluster: h}}]\n"
+	    "clusters: [{name: h, cluster: {server: 'https://home:1'}}]\n");
+	free(p);
+	setenv("HOME", dir, 1);
+	load_ok(&c, NULL, NULL);
+	assert_string_equal(c.server, "https://home:1");
+	k8s_cluster_release(&c);
+	if (old != NULL)
+		setenv("HOME", old, 1);
+	else
+		unsetenv("HOME");
+	free(old);
+	remove_tree(dir, tree);
+	free(dir);
+}
+
+static void
+test_relative_paths_tmp(void **state)
+{
+	static const char *const tree[] = { "sub/config", "sub", NULL };
+	struct k8s_cluster c;
+	char *dir = make_tmpdir(), *p, *want;
+
+	(void)state;
+	p = xasprintf("%s/sub", dir);
+	assert_int_equal(mkdir(p, 0700), 0);
+	free(p);
+	p = xasprintf("%s/sub/config", dir);
+	write_file(p, "apiVersion: v1\n"
+	    "kind: Config\n"
+	    "current-context: t\n"
+	    "clusters:\n"
+	    "- name: c\n"
+	    "  cluster:\n"
+	    "    server: https://127.0.0.1:6443\n"
+	    "    certificate-authority: pki/ca.pem\n"
+	    "users:\n"
+	    "- name: u\n"
+	    "  user:\n"
+	    "    client-certificate: ../client.pem\n"
+	    "    client-key: ./client-key.pem\n"
+	    "    tokenFile: /var/run/abs-token\n"
+	    "contexts:\n"
+	    "- name: t\n"
+	    "  context: {cluster: c, user: u, namespace: ns1}\n");
+	load_ok(&c, p, NULL);
+	want = xasprintf("%s/sub/pki/ca.pem", dir);
+	assert_string_equal(c.ca_file, want);
+	free(want);
+	want = xasprintf("%s/sub/../client.pem", dir);
+	assert_string_equal(c.cert_file, want);
+	free(want);
+	want = xasprintf("%s/sub/./client-key.pem", dir);
+	assert_string_equal(c.key_file, want);
+	free(want);
+	assert_string_equal(c.token_file, "/var/run/abs-token");
+	assert_string_equal(c.namespace, "ns1");
+	k8s_cluster_release(&c);
+	free(p);
+	remove_tree(dir, tree);
+	free(dir);
+}
+
+static void
+test_parse_mem(void **state)
+{
+	static const char text[] =
+	    "current-context: m\n"
+	    "contexts: [{name: m, context: {cluster: c, user: u}}]\n"
+	    "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:8081/',"
+	    " insecure-skip-tls-verify: false}}]\n"
+	    "users: [{name: u, user: {token: ~, tokenFile: t}}]\n";
+	struct k8s_cluster c;
+	char *cause = NULL;
+
+	(void)state;
+	memset(&c, 0, sizeof(c));
+	assert_int_equal(k8s_kubeconfig_parse_mem(&c, "/etc/kube/mem.yaml",
+	    text, strlen(text), NULL, &cause), 0);
+	assert_string_equal(c.server, "http://127.0.0.1:8081");
+	assert_int_equal(c.insecure, 0);
+	assert_null(c.token);
+	assert_string_equal(c.token_file, "/etc/kube/t");
+	k8s_cluster_release(&c);
+
+	/* an empty document is an empty config */
+	assert_int_equal(k8s_kubeconfig_parse_mem(&c, "/e.yaml", "", 0,
+	    NULL, &cause), -1);
+	assert_string_equal(cause, "no current-context in '/e.yaml' and no "
+	    "--context given");
+	free(cause);
+}
+
+static void
+test_release(void **state)
+{
+	struct k8s_cluster c;
+
+	(void)state;
+	memset(&c, 0, sizeof(c));
+	k8s_cluster_release(&c);
+	k8s_cluster_release(NULL);
+	load_data_ok(&c, "multi.yaml", "data");
+	k8s_cluster_release(&c);
+	assert_null(c.server);
+	assert_null(c.key_data);
+	assert_null(c.token);
+	/* twice is harmless */
+	k8s_cluster_release(&c);
+}
+
+/* ---- kubeconfig: errors, one per case ---- */
+
+struct err_case {
+	const char *name;
+	const char *file;	/* under tests/data/kubeconfig */
+	const char *context;
+	const char *fmt;	/* the message; %s = the file's path */
+	const char *secret;	/* must not appear in the message */
+};
+
+static const struct err_case error_cases[] = {
+	{ "err_missing_file", "no-such-file.yaml", NULL,
+	    "kubeconfig '%s': No such file or directory", NULL },
+	{ "err_bad_yaml", "bad-yaml.yaml", NULL,
+	    "kubeconfig '%s': line 6: did not find expected key", NULL },
+	{ "err_not_a_mapping", "not-a-mapping.yaml", NULL,
+	    "kubeconfig '%s': not a mapping", NULL },
+	{ "err_context_not_found", "multi.yaml", "nope",
+	    "context 'nope' not found in '%s'", NULL },
+	{ "err_cluster_not_found", "multi.yaml", "missing-cluster",
+	    "cluster 'no-such-cluster' not found in '%s'", NULL },
+	{ "err_user_not_found", "multi.yaml", "missing-user",
+	    "user 'no-such-user' not found in '%s'", NULL },
+	{ "err_context_no_cluster", "multi.yaml", "no-cluster",
+	    "context 'no-cluster' in '%s' has no cluster", NULL },
+	{ "err_no_server", "no-server.yaml", NULL,
+	    "cluster 'c1' in '%s' has no server", NULL },
+	{ "err_no_current_context", "no-current.yaml", NULL,
+	    "no current-context in '%s' and no --context given", NULL },
+	{ "err_exec_plugin", "exec.yaml", NULL,
+	    "user 'eks-user' in '%s': exec credential plugins are not "
+	    "supported; use a token, tokenFile or client certificate", NULL },
+	{ "err_auth_provider", "auth-provider.yaml", NULL,
+	    "user 'gke-user' in '%s': auth-provider plugins are not "
+	    "supported; use a token, tokenFile or client certificate", NULL },
+	{ "err_ca_and_insecure", "ca-insecure.yaml", NULL,
+	    "cluster 'c1' in '%s': specifying a root certificates file with "
+	    "the insecure flag is not allowed", NULL },
+	{ "err_bad_base64", "bad-base64.yaml", NULL,
+	    "user 'u1' in '%s': 'client-certificate-data' is not valid "
+	    "base64", "SECRETDATA" },
+	{ "err_cert_without_key", "cert-no-key.yaml", NULL,
+	    "user 'u1' in '%s': a client certificate needs both "
+	    "client-certificate and client-key", NULL },
+	{ "err_token_and_basic", "token-and-basic.yaml", NULL,
+	    "user 'u1' in '%s': username/password or bearer token may be "
+	    "set, but not both", "TOPSECRET" },
+	{ "err_token_not_string", "token-not-string.yaml", NULL,
+	    "user 'u1' in '%s': 'token' is not a string", "TOPSECRET" },
+	{ "err_clusters_not_list", "clusters-not-list.yaml", NULL,
+	    "kubeconfig '%s': 'clusters' is not a list", NULL },
+	{ "err_bad_bool", "bad-bool.yaml", NULL,
+	    "cluster 'c1' in '%s': 'insecure-skip-tls-verify' is not a "
+	    "boolean", NULL },
+};
+
+/* fmt with its one "%s" replaced by path. */
+static char *
+subst(const char *fmt, const char *path)
+{
+	const char *at = strstr(fmt, "%s");
+
+	assert_non_null(at);
+	return xasprintf("%.*s%s%s", (int)(at - fmt), fmt, path, at + 2);
+}
+
+static void
+test_error_case(void **state)
+{
+	const struct err_case *ec = *state;
+	char *path = data_path(ec->file);
+	char *want = subst(ec->fmt, path);
+	char *cause = load_err(path, ec->context);
+
+	assert_string_equal(cause, want);
+	if (ec->secret != NULL)
+		assert_null(strstr(cause, ec->secret));
+	free(cause);
+	free(want);
+	free(path);
+}
+
+static void
+test_err_no_file_in_list(void **state)
+{
+	char *cause;
+
+	(void)state;
+	cause = load_err("/nonexistent/a:/nonexistent/b", NULL);
+	assert_string_equal(cause, "kubeconfig: none of "
+	    "'/nonexistent/a:/nonexistent/b' exists");
+	free(cause);
+}
+
+static void
+test_err_not_found_names_all_files(void **state)
+{
+	char *a = data_path("merge-a.yaml"), *b = data_path("merge-b.yaml");
+	char *list = xasprintf("%s:%s", a, b), *want, *cause;
+
+	(void)state;
+	cause = load_err(list, "zzz");
+	want = xasprintf("context 'zzz' not found in '%s'", list);
+	assert_string_equal(cause, want);
+	free(cause);
+	free(want);
+	free(a);
+	free(b);
+	free(list);
+}
+
+/* ---- in-cluster ---- */
+
+static char *
+sa_root(int token, int ca, const char *ns)
+{
+	char *dir = make_tmpdir(), *p;
+
+	if (token) {
+		p = xasprintf("%s/token", dir);
+		write_file(p, "eyJhbGciOiJSUzI1NiJ9.sa-token\n");
+		free(p);
+	}
+	if (ca) {
+		p = xasprintf("%s/ca.crt", dir);
+		write_file(p, "-----BEGIN CERTIFICATE-----\n");
+		free(p);
+	}
+	if (ns != NULL) {
+		p = xasprintf("%s/namespace", dir);
+		write_file(p, ns);
+		free(p);
+	}
+	return dir;
+}
+
+static void
+sa_root_remove(char *dir)
+{
+	static const char *const tree[] = { "token", "ca.crt", "namespace",
+	    NULL };
+
+	remove_tree(dir, tree);
+	free(dir);
+}
+
+static void
+test_incluster_ok(void **state)
+{
+	struct k8s_cluster c;
+	char *dir = sa_root(1, 1, "team-b\n"), *cause = NULL, *want;
+
+	(void)state;
+	setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1", 1);
+	setenv("KUBERNETES_SERVICE_PORT", "443", 1);
+	memset(&c, 0, sizeof(c));
+	assert_int_equal(k8s_incluster_load(&c, dir, &cause), 0);
+	assert_null(cause);
+	assert_string_equal(c.server, "https://10.96.0.1:443");
+	assert_string_equal(c.namespace, "team-b");
+	want = xasprintf("%s/token", dir);
+	assert_string_equal(c.token_file, want);
+	free(want);
+	/* the token is re-read by the client (rotation), not copied */
+	assert_null(c.token);
+	want = xasprintf("%s/ca.crt", dir);
+	assert_string_equal(c.ca_file, want);
+	free(want);
+	assert_int_equal(c.insecure, 0);
+	k8s_cluster_release(&c);
+	sa_root_remove(dir);
+}
+
+static void
+test_incluster_ipv6_pod_namespace(void **state)
+{
+	struct k8s_cluster c;
+	char *dir = sa_root(1, 1, "from-file"), *cause = NULL;
+
+	(void)state;
+	setenv("KUBERNETES_SERVICE_HOST", "fd00:10:96::1", 1);
+	setenv("KUBERNETES_SERVICE_PORT", "6443", 1);
+	setenv("POD_NAMESPACE", "from-env", 1);
+	memset(&c, 0, sizeof(c));
+	assert_int_equal(k8s_incluster_load(&c, dir, &cause), 0);
+	assert_string_equal(c.server, "https://[fd00:10:96::1]:6443");
+	assert_string_equal(c.namespace, "from-env");
+	k8s_cluster_release(&c);
+	unsetenv("POD_NAMESPACE");
+	sa_root_remove(dir);
+}
+
+static void
+test_incluster_defaults(void **state)
+{
+	struct k8s_cluster c;
+	char *dir = sa_root(1, 0, NULL), *cause = NULL;
+
+	(void)state;
+	setenv("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc", 1);
+	setenv("KUBERNETES_SERVICE_PORT", "443", 1);
+	memset(&c, 0, sizeof(c));
+	assert_int_equal(k8s_incluster_load(&c, dir, &cause), 0);
+	/* no ca.crt: the system roots; no namespace file: default */
+	assert_null(c.ca_file);
+	assert_string_equal(c.namespace, "default");
+	k8s_cluster_release(&c);
+	sa_root_remove(dir);
+}
+
+static void
+test_incluster_errors(void **state)
+{
+	struct k8s_cluster c, saved;
+	char *dir = sa_root(0, 1, "x"), *cause = NULL, *want;
+
+	(void)state;
+	memset(&c, 0xa5, sizeof(c));
+	memcpy(&saved, &c, sizeof(c));
+
+	assert_int_equal(k8s_incluster_load(&c, dir, &cause), -1);
+	assert_string_equal(cause, "not running in a cluster: "
+	    "KUBERNETES_SERVICE_HOST is not set");
+	free(cause);
+	cause = NULL;
+
+	setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1", 1);
+	assert_int_equal(k8s_incluster_load(&c, dir, &cause), -1);
+	assert_string_equal(cause, "not running in a cluster: "
+	    "KUBERNETES_SERVICE_PORT is not set");
+	free(cause);
+	cause = NULL;
+
+	setenv("KUBERNETES_SERVICE_PORT", "https", 1);
+	assert_int_equal(k8s_incluster_load(&c, dir, &cause), -1);
+	assert_string_equal(cause, "in-cluster: KUBERNETES_SERVICE_PORT "
+	    "'https' is not a port");
+	free(cause);
+	cause = NULL;
+
+	setenv("KUBERNETES_SERVICE_PORT", "443", 1);
+	assert_int_equal(k8s_incluster_load(&c, dir, &cause), -1);
+	want = xasprintf("in-cluster: cannot read token file '%s/token': "
+	    "No such file or directory", dir);
+	assert_string_equal(cause, want);
+	free(want);
+	free(cause);
+	assert_memory_equal(&c, &saved, sizeof(c));
+	sa_root_remove(dir);
+}
+
+/* ---- rest.c without a server ---- */
+
+static void
+test_rest_open_errors(void **state)
+{
+	struct k8s_cluster c;
+	struct k8s_api *api = NULL;
+	char *cause = NULL;
+
+	(void)state;
+	memset(&c, 0, sizeof(c));
+	assert_int_equal(k8s_rest_open(&api, &c, NULL, &cause), -1);
+	assert_string_equal(cause, "k8s: no API server given");
+	free(cause);
+	cause = NULL;
+
+	c.server = (char *)"ftp://example.com";
+	assert_int_equal(k8s_rest_open(&api, &c, NULL, &cause), -1);
+	assert_string_equal(cause, "k8s: API server scheme 'ftp' is not "
+	    "http or https");
+	free(cause);
+	cause = NULL;
+
+	c.server = (char *)"https://admin:pa55word@example.com";
+	assert_int_equal(k8s_rest_open(&api, &c, NULL, &cause), -1);
+	assert_string_equal(cause, "k8s: the API server URL must not carry "
+	    "credentials");
+	free(cause);
+	cause = NULL;
+
+	c.server = (char *)"https://example.com:6443";
+	c.ca_file = (char *)"/nonexistent/ca.crt";
+	assert_int_equal(k8s_rest_open(&api, &c, NULL, &cause), -1);
+	assert_string_equal(cause, "k8s: certificate-authority "
+	    "'/nonexistent/ca.crt': No such file or directory");
+	free(cause);
+	assert_null(api);
+}
+
+static void
+test_rest_refused(void **state)
+{
+	struct k8s_rest_config cfg = { .connect_timeout_ms = 2000,
+	    .timeout_ms = 2000, .max_retries = 1, .max_retry_wait_ms = 10 };
+	struct k8s_cluster c;
+	struct k8s_status st;
+	struct k8s_api *api = NULL;
+	struct k8s_watch *w = NULL;
+	json_t *obj = NULL;
+	char *cause = NULL;
+	int ret;
+
+	(void)state;
+	memset(&c, 0, sizeof(c));
+	memset(&st, 0, sizeof(st));
+	/* port 1 on loopback: refused at once */
+	c.server = (char *)"http://127.0.0.1:1/prefix/";
+	c.token = (char *)"never-sent-over-http";
+	assert_int_equal(k8s_rest_open(&api, &c, &cfg, &cause), 0);
+	assert_string_equal(api->ops->name, "rest");
+
+	ret = k8s_get(api, &K8S_AGENTTASK, "ns1", "t1", &obj, &st);
+	assert_int_equal(ret, K8S_EUNAVAILABLE);
+	assert_int_equal(st.err, K8S_EUNAVAILABLE);
+	assert_non_null(strstr(st.message, "GET http://127.0.0.1:1/prefix/"
+	    "apis/divergedev.com/v1alpha1/namespaces/ns1/agenttasks/t1"));
+	assert_null(strstr(st.message, "never-sent"));
+	assert_null(obj);
+	k8s_status_release(&st);
+
+	/* names are checked before anything is sent */
+	ret = k8s_get(api, &K8S_AGENTTASK, "ns1", "..", &obj, &st);
+	assert_int_equal(ret, K8S_EBADREQUEST);
+	k8s_status_release(&st);
+
+	/* a watch that cannot connect fails at once */
+	ret = k8s_watch(api, &K8S_AGENTTASK, NULL, NULL, &w, &st);
+	assert_int_equal(ret, K8S_EUNAVAILABLE);
+	assert_null(w);
+	k8s_status_release(&st);
+	k8s_api_free(api);
+}
+
+static void
+test_watch_lines(void **state)
+{
+	static const char added[] = "{\"type\":\"ADDED\",\"object\":{\"kind\":"
+	    "\"AgentTask\",\"metadata\":{\"name\":\"t1\",\"resourceVersion\":"
+	    "\"42\"}}}\r\n";
+	static const char bookmark[] = "{\"type\":\"BOOKMARK\",\"object\":{"
+	    "\"kind\":\"AgentTask\",\"metadata\":{\"resourceVersion\":"
+	    "\"77\"}}}";
+	static const char gone[] = "{\"type\":\"ERROR\",\"object\":{\"kind\":"
+	    "\"Status\",\"apiVersion\":\"v1\",\"metadata\":{},\"status\":"
+	    "\"Failure\",\"message\":\"too old resource version: 5 (100)\","
+	    "\"reason\":\"Expired\",\"code\":410}}";
+	static const char internal[] = "{\"type\":\"ERROR\",\"object\":{"
+	    "\"kind\":\"Status\",\"message\":\"boom\",\"code\":500}}";
+	static const char *const bad[] = { "{", "[]", "{\"type\":\"ADDED\"}",
+	    "{\"type\":\"WHAT\",\"object\":{}}", "\"x\"",
+	    "{\"type\":1,\"object\":{}}", "{\"data\":\"c2VjcmV0\"" };
+	struct k8s_event ev;
+	struct k8s_status st;
+	size_t i;
+
+	(void)state;
+	memset(&st, 0, sizeof(st));
+	assert_int_equal(k8s_rest_watch_parse_line(added, strlen(added), &ev,
+	    &st), 1);
+	assert_int_equal(ev.type, K8S_ADDED);
+	assert_int_equal(ev.rv, 42);
+	assert_string_equal(k8s_meta_str(ev.object, "name"), "t1");
+	json_decref(ev.object);
+
+	assert_int_equal(k8s_rest_watch_parse_line(bookmark, strlen(bookmark),
+	    &ev, &st), 1);
+	assert_int_equal(ev.type, K8S_BOOKMARK);
+	assert_int_equal(ev.rv, 77);
+	json_decref(ev.object);
+
+	assert_int_equal(k8s_rest_watch_parse_line(" \r", 2, &ev, &st), 0);
+
+	assert_int_equal(k8s_rest_watch_parse_line(gone, strlen(gone), &ev,
+	    &st), K8S_EGONE);
+	assert_int_equal(st.code, 410);
+	assert_string_equal(st.reason, "Expired");
+	assert_string_equal(st.message, "too old resource version: 5 (100)");
+	k8s_status_release(&st);
+
+	assert_int_equal(k8s_rest_watch_parse_line(internal, strlen(internal),
+	    &ev, &st), K8S_EINTERNAL);
+	assert_string_equal(st.message, "boom");
+	k8s_status_release(&st);
+
+	for (i = 0; i < ARRAY_SIZE(bad); i++) {
+		assert_int_equal(k8s_rest_watch_parse_line(bad[i],
+		    strlen(bad[i]), &ev, &st), K8S_EINTERNAL);
+		assert_null(strstr(st.message, "c2VjcmV0"));
+		k8s_status_release(&st);
+	}
+	/* NULL st is allowed */
+	assert_int_equal(k8s_rest_watch_parse_line(gone, strlen(gone), &ev,
+	    NULL), K8S_EGONE);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest fixed[] = {
+		cmocka_unit_test(test_current_context),
+		cmocka_unit_test(test_context_by_name_paths),
+		cmocka_unit_test(test_data_fields),
+		cmocka_unit_test(test_data_overrides_path),
+		cmocka_unit_test(test_token_file_relative),
+		cmocka_unit_test(test_basic_auth),
+		cmocka_unit_test(test_insecure_server_name),
+		cmocka_unit_test(test_namespace_default_bare_server),
+		cmocka_unit_test(test_merge_first_wins),
+		cmocka_unit_test(test_merge_second_file_paths),
+		cmocka_unit_test(test_merge_missing_file_skipped),
+		cmocka_unit_test(test_kubeconfig_env),
+		cmocka_unit_test(test_home_default),
+		cmocka_unit_test(test_relative_paths_tmp),
+		cmocka_unit_test(test_parse_mem),
+		cmocka_unit_test(test_release),
+		cmocka_unit_test(test_err_no_file_in_list),
+		cmocka_unit_test(test_err_not_found_names_all_files),
+		cmocka_unit_test(test_incluster_ok),
+		cmocka_unit_test(test_incluster_ipv6_pod_namespace),
+		cmocka_unit_test(test_incluster_defaults),
+		cmocka_unit_test(test_incluster_errors),
+		cmocka_unit_test(test_rest_open_errors),
+		cmocka_unit_test(test_rest_refused),
+		cmocka_unit_test(test_watch_lines),
+	};
+	size_t nfixed = ARRAY_SIZE(fixed), nerr = ARRAY_SIZE(error_cases);
+	struct CMUnitTest *tests;
+	size_t i;
+	int rc;
+
+	util_json_init();
+	log_setup(LOG_ERROR, 0);
+	tests = xcalloc(nfixed + nerr, sizeof(*tests));
+	memcpy(tests, fixed, sizeof(fixed));
+	for (i = 0; i < nerr; i++) {
+		tests[nfixed + i].name = error_cases[i].name;
+		tests[nfixed + i].test_func = test_error_case;
+		tests[nfixed + i].initial_state = (void *)&error_cases[i];
+	}
+	for (i = 0; i < nfixed + nerr; i++)
+		tests[i].setup_func = setup;
+	rc = _cmocka_run_group_tests("kubeconfig", tests, nfixed + nerr, NULL,
+	    NULL);
+	free(tests);
+	return rc;
+}
