@@ -1,0 +1,1980 @@
+#!/usr/bin/env python3
+"""A fake kube-apiserver for tests: TLS with a throw-away CA, bearer tokens,
+optimistic concurrency (409), expired watches (410) and watch streams.
+
+Python 3.11 standard library only, plus the `openssl` command-line tool to
+mint the certificates.  See tests/fakes/README.md for the command line, the
+/_fake control endpoints and the list of deviations from kube-apiserver.
+The behaviour follows doc/reference k8s-api-subset.md (§ numbers below).
+"""
+
+import argparse
+import base64
+import collections
+import copy
+import hmac
+import http.server
+import json
+import os
+import queue
+import random
+import re
+import select
+import shutil
+import signal
+import socket
+import ssl
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.parse
+import uuid
+
+# ---------------------------------------------------------------------------
+# Kinds
+
+
+class Kind:
+    """One served resource (all of them are namespaced)."""
+
+    def __init__(self, group, version, plural, singular, kind, status,
+                 short=(), generation=True, builtin=False):
+        self.group = group
+        self.version = version
+        self.plural = plural
+        self.singular = singular
+        self.kind = kind
+        self.status = status            # has a /status subresource
+        self.short = list(short)
+        self.generation = generation    # tracks metadata.generation
+        self.builtin = builtin          # compiled-in type, not a CRD
+        self.api_version = f"{group}/{version}" if group else version
+        # "agenttasks.divergedev.com", core: "secrets"
+        self.qualified = f"{plural}.{group}" if group else plural
+        # "AgentTask.divergedev.com", core: "Secret"
+        self.qualified_kind = f"{kind}.{group}" if group else kind
+        self.prefix = f"/apis/{group}/{version}" if group else "/api/v1"
+
+
+KINDS = [
+    Kind("divergedev.com", "v1alpha1", "agenttasks", "agenttask",
+         "AgentTask", True, ["at"]),
+    Kind("divergedev.com", "v1alpha1", "environments", "environment",
+         "Environment", True, ["env"]),
+    Kind("", "v1", "secrets", "secret", "Secret", False,
+         generation=False, builtin=True),
+    Kind("agents.x-k8s.io", "v1beta1", "sandboxes", "sandbox", "Sandbox",
+         True, ["sandbox"]),
+    Kind("extensions.agents.x-k8s.io", "v1beta1", "sandboxclaims",
+         "sandboxclaim", "SandboxClaim", True, ["sandboxclaim"]),
+    Kind("networking.k8s.io", "v1", "networkpolicies", "networkpolicy",
+         "NetworkPolicy", False, ["netpol"], builtin=True),
+]
+# (group, version) -> {plural: Kind}
+GV = collections.OrderedDict()
+for _k in KINDS:
+    GV.setdefault((_k.group, _k.version), collections.OrderedDict())[
+        _k.plural] = _k
+
+VERSION_INFO = {
+    "major": "1", "minor": "32", "gitVersion": "v1.32.0", "gitCommit": "",
+    "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
+    "goVersion": "go1.23", "compiler": "gc", "platform": "linux/amd64",
+}
+
+OPTIMISTIC_LOCK_MSG = ("the object has been modified; please apply your "
+                       "changes to the latest version and try again")
+MT_JSON_PATCH = "application/json-patch+json"
+MT_MERGE_PATCH = "application/merge-patch+json"
+MT_SMP = "application/strategic-merge-patch+json"
+MT_APPLY = "application/apply-patch+yaml"
+
+# ---------------------------------------------------------------------------
+# Status errors (§2.3)
+
+
+class ApiError(Exception):
+    def __init__(self, code, body, headers=None):
+        super().__init__(body.get("message", ""))
+        self.code = code
+        self.body = body
+        self.headers = headers or {}
+
+
+def status_body(code, reason, message, details=None):
+    s = {"kind": "Status", "apiVersion": "v1", "metadata": {},
+         "status": "Failure", "message": message, "reason": reason}
+    if details is not None:
+        s["details"] = details
+    s["code"] = code
+    return s
+
+
+def _details(kind, name, kind_field):
+    d = {"name": name}
+    if kind.group:
+        d["group"] = kind.group
+    d["kind"] = kind_field
+    return d
+
+
+def err_not_found(kind, name):
+    return ApiError(404, status_body(
+        404, "NotFound", f'{kind.qualified} "{name}" not found',
+        _details(kind, name, kind.plural)))
+
+
+def err_already_exists(kind, name):
+    return ApiError(409, status_body(
+        409, "AlreadyExists", f'{kind.qualified} "{name}" already exists',
+        _details(kind, name, kind.plural)))
+
+
+def err_conflict(kind, name, why=OPTIMISTIC_LOCK_MSG):
+    return ApiError(409, status_body(
+        409, "Conflict",
+        f'Operation cannot be fulfilled on {kind.qualified} "{name}": {why}',
+        _details(kind, name, kind.plural)))
+
+
+def err_invalid(kind, name, causes, use_resource=False):
+    """causes: [(reason, field, message)].  details.kind is the Kind, except
+    for the "must be specified for an update" error, where the apiserver
+    fills the Kind with the plural (store.go Update, use_resource)."""
+    if use_resource:
+        qk, dk = kind.qualified, kind.plural
+    else:
+        qk, dk = kind.qualified_kind, kind.kind
+    parts = [f"{f}: {m}" for (_, f, m) in causes]
+    text = parts[0] if len(parts) == 1 else "[" + ", ".join(parts) + "]"
+    d = _details(kind, name, dk)
+    d["causes"] = [{"reason": r, "message": m, "field": f}
+                   for (r, f, m) in causes]
+    return ApiError(422, status_body(
+        422, "Invalid", f'{qk} "{name}" is invalid: {text}', d))
+
+
+def err_bad_request(msg):
+    return ApiError(400, status_body(400, "BadRequest", msg))
+
+
+def err_route_not_found():
+    return ApiError(404, status_body(
+        404, "NotFound", "the server could not find the requested resource",
+        {}))
+
+
+def err_method():
+    return ApiError(405, status_body(
+        405, "MethodNotAllowed",
+        "the server does not allow this method on the requested resource",
+        {}))
+
+
+def err_unsupported_media(kind):
+    types = [MT_JSON_PATCH, MT_MERGE_PATCH]
+    if kind is not None and kind.builtin:
+        types.append(MT_SMP)
+    types.append(MT_APPLY)
+    return ApiError(415, status_body(
+        415, "UnsupportedMediaType",
+        "the body of the request was in an unknown format - accepted media "
+        "types include: " + ", ".join(types)))
+
+
+def err_unauthorized():
+    return ApiError(401, status_body(401, "Unauthorized", "Unauthorized"))
+
+
+def err_expired(n, oldest):
+    return status_body(410, "Expired",
+                       f"too old resource version: {n} ({oldest})")
+
+
+FAULT_REASONS = {
+    400: ("BadRequest", "injected fault"),
+    401: ("Unauthorized", "Unauthorized"),
+    403: ("Forbidden", "forbidden: injected fault"),
+    404: ("NotFound", "the server could not find the requested resource"),
+    409: ("Conflict", "injected fault"),
+    410: ("Expired", "injected fault"),
+    429: ("TooManyRequests", "Too many requests, please try again later."),
+    500: ("InternalError", "Internal error occurred: injected fault"),
+    503: ("ServiceUnavailable",
+          "the server is currently unable to handle the request"),
+    504: ("Timeout", "Timeout: request did not complete within the allowed "
+                     "duration"),
+}
+
+
+def fault_error(code, retry_after):
+    reason, msg = FAULT_REASONS.get(code, ("InternalError", "injected fault"))
+    details = None
+    headers = {}
+    if retry_after is not None:
+        details = {"retryAfterSeconds": int(retry_after)}
+        headers["Retry-After"] = str(int(retry_after))
+    return ApiError(code, status_body(code, reason, msg, details), headers)
+
+
+# ---------------------------------------------------------------------------
+# Validation helpers
+
+DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # apimachinery rand.String
+
+NAME_MSG = ("a lowercase RFC 1123 subdomain must consist of lower case "
+            "alphanumeric characters, '-' or '.', and must start and end with "
+            "an alphanumeric character (e.g. 'example.com', regex used for "
+            "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]"
+            "([-a-z0-9]*[a-z0-9])?)*')")
+LABEL_VALUE_MSG = ("a valid label must be an empty string or consist of "
+                   "alphanumeric characters, '-', '_' or '.', and must start "
+                   "and end with an alphanumeric character (e.g. 'MyValue',  "
+                   "or 'my_value',  or '12345', regex used for validation is "
+                   "'(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')")
+
+
+def label_key_ok(key):
+    if not isinstance(key, str):
+        return False
+    prefix, _, name = key.rpartition("/")
+    if "/" in key and (not prefix or len(prefix) > 253
+                       or not DNS1123_SUBDOMAIN.match(prefix)):
+        return False
+    return len(name) <= 63 and bool(LABEL_NAME.match(name))
+
+
+def label_value_ok(v):
+    return isinstance(v, str) and len(v) <= 63 and bool(LABEL_VALUE.match(v))
+
+
+def canonical(v):
+    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+
+def json_equal(a, b):
+    return canonical(a) == canonical(b)
+
+
+def now_rfc3339():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def spec_part(obj):
+    return {k: v for k, v in obj.items()
+            if k not in ("metadata", "status", "apiVersion", "kind")}
+
+
+# ---------------------------------------------------------------------------
+# Selectors (§5)
+
+
+class SelectorError(Exception):
+    pass
+
+
+_SPECIAL = set(" \t\r\n!=,()<>")
+
+
+def _lex_selector(s):
+    toks, i, n = [], 0, len(s)
+    while i < n:
+        c = s[i]
+        if c.isspace():
+            i += 1
+        elif s[i:i + 2] in ("!=", "=="):
+            toks.append(("op", s[i:i + 2]))
+            i += 2
+        elif c == "!":
+            toks.append(("not", c))
+            i += 1
+        elif c in "=<>":
+            toks.append(("op", c))
+            i += 1
+        elif c in ",()":
+            toks.append((c, c))
+            i += 1
+        else:
+            j = i
+            while j < n and s[j] not in _SPECIAL:
+                j += 1
+            toks.append(("id", s[i:j]))
+            i = j
+    toks.append(("eos", ""))
+    return toks
+
+
+def _check_key(key):
+    if not label_key_ok(key):
+        raise SelectorError(
+            f"unable to parse requirement: key: Invalid value: "
+            f"{json.dumps(key)}: name part must consist of alphanumeric "
+            f"characters, '-', '_' or '.', and must start and end with an "
+            f"alphanumeric character")
+
+
+def _check_value(v):
+    if not label_value_ok(v):
+        raise SelectorError(
+            f"unable to parse requirement: values[0]: Invalid value: "
+            f"{json.dumps(v)}: {LABEL_VALUE_MSG}")
+
+
+def parse_label_selector(s):
+    """Returns a list of (op, key, values); raises SelectorError."""
+    toks = _lex_selector(s)
+    pos, reqs = 0, []
+    while True:
+        t, lit = toks[pos]
+        if t == "eos":
+            return reqs
+        if t not in ("id", "not"):
+            raise SelectorError(
+                f"found '{lit}', expected: !, identifier, or 'end of string'")
+        req, pos = _parse_requirement(toks, pos)
+        reqs.append(req)
+        t, lit = toks[pos]
+        pos += 1
+        if t == "eos":
+            return reqs
+        if t == ",":
+            t2, l2 = toks[pos]
+            if t2 not in ("id", "not"):
+                raise SelectorError(
+                    f"found '{l2}', expected: identifier after ','")
+            continue
+        raise SelectorError(f"found '{lit}', expected: ',' or 'end of string'")
+
+
+def _parse_requirement(toks, pos):
+    t, lit = toks[pos]
+    if t == "not":
+        pos += 1
+        t, lit = toks[pos]
+        if t != "id":
+            raise SelectorError(f"found '{lit}', expected: identifier after '!'")
+        _check_key(lit)
+        return ("!", lit, None), pos + 1
+    key = lit
+    _check_key(key)
+    pos += 1
+    t, lit = toks[pos]
+    if t in ("eos", ","):
+        return ("exists", key, None), pos
+    if t == "id" and lit in ("in", "notin"):
+        op = lit
+        pos += 1
+        t, lit = toks[pos]
+        if t != "(":
+            raise SelectorError(f"found '{lit}', expected: '('")
+        pos += 1
+        vals = []
+        expect_value = True
+        while True:
+            t, lit = toks[pos]
+            if t == ")":
+                if expect_value and vals:
+                    vals.append("")
+                pos += 1
+                break
+            if t == "id" and expect_value:
+                vals.append(lit)
+                expect_value = False
+            elif t == ",":
+                if expect_value:
+                    vals.append("")
+                expect_value = True
+            else:
+                raise SelectorError(
+                    f"found '{lit}', expected: ',', ')' or identifier")
+            pos += 1
+        if not vals:
+            raise SelectorError(
+                "unable to parse requirement: values: Invalid value: []: "
+                "for 'in', 'notin' operators, values set can't be empty")
+        for v in vals:
+            _check_value(v)
+        return (op, key, set(vals)), pos
+    if t == "op":
+        op = lit
+        pos += 1
+        t, lit = toks[pos]
+        if op in ("<", ">"):
+            if t != "id" or not re.match(r"^-?[0-9]+$", lit):
+                raise SelectorError(
+                    f"unable to parse requirement: for 'Gt', 'Lt' operators, "
+                    f"the value must be an integer: {lit!r}")
+            return (op, key, int(lit)), pos + 1
+        if t in ("eos", ","):
+            value = ""
+        elif t == "id":
+            value = lit
+            pos += 1
+        else:
+            raise SelectorError(f"found '{lit}', expected: identifier")
+        _check_value(value)
+        return ({"=": "in", "==": "in", "!=": "notin"}[op], key, {value}), pos
+    raise SelectorError(
+        f"found '{lit}', expected: [in notin = == != gt lt]")
+
+
+def labels_match(reqs, labels):
+    for op, key, vals in reqs:
+        has = key in labels
+        if op == "exists" and not has:
+            return False
+        if op == "!" and has:
+            return False
+        if op == "in" and (not has or labels[key] not in vals):
+            return False
+        if op == "notin" and has and labels[key] in vals:
+            return False
+        if op in ("<", ">"):
+            if not has or not re.match(r"^-?[0-9]+$", labels[key]):
+                return False
+            n = int(labels[key])
+            if (op == ">" and not n > vals) or (op == "<" and not n < vals):
+                return False
+    return True
+
+
+def _split_unescaped(s, sep):
+    out, cur, i = [], [], 0
+    while i < len(s):
+        if s[i] == "\\" and i + 1 < len(s):
+            cur.append(s[i:i + 2])
+            i += 2
+            continue
+        if s[i] == sep:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(s[i])
+        i += 1
+    out.append("".join(cur))
+    return out
+
+
+def _unescape_field(s):
+    return re.sub(r"\\(.)", r"\1", s)
+
+
+def parse_field_selector(s, allowed):
+    """Returns [(field, op, value)] with op in {"=", "!="}."""
+    reqs = []
+    if not s.strip():
+        return reqs
+    for term in _split_unescaped(s, ","):
+        for op in ("!=", "==", "="):
+            idx = _find_unescaped(term, op)
+            if idx >= 0:
+                field = term[:idx].strip()
+                value = _unescape_field(term[idx + len(op):])
+                break
+        else:
+            raise SelectorError(
+                f"invalid selector: '{s}'; can't understand '{term}'")
+        if field not in allowed:
+            raise SelectorError(f"field label not supported: {field}")
+        reqs.append((field, "!=" if op == "!=" else "=", value))
+    return reqs
+
+
+def _find_unescaped(s, op):
+    i = 0
+    while i < len(s):
+        if s[i] == "\\":
+            i += 2
+            continue
+        if s.startswith(op, i):
+            return i
+        i += 1
+    return -1
+
+
+def field_value(obj, field):
+    md = obj.get("metadata") or {}
+    if field == "metadata.name":
+        return md.get("name", "")
+    if field == "metadata.namespace":
+        return md.get("namespace", "")
+    if field == "type":
+        return obj.get("type", "")
+    return ""
+
+
+def fields_match(reqs, obj):
+    for field, op, value in reqs:
+        eq = field_value(obj, field) == value
+        if (op == "=") != eq:
+            return False
+    return True
+
+
+class Matcher:
+    def __init__(self, kind, ns, labels, fields):
+        self.kind, self.ns, self.labels, self.fields = kind, ns, labels, fields
+
+    def __call__(self, obj):
+        md = obj.get("metadata") or {}
+        if self.ns is not None and md.get("namespace") != self.ns:
+            return False
+        lab = md.get("labels") or {}
+        return labels_match(self.labels, lab) and fields_match(self.fields,
+                                                                obj)
+
+
+# ---------------------------------------------------------------------------
+# Patches (§2.4)
+
+
+class PatchError(Exception):
+    pass
+
+
+def merge_patch(target, patch):
+    """RFC 7386."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            result.pop(k, None)
+        else:
+            result[k] = merge_patch(result.get(k), v)
+    return result
+
+
+def strategic_merge_patch(target, patch):
+    """A JSON merge patch, except that metadata.finalizers are merged as a
+    set and metadata.ownerReferences by uid (their patchStrategy in the Go
+    types).  No $patch / $retainKeys / $setElementOrder directives."""
+    if not isinstance(patch, dict) or not isinstance(target, dict):
+        return merge_patch(target, patch)
+    pmd = patch.get("metadata")
+    tmd = target.get("metadata") or {}
+    special = {}
+    if isinstance(pmd, dict):
+        pmd = dict(pmd)
+        fin = pmd.get("finalizers")
+        if isinstance(fin, list) and isinstance(tmd.get("finalizers"), list):
+            merged = list(tmd["finalizers"])
+            merged += [f for f in fin if f not in merged]
+            special["finalizers"] = merged
+            del pmd["finalizers"]
+        refs = pmd.get("ownerReferences")
+        if isinstance(refs, list) and isinstance(tmd.get("ownerReferences"),
+                                                 list):
+            merged = copy.deepcopy(tmd["ownerReferences"])
+            for r in refs:
+                uid = r.get("uid") if isinstance(r, dict) else None
+                for i, m in enumerate(merged):
+                    if isinstance(m, dict) and m.get("uid") == uid:
+                        merged[i] = merge_patch(m, r)
+                        break
+                else:
+                    merged.append(r)
+            special["ownerReferences"] = merged
+            del pmd["ownerReferences"]
+        patch = dict(patch)
+        patch["metadata"] = pmd
+    result = merge_patch(target, patch)
+    if special:
+        result.setdefault("metadata", {}).update(special)
+    return result
+
+
+def _ptr_tokens(path):
+    if not isinstance(path, str):
+        raise PatchError(f"invalid JSON pointer: {path!r}")
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise PatchError(f"JSON pointer must start with '/': {path!r}")
+    return [t.replace("~1", "/").replace("~0", "~")
+            for t in path[1:].split("/")]
+
+
+def _array_index(tok, length, allow_end):
+    if allow_end and tok == "-":
+        return length
+    if not re.match(r"^(0|[1-9][0-9]*)$", tok):
+        raise PatchError(f"invalid array index: {tok!r}")
+    i = int(tok)
+    if i > length or (i == length and not allow_end):
+        raise PatchError(f"array index out of bounds: {i}")
+    return i
+
+
+def _resolve(doc, tokens):
+    cur = doc
+    for t in tokens:
+        if isinstance(cur, dict):
+            if t not in cur:
+                raise PatchError(f"path not found: /{'/'.join(tokens)}")
+            cur = cur[t]
+        elif isinstance(cur, list):
+            cur = cur[_array_index(t, len(cur), False)]
+        else:
+            raise PatchError(f"path not found: /{'/'.join(tokens)}")
+    return cur
+
+
+def _jp_add(doc, tokens, value):
+    if not tokens:
+        return value
+    parent = _resolve(doc, tokens[:-1])
+    key = tokens[-1]
+    if isinstance(parent, dict):
+        parent[key] = value
+    elif isinstance(parent, list):
+        parent.insert(_array_index(key, len(parent), True), value)
+    else:
+        raise PatchError(f"cannot add at /{'/'.join(tokens)}")
+    return doc
+
+
+def _jp_remove(doc, tokens):
+    if not tokens:
+        raise PatchError("cannot remove the whole document")
+    parent = _resolve(doc, tokens[:-1])
+    key = tokens[-1]
+    if isinstance(parent, dict):
+        if key not in parent:
+            raise PatchError(f"path not found: /{'/'.join(tokens)}")
+        return parent.pop(key)
+    if isinstance(parent, list):
+        return parent.pop(_array_index(key, len(parent), False))
+    raise PatchError(f"path not found: /{'/'.join(tokens)}")
+
+
+def json_patch(doc, ops):
+    """RFC 6902."""
+    if not isinstance(ops, list):
+        raise PatchError("a JSON patch must be an array of operations")
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        if not isinstance(op, dict) or "op" not in op:
+            raise PatchError("each JSON patch operation needs an 'op'")
+        name = op["op"]
+        tokens = _ptr_tokens(op.get("path"))
+        if name in ("add", "replace", "test") and "value" not in op:
+            raise PatchError(f"operation '{name}' needs a 'value'")
+        if name == "add":
+            doc = _jp_add(doc, tokens, copy.deepcopy(op["value"]))
+        elif name == "remove":
+            _jp_remove(doc, tokens)
+        elif name == "replace":
+            if tokens:
+                _jp_remove(doc, tokens)
+            doc = _jp_add(doc, tokens, copy.deepcopy(op["value"]))
+        elif name == "move":
+            src = _ptr_tokens(op.get("from"))
+            if tokens[:len(src)] == src and len(tokens) > len(src):
+                raise PatchError("cannot move a value into one of its "
+                                 "children")
+            value = _jp_remove(doc, src) if src else doc
+            doc = _jp_add(doc, tokens, value)
+        elif name == "copy":
+            src = _ptr_tokens(op.get("from"))
+            value = copy.deepcopy(_resolve(doc, src))
+            doc = _jp_add(doc, tokens, value)
+        elif name == "test":
+            if not json_equal(_resolve(doc, tokens), op["value"]):
+                raise PatchError(
+                    f"testing value {op.get('path')} failed: test failed")
+        else:
+            raise PatchError(f"unexpected kind: {name}")
+    return doc
+
+
+# ---------------------------------------------------------------------------
+# The store
+
+
+class Event:
+    __slots__ = ("rv", "type", "ns", "plural", "obj", "prev", "obj_json")
+
+    def __init__(self, rv, etype, ns, plural, obj, prev):
+        self.rv, self.type, self.ns, self.plural = rv, etype, ns, plural
+        self.obj, self.prev = obj, prev
+        self.obj_json = json.dumps(obj, separators=(",", ":"),
+                                   ensure_ascii=False)
+
+
+class Store:
+    """Objects are never mutated once stored (they are replaced), so they
+    and the events that share them can be serialized outside the lock."""
+
+    def __init__(self, history):
+        self.lock = threading.RLock()
+        self.rv = 0
+        self.objects = {}            # (plural, ns, name) -> object
+        self.history = collections.deque()
+        self.history_max = history
+        self.floor = 0               # watches from an RV below this get 410
+        self.watchers = set()
+
+    # -- plumbing -----------------------------------------------------------
+
+    def _next_rv(self):
+        self.rv += 1
+        return str(self.rv)
+
+    def _emit(self, etype, kind, obj, prev=None):
+        ev = Event(int(obj["metadata"]["resourceVersion"]), etype,
+                   obj["metadata"].get("namespace"), kind.plural, obj, prev)
+        self.history.append(ev)
+        while len(self.history) > self.history_max:
+            self.floor = self.history.popleft().rv
+        if self.history_max == 0:
+            self.floor = ev.rv
+        for q in self.watchers:
+            q.put(ev)
+
+    def compact(self):
+        with self.lock:
+            self.history.clear()
+            self.floor = self.rv
+            return self.rv, self.floor
+
+    def kind_of(self, plural):
+        for k in KINDS:
+            if k.plural == plural:
+                return k
+        raise KeyError(plural)
+
+    # -- reads --------------------------------------------------------------
+
+    def get(self, kind, ns, name):
+        with self.lock:
+            obj = self.objects.get((kind.plural, ns, name))
+        if obj is None:
+            raise err_not_found(kind, name)
+        return obj
+
+    def list(self, kind, matcher):
+        with self.lock:
+            items = [o for (p, _, _), o in self.objects.items()
+                     if p == kind.plural and matcher(o)]
+            rv = self.rv
+        items.sort(key=lambda o: (o["metadata"]["namespace"],
+                                  o["metadata"]["name"]))
+        return {"kind": kind.kind + "List", "apiVersion": kind.api_version,
+                "metadata": {"resourceVersion": str(rv), "continue": ""},
+                "items": items}
+
+    def namespaces(self):
+        with self.lock:
+            used = {ns for (_, ns, _) in self.objects}
+        return sorted(used | {"default", "kube-system", "kube-public"})
+
+    # -- writes -------------------------------------------------------------
+
+    def create(self, kind, ns, body):
+        md = body.get("metadata")
+        if md is None:
+            md = {}
+        obj = copy.deepcopy(body)
+        md = copy.deepcopy(md)
+        if md.get("namespace") not in (None, "", ns):
+            raise err_bad_request(
+                "the namespace of the provided object does not match the "
+                "namespace sent on the request")
+        for f in ("uid", "creationTimestamp", "resourceVersion", "generation",
+                  "deletionTimestamp", "deletionGracePeriodSeconds",
+                  "managedFields", "selfLink"):
+            md.pop(f, None)
+        if kind.status:
+            obj.pop("status", None)
+        with self.lock:
+            name = md.get("name") or ""
+            if not name:
+                gen = md.get("generateName") or ""
+                if not gen:
+                    raise err_invalid(kind, "", [(
+                        "FieldValueRequired", "metadata.name",
+                        "Required value: name or generateName is required")])
+                while True:
+                    name = gen + "".join(random.choice(GENERATE_ALPHABET)
+                                         for _ in range(5))
+                    if (kind.plural, ns, name) not in self.objects:
+                        break
+            validate_meta(kind, name, md)
+            if (kind.plural, ns, name) in self.objects:
+                raise err_already_exists(kind, name)
+            md["name"] = name
+            md["namespace"] = ns
+            md["uid"] = str(uuid.uuid4())
+            md["resourceVersion"] = self._next_rv()
+            if kind.generation:
+                md["generation"] = 1
+            md["creationTimestamp"] = now_rfc3339()
+            obj["metadata"] = md
+            obj["apiVersion"] = kind.api_version
+            obj["kind"] = kind.kind
+            apply_defaults(kind, obj)
+            self.objects[(kind.plural, ns, name)] = obj
+            self._emit("ADDED", kind, obj)
+            return obj
+
+    def update(self, kind, ns, name, body, subresource):
+        """PUT on the resource or its /status (§2.3, §2.5)."""
+        md = body.get("metadata") or {}
+        check_name_ns(name, ns, md)
+        with self.lock:
+            old = self.objects.get((kind.plural, ns, name))
+            if old is None:
+                raise err_not_found(kind, name)
+            rv = md.get("resourceVersion")
+            if rv in (None, "", "0", 0):
+                raise err_invalid(kind, name, [(
+                    "FieldValueInvalid", "metadata.resourceVersion",
+                    "Invalid value: 0x0: must be specified for an update")],
+                    use_resource=True)
+            if str(rv) != old["metadata"]["resourceVersion"]:
+                raise err_conflict(kind, name)
+            return self._commit(kind, old, copy.deepcopy(body), subresource)
+
+    def patch(self, kind, ns, name, ctype, patch, subresource):
+        with self.lock:
+            old = self.objects.get((kind.plural, ns, name))
+            if old is None:
+                raise err_not_found(kind, name)
+            try:
+                if ctype == MT_MERGE_PATCH:
+                    new = merge_patch(old, patch)
+                elif ctype == MT_SMP:
+                    new = strategic_merge_patch(old, patch)
+                else:
+                    new = json_patch(old, patch)
+            except PatchError as e:
+                raise ApiError(422, status_body(
+                    422, "Invalid", "the server rejected our request due to "
+                    "an error in our request",
+                    {"causes": [{"reason": "UnexpectedServerResponse",
+                                 "message": str(e)}]}))
+            if not isinstance(new, dict):
+                raise err_bad_request("the patched object is not a JSON "
+                                      "object")
+            md = new.get("metadata")
+            if not isinstance(md, dict):
+                raise err_bad_request("the patched object has no metadata")
+            check_name_ns(name, ns, md)
+            rv = md.get("resourceVersion")
+            if rv not in (None, "") and str(rv) != \
+                    old["metadata"]["resourceVersion"]:
+                raise err_conflict(kind, name)
+            return self._commit(kind, old, new, subresource)
+
+    def _commit(self, kind, old, new, subresource):
+        """Applies the subresource rules and server-owned fields to `new`,
+        stores it unless it is a no-op, and emits MODIFIED.  Lock held."""
+        if not isinstance(new.get("metadata"), dict):
+            new["metadata"] = {}
+        if kind.status and subresource == "status":
+            cand = copy.deepcopy(old)
+            if "status" in new:
+                cand["status"] = new["status"]
+            else:
+                cand.pop("status", None)
+        else:
+            cand = new
+            if kind.status:
+                if "status" in old:
+                    cand["status"] = copy.deepcopy(old["status"])
+                else:
+                    cand.pop("status", None)
+        md = cand["metadata"]
+        omd = old["metadata"]
+        for f in ("name", "namespace", "uid", "creationTimestamp",
+                  "generation", "deletionTimestamp",
+                  "deletionGracePeriodSeconds", "resourceVersion"):
+            if f in omd:
+                md[f] = omd[f]
+            else:
+                md.pop(f, None)
+        md.pop("managedFields", None)
+        md.pop("selfLink", None)
+        cand["apiVersion"] = kind.api_version
+        cand["kind"] = kind.kind
+        validate_meta(kind, md["name"], md)
+        apply_defaults(kind, cand)
+        if kind.generation and not json_equal(spec_part(cand),
+                                              spec_part(old)):
+            md["generation"] = int(omd.get("generation", 0)) + 1
+        if json_equal(cand, old):
+            return old                       # no-op: no new RV, no event
+        if md.get("deletionTimestamp") and not md.get("finalizers"):
+            return self._remove(kind, cand)
+        md["resourceVersion"] = self._next_rv()
+        key = (kind.plural, md["namespace"], md["name"])
+        self.objects[key] = cand
+        self._emit("MODIFIED", kind, cand, old)
+        return cand
+
+    def delete(self, kind, ns, name, options):
+        """Returns (object, removed)."""
+        with self.lock:
+            obj = self.objects.get((kind.plural, ns, name))
+            if obj is None:
+                raise err_not_found(kind, name)
+            pre = options.get("preconditions") or {}
+            md = obj["metadata"]
+            if pre.get("uid") and pre["uid"] != md["uid"]:
+                raise err_conflict(kind, name, (
+                    f"Precondition failed: UID in precondition: {pre['uid']}, "
+                    f"UID in object meta: {md['uid']}"))
+            if pre.get("resourceVersion") and \
+                    pre["resourceVersion"] != md["resourceVersion"]:
+                raise err_conflict(kind, name, (
+                    "Precondition failed: ResourceVersion in precondition: "
+                    f"{pre['resourceVersion']}, ResourceVersion in object "
+                    f"meta: {md['resourceVersion']}"))
+            policy = options.get("propagationPolicy")
+            if not policy:
+                orphan = options.get("orphanDependents")
+                policy = "Orphan" if orphan is True else "Background"
+            return self._delete(kind, obj, policy)
+
+    def delete_collection(self, kind, matcher, options):
+        policy = options.get("propagationPolicy") or "Background"
+        with self.lock:
+            victims = [o for (p, _, _), o in sorted(self.objects.items())
+                       if p == kind.plural and matcher(o)]
+            out = []
+            for o in victims:
+                cur = self.objects.get((kind.plural, o["metadata"]["namespace"],
+                                        o["metadata"]["name"]))
+                if cur is not None:
+                    out.append(self._delete(kind, cur, policy)[0])
+            return {"kind": kind.kind + "List",
+                    "apiVersion": kind.api_version,
+                    "metadata": {"resourceVersion": str(self.rv)},
+                    "items": out}
+
+    def _delete(self, kind, obj, policy):
+        """Deletes (or, with finalizers, marks) one object.  Lock held."""
+        md = obj["metadata"]
+        if policy == "Foreground":
+            for dkind, dep in self._dependents(md["uid"]):
+                cur = self.objects.get(self._key(dkind, dep))
+                if cur is not None:
+                    self._delete(dkind, cur, "Foreground")
+        if md.get("finalizers"):
+            if md.get("deletionTimestamp"):
+                return obj, False
+            cand = copy.deepcopy(obj)
+            cmd = cand["metadata"]
+            cmd["deletionTimestamp"] = now_rfc3339()
+            cmd["deletionGracePeriodSeconds"] = 0
+            if cmd.get("generation"):
+                cmd["generation"] = int(cmd["generation"]) + 1
+            cmd["resourceVersion"] = self._next_rv()
+            self.objects[self._key(kind, cand)] = cand
+            self._emit("MODIFIED", kind, cand, obj)
+            return cand, False
+        self._remove(kind, obj, policy)
+        return obj, True
+
+    def _remove(self, kind, obj, policy="Background"):
+        """Removes from storage, emits DELETED, then runs the garbage
+        collector on the dependents.  Lock held."""
+        self.objects.pop(self._key(kind, obj), None)
+        gone = copy.deepcopy(obj)
+        gone["metadata"]["resourceVersion"] = self._next_rv()
+        self._emit("DELETED", kind, gone)
+        uid = obj["metadata"]["uid"]
+        live_uids = {o["metadata"]["uid"] for o in self.objects.values()}
+        for dkind, dep in self._dependents(uid):
+            cur = self.objects.get(self._key(dkind, dep))
+            if cur is None:
+                continue
+            refs = cur["metadata"].get("ownerReferences") or []
+            others = [r for r in refs if isinstance(r, dict)
+                      and r.get("uid") != uid]
+            if policy == "Orphan" or any(r.get("uid") in live_uids
+                                         for r in others):
+                cand = copy.deepcopy(cur)
+                if others:
+                    cand["metadata"]["ownerReferences"] = others
+                else:
+                    cand["metadata"].pop("ownerReferences", None)
+                cand["metadata"]["resourceVersion"] = self._next_rv()
+                self.objects[self._key(dkind, cand)] = cand
+                self._emit("MODIFIED", dkind, cand, cur)
+            else:
+                self._delete(dkind, cur, "Background")
+        return gone
+
+    def _dependents(self, uid):
+        out = []
+        for (plural, _, _), o in sorted(self.objects.items()):
+            refs = o["metadata"].get("ownerReferences") or []
+            if any(isinstance(r, dict) and r.get("uid") == uid for r in refs):
+                out.append((self.kind_of(plural), o))
+        return out
+
+    @staticmethod
+    def _key(kind, obj):
+        return (kind.plural, obj["metadata"]["namespace"],
+                obj["metadata"]["name"])
+
+    # -- watch --------------------------------------------------------------
+
+    def open_watch(self, kind, matcher, rv_param, send_initial):
+        """Registers a watcher.  Returns (initial, queue, rv): initial is the
+        list of (type, object JSON) to send first (synthetic ADDED for an
+        unset/"0" resourceVersion, else the retained events after it).
+        When the resourceVersion is older than the history, returns
+        (Expired Status, None, None)."""
+        with self.lock:
+            initial = []
+            if rv_param in (None, "", "0") or send_initial:
+                objs = [o for (p, _, _), o in self.objects.items()
+                        if p == kind.plural and matcher(o)]
+                objs.sort(key=lambda o: (o["metadata"]["namespace"],
+                                         o["metadata"]["name"]))
+                initial = [("ADDED", json.dumps(o, separators=(",", ":"),
+                                                ensure_ascii=False))
+                           for o in objs]
+                start_rv = self.rv
+            else:
+                if not re.match(r"^[0-9]+$", rv_param):
+                    raise err_bad_request(
+                        f"invalid resource version: strconv.ParseUint: "
+                        f"parsing {json.dumps(rv_param)}: invalid syntax")
+                n = int(rv_param)
+                if n < self.floor:
+                    return err_expired(n, self.floor), None, None
+                for ev in self.history:
+                    if ev.rv > n:
+                        out = translate_event(ev, kind, matcher)
+                        if out:
+                            initial.append(out)
+                start_rv = self.rv
+            q = queue.SimpleQueue()
+            self.watchers.add(q)
+            return initial, q, start_rv
+
+    def close_watch(self, q):
+        with self.lock:
+            self.watchers.discard(q)
+
+
+def translate_event(ev, kind, matcher):
+    """What a watcher with `matcher` sees of `ev`: (type, json) or None.
+    Like the cacher, a MODIFIED that enters/leaves the selection becomes
+    ADDED/DELETED."""
+    if ev.plural != kind.plural:
+        return None
+    cur = matcher(ev.obj)
+    if ev.type != "MODIFIED":
+        return (ev.type, ev.obj_json) if cur else None
+    old = ev.prev is not None and matcher(ev.prev)
+    if cur and old:
+        return ("MODIFIED", ev.obj_json)
+    if cur:
+        return ("ADDED", ev.obj_json)
+    if old:
+        prev = copy.deepcopy(ev.prev)
+        prev["metadata"]["resourceVersion"] = str(ev.rv)
+        return ("DELETED", json.dumps(prev, separators=(",", ":"),
+                                      ensure_ascii=False))
+    return None
+
+
+def check_name_ns(name, ns, md):
+    if md.get("name") not in (None, "", name):
+        raise err_bad_request(
+            f"the name of the object ({md.get('name')}) does not match the "
+            f"name on the URL ({name})")
+    if md.get("namespace") not in (None, "", ns):
+        raise err_bad_request(
+            "the namespace of the provided object does not match the "
+            "namespace sent on the request")
+
+
+def validate_meta(kind, name, md):
+    causes = []
+    if len(name) > 253 or not DNS1123_SUBDOMAIN.match(name):
+        causes.append(("FieldValueInvalid", "metadata.name",
+                       f"Invalid value: {json.dumps(name)}: {NAME_MSG}"))
+    for field in ("labels", "annotations"):
+        m = md.get(field)
+        if m is None:
+            continue
+        if not isinstance(m, dict) or not all(isinstance(v, str)
+                                              for v in m.values()):
+            raise err_bad_request(
+                f"{kind.kind} in version \"{kind.version}\" cannot be handled "
+                f"as a {kind.kind}: metadata.{field}: expected a map of "
+                f"strings")
+        for k, v in m.items():
+            if not label_key_ok(k):
+                causes.append((
+                    "FieldValueInvalid", f"metadata.{field}",
+                    f"Invalid value: {json.dumps(k)}: name part must consist "
+                    f"of alphanumeric characters, '-', '_' or '.', and must "
+                    f"start and end with an alphanumeric character"))
+            elif field == "labels" and not label_value_ok(v):
+                causes.append(("FieldValueInvalid", "metadata.labels",
+                               f"Invalid value: {json.dumps(v)}: "
+                               f"{LABEL_VALUE_MSG}"))
+    for field in ("finalizers", "ownerReferences"):
+        if md.get(field) is not None and not isinstance(md[field], list):
+            raise err_bad_request(
+                f"{kind.kind} in version \"{kind.version}\" cannot be handled "
+                f"as a {kind.kind}: metadata.{field}: expected a list")
+    if causes:
+        raise err_invalid(kind, name, causes)
+
+
+def apply_defaults(kind, obj):
+    """The defaulting a real apiserver does for the two built-in kinds."""
+    if kind.kind == "Secret":
+        data = obj.get("data")
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise err_bad_request('Secret in version "v1" cannot be handled '
+                                  'as a Secret: data: expected a map')
+        for k, v in data.items():
+            try:
+                if not isinstance(v, str):
+                    raise ValueError
+                base64.b64decode(v, validate=True)
+            except (ValueError, TypeError):
+                raise err_bad_request(
+                    'Secret in version "v1" cannot be handled as a Secret: '
+                    f'illegal base64 data at input byte 0 (key {k!r})')
+        sd = obj.pop("stringData", None)
+        if isinstance(sd, dict):
+            data = dict(data)
+            for k, v in sd.items():
+                data[k] = base64.b64encode(str(v).encode()).decode()
+        if data or "data" in obj:
+            obj["data"] = data
+        obj.setdefault("type", "Opaque")
+    elif kind.kind == "NetworkPolicy":
+        spec = obj.get("spec")
+        if isinstance(spec, dict):
+            for rk in ("ingress", "egress"):
+                for rule in spec.get(rk) or []:
+                    if isinstance(rule, dict):
+                        for p in rule.get("ports") or []:
+                            if isinstance(p, dict):
+                                p.setdefault("protocol", "TCP")
+            if not spec.get("policyTypes"):
+                spec["policyTypes"] = ["Ingress"] + (
+                    ["Egress"] if spec.get("egress") else [])
+
+
+# ---------------------------------------------------------------------------
+# Discovery
+
+
+def discovery_apis():
+    groups = collections.OrderedDict()
+    for (g, v) in GV:
+        if g:
+            groups.setdefault(g, []).append(v)
+    out = []
+    for g, versions in groups.items():
+        vs = [{"groupVersion": f"{g}/{v}", "version": v} for v in versions]
+        out.append({"name": g, "versions": vs, "preferredVersion": vs[0]})
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": out}
+
+
+def discovery_resources(group, version):
+    res = []
+    for k in GV[(group, version)].values():
+        res.append({"name": k.plural, "singularName": k.singular,
+                    "namespaced": True, "kind": k.kind,
+                    "verbs": ["create", "delete", "deletecollection", "get",
+                              "list", "patch", "update", "watch"]})
+        if k.short:
+            res[-1]["shortNames"] = k.short
+        if k.status:
+            res.append({"name": k.plural + "/status", "singularName": "",
+                        "namespaced": True, "kind": k.kind,
+                        "verbs": ["get", "patch", "update"]})
+    if not group:
+        res.insert(0, {"name": "namespaces", "singularName": "namespace",
+                       "namespaced": False, "kind": "Namespace",
+                       "verbs": ["get", "list"], "shortNames": ["ns"]})
+    return {"kind": "APIResourceList", "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}" if group else version,
+            "resources": res}
+
+
+def openapi_index():
+    paths = {}
+    for (g, v) in GV:
+        p = f"apis/{g}/{v}" if g else "api/v1"
+        paths[p] = {"serverRelativeURL": f"/openapi/v3/{p}?hash=FAKE"}
+    return {"paths": paths}
+
+
+def openapi_gv(group, version):
+    paths = {}
+    for k in GV[(group, version)].values():
+        paths[f"{k.prefix}/namespaces/{{namespace}}/{k.plural}/{{name}}"] = {
+            "patch": {
+                "x-kubernetes-group-version-kind": {
+                    "group": group, "version": version, "kind": k.kind},
+                "parameters": [{"name": "fieldValidation", "in": "query",
+                                "schema": {"type": "string"}}],
+                "requestBody": {"content": {
+                    MT_MERGE_PATCH: {"schema": {"type": "object"}}}},
+                "responses": {"200": {"description": "OK"}},
+            }}
+    return {"openapi": "3.0.0",
+            "info": {"title": "Kubernetes", "version": "v1.32.0"},
+            "paths": paths, "components": {"schemas": {}}}
+
+
+def namespace_obj(ns, created):
+    return {"kind": "Namespace", "apiVersion": "v1",
+            "metadata": {"name": ns,
+                         "uid": str(uuid.uuid5(uuid.NAMESPACE_URL,
+                                               "ns/" + ns)),
+                         "creationTimestamp": created,
+                         "labels": {"kubernetes.io/metadata.name": ns}},
+            "spec": {"finalizers": ["kubernetes"]},
+            "status": {"phase": "Active"}}
+
+
+# ---------------------------------------------------------------------------
+# Fault injection, delays and the request log (/_fake)
+
+
+class Control:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.faults = []      # dicts with status, count, retry_after, ...
+        self.delays = []      # dicts with ms, count, match, method
+        self.requests = []
+
+    @staticmethod
+    def _matches(rule, method, target):
+        if rule.get("method") and rule["method"].upper() != method:
+            return False
+        return not rule.get("match") or rule["match"] in target
+
+    def take(self, rules, method, target):
+        with self.lock:
+            for r in rules:
+                if r["count"] > 0 and self._matches(r, method, target):
+                    r["count"] -= 1
+                    if r["count"] == 0:
+                        rules.remove(r)
+                    return dict(r)
+        return None
+
+    def record(self, entry):
+        with self.lock:
+            self.requests.append(entry)
+            if len(self.requests) > 100000:
+                del self.requests[:50000]
+
+
+# ---------------------------------------------------------------------------
+# HTTP
+
+
+def truthy(v):
+    return v in ("1", "t", "T", "true", "TRUE", "True")
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "fake-kube-apiserver/1"
+    sys_version = ""
+    disable_nagle_algorithm = True      # no 40 ms delayed-ACK stalls
+
+    # -- plumbing -----------------------------------------------------------
+
+    def setup(self):
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(10)
+            self.request.do_handshake()
+            self.request.settimeout(None)
+        super().setup()
+
+    def log_message(self, fmt, *args):      # replaced by log_line
+        pass
+
+    def log_line(self, code):
+        sys.stderr.write(f"{self.command} {self.path} {code}\n")
+        sys.stderr.flush()
+
+    def send_bytes(self, code, data, ctype="application/json", headers=None):
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-cache, private")
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self._headers_buffer.append(b"\r\n")
+        if self.command != "HEAD":
+            self._headers_buffer.append(data)     # one write: head + body
+        self.flush_headers()
+        self.log_line(code)
+
+    def send_json(self, code, obj, headers=None):
+        data = json.dumps(obj, separators=(",", ":"),
+                          ensure_ascii=False).encode()
+        self.send_bytes(code, data, headers=headers)
+
+    def read_body(self):
+        te = (self.headers.get("Transfer-Encoding") or "").lower()
+        if "chunked" in te:
+            chunks = []
+            while True:
+                line = self.rfile.readline(65537)
+                size = int(line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline(65537) not in (b"\r\n", b"\n",
+                                                             b""):
+                        pass
+                    break
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline(65537)
+            return b"".join(chunks)
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n) if n > 0 else b""
+
+    def do_GET(self):
+        self.dispatch()
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = do_GET
+
+    def dispatch(self):
+        srv = self.server
+        try:
+            body = self.read_body()
+        except (ValueError, OSError):
+            self.close_connection = True
+            return
+        u = urllib.parse.urlsplit(self.path)
+        path = u.path
+        query = {k: v[0] for k, v in urllib.parse.parse_qs(
+            u.query, keep_blank_values=True).items()}
+        method = self.command
+        try:
+            if path == "/_fake" or path.startswith("/_fake/"):
+                return self.control(method, path, body)
+            ctype = self.headers.get("Content-Type") or ""
+            srv.control.record({
+                "method": method, "path": path, "query": u.query,
+                "content_type": ctype,
+                "authorization_present": "Authorization" in self.headers,
+                "accept": self.headers.get("Accept") or "",
+                "body": body.decode("utf-8", "replace") if body else None,
+                "time": time.time()})
+            if srv.token is not None:
+                auth = self.headers.get("Authorization") or ""
+                scheme, _, tok = auth.partition(" ")
+                if scheme.lower() != "bearer" or not hmac.compare_digest(
+                        tok.strip().encode(), srv.token.encode()):
+                    raise err_unauthorized()
+            target = path + ("?" + u.query if u.query else "")
+            delay = srv.control.take(srv.control.delays, method, target)
+            if delay:
+                time.sleep(delay.get("ms", 0) / 1000.0)
+            fault = srv.control.take(srv.control.faults, method, target)
+            if fault:
+                raise fault_error(int(fault["status"]),
+                                  fault.get("retry_after"))
+            self.route(method, path, query, body)
+        except ApiError as e:
+            self.send_json(e.code, e.body, e.headers)
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
+            self.close_connection = True
+        except Exception as e:          # a bug in the fake: say so loudly
+            traceback.print_exc()
+            self.send_json(500, status_body(
+                500, "InternalError", f"Internal error occurred: {e!r}"))
+
+    # -- /_fake -------------------------------------------------------------
+
+    def control(self, method, path, body):
+        srv = self.server
+        ctl = srv.control
+        if self.client_address[0] not in ("127.0.0.1", "::1"):
+            raise ApiError(403, status_body(403, "Forbidden", "forbidden"))
+        try:
+            arg = json.loads(body) if body.strip() else {}
+        except ValueError as e:
+            raise err_bad_request(f"json parse error: {e}")
+        if path == "/_fake/faults":
+            if method == "POST":
+                rules = arg if isinstance(arg, list) else [arg]
+                for r in rules:
+                    if not isinstance(r, dict) or not isinstance(
+                            r.get("status"), int):
+                        raise err_bad_request("a fault needs an integer "
+                                              "'status'")
+                    r.setdefault("count", 1)
+                with ctl.lock:
+                    ctl.faults.extend(rules)
+                    return self.send_json(200, {"faults": ctl.faults})
+            if method == "GET":
+                with ctl.lock:
+                    return self.send_json(200, {"faults": ctl.faults})
+            if method == "DELETE":
+                with ctl.lock:
+                    ctl.faults.clear()
+                return self.send_json(200, {"faults": []})
+        elif path == "/_fake/delay":
+            if method == "POST":
+                if not isinstance(arg, dict):
+                    raise err_bad_request("expected an object")
+                arg.setdefault("count", 1)
+                arg.setdefault("ms", 0)
+                with ctl.lock:
+                    ctl.delays.append(arg)
+                    return self.send_json(200, {"delays": ctl.delays})
+            if method == "DELETE":
+                with ctl.lock:
+                    ctl.delays.clear()
+                return self.send_json(200, {"delays": []})
+        elif path == "/_fake/compact":
+            if method == "POST":
+                rv, floor = srv.store.compact()
+                return self.send_json(200, {"resourceVersion": str(rv),
+                                            "oldest": str(floor)})
+        elif path == "/_fake/requests":
+            if method == "GET":
+                with ctl.lock:
+                    reqs = list(ctl.requests)
+                return self.send_json(200, reqs)
+            if method == "DELETE":
+                with ctl.lock:
+                    ctl.requests.clear()
+                return self.send_json(200, [])
+        elif path == "/_fake/state":
+            if method == "GET":
+                st = srv.store
+                with st.lock:
+                    out = {"resourceVersion": str(st.rv),
+                           "oldest": str(st.floor),
+                           "history": len(st.history),
+                           "objects": len(st.objects),
+                           "watchers": len(st.watchers)}
+                return self.send_json(200, out)
+        else:
+            raise err_route_not_found()
+        raise err_method()
+
+    # -- API routing --------------------------------------------------------
+
+    def route(self, method, path, query, body):
+        srv = self.server
+        segs = [urllib.parse.unquote(s) for s in path.split("/") if s]
+        if not segs:
+            raise err_route_not_found()
+        simple = {"/version": lambda: VERSION_INFO,
+                  "/api": lambda: {
+                      "kind": "APIVersions", "versions": ["v1"],
+                      "serverAddressByClientCIDRs": [{
+                          "clientCIDR": "0.0.0.0/0",
+                          "serverAddress": f"127.0.0.1:{srv.port}"}]},
+                  "/apis": discovery_apis,
+                  "/openapi/v3": openapi_index}
+        if path.rstrip("/") in simple:
+            if method != "GET":
+                raise err_method()
+            return self.send_json(200, simple[path.rstrip("/")]())
+        if path in ("/healthz", "/livez", "/readyz"):
+            if method != "GET":
+                raise err_method()
+            return self.send_bytes(200, b"ok", "text/plain; charset=utf-8")
+        if segs[0] == "openapi" and len(segs) >= 3 and segs[1] == "v3":
+            gvp = segs[2:]
+            key = ("", "v1") if gvp == ["api", "v1"] else (
+                (gvp[1], gvp[2]) if len(gvp) == 3 and gvp[0] == "apis"
+                else None)
+            if key in GV:
+                if method != "GET":
+                    raise err_method()
+                return self.send_json(200, openapi_gv(*key))
+            raise err_route_not_found()
+        if segs[0] == "api":
+            if len(segs) < 2 or segs[1] != "v1":
+                raise err_route_not_found()
+            group, version, rest = "", "v1", segs[2:]
+        elif segs[0] == "apis":
+            group = segs[1]
+            versions = [v for (g, v) in GV if g == group]
+            if not versions:
+                raise err_route_not_found()
+            if len(segs) == 2:
+                if method != "GET":
+                    raise err_method()
+                vs = [{"groupVersion": f"{group}/{v}", "version": v}
+                      for v in versions]
+                return self.send_json(200, {
+                    "kind": "APIGroup", "apiVersion": "v1", "name": group,
+                    "versions": vs, "preferredVersion": vs[0]})
+            version = segs[2]
+            if (group, version) not in GV:
+                raise err_route_not_found()
+            rest = segs[3:]
+        else:
+            raise err_route_not_found()
+        if not rest:
+            if method != "GET":
+                raise err_method()
+            return self.send_json(200, discovery_resources(group, version))
+        force_watch = False
+        if rest[0] == "watch":
+            force_watch, rest = True, rest[1:]
+            if not rest:
+                raise err_route_not_found()
+        kinds = GV[(group, version)]
+        if rest[0] == "namespaces" and len(rest) <= 2:
+            if group:
+                raise err_route_not_found()
+            if method != "GET":
+                raise err_method()
+            if len(rest) == 2:
+                return self.send_json(200, namespace_obj(rest[1],
+                                                         srv.started))
+            return self.send_json(200, {
+                "kind": "NamespaceList", "apiVersion": "v1",
+                "metadata": {"resourceVersion": str(srv.store.rv)},
+                "items": [namespace_obj(n, srv.started)
+                          for n in srv.store.namespaces()]})
+        if rest[0] == "namespaces":
+            ns, rest = rest[1], rest[2:]
+            kind = kinds.get(rest[0])
+            if kind is None or len(rest) > 3:
+                raise err_route_not_found()
+            name = rest[1] if len(rest) > 1 else None
+            sub = rest[2] if len(rest) > 2 else None
+            if sub is not None and (sub != "status" or not kind.status):
+                raise err_route_not_found()
+        else:
+            kind = kinds.get(rest[0])
+            if kind is None or len(rest) != 1:
+                raise err_route_not_found()
+            ns, name, sub = None, None, None
+            if method != "GET":
+                raise err_method()
+        watch = force_watch or truthy(query.get("watch", ""))
+        if name is None:
+            if method == "GET":
+                if watch:
+                    return self.watch(kind, ns, None, query)
+                m = self.matcher(kind, ns, None, query)
+                return self.send_json(200, srv.store.list(kind, m))
+            if method == "POST":
+                return self.send_json(201, srv.store.create(
+                    kind, ns, self.parse_object(kind, body)))
+            if method == "DELETE":
+                m = self.matcher(kind, ns, None, query)
+                return self.send_json(200, srv.store.delete_collection(
+                    kind, m, self.delete_options(body, query)))
+            raise err_method()
+        if method == "GET":
+            if watch and sub is None:
+                return self.watch(kind, ns, name, query)
+            return self.send_json(200, srv.store.get(kind, ns, name))
+        if method == "PUT":
+            return self.send_json(200, srv.store.update(
+                kind, ns, name, self.parse_object(kind, body), sub))
+        if method == "PATCH":
+            ctype = (self.headers.get("Content-Type") or "").split(";")[0]
+            ctype = ctype.strip().lower()
+            if ctype not in (MT_MERGE_PATCH, MT_JSON_PATCH) and not (
+                    ctype == MT_SMP and kind.builtin):
+                raise err_unsupported_media(kind)
+            try:
+                patch = json.loads(body or b"null")
+            except ValueError as e:
+                raise err_bad_request(f"error decoding patch: {e}")
+            return self.send_json(200, srv.store.patch(
+                kind, ns, name, ctype, patch, sub))
+        if method == "DELETE" and sub is None:
+            obj, removed = srv.store.delete(
+                kind, ns, name, self.delete_options(body, query))
+            if removed and kind.builtin:
+                d = {"name": name}
+                if kind.group:
+                    d["group"] = kind.group
+                d["kind"] = kind.plural
+                d["uid"] = obj["metadata"]["uid"]
+                return self.send_json(200, {
+                    "kind": "Status", "apiVersion": "v1", "metadata": {},
+                    "status": "Success", "details": d})
+            return self.send_json(200, obj)
+        raise err_method()
+
+    def parse_object(self, kind, body):
+        # An empty Content-Type means JSON (NegotiateInputSerializer);
+        # protobuf and YAML bodies are not understood here.
+        ctype = (self.headers.get("Content-Type") or "").split(";")[0]
+        if ctype.strip().lower() not in ("", "application/json", "*/*"):
+            raise ApiError(415, status_body(
+                415, "UnsupportedMediaType",
+                "the body of the request was in an unknown format - accepted "
+                "media types include: application/json"))
+        try:
+            obj = json.loads(body)
+        except ValueError as e:
+            raise err_bad_request(
+                f"the object provided is unrecognized (must be of type "
+                f"{kind.kind}): couldn't get version/kind; json parse error: "
+                f"{e}")
+        if not isinstance(obj, dict):
+            raise err_bad_request(
+                f"the object provided is unrecognized (must be of type "
+                f"{kind.kind}): cannot unmarshal {type(obj).__name__} into "
+                f"an object")
+        av, k = obj.get("apiVersion"), obj.get("kind")
+        if av not in (None, "") and av != kind.api_version:
+            raise err_bad_request(
+                f"the API version in the data ({av}) does not match the "
+                f"expected API version ({kind.api_version})")
+        if k not in (None, "") and k != kind.kind:
+            raise err_bad_request(
+                f"the kind in the data ({k}) does not match the expected "
+                f"kind ({kind.kind})")
+        if obj.get("metadata") is not None and not isinstance(
+                obj["metadata"], dict):
+            raise err_bad_request("metadata must be an object")
+        return obj
+
+    def delete_options(self, body, query):
+        opts = {}
+        if body.strip():
+            try:
+                opts = json.loads(body)
+            except ValueError as e:
+                raise err_bad_request(f"json parse error: {e}")
+            if not isinstance(opts, dict):
+                raise err_bad_request("DeleteOptions must be an object")
+        if query.get("propagationPolicy"):
+            opts["propagationPolicy"] = query["propagationPolicy"]
+        pol = opts.get("propagationPolicy")
+        if pol not in (None, "", "Orphan", "Background", "Foreground"):
+            msg = (f"Unsupported value: {json.dumps(pol)}: supported values: "
+                   f'"Foreground", "Background", "Orphan", "nil"')
+            raise ApiError(422, status_body(
+                422, "Invalid", 'DeleteOptions.meta.k8s.io "" is invalid: '
+                f"propagationPolicy: {msg}",
+                {"group": "meta.k8s.io", "kind": "DeleteOptions",
+                 "causes": [{"reason": "FieldValueNotSupported",
+                             "message": msg, "field": "propagationPolicy"}]}))
+        return opts
+
+    def matcher(self, kind, ns, name, query):
+        try:
+            labels = parse_label_selector(query.get("labelSelector", ""))
+            allowed = {"metadata.name", "metadata.namespace"}
+            if kind.kind == "Secret":
+                allowed.add("type")
+            fields = parse_field_selector(query.get("fieldSelector", ""),
+                                          allowed)
+        except SelectorError as e:
+            raise err_bad_request(str(e))
+        if name is not None:
+            fields.append(("metadata.name", "=", name))
+        return Matcher(kind, ns, labels, fields)
+
+    # -- watch (§3) ---------------------------------------------------------
+
+    def watch(self, kind, ns, name, query):
+        srv = self.server
+        m = self.matcher(kind, ns, name, query)
+        bookmarks = truthy(query.get("allowWatchBookmarks", ""))
+        send_initial = truthy(query.get("sendInitialEvents", ""))
+        timeout = None
+        if query.get("timeoutSeconds"):
+            try:
+                timeout = float(int(query["timeoutSeconds"]))
+            except ValueError:
+                raise err_bad_request(
+                    f"invalid timeoutSeconds: {query['timeoutSeconds']!r}")
+        initial, q, _ = srv.store.open_watch(
+            kind, m, query.get("resourceVersion"), send_initial)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-cache, private")
+        self.end_headers()
+        self.log_line(200)
+        if q is None:                       # 410: one ERROR event, then EOF
+            try:
+                self.event("ERROR", json.dumps(initial,
+                                               separators=(",", ":")))
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            except OSError:
+                self.close_connection = True
+            return
+        alive = True
+        try:
+            for etype, oj in initial:
+                self.event(etype, oj)
+            if send_initial and bookmarks:
+                self.bookmark(kind, {"k8s.io/initial-events-end": "true"})
+            deadline = time.monotonic() + timeout if timeout else None
+            last = time.monotonic()
+            while True:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    break
+                wait = 1.0
+                if deadline is not None:
+                    wait = min(wait, deadline - now)
+                if bookmarks:
+                    wait = min(wait, max(0.0, last + 1.0 - now))
+                try:
+                    ev = q.get(timeout=max(wait, 0.001))
+                except queue.Empty:
+                    now = time.monotonic()
+                    if bookmarks and now - last >= 1.0:
+                        if self.bookmark(kind, None, q):
+                            last = now
+                    elif self.client_gone():
+                        alive = False
+                        break
+                    continue
+                out = translate_event(ev, kind, m)
+                if out:
+                    self.event(*out)
+                    last = time.monotonic()
+            if alive:
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+        except OSError:
+            alive = False
+        finally:
+            srv.store.close_watch(q)
+        if not alive:
+            self.close_connection = True
+
+    def chunk(self, text):
+        data = text.encode() if isinstance(text, str) else text
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def event(self, etype, obj_json):
+        self.chunk('{"type":"%s","object":%s}\n' % (etype, obj_json))
+
+    def bookmark(self, kind, annotations, q=None):
+        st = self.server.store
+        with st.lock:
+            if q is not None and not q.empty():
+                return False            # deliver the pending events first
+            rv = st.rv
+        md = {"resourceVersion": str(rv)}
+        if annotations:
+            md["annotations"] = annotations
+        self.event("BOOKMARK", json.dumps(
+            {"kind": kind.kind, "apiVersion": kind.api_version,
+             "metadata": md}, separators=(",", ":")))
+        return True
+
+    def client_gone(self):
+        """True when the peer closed the connection (a watch client going
+        away), so that idle watches do not pile up."""
+        sock = self.connection
+        try:
+            r, _, _ = select.select([sock], [], [], 0)
+            if not r:
+                return False
+            sock.settimeout(0.05)
+            try:
+                data = sock.recv(1)
+            finally:
+                sock.settimeout(None)
+            return data == b""
+        except (socket.timeout, ssl.SSLWantReadError):
+            return False
+        except (OSError, ValueError):
+            return True
+
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def handle_error(self, request, client_address):
+        e = sys.exc_info()[1]
+        if isinstance(e, (ConnectionError, ssl.SSLError, socket.timeout,
+                          TimeoutError)):
+            sys.stderr.write(f"connection error: {e.__class__.__name__}: "
+                             f"{e}\n")
+        else:
+            traceback.print_exc()
+        sys.stderr.flush()
+
+
+# ---------------------------------------------------------------------------
+# Certificates
+
+
+OPENSSL_CNF = """\
+[req]
+distinguished_name = dn
+prompt = no
+[dn]
+CN = placeholder
+[ca_ext]
+basicConstraints = critical,CA:TRUE
+keyUsage = critical,keyCertSign,cRLSign,digitalSignature
+subjectKeyIdentifier = hash
+[server_ext]
+basicConstraints = critical,CA:FALSE
+keyUsage = critical,digitalSignature,keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = IP:127.0.0.1,DNS:localhost
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid,issuer
+"""
+
+
+def make_certs(d):
+    """Writes ca.crt, server.crt and server.key into d (EC P-256)."""
+    work = tempfile.mkdtemp(prefix="certs-", dir=d)
+    try:
+        cnf = os.path.join(work, "openssl.cnf")
+        with open(cnf, "w") as f:
+            f.write(OPENSSL_CNF)
+        env = dict(os.environ, OPENSSL_CONF=cnf)
+        ca_key = os.path.join(work, "ca.key")
+        csr = os.path.join(work, "server.csr")
+        ca_crt = os.path.join(d, "ca.crt")
+        srv_crt = os.path.join(d, "server.crt")
+        srv_key = os.path.join(d, "server.key")
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+              "-nodes"]
+        cmds = [
+            ["openssl", "req", "-x509", "-config", cnf, "-extensions",
+             "ca_ext", *ec, "-keyout", ca_key, "-out", ca_crt, "-days",
+             "3650", "-sha256", "-subj", "/CN=diverge-fake-kube-ca",
+             "-set_serial", str(random.getrandbits(63))],
+            ["openssl", "req", "-new", "-config", cnf, *ec, "-keyout",
+             srv_key, "-out", csr, "-subj", "/CN=127.0.0.1"],
+            ["openssl", "x509", "-req", "-in", csr, "-CA", ca_crt, "-CAkey",
+             ca_key, "-set_serial", str(random.getrandbits(63)), "-days",
+             "825", "-sha256", "-extfile", cnf, "-extensions", "server_ext",
+             "-out", srv_crt],
+        ]
+        for c in cmds:
+            p = subprocess.run(c, env=env, stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True)
+            if p.returncode != 0:
+                raise RuntimeError(f"{' '.join(c[:3])} failed: {p.stderr}")
+        os.chmod(srv_key, 0o600)
+        return ca_crt, srv_crt, srv_key
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+# main
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="a fake kube-apiserver")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--token", default=None,
+                    help="require 'Authorization: Bearer TOKEN'")
+    ap.add_argument("--plain-http", action="store_true",
+                    help="serve http:// instead of https://")
+    ap.add_argument("--history", type=int, default=1000,
+                    help="watch events kept for resuming watches")
+    ap.add_argument("--dir", default=None,
+                    help="where to write ca.crt, server.crt, server.key")
+    ap.add_argument("--ignore-stdin", action="store_true",
+                    help="do not exit when stdin reaches end of file")
+    args = ap.parse_args(argv)
+
+    own_dir = args.dir is None
+    d = tempfile.mkdtemp(prefix="fake-kube-") if own_dir else args.dir
+    os.makedirs(d, exist_ok=True)
+
+    def bye(*_):
+        try:
+            sys.stderr.flush()
+        finally:
+            if own_dir:
+                shutil.rmtree(d, ignore_errors=True)
+            os._exit(0)
+
+    signal.signal(signal.SIGTERM, bye)
+    signal.signal(signal.SIGINT, bye)
+
+    try:
+        ca_crt, srv_crt, srv_key = make_certs(d)
+        srv = Server(("127.0.0.1", args.port), Handler)
+    except Exception as e:
+        sys.stderr.write(f"fake-kube-apiserver: {e}\n")
+        if own_dir:
+            shutil.rmtree(d, ignore_errors=True)
+        return 1
+    if not args.plain_http:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(srv_crt, srv_key)
+        ctx.set_alpn_protocols(["http/1.1"])
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True,
+                                     do_handshake_on_connect=False)
+    srv.port = srv.server_address[1]
+    srv.token = args.token
+    srv.store = Store(max(0, args.history))
+    srv.control = Control()
+    srv.started = now_rfc3339()
+
+    # Never outlive the parent: exit on EOF on a stdin pipe, or when the
+    # parent dies and this process is re-parented.
+    st = os.fstat(0) if not args.ignore_stdin else None
+    if st is not None and (stat.S_ISFIFO(st.st_mode)
+                           or stat.S_ISSOCK(st.st_mode)):
+        def stdin_reader():
+            while True:
+                try:
+                    if not os.read(0, 65536):
+                        break
+                except InterruptedError:
+                    continue
+                except OSError:
+                    break
+            bye()
+        threading.Thread(target=stdin_reader, daemon=True).start()
+    parent = os.getppid()
+
+    def parent_watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        bye()
+    threading.Thread(target=parent_watch, daemon=True).start()
+
+    scheme = "http" if args.plain_http else "https"
+    sys.stdout.write(json.dumps({
+        "port": srv.port, "ca_file": ca_crt,
+        "server": f"{scheme}://127.0.0.1:{srv.port}",
+        "token": args.token or "", "dir": d}) + "\n")
+    sys.stdout.flush()
+    try:
+        srv.serve_forever(poll_interval=0.2)
+    finally:
+        bye()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
