@@ -1,1 +1,1374 @@
+/*
+ * The embedded backend: Kubernetes semantics on SQLite.
+ *
+ * Objects live in one table of the state database, keyed by resource,
+ * namespace and name, as the JSON the API returns. A single global counter
+ * gives every write its resourceVersion. One writer thread applies every
+ * write: callers queue an operation and wait; the writer runs all queued
+ * operations in one transaction (each in a savepoint, so one failing does
+ * not undo the others), commits and syncs once, then publishes their watch
+ * events and wakes the callers (group commit). Reads use a small pool of
+ * reader connections (WAL: readers never block the writer).
+ *
+ * Watch events are kept in memory, in resourceVersion order, for a window
+ * (10,000 events or one hour by default). A watcher behind the window gets
+ * K8S_EGONE and relists, as with kube-apiserver.
+ */
 #include "config.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sqlite3.h>
+
+#include "k8s/k8s.h"
+#include "util/util.h"
+
+#define READERS 4
+
+enum op_kind {
+	OP_CREATE,
+	OP_UPDATE,
+	OP_UPDATE_STATUS,
+	OP_PATCH,
+	OP_PATCH_STATUS,
+	OP_DELETE
+};
+
+struct op {
+	struct op *next;
+	enum op_kind kind;
+	const struct k8s_resource *r;
+	const char *ns;
+	const char *name;
+	const json_t *in;
+	json_t *out;
+	int rc;
+	struct k8s_status st;
+	int done;
+};
+
+struct event {
+	int64_t rv;
+	int64_t at_ms;
+	enum k8s_event_type type;
+	const struct k8s_resource *r;
+	char *ns;
+	json_t *obj;		/* shared, never modified after publish */
+};
+
+struct reader {
+	sqlite3 *db;
+	int busy;
+};
+
+struct embedded {
+	struct k8s_api api;	/* first: the ops pointer */
+	struct k8s_embedded_config cfg;
+	char *path;
+	sqlite3 *wdb;
+	struct reader readers[READERS];
+
+	pthread_mutex_t mu;
+	pthread_cond_t wcond;	/* writer waits for ops */
+	pthread_cond_t dcond;	/* callers wait for their op */
+	pthread_cond_t rcond;	/* reader pool */
+	pthread_cond_t econd;	/* watchers wait for events */
+	struct op *ops, **ops_tail;
+	int stopping;
+	pthread_t writer;
+	int writer_running;
+	int64_t rv;		/* last committed resourceVersion */
+	uint64_t writes;
+
+	struct event *ring;	/* circular, contiguous rvs */
+	size_t rhead, rlen, rcap;
+};
+
+struct ewatch {
+	struct k8s_watch w;	/* first: the api pointer */
+	struct embedded *e;
+	const struct k8s_resource *r;
+	char *ns;
+	struct k8s_selector *labels;
+	struct k8s_selector *fields;
+	int64_t cursor;		/* last rv delivered */
+	json_t *initial;	/* synthetic ADDED objects, in order */
+	size_t initial_next;
+};
+
+static const struct k8s_ops embedded_ops;
+
+/* ------------------------------------------------------------ helpers */
+
+static int
+exec_sql(sqlite3 *db, const char *sql)
+{
+	return sqlite3_exec(db, sql, NULL, NULL, NULL) == SQLITE_OK ? 0 : -1;
+}
+
+static sqlite3_stmt *
+stmt(sqlite3 *db, const char *sql)
+{
+	sqlite3_stmt *st = NULL;
+
+	while ((st = sqlite3_next_stmt(db, st)) != NULL)
+		if (strcmp(sqlite3_sql(st), sql) == 0)
+			break;
+	if (st == NULL && sqlite3_prepare_v3(db, sql, -1,
+	    SQLITE_PREPARE_PERSISTENT, &st, NULL) != SQLITE_OK)
+		return NULL;
+	sqlite3_reset(st);
+	sqlite3_clear_bindings(st);
+	return st;
+}
+
+static void
+close_db(sqlite3 *db)
+{
+	sqlite3_stmt *st;
+
+	if (db == NULL)
+		return;
+	while ((st = sqlite3_next_stmt(db, NULL)) != NULL)
+		sqlite3_finalize(st);
+	sqlite3_close(db);
+}
+
+static int
+open_db(const char *path, sqlite3 **out, char **cause)
+{
+	sqlite3 *db = NULL;
+
+	if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE |
+	    SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
+		*cause = xasprintf("cannot open database '%s': %s", path,
+		    db ? sqlite3_errmsg(db) : "out of memory");
+		sqlite3_close(db);
+		return -1;
+	}
+	sqlite3_busy_timeout(db, 10000);
+	if (exec_sql(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;")
+	    < 0) {
+		*cause = xasprintf("database '%s': %s", path,
+		    sqlite3_errmsg(db));
+		sqlite3_close(db);
+		return -1;
+	}
+	*out = db;
+	return 0;
+}
+
+static const char *
+rkey(const struct k8s_resource *r)
+{
+	return k8s_qualified_plural(r);
+}
+
+static char *
+new_uid(void)
+{
+	unsigned char b[16];
+	char h[33];
+
+	random_bytes(b, sizeof(b));
+	b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+	b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+	hex_encode(b, 16, h);
+	return xasprintf("%.8s-%.4s-%.4s-%.4s-%.12s", h, h + 8, h + 12,
+	    h + 16, h + 20);
+}
+
+static char *
+rv_string(int64_t rv)
+{
+	return xasprintf("%lld", (long long)rv);
+}
+
+/* Everything but metadata and status: what bumps generation. */
+static int
+spec_equal(const json_t *a, const json_t *b)
+{
+	json_t *x = json_deep_copy(a), *y = json_deep_copy(b);
+	int eq;
+
+	json_object_del(x, "metadata");
+	json_object_del(x, "status");
+	json_object_del(y, "metadata");
+	json_object_del(y, "status");
+	eq = json_equal(x, y);
+	json_decref(x);
+	json_decref(y);
+	return eq;
+}
+
+static json_t *
+meta(json_t *obj)
+{
+	json_t *m = json_object_get(obj, "metadata");
+
+	if (!json_is_object(m)) {
+		m = json_object();
+		json_object_set_new(obj, "metadata", m);
+	}
+	return m;
+}
+
+/* ------------------------------------------------------------ storage */
+
+/* Read one object inside the writer's transaction. */
+static int
+load(struct embedded *e, const struct k8s_resource *r, const char *ns,
+    const char *name, json_t **out)
+{
+	sqlite3_stmt *st = stmt(e->wdb, "SELECT body FROM objects WHERE"
+	    " rkey = ?1 AND namespace = ?2 AND name = ?3");
+	int rc;
+
+	if (st == NULL)
+		return K8S_EINTERNAL;
+	sqlite3_bind_text(st, 1, rkey(r), -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 2, ns, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 3, name, -1, SQLITE_STATIC);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW) {
+		*out = json_loadb((const char *)sqlite3_column_blob(st, 0),
+		    (size_t)sqlite3_column_bytes(st, 0), 0, NULL);
+		sqlite3_reset(st);
+		return *out != NULL ? 0 : K8S_EINTERNAL;
+	}
+	sqlite3_reset(st);
+	return rc == SQLITE_DONE ? K8S_ENOTFOUND : K8S_EINTERNAL;
+}
+
+static int
+store(struct embedded *e, const struct k8s_resource *r, const char *ns,
+    const json_t *obj)
+{
+	sqlite3_stmt *st;
+	const json_t *owners;
+	size_t i;
+	json_t *o;
+	char *body = json_dumps(obj, JSON_COMPACT);
+	const char *name = k8s_meta_str(obj, "name");
+	const char *uid = k8s_meta_str(obj, "uid");
+	int ok;
+
+	st = stmt(e->wdb, "INSERT INTO objects (rkey, namespace, name, uid,"
+	    " rv, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT"
+	    " (rkey, namespace, name) DO UPDATE SET uid = ?4, rv = ?5,"
+	    " body = ?6");
+	if (st == NULL || body == NULL) {
+		free(body);
+		return K8S_EINTERNAL;
+	}
+	sqlite3_bind_text(st, 1, rkey(r), -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 2, ns, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 3, name, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 4, uid, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 5, k8s_resource_version(obj));
+	sqlite3_bind_text(st, 6, body, -1, SQLITE_STATIC);
+	ok = sqlite3_step(st) == SQLITE_DONE;
+	sqlite3_reset(st);
+	free(body);
+	if (!ok)
+		return K8S_EINTERNAL;
+	/* the owner index: rewritten for this object */
+	st = stmt(e->wdb, "DELETE FROM owners WHERE rkey = ?1 AND"
+	    " namespace = ?2 AND name = ?3");
+	if (st == NULL)
+		return K8S_EINTERNAL;
+	sqlite3_bind_text(st, 1, rkey(r), -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 2, ns, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 3, name, -1, SQLITE_STATIC);
+	ok = sqlite3_step(st) == SQLITE_DONE;
+	sqlite3_reset(st);
+	if (!ok)
+		return K8S_EINTERNAL;
+	owners = json_object_get(json_object_get(obj, "metadata"),
+	    "ownerReferences");
+	json_array_foreach((json_t *)owners, i, o) {
+		const char *ouid = json_string_value(json_object_get(o,
+		    "uid"));
+
+		if (ouid == NULL)
+			continue;
+		st = stmt(e->wdb, "INSERT OR IGNORE INTO owners (owner_uid,"
+		    " rkey, namespace, name) VALUES (?1, ?2, ?3, ?4)");
+		if (st == NULL)
+			return K8S_EINTERNAL;
+		sqlite3_bind_text(st, 1, ouid, -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 2, rkey(r), -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 3, ns, -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 4, name, -1, SQLITE_STATIC);
+		ok = sqlite3_step(st) == SQLITE_DONE;
+		sqlite3_reset(st);
+		if (!ok)
+			return K8S_EINTERNAL;
+	}
+	return 0;
+}
+
+static int
+erase(struct embedded *e, const struct k8s_resource *r, const char *ns,
+    const char *name)
+{
+	static const char *const sql[] = {
+		"DELETE FROM objects WHERE rkey = ?1 AND namespace = ?2 AND"
+		" name = ?3",
+		"DELETE FROM owners WHERE rkey = ?1 AND namespace = ?2 AND"
+		" name = ?3",
+	};
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(sql); i++) {
+		sqlite3_stmt *st = stmt(e->wdb, sql[i]);
+		int ok;
+
+		if (st == NULL)
+			return K8S_EINTERNAL;
+		sqlite3_bind_text(st, 1, rkey(r), -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 2, ns, -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 3, name, -1, SQLITE_STATIC);
+		ok = sqlite3_step(st) == SQLITE_DONE;
+		sqlite3_reset(st);
+		if (!ok)
+			return K8S_EINTERNAL;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------- writes */
+
+/* Pending events of the running batch (published after commit). */
+struct batch {
+	struct event *ev;
+	size_t n, cap;
+	int64_t rv;		/* last rv handed out */
+};
+
+static void
+batch_event(struct batch *b, enum k8s_event_type type,
+    const struct k8s_resource *r, const char *ns, json_t *obj)
+{
+	if (b->n == b->cap) {
+		b->cap = b->cap ? b->cap * 2 : 64;
+		b->ev = xrealloc(b->ev, b->cap * sizeof(*b->ev));
+	}
+	b->ev[b->n].rv = k8s_resource_version(obj);
+	b->ev[b->n].at_ms = now_mono_ms();
+	b->ev[b->n].type = type;
+	b->ev[b->n].r = r;
+	b->ev[b->n].ns = xstrdup(ns);
+	b->ev[b->n].obj = json_incref(obj);
+	b->n++;
+}
+
+static void
+batch_truncate(struct batch *b, size_t n)
+{
+	while (b->n > n) {
+		b->n--;
+		free(b->ev[b->n].ns);
+		json_decref(b->ev[b->n].obj);
+	}
+}
+
+static void
+set_rv(json_t *obj, struct batch *b)
+{
+	char *rv = rv_string(++b->rv);
+
+	json_object_set_new(meta(obj), "resourceVersion", json_string(rv));
+	free(rv);
+}
+
+static int
+bad_request(struct k8s_status *st, const char *msg)
+{
+	return k8s_status_set(st, K8S_EBADREQUEST, msg, NULL);
+}
+
+/* Fill the server-owned fields of a new object. */
+static int
+do_create(struct embedded *e, struct op *op, struct batch *b)
+{
+	const struct k8s_resource *r = op->r;
+	json_t *obj, *m, *cur = NULL;
+	const char *name, *gen, *ons, *av, *kind;
+	char ts[32];
+	char *uid;
+	int rc;
+
+	if (!json_is_object(op->in))
+		return bad_request(&op->st, "the body is not a JSON object");
+	obj = json_deep_copy(op->in);
+	m = meta(obj);
+	av = json_string_value(json_object_get(obj, "apiVersion"));
+	kind = json_string_value(json_object_get(obj, "kind"));
+	if ((av != NULL && strcmp(av, k8s_api_version(r)) != 0) ||
+	    (kind != NULL && strcmp(kind, r->kind) != 0)) {
+		json_decref(obj);
+		return bad_request(&op->st, "apiVersion or kind does not "
+		    "match the resource of the request");
+	}
+	ons = json_string_value(json_object_get(m, "namespace"));
+	if (ons != NULL && *ons && strcmp(ons, op->ns) != 0) {
+		json_decref(obj);
+		return bad_request(&op->st, "the namespace of the provided "
+		    "object does not match the namespace sent on the request");
+	}
+	name = json_string_value(json_object_get(m, "name"));
+	gen = json_string_value(json_object_get(m, "generateName"));
+	if ((name == NULL || *name == '\0') && gen != NULL) {
+		static const char alnum[] = "bcdfghjklmnpqrstvwxz2456789";
+		unsigned char rnd[5];
+		char suffix[6];
+		int i;
+
+		random_bytes(rnd, sizeof(rnd));
+		for (i = 0; i < 5; i++)
+			suffix[i] = alnum[rnd[i] % (sizeof(alnum) - 1)];
+		suffix[5] = '\0';
+		json_object_set_new(m, "name", json_sprintf("%s%s", gen,
+		    suffix));
+		name = json_string_value(json_object_get(m, "name"));
+	}
+	json_object_set_new(obj, "apiVersion",
+	    json_string(k8s_api_version(r)));
+	json_object_set_new(obj, "kind", json_string(r->kind));
+	json_object_set_new(m, "namespace", json_string(op->ns));
+	if (r->has_status)
+		json_object_del(obj, "status");
+	json_object_del(m, "deletionTimestamp");
+	rc = k8s_validate(r, obj, &op->st);
+	if (rc < 0) {
+		json_decref(obj);
+		return rc;
+	}
+	rc = load(e, r, op->ns, name, &cur);
+	if (rc == 0) {
+		json_decref(cur);
+		rc = k8s_error_exists(&op->st, r, name);
+		json_decref(obj);
+		return rc;
+	}
+	if (rc != K8S_ENOTFOUND) {
+		json_decref(obj);
+		return k8s_status_set(&op->st, rc, "store read failed", NULL);
+	}
+	uid = new_uid();
+	json_object_set_new(m, "uid", json_string(uid));
+	free(uid);
+	time_rfc3339(now_unix(), ts);
+	json_object_set_new(m, "creationTimestamp", json_string(ts));
+	json_object_set_new(m, "generation", json_integer(1));
+	set_rv(obj, b);
+	rc = store(e, r, op->ns, obj);
+	if (rc < 0) {
+		json_decref(obj);
+		return k8s_status_set(&op->st, rc, "store write failed", NULL);
+	}
+	batch_event(b, K8S_ADDED, r, op->ns, obj);
+	op->out = obj;
+	return 0;
+}
+
+/*
+ * Replace cur by next: keep the server-owned fields, bump generation when
+ * the spec changed, validate, store, record the event.
+ */
+static int
+commit_object(struct embedded *e, struct op *op, struct batch *b,
+    json_t *cur, json_t *next, int status_only)
+{
+	const struct k8s_resource *r = op->r;
+	json_t *m = meta(next), *cm = meta(cur);
+	static const char *const owned[] = { "uid", "creationTimestamp",
+	    "generation", "namespace", "name", "deletionTimestamp" };
+	int64_t gen = json_integer_value(json_object_get(cm, "generation"));
+	size_t i;
+	int rc;
+
+	for (i = 0; i < ARRAY_SIZE(owned); i++) {
+		json_t *v = json_object_get(cm, owned[i]);
+
+		if (v != NULL)
+			json_object_set(m, owned[i], v);
+		else
+			json_object_del(m, owned[i]);
+	}
+	json_object_set_new(next, "apiVersion",
+	    json_string(k8s_api_version(r)));
+	json_object_set_new(next, "kind", json_string(r->kind));
+	if (!status_only && !spec_equal(cur, next))
+		json_object_set_new(m, "generation", json_integer(gen + 1));
+	rc = k8s_validate(r, next, &op->st);
+	if (rc < 0)
+		return rc;
+	/* nothing changed: no write, no event (as the apiserver does) */
+	json_object_set(m, "resourceVersion", json_object_get(cm,
+	    "resourceVersion"));
+	if (json_equal(cur, next)) {
+		op->out = json_incref(next);
+		return 0;
+	}
+	set_rv(next, b);
+	rc = store(e, r, op->ns, next);
+	if (rc < 0)
+		return k8s_status_set(&op->st, rc, "store write failed", NULL);
+	batch_event(b, K8S_MODIFIED, r, op->ns, next);
+	op->out = json_incref(next);
+	return 0;
+}
+
+static int
+check_rv(struct op *op, const json_t *cur, const json_t *in, int required)
+{
+	const char *want = k8s_meta_str(in, "resourceVersion");
+
+	if (want == NULL || *want == '\0') {
+		if (!required)
+			return 0;
+		{
+			char *m = xasprintf("%s.%s \"%s\" is invalid: "
+			    "metadata.resourceVersion: Invalid value: 0x0: must "
+			    "be specified for an update", op->r->kind,
+			    op->r->group[0] ? op->r->group : "core", op->name);
+			int rc = k8s_status_set(&op->st, K8S_EINVALID, m, NULL);
+
+			free(m);
+			return rc;
+		}
+	}
+	if (strcmp(want, k8s_meta_str(cur, "resourceVersion")) != 0)
+		return k8s_error_conflict(&op->st, op->r, op->name);
+	return 0;
+}
+
+static int
+do_modify(struct embedded *e, struct op *op, struct batch *b)
+{
+	const struct k8s_resource *r = op->r;
+	json_t *cur = NULL, *next = NULL;
+	const char *pname;
+	int rc, status_only = op->kind == OP_UPDATE_STATUS ||
+	    op->kind == OP_PATCH_STATUS;
+
+	if (!json_is_object(op->in))
+		return bad_request(&op->st, "the body is not a JSON object");
+	if (status_only && !r->has_status)
+		return k8s_error_notfound(&op->st, r, op->name);
+	rc = load(e, r, op->ns, op->name, &cur);
+	if (rc == K8S_ENOTFOUND)
+		return k8s_error_notfound(&op->st, r, op->name);
+	if (rc < 0)
+		return k8s_status_set(&op->st, rc, "store read failed", NULL);
+	rc = check_rv(op, cur, op->in, op->kind == OP_UPDATE);
+	if (rc < 0)
+		goto out;
+	pname = k8s_meta_str(op->in, "name");
+	if ((op->kind == OP_UPDATE || op->kind == OP_UPDATE_STATUS) &&
+	    pname != NULL && strcmp(pname, op->name) != 0) {
+		rc = bad_request(&op->st, "the name of the object does not "
+		    "match the name on the URL");
+		goto out;
+	}
+	switch (op->kind) {
+	case OP_UPDATE:
+		next = json_deep_copy(op->in);
+		break;
+	case OP_PATCH:
+	case OP_PATCH_STATUS:
+		next = k8s_merge_patch(cur, op->in);
+		break;
+	default:	/* OP_UPDATE_STATUS */
+		next = json_deep_copy(cur);
+		if (json_object_get(op->in, "status") != NULL)
+			json_object_set(next, "status", json_object_get(op->in,
+			    "status"));
+		else
+			json_object_del(next, "status");
+	}
+	if (!json_is_object(next)) {
+		rc = bad_request(&op->st, "the patch does not leave an object");
+		goto out;
+	}
+	if (status_only) {
+		/* only .status is taken; everything else stays */
+		json_t *s = json_incref(json_object_get(next, "status"));
+
+		json_decref(next);
+		next = json_deep_copy(cur);
+		if (s != NULL && !json_is_null(s))
+			json_object_set_new(next, "status", s);
+		else {
+			json_decref(s);
+			json_object_del(next, "status");
+		}
+	} else if (r->has_status) {
+		/* the main resource ignores .status */
+		json_t *s = json_object_get(cur, "status");
+
+		if (s != NULL)
+			json_object_set(next, "status", s);
+		else
+			json_object_del(next, "status");
+	}
+	rc = commit_object(e, op, b, cur, next, status_only);
+out:
+	json_decref(cur);
+	json_decref(next);
+	return rc;
+}
+
+/* Delete one object and, depth first, everything it owns. */
+static int
+delete_tree(struct embedded *e, struct op *op, struct batch *b,
+    const struct k8s_resource *r, const char *ns, const char *name,
+    int depth)
+{
+	json_t *cur = NULL;
+	sqlite3_stmt *st;
+	int rc;
+	struct dep {
+		const struct k8s_resource *r;
+		char *ns, *name;
+	} *deps = NULL;
+	size_t ndeps = 0, i;
+
+	if (depth > 16)
+		return 0;
+	rc = load(e, r, ns, name, &cur);
+	if (rc < 0)
+		return rc;
+	/* dependents first, by the owner index */
+	st = stmt(e->wdb, "SELECT rkey, namespace, name FROM owners WHERE"
+	    " owner_uid = ?1");
+	if (st == NULL) {
+		json_decref(cur);
+		return K8S_EINTERNAL;
+	}
+	sqlite3_bind_text(st, 1, k8s_meta_str(cur, "uid"), -1,
+	    SQLITE_TRANSIENT);
+	while (sqlite3_step(st) == SQLITE_ROW) {
+		const char *rk = (const char *)sqlite3_column_text(st, 0);
+		int k;
+
+		for (k = 0; k8s_resources[k] != NULL; k++)
+			if (strcmp(rkey(k8s_resources[k]), rk) == 0)
+				break;
+		if (k8s_resources[k] == NULL)
+			continue;
+		deps = xrealloc(deps, (ndeps + 1) * sizeof(*deps));
+		deps[ndeps].r = k8s_resources[k];
+		deps[ndeps].ns = xstrdup((const char *)sqlite3_column_text(st,
+		    1));
+		deps[ndeps].name = xstrdup((const char *)sqlite3_column_text(
+		    st, 2));
+		ndeps++;
+	}
+	sqlite3_reset(st);
+	for (i = 0; i < ndeps; i++) {
+		if (rc == 0) {
+			rc = delete_tree(e, op, b, deps[i].r, deps[i].ns,
+			    deps[i].name, depth + 1);
+			if (rc == K8S_ENOTFOUND)
+				rc = 0;
+		}
+		free(deps[i].ns);
+		free(deps[i].name);
+	}
+	free(deps);
+	if (rc == 0)
+		rc = erase(e, r, ns, name);
+	if (rc == 0) {
+		set_rv(cur, b);
+		batch_event(b, K8S_DELETED, r, ns, cur);
+		if (depth == 0)
+			op->out = json_incref(cur);
+	}
+	json_decref(cur);
+	return rc;
+}
+
+static int
+do_delete(struct embedded *e, struct op *op, struct batch *b)
+{
+	int rc = delete_tree(e, op, b, op->r, op->ns, op->name, 0);
+
+	if (rc == K8S_ENOTFOUND)
+		return k8s_error_notfound(&op->st, op->r, op->name);
+	if (rc < 0)
+		return k8s_status_set(&op->st, rc, "store write failed", NULL);
+	return 0;
+}
+
+static int
+apply(struct embedded *e, struct op *op, struct batch *b)
+{
+	switch (op->kind) {
+	case OP_CREATE:
+		return do_create(e, op, b);
+	case OP_DELETE:
+		return do_delete(e, op, b);
+	default:
+		return do_modify(e, op, b);
+	}
+}
+
+static void
+ring_push(struct embedded *e, struct event *ev)
+{
+	int64_t now = now_mono_ms();
+
+	/* drop what is outside the window */
+	while (e->rlen > 0 && (e->rlen == e->rcap ||
+	    now - e->ring[e->rhead].at_ms > e->cfg.watch_window_s * 1000)) {
+		struct event *old = &e->ring[e->rhead];
+
+		free(old->ns);
+		json_decref(old->obj);
+		e->rhead = (e->rhead + 1) % e->rcap;
+		e->rlen--;
+	}
+	e->ring[(e->rhead + e->rlen) % e->rcap] = *ev;
+	e->rlen++;
+}
+
+static void
+run_batch(struct embedded *e, struct op *ops)
+{
+	struct batch b;
+	struct op *op;
+	size_t i, mark;
+	int ok = 0;
+
+	memset(&b, 0, sizeof(b));
+	b.rv = e->rv;
+	if (exec_sql(e->wdb, "BEGIN IMMEDIATE") < 0)
+		goto done;
+	for (op = ops; op != NULL; op = op->next) {
+		int64_t rv_mark = b.rv;
+
+		mark = b.n;
+		exec_sql(e->wdb, "SAVEPOINT op");
+		op->rc = apply(e, op, &b);
+		if (op->rc < 0) {
+			exec_sql(e->wdb, "ROLLBACK TO op");
+			batch_truncate(&b, mark);
+			b.rv = rv_mark;
+			json_decref(op->out);
+			op->out = NULL;
+		}
+		exec_sql(e->wdb, "RELEASE op");
+	}
+	if (b.rv != e->rv) {
+		sqlite3_stmt *st = stmt(e->wdb, "UPDATE meta SET v = ?1 WHERE"
+		    " k = 'rv'");
+
+		if (st == NULL)
+			goto rollback;
+		sqlite3_bind_int64(st, 1, b.rv);
+		if (sqlite3_step(st) != SQLITE_DONE) {
+			sqlite3_reset(st);
+			goto rollback;
+		}
+		sqlite3_reset(st);
+	}
+	if (exec_sql(e->wdb, "COMMIT") == 0) {
+		ok = 1;
+		goto done;
+	}
+rollback:
+	exec_sql(e->wdb, "ROLLBACK");
+done:
+	pthread_mutex_lock(&e->mu);
+	if (ok) {
+		e->rv = b.rv;
+		for (i = 0; i < b.n; i++) {
+			ring_push(e, &b.ev[i]);
+			e->writes++;
+		}
+		b.n = 0;
+		pthread_cond_broadcast(&e->econd);
+	}
+	for (op = ops; op != NULL; op = op->next) {
+		if (!ok) {
+			json_decref(op->out);
+			op->out = NULL;
+			op->rc = k8s_status_set(&op->st, K8S_EINTERNAL,
+			    "the store could not commit the write", NULL);
+		}
+		op->done = 1;
+	}
+	pthread_cond_broadcast(&e->dcond);
+	pthread_mutex_unlock(&e->mu);
+	batch_truncate(&b, 0);
+	free(b.ev);
+	if (!ok)
+		log_kv(LOG_ERROR, "store commit failed", "error",
+		    sqlite3_errmsg(e->wdb), NULL);
+}
+
+static void *
+writer_main(void *arg)
+{
+	struct embedded *e = arg;
+
+	pthread_mutex_lock(&e->mu);
+	for (;;) {
+		struct op *ops;
+
+		while (e->ops == NULL && !e->stopping)
+			pthread_cond_wait(&e->wcond, &e->mu);
+		if (e->ops == NULL)
+			break;
+		ops = e->ops;
+		e->ops = NULL;
+		e->ops_tail = &e->ops;
+		pthread_mutex_unlock(&e->mu);
+		run_batch(e, ops);
+		pthread_mutex_lock(&e->mu);
+	}
+	pthread_mutex_unlock(&e->mu);
+	return NULL;
+}
+
+/* Queue an operation and wait for its commit. */
+static int
+submit(struct embedded *e, enum op_kind kind, const struct k8s_resource *r,
+    const char *ns, const char *name, const json_t *in, json_t **out,
+    struct k8s_status *st)
+{
+	struct op op;
+
+	memset(&op, 0, sizeof(op));
+	op.kind = kind;
+	op.r = r;
+	op.ns = ns ? ns : "";
+	op.name = name;
+	op.in = in;
+	if (r->namespaced && (ns == NULL || *ns == '\0'))
+		return k8s_status_set(st, K8S_EBADREQUEST,
+		    "a namespace is required for this resource", NULL);
+	if (kind != OP_CREATE && (name == NULL || *name == '\0'))
+		return k8s_status_set(st, K8S_EBADREQUEST,
+		    "a name is required", NULL);
+	pthread_mutex_lock(&e->mu);
+	if (e->stopping) {
+		pthread_mutex_unlock(&e->mu);
+		return k8s_status_set(st, K8S_EUNAVAILABLE,
+		    "the store is shutting down", NULL);
+	}
+	*e->ops_tail = &op;
+	e->ops_tail = &op.next;
+	pthread_cond_signal(&e->wcond);
+	while (!op.done)
+		pthread_cond_wait(&e->dcond, &e->mu);
+	pthread_mutex_unlock(&e->mu);
+	if (op.rc < 0) {
+		if (st != NULL) {
+			k8s_status_release(st);
+			*st = op.st;
+		} else {
+			k8s_status_release(&op.st);
+		}
+		return op.rc;
+	}
+	k8s_status_release(&op.st);
+	if (out != NULL)
+		*out = op.out;
+	else
+		json_decref(op.out);
+	return 0;
+}
+
+static int
+e_create(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
+    const json_t *obj, json_t **out, struct k8s_status *st)
+{
+	return submit((struct embedded *)api, OP_CREATE, r, ns, NULL, obj,
+	    out, st);
+}
+
+static int
+e_update(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
+    const char *name, const json_t *obj, json_t **out, struct k8s_status *st)
+{
+	return submit((struct embedded *)api, OP_UPDATE, r, ns, name, obj, out,
+	    st);
+}
+
+static int
+e_update_status(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, const json_t *obj, json_t **out,
+    struct k8s_status *st)
+{
+	return submit((struct embedded *)api, OP_UPDATE_STATUS, r, ns, name,
+	    obj, out, st);
+}
+
+static int
+e_patch(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
+    const char *name, int status, const json_t *patch, json_t **out,
+    struct k8s_status *st)
+{
+	return submit((struct embedded *)api, status ? OP_PATCH_STATUS :
+	    OP_PATCH, r, ns, name, patch, out, st);
+}
+
+static int
+e_delete(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
+    const char *name, json_t **out, struct k8s_status *st)
+{
+	return submit((struct embedded *)api, OP_DELETE, r, ns, name, NULL,
+	    out, st);
+}
+
+/* -------------------------------------------------------------- reads */
+
+static struct reader *
+reader_take(struct embedded *e)
+{
+	int i;
+
+	pthread_mutex_lock(&e->mu);
+	for (;;) {
+		for (i = 0; i < READERS; i++)
+			if (!e->readers[i].busy) {
+				e->readers[i].busy = 1;
+				pthread_mutex_unlock(&e->mu);
+				return &e->readers[i];
+			}
+		pthread_cond_wait(&e->rcond, &e->mu);
+	}
+}
+
+static void
+reader_give(struct embedded *e, struct reader *rd)
+{
+	pthread_mutex_lock(&e->mu);
+	rd->busy = 0;
+	pthread_cond_signal(&e->rcond);
+	pthread_mutex_unlock(&e->mu);
+}
+
+static int
+e_get(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
+    const char *name, json_t **out, struct k8s_status *st)
+{
+	struct embedded *e = (struct embedded *)api;
+	struct reader *rd = reader_take(e);
+	sqlite3_stmt *s = stmt(rd->db, "SELECT body FROM objects WHERE"
+	    " rkey = ?1 AND namespace = ?2 AND name = ?3");
+	int rc;
+	json_t *obj = NULL;
+
+	if (s == NULL) {
+		reader_give(e, rd);
+		return k8s_status_set(st, K8S_EINTERNAL, "store read failed",
+		    NULL);
+	}
+	sqlite3_bind_text(s, 1, rkey(r), -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 2, ns ? ns : "", -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 3, name ? name : "", -1, SQLITE_STATIC);
+	rc = sqlite3_step(s);
+	if (rc == SQLITE_ROW)
+		obj = json_loadb((const char *)sqlite3_column_blob(s, 0),
+		    (size_t)sqlite3_column_bytes(s, 0), 0, NULL);
+	sqlite3_reset(s);
+	reader_give(e, rd);
+	if (rc == SQLITE_DONE)
+		return k8s_error_notfound(st, r, name);
+	if (obj == NULL)
+		return k8s_status_set(st, K8S_EINTERNAL, "store read failed",
+		    NULL);
+	*out = obj;
+	return 0;
+}
+
+static int
+parse_selectors(const struct k8s_list_opts *opts, struct k8s_selector **ls,
+    struct k8s_selector **fs, struct k8s_status *st)
+{
+	char *cause = NULL;
+
+	*ls = NULL;
+	*fs = NULL;
+	if (opts != NULL && k8s_selector_parse(opts->label_selector, ls,
+	    &cause) < 0) {
+		k8s_status_set(st, K8S_EBADREQUEST, cause, NULL);
+		free(cause);
+		return K8S_EBADREQUEST;
+	}
+	if (opts != NULL && k8s_fieldsel_parse(opts->field_selector, fs,
+	    &cause) < 0) {
+		k8s_selector_free(*ls);
+		*ls = NULL;
+		k8s_status_set(st, K8S_EBADREQUEST, cause, NULL);
+		free(cause);
+		return K8S_EBADREQUEST;
+	}
+	return 0;
+}
+
+/* Snapshot list: the items and the rv they are current at. */
+static int
+snapshot(struct embedded *e, const struct k8s_resource *r, const char *ns,
+    const struct k8s_selector *ls, const struct k8s_selector *fs,
+    json_t **items_out, int64_t *rv_out)
+{
+	struct reader *rd = reader_take(e);
+	sqlite3_stmt *s, *m;
+	json_t *items = json_array();
+	int ok = 1;
+
+	exec_sql(rd->db, "BEGIN");
+	m = stmt(rd->db, "SELECT v FROM meta WHERE k = 'rv'");
+	s = ns != NULL && *ns ? stmt(rd->db, "SELECT body FROM objects WHERE"
+	    " rkey = ?1 AND namespace = ?2 ORDER BY name") :
+	    stmt(rd->db, "SELECT body FROM objects WHERE rkey = ?1"
+	    " ORDER BY namespace, name");
+	if (m == NULL || s == NULL || sqlite3_step(m) != SQLITE_ROW) {
+		ok = 0;
+	} else {
+		*rv_out = sqlite3_column_int64(m, 0);
+		sqlite3_bind_text(s, 1, rkey(r), -1, SQLITE_STATIC);
+		if (ns != NULL && *ns)
+			sqlite3_bind_text(s, 2, ns, -1, SQLITE_STATIC);
+		while (sqlite3_step(s) == SQLITE_ROW) {
+			json_t *o = json_loadb((const char *)
+			    sqlite3_column_blob(s, 0),
+			    (size_t)sqlite3_column_bytes(s, 0), 0, NULL);
+
+			if (o == NULL) {
+				ok = 0;
+				break;
+			}
+			if (k8s_selector_match(ls, o) &&
+			    k8s_selector_match(fs, o))
+				json_array_append_new(items, o);
+			else
+				json_decref(o);
+		}
+	}
+	if (m != NULL)
+		sqlite3_reset(m);
+	if (s != NULL)
+		sqlite3_reset(s);
+	exec_sql(rd->db, "COMMIT");
+	reader_give(e, rd);
+	if (!ok) {
+		json_decref(items);
+		return K8S_EINTERNAL;
+	}
+	*items_out = items;
+	return 0;
+}
+
+static int
+e_list(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
+    const struct k8s_list_opts *opts, json_t **out, struct k8s_status *st)
+{
+	struct embedded *e = (struct embedded *)api;
+	struct k8s_selector *ls, *fs;
+	json_t *items;
+	int64_t rv = 0;
+	char *rvs, *kind;
+	int rc;
+
+	rc = parse_selectors(opts, &ls, &fs, st);
+	if (rc < 0)
+		return rc;
+	rc = snapshot(e, r, ns, ls, fs, &items, &rv);
+	k8s_selector_free(ls);
+	k8s_selector_free(fs);
+	if (rc < 0)
+		return k8s_status_set(st, rc, "store read failed", NULL);
+	rvs = rv_string(rv);
+	kind = xasprintf("%sList", r->kind);
+	*out = json_pack("{s:s,s:s,s:{s:s,s:s},s:o}", "kind", kind,
+	    "apiVersion", k8s_api_version(r), "metadata", "resourceVersion",
+	    rvs, "continue", "", "items", items);
+	free(rvs);
+	free(kind);
+	return 0;
+}
+
+/* ------------------------------------------------------------- watch */
+
+static int
+e_watch(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
+    const struct k8s_list_opts *opts, struct k8s_watch **out,
+    struct k8s_status *st)
+{
+	struct embedded *e = (struct embedded *)api;
+	struct ewatch *w;
+	const char *rvs = opts ? opts->resource_version : NULL;
+	int rc;
+
+	w = xcalloc(1, sizeof(*w));
+	w->w.api = api;
+	w->e = e;
+	w->r = r;
+	w->ns = ns != NULL && *ns ? xstrdup(ns) : NULL;
+	rc = parse_selectors(opts, &w->labels, &w->fields, st);
+	if (rc < 0) {
+		free(w->ns);
+		free(w);
+		return rc;
+	}
+	if (rvs == NULL || *rvs == '\0' || strcmp(rvs, "0") == 0) {
+		rc = snapshot(e, r, w->ns, w->labels, w->fields, &w->initial,
+		    &w->cursor);
+		if (rc < 0) {
+			k8s_watch_free(&w->w);
+			return k8s_status_set(st, rc, "store read failed",
+			    NULL);
+		}
+	} else {
+		char *end;
+		long long v = strtoll(rvs, &end, 10);
+
+		if (*end != '\0' || v < 0) {
+			k8s_watch_free(&w->w);
+			return k8s_status_set(st, K8S_EBADREQUEST,
+			    "invalid resourceVersion", NULL);
+		}
+		w->cursor = v;
+	}
+	*out = &w->w;
+	return 0;
+}
+
+static int
+event_matches(const struct ewatch *w, const struct event *ev)
+{
+	return ev->r == w->r && (w->ns == NULL || strcmp(ev->ns, w->ns) == 0)
+	    && k8s_selector_match(w->labels, ev->obj) &&
+	    k8s_selector_match(w->fields, ev->obj);
+}
+
+static int
+e_watch_next(struct k8s_watch *kw, int timeout_ms, struct k8s_event *out,
+    struct k8s_status *st)
+{
+	struct ewatch *w = (struct ewatch *)kw;
+	struct embedded *e = w->e;
+	int64_t deadline = now_mono_ms() + timeout_ms;
+
+	if (w->initial != NULL) {
+		if (w->initial_next < json_array_size(w->initial)) {
+			json_t *o = json_array_get(w->initial,
+			    w->initial_next++);
+
+			out->type = K8S_ADDED;
+			out->object = json_incref(o);
+			out->rv = k8s_resource_version(o);
+			return 1;
+		}
+		json_decref(w->initial);
+		w->initial = NULL;
+	}
+	pthread_mutex_lock(&e->mu);
+	for (;;) {
+		int64_t oldest = e->rlen > 0 ? e->ring[e->rhead].rv :
+		    e->rv + 1;
+		size_t i;
+
+		if (w->cursor < oldest - 1) {
+			char *m = xasprintf("too old resource version: %lld "
+			    "(%lld)", (long long)w->cursor,
+			    (long long)(oldest - 1));
+
+			pthread_mutex_unlock(&e->mu);
+			k8s_status_set(st, K8S_EGONE, m, NULL);
+			free(m);
+			return K8S_EGONE;
+		}
+		/* the ring holds contiguous rvs: jump to the cursor */
+		i = (size_t)(w->cursor + 1 - oldest);
+		for (; i < e->rlen; i++) {
+			struct event *ev = &e->ring[(e->rhead + i) % e->rcap];
+
+			w->cursor = ev->rv;
+			if (event_matches(w, ev)) {
+				out->type = ev->type;
+				out->object = json_deep_copy(ev->obj);
+				out->rv = ev->rv;
+				pthread_mutex_unlock(&e->mu);
+				return 1;
+			}
+		}
+		if (e->stopping) {
+			pthread_mutex_unlock(&e->mu);
+			return k8s_status_set(st, K8S_EUNAVAILABLE,
+			    "the store is shutting down", NULL);
+		}
+		{
+			int64_t left = deadline - now_mono_ms();
+			struct timespec ts;
+
+			if (left <= 0) {
+				pthread_mutex_unlock(&e->mu);
+				return 0;
+			}
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += left / 1000;
+			ts.tv_nsec += (left % 1000) * 1000000;
+			if (ts.tv_nsec >= 1000000000) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000;
+			}
+			pthread_cond_timedwait(&e->econd, &e->mu, &ts);
+		}
+	}
+}
+
+static void
+e_watch_free(struct k8s_watch *kw)
+{
+	struct ewatch *w = (struct ewatch *)kw;
+
+	json_decref(w->initial);
+	k8s_selector_free(w->labels);
+	k8s_selector_free(w->fields);
+	free(w->ns);
+	free(w);
+}
+
+/* -------------------------------------------------------------- life */
+
+static void
+e_free(struct k8s_api *api)
+{
+	struct embedded *e = (struct embedded *)api;
+	int i;
+
+	if (e->writer_running) {
+		pthread_mutex_lock(&e->mu);
+		e->stopping = 1;
+		pthread_cond_broadcast(&e->wcond);
+		pthread_cond_broadcast(&e->econd);
+		pthread_mutex_unlock(&e->mu);
+		pthread_join(e->writer, NULL);
+	}
+	for (i = 0; i < READERS; i++)
+		close_db(e->readers[i].db);
+	close_db(e->wdb);
+	while (e->rlen > 0) {
+		struct event *ev = &e->ring[e->rhead];
+
+		free(ev->ns);
+		json_decref(ev->obj);
+		e->rhead = (e->rhead + 1) % e->rcap;
+		e->rlen--;
+	}
+	free(e->ring);
+	free(e->path);
+	pthread_mutex_destroy(&e->mu);
+	pthread_cond_destroy(&e->wcond);
+	pthread_cond_destroy(&e->dcond);
+	pthread_cond_destroy(&e->rcond);
+	pthread_cond_destroy(&e->econd);
+	free(e);
+}
+
+/* Open the embedded store. */
+int
+k8s_embedded_open(struct k8s_api **out, const char *path,
+    const struct k8s_embedded_config *cfg, char **cause)
+{
+	struct embedded *e = xcalloc(1, sizeof(*e));
+	sqlite3_stmt *st;
+	int i;
+
+	e->api.ops = &embedded_ops;
+	e->path = xstrdup(path);
+	if (cfg != NULL)
+		e->cfg = *cfg;
+	if (e->cfg.watch_window_events == 0)
+		e->cfg.watch_window_events = 10000;
+	if (e->cfg.watch_window_s <= 0)
+		e->cfg.watch_window_s = 3600;
+	e->rcap = e->cfg.watch_window_events;
+	e->ring = xcalloc(e->rcap, sizeof(*e->ring));
+	e->ops_tail = &e->ops;
+	pthread_mutex_init(&e->mu, NULL);
+	pthread_cond_init(&e->wcond, NULL);
+	pthread_cond_init(&e->dcond, NULL);
+	pthread_cond_init(&e->rcond, NULL);
+	pthread_cond_init(&e->econd, NULL);
+	if (open_db(path, &e->wdb, cause) < 0)
+		goto fail;
+	if (exec_sql(e->wdb,
+	    "CREATE TABLE IF NOT EXISTS objects ("
+	    " rkey TEXT NOT NULL, namespace TEXT NOT NULL,"
+	    " name TEXT NOT NULL, uid TEXT NOT NULL, rv INTEGER NOT NULL,"
+	    " body TEXT NOT NULL, PRIMARY KEY (rkey, namespace, name))"
+	    " WITHOUT ROWID;"
+	    "CREATE TABLE IF NOT EXISTS owners ("
+	    " owner_uid TEXT NOT NULL, rkey TEXT NOT NULL,"
+	    " namespace TEXT NOT NULL, name TEXT NOT NULL,"
+	    " PRIMARY KEY (owner_uid, rkey, namespace, name)) WITHOUT ROWID;"
+	    "CREATE INDEX IF NOT EXISTS owners_child ON owners"
+	    " (rkey, namespace, name);"
+	    "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY,"
+	    " v INTEGER NOT NULL);"
+	    "INSERT OR IGNORE INTO meta (k, v) VALUES ('rv', 0);") < 0) {
+		*cause = xasprintf("database '%s': %s", path,
+		    sqlite3_errmsg(e->wdb));
+		goto fail;
+	}
+	st = stmt(e->wdb, "SELECT v FROM meta WHERE k = 'rv'");
+	if (st == NULL || sqlite3_step(st) != SQLITE_ROW) {
+		*cause = xasprintf("database '%s': %s", path,
+		    sqlite3_errmsg(e->wdb));
+		goto fail;
+	}
+	e->rv = sqlite3_column_int64(st, 0);
+	sqlite3_reset(st);
+	for (i = 0; i < READERS; i++)
+		if (open_db(path, &e->readers[i].db, cause) < 0)
+			goto fail;
+	if (pthread_create(&e->writer, NULL, writer_main, e) != 0) {
+		*cause = xstrdup("cannot start the store writer thread");
+		goto fail;
+	}
+	e->writer_running = 1;
+	*out = &e->api;
+	return 0;
+fail:
+	e_free(&e->api);
+	return -1;
+}
+
+/* Writes committed since open. */
+uint64_t
+k8s_embedded_write_count(struct k8s_api *api)
+{
+	struct embedded *e = (struct embedded *)api;
+	uint64_t n;
+
+	pthread_mutex_lock(&e->mu);
+	n = e->writes;
+	pthread_mutex_unlock(&e->mu);
+	return n;
+}
+
+static const struct k8s_ops embedded_ops = {
+	.name = "embedded",
+	.get = e_get,
+	.list = e_list,
+	.create = e_create,
+	.update = e_update,
+	.update_status = e_update_status,
+	.patch = e_patch,
+	.del = e_delete,
+	.watch = e_watch,
+	.watch_next = e_watch_next,
+	.watch_free = e_watch_free,
+	.free = e_free,
+};
