@@ -1,1 +1,327 @@
-int main(void) { return 0; }
+/* k8s common parts: selectors, RFC 7386, Status mapping, validation. */
+#include "config.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "k8s/k8s.h"
+#include "testutil.h"
+
+static json_t *
+labeled(const char *json_labels)
+{
+	json_t *labels = json_loads(json_labels, 0, NULL);
+
+	return json_pack("{s:{s:s,s:s,s:o}}", "metadata", "name", "n1",
+	    "namespace", "ns1", "labels", labels);
+}
+
+static int
+matches(const char *sel, const char *labels)
+{
+	struct k8s_selector *s = NULL;
+	char *cause = NULL;
+	json_t *o = labeled(labels);
+	int m;
+
+	if (k8s_selector_parse(sel, &s, &cause) < 0) {
+		free(cause);
+		json_decref(o);
+		return -1;
+	}
+	m = k8s_selector_match(s, o);
+	k8s_selector_free(s);
+	json_decref(o);
+	return m;
+}
+
+static void
+label_selectors(void **state)
+{
+	static const struct {
+		const char *sel, *labels;
+		int want;
+	} cases[] = {
+		{ "", "{}", 1 },
+		{ "a=b", "{\"a\":\"b\"}", 1 },
+		{ "a=b", "{\"a\":\"c\"}", 0 },
+		{ "a==b", "{\"a\":\"b\"}", 1 },
+		{ "a!=b", "{\"a\":\"b\"}", 0 },
+		{ "a!=b", "{}", 1 },
+		{ "a in (b, c)", "{\"a\":\"c\"}", 1 },
+		{ "a in (b,c)", "{\"a\":\"d\"}", 0 },
+		{ "a notin (b)", "{}", 1 },
+		{ "a notin (b)", "{\"a\":\"b\"}", 0 },
+		{ "a", "{\"a\":\"\"}", 1 },
+		{ "a", "{}", 0 },
+		{ "!a", "{}", 1 },
+		{ "!a", "{\"a\":\"x\"}", 0 },
+		{ "a=b,c!=d", "{\"a\":\"b\",\"c\":\"e\"}", 1 },
+		{ "a=b,c!=d", "{\"a\":\"b\",\"c\":\"d\"}", 0 },
+		{ "app.kubernetes.io/name=x", "{\"app.kubernetes.io/name\":\"x\"}", 1 },
+		{ "a=", "{\"a\":\"\"}", 1 },
+		{ "a in (b", "{}", -1 },
+		{ "a=b,", "{}", -1 },
+		{ "a<b", "{}", -1 },
+		{ "=b", "{}", -1 },
+		{ "a in b", "{}", -1 },
+	};
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(cases); i++) {
+		int got = matches(cases[i].sel, cases[i].labels);
+
+		if (got != cases[i].want)
+			fprintf(stderr, "# selector '%s' on %s: %d\n",
+			    cases[i].sel, cases[i].labels, got);
+		assert_int_equal(got, cases[i].want);
+	}
+}
+
+static void
+field_selectors(void **state)
+{
+	struct k8s_selector *s = NULL;
+	char *cause = NULL;
+	json_t *o = labeled("{}");
+
+	assert_int_equal(k8s_fieldsel_parse("metadata.name=n1", &s, &cause),
+	    0);
+	assert_true(k8s_selector_match(s, o));
+	k8s_selector_free(s);
+	assert_int_equal(k8s_fieldsel_parse("metadata.namespace!=ns1", &s,
+	    &cause), 0);
+	assert_false(k8s_selector_match(s, o));
+	k8s_selector_free(s);
+	assert_int_equal(k8s_fieldsel_parse("spec.x=1", &s, &cause), -1);
+	assert_non_null(strstr(cause, "not supported"));
+	free(cause);
+	json_decref(o);
+}
+
+static void
+merge_patch_rfc7386(void **state)
+{
+	/* the examples of RFC 7386 appendix A */
+	static const char *const cases[][3] = {
+		{ "{\"a\":\"b\"}", "{\"a\":\"c\"}", "{\"a\":\"c\"}" },
+		{ "{\"a\":\"b\"}", "{\"b\":\"c\"}", "{\"a\":\"b\",\"b\":\"c\"}" },
+		{ "{\"a\":\"b\"}", "{\"a\":null}", "{}" },
+		{ "{\"a\":\"b\",\"b\":\"c\"}", "{\"a\":null}", "{\"b\":\"c\"}" },
+		{ "{\"a\":[\"b\"]}", "{\"a\":\"c\"}", "{\"a\":\"c\"}" },
+		{ "{\"a\":\"c\"}", "{\"a\":[\"b\"]}", "{\"a\":[\"b\"]}" },
+		{ "{\"a\":{\"b\":\"c\"}}", "{\"a\":{\"b\":\"d\",\"c\":null}}",
+		    "{\"a\":{\"b\":\"d\"}}" },
+		{ "{\"a\":[{\"b\":\"c\"}]}", "{\"a\":[1]}", "{\"a\":[1]}" },
+		{ "[\"a\",\"b\"]", "[\"c\",\"d\"]", "[\"c\",\"d\"]" },
+		{ "{\"a\":\"b\"}", "[\"c\"]", "[\"c\"]" },
+		{ "{\"a\":\"foo\"}", "null", "null" },
+		{ "{\"a\":\"foo\"}", "\"bar\"", "\"bar\"" },
+		{ "{\"e\":null}", "{\"a\":1}", "{\"e\":null,\"a\":1}" },
+		{ "[1,2]", "{\"a\":\"b\",\"c\":null}", "{\"a\":\"b\"}" },
+		{ "{}", "{\"a\":{\"bb\":{\"ccc\":null}}}",
+		    "{\"a\":{\"bb\":{}}}" },
+	};
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(cases); i++) {
+		json_t *t = json_loads(cases[i][0], JSON_DECODE_ANY, NULL);
+		json_t *p = json_loads(cases[i][1], JSON_DECODE_ANY, NULL);
+		json_t *w = json_loads(cases[i][2], JSON_DECODE_ANY, NULL);
+		json_t *before = json_deep_copy(t);
+		json_t *r = k8s_merge_patch(t, p);
+
+		if (!json_equal(r, w)) {
+			char *got = json_dumps(r, JSON_ENCODE_ANY);
+
+			fprintf(stderr, "# case %zu: %s\n", i, got);
+			free(got);
+		}
+		assert_true(json_equal(r, w));
+		/* the target is not modified */
+		assert_true(json_equal(t, before));
+		json_decref(before);
+		json_decref(t);
+		json_decref(p);
+		json_decref(w);
+		json_decref(r);
+	}
+}
+
+static void
+status_mapping(void **state)
+{
+	struct k8s_status st = { 0 };
+	json_t *j;
+
+	assert_int_equal(k8s_err_from_http(409, "AlreadyExists"), K8S_EEXISTS);
+	assert_int_equal(k8s_err_from_http(409, "Conflict"), K8S_ECONFLICT);
+	assert_int_equal(k8s_err_from_http(410, "Expired"), K8S_EGONE);
+	assert_int_equal(k8s_err_from_http(422, NULL), K8S_EINVALID);
+	assert_int_equal(k8s_err_from_http(429, NULL), K8S_EUNAVAILABLE);
+	assert_int_equal(k8s_err_from_http(504, NULL), K8S_ETIMEOUT);
+	assert_int_equal(k8s_err_from_http(403, NULL), K8S_EFORBIDDEN);
+	assert_int_equal(k8s_err_from_http(401, NULL), K8S_EUNAUTHORIZED);
+	assert_int_equal(k8s_err_from_http(200, NULL), K8S_OK);
+	assert_int_equal(k8s_error_notfound(&st, &K8S_AGENTTASK, "t9"),
+	    K8S_ENOTFOUND);
+	j = k8s_status_json(&st);
+	assert_string_equal(json_string_value(json_object_get(j, "kind")),
+	    "Status");
+	assert_string_equal(json_string_value(json_object_get(j, "status")),
+	    "Failure");
+	assert_string_equal(json_string_value(json_object_get(j, "message")),
+	    "agenttasks.divergedev.com \"t9\" not found");
+	assert_int_equal(json_integer_value(json_object_get(j, "code")), 404);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(
+	    j, "details"), "kind")), "agenttasks");
+	k8s_status_release(&st);
+	/* and back */
+	assert_int_equal(k8s_status_from_json(&st, 404, j), K8S_ENOTFOUND);
+	assert_string_equal(st.reason, "NotFound");
+	json_decref(j);
+	k8s_status_release(&st);
+	assert_int_equal(k8s_error_conflict(&st, &K8S_SECRET, "s"),
+	    K8S_ECONFLICT);
+	assert_string_equal(st.message, "Operation cannot be fulfilled on "
+	    "secrets \"s\": the object has been modified; please apply your "
+	    "changes to the latest version and try again");
+	k8s_status_release(&st);
+	assert_ptr_equal(k8s_resource_find("divergedev.com", "v1alpha1",
+	    "agenttasks"), &K8S_AGENTTASK);
+	assert_ptr_equal(k8s_resource_find("", "v1", "secrets"), &K8S_SECRET);
+	assert_null(k8s_resource_find("divergedev.com", "v1", "agenttasks"));
+	assert_string_equal(k8s_api_version(&K8S_SECRET), "v1");
+	assert_string_equal(k8s_api_version(&K8S_SANDBOX),
+	    "agents.x-k8s.io/v1beta1");
+}
+
+static int
+validate_text(const struct k8s_resource *r, const char *text,
+    const char *want_field)
+{
+	struct k8s_status st = { 0 };
+	json_t *o = json_loads(text, 0, NULL);
+	int rc;
+
+	assert_non_null(o);
+	rc = k8s_validate(r, o, &st);
+	if (want_field != NULL) {
+		if (rc != K8S_EINVALID || strstr(st.message, want_field) ==
+		    NULL)
+			fprintf(stderr, "# %s -> %d %s\n", text, rc,
+			    st.message ? st.message : "-");
+		assert_int_equal(rc, K8S_EINVALID);
+		assert_non_null(strstr(st.message, want_field));
+		assert_string_equal(json_string_value(json_object_get(
+		    json_array_get(json_object_get(st.details, "causes"), 0),
+		    "field")), want_field);
+	} else {
+		if (rc != 0)
+			fprintf(stderr, "# %s -> %s\n", text, st.message);
+		assert_int_equal(rc, 0);
+	}
+	k8s_status_release(&st);
+	json_decref(o);
+	return rc;
+}
+
+#define T(spec) "{\"metadata\":{\"name\":\"t1\"},\"spec\":" spec "}"
+
+static void
+validation_rules(void **state)
+{
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\"}"), NULL);
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\",\"draftPR\":"
+	    "true,\"repository\":{\"url\":\"https://x\",\"baseBranch\":"
+	    "\"main\"},\"maxIterations\":8,\"budgetUSD\":\"5.00\","
+	    "\"budgetTokens\":200000,\"capabilities\":[\"claude-*\"],"
+	    "\"allowedTools\":[],\"suspended\":false,\"sandbox\":{"
+	    "\"provider\":\"agent-sandbox\",\"timeoutSeconds\":1800}}"), NULL);
+	validate_text(&K8S_AGENTTASK, T("{}"), "spec.objective");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"\"}"),
+	    "spec.objective");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":7}"),
+	    "spec.objective");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"maxIterations\":-1}"), "spec.maxIterations");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"maxIterations\":\"3\"}"), "spec.maxIterations");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"budgetUSD\":\"5.1234567\"}"), "spec.budgetUSD");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"budgetUSD\":5}"), "spec.budgetUSD");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"capabilities\":[1]}"), "spec.capabilities[0]");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"sandbox\":{\"provider\":\"docker\"}}"), "spec.sandbox.provider");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"sandbox\":{\"timeoutSeconds\":0}}"),
+	    "spec.sandbox.timeoutSeconds");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\",\"bogus\":1}"),
+	    "spec.bogus");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"repository\":{\"branch\":\"x\"}}"), "spec.repository.branch");
+	validate_text(&K8S_AGENTTASK, "{\"metadata\":{\"name\":\"t1\"},"
+	    "\"spec\":{\"objective\":\"x\"},\"status\":{\"phase\":\"Running\"}}",
+	    "status.phase");
+	validate_text(&K8S_AGENTTASK, "{\"metadata\":{\"name\":\"t1\"},"
+	    "\"spec\":{\"objective\":\"x\"},\"status\":{\"lastMeterRequestIds\":"
+	    "[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\","
+	    "\"12\",\"13\",\"14\",\"15\",\"16\",\"17\",\"18\",\"19\",\"20\","
+	    "\"21\",\"22\",\"23\",\"24\",\"25\",\"26\",\"27\",\"28\",\"29\","
+	    "\"30\",\"31\",\"32\",\"33\"]}}", "status.lastMeterRequestIds");
+	validate_text(&K8S_AGENTTASK, "{\"metadata\":{\"name\":\"Bad_Name\"},"
+	    "\"spec\":{\"objective\":\"x\"}}", "metadata.name");
+	validate_text(&K8S_AGENTTASK, "{\"metadata\":{\"name\":\"t\","
+	    "\"labels\":{\"a\":1}},\"spec\":{\"objective\":\"x\"}}",
+	    "metadata.labels[a]");
+	validate_text(&K8S_ENVIRONMENT, "{\"metadata\":{\"name\":\"e\"},"
+	    "\"spec\":{\"port\":70000}}", "spec.port");
+	validate_text(&K8S_ENVIRONMENT, "{\"metadata\":{\"name\":\"e\"},"
+	    "\"spec\":{\"branch\":\"b\",\"port\":8080}}", NULL);
+	validate_text(&K8S_SECRET, "{\"metadata\":{\"name\":\"s\"},"
+	    "\"data\":{\"k\":\"not base64!\"}}", "data[k]");
+	validate_text(&K8S_SECRET, "{\"metadata\":{\"name\":\"s\"},"
+	    "\"data\":{\"k\":\"dmFsdWU=\"}}", NULL);
+	/* objective: 4000 characters fit, 4001 do not (multi-byte counts 1) */
+	{
+		struct buf b;
+		int i;
+
+		buf_init(&b, 1 << 20);
+		buf_addstr(&b, "{\"metadata\":{\"name\":\"t\"},\"spec\":"
+		    "{\"objective\":\"");
+		for (i = 0; i < 4000; i++)
+			buf_addstr(&b, "\xc3\xa9");
+		buf_addstr(&b, "\"}}");
+		validate_text(&K8S_AGENTTASK, b.data, NULL);
+		buf_reset(&b);
+		buf_addstr(&b, "{\"metadata\":{\"name\":\"t\"},\"spec\":"
+		    "{\"objective\":\"");
+		for (i = 0; i < 4001; i++)
+			buf_addstr(&b, "x");
+		buf_addstr(&b, "\"}}");
+		validate_text(&K8S_AGENTTASK, b.data, "spec.objective");
+		buf_release(&b);
+	}
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(label_selectors),
+		cmocka_unit_test(field_selectors),
+		cmocka_unit_test(merge_patch_rfc7386),
+		cmocka_unit_test(status_mapping),
+		cmocka_unit_test(validation_rules),
+	};
+
+	util_json_init();
+	return cmocka_run_group_tests_name("k8s-common", tests, NULL, NULL);
+}
