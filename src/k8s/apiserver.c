@@ -1172,15 +1172,18 @@ add_unknown(json_t *found, const char *path, const char *key)
 
 /*
  * Collect the fields of v that schema does not declare, as structural
- * pruning would drop them (paths like "spec.foo" or "a.b[0].c"). Null
- * values are skipped: in a merge patch they delete.
+ * pruning would drop them (paths like "spec.foo" or "a.b[0].c"), and with
+ * prune remove them from v. Null values are skipped: in a merge patch
+ * they delete.
  */
 static void
-unknown_fields(const json_t *v, const json_t *schema, const char *path,
-    int depth, json_t *found)
+unknown_fields(json_t *v, const json_t *schema, const char *path,
+    int depth, json_t *found, int prune)
 {
-	const json_t *props, *addl, *items, *sub, *val;
-	const char *key;
+	const json_t *props, *addl, *items, *sub;
+	const char *key, *mk;
+	json_t *val, *mv;
+	void *tmp, *mtmp;
 	char *p;
 	size_t i;
 	int preserve;
@@ -1197,7 +1200,7 @@ unknown_fields(const json_t *v, const json_t *schema, const char *path,
 			return;
 		json_array_foreach(v, i, val) {
 			p = xasprintf("%s[%zu]", path, i);
-			unknown_fields(val, items, p, depth + 1, found);
+			unknown_fields(val, items, p, depth + 1, found, prune);
 			free(p);
 		}
 		return;
@@ -1206,19 +1209,19 @@ unknown_fields(const json_t *v, const json_t *schema, const char *path,
 		return;
 	props = json_object_get(schema, "properties");
 	addl = json_object_get(schema, "additionalProperties");
-	json_object_foreach((json_t *)v, key, val) {
+	json_object_foreach_safe(v, tmp, key, val) {
 		if (json_is_null(val))
 			continue;
 		if (depth == 0 && strcmp(key, "metadata") == 0) {
-			const char *mk;
-			const json_t *mv;
-
 			if (!json_is_object(val))
 				continue;
-			json_object_foreach((json_t *)val, mk, mv) {
-				if (!json_is_null(mv) &&
-				    !in_list(object_meta_fields, mk))
-					add_unknown(found, "metadata", mk);
+			json_object_foreach_safe(val, mtmp, mk, mv) {
+				if (json_is_null(mv) ||
+				    in_list(object_meta_fields, mk))
+					continue;
+				add_unknown(found, "metadata", mk);
+				if (prune)
+					json_object_del(val, mk);
 			}
 			continue;
 		}
@@ -1229,13 +1232,15 @@ unknown_fields(const json_t *v, const json_t *schema, const char *path,
 		if (sub != NULL) {
 			p = path[0] == '\0' ? xstrdup(key) :
 			    xasprintf("%s.%s", path, key);
-			unknown_fields(val, sub, p, depth + 1, found);
+			unknown_fields(val, sub, p, depth + 1, found, prune);
 			free(p);
 			continue;
 		}
 		if (preserve || json_is_true(addl))
 			continue;
 		add_unknown(found, path, key);
+		if (prune)
+			json_object_del(v, key);
 	}
 }
 
@@ -1256,11 +1261,13 @@ field_validation_mode(struct api_req *q, enum field_validation *out)
 }
 
 /*
- * Check obj (a whole object or a merge patch) for fields the schema does
- * not know: a warning each, or with fieldValidation=Strict an error.
+ * Fields of obj (a whole object or a merge patch) that the schema does not
+ * know: with fieldValidation=Strict an error; otherwise they are dropped,
+ * as the apiserver prunes custom resources, with a warning each unless
+ * the client asked to Ignore them.
  */
 static int
-check_fields(struct api_req *q, const struct target *t, const json_t *obj,
+check_fields(struct api_req *q, const struct target *t, json_t *obj,
     struct k8s_status *st)
 {
 	enum field_validation mode;
@@ -1276,13 +1283,13 @@ check_fields(struct api_req *q, const struct target *t, const json_t *obj,
 		    "must be one of Strict, Warn or Ignore", NULL);
 		goto out;
 	}
-	if (mode == FV_IGNORE || schema == NULL) {
+	if (schema == NULL) {
 		ret = 0;
 		goto out;
 	}
 	found = json_array();
-	unknown_fields(obj, schema, "", 0, found);
-	if (json_array_size(found) == 0) {
+	unknown_fields(obj, schema, "", 0, found, mode != FV_STRICT);
+	if (json_array_size(found) == 0 || mode == FV_IGNORE) {
 		ret = 0;
 		goto out;
 	}
@@ -1829,6 +1836,308 @@ out:
 	return ret;
 }
 
+static int
+is_secret(const struct k8s_resource *r)
+{
+	return r->group[0] == '\0' && strcmp(r->kind, "Secret") == 0;
+}
+
+/* ---------------------------------------------------- protobuf bodies */
+
+/*
+ * kubectl's typed clients (kubectl create secret) send built-in kinds as
+ * Kubernetes protobuf: "k8s\0" then a runtime.Unknown whose raw field is
+ * the object. Only v1 Secret is decoded (the built-in kind that kubectl
+ * creates this way); fields are those of k8s.io/api/core/v1 and
+ * apimachinery's ObjectMeta, by number.
+ */
+struct pb {
+	const unsigned char *p;
+	const unsigned char *end;
+};
+
+struct pb_field {
+	uint32_t num;
+	int wire;
+	uint64_t v;			/* varint value */
+	const unsigned char *data;	/* length-delimited bytes */
+	size_t len;
+};
+
+static int
+pb_varint(struct pb *b, uint64_t *out)
+{
+	uint64_t v = 0;
+	int shift;
+
+	for (shift = 0; shift < 64 && b->p < b->end; shift += 7) {
+		unsigned char c = *b->p++;
+
+		v |= (uint64_t)(c & 0x7f) << shift;
+		if ((c & 0x80) == 0) {
+			*out = v;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+/* The next field: 1, 0 at the end, -1 when malformed. */
+static int
+pb_next(struct pb *b, struct pb_field *f)
+{
+	uint64_t key, n;
+
+	if (b->p == b->end)
+		return 0;
+	if (pb_varint(b, &key) < 0 || (key >> 3) == 0 || (key >> 3) >
+	    UINT32_MAX)
+		return -1;
+	f->num = (uint32_t)(key >> 3);
+	f->wire = (int)(key & 7);
+	f->v = 0;
+	f->data = NULL;
+	f->len = 0;
+	switch (f->wire) {
+	case 0:
+		return pb_varint(b, &f->v) < 0 ? -1 : 1;
+	case 1:
+		n = 8;
+		break;
+	case 2:
+		if (pb_varint(b, &n) < 0)
+			return -1;
+		break;
+	case 5:
+		n = 4;
+		break;
+	default:
+		return -1;
+	}
+	if (n > (uint64_t)(b->end - b->p))
+		return -1;
+	f->data = b->p;
+	f->len = (size_t)n;
+	b->p += n;
+	return 1;
+}
+
+static json_t *
+pb_string(const struct pb_field *f)
+{
+	return json_stringn((const char *)f->data, f->len);
+}
+
+/* A map<string, bytes|string> entry into obj; bytes are base64. */
+static int
+pb_map_entry(json_t *obj, const struct pb_field *f, int bytes)
+{
+	struct pb b = { f->data, f->data + f->len };
+	struct pb_field e;
+	json_t *key = NULL, *val = NULL;
+	char *b64;
+	int rc, ret = -1;
+
+	while ((rc = pb_next(&b, &e)) > 0) {
+		if (e.wire != 2)
+			continue;
+		if (e.num == 1) {
+			json_decref(key);
+			key = pb_string(&e);
+		} else if (e.num == 2) {
+			json_decref(val);
+			if (bytes) {
+				b64 = base64_encode(e.data, e.len, 0, 1);
+				val = json_string(b64);
+				free(b64);
+			} else {
+				val = pb_string(&e);
+			}
+		}
+	}
+	if (rc < 0 || key == NULL)
+		goto out;
+	json_object_set_new(obj, json_string_value(key),
+	    val != NULL ? json_incref(val) : json_string(""));
+	ret = 0;
+out:
+	json_decref(key);
+	json_decref(val);
+	return ret;
+}
+
+static json_t *
+pb_owner_reference(const struct pb_field *f)
+{
+	static const char *const names[] = {
+		NULL, "kind", NULL, "name", "uid", "apiVersion", "controller",
+		"blockOwnerDeletion"
+	};
+	struct pb b = { f->data, f->data + f->len };
+	struct pb_field e;
+	json_t *o = json_object();
+
+	while (pb_next(&b, &e) > 0) {
+		if (e.num >= ARRAY_SIZE(names) || names[e.num] == NULL)
+			continue;
+		if (e.wire == 2)
+			json_object_set_new(o, names[e.num], pb_string(&e));
+		else if (e.wire == 0)
+			json_object_set_new(o, names[e.num],
+			    json_boolean(e.v != 0));
+	}
+	return o;
+}
+
+static json_t *
+pb_object_meta(const struct pb_field *f)
+{
+	static const char *const strs[] = {
+		NULL, "name", "generateName", "namespace", "selfLink", "uid",
+		"resourceVersion"
+	};
+	struct pb b = { f->data, f->data + f->len };
+	struct pb_field e;
+	json_t *m = json_object(), *sub;
+	const char *map;
+
+	while (pb_next(&b, &e) > 0) {
+		if (e.num < ARRAY_SIZE(strs) && e.wire == 2) {
+			if (e.len > 0)
+				json_object_set_new(m, strs[e.num],
+				    pb_string(&e));
+		} else if (e.num == 7 && e.wire == 0) {
+			json_object_set_new(m, "generation",
+			    json_integer((json_int_t)e.v));
+		} else if ((e.num == 11 || e.num == 12) && e.wire == 2) {
+			map = e.num == 11 ? "labels" : "annotations";
+			sub = json_object_get(m, map);
+			if (sub == NULL) {
+				sub = json_object();
+				json_object_set_new(m, map, sub);
+			}
+			pb_map_entry(sub, &e, 0);
+		} else if (e.num == 13 && e.wire == 2) {
+			sub = json_object_get(m, "ownerReferences");
+			if (sub == NULL) {
+				sub = json_array();
+				json_object_set_new(m, "ownerReferences", sub);
+			}
+			json_array_append_new(sub, pb_owner_reference(&e));
+		} else if (e.num == 14 && e.wire == 2) {
+			sub = json_object_get(m, "finalizers");
+			if (sub == NULL) {
+				sub = json_array();
+				json_object_set_new(m, "finalizers", sub);
+			}
+			json_array_append_new(sub, pb_string(&e));
+		}
+	}
+	return m;
+}
+
+static json_t *
+pb_secret(const unsigned char *raw, size_t len)
+{
+	struct pb b = { raw, raw + len };
+	struct pb_field f;
+	json_t *o = json_pack("{s:s, s:s}", "apiVersion", "v1", "kind",
+	    "Secret"), *sub;
+	const char *map;
+	int rc;
+
+	while ((rc = pb_next(&b, &f)) > 0) {
+		if (f.num == 1 && f.wire == 2) {
+			json_object_set_new(o, "metadata", pb_object_meta(&f));
+		} else if ((f.num == 2 || f.num == 4) && f.wire == 2) {
+			map = f.num == 2 ? "data" : "stringData";
+			sub = json_object_get(o, map);
+			if (sub == NULL) {
+				sub = json_object();
+				json_object_set_new(o, map, sub);
+			}
+			if (pb_map_entry(sub, &f, f.num == 2) < 0)
+				rc = -1;
+		} else if (f.num == 3 && f.wire == 2) {
+			if (f.len > 0)
+				json_object_set_new(o, "type", pb_string(&f));
+		} else if (f.num == 5 && f.wire == 0) {
+			json_object_set_new(o, "immutable",
+			    json_boolean(f.v != 0));
+		}
+		if (rc < 0)
+			break;
+	}
+	if (rc < 0) {
+		json_decref(o);
+		return NULL;
+	}
+	return o;
+}
+
+/* A protobuf body of kind r as JSON; K8S_EUNSUPPORTED for other kinds. */
+static int
+body_protobuf(struct api_req *q, const struct k8s_resource *r, json_t **out,
+    struct k8s_status *st)
+{
+	struct pb b;
+	struct pb_field f, g;
+	const unsigned char *raw = NULL;
+	size_t raw_len = 0;
+	char *av = NULL, *kind = NULL;
+	json_t *obj = NULL;
+	int rc, ret = -1;
+
+	if (!is_secret(r)) {
+		ret = k8s_status_set(st, K8S_EUNSUPPORTED, "the body of the "
+		    "request was in an unknown format - accepted media types "
+		    "include: application/json", NULL);
+		goto out;
+	}
+	if (q->body.len < 4 || memcmp(q->body.data, "k8s\0", 4) != 0)
+		goto bad;
+	b.p = (const unsigned char *)q->body.data + 4;
+	b.end = (const unsigned char *)q->body.data + q->body.len;
+	while ((rc = pb_next(&b, &f)) > 0) {
+		if (f.num == 1 && f.wire == 2) {
+			struct pb tb = { f.data, f.data + f.len };
+
+			while (pb_next(&tb, &g) > 0) {
+				if (g.wire != 2)
+					continue;
+				if (g.num == 1) {
+					free(av);
+					av = xstrndup((const char *)g.data,
+					    g.len);
+				} else if (g.num == 2) {
+					free(kind);
+					kind = xstrndup((const char *)g.data,
+					    g.len);
+				}
+			}
+		} else if (f.num == 2 && f.wire == 2) {
+			raw = f.data;
+			raw_len = f.len;
+		}
+	}
+	if (rc < 0 || raw == NULL || av == NULL || kind == NULL ||
+	    strcmp(av, "v1") != 0 || strcmp(kind, "Secret") != 0)
+		goto bad;
+	obj = pb_secret(raw, raw_len);
+	if (obj == NULL)
+		goto bad;
+	*out = obj;
+	ret = 0;
+	goto out;
+bad:
+	ret = k8s_status_set(st, K8S_EBADREQUEST, "the protobuf body of the "
+	    "request is not a v1 Secret", NULL);
+out:
+	free(av);
+	free(kind);
+	return ret;
+}
+
 /* The body of a create or replace: one object of the path's kind. */
 static int
 body_object(struct api_req *q, const struct target *t, int update,
@@ -1836,10 +2145,14 @@ body_object(struct api_req *q, const struct target *t, int update,
 {
 	json_t *obj = NULL, *meta;
 	const char *av, *kind, *ns, *name;
-	char *msg = NULL;
+	char *msg = NULL, *m = NULL;
 	int ret;
 
-	ret = body_json(q, &obj, st);
+	m = media_type(header(q, "Content-Type"));
+	if (strcmp(m, "application/vnd.kubernetes.protobuf") == 0)
+		ret = body_protobuf(q, t->r, &obj, st);
+	else
+		ret = body_json(q, &obj, st);
 	if (ret < 0)
 		goto out;
 	ret = -1;
@@ -1896,13 +2209,8 @@ body_object(struct api_req *q, const struct target *t, int update,
 out:
 	json_decref(obj);
 	free(msg);
+	free(m);
 	return ret;
-}
-
-static int
-is_secret(const struct k8s_resource *r)
-{
-	return r->group[0] == '\0' && strcmp(r->kind, "Secret") == 0;
 }
 
 /* Secrets: stringData is folded into data (base64), as the API does. */
@@ -1967,8 +2275,7 @@ check_selectors(struct api_req *q, const struct target *t,
 	}
 	return 0;
 bad:
-	msg = xasprintf("unable to parse selector: %s",
-	    cause != NULL ? cause : "syntax error");
+	msg = xstrdup(cause != NULL ? cause : "unable to parse selector");
 	ret = k8s_status_set(st, K8S_EBADREQUEST, msg, NULL);
 	free(msg);
 	free(cause);
@@ -2029,8 +2336,11 @@ do_create(struct api_req *q, const struct target *t)
 		goto out;
 	if (body_object(q, t, 0, &obj, &st) < 0)
 		goto fail;
-	if (is_secret(t->r))
+	if (is_secret(t->r)) {
 		secret_fold(obj);
+		if (json_string_length(json_object_get(obj, "type")) == 0)
+			json_object_set_new(obj, "type", json_string("Opaque"));
+	}
 	if (check_fields(q, t, obj, &st) < 0 ||
 	    k8s_create(q->srv->api, t->r, t->ns, obj, &created, &st) < 0)
 		goto fail;
@@ -2173,10 +2483,14 @@ patch_locally(struct api_req *q, const struct target *t,
 			free(msg);
 			goto out;
 		}
-		if (kind == PATCH_JSON && attempt == 0) {
+		if (kind == PATCH_JSON) {
+			size_t nw = q->nwarnings;
+
 			rc = check_fields(q, t, doc, st);
 			if (rc < 0)
 				goto out;
+			while (attempt > 0 && q->nwarnings > nw)
+				free(q->warnings[--q->nwarnings]);
 		}
 		if (is_secret(t->r))
 			secret_fold(doc);
@@ -2307,11 +2621,14 @@ do_delete(struct api_req *q, const struct target *t)
 {
 	struct k8s_status st;
 	json_t *opts = NULL, *gone = NULL;
+	char *m = NULL;
 
 	memset(&st, 0, sizeof(st));
 	if (dry_run_refused(q))
 		goto out;
-	if (q->body.len > 0) {
+	m = media_type(header(q, "Content-Type"));
+	if (q->body.len > 0 && (m[0] == '\0' || strstr(m, "json") != NULL)) {
+		/* DeleteOptions; other encodings carry nothing we use */
 		if (body_json(q, &opts, &st) < 0)
 			goto fail;
 		if (check_preconditions(q, t, json_object_get(opts,
@@ -2333,6 +2650,7 @@ do_delete(struct api_req *q, const struct target *t)
 fail:
 	reply_st(q, &st);
 out:
+	free(m);
 	json_decref(opts);
 	k8s_status_release(&st);
 }
@@ -2646,22 +2964,19 @@ do_namespace_list(struct api_req *q)
 	const struct k8s_resource *const *rp;
 	struct k8s_list_opts opts;
 	struct k8s_status st;
-	json_t *set = json_object(), *list, *items, *it, *v;
+	json_t *set = json_object(), *list = NULL, *items, *it, *v;
 	const char **names = NULL, *key;
 	size_t i, n = 0;
 
 	memset(&opts, 0, sizeof(opts));
+	memset(&st, 0, sizeof(st));
 	json_object_set_new(set, "default", json_true());
 	for (rp = k8s_resources; *rp != NULL; rp++) {
 		if (!(*rp)->namespaced)
 			continue;
-		memset(&st, 0, sizeof(st));
-		list = NULL;
 		if (k8s_list(q->srv->api, *rp, NULL, &opts, &list, &st) < 0) {
 			reply_st(q, &st);
-			k8s_status_release(&st);
-			json_decref(set);
-			return;
+			goto out;
 		}
 		json_array_foreach(json_object_get(list, "items"), i, it) {
 			const char *ns = k8s_meta_str(it, "namespace");
@@ -2670,7 +2985,7 @@ do_namespace_list(struct api_req *q)
 				json_object_set_new(set, ns, json_true());
 		}
 		json_decref(list);
-		k8s_status_release(&st);
+		list = NULL;
 	}
 	names = xcalloc(json_object_size(set), sizeof(*names));
 	json_object_foreach(set, key, v)
@@ -2679,11 +2994,14 @@ do_namespace_list(struct api_req *q)
 	items = json_array();
 	for (i = 0; i < n; i++)
 		json_array_append_new(items, namespace_stub(names[i]));
-	free(names);
-	json_decref(set);
 	reply_object(q, 200, &namespace_resource, json_pack("{s:s, s:s, "
 	    "s:{s:s}, s:o}", "kind", "NamespaceList", "apiVersion", "v1",
 	    "metadata", "resourceVersion", "", "items", items), 0);
+out:
+	free(names);
+	json_decref(list);
+	json_decref(set);
+	k8s_status_release(&st);
 }
 
 static void
