@@ -19,6 +19,7 @@
 
 #include "config/config.h"
 #include "http/http.h"
+#include "k8s/k8s.h"
 #include "scm/scm.h"
 #include "util/util.h"
 
@@ -42,6 +43,8 @@ struct daemon {
 	struct config cfg;
 	struct inbox *inbox;
 	struct http_server *http;
+	struct k8s_api *store;
+	struct k8s_apiserver *apiserver;
 	struct provider github;
 	struct provider gitlab;
 	struct webhook_identity self;
@@ -162,13 +165,22 @@ static int
 store_reachable(void)
 {
 	sqlite3 *db = NULL;
-	int ok;
+	struct k8s_status st = { 0 };
+	json_t *obj = NULL;
+	int ok, rc;
 
 	ok = sqlite3_open_v2(D.db_path, &db, SQLITE_OPEN_READONLY, NULL) ==
 	    SQLITE_OK && sqlite3_exec(db, "SELECT 1 FROM inbox LIMIT 1",
 	    NULL, NULL, NULL) == SQLITE_OK;
 	sqlite3_close(db);
-	return ok;
+	if (!ok)
+		return 0;
+	/* the resource store answers (NotFound is an answer) */
+	rc = k8s_get(D.store, &K8S_AGENTTASK, D.cfg.namespace,
+	    "diverge-readiness-probe", &obj, &st);
+	json_decref(obj);
+	k8s_status_release(&st);
+	return rc == 0 || rc == K8S_ENOTFOUND;
 }
 
 static int
@@ -377,13 +389,17 @@ usage(FILE *f)
 {
 	fprintf(f,
 	    "usage: diverged [--config FILE] [--check-config] [--listen ADDR]\n"
-	    "                [--state-dir DIR] [--version] [--help]\n"
+	    "                [--api-listen ADDR] [--state-dir DIR] [--version]\n"
+	    "                [--help]\n"
 	    "\n"
 	    "  -c, --config FILE   YAML configuration (default: none, the\n"
 	    "                      embedded mode with webhooks disabled)\n"
 	    "      --check-config  validate the configuration and its secrets,\n"
 	    "                      then exit (0 valid, 2 invalid)\n"
 	    "  -l, --listen ADDR   override 'listen' (HOST:PORT)\n"
+	    "  -a, --api-listen ADDR\n"
+	    "                      override 'api.listen', the Kubernetes API of\n"
+	    "                      the embedded store ('off' disables it)\n"
 	    "  -s, --state-dir DIR override 'state_dir'\n"
 	    "  -V, --version       print the version and exit\n"
 	    "  -h, --help          print this help and exit\n"
@@ -416,6 +432,65 @@ mkdir_p(const char *path, char **cause)
 	}
 	free(p);
 	return ret;
+}
+
+/* The resource store: embedded in the state database, or a cluster. */
+static int
+open_store(char **cause)
+{
+	struct k8s_cluster c;
+	int rc;
+
+	if (D.cfg.kubernetes.mode == KUBE_EMBEDDED)
+		return k8s_embedded_open(&D.store, D.db_path, NULL, cause);
+	memset(&c, 0, sizeof(c));
+	if (D.cfg.kubernetes.mode == KUBE_IN_CLUSTER)
+		rc = k8s_incluster_load(&c, NULL, cause);
+	else
+		rc = k8s_kubeconfig_load(&c, D.cfg.kubernetes.kubeconfig,
+		    D.cfg.kubernetes.context, cause);
+	if (rc == 0)
+		rc = k8s_rest_open(&D.store, &c, NULL, cause);
+	if (rc == 0)
+		log_kv(LOG_INFO, "using a kubernetes cluster", "server",
+		    c.server, "namespace", c.namespace, NULL);
+	k8s_cluster_release(&c);
+	return rc;
+}
+
+/* Serve the embedded store's Kubernetes API on api.listen. */
+static int
+start_apiserver(char **cause)
+{
+	struct k8s_apiserver_config ac;
+	char *token = NULL;
+	size_t tlen = 0;
+	int rc;
+
+	if (D.cfg.kubernetes.mode != KUBE_EMBEDDED || D.cfg.api.listen == NULL)
+		return 0;
+	memset(&ac, 0, sizeof(ac));
+	ac.listen = D.cfg.api.listen;
+	ac.tls_cert = D.cfg.api.tls_cert;
+	ac.tls_key = D.cfg.api.tls_key;
+	ac.max_connections = 256;
+	if (D.cfg.api.token != NULL && *D.cfg.api.token) {
+		char *c = NULL;
+
+		if (config_secret_read(D.cfg.api.token, &token, &tlen,
+		    &c) < 0) {
+			*cause = xasprintf("'api.token': %s", c);
+			free(c);
+			return -1;
+		}
+		ac.token = token;
+	}
+	rc = k8s_apiserver_start(&D.apiserver, D.store, &ac, cause);
+	if (token != NULL) {
+		secure_wipe(token, tlen);
+		free(token);
+	}
+	return rc;
 }
 
 static void
@@ -460,19 +535,21 @@ main(int argc, char **argv)
 		{ "config", required_argument, NULL, 'c' },
 		{ "check-config", no_argument, NULL, 'C' },
 		{ "listen", required_argument, NULL, 'l' },
+		{ "api-listen", required_argument, NULL, 'a' },
 		{ "state-dir", required_argument, NULL, 's' },
 		{ "version", no_argument, NULL, 'V' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 }
 	};
 	const char *config_file = NULL, *listen = NULL, *state_dir = NULL;
+	const char *api_listen = NULL;
 	int check = 0, ch, sig, ret = 1;
 	char *cause = NULL;
 	struct http_server_config hc;
 	struct inbox_config ic;
 	sigset_t set;
 
-	while ((ch = getopt_long(argc, argv, "c:l:s:Vh", opts, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "c:l:a:s:Vh", opts, NULL)) != -1) {
 		switch (ch) {
 		case 'c':
 			config_file = optarg;
@@ -482,6 +559,9 @@ main(int argc, char **argv)
 			break;
 		case 'l':
 			listen = optarg;
+			break;
+		case 'a':
+			api_listen = optarg;
 			break;
 		case 's':
 			state_dir = optarg;
@@ -527,6 +607,11 @@ main(int argc, char **argv)
 		free(D.cfg.state_dir);
 		D.cfg.state_dir = xstrdup(state_dir);
 	}
+	if (api_listen != NULL) {
+		free(D.cfg.api.listen);
+		D.cfg.api.listen = strcmp(api_listen, "off") == 0 ? NULL :
+		    xstrdup(api_listen);
+	}
 	log_setup((enum log_level)D.cfg.log.level, D.cfg.log.json);
 	if (secrets_reload(&D.cfg, &cause) < 0) {
 		fprintf(stderr, "config: %s\n", cause);
@@ -563,6 +648,8 @@ main(int argc, char **argv)
 	ic.backoff_max_ms = 0;
 	/* a test hook: keep entries pending (back-pressure, crash tests) */
 	ic.hold = getenv("DIVERGE_TEST_HOLD_INBOX") != NULL;
+	if (open_store(&cause) < 0)
+		goto fail;
 	if (inbox_open(&D.inbox, D.db_path, &ic, &cause) < 0 ||
 	    inbox_start(D.inbox, &inbox_record_handler, &cause) < 0)
 		goto fail;
@@ -578,13 +665,18 @@ main(int argc, char **argv)
 	if (http_server_start(&D.http, &hc, routes, ARRAY_SIZE(routes),
 	    &cause) < 0)
 		goto fail;
+	if (start_apiserver(&cause) < 0)
+		goto fail;
 	{
-		char port[16];
+		char port[16], aport[16];
 
 		snprintf(port, sizeof(port), "%d", http_server_port(D.http));
+		snprintf(aport, sizeof(aport), "%d", D.apiserver ?
+		    k8s_apiserver_port(D.apiserver) : 0);
 		log_kv(LOG_INFO, "diverged started", "version",
 		    PACKAGE_VERSION, "listen", D.cfg.listen, "port", port,
-		    "state_dir", D.cfg.state_dir, "store",
+		    "api_listen", D.apiserver ? D.cfg.api.listen : "off",
+		    "api_port", aport, "state_dir", D.cfg.state_dir, "store",
 		    D.cfg.kubernetes.mode == KUBE_EMBEDDED ? "embedded" :
 		    "kubernetes", "config", D.cfg.file ? D.cfg.file : "none",
 		    NULL);
@@ -609,6 +701,8 @@ main(int argc, char **argv)
 	http_server_quiesce(D.http);
 	http_server_stop(D.http, (int64_t)D.cfg.shutdown_timeout_s * 1000);
 	D.http = NULL;
+	k8s_apiserver_stop(D.apiserver);
+	D.apiserver = NULL;
 	inbox_stop(D.inbox);
 	ret = 0;
 	log_kv(LOG_INFO, "stopped", NULL);
@@ -619,7 +713,10 @@ fail:
 	ret = 1;
 out:
 	http_server_stop(D.http, 0);
+	if (D.apiserver != NULL)
+		k8s_apiserver_stop(D.apiserver);
 	inbox_free(D.inbox);
+	k8s_api_free(D.store);
 	pthread_rwlock_wrlock(&D.github.lock);
 	keys_release(&D.github.keys);
 	pthread_rwlock_unlock(&D.github.lock);

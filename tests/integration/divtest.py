@@ -127,6 +127,7 @@ class Daemon:
         self.cwd = cwd
         self.proc = None
         self.port = None
+        self.api_port = None
         self.lines = []
         self.lock = threading.Lock()
 
@@ -137,7 +138,8 @@ class Daemon:
         if self.args is not None:
             cmd += self.args
         else:
-            cmd += ["--listen", "127.0.0.1:0", "--state-dir", self.state_dir]
+            cmd += ["--listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0",
+                    "--state-dir", self.state_dir]
         return cmd
 
     def _reader(self, stream):
@@ -167,8 +169,12 @@ class Daemon:
                         for part in line.split():
                             if part.startswith("port="):
                                 self.port = int(part[5:])
+                            if part.startswith("api_port="):
+                                self.api_port = int(part[9:])
                         if '"port":"' in line:
-                            self.port = int(json.loads(line)["port"])
+                            j = json.loads(line)
+                            self.port = int(j["port"])
+                            self.api_port = int(j.get("api_port", 0))
             if self.port:
                 return self
             if self.proc.poll() is not None:

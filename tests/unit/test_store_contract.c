@@ -1,1 +1,765 @@
-int main(void) { return 0; }
+/*
+ * The resource store contract (DESIGN section 10), one suite run three
+ * ways with the same assertions (STORE_MODE):
+ *   1 the embedded backend, in process;
+ *   2 the REST client against the embedded store served over HTTP;
+ *   3 the REST client against the independent fake kube-apiserver of
+ *     tests/fakes (TLS with a test CA, bearer token).
+ * Every backend keeps at most 50 watch events of history here, so the 410
+ * case is reachable in all three.
+ */
+#include "config.h"
+
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "k8s/k8s.h"
+#include "testutil.h"
+
+#define HISTORY 50
+
+static struct k8s_api *api;
+#if STORE_MODE == 2
+static struct k8s_api *backing;		/* the served store */
+static struct k8s_apiserver *server;
+#endif
+#if STORE_MODE == 3
+static pid_t fake_pid;
+static FILE *fake_in;
+#endif
+static int counter;
+
+#if STORE_MODE != 3
+static char *
+tmpdb(void)
+{
+	char tmpl[] = "/tmp/diverge-store-XXXXXX";
+	char *d = mkdtemp(tmpl);
+
+	assert_non_null(d);
+	return xasprintf("%s/diverge.db", d);
+}
+#endif
+
+#if STORE_MODE == 3
+/* Start tests/fakes/kube_apiserver.py and read its one JSON line. */
+static int
+start_fake(struct k8s_cluster *c)
+{
+	const char *top = getenv("top_srcdir");
+	int in[2], outp[2];
+	char line[4096];
+	FILE *f;
+	json_t *j;
+	char *script = xasprintf("%s/tests/fakes/kube_apiserver.py",
+	    top ? top : ".");
+
+	if (access(script, R_OK) != 0 || pipe(in) < 0 || pipe(outp) < 0) {
+		free(script);
+		return -1;
+	}
+	fake_pid = fork();
+	if (fake_pid == 0) {
+		char hist[16];
+
+		snprintf(hist, sizeof(hist), "%d", HISTORY);
+		int logfd = open("/tmp/diverge-fake-apiserver.log",
+		    O_WRONLY | O_CREAT | O_TRUNC, 0600);
+
+		dup2(in[0], 0);
+		dup2(outp[1], 1);
+		if (logfd >= 0)
+			dup2(logfd, 2);
+		close(in[1]);
+		close(outp[0]);
+		execlp("python3", "python3", script, "--port", "0", "--token",
+		    "contract-token", "--history", hist, (char *)NULL);
+		_exit(127);
+	}
+	free(script);
+	close(in[0]);
+	close(outp[1]);
+	fake_in = fdopen(in[1], "w");	/* closed at exit: the fake ends */
+	f = fdopen(outp[0], "r");
+	if (f == NULL || fgets(line, sizeof(line), f) == NULL)
+		return -1;
+	fclose(f);
+	j = json_loads(line, 0, NULL);
+	if (j == NULL)
+		return -1;
+	memset(c, 0, sizeof(*c));
+	c->server = xstrdup(json_string_value(json_object_get(j, "server")));
+	c->ca_file = xstrdup(json_string_value(json_object_get(j,
+	    "ca_file")));
+	c->token = xstrdup("contract-token");
+	c->namespace = xstrdup("default");
+	json_decref(j);
+	return 0;
+}
+#endif
+
+static int
+setup(void **state)
+{
+	struct k8s_embedded_config ec = { HISTORY, 3600 };
+
+	(void)ec;
+	char *cause = NULL;
+
+	(void)state;
+	util_json_init();
+	log_setup(LOG_ERROR, 0);
+#if STORE_MODE == 1
+	char *path = tmpdb();
+
+	if (k8s_embedded_open(&api, path, &ec, &cause) < 0) {
+		fprintf(stderr, "# %s\n", cause);
+		return -1;
+	}
+	free(path);
+#elif STORE_MODE == 2
+	{
+		struct k8s_apiserver_config sc;
+		struct k8s_cluster c;
+		char *path = tmpdb();
+
+		if (k8s_embedded_open(&backing, path, &ec, &cause) < 0)
+			return -1;
+		free(path);
+		memset(&sc, 0, sizeof(sc));
+		sc.listen = "127.0.0.1:0";
+		sc.max_connections = 64;
+		if (k8s_apiserver_start(&server, backing, &sc, &cause) < 0) {
+			fprintf(stderr, "# %s\n", cause);
+			return -1;
+		}
+		memset(&c, 0, sizeof(c));
+		c.server = xasprintf("http://127.0.0.1:%d",
+		    k8s_apiserver_port(server));
+		c.namespace = xstrdup("default");
+		if (k8s_rest_open(&api, &c, NULL, &cause) < 0) {
+			fprintf(stderr, "# %s\n", cause);
+			return -1;
+		}
+		k8s_cluster_release(&c);
+	}
+#else
+	{
+		struct k8s_cluster c;
+
+		signal(SIGPIPE, SIG_IGN);
+		if (start_fake(&c) < 0) {
+			fprintf(stderr, "# cannot start the fake apiserver\n");
+			return -1;
+		}
+		if (k8s_rest_open(&api, &c, NULL, &cause) < 0) {
+			fprintf(stderr, "# %s\n", cause);
+			return -1;
+		}
+		k8s_cluster_release(&c);
+	}
+#endif
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	(void)state;
+	k8s_api_free(api);
+#if STORE_MODE == 2
+	k8s_apiserver_stop(server);
+	k8s_api_free(backing);
+#elif STORE_MODE == 3
+	if (fake_in != NULL)
+		fclose(fake_in);
+	if (fake_pid > 0) {
+		kill(fake_pid, SIGTERM);
+		waitpid(fake_pid, NULL, 0);
+	}
+#endif
+	return 0;
+}
+
+/* ---- helpers ---- */
+
+static char *
+uniq(const char *prefix)
+{
+	return xasprintf("%s-%d-%d", prefix, (int)getpid() % 1000, ++counter);
+}
+
+static json_t *
+task(const char *name, const char *objective)
+{
+	return json_pack("{s:s,s:s,s:{s:s,s:{s:s}},s:{s:s,s:i,s:s}}",
+	    "apiVersion", "divergedev.com/v1alpha1", "kind", "AgentTask",
+	    "metadata", "name", name, "labels", "team", "a",
+	    "spec", "objective", objective, "maxIterations", 3,
+	    "budgetUSD", "5.00");
+}
+
+static json_t *
+create_task(const char *ns, const char *name)
+{
+	json_t *in = task(name, "fix it"), *out = NULL;
+	struct k8s_status st = { 0 };
+
+	assert_int_equal(k8s_create(api, &K8S_AGENTTASK, ns, in, &out, &st),
+	    0);
+	json_decref(in);
+	return out;
+}
+
+static const char *
+spec_str(const json_t *o, const char *k)
+{
+	return json_string_value(json_object_get(json_object_get(o, "spec"),
+	    k));
+}
+
+/* ---- cases ---- */
+
+static void
+create_get(void **state)
+{
+	char *name = uniq("t");
+	json_t *obj = create_task("default", name), *got = NULL, *again;
+	struct k8s_status st = { 0 };
+
+	assert_non_null(k8s_meta_str(obj, "uid"));
+	assert_non_null(k8s_meta_str(obj, "creationTimestamp"));
+	assert_true(k8s_resource_version(obj) > 0);
+	assert_int_equal(k8s_meta_int(obj, "generation"), 1);
+	assert_string_equal(k8s_meta_str(obj, "namespace"), "default");
+	assert_string_equal(json_string_value(json_object_get(obj, "kind")),
+	    "AgentTask");
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", name, &got,
+	    &st), 0);
+	assert_string_equal(k8s_meta_str(got, "uid"), k8s_meta_str(obj,
+	    "uid"));
+	assert_string_equal(spec_str(got, "objective"), "fix it");
+	/* a second create: 409 AlreadyExists */
+	again = task(name, "again");
+	assert_int_equal(k8s_create(api, &K8S_AGENTTASK, "default", again,
+	    NULL, &st), K8S_EEXISTS);
+	assert_string_equal(st.reason, "AlreadyExists");
+	assert_int_equal(st.code, 409);
+	assert_non_null(strstr(st.message, "already exists"));
+	k8s_status_release(&st);
+	/* the same name in another namespace is another object */
+	assert_int_equal(k8s_create(api, &K8S_AGENTTASK, "other", again, NULL,
+	    &st), 0);
+	json_decref(again);
+	json_decref(obj);
+	json_decref(got);
+	free(name);
+}
+
+static void
+not_found(void **state)
+{
+	struct k8s_status st = { 0 };
+	json_t *out = NULL;
+
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", "nope-x",
+	    &out, &st), K8S_ENOTFOUND);
+	assert_int_equal(st.code, 404);
+	assert_string_equal(st.reason, "NotFound");
+	assert_string_equal(st.message,
+	    "agenttasks.divergedev.com \"nope-x\" not found");
+	k8s_status_release(&st);
+	assert_int_equal(k8s_delete(api, &K8S_AGENTTASK, "default", "nope-x",
+	    NULL, &st), K8S_ENOTFOUND);
+	k8s_status_release(&st);
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, "default", "nope-x", 0,
+	    json_object(), NULL, &st), K8S_ENOTFOUND);
+	k8s_status_release(&st);
+}
+
+static void
+update_conflicts(void **state)
+{
+	char *name = uniq("u");
+	json_t *obj = create_task("default", name), *v1, *v2 = NULL, *stale;
+	struct k8s_status st = { 0 };
+	const char *rv1 = k8s_meta_str(obj, "resourceVersion");
+
+	/* spec change: new rv, generation + 1 */
+	v1 = json_deep_copy(obj);
+	json_object_set_new(json_object_get(v1, "spec"), "objective",
+	    json_string("fix it better"));
+	assert_int_equal(k8s_update(api, &K8S_AGENTTASK, "default", name, v1,
+	    &v2, &st), 0);
+	assert_int_equal(k8s_meta_int(v2, "generation"), 2);
+	assert_string_not_equal(k8s_meta_str(v2, "resourceVersion"), rv1);
+	assert_string_equal(spec_str(v2, "objective"), "fix it better");
+	/* the same stale version again: 409 Conflict */
+	stale = json_deep_copy(v1);
+	json_object_set_new(json_object_get(stale, "spec"), "objective",
+	    json_string("stale"));
+	assert_int_equal(k8s_update(api, &K8S_AGENTTASK, "default", name,
+	    stale, NULL, &st), K8S_ECONFLICT);
+	assert_string_equal(st.reason, "Conflict");
+	assert_non_null(strstr(st.message, "the object has been modified"));
+	k8s_status_release(&st);
+	/* no resourceVersion: 422 */
+	json_object_del(json_object_get(stale, "metadata"), "resourceVersion");
+	assert_int_equal(k8s_update(api, &K8S_AGENTTASK, "default", name,
+	    stale, NULL, &st), K8S_EINVALID);
+	k8s_status_release(&st);
+	/* a metadata-only change keeps the generation */
+	json_decref(v1);
+	v1 = json_deep_copy(v2);
+	json_decref(v2);
+	v2 = NULL;
+	json_object_set_new(json_object_get(json_object_get(v1, "metadata"),
+	    "labels"), "team", json_string("b"));
+	assert_int_equal(k8s_update(api, &K8S_AGENTTASK, "default", name, v1,
+	    &v2, &st), 0);
+	assert_int_equal(k8s_meta_int(v2, "generation"), 2);
+	json_decref(obj);
+	json_decref(v1);
+	json_decref(v2);
+	json_decref(stale);
+	free(name);
+}
+
+static void
+status_subresource(void **state)
+{
+	char *name = uniq("s");
+	json_t *obj = create_task("default", name), *in, *out = NULL;
+	struct k8s_status st = { 0 };
+
+	/* /status takes only .status */
+	in = json_deep_copy(obj);
+	json_object_set_new(in, "status", json_pack("{s:s,s:i}", "phase",
+	    "Active", "iteration", 2));
+	json_object_set_new(json_object_get(in, "spec"), "objective",
+	    json_string("ignored"));
+	assert_int_equal(k8s_update_status(api, &K8S_AGENTTASK, "default",
+	    name, in, &out, &st), 0);
+	assert_string_equal(json_string_value(json_object_get(
+	    json_object_get(out, "status"), "phase")), "Active");
+	assert_string_equal(spec_str(out, "objective"), "fix it");
+	assert_int_equal(k8s_meta_int(out, "generation"), 1);
+	json_decref(in);
+	/* the main resource ignores .status */
+	in = json_deep_copy(out);
+	json_decref(out);
+	out = NULL;
+	json_object_set_new(json_object_get(in, "status"), "phase",
+	    json_string("Failed"));
+	json_object_set_new(json_object_get(in, "spec"), "suspended",
+	    json_true());
+	assert_int_equal(k8s_update(api, &K8S_AGENTTASK, "default", name, in,
+	    &out, &st), 0);
+	assert_string_equal(json_string_value(json_object_get(
+	    json_object_get(out, "status"), "phase")), "Active");
+	assert_true(json_is_true(json_object_get(json_object_get(out, "spec"),
+	    "suspended")));
+	json_decref(in);
+	json_decref(out);
+	/* merge patch on status */
+	out = NULL;
+	in = json_pack("{s:{s:i},s:{s:s}}", "status", "iteration", 5, "spec",
+	    "objective", "ignored again");
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, "default", name, 1,
+	    in, &out, &st), 0);
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(
+	    out, "status"), "iteration")), 5);
+	assert_string_equal(json_string_value(json_object_get(
+	    json_object_get(out, "status"), "phase")), "Active");
+	assert_string_equal(spec_str(out, "objective"), "fix it");
+	json_decref(in);
+	json_decref(out);
+	json_decref(obj);
+	free(name);
+}
+
+static void
+merge_patch(void **state)
+{
+	char *name = uniq("p");
+	json_t *obj = create_task("default", name), *patch, *out = NULL;
+	struct k8s_status st = { 0 };
+
+	patch = json_pack("{s:{s:s,s:n,s:[s]},s:{s:{s:s}}}", "spec",
+	    "objective", "patched", "budgetUSD", "capabilities", "claude-*",
+	    "metadata", "annotations", "divergedev.com/guidance", "go");
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, "default", name, 0,
+	    patch, &out, &st), 0);
+	assert_string_equal(spec_str(out, "objective"), "patched");
+	assert_null(json_object_get(json_object_get(out, "spec"),
+	    "budgetUSD"));
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(
+	    out, "spec"), "maxIterations")), 3);
+	assert_int_equal(json_array_size(json_object_get(json_object_get(out,
+	    "spec"), "capabilities")), 1);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(
+	    json_object_get(out, "metadata"), "annotations"),
+	    "divergedev.com/guidance")), "go");
+	assert_int_equal(k8s_meta_int(out, "generation"), 2);
+	json_decref(patch);
+	/* arrays are replaced whole */
+	json_decref(out);
+	out = NULL;
+	patch = json_pack("{s:{s:[s,s]}}", "spec", "capabilities", "a", "b");
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, "default", name, 0,
+	    patch, &out, &st), 0);
+	assert_int_equal(json_array_size(json_object_get(json_object_get(out,
+	    "spec"), "capabilities")), 2);
+	json_decref(patch);
+	/* a resourceVersion in the patch makes it conditional */
+	patch = json_pack("{s:{s:s},s:{s:b}}", "metadata", "resourceVersion",
+	    k8s_meta_str(obj, "resourceVersion"), "spec", "suspended", 1);
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, "default", name, 0,
+	    patch, NULL, &st), K8S_ECONFLICT);
+	k8s_status_release(&st);
+	json_decref(patch);
+	patch = json_pack("{s:{s:s},s:{s:b}}", "metadata", "resourceVersion",
+	    k8s_meta_str(out, "resourceVersion"), "spec", "suspended", 1);
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, "default", name, 0,
+	    patch, NULL, &st), 0);
+	json_decref(patch);
+	json_decref(out);
+	json_decref(obj);
+	free(name);
+}
+
+static void
+validation(void **state)
+{
+	struct k8s_status st = { 0 };
+	json_t *bad = json_pack("{s:s,s:s,s:{s:s},s:{s:i}}", "apiVersion",
+	    "divergedev.com/v1alpha1", "kind", "AgentTask", "metadata", "name",
+	    "invalid-1", "spec", "maxIterations", 3);
+
+	assert_int_equal(k8s_create(api, &K8S_AGENTTASK, "default", bad, NULL,
+	    &st), K8S_EINVALID);
+	assert_int_equal(st.code, 422);
+	assert_non_null(strstr(st.message, "spec.objective"));
+	k8s_status_release(&st);
+	json_object_set_new(json_object_get(bad, "spec"), "objective",
+	    json_string("x"));
+	json_object_set_new(json_object_get(bad, "spec"), "maxIterations",
+	    json_integer(-1));
+	assert_int_equal(k8s_create(api, &K8S_AGENTTASK, "default", bad, NULL,
+	    &st), K8S_EINVALID);
+	assert_non_null(strstr(st.message, "spec.maxIterations"));
+	k8s_status_release(&st);
+	json_object_set_new(json_object_get(bad, "spec"), "maxIterations",
+	    json_integer(1));
+	json_object_set_new(json_object_get(bad, "spec"), "budgetUSD",
+	    json_string("five"));
+	assert_int_equal(k8s_create(api, &K8S_AGENTTASK, "default", bad, NULL,
+	    &st), K8S_EINVALID);
+	assert_non_null(strstr(st.message, "spec.budgetUSD"));
+	k8s_status_release(&st);
+	json_decref(bad);
+}
+
+static int
+count_items(const char *ns, const char *sel)
+{
+	struct k8s_list_opts o = { sel, NULL, NULL };
+	struct k8s_status st = { 0 };
+	json_t *l = NULL;
+	int n;
+
+	if (k8s_list(api, &K8S_SECRET, ns, &o, &l, &st) < 0) {
+		k8s_status_release(&st);
+		return -1;
+	}
+	assert_string_equal(json_string_value(json_object_get(l, "kind")),
+	    "SecretList");
+	assert_non_null(k8s_meta_str(l, "resourceVersion"));
+	n = (int)json_array_size(json_object_get(l, "items"));
+	json_decref(l);
+	return n;
+}
+
+static void
+list_selectors(void **state)
+{
+	char *ns = uniq("sel");
+	static const char *const envs[] = { "prod", "dev", "test", NULL };
+	struct k8s_status st = { 0 };
+	int i;
+
+	for (i = 0; i < 4; i++) {
+		char *n = xasprintf("sec-%d", i);
+		json_t *s = json_pack("{s:s,s:s,s:{s:s,s:{}},s:{s:s}}",
+		    "apiVersion", "v1", "kind", "Secret", "metadata", "name",
+		    n, "labels", "data", "k", "dmFsdWU=");
+
+		if (envs[i] != NULL)
+			json_object_set_new(json_object_get(json_object_get(s,
+			    "metadata"), "labels"), "env",
+			    json_string(envs[i]));
+		assert_int_equal(k8s_create(api, &K8S_SECRET, ns, s, NULL,
+		    &st), 0);
+		json_decref(s);
+		free(n);
+	}
+	assert_int_equal(count_items(ns, NULL), 4);
+	assert_int_equal(count_items(ns, "env=prod"), 1);
+	assert_int_equal(count_items(ns, "env==dev"), 1);
+	assert_int_equal(count_items(ns, "env!=prod"), 3);	/* no env too */
+	assert_int_equal(count_items(ns, "env in (prod,dev)"), 2);
+	assert_int_equal(count_items(ns, "env notin (prod)"), 3);
+	assert_int_equal(count_items(ns, "env"), 3);
+	assert_int_equal(count_items(ns, "!env"), 1);
+	assert_int_equal(count_items(ns, "env,env!=test"), 2);
+	assert_int_equal(count_items(ns, "env in (prod"), -1);
+	/* all namespaces see at least these */
+	assert_true(count_items(NULL, "env=prod") >= 1);
+	free(ns);
+}
+
+static void
+delete_cascade(void **state)
+{
+	char *name = uniq("c");
+	json_t *owner = create_task("default", name), *child, *out = NULL;
+	struct k8s_status st = { 0 };
+	char *cname = xasprintf("%s-token", name);
+
+	child = json_pack("{s:s,s:s,s:{s:s,s:[{s:s,s:s,s:s,s:s,s:b}]},"
+	    "s:{s:s}}", "apiVersion", "v1", "kind", "Secret", "metadata",
+	    "name", cname, "ownerReferences", "apiVersion",
+	    "divergedev.com/v1alpha1", "kind", "AgentTask", "name", name, "uid",
+	    k8s_meta_str(owner, "uid"), "controller", 1, "data", "token",
+	    "eHl6");
+	assert_int_equal(k8s_create(api, &K8S_SECRET, "default", child, NULL,
+	    &st), 0);
+	assert_int_equal(k8s_delete(api, &K8S_AGENTTASK, "default", name, &out,
+	    &st), 0);
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", name, NULL,
+	    &st), K8S_ENOTFOUND);
+	k8s_status_release(&st);
+	/* the dependent goes too (eventually, on a real cluster's GC) */
+	{
+		int i, rc = 0;
+		json_t *g = NULL;
+
+		for (i = 0; i < 50; i++) {
+			rc = k8s_get(api, &K8S_SECRET, "default", cname, &g,
+			    &st);
+			k8s_status_release(&st);
+			if (rc == K8S_ENOTFOUND)
+				break;
+			json_decref(g);
+			g = NULL;
+			sleep_ms(20);
+		}
+		assert_int_equal(rc, K8S_ENOTFOUND);
+	}
+	json_decref(out);
+	json_decref(child);
+	json_decref(owner);
+	free(cname);
+	free(name);
+}
+
+static int
+next_event(struct k8s_watch *w, struct k8s_event *ev)
+{
+	struct k8s_status st = { 0 };
+	int rc;
+
+	do {
+		rc = k8s_watch_next(w, 5000, ev, &st);
+		if (rc == 1 && ev->type == K8S_BOOKMARK) {
+			json_decref(ev->object);
+			continue;
+		}
+		break;
+	} while (1);
+	k8s_status_release(&st);
+	return rc;
+}
+
+static void
+watch_events(void **state)
+{
+	char *ns = uniq("w"), *name = uniq("wt");
+	struct k8s_list_opts o = { NULL, NULL, NULL };
+	struct k8s_status st = { 0 };
+	struct k8s_watch *w = NULL;
+	struct k8s_event ev;
+	json_t *l = NULL, *obj, *p;
+	int64_t last;
+	char *other = uniq("wo");
+
+	/* an existing object, then a watch from the list's version */
+	obj = create_task(ns, other);
+	json_decref(obj);
+	assert_int_equal(k8s_list(api, &K8S_AGENTTASK, ns, NULL, &l, &st), 0);
+	o.resource_version = k8s_meta_str(l, "resourceVersion");
+	assert_int_equal(k8s_watch(api, &K8S_AGENTTASK, ns, &o, &w, &st), 0);
+	json_decref(l);
+	obj = create_task(ns, name);
+	p = json_pack("{s:{s:b}}", "spec", "suspended", 1);
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, ns, name, 0, p, NULL,
+	    &st), 0);
+	json_decref(p);
+	assert_int_equal(k8s_delete(api, &K8S_AGENTTASK, ns, name, NULL, &st),
+	    0);
+	assert_int_equal(next_event(w, &ev), 1);
+	assert_int_equal(ev.type, K8S_ADDED);
+	assert_string_equal(k8s_meta_str(ev.object, "name"), name);
+	last = ev.rv;
+	json_decref(ev.object);
+	assert_int_equal(next_event(w, &ev), 1);
+	assert_int_equal(ev.type, K8S_MODIFIED);
+	assert_true(ev.rv > last);
+	assert_true(json_is_true(json_object_get(json_object_get(ev.object,
+	    "spec"), "suspended")));
+	last = ev.rv;
+	json_decref(ev.object);
+	assert_int_equal(next_event(w, &ev), 1);
+	assert_int_equal(ev.type, K8S_DELETED);
+	assert_true(ev.rv > last);
+	json_decref(ev.object);
+	/* nothing more */
+	assert_int_equal(k8s_watch_next(w, 300, &ev, &st), 0);
+	k8s_watch_free(w);
+	json_decref(obj);
+
+	/* from "0": a synthetic ADDED for what exists */
+	o.resource_version = "0";
+	o.field_selector = NULL;
+	assert_int_equal(k8s_watch(api, &K8S_AGENTTASK, ns, &o, &w, &st), 0);
+	assert_int_equal(next_event(w, &ev), 1);
+	assert_int_equal(ev.type, K8S_ADDED);
+	assert_string_equal(k8s_meta_str(ev.object, "name"), other);
+	json_decref(ev.object);
+	k8s_watch_free(w);
+	free(ns);
+	free(name);
+	free(other);
+}
+
+static void
+watch_gone(void **state)
+{
+	char *ns = uniq("g");
+	struct k8s_list_opts o = { NULL, NULL, NULL };
+	struct k8s_status st = { 0 };
+	struct k8s_watch *w = NULL;
+	struct k8s_event ev;
+	json_t *obj, *l = NULL;
+	char *name = uniq("gt"), *rv;
+	int i, rc;
+
+	obj = create_task(ns, name);
+	rv = xstrdup(k8s_meta_str(obj, "resourceVersion"));
+	/* push the history window past rv */
+	for (i = 0; i < HISTORY + 10; i++) {
+		json_t *p = json_pack("{s:{s:i}}", "spec", "maxIterations",
+		    i + 1);
+
+		assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, ns, name, 0, p,
+		    NULL, &st), 0);
+		json_decref(p);
+	}
+	o.resource_version = rv;
+	rc = k8s_watch(api, &K8S_AGENTTASK, ns, &o, &w, &st);
+	if (rc == 0) {
+		rc = k8s_watch_next(w, 5000, &ev, &st);
+		k8s_watch_free(w);
+	}
+	assert_int_equal(rc, K8S_EGONE);
+	k8s_status_release(&st);
+	/* relist and watch again from the list: fine */
+	assert_int_equal(k8s_list(api, &K8S_AGENTTASK, ns, NULL, &l, &st), 0);
+	o.resource_version = k8s_meta_str(l, "resourceVersion");
+	assert_int_equal(k8s_watch(api, &K8S_AGENTTASK, ns, &o, &w, &st), 0);
+	assert_int_equal(k8s_watch_next(w, 200, &ev, &st), 0);
+	k8s_watch_free(w);
+	json_decref(l);
+	json_decref(obj);
+	free(rv);
+	free(ns);
+	free(name);
+}
+
+struct racer {
+	const char *name;
+	json_t *base;
+	int rc;
+};
+
+static void *
+race(void *arg)
+{
+	struct racer *r = arg;
+	struct k8s_status st = { 0 };
+
+	r->rc = k8s_update(api, &K8S_AGENTTASK, "default", r->name, r->base,
+	    NULL, &st);
+	k8s_status_release(&st);
+	return NULL;
+}
+
+static void
+optimistic_race(void **state)
+{
+	char *name = uniq("r");
+	json_t *obj = create_task("default", name);
+	struct racer r[8];
+	pthread_t t[8];
+	int i, ok = 0, conflict = 0;
+
+	for (i = 0; i < 8; i++) {
+		r[i].name = name;
+		r[i].base = json_deep_copy(obj);
+		json_object_set_new(json_object_get(r[i].base, "spec"),
+		    "objective", json_sprintf("writer %d", i));
+		pthread_create(&t[i], NULL, race, &r[i]);
+	}
+	for (i = 0; i < 8; i++) {
+		pthread_join(t[i], NULL);
+		ok += r[i].rc == 0;
+		conflict += r[i].rc == K8S_ECONFLICT;
+		json_decref(r[i].base);
+	}
+	/* exactly one update from the same version wins */
+	assert_int_equal(ok, 1);
+	assert_int_equal(conflict, 7);
+	json_decref(obj);
+	free(name);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(create_get),
+		cmocka_unit_test(not_found),
+		cmocka_unit_test(update_conflicts),
+		cmocka_unit_test(status_subresource),
+		cmocka_unit_test(merge_patch),
+		cmocka_unit_test(validation),
+		cmocka_unit_test(list_selectors),
+		cmocka_unit_test(delete_cascade),
+		cmocka_unit_test(watch_events),
+		cmocka_unit_test(watch_gone),
+		cmocka_unit_test(optimistic_race),
+	};
+
+	return cmocka_run_group_tests_name(STORE_MODE == 1 ? "store-embedded" :
+	    STORE_MODE == 2 ? "store-http" : "store-fake", tests, setup,
+	    teardown);
+}
