@@ -33,7 +33,8 @@ enum op_kind {
 	OP_UPDATE_STATUS,
 	OP_PATCH,
 	OP_PATCH_STATUS,
-	OP_DELETE
+	OP_DELETE,
+	OP_TXN
 };
 
 struct op {
@@ -43,6 +44,8 @@ struct op {
 	const char *ns;
 	const char *name;
 	const json_t *in;
+	k8s_txn_fn fn;		/* OP_TXN */
+	void *arg;
 	json_t *out;
 	int rc;
 	struct k8s_status st;
@@ -705,14 +708,91 @@ do_delete(struct embedded *e, struct op *op, struct batch *b)
 	return 0;
 }
 
+struct k8s_txn {
+	struct embedded *e;
+	struct batch *b;
+};
+
+/* Read in a transaction. */
+int
+k8s_txn_get(struct k8s_txn *tx, const struct k8s_resource *r,
+    const char *ns, const char *name, json_t **out, struct k8s_status *st)
+{
+	int rc = load(tx->e, r, ns ? ns : "", name, out);
+
+	if (rc == K8S_ENOTFOUND)
+		return k8s_error_notfound(st, r, name);
+	if (rc < 0)
+		return k8s_status_set(st, rc, "store read failed", NULL);
+	return 0;
+}
+
+/* Write a whole object in a transaction. */
+int
+k8s_txn_put(struct k8s_txn *tx, const struct k8s_resource *r,
+    const char *ns, const json_t *obj, json_t **out, struct k8s_status *st)
+{
+	struct op sub;
+	json_t *cur = NULL, *next;
+	const char *name = k8s_meta_str(obj, "name");
+	int rc;
+
+	memset(&sub, 0, sizeof(sub));
+	sub.r = r;
+	sub.ns = ns ? ns : "";
+	sub.name = name;
+	sub.in = obj;
+	if (name == NULL)
+		return k8s_status_set(st, K8S_EBADREQUEST, "a name is required",
+		    NULL);
+	rc = load(tx->e, r, sub.ns, name, &cur);
+	if (rc == K8S_ENOTFOUND) {
+		sub.kind = OP_CREATE;
+		rc = do_create(tx->e, &sub, tx->b);
+	} else if (rc == 0) {
+		sub.kind = OP_UPDATE;
+		rc = check_rv(&sub, cur, obj, 0);
+		if (rc == 0) {
+			next = json_deep_copy(obj);
+			rc = commit_object(tx->e, &sub, tx->b, cur, next, 0);
+			json_decref(next);
+		}
+	} else {
+		rc = k8s_status_set(&sub.st, rc, "store read failed", NULL);
+	}
+	json_decref(cur);
+	if (rc < 0) {
+		if (st != NULL) {
+			k8s_status_release(st);
+			*st = sub.st;
+		} else {
+			k8s_status_release(&sub.st);
+		}
+		json_decref(sub.out);
+		return rc;
+	}
+	k8s_status_release(&sub.st);
+	if (out != NULL)
+		*out = sub.out;
+	else
+		json_decref(sub.out);
+	return 0;
+}
+
 static int
 apply(struct embedded *e, struct op *op, struct batch *b)
 {
+	struct k8s_txn tx;
+
 	switch (op->kind) {
 	case OP_CREATE:
 		return do_create(e, op, b);
 	case OP_DELETE:
 		return do_delete(e, op, b);
+	case OP_TXN:
+		tx.e = e;
+		tx.b = b;
+		return op->fn(&tx, op->arg, &op->st);
 	default:
 		return do_modify(e, op, b);
 	}
@@ -850,10 +930,11 @@ submit(struct embedded *e, enum op_kind kind, const struct k8s_resource *r,
 	op.ns = ns ? ns : "";
 	op.name = name;
 	op.in = in;
-	if (r->namespaced && (ns == NULL || *ns == '\0'))
+	if (r != NULL && r->namespaced && (ns == NULL || *ns == '\0'))
 		return k8s_status_set(st, K8S_EBADREQUEST,
 		    "a namespace is required for this resource", NULL);
-	if (kind != OP_CREATE && (name == NULL || *name == '\0'))
+	if (kind != OP_CREATE && kind != OP_TXN &&
+	    (name == NULL || *name == '\0'))
 		return k8s_status_set(st, K8S_EBADREQUEST,
 		    "a name is required", NULL);
 	pthread_mutex_lock(&e->mu);
@@ -883,6 +964,54 @@ submit(struct embedded *e, enum op_kind kind, const struct k8s_resource *r,
 	else
 		json_decref(op.out);
 	return 0;
+}
+
+/* Run fn in one transaction of the writer. */
+int
+k8s_embedded_transact(struct k8s_api *api, k8s_txn_fn fn, void *arg,
+    struct k8s_status *st)
+{
+	struct embedded *e = (struct embedded *)api;
+	struct op op;
+
+	if (api->ops != &embedded_ops)
+		return k8s_status_set(st, K8S_EUNSUPPORTED,
+		    "transactions need the embedded store", NULL);
+	memset(&op, 0, sizeof(op));
+	op.kind = OP_TXN;
+	op.fn = fn;
+	op.arg = arg;
+	pthread_mutex_lock(&e->mu);
+	if (e->stopping) {
+		pthread_mutex_unlock(&e->mu);
+		return k8s_status_set(st, K8S_EUNAVAILABLE,
+		    "the store is shutting down", NULL);
+	}
+	*e->ops_tail = &op;
+	e->ops_tail = &op.next;
+	pthread_cond_signal(&e->wcond);
+	while (!op.done)
+		pthread_cond_wait(&e->dcond, &e->mu);
+	pthread_mutex_unlock(&e->mu);
+	json_decref(op.out);
+	if (op.rc < 0) {
+		if (st != NULL) {
+			k8s_status_release(st);
+			*st = op.st;
+		} else {
+			k8s_status_release(&op.st);
+		}
+		return op.rc;
+	}
+	k8s_status_release(&op.st);
+	return op.rc;
+}
+
+/* Whether api is this backend. */
+int
+k8s_is_embedded(const struct k8s_api *api)
+{
+	return api != NULL && api->ops == &embedded_ops;
 }
 
 static int

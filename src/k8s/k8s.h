@@ -278,6 +278,34 @@ int k8s_embedded_open(struct k8s_api **out, const char *path,
 /* Writes committed since open (tests: idempotency counts). */
 uint64_t k8s_embedded_write_count(struct k8s_api *api);
 
+/*
+ * Multi-object transactions (embedded only): fn runs on the store's
+ * writer thread, inside the group-commit transaction, in a savepoint of
+ * its own. Every k8s_txn_* call it makes commits together when fn returns
+ * 0, and none of them does when it returns an error (fill st). fn must not
+ * block, nor call the store through the other functions.
+ * k8s_embedded_transact returns fn's result once the commit is durable.
+ */
+struct k8s_txn;
+typedef int (*k8s_txn_fn)(struct k8s_txn *tx, void *arg,
+    struct k8s_status *st);
+int k8s_embedded_transact(struct k8s_api *api, k8s_txn_fn fn, void *arg,
+    struct k8s_status *st);
+/* Whether api is the embedded backend. */
+int k8s_is_embedded(const struct k8s_api *api);
+/* Read one object in the transaction. */
+int k8s_txn_get(struct k8s_txn *tx, const struct k8s_resource *r,
+    const char *ns, const char *name, json_t **out, struct k8s_status *st);
+/*
+ * Write obj whole (metadata, spec and status: no subresource rules): a
+ * create when no such object exists (obj without resourceVersion), else
+ * an update, conditional on obj's resourceVersion when it has one.
+ * Validation and generation as for the other writes. *out (may be NULL)
+ * gets the stored object.
+ */
+int k8s_txn_put(struct k8s_txn *tx, const struct k8s_resource *r,
+    const char *ns, const json_t *obj, json_t **out, struct k8s_status *st);
+
 /* ---- REST backend (rest.c, kubeconfig.c) ---- */
 
 /* Where and how to reach an API server. */

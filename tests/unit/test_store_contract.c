@@ -742,6 +742,102 @@ optimistic_race(void **state)
 	free(name);
 }
 
+#if STORE_MODE == 1
+/* Embedded only: multi-object transactions. */
+struct txn_arg {
+	const char *a, *b;
+	int fail;
+};
+
+static int
+two_writes(struct k8s_txn *tx, void *arg, struct k8s_status *st)
+{
+	struct txn_arg *t = arg;
+	json_t *o = task(t->a, "one");
+	int rc = k8s_txn_put(tx, &K8S_AGENTTASK, "txn", o, NULL, st);
+
+	json_decref(o);
+	if (rc < 0)
+		return rc;
+	o = task(t->b, "two");
+	rc = k8s_txn_put(tx, &K8S_AGENTTASK, "txn", o, NULL, st);
+	json_decref(o);
+	if (rc < 0)
+		return rc;
+	if (t->fail)
+		return k8s_status_set(st, K8S_EINVALID, "planned", NULL);
+	return 0;
+}
+
+static int
+bump(struct k8s_txn *tx, void *arg, struct k8s_status *st)
+{
+	json_t *o = NULL, *s;
+	int rc = k8s_txn_get(tx, &K8S_AGENTTASK, "txn", "counter", &o, st);
+
+	if (rc < 0)
+		return rc;
+	s = json_object_get(o, "status");
+	if (s == NULL) {
+		s = json_object();
+		json_object_set_new(o, "status", s);
+	}
+	json_object_set_new(s, "iteration", json_integer(json_integer_value(
+	    json_object_get(s, "iteration")) + 1));
+	rc = k8s_txn_put(tx, &K8S_AGENTTASK, "txn", o, NULL, st);
+	json_decref(o);
+	return rc;
+}
+
+static void *
+bumper(void *arg)
+{
+	struct k8s_status st = { 0 };
+	int i;
+
+	for (i = 0; i < 100; i++)
+		if (k8s_embedded_transact(api, bump, NULL, &st) < 0)
+			abort();
+	return NULL;
+}
+
+static void
+transactions(void **state)
+{
+	struct txn_arg a = { "ta", "tb", 1 };
+	struct k8s_status st = { 0 };
+	json_t *o = NULL;
+	pthread_t t[16];
+	int i;
+
+	assert_true(k8s_is_embedded(api));
+	assert_int_equal(k8s_embedded_transact(api, two_writes, &a, &st),
+	    K8S_EINVALID);
+	k8s_status_release(&st);
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "txn", "ta", &o, &st),
+	    K8S_ENOTFOUND);
+	k8s_status_release(&st);
+	a.fail = 0;
+	assert_int_equal(k8s_embedded_transact(api, two_writes, &a, &st), 0);
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "txn", "tb", &o, &st),
+	    0);
+	json_decref(o);
+	o = task("counter", "count");
+	assert_int_equal(k8s_create(api, &K8S_AGENTTASK, "txn", o, NULL, &st),
+	    0);
+	json_decref(o);
+	for (i = 0; i < 16; i++)
+		pthread_create(&t[i], NULL, bumper, NULL);
+	for (i = 0; i < 16; i++)
+		pthread_join(t[i], NULL);
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "txn", "counter", &o,
+	    &st), 0);
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(o,
+	    "status"), "iteration")), 1600);
+	json_decref(o);
+}
+#endif
+
 int
 main(void)
 {
@@ -757,6 +853,9 @@ main(void)
 		cmocka_unit_test(watch_events),
 		cmocka_unit_test(watch_gone),
 		cmocka_unit_test(optimistic_race),
+#if STORE_MODE == 1
+		cmocka_unit_test(transactions),
+#endif
 	};
 
 	return cmocka_run_group_tests_name(STORE_MODE == 1 ? "store-embedded" :
