@@ -593,7 +593,8 @@ static int
 check_server(const struct kc_entry *e, char **server, char **cause)
 {
 	char *s = *server;
-	size_t len;
+	const char *slash, *at;
+	size_t len, hostpart;
 
 	if (strstr(s, "://") == NULL) {
 		/* client-go assumes https for a bare host:port */
@@ -601,18 +602,26 @@ check_server(const struct kc_entry *e, char **server, char **cause)
 		free(s);
 		s = *server;
 	}
+	hostpart = (size_t)(strstr(s, "://") - s) + 3;
+	slash = strchr(s + hostpart, '/');
+	at = strchr(s + hostpart, '@');
+	if (at != NULL && (slash == NULL || at < slash)) {
+		/* userinfo would put a password in messages and logs */
+		fail(cause, "cluster '%s' in '%s': server URL must not carry "
+		    "credentials", e->name, e->file->path);
+		return -1;
+	}
 	if (strncmp(s, "https://", 8) != 0 && strncmp(s, "http://", 7) != 0) {
 		fail(cause, "cluster '%s' in '%s': server '%s' is not an "
 		    "http or https URL", e->name, e->file->path, s);
 		return -1;
 	}
 	len = strlen(s);
-	while (len > 0 && s[len - 1] == '/')
+	while (len > hostpart && s[len - 1] == '/')
 		s[--len] = '\0';
-	if (strchr(strstr(s, "://") + 3, '@') != NULL) {
-		/* userinfo would put a password in every log line */
-		fail(cause, "cluster '%s' in '%s': server URL must not carry "
-		    "credentials", e->name, e->file->path);
+	if (len == hostpart || s[hostpart] == '/') {
+		fail(cause, "cluster '%s' in '%s': server '%s' has no host",
+		    e->name, e->file->path, s);
 		return -1;
 	}
 	return 0;

@@ -558,6 +558,11 @@ static const struct err_case error_cases[] = {
 	    "user 'u1' in '%s': 'token' is not a string", "TOPSECRET" },
 	{ "err_clusters_not_list", "clusters-not-list.yaml", NULL,
 	    "kubeconfig '%s': 'clusters' is not a list", NULL },
+	{ "err_server_no_host", "no-host.yaml", NULL,
+	    "cluster 'c1' in '%s': server 'https://' has no host", NULL },
+	{ "err_server_userinfo", "server-userinfo.yaml", NULL,
+	    "cluster 'c1' in '%s': server URL must not carry credentials",
+	    "TOPSECRET" },
 	{ "err_bad_bool", "bad-bool.yaml", NULL,
 	    "cluster 'c1' in '%s': 'insecure-skip-tls-verify' is not a "
 	    "boolean", NULL },
