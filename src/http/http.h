@@ -89,4 +89,18 @@ void http_reply_error(struct http_req *r, int status, const char *msg);
 void http_suspend(struct http_req *r);
 void http_resume(struct http_req *r);
 
+/*
+ * A pool of threads for handlers whose work blocks (a durable commit, a
+ * call to an API server): the handler calls http_offload() and returns
+ * HTTP_SUSPENDED; fn runs on a pool thread, replies with http_reply*, and
+ * the pool resumes the request.
+ */
+struct http_pool;
+
+int http_pool_new(struct http_pool **out, int threads, char **cause);
+/* Stop taking work, finish what is queued, join the threads. */
+void http_pool_free(struct http_pool *p);
+void http_offload(struct http_pool *p, struct http_req *req,
+    void (*fn)(void *arg, struct http_req *req), void *arg);
+
 #endif

@@ -580,3 +580,110 @@ http_resume(struct http_req *r)
 	}
 	pthread_mutex_unlock(&r->mu);
 }
+
+/* ------------------------------------------------------------- pool */
+
+struct job {
+	struct job *next;
+	struct http_req *req;
+	void (*fn)(void *arg, struct http_req *req);
+	void *arg;
+};
+
+struct http_pool {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct job *head, **tail;
+	int stopping;
+	pthread_t *threads;
+	int n;
+};
+
+static void *
+pool_main(void *arg)
+{
+	struct http_pool *p = arg;
+
+	pthread_mutex_lock(&p->mu);
+	for (;;) {
+		struct job *j;
+
+		while (p->head == NULL && !p->stopping)
+			pthread_cond_wait(&p->cv, &p->mu);
+		if (p->head == NULL)
+			break;
+		j = p->head;
+		p->head = j->next;
+		if (p->head == NULL)
+			p->tail = &p->head;
+		pthread_mutex_unlock(&p->mu);
+		j->fn(j->arg, j->req);
+		if (!j->req->replied)
+			http_reply_error(j->req, 500, "internal error");
+		http_resume(j->req);
+		free(j);
+		pthread_mutex_lock(&p->mu);
+	}
+	pthread_mutex_unlock(&p->mu);
+	return NULL;
+}
+
+/* Start a pool. */
+int
+http_pool_new(struct http_pool **out, int threads, char **cause)
+{
+	struct http_pool *p = xcalloc(1, sizeof(*p));
+	int i;
+
+	pthread_mutex_init(&p->mu, NULL);
+	pthread_cond_init(&p->cv, NULL);
+	p->tail = &p->head;
+	p->threads = xcalloc((size_t)threads, sizeof(pthread_t));
+	for (i = 0; i < threads; i++) {
+		if (pthread_create(&p->threads[i], NULL, pool_main, p) != 0) {
+			*cause = xstrdup("cannot start the worker pool");
+			http_pool_free(p);
+			return -1;
+		}
+		p->n++;
+	}
+	*out = p;
+	return 0;
+}
+
+/* Drain and stop. */
+void
+http_pool_free(struct http_pool *p)
+{
+	int i;
+
+	if (p == NULL)
+		return;
+	pthread_mutex_lock(&p->mu);
+	p->stopping = 1;
+	pthread_cond_broadcast(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+	for (i = 0; i < p->n; i++)
+		pthread_join(p->threads[i], NULL);
+	pthread_mutex_destroy(&p->mu);
+	pthread_cond_destroy(&p->cv);
+	free(p->threads);
+	free(p);
+}
+
+/* Queue fn for a pool thread; the request must then be suspended. */
+void
+http_offload(struct http_pool *p, struct http_req *req,
+    void (*fn)(void *arg, struct http_req *req), void *arg)
+{
+	struct job *j = xcalloc(1, sizeof(*j));
+
+	j->req = req;
+	j->fn = fn;
+	j->arg = arg;
+	pthread_mutex_lock(&p->mu);
+	*p->tail = j;
+	p->tail = &j->next;
+	pthread_cond_signal(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+}
