@@ -2,9 +2,11 @@
 """A fake kube-apiserver for tests: TLS with a throw-away CA, bearer tokens,
 optimistic concurrency (409), expired watches (410) and watch streams.
 
-Python 3.11 standard library only, plus the `openssl` command-line tool to
-mint the certificates.  See tests/fakes/README.md for the command line, the
-/_fake control endpoints and the list of deviations from kube-apiserver.
+Python 3.11 standard library, the `openssl` command-line tool to mint the
+certificates, and PyYAML to read the CRD schemas of deploy/crds (without it,
+AgentTask and Environment are not validated).  See tests/fakes/README.md for
+the command line, the /_fake control endpoints and the list of deviations
+from kube-apiserver.
 The behaviour follows doc/reference k8s-api-subset.md (§ numbers below).
 """
 
@@ -52,6 +54,7 @@ class Kind:
         self.short = list(short)
         self.generation = generation    # tracks metadata.generation
         self.builtin = builtin          # compiled-in type, not a CRD
+        self.schema = None              # openAPIV3Schema (load_schemas)
         self.api_version = f"{group}/{version}" if group else version
         # "agenttasks.divergedev.com", core: "secrets"
         self.qualified = f"{plural}.{group}" if group else plural
@@ -149,7 +152,10 @@ def err_invalid(kind, name, causes, use_resource=False):
         qk, dk = kind.qualified, kind.plural
     else:
         qk, dk = kind.qualified_kind, kind.kind
-    parts = [f"{f}: {m}" for (_, f, m) in causes]
+    parts = []
+    for (_, f, m) in causes:            # ToAggregate drops duplicates
+        if f"{f}: {m}" not in parts:
+            parts.append(f"{f}: {m}")
     text = parts[0] if len(parts) == 1 else "[" + ", ".join(parts) + "]"
     d = _details(kind, name, dk)
     d["causes"] = [{"reason": r, "message": m, "field": f}
@@ -779,11 +785,12 @@ class Store:
 
     # -- writes -------------------------------------------------------------
 
-    def create(self, kind, ns, body):
-        md = body.get("metadata")
+    def create(self, kind, ns, body, opts=None):
+        obj = copy.deepcopy(body)
+        schema_decode(kind, obj, opts, "create")
+        md = obj.get("metadata")
         if md is None:
             md = {}
-        obj = copy.deepcopy(body)
         md = copy.deepcopy(md)
         if md.get("namespace") not in (None, "", ns):
             raise err_bad_request(
@@ -797,18 +804,19 @@ class Store:
             obj.pop("status", None)
         with self.lock:
             name = md.get("name") or ""
-            if not name:
-                gen = md.get("generateName") or ""
-                if not gen:
-                    raise err_invalid(kind, "", [(
-                        "FieldValueRequired", "metadata.name",
-                        "Required value: name or generateName is required")])
+            gen = md.get("generateName") or ""
+            if not name and gen:
                 while True:
                     name = gen + "".join(random.choice(GENERATE_ALPHABET)
                                          for _ in range(5))
                     if (kind.plural, ns, name) not in self.objects:
                         break
-            validate_meta(kind, name, md)
+            if kind.schema is not None:
+                cand = dict(obj, apiVersion=kind.api_version, kind=kind.kind,
+                            metadata=dict(md, name=name, namespace=ns))
+                validate_meta(kind, name, md, schema_causes(kind, cand))
+            else:
+                validate_meta(kind, name, md)
             if (kind.plural, ns, name) in self.objects:
                 raise err_already_exists(kind, name)
             md["name"] = name
@@ -826,8 +834,10 @@ class Store:
             self._emit("ADDED", kind, obj)
             return obj
 
-    def update(self, kind, ns, name, body, subresource):
+    def update(self, kind, ns, name, body, subresource, opts=None):
         """PUT on the resource or its /status (§2.3, §2.5)."""
+        body = copy.deepcopy(body)
+        schema_decode(kind, body, opts, "update")
         md = body.get("metadata") or {}
         check_name_ns(name, ns, md)
         with self.lock:
@@ -842,9 +852,9 @@ class Store:
                     use_resource=True)
             if str(rv) != old["metadata"]["resourceVersion"]:
                 raise err_conflict(kind, name)
-            return self._commit(kind, old, copy.deepcopy(body), subresource)
+            return self._commit(kind, old, body, subresource)
 
-    def patch(self, kind, ns, name, ctype, patch, subresource):
+    def patch(self, kind, ns, name, ctype, patch, subresource, opts=None):
         with self.lock:
             old = self.objects.get((kind.plural, ns, name))
             if old is None:
@@ -865,6 +875,7 @@ class Store:
             if not isinstance(new, dict):
                 raise err_bad_request("the patched object is not a JSON "
                                       "object")
+            schema_decode(kind, new, opts, "patch")
             md = new.get("metadata")
             if not isinstance(md, dict):
                 raise err_bad_request("the patched object has no metadata")
@@ -906,7 +917,7 @@ class Store:
         md.pop("selfLink", None)
         cand["apiVersion"] = kind.api_version
         cand["kind"] = kind.kind
-        validate_meta(kind, md["name"], md)
+        validate_meta(kind, md["name"], md, schema_causes(kind, cand))
         apply_defaults(kind, cand)
         if kind.generation and not json_equal(spec_part(cand),
                                               spec_part(old)):
@@ -1103,9 +1114,20 @@ def check_name_ns(name, ns, md):
             "namespace sent on the request")
 
 
-def validate_meta(kind, name, md):
+def validate_meta(kind, name, md, extra=()):
+    """ObjectMeta validation; `extra` causes (the schema's) are reported
+    in the same 422, after the metadata ones, as the CR strategy does."""
+    causes = meta_causes(kind, name, md) + list(extra)
+    if causes:
+        raise err_invalid(kind, name, causes)
+
+
+def meta_causes(kind, name, md):
     causes = []
-    if len(name) > 253 or not DNS1123_SUBDOMAIN.match(name):
+    if not name:
+        causes.append(("FieldValueRequired", "metadata.name",
+                       "Required value: name or generateName is required"))
+    elif len(name) > 253 or not DNS1123_SUBDOMAIN.match(name):
         causes.append(("FieldValueInvalid", "metadata.name",
                        f"Invalid value: {json.dumps(name)}: {NAME_MSG}"))
     for field in ("labels", "annotations"):
@@ -1134,8 +1156,7 @@ def validate_meta(kind, name, md):
             raise err_bad_request(
                 f"{kind.kind} in version \"{kind.version}\" cannot be handled "
                 f"as a {kind.kind}: metadata.{field}: expected a list")
-    if causes:
-        raise err_invalid(kind, name, causes)
+    return causes
 
 
 def apply_defaults(kind, obj):
@@ -1176,6 +1197,614 @@ def apply_defaults(kind, obj):
             if not spec.get("policyTypes"):
                 spec["policyTypes"] = ["Ingress"] + (
                     ["Egress"] if spec.get("egress") else [])
+
+
+# ---------------------------------------------------------------------------
+# CRD schemas: pruning, strict field validation and structural-schema
+# validation of AgentTask and Environment (apiextensions-apiserver).
+#
+# The openAPIV3Schema of deploy/crds/*.yaml is loaded at start (PyYAML).
+# Decoding a body (create, update) or a patched object (patch) prunes the
+# fields the schema does not know (pruning.go; metadata: the ObjectMeta
+# fields) and the nulls of non-nullable fields (prunenulls.go); with
+# ?fieldValidation=Strict an unknown field is a 400 instead.  Before an
+# object is stored it is validated the way kube-openapi's SchemaValidator
+# does it (validate/schema.go, type.go, values.go, errors/schema.go) and the
+# errors are turned into field errors as in apiextensions-apiserver
+# validation.go kubeOpenAPIResultToFieldErrors, then into one 422 Invalid.
+
+CRD_FILES = ("divergedev.com_agenttasks.yaml",
+             "divergedev.com_environments.yaml")
+# the formats apiextensions keeps (validation/formats.go); the others,
+# int32 and int64 among them, are stripped and so never checked
+SUPPORTED_FORMATS = {
+    "bsonobjectid", "uri", "email", "hostname", "ipv4", "ipv6", "cidr",
+    "mac", "uuid", "uuid3", "uuid4", "uuid5", "isbn", "isbn10", "isbn13",
+    "creditcard", "ssn", "hexcolor", "rgbcolor", "byte", "password", "date",
+    "duration", "datetime"}
+OBJECT_META_FIELDS = {
+    "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion",
+    "generation", "creationTimestamp", "deletionTimestamp",
+    "deletionGracePeriodSeconds", "labels", "annotations", "ownerReferences",
+    "finalizers", "managedFields"}
+FIELD_VALIDATION = ("", "Ignore", "Strict", "Warn")   # sets.List order
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_JSON_FLOAT = float((1 << 53) - 1)     # swag.IsFloat64AJSONInteger
+
+
+def load_schemas(crd_dir):
+    """Attaches the openAPIV3Schema of each CRD in crd_dir to its Kind.
+    Returns the Kinds that got one; warns on stderr and skips otherwise."""
+    def warn(msg):
+        sys.stderr.write(f"fake-kube-apiserver: warning: {msg}; no schema "
+                         f"validation for it\n")
+        sys.stderr.flush()
+    try:
+        import yaml
+    except ImportError:
+        warn("PyYAML is not installed (import yaml failed)")
+        return []
+    done = []
+    for fname in CRD_FILES:
+        path = os.path.join(crd_dir, fname)
+        try:
+            with open(path, encoding="utf-8") as f:
+                crd = yaml.safe_load(f)
+            spec = crd["spec"]
+            kind = next(k for k in KINDS if k.group == spec["group"] and
+                        k.kind == spec["names"]["kind"])
+            ver = next(v for v in spec["versions"]
+                       if v["name"] == kind.version)
+            schema = ver["schema"]["openAPIV3Schema"]
+            if not isinstance(schema, dict):
+                raise ValueError("openAPIV3Schema is not a mapping")
+        except FileNotFoundError:
+            warn(f"{path} not found")
+            continue
+        except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError,
+                StopIteration) as e:
+            warn(f"cannot use {path}: {e.__class__.__name__}: {e}")
+            continue
+        _compile_patterns(schema)
+        kind.schema = schema
+        done.append(kind)
+    return done
+
+
+_PATTERNS = {}
+
+
+def re2_to_python(p):
+    """Go RE2 -> Python re: outside a character class, `$` (without the m
+    flag) and `\\z` only match at the very end in RE2, while Python's `$`
+    also matches before a final newline: both become `\\Z`.  Compiled with
+    re.ASCII, as RE2's \\d, \\w, \\s and \\b are ASCII-only."""
+    if "(?m" in p:
+        return p
+    out, i, in_class = [], 0, False
+    while i < len(p):
+        c = p[i]
+        if c == "\\" and i + 1 < len(p):
+            nxt = p[i + 1]
+            out.append("\\Z" if nxt == "z" and not in_class else c + nxt)
+            i += 2
+            continue
+        if in_class:
+            if c == "]":
+                in_class = False
+        elif c == "[":
+            in_class = True
+            if p[i + 1:i + 2] == "^":
+                out.append("[^")
+                i += 2
+            else:
+                out.append(c)
+                i += 1
+            if p[i:i + 1] == "]":           # a leading ] is a literal
+                out.append("]")
+                i += 1
+            continue
+        elif c == "$":
+            out.append("\\Z")
+            i += 1
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _compile_patterns(s):
+    """Pre-compiles every `pattern` (Go RE2 syntax, close enough to Python's
+    re once \\z is spelled \\Z); ones Python cannot compile are ignored."""
+    if not isinstance(s, dict):
+        return
+    p = s.get("pattern")
+    if isinstance(p, str) and p not in _PATTERNS:
+        try:
+            _PATTERNS[p] = re.compile(re2_to_python(p), re.ASCII)
+        except re.error as e:
+            sys.stderr.write(f"fake-kube-apiserver: warning: pattern {p!r} "
+                             f"ignored: {e}\n")
+            _PATTERNS[p] = None
+    for sub in (s.get("properties") or {}).values():
+        _compile_patterns(sub)
+    for key in ("items", "additionalProperties"):
+        _compile_patterns(s.get(key))
+
+
+class WriteOptions:
+    """The fieldValidation directive of one write, and the warnings
+    (Warning headers) it produced."""
+
+    def __init__(self, directive="Warn"):
+        self.directive = directive or "Warn"
+        self.warnings = []
+
+    def warn(self, text):
+        if text not in self.warnings:
+            self.warnings.append(text)
+
+
+# -- formatting like Go ------------------------------------------------------
+
+
+def go_quote(s):
+    """strconv.Quote."""
+    out = ['"']
+    for ch in s:
+        o = ord(ch)
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch in "\a\b\f\n\r\t\v":
+            out.append("\\" + "abfnrtv"["\a\b\f\n\r\t\v".index(ch)])
+        elif ch.isprintable():
+            out.append(ch)
+        elif o < 0x80:
+            out.append(f"\\x{o:02x}")
+        elif o < 0x10000:
+            out.append(f"\\u{o:04x}")
+        else:
+            out.append(f"\\U{o:08x}")
+    out.append('"')
+    return "".join(out)
+
+
+def go_float(f):
+    """fmt's %v of a float64 (strconv 'g', shortest, %e from exponent 6)."""
+    if f != f:
+        return "NaN"
+    if f in (float("inf"), float("-inf")):
+        return "+Inf" if f > 0 else "-Inf"
+    if f == 0:
+        return "0"
+    import decimal
+    sign, digits, exp = decimal.Decimal(repr(abs(f))).normalize().as_tuple()
+    ds = "".join(map(str, digits))
+    nd, dp = len(ds), len(ds) + exp
+    neg = "-" if f < 0 else ""
+    x = dp - 1
+    if x < -4 or x >= 6:
+        mant = ds[0] + ("." + ds[1:] if nd > 1 else "")
+        return f"{neg}{mant}e{'-' if x < 0 else '+'}{abs(x):02d}"
+    if dp <= 0:
+        return f"{neg}0.{'0' * -dp}{ds}"
+    if dp >= nd:
+        return f"{neg}{ds}{'0' * (dp - nd)}"
+    return f"{neg}{ds[:dp]}.{ds[dp:]}"
+
+
+def _go_sharp_v(v):
+    """An approximation of %#v for decoded JSON values."""
+    if v is None:
+        return "interface {}(nil)"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return go_quote(v)
+    if isinstance(v, int) and INT64_MIN <= v <= INT64_MAX:
+        return str(v)
+    if isinstance(v, (int, float)):
+        return go_float(float(v))
+    if isinstance(v, list):
+        return "[]interface {}{" + ", ".join(map(_go_sharp_v, v)) + "}"
+    return "map[string]interface {}{" + ", ".join(
+        f"{go_quote(k)}:{_go_sharp_v(v[k])}" for k in sorted(v)) + "}"
+
+
+def go_value(v):
+    """How field.Error.ErrorBody prints a bad value."""
+    if v is None:
+        return '"null"'
+    if isinstance(v, (list, dict)):
+        return _go_sharp_v(v)
+    if isinstance(v, str):
+        return go_quote(v)
+    return _go_sharp_v(v)
+
+
+# -- JSON values as Go's unstructured decoding sees them ----------------------
+
+
+def _is_int64(v):
+    return (isinstance(v, int) and not isinstance(v, bool)
+            and INT64_MIN <= v <= INT64_MAX)
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _as_float(v):
+    try:
+        return float(v)
+    except OverflowError:
+        return float("inf") if v > 0 else float("-inf")
+
+
+def _schema_info(v):
+    """(JSON type, format) of a decoded value (type.go schemaInfoForType):
+    integers that do not fit an int64 are float64s, as in apimachinery's
+    JSON decoding."""
+    if isinstance(v, bool):
+        return "boolean", ""
+    if isinstance(v, str):
+        return "string", ""
+    if _is_int64(v):
+        return "integer", "int64"
+    if isinstance(v, (int, float)):
+        return "number", "float64"
+    if isinstance(v, list):
+        return "array", ""
+    return "object", ""
+
+
+def _is_json_integer(f):
+    return (f == f and -MAX_JSON_FLOAT <= f <= MAX_JSON_FLOAT
+            and f == int(f))
+
+
+# -- pruning (decode) ---------------------------------------------------------
+
+
+def _join(path, key):
+    return f"{path}.{key}" if path else key
+
+
+def _prune(x, s, path, unknown, root=False):
+    """pruning.go prune: drops (and records) the fields s does not know."""
+    if isinstance(s, dict) and s.get("x-kubernetes-preserve-unknown-fields"):
+        return _skip_prune(x, s, path, unknown)
+    if isinstance(x, dict):
+        if s is None:
+            for k in sorted(x):
+                unknown.append(_join(path, k))
+            x.clear()
+            return
+        props = s.get("properties") or {}
+        addl = s.get("additionalProperties")
+        for k in list(x):
+            if root and k in ("apiVersion", "kind", "metadata"):
+                continue
+            if k in props:
+                _prune(x[k], props[k], _join(path, k), unknown)
+            elif addl is not None and addl is not False:
+                _prune(x[k], addl if isinstance(addl, dict) else None,
+                       _join(path, k), unknown)
+            else:
+                unknown.append(_join(path, k))
+                del x[k]
+    elif isinstance(x, list):
+        items = s.get("items") if isinstance(s, dict) else None
+        for i, v in enumerate(x):
+            _prune(v, items, f"{path}[{i}]", unknown)
+
+
+def _skip_prune(x, s, path, unknown):
+    if isinstance(x, dict):
+        props = s.get("properties") or {}
+        addl = s.get("additionalProperties")
+        for k in list(x):
+            if k in props:
+                _prune(x[k], props[k], _join(path, k), unknown)
+            elif isinstance(addl, dict):
+                _prune(x[k], addl, _join(path, k), unknown)
+    elif isinstance(x, list) and isinstance(s.get("items"), dict):
+        for i, v in enumerate(x):
+            _skip_prune(v, s["items"], f"{path}[{i}]", unknown)
+
+
+def _prune_nulls(x, s):
+    """prunenulls.go: nulls of non-nullable fields without a default go."""
+    if not isinstance(s, dict):
+        return
+    if isinstance(x, dict):
+        props = s.get("properties") or {}
+        addl = s.get("additionalProperties")
+        for k in list(x):
+            ps = props.get(k)
+            if ps is None and isinstance(addl, dict):
+                ps = addl
+            if ps is None:
+                continue
+            if x[k] is None and not ps.get("nullable") and "default" not in ps:
+                del x[k]
+            else:
+                _prune_nulls(x[k], ps)
+    elif isinstance(x, list):
+        for v in x:
+            _prune_nulls(v, s.get("items"))
+
+
+def schema_decode(kind, obj, opts, verb):
+    """What decoding `obj` (a request body, or a patched object for verb
+    "patch") does for a kind with a schema: unknown fields and non-nullable
+    nulls are pruned in place; with fieldValidation=Strict unknown fields
+    are a 400, with Warn (the default) Warning headers."""
+    if kind.schema is None:
+        return
+    opts = opts or WriteOptions()
+    unknown = []
+    md = obj.get("metadata")
+    if isinstance(md, dict):
+        for k in sorted(md):
+            if k not in OBJECT_META_FIELDS:
+                unknown.append(f"metadata.{k}")
+                del md[k]
+    pruned = []
+    _prune(obj, kind.schema, "", pruned, root=True)
+    unknown += sorted(pruned)
+    _prune_nulls(obj, kind.schema)
+    errs = [f"unknown field {json.dumps(p)}" for p in unknown]
+    if not errs:
+        return
+    if opts.directive == "Strict":
+        msg = "strict decoding error: " + ", ".join(errs)
+        if verb != "patch":                 # handlers' transformDecodeError
+            msg = (f'{kind.kind} in version "{kind.version}" cannot be '
+                   f'handled as a {kind.kind}: {msg}')
+        raise err_bad_request(msg)
+    if opts.directive == "Warn":
+        for e in errs:
+            opts.warn(e)
+
+
+# -- validation --------------------------------------------------------------
+
+
+def _field(name):
+    """kubeOpenAPIResultToFieldErrors: the field is the error's name without
+    a leading "."; errors without a name get the nil path."""
+    if not name or name == ".":
+        return "<nil>"
+    return name[1:] if name.startswith(".") else name
+
+
+def _invalid(name, value, msg):
+    return ("FieldValueInvalid", _field(name),
+            f"Invalid value: {go_value(value)}: {msg}")
+
+
+def _type_invalid(name, type_name, value):
+    msg = f"{name} in body must be of type {type_name}: {go_quote(value)}"
+    return ("FieldValueTypeInvalid", _field(name),
+            f"Invalid value: {go_quote(value)}: {msg}")
+
+
+def _format_of(s):
+    f = s.get("format") or ""
+    return f if f.replace("-", "") in SUPPORTED_FORMATS else ""
+
+
+_RX_DATE = re.compile(r"^([0-9]{4})-([0-9]{2})-([0-9]{2})$")
+_RX_TIME = re.compile(
+    r"^([0-9]{2}):([0-9]{2}):([0-9]{2})(.[0-9]+)?(z|([+-][0-9]{2}:[0-9]{2}))$")
+
+
+def _is_date(v):
+    m = _RX_DATE.match(v)
+    return bool(m) and "01" <= m.group(2) <= "12" and \
+        "01" <= m.group(3) <= "31"
+
+
+def _is_date_time(v):
+    """strfmt IsDateTime."""
+    if len(v) < 4:
+        return False
+    parts = v.lower().split("t")
+    if len(parts) < 2 or not _is_date(parts[0]):
+        return False
+    m = _RX_TIME.match(parts[1])
+    return bool(m) and m.group(1) <= "23" and m.group(2) <= "59" and \
+        m.group(3) <= "59"
+
+
+_FORMAT_CHECKS = {"datetime": _is_date_time, "date": _is_date}
+
+
+def _check_type(s, v, name):
+    """type.go typeValidator.Validate."""
+    if s.get("x-kubernetes-int-or-string"):
+        types = ["integer", "string"]
+    elif s.get("type"):
+        types = [s["type"]]
+    else:
+        types = []
+    fmt = _format_of(s)
+    if not types and not fmt:
+        return []
+    if v is None:
+        if types and not s.get("nullable"):
+            return [_type_invalid(name, ",".join(types), "null")]
+        return []
+    sch, dfmt = _schema_info(v)
+    float_int = (sch == "number" and "integer" in types and
+                 _is_json_integer(_as_float(v)))
+    int_float = sch == "integer" and "number" in types
+    scalar = not isinstance(v, (str, list))
+    if scalar and fmt and not (sch in types or dfmt == fmt or float_int or
+                               int_float):
+        return [_type_invalid(name, fmt, dfmt)]
+    if not ("number" in types or "integer" in types) and fmt and not scalar:
+        return []
+    if not (sch in types or float_int or int_float):
+        return [_type_invalid(name, ",".join(types), sch)]
+    return []
+
+
+def _check_string(s, v, name):
+    """validator.go stringValidator: the first failing check only."""
+    n = len(v)
+    if s.get("maxLength") is not None and n > s["maxLength"]:
+        return [("FieldValueTooLong", _field(name),
+                 f"Too long: may not be more than {int(s['maxLength'])} "
+                 f"bytes")]
+    if s.get("minLength") is not None and n < s["minLength"]:
+        return [_invalid(name, v, f"{name} in body should be at least "
+                                  f"{int(s['minLength'])} chars long")]
+    p = s.get("pattern")
+    if p:
+        if p not in _PATTERNS:
+            _compile_patterns({"pattern": p})
+        rx = _PATTERNS.get(p)
+        if rx is not None and not rx.search(v):
+            return [_invalid(name, v, f"{name} in body should match '{p}'")]
+    return []
+
+
+def _check_format(s, v, name):
+    check = _FORMAT_CHECKS.get(_format_of(s).replace("-", ""))
+    if check is None or check(v):
+        return []
+    fmt = _format_of(s)
+    msg = f"{name} in body must be of type {fmt}: {go_quote(v)}"
+    return [("FieldValueTypeInvalid", _field(name),
+             f"Invalid value: {go_quote(v)}: {msg}")]
+
+
+def _check_number(s, v, name):
+    """validator.go numberValidator (multipleOf, minimum, maximum) with the
+    native int64 comparisons of values.go."""
+    out = []
+    is_int = _is_int64(v)
+    fv = _as_float(v)
+
+    def bound(b):
+        return int(b) if is_int else float(b)
+
+    def shown(b):
+        return str(b) if is_int else go_float(b)
+
+    mo = s.get("multipleOf")
+    if mo:
+        if is_int and int(mo) != 0:
+            bad = v % int(mo) != 0
+            factor = str(int(mo))
+        else:
+            q = (1 / mo * fv) if mo < 1 else fv / mo
+            bad = not _is_json_integer(q)
+            factor = go_float(float(mo))
+        if bad:
+            out.append(_invalid(name, v, f"{name} in body should be a "
+                                         f"multiple of {factor}"))
+    if s.get("minimum") is not None:
+        m, excl = bound(s["minimum"]), bool(s.get("exclusiveMinimum"))
+        x = v if is_int else fv
+        if x < m or (excl and x <= m):
+            rel = "greater than" if excl else "greater than or equal to"
+            out.append(_invalid(name, v, f"{name} in body should be {rel} "
+                                         f"{shown(m)}"))
+    if s.get("maximum") is not None:
+        m, excl = bound(s["maximum"]), bool(s.get("exclusiveMaximum"))
+        x = v if is_int else fv
+        if x > m or (excl and x >= m):
+            rel = "less than" if excl else "less than or equal to"
+            out.append(_invalid(name, v, f"{name} in body should be {rel} "
+                                         f"{shown(m)}"))
+    return out
+
+
+def _enum_has(enum, v):
+    cv = canonical(v)
+    for e in enum:
+        if canonical(e) == cv:
+            return True
+        if _is_number(e) and _is_number(v) and _as_float(e) == _as_float(v):
+            return True
+    return False
+
+
+def _check_enum(s, v, name):
+    enum = s.get("enum")
+    if not enum or _enum_has(enum, v):
+        return []
+    vals = ", ".join(go_quote(e if isinstance(e, str) else
+                              json.dumps(e, separators=(",", ":")))
+                     for e in enum)
+    return [("FieldValueNotSupported", _field(name),
+             f"Unsupported value: {go_value(v)}: supported values: {vals}")]
+
+
+def _check_object(s, v, name):
+    """object_validator.go; properties in schema order (Go iterates a map)."""
+    out = []
+    props = s.get("properties") or {}
+    addl = s.get("additionalProperties")
+    if addl is False:
+        for k in sorted(v):
+            if k not in props:
+                out.append(("FieldValueInvalid", _field(name),
+                            f"Invalid value: {go_quote(k)}: {name}.{k} in "
+                            f"body is a forbidden property"))
+    elif isinstance(addl, dict):
+        for k in sorted(v):
+            if k not in props:
+                out += schema_errors(addl, v[k], f"{name}.{k}")
+    for k, ps in props.items():
+        if k in v:
+            out += schema_errors(ps, v[k], _join(name, k))
+    for k in s.get("required") or []:
+        if k not in v:
+            out.append(("FieldValueRequired", _field(f"{name}.{k}"),
+                        "Required value"))
+    return out
+
+
+def schema_errors(s, v, name=""):
+    """SchemaValidator.Validate of `v` at `name` against schema `s`, as
+    field-error causes [(reason, field, message)]."""
+    if not isinstance(s, dict):
+        return []
+    out = _check_type(s, v, name)
+    if v is None:
+        return out + _check_enum(s, v, name)
+    if isinstance(v, str):
+        out += _check_string(s, v, name)
+        out += _check_format(s, v, name)
+    elif _is_number(v):
+        out += _check_number(s, v, name)
+    elif isinstance(v, list):
+        items = s.get("items")
+        if isinstance(items, dict):
+            for i, item in enumerate(v):
+                out += schema_errors(items, item, f"{name}[{i}]")
+        if s.get("minItems") is not None and len(v) < s["minItems"]:
+            out.append(_invalid(name, len(v), f"{name} in body should have "
+                                              f"at least {int(s['minItems'])}"
+                                              f" items"))
+        if s.get("maxItems") is not None and len(v) > s["maxItems"]:
+            out.append(("FieldValueTooMany", _field(name),
+                        f"Too many: {len(v)}: must have at most "
+                        f"{int(s['maxItems'])} items"))
+    out += _check_enum(s, v, name)
+    if isinstance(v, dict):
+        out += _check_object(s, v, name)
+    return out
+
+
+def schema_causes(kind, obj):
+    if kind.schema is None:
+        return []
+    return schema_errors(kind.schema, obj)
 
 
 # ---------------------------------------------------------------------------
@@ -1295,6 +1924,16 @@ def truthy(v):
     return v in ("1", "t", "T", "true", "TRUE", "True")
 
 
+def warning_headers(opts):
+    """RFC 7234 Warning headers, as apimachinery NewWarningHeader writes
+    them: 299 - "text" with \\ and \" escaped."""
+    out = []
+    for text in (opts.warnings if opts is not None else ()):
+        quoted = text.replace("\\", "\\\\").replace('"', '\\"')
+        out.append(("Warning", f'299 - "{quoted}"'))
+    return out
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "fake-kube-apiserver/1"
@@ -1322,7 +1961,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "no-cache, private")
-        for k, v in (headers or {}).items():
+        if isinstance(headers, dict):
+            headers = headers.items()
+        for k, v in headers or ():
             self.send_header(k, v)
         self._headers_buffer.append(b"\r\n")
         if self.command != "HEAD":
@@ -1470,7 +2111,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                            "oldest": str(st.floor),
                            "history": len(st.history),
                            "objects": len(st.objects),
-                           "watchers": len(st.watchers)}
+                           "watchers": len(st.watchers),
+                           "schemas": [k.kind for k in KINDS
+                                       if k.schema is not None]}
                 return self.send_json(200, out)
         else:
             raise err_route_not_found()
@@ -1579,8 +2222,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 m = self.matcher(kind, ns, None, query)
                 return self.send_json(200, srv.store.list(kind, m))
             if method == "POST":
+                opts = self.write_options("CreateOptions", query)
                 return self.send_json(201, srv.store.create(
-                    kind, ns, self.parse_object(kind, body)))
+                    kind, ns, self.parse_object(kind, body), opts),
+                    warning_headers(opts))
             if method == "DELETE":
                 m = self.matcher(kind, ns, None, query)
                 return self.send_json(200, srv.store.delete_collection(
@@ -1591,20 +2236,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return self.watch(kind, ns, name, query)
             return self.send_json(200, srv.store.get(kind, ns, name))
         if method == "PUT":
+            opts = self.write_options("UpdateOptions", query)
             return self.send_json(200, srv.store.update(
-                kind, ns, name, self.parse_object(kind, body), sub))
+                kind, ns, name, self.parse_object(kind, body), sub, opts),
+                warning_headers(opts))
         if method == "PATCH":
             ctype = (self.headers.get("Content-Type") or "").split(";")[0]
             ctype = ctype.strip().lower()
             if ctype not in (MT_MERGE_PATCH, MT_JSON_PATCH) and not (
                     ctype == MT_SMP and kind.builtin):
                 raise err_unsupported_media(kind)
+            opts = self.write_options("PatchOptions", query)
             try:
                 patch = json.loads(body or b"null")
             except ValueError as e:
                 raise err_bad_request(f"error decoding patch: {e}")
             return self.send_json(200, srv.store.patch(
-                kind, ns, name, ctype, patch, sub))
+                kind, ns, name, ctype, patch, sub, opts),
+                warning_headers(opts))
         if method == "DELETE" and sub is None:
             obj, removed = srv.store.delete(
                 kind, ns, name, self.delete_options(body, query))
@@ -1619,6 +2268,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     "status": "Success", "details": d})
             return self.send_json(200, obj)
         raise err_method()
+
+    def write_options(self, what, query):
+        """The fieldValidation query parameter (ValidateFieldValidation:
+        case-sensitive; empty means Warn)."""
+        fv = query.get("fieldValidation", "")
+        if fv not in FIELD_VALIDATION:
+            msg = (f"Unsupported value: {go_quote(fv)}: supported values: " +
+                   ", ".join(go_quote(v) for v in FIELD_VALIDATION))
+            raise ApiError(422, status_body(
+                422, "Invalid", f'{what}.meta.k8s.io "" is invalid: '
+                f"fieldValidation: {msg}",
+                {"group": "meta.k8s.io", "kind": what,
+                 "causes": [{"reason": "FieldValueNotSupported",
+                             "message": msg, "field": "fieldValidation"}]}))
+        return WriteOptions(fv)
 
     def parse_object(self, kind, body):
         # An empty Content-Type means JSON (NegotiateInputSerializer);
@@ -1902,7 +2566,11 @@ def main(argv=None):
                     help="where to write ca.crt, server.crt, server.key")
     ap.add_argument("--ignore-stdin", action="store_true",
                     help="do not exit when stdin reaches end of file")
+    ap.add_argument("--crd-dir", default=os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy",
+        "crds"), help="where the CRD YAML files with the schemas are")
     args = ap.parse_args(argv)
+    load_schemas(args.crd_dir)
 
     own_dir = args.dir is None
     d = tempfile.mkdtemp(prefix="fake-kube-") if own_dir else args.dir

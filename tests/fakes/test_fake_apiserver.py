@@ -31,6 +31,7 @@ SC = "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/ns1/sandboxclaims"
 NP = "/apis/networking.k8s.io/v1/namespaces/ns1/networkpolicies"
 SEC = "/api/v1/namespaces/ns1/secrets"
 MERGE = "application/merge-patch+json"
+SPEC = {"objective": "fix the build"}       # a valid AgentTask spec
 JSONP = "application/json-patch+json"
 
 RESULTS = []
@@ -220,7 +221,7 @@ def t_discovery(f):
 def t_create(f):
     rv0 = current_rv(f)
     body = obj("AgentTask", "t1", labels={"app": "a", "tier": "x"},
-               spec={"prompt": "hi"}, status={"phase": "Bogus"})
+               spec={"objective": "hi"}, status={"phase": "Bogus"})
     st, _, b = f.req("POST", AT + "?fieldManager=kubectl&fieldValidation="
                      "Strict", body)
     md = b.get("metadata", {}) if isinstance(b, dict) else {}
@@ -230,9 +231,9 @@ def t_create(f):
           md["namespace"] == "ns1" and re.match(
               r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", md["creationTimestamp"]),
           b)
-    check("create: status dropped (status subresource)", "status" not in b,
-          b)
-    st, _, b = f.req("POST", AT, obj("AgentTask", "t1", spec={}))
+    check("create: status dropped (status subresource), not validated",
+          "status" not in b, b)
+    st, _, b = f.req("POST", AT, obj("AgentTask", "t1", spec=SPEC))
     check("create existing: 409 AlreadyExists", st == 409 and b == {
         "kind": "Status", "apiVersion": "v1", "metadata": {},
         "status": "Failure",
@@ -241,7 +242,7 @@ def t_create(f):
             "name": "t1", "group": "divergedev.com", "kind": "agenttasks"},
         "code": 409}, b)
     st, _, b = f.req("GET", AT + "/t1")
-    check("get", st == 200 and b["spec"] == {"prompt": "hi"} and
+    check("get", st == 200 and b["spec"] == {"objective": "hi"} and
           b["kind"] == "AgentTask" and b["apiVersion"] ==
           "divergedev.com/v1alpha1", b)
     st, _, b = f.req("GET", AT + "/t9")
@@ -254,20 +255,21 @@ def t_create(f):
                   "name": "t9", "group": "divergedev.com",
                   "kind": "agenttasks"}, "code": 404}, b)
     st, _, b = f.req("POST", AT, obj("AgentTask", "", generateName="gen-",
-                                     spec={"prompt": "g"}))
+                                     spec={"objective": "g"}))
     check("generateName", st == 201 and re.match(
         r"^gen-[a-z0-9]{5}$", b["metadata"]["name"]), b)
-    st, _, b = f.req("POST", AT, obj("AgentTask", "t5", namespace="other"))
+    st, _, b = f.req("POST", AT, obj("AgentTask", "t5", namespace="other",
+                                     spec=SPEC))
     check("namespace mismatch: 400", st == 400 and b["reason"] ==
           "BadRequest", b)
     st, _, b = f.req("POST", AT, {"apiVersion": "divergedev.com/v1alpha1",
-                                  "kind": "AgentTask", "spec": {}})
+                                  "kind": "AgentTask", "spec": SPEC})
     check("no name: 422 Invalid with the Kind in details",
           st == 422 and b["reason"] == "Invalid" and
           b["details"]["kind"] == "AgentTask" and b["message"] ==
           'AgentTask.divergedev.com "" is invalid: metadata.name: Required '
           'value: name or generateName is required', b)
-    st, _, b = f.req("POST", AT, obj("AgentTask", "Bad_Name"))
+    st, _, b = f.req("POST", AT, obj("AgentTask", "Bad_Name", spec=SPEC))
     check("invalid name: 422", st == 422 and
           b["details"]["causes"][0]["field"] == "metadata.name", b)
     st, _, b = f.req("POST", AT, b"{not json")
@@ -282,9 +284,9 @@ def t_create(f):
 
 
 def t_list(f):
-    f.req("POST", AT, obj("AgentTask", "t2", labels={"app": "b"}))
+    f.req("POST", AT, obj("AgentTask", "t2", labels={"app": "b"}, spec=SPEC))
     f.req("POST", AT.replace("ns1", "ns2"),
-          obj("AgentTask", "t3", labels={"app": "a"}))
+          obj("AgentTask", "t3", labels={"app": "a"}, spec=SPEC))
     rv = current_rv(f)
     st, _, b = f.req("GET", AT + "?limit=1&continue=&timeout=32s&pretty=1")
     check("list: kind, apiVersion, metadata, all items",
@@ -317,7 +319,7 @@ def t_list(f):
         "metadata.name=t2", key="fieldSelector") == ["t2"] and sel(
         "metadata.name!=t2", key="fieldSelector") == [gen, "t1"])
     check("fieldSelector unsupported field: 400", sel(
-        "spec.prompt=hi", key="fieldSelector") == 400)
+        "spec.objective=hi", key="fieldSelector") == 400)
     b = f.req("GET", AT_ALL + q(labelSelector="app=a"))[2]
     check("all-namespaces list", [(i["metadata"]["namespace"],
                                    i["metadata"]["name"])
@@ -358,13 +360,13 @@ def t_put(f):
             "name": "t1", "group": "divergedev.com", "kind": "agenttasks"},
         "code": 409}, b)
     body = json.loads(json.dumps(cur))
-    body["spec"]["prompt"] = "changed"
+    body["spec"]["objective"] = "changed"
     body["status"] = {"phase": "Hacked"}
     body["metadata"]["uid"] = "not-the-uid"
     body["metadata"]["generation"] = 42
     st, _, b = f.req("PUT", AT + "/t1", body)
     check("PUT: spec change bumps generation, status and uid are ignored",
-          st == 200 and b["spec"]["prompt"] == "changed" and
+          st == 200 and b["spec"]["objective"] == "changed" and
           b["metadata"]["generation"] == 2 and "status" not in b and
           b["metadata"]["uid"] == cur["metadata"]["uid"] and
           int(b["metadata"]["resourceVersion"]) >
@@ -373,7 +375,7 @@ def t_put(f):
     check("PUT of the same object is a no-op (same resourceVersion)",
           st == 200 and b2["metadata"]["resourceVersion"] ==
           b["metadata"]["resourceVersion"], b2)
-    nb = obj("AgentTask", "zz", spec={})
+    nb = obj("AgentTask", "zz", spec=SPEC)
     nb["metadata"]["resourceVersion"] = "5"
     st, _, b = f.req("PUT", AT + "/zz", nb)
     check("PUT to a missing name: 404", st == 404 and
@@ -385,22 +387,25 @@ def t_put(f):
 def t_status(f):
     cur = f.req("GET", AT + "/t1")[2]
     body = json.loads(json.dumps(cur))
-    body["status"] = {"phase": "Running"}
-    body["spec"]["prompt"] = "ignored"
+    body["status"] = {"phase": "Active"}
+    body["spec"]["objective"] = "ignored"
     body["metadata"]["labels"]["ignored"] = "yes"
     st, _, b = f.req("PUT", AT + "/t1/status", body)
     check("PUT /status: only .status changes, generation kept",
-          st == 200 and b["status"] == {"phase": "Running"} and
+          st == 200 and b["status"] == {"phase": "Active"} and
           b["spec"] == cur["spec"] and "ignored" not in
           b["metadata"]["labels"] and b["metadata"]["generation"] ==
           cur["metadata"]["generation"], b)
     st, _, b = f.req("PATCH", AT + "/t1/status?fieldManager=kubectl-patch",
-                     {"status": {"phase": "Done"}, "spec": {"x": 1}}, MERGE)
+                     {"status": {"phase": "Completed"},
+                      "spec": {"objective": "x"}}, MERGE)
     check("PATCH /status (merge)", st == 200 and b["status"]["phase"] ==
-          "Done" and "x" not in b["spec"] and b["metadata"]["generation"] ==
+          "Completed" and b["spec"] == cur["spec"] and
+          b["metadata"]["generation"] ==
           cur["metadata"]["generation"], b)
     st, _, b = f.req("GET", AT + "/t1/status")
-    check("GET /status", st == 200 and b["status"]["phase"] == "Done", b)
+    check("GET /status", st == 200 and b["status"]["phase"] == "Completed",
+          b)
     st, _, b = f.req("PUT", AT + "/t1/status", {"metadata": {
         "name": "t1"}, "status": {}})
     check("PUT /status without resourceVersion: 422", st == 422, b)
@@ -411,54 +416,61 @@ def t_status(f):
 def t_merge_patch(f):
     cur = f.req("GET", AT + "/t1")[2]
     st, _, b = f.req("PATCH", AT + "/t1", {
-        "spec": {"prompt": "p2", "extra": {"a": 1}},
+        "spec": {"objective": "p2", "repository": {"url": "u"}},
         "metadata": {"labels": {"new": "1"}}, "status": {"phase": "X"}},
         MERGE)
     check("merge patch: spec change bumps generation, status ignored",
-          st == 200 and b["spec"] == {"prompt": "p2", "extra": {"a": 1}} and
+          st == 200 and b["spec"] == {"objective": "p2",
+                                      "repository": {"url": "u"}} and
           b["metadata"]["labels"]["new"] == "1" and
           b["metadata"]["generation"] == cur["metadata"]["generation"] + 1
           and b["status"] == cur["status"], b)
-    st, _, b = f.req("PATCH", AT + "/t1", {"spec": {"extra": None}}, MERGE)
+    st, _, b = f.req("PATCH", AT + "/t1", {"spec": {"repository": None}},
+                     MERGE)
     check("merge patch: null deletes", st == 200 and
-          "extra" not in b["spec"], b)
+          "repository" not in b["spec"], b)
     gen = b["metadata"]["generation"]
     st, _, b = f.req("PATCH", AT + "/t1", {"metadata": {"annotations": {
         "k": "v"}}}, MERGE + "; charset=utf-8")
     check("merge patch of metadata only: generation kept", st == 200 and
           b["metadata"]["generation"] == gen, b)
     st, _, b = f.req("PATCH", AT + "/t1", {"metadata": {
-        "resourceVersion": "2"}, "spec": {"prompt": "no"}}, MERGE)
+        "resourceVersion": "2"}, "spec": {"objective": "no"}}, MERGE)
     check("merge patch with a stale resourceVersion: 409 Conflict",
           st == 409 and b["reason"] == "Conflict", b)
     rv = f.req("GET", AT + "/t1")[2]["metadata"]["resourceVersion"]
     st, _, b = f.req("PATCH", AT + "/t1", {"metadata": {
-        "resourceVersion": rv}, "spec": {"prompt": "p3"}}, MERGE)
+        "resourceVersion": rv}, "spec": {"objective": "p3"}}, MERGE)
     check("merge patch with the current resourceVersion", st == 200 and
-          b["spec"]["prompt"] == "p3", b)
+          b["spec"]["objective"] == "p3", b)
     st, _, b = f.req("PATCH", AT + "/nope", {"spec": {}}, MERGE)
     check("patch of a missing object: 404", st == 404, b)
 
 
 def t_json_patch(f):
-    ops = [{"op": "add", "path": "/spec/list", "value": [1, 2]},
-           {"op": "add", "path": "/spec/list/-", "value": 3},
-           {"op": "add", "path": "/spec/list/0", "value": 0},
-           {"op": "replace", "path": "/spec/prompt", "value": "jp"},
-           {"op": "copy", "from": "/spec/prompt", "path": "/spec/c"},
-           {"op": "move", "from": "/spec/c", "path": "/spec/m"},
-           {"op": "remove", "path": "/spec/list/1"},
+    ops = [{"op": "add", "path": "/spec/capabilities", "value": ["a", "b"]},
+           {"op": "add", "path": "/spec/capabilities/-", "value": "c"},
+           {"op": "add", "path": "/spec/capabilities/0", "value": "z"},
+           {"op": "replace", "path": "/spec/objective", "value": "jp"},
+           {"op": "add", "path": "/spec/repository", "value": {}},
+           {"op": "copy", "from": "/spec/objective",
+            "path": "/spec/repository/baseBranch"},
+           {"op": "move", "from": "/spec/repository/baseBranch",
+            "path": "/spec/repository/workingBranch"},
+           {"op": "remove", "path": "/spec/capabilities/1"},
            {"op": "add", "path": "/metadata/labels/a~1b", "value": "s"},
-           {"op": "test", "path": "/spec/m", "value": "jp"}]
+           {"op": "test", "path": "/spec/repository/workingBranch",
+            "value": "jp"}]
     st, _, b = f.req("PATCH", AT + "/t1", ops, JSONP)
     check("json patch: add/remove/replace/move/copy/test", st == 200 and
-          b["spec"] == {"prompt": "jp", "list": [0, 2, 3], "m": "jp"} and
+          b["spec"] == {"objective": "jp", "capabilities": ["z", "b", "c"],
+                        "repository": {"workingBranch": "jp"}} and
           b["metadata"]["labels"]["a/b"] == "s", b)
     st, _, b = f.req("PATCH", AT + "/t1", [
-        {"op": "test", "path": "/spec/prompt", "value": "other"},
-        {"op": "replace", "path": "/spec/prompt", "value": "no"}], JSONP)
+        {"op": "test", "path": "/spec/objective", "value": "other"},
+        {"op": "replace", "path": "/spec/objective", "value": "no"}], JSONP)
     check("json patch: failed test: 422, nothing changed", st == 422 and
-          f.req("GET", AT + "/t1")[2]["spec"]["prompt"] == "jp", b)
+          f.req("GET", AT + "/t1")[2]["spec"]["objective"] == "jp", b)
     st, _, b = f.req("PATCH", AT + "/t1", [
         {"op": "remove", "path": "/spec/nothing"}], JSONP)
     check("json patch: remove of a missing path: 422", st == 422, b)
@@ -520,7 +532,7 @@ def t_builtins(f):
 
 
 def t_delete(f):
-    owner = f.req("POST", AT, obj("AgentTask", "owner", spec={}))[2]
+    owner = f.req("POST", AT, obj("AgentTask", "owner", spec=SPEC))[2]
     sb = f.req("POST", SB, obj("Sandbox", "sb", api="agents.x-k8s.io/v1beta1",
                                ownerReferences=[owner_ref(owner)],
                                spec={}))[2]
@@ -547,7 +559,7 @@ def t_delete(f):
     st, _, b = f.req("DELETE", AT + "/owner")
     check("DELETE of a missing object: 404", st == 404 and
           b["reason"] == "NotFound", b)
-    o2 = f.req("POST", AT, obj("AgentTask", "owner2", spec={}))[2]
+    o2 = f.req("POST", AT, obj("AgentTask", "owner2", spec=SPEC))[2]
     f.req("POST", SB, obj("Sandbox", "sb2", api="agents.x-k8s.io/v1beta1",
                           ownerReferences=[owner_ref(o2)], spec={}))
     f.req("DELETE", AT + "/owner2?propagationPolicy=Orphan")
@@ -559,7 +571,7 @@ def t_delete(f):
     check("DELETE with a failing uid precondition: 409", st == 409, b)
     f.req("DELETE", SB + "/sb2")
     f.req("POST", AT, obj("AgentTask", "fin", finalizers=["x.io/keep"],
-                          spec={}))
+                          spec=SPEC))
     st, _, b = f.req("DELETE", AT + "/fin")
     still = f.req("GET", AT + "/fin")
     check("finalizers: DELETE only sets deletionTimestamp", st == 200 and
@@ -581,7 +593,7 @@ def t_watch(f):
           [(e["type"], e["object"]["metadata"]["name"]) for e in evs] ==
           [("ADDED", "t1"), ("ADDED", "t2")] and all(
               e["object"]["kind"] == "AgentTask" for e in evs), evs)
-    f.req("POST", AT, obj("AgentTask", "t4", labels={"app": "c"}))
+    f.req("POST", AT, obj("AgentTask", "t4", labels={"app": "c"}, spec=SPEC))
     ev = w.next()
     w.close()
     check("watch: live ADDED", ev["type"] == "ADDED" and
@@ -596,9 +608,9 @@ def t_watch(f):
           ev)
 
     rv = current_rv(f)
-    f.req("PATCH", AT + "/t2", {"spec": {"n": 1}}, MERGE)
-    f.req("PATCH", AT.replace("ns1", "ns2") + "/t3", {"spec": {"n": 1}},
-          MERGE)
+    f.req("PATCH", AT + "/t2", {"spec": {"maxIterations": 1}}, MERGE)
+    f.req("PATCH", AT.replace("ns1", "ns2") + "/t3",
+          {"spec": {"maxIterations": 1}}, MERGE)
     w = f.watch(AT + q(watch="true", resourceVersion=rv, timeoutSeconds=5))
     ev = w.next()
     check("watch from RV: replays only later changes",
@@ -622,7 +634,7 @@ def t_watch(f):
           evs[0]["object"]["metadata"]["labels"]["app"] == "b", evs)
 
     old = current_rv(f)
-    f.req("PATCH", AT + "/t1", {"spec": {"again": True}}, MERGE)
+    f.req("PATCH", AT + "/t1", {"spec": {"suspended": True}}, MERGE)
     st, _, b = f.req("POST", "/_fake/compact", token=None)
     now = int(b["resourceVersion"])
     w = f.watch(AT + q(watch="true", resourceVersion=old))
@@ -656,7 +668,7 @@ def t_watch(f):
           0.8 <= dt < 2.5, (ev, dt))
 
     w = f.watch(SB + q(watch="true", timeoutSeconds=2))
-    f.req("PATCH", AT + "/t1", {"spec": {"other": True}}, MERGE)
+    f.req("PATCH", AT + "/t1", {"spec": {"draftPR": True}}, MERGE)
     ev = w.next()
     w.close()
     check("events of another kind do not reach the watcher", ev is None, ev)
@@ -706,8 +718,8 @@ def t_faults(f):
     f.req("POST", "/_fake/faults", {"status": 429, "count": 1,
                                     "method": "POST"}, token=None)
     a = f.req("GET", AT)[0]
-    b = f.req("POST", AT, obj("AgentTask", "t429"))
-    c = f.req("POST", AT, obj("AgentTask", "t429"))[0]
+    b = f.req("POST", AT, obj("AgentTask", "t429", spec=SPEC))
+    c = f.req("POST", AT, obj("AgentTask", "t429", spec=SPEC))[0]
     check("fault restricted to a method: 429 TooManyRequests",
           a == 200 and b[0] == 429 and b[2]["reason"] == "TooManyRequests"
           and c == 201, (a, b[2], c))
@@ -764,6 +776,219 @@ def t_plain(g):
           ["s2", "s3", None], evs)
 
 
+def invalid(name, causes, kind="AgentTask"):
+    """The 422 Status a real apiserver answers for a CR failing its schema."""
+    parts = [f"{f}: {m}" for (_, f, m) in causes]
+    text = parts[0] if len(parts) == 1 else "[" + ", ".join(parts) + "]"
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure",
+            "message": f'{kind}.divergedev.com "{name}" is invalid: {text}',
+            "reason": "Invalid", "details": {
+                "name": name, "group": "divergedev.com", "kind": kind,
+                "causes": [{"reason": r, "message": m, "field": f}
+                           for (r, f, m) in causes]},
+            "code": 422}
+
+
+def t_schema(f):
+    path = AT.replace("ns1", "schema")
+    env = "/apis/divergedev.com/v1alpha1/namespaces/schema/environments"
+    st, _, b = f.req("GET", "/_fake/state", token=None)
+    check("schemas loaded for AgentTask and Environment",
+          b.get("schemas") == ["AgentTask", "Environment"], b)
+
+    st, _, b = f.req("POST", path, obj("AgentTask", "v1", spec={
+        "maxIterations": 3}))
+    check("missing spec.objective: 422 naming spec.objective", st == 422 and
+          b == invalid("v1", [("FieldValueRequired", "spec.objective",
+                               "Required value")]), b)
+    st, _, b = f.req("POST", path, obj("AgentTask", "v1"))
+    check("missing spec: 422 spec: Required value", st == 422 and
+          b["message"] == 'AgentTask.divergedev.com "v1" is invalid: spec: '
+          'Required value', b)
+    st, _, b = f.req("POST", path, obj("AgentTask", "v1", spec={
+        "objective": "x", "maxIterations": -1}))
+    check("maxIterations -1: minimum 0", st == 422 and b == invalid("v1", [(
+        "FieldValueInvalid", "spec.maxIterations",
+        "Invalid value: -1: spec.maxIterations in body should be greater "
+        "than or equal to 0")]), b)
+    st, _, b = f.req("POST", path, obj("AgentTask", "v1", spec={
+        "objective": "x", "budgetUSD": "five"}))
+    check("budgetUSD \"five\" fails the pattern", st == 422 and
+          b == invalid("v1", [(
+              "FieldValueInvalid", "spec.budgetUSD",
+              "Invalid value: \"five\": spec.budgetUSD in body should match "
+              "'^[0-9]+(\\.[0-9]{1,6})?$'")]), b)
+    st, _, b = f.req("POST", path, obj("AgentTask", "v1", spec={
+        "objective": "x", "budgetUSD": "5\n"}))
+    check("patterns match like RE2: $ is the very end", st == 422 and
+          b["details"]["causes"][0]["field"] == "spec.budgetUSD", b)
+    st, _, b = f.req("POST", path, obj("AgentTask", "v1", spec={
+        "objective": "x" * 4001, "maxIterations": "string",
+        "capabilities": ["a", 7], "sandbox": {"provider": "docker",
+                                              "timeoutSeconds": 0}}))
+    check("several causes: joined in [...], apiserver wording",
+          st == 422 and b == invalid("v1", [
+              ("FieldValueTooLong", "spec.objective",
+               "Too long: may not be more than 4000 bytes"),
+              ("FieldValueTypeInvalid", "spec.maxIterations",
+               "Invalid value: \"string\": spec.maxIterations in body must "
+               "be of type integer: \"string\""),
+              ("FieldValueTypeInvalid", "spec.capabilities[1]",
+               "Invalid value: \"integer\": spec.capabilities[1] in body "
+               "must be of type string: \"integer\""),
+              ("FieldValueNotSupported", "spec.sandbox.provider",
+               "Unsupported value: \"docker\": supported values: "
+               "\"agent-sandbox\""),
+              ("FieldValueInvalid", "spec.sandbox.timeoutSeconds",
+               "Invalid value: 0: spec.sandbox.timeoutSeconds in body should "
+               "be greater than or equal to 1")]), b)
+    st, _, b = f.req("POST", path, obj("AgentTask", "v1", spec={
+        "objective": "é" * 4000}))
+    check("maxLength counts characters, not bytes", st == 201, b)
+    st, _, b = f.req("POST", path, {"apiVersion": "divergedev.com/v1alpha1",
+                                    "kind": "AgentTask", "spec": {}})
+    check("metadata and schema causes in one 422", st == 422 and
+          [c["field"] for c in b["details"]["causes"]] ==
+          ["metadata.name", "spec.objective"], b)
+
+    body = obj("AgentTask", "v2", spec={"objective": "x", "foo": 1,
+                                        "maxIterations": None,
+                                        "repository": {"url": "u", "bar": 2}},
+               status={"junk": True})
+    st, r, b = f.req("POST", path, body)
+    check("unknown fields pruned by default, with Warning headers",
+          st == 201 and b["spec"] == {"objective": "x",
+                                      "repository": {"url": "u"}} and
+          r.msg.get_all("Warning") == [
+              '299 - "unknown field \\"spec.foo\\""',
+              '299 - "unknown field \\"spec.repository.bar\\""',
+              '299 - "unknown field \\"status.junk\\""'],
+          (b, r.msg.get_all("Warning")))
+    body["metadata"]["name"] = "v3"
+    body["metadata"]["bogus"] = "x"
+    st, _, b = f.req("POST", path + "?fieldValidation=Strict", body)
+    check("fieldValidation=Strict: unknown fields are a 400 BadRequest",
+          st == 400 and b == {
+              "kind": "Status", "apiVersion": "v1", "metadata": {},
+              "status": "Failure",
+              "message": 'AgentTask in version "v1alpha1" cannot be handled '
+                         'as a AgentTask: strict decoding error: unknown '
+                         'field "metadata.bogus", unknown field "spec.foo", '
+                         'unknown field "spec.repository.bar", unknown field'
+                         ' "status.junk"',
+              "reason": "BadRequest", "code": 400} and
+          f.req("GET", path + "/v3")[0] == 404, b)
+    st, r, b = f.req("POST", path + "?fieldValidation=Ignore", body)
+    check("fieldValidation=Ignore: pruned, no warning", st == 201 and
+          "bogus" not in b["metadata"] and "foo" not in b["spec"] and
+          r.getheader("Warning") is None, b)
+    st, _, b = f.req("PATCH", path + "/v2?fieldValidation=Strict",
+                     {"spec": {"nope": 1}}, MERGE)
+    check("Strict patch: 400 strict decoding error: unknown field", st == 400
+          and b["message"] == 'strict decoding error: unknown field '
+          '"spec.nope"', b)
+    st, _, b = f.req("POST", path + "?fieldValidation=strict",
+                     obj("AgentTask", "v4", spec=SPEC))
+    check("fieldValidation is case-sensitive: 422 CreateOptions",
+          st == 422 and b["message"] ==
+          'CreateOptions.meta.k8s.io "" is invalid: fieldValidation: '
+          'Unsupported value: "strict": supported values: "", "Ignore", '
+          '"Strict", "Warn"' and b["details"]["kind"] == "CreateOptions", b)
+
+    st, _, b = f.req("PATCH", path + "/v2/status", {"status": {
+        "phase": "Active", "iteration": 2, "costUSD": "0.125",
+        "startedAt": "2026-01-02T03:04:05Z",
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "notifier": {"commentId": "123"}}}, MERGE)
+    check("a valid status patch passes", st == 200 and
+          b["status"]["phase"] == "Active" and
+          b["status"]["notifier"] == {"commentId": "123"}, b)
+    rv = b.get("metadata", {}).get("resourceVersion")
+    good = b.get("status")
+    st, _, b = f.req("PATCH", path + "/v2/status", {"status": {
+        "phase": "Running"}}, MERGE)
+    check("an invalid status.phase: 422 Unsupported value", st == 422 and
+          b == invalid("v2", [(
+              "FieldValueNotSupported", "status.phase",
+              "Unsupported value: \"Running\": supported values: "
+              "\"Pending\", \"Provisioning\", \"Active\", \"Pausing\", "
+              "\"Paused\", \"Completed\", \"Failed\"")]) and
+          f.req("GET", path + "/v2")[2]["metadata"]["resourceVersion"] == rv,
+          b)
+    st, _, b = f.req("PATCH", path + "/v2/status", {"status": {
+        "startedAt": "yesterday", "notifier": {"commentId": True},
+        "lastMeterRequestIds": ["r"] * 33,
+        "conditions": [{"type": "Ready"}]}}, MERGE)
+    check("status: date-time, int-or-string, maxItems, required in items",
+          st == 422 and [(c["reason"], c["field"])
+                         for c in b["details"]["causes"]] == [
+              ("FieldValueRequired", "status.conditions[0].status"),
+              ("FieldValueTooMany", "status.lastMeterRequestIds"),
+              ("FieldValueTypeInvalid", "status.startedAt"),
+              ("FieldValueTypeInvalid", "status.notifier.commentId")] and
+          b["details"]["causes"][1]["message"] ==
+          "Too many: 33: must have at most 32 items", b)
+    body = f.req("GET", path + "/v2")[2]
+    body["status"]["iteration"] = -5
+    st, _, b = f.req("PUT", path + "/v2/status", body)
+    check("PUT /status is validated too", st == 422 and
+          b["details"]["causes"][0]["field"] == "status.iteration", b)
+    body = f.req("GET", path + "/v2")[2]
+    body["status"]["phase"] = "Bogus"           # ignored on the main resource
+    body["spec"]["budgetTokens"] = 1.5
+    st, _, b = f.req("PUT", path + "/v2", body)
+    check("PUT: spec validated, status of the body ignored", st == 422 and
+          [c["field"] for c in b["details"]["causes"]] ==
+          ["spec.budgetTokens"], b)
+    st, _, b = f.req("PATCH", path + "/v2", [
+        {"op": "replace", "path": "/spec/objective", "value": ""}], JSONP)
+    check("json patch result validated: minLength", st == 422 and
+          b["details"]["causes"][0]["message"] == "Invalid value: \"\": "
+          "spec.objective in body should be at least 1 chars long", b)
+    st, _, b = f.req("PATCH", path + "/v2", {"spec": {"maxIterations": 4.0,
+                                                      "budgetTokens": 10}},
+                     MERGE)
+    check("a float with an integral value is an integer", st == 200 and
+          b["spec"]["maxIterations"] == 4, b)
+    check("rejected status writes left .status alone",
+          f.req("GET", path + "/v2")[2].get("status") == good, good)
+
+    st, _, b = f.req("POST", env, obj("Environment", "e1", spec={
+        "branch": "b", "port": 70000}))
+    check("Environment: spec.port maximum", st == 422 and b == invalid(
+        "e1", [("FieldValueInvalid", "spec.port",
+                "Invalid value: 70000: spec.port in body should be less than "
+                "or equal to 65535")], "Environment"), b)
+    st, _, b = f.req("POST", env, obj("Environment", "e1", spec={
+        "branch": "b", "port": 8080}))
+    st2, _, b2 = f.req("PATCH", env + "/e1/status", {"status": {
+        "url": "https://x", "deep": {"anything": [1, "a"]}}}, MERGE)
+    check("Environment: preserve-unknown-fields status kept as sent",
+          st == 201 and st2 == 200 and b2["status"] == {
+              "url": "https://x", "deep": {"anything": [1, "a"]}}, b2)
+    st, _, b = f.req("PATCH", env + "/e1/status", {"status": "up"}, MERGE)
+    check("Environment: status must still be an object", st == 422 and
+          b["details"]["causes"][0]["message"] == "Invalid value: "
+          "\"string\": status in body must be of type object: \"string\"", b)
+
+
+def t_no_schemas():
+    g = Fake("--plain-http", "--crd-dir", "/nonexistent/crds")
+    try:
+        st, _, b = g.req("POST", AT, obj("AgentTask", "x", spec={
+            "maxIterations": -1, "whatever": 1}), token=None)
+        state = g.req("GET", "/_fake/state", token=None)[2]
+        err = g.stderr()
+        check("no CRD files: warning on stderr, no validation, no pruning",
+              st == 201 and b["spec"]["whatever"] == 1 and
+              state["schemas"] == [] and
+              "warning: /nonexistent/crds/divergedev.com_agenttasks.yaml not "
+              "found; no schema validation for it" in err, (st, b, err))
+    finally:
+        g.stop()
+
+
 def run(name, fn, *args):
     try:
         fn(*args)
@@ -789,8 +1014,10 @@ def main():
                          ("merge patch", t_merge_patch),
                          ("json patch", t_json_patch),
                          ("builtins", t_builtins), ("delete", t_delete),
-                         ("watch", t_watch), ("faults", t_faults)]:
+                         ("watch", t_watch), ("faults", t_faults),
+                         ("schema", t_schema)]:
             run(name, fn, f)
+        run("no schemas", t_no_schemas)
         g = Fake("--plain-http", "--history", "2")
         run("plain", t_plain, g)
         g.proc.send_signal(signal.SIGTERM)
