@@ -62,6 +62,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <jansson.h>
 
 struct buf;
 
@@ -292,5 +293,81 @@ int meter_root_key_load_file(const char *path,
  */
 int meter_root_key_ensure_file(const char *path,
     unsigned char key[MACAROON_KEY_LEN], char **cause);
+
+/* ---- the meter (meter.c) ---- */
+
+struct k8s_api;
+struct meter;
+
+struct meter_config {
+	struct k8s_api *store;		/* borrowed; outlives the meter */
+	const unsigned char *root_key;	/* MACAROON_KEY_LEN bytes, copied */
+	const char *location;		/* written into minted tokens */
+	int64_t default_budget_usd_micro;	/* when a task has none */
+	int64_t default_budget_tokens;
+	int max_conflict_retries;	/* REST backend, default 200 */
+};
+
+/* The revocation index Secret of each namespace, and its entries. */
+#define METER_INDEX_SECRET "diverge-agenttask-tokens"
+
+/* A meter answer: the HTTP status and a JSON body (a new string). */
+struct meter_reply {
+	int status;
+	char *body;
+};
+
+void meter_reply_release(struct meter_reply *r);
+
+/* Create the meter (the root key is copied and wiped on free). */
+int meter_new(struct meter **out, const struct meter_config *cfg,
+    char **cause);
+void meter_free(struct meter *m);
+
+/*
+ * POST /api/v1/agenttask/meter: authorization is the Authorization header
+ * (NULL when absent), body the raw request body. Applies DESIGN section 6
+ * "Meter" in order and fills *out. Never fails: errors are replies.
+ */
+void meter_charge(struct meter *m, const char *authorization,
+    const char *body, size_t len, struct meter_reply *out);
+
+/* POST /api/v1/agenttask/complete: ends the task (idempotent). */
+void meter_complete(struct meter *m, const char *authorization,
+    const char *body, size_t len, struct meter_reply *out);
+
+/*
+ * Mint a token for task (an AgentTask object): a new identifier, caveats
+ * from the task (task_id, namespace, repo, branch, tools, models,
+ * max_cost_usd, max_tokens, expires), recorded "active" in the
+ * namespace's index Secret (created when missing; optimistic concurrency).
+ * *token_out and *id_out are new strings.
+ */
+int meter_issue_token(struct meter *m, const json_t *task, int64_t expires,
+    char **token_out, char **id_out, char **cause);
+
+/*
+ * Mark token id revoked in the index of ns; absent ids are fine.
+ * Idempotent.
+ */
+int meter_revoke_token(struct meter *m, const char *ns, const char *id,
+    char **cause);
+
+/*
+ * Remove the index entries of ns whose task no longer exists or whose
+ * token expired (expires + leeway in the past, from issuedAt's record).
+ */
+int meter_prune_index(struct meter *m, const char *ns, char **cause);
+
+/*
+ * Parse a JSON number text (no sign: negative is an error) as USD into
+ * micro-USD, rounding half to even beyond 6 decimals. -1 when it is not a
+ * number or over max_micro.
+ */
+int meter_parse_usd(const char *text, size_t len, int64_t max_micro,
+    int64_t *out);
+
+/* Format micro-USD with 6 decimals ("0.022500"). out has 32 bytes. */
+void meter_format_usd(int64_t micro, char out[32]);
 
 #endif

@@ -23,151 +23,24 @@
 #include <cmocka.h>
 
 #include "k8s/k8s.h"
+#include "storeenv.h"
 #include "testutil.h"
 
 #define HISTORY 50
 
+static struct storeenv env;
 static struct k8s_api *api;
-#if STORE_MODE == 2
-static struct k8s_api *backing;		/* the served store */
-static struct k8s_apiserver *server;
-#endif
-#if STORE_MODE == 3
-static pid_t fake_pid;
-static FILE *fake_in;
-#endif
 static int counter;
-
-#if STORE_MODE != 3
-static char *
-tmpdb(void)
-{
-	char tmpl[] = "/tmp/diverge-store-XXXXXX";
-	char *d = mkdtemp(tmpl);
-
-	assert_non_null(d);
-	return xasprintf("%s/diverge.db", d);
-}
-#endif
-
-#if STORE_MODE == 3
-/* Start tests/fakes/kube_apiserver.py and read its one JSON line. */
-static int
-start_fake(struct k8s_cluster *c)
-{
-	const char *top = getenv("top_srcdir");
-	int in[2], outp[2];
-	char line[4096];
-	FILE *f;
-	json_t *j;
-	char *script = xasprintf("%s/tests/fakes/kube_apiserver.py",
-	    top ? top : ".");
-
-	if (access(script, R_OK) != 0 || pipe(in) < 0 || pipe(outp) < 0) {
-		free(script);
-		return -1;
-	}
-	fake_pid = fork();
-	if (fake_pid == 0) {
-		char hist[16];
-
-		snprintf(hist, sizeof(hist), "%d", HISTORY);
-		int logfd = open("/tmp/diverge-fake-apiserver.log",
-		    O_WRONLY | O_CREAT | O_TRUNC, 0600);
-
-		dup2(in[0], 0);
-		dup2(outp[1], 1);
-		if (logfd >= 0)
-			dup2(logfd, 2);
-		close(in[1]);
-		close(outp[0]);
-		execlp("python3", "python3", script, "--port", "0", "--token",
-		    "contract-token", "--history", hist, (char *)NULL);
-		_exit(127);
-	}
-	free(script);
-	close(in[0]);
-	close(outp[1]);
-	fake_in = fdopen(in[1], "w");	/* closed at exit: the fake ends */
-	f = fdopen(outp[0], "r");
-	if (f == NULL || fgets(line, sizeof(line), f) == NULL)
-		return -1;
-	fclose(f);
-	j = json_loads(line, 0, NULL);
-	if (j == NULL)
-		return -1;
-	memset(c, 0, sizeof(*c));
-	c->server = xstrdup(json_string_value(json_object_get(j, "server")));
-	c->ca_file = xstrdup(json_string_value(json_object_get(j,
-	    "ca_file")));
-	c->token = xstrdup("contract-token");
-	c->namespace = xstrdup("default");
-	json_decref(j);
-	return 0;
-}
-#endif
 
 static int
 setup(void **state)
 {
-	struct k8s_embedded_config ec = { HISTORY, 3600 };
-
-	(void)ec;
-	char *cause = NULL;
-
 	(void)state;
 	util_json_init();
 	log_setup(LOG_ERROR, 0);
-#if STORE_MODE == 1
-	char *path = tmpdb();
-
-	if (k8s_embedded_open(&api, path, &ec, &cause) < 0) {
-		fprintf(stderr, "# %s\n", cause);
+	if (storeenv_open(&env, STORE_MODE, HISTORY) < 0)
 		return -1;
-	}
-	free(path);
-#elif STORE_MODE == 2
-	{
-		struct k8s_apiserver_config sc;
-		struct k8s_cluster c;
-		char *path = tmpdb();
-
-		if (k8s_embedded_open(&backing, path, &ec, &cause) < 0)
-			return -1;
-		free(path);
-		memset(&sc, 0, sizeof(sc));
-		sc.listen = "127.0.0.1:0";
-		sc.max_connections = 64;
-		if (k8s_apiserver_start(&server, backing, &sc, &cause) < 0) {
-			fprintf(stderr, "# %s\n", cause);
-			return -1;
-		}
-		memset(&c, 0, sizeof(c));
-		c.server = xasprintf("http://127.0.0.1:%d",
-		    k8s_apiserver_port(server));
-		c.namespace = xstrdup("default");
-		if (k8s_rest_open(&api, &c, NULL, &cause) < 0) {
-			fprintf(stderr, "# %s\n", cause);
-			return -1;
-		}
-		k8s_cluster_release(&c);
-	}
-#else
-	{
-		struct k8s_cluster c;
-
-		signal(SIGPIPE, SIG_IGN);
-		if (start_fake(&c) < 0) {
-			fprintf(stderr, "# cannot start the fake apiserver\n");
-			return -1;
-		}
-		if (k8s_rest_open(&api, &c, NULL, &cause) < 0) {
-			fprintf(stderr, "# %s\n", cause);
-			return -1;
-		}
-		k8s_cluster_release(&c);
-	}
-#endif
+	api = env.api;
 	return 0;
 }
 
@@ -175,18 +48,7 @@ static int
 teardown(void **state)
 {
 	(void)state;
-	k8s_api_free(api);
-#if STORE_MODE == 2
-	k8s_apiserver_stop(server);
-	k8s_api_free(backing);
-#elif STORE_MODE == 3
-	if (fake_in != NULL)
-		fclose(fake_in);
-	if (fake_pid > 0) {
-		kill(fake_pid, SIGTERM);
-		waitpid(fake_pid, NULL, 0);
-	}
-#endif
+	storeenv_close(&env);
 	return 0;
 }
 

@@ -1,0 +1,1393 @@
+/*
+ * The meter: every LLM call an agent makes is reported here and charged to
+ * its AgentTask, atomically, against the budgets (DESIGN section 6
+ * "Meter", section 7). Also the token index: minting, revoking and
+ * pruning the macaroons of tasks.
+ *
+ * On the embedded store a charge is one transaction over the task and the
+ * namespace's token index (charge, suspension and revocation commit
+ * together). On a real cluster it is a read-modify-write of the task's
+ * status with its resourceVersion, retried from a fresh read on 409 so
+ * that concurrent calls never lose an increment; the suspension of the
+ * spec and the revocation follow it (a crash in between is repaired by the
+ * reconciler, which revokes the token of every paused task).
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "k8s/k8s.h"
+#include "meter/meter.h"
+#include "util/jscan.h"
+#include "util/util.h"
+
+#define RING 32
+#define MAX_REQUEST_ID 256
+#define MAX_MODEL 256
+#define MAX_TOKENS_USED INT64_C(1000000000000)	/* 10^12 */
+#define MAX_COST_MICRO INT64_C(1000000000000)	/* $10^6 */
+
+struct meter {
+	struct meter_config cfg;
+	unsigned char key[MACAROON_KEY_LEN];
+};
+
+/* ------------------------------------------------------------ money */
+
+#define MAX_SIG 40
+
+/* Parse a JSON number as micro-USD, half to even past 6 decimals. */
+int
+meter_parse_usd(const char *text, size_t len, int64_t max_micro,
+    int64_t *out)
+{
+	char d[MAX_SIG];	/* significant digits, no leading zeros */
+	size_t nd = 0, i = 0, k;
+	long exp10 = 0, e = 0;	/* value = d * 10^(exp10 + e) */
+	int point = 0, sticky = 0, any = 0, rnd = 0, esign = 1;
+	int64_t v = 0;
+	long shift;
+
+	if (len == 0 || text[0] == '-' || text[0] == '+')
+		return -1;
+	for (; i < len; i++) {
+		char c = text[i];
+
+		if (c == '.') {
+			if (point || !any)
+				return -1;
+			point = 1;
+			continue;
+		}
+		if (c < '0' || c > '9')
+			break;
+		any = 1;
+		if (point)
+			exp10--;
+		if (nd == 0 && c == '0')
+			continue;
+		if (nd < MAX_SIG) {
+			d[nd++] = c;
+		} else {
+			/* beyond 40 digits: too large, or far below 1e-6 */
+			if (!point)
+				return -1;
+			exp10++;
+			if (c != '0')
+				sticky = 1;
+		}
+	}
+	if (!any || (point && text[i - 1] == '.'))
+		return -1;
+	if (i < len && (text[i] == 'e' || text[i] == 'E')) {
+		i++;
+		if (i < len && (text[i] == '+' || text[i] == '-'))
+			esign = text[i++] == '-' ? -1 : 1;
+		if (i == len)
+			return -1;
+		for (; i < len && text[i] >= '0' && text[i] <= '9'; i++)
+			if (e < 100000)
+				e = e * 10 + (text[i] - '0');
+		e *= esign;
+	}
+	if (i != len)
+		return -1;
+	if (nd == 0) {
+		*out = 0;
+		return 0;
+	}
+	/* micro = d * 10^(exp10 + e + 6) */
+	shift = exp10 + e + 6;
+	if (shift > 30)
+		return -1;
+	if (shift >= 0) {
+		for (k = 0; k < nd; k++) {
+			if (v > (INT64_MAX - 9) / 10)
+				return -1;
+			v = v * 10 + (d[k] - '0');
+		}
+		for (; shift > 0; shift--) {
+			if (v > INT64_MAX / 10)
+				return -1;
+			v *= 10;
+		}
+	} else {
+		long keep = (long)nd + shift;	/* digits above 1e-6 USD */
+
+		for (k = 0; (long)k < keep; k++) {
+			if (v > (INT64_MAX - 9) / 10)
+				return -1;
+			v = v * 10 + (d[k] - '0');
+		}
+		if (keep >= 0) {
+			rnd = d[keep] - '0';
+			for (k = (size_t)keep + 1; k < nd; k++)
+				if (d[k] != '0')
+					sticky = 1;
+		} else {
+			/* every digit is below half a micro-USD */
+			rnd = 0;
+			sticky = 1;
+		}
+		if (rnd > 5 || (rnd == 5 && (sticky || (v & 1))))
+			v++;
+	}
+	if (v > max_micro)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/* 6 decimals. */
+void
+meter_format_usd(int64_t micro, char out[32])
+{
+	snprintf(out, 32, "%lld.%06lld", (long long)(micro / 1000000),
+	    (long long)(micro % 1000000));
+}
+
+/* A decimal string (as stored: "5.00", "0.022500") to micro-USD. */
+static int64_t
+usd_string(const char *s)
+{
+	int64_t v = 0;
+
+	if (s == NULL || meter_parse_usd(s, strlen(s), INT64_MAX / 10,
+	    &v) < 0)
+		return 0;
+	return v;
+}
+
+/* The number text of micro-USD, shortest: 0.0225, 5, 0. */
+static void
+usd_number(int64_t micro, char out[32])
+{
+	size_t n;
+
+	meter_format_usd(micro, out);
+	n = strlen(out);
+	while (n > 0 && out[n - 1] == '0')
+		out[--n] = '\0';
+	if (n > 0 && out[n - 1] == '.')
+		out[--n] = '\0';
+}
+
+/* ------------------------------------------------------------ replies */
+
+/* Free a reply's body. */
+void
+meter_reply_release(struct meter_reply *r)
+{
+	free(r->body);
+	r->body = NULL;
+}
+
+static void
+reply_error(struct meter_reply *out, int status, const char *error,
+    const char *field)
+{
+	struct buf b;
+
+	buf_init(&b, 4096);
+	buf_addstr(&b, "{\"error\":");
+	jscan_escape(&b, error);
+	if (field != NULL) {
+		buf_addstr(&b, ",\"field\":");
+		jscan_escape(&b, field);
+	}
+	buf_addstr(&b, "}");
+	out->status = status;
+	out->body = buf_detach(&b, NULL);
+}
+
+/* ------------------------------------------------------------ request */
+
+struct meter_req {
+	char *request_id;
+	int64_t iteration;
+	char *model;		/* NULL when absent */
+	int64_t tokens;
+	int64_t cost;		/* micro-USD */
+};
+
+static void
+req_release(struct meter_req *r)
+{
+	free(r->request_id);
+	free(r->model);
+	memset(r, 0, sizeof(*r));
+}
+
+static const char *const body_paths[] = {
+	"requestId", "iteration", "model", "tokensUsed", "costUSD"
+};
+
+/* Validate the body; on error fill out and return -1. */
+static int
+parse_body(const char *body, size_t len, struct meter_req *r,
+    struct meter_reply *out)
+{
+	struct jfield f[ARRAY_SIZE(body_paths)];
+	const char *err;
+	size_t i, n;
+
+	memset(r, 0, sizeof(*r));
+	for (i = 0; i < ARRAY_SIZE(body_paths); i++)
+		f[i].path = body_paths[i];
+	if (jscan(body, len, f, ARRAY_SIZE(f), 16, &err) < 0) {
+		reply_error(out, 400, "body is not valid JSON", NULL);
+		return -1;
+	}
+	for (i = 0; i < len && (body[i] == ' ' || body[i] == '\n' ||
+	    body[i] == '\r' || body[i] == '\t'); i++)
+		;
+	if (i == len || body[i] != '{') {
+		reply_error(out, 400, "body is not a JSON object", NULL);
+		return -1;
+	}
+	for (i = 0; i < ARRAY_SIZE(f); i++)
+		if (f[i].count > 1) {
+			reply_error(out, 400, "duplicate field", f[i].path);
+			return -1;
+		}
+	if (f[0].type != JT_STRING || jscan_string(&f[0], &r->request_id,
+	    &n) < 0 || n == 0 || n > MAX_REQUEST_ID) {
+		reply_error(out, 400, "requestId must be a non-empty string "
+		    "of at most 256 bytes", "requestId");
+		goto fail;
+	}
+	if (f[1].type != JT_NUMBER || jscan_int(&f[1], &r->iteration) < 0 ||
+	    r->iteration < 0 || r->iteration > 1000000000) {
+		reply_error(out, 400, "iteration must be an integer >= 0",
+		    "iteration");
+		goto fail;
+	}
+	if (f[2].type != JT_ABSENT && f[2].type != JT_NULL &&
+	    (f[2].type != JT_STRING || jscan_string(&f[2], &r->model,
+	    &n) < 0 || n > MAX_MODEL)) {
+		reply_error(out, 400, "model must be a string", "model");
+		goto fail;
+	}
+	if (r->model != NULL && r->model[0] == '\0') {
+		free(r->model);
+		r->model = NULL;
+	}
+	if (f[3].type != JT_NUMBER || jscan_int(&f[3], &r->tokens) < 0 ||
+	    r->tokens < 0 || r->tokens > MAX_TOKENS_USED) {
+		reply_error(out, 400, "tokensUsed must be an integer between "
+		    "0 and 10^12", "tokensUsed");
+		goto fail;
+	}
+	if (f[4].type != JT_NUMBER || meter_parse_usd(f[4].start, f[4].len,
+	    MAX_COST_MICRO, &r->cost) < 0) {
+		reply_error(out, 400, "costUSD must be a number between 0 and "
+		    "1000000", "costUSD");
+		goto fail;
+	}
+	return 0;
+fail:
+	req_release(r);
+	return -1;
+}
+
+/* ------------------------------------------------------------ tokens */
+
+static const char *
+bearer(const char *authorization)
+{
+	if (authorization == NULL)
+		return NULL;
+	while (*authorization == ' ')
+		authorization++;
+	if (strncasecmp(authorization, "Bearer ", 7) != 0)
+		return NULL;
+	authorization += 7;
+	while (*authorization == ' ')
+		authorization++;
+	return *authorization ? authorization : NULL;
+}
+
+/*
+ * Verify the token's signature and caveats (not its model, not its
+ * revocation: those need the task). On success *mac holds it.
+ */
+static int
+authenticate(struct meter *m, const char *authorization,
+    struct macaroon **mac, struct meter_reply *out)
+{
+	const char *token = bearer(authorization);
+	struct macaroon_context ctx;
+	const char *reason = NULL;
+	struct macaroon *t = NULL;
+	int rc;
+
+	if (token == NULL) {
+		reply_error(out, 401, "missing token", NULL);
+		return -1;
+	}
+	rc = macaroon_deserialize(token, strlen(token), &t, NULL);
+	if (rc < 0) {
+		reply_error(out, 401, macaroon_strerror(rc), NULL);
+		return -1;
+	}
+	memset(&ctx, 0, sizeof(ctx));
+	/* the token names its task; the caveats must then agree */
+	ctx.task_id = macaroon_value(t, "task_id");
+	ctx.namespace = macaroon_value(t, "namespace");
+	ctx.model = NULL;
+	ctx.now = now_unix();
+	if (ctx.task_id == NULL || ctx.namespace == NULL) {
+		macaroon_free(t);
+		reply_error(out, 401, "caveat not met: task_id", NULL);
+		return -1;
+	}
+	rc = macaroon_verify(m->key, sizeof(m->key), t, &ctx, &reason);
+	if (rc < 0) {
+		macaroon_free(t);
+		reply_error(out, 401, reason, NULL);
+		return -1;
+	}
+	*mac = t;
+	return 0;
+}
+
+/* --------------------------------------------------------- task state */
+
+static json_t *
+obj_child(json_t *o, const char *k)
+{
+	json_t *c = json_object_get(o, k);
+
+	if (!json_is_object(c)) {
+		c = json_object();
+		json_object_set_new(o, k, c);
+	}
+	return c;
+}
+
+static const char *
+task_phase(const json_t *task)
+{
+	return json_string_value(json_object_get(json_object_get(task,
+	    "status"), "phase"));
+}
+
+static int
+task_live(const json_t *task)
+{
+	const char *p = task_phase(task);
+
+	return p != NULL && (strcmp(p, "Provisioning") == 0 ||
+	    strcmp(p, "Active") == 0);
+}
+
+/* The index entry of id in the index Secret (NULL when absent). */
+static json_t *
+index_entry(const json_t *index, const char *id)
+{
+	const char *v = json_string_value(json_object_get(json_object_get(
+	    index, "data"), id));
+	unsigned char *raw = NULL;
+	size_t n;
+	json_t *j;
+
+	if (v == NULL || base64_decode(v, strlen(v), &raw, &n) < 0)
+		return NULL;
+	j = json_loadb((const char *)raw, n, 0, NULL);
+	free(raw);
+	return j;
+}
+
+static void
+index_set(json_t *index, const char *id, const json_t *entry)
+{
+	char *text = json_dumps(entry, JSON_COMPACT | JSON_SORT_KEYS);
+	char *b64 = base64_encode((const unsigned char *)text, strlen(text),
+	    0, 1);
+
+	json_object_set_new(obj_child(index, "data"), id, json_string(b64));
+	free(b64);
+	free(text);
+}
+
+static int
+token_active(const json_t *index, const char *id, const char *task)
+{
+	json_t *e = index_entry(index, id);
+	int ok;
+
+	ok = e != NULL && json_is_string(json_object_get(e, "state")) &&
+	    strcmp(json_string_value(json_object_get(e, "state")),
+	    "active") == 0 && json_string_value(json_object_get(e, "task")) !=
+	    NULL && strcmp(json_string_value(json_object_get(e, "task")),
+	    task) == 0;
+	json_decref(e);
+	return ok;
+}
+
+/* Mark id revoked in index (JSON of the Secret); 1 if it changed. */
+static int
+index_revoke(json_t *index, const char *id)
+{
+	json_t *e = index_entry(index, id);
+	char ts[32];
+
+	if (e == NULL)
+		return 0;
+	if (strcmp(json_string_value(json_object_get(e, "state")) ?
+	    json_string_value(json_object_get(e, "state")) : "",
+	    "revoked") == 0) {
+		json_decref(e);
+		return 0;
+	}
+	time_rfc3339(now_unix(), ts);
+	json_object_set_new(e, "state", json_string("revoked"));
+	json_object_set_new(e, "revokedAt", json_string(ts));
+	index_set(index, id, e);
+	json_decref(e);
+	return 1;
+}
+
+static json_t *
+new_index(const char *ns)
+{
+	return json_pack("{s:s,s:s,s:{s:s,s:s,s:{s:s}},s:s,s:{}}",
+	    "apiVersion", "v1", "kind", "Secret", "metadata", "name",
+	    METER_INDEX_SECRET, "namespace", ns, "labels",
+	    "app.kubernetes.io/managed-by", "diverged", "type", "Opaque",
+	    "data");
+}
+
+/* ------------------------------------------------------------- charge */
+
+struct charge {
+	struct meter *m;
+	const struct meter_req *req;
+	const struct macaroon *mac;
+	const char *id;		/* token identifier */
+	const char *task_name;
+	const char *ns;
+	/* results */
+	int suspended_now;	/* this call suspended the task */
+	json_t *task_after;	/* for the REST driver */
+	struct meter_reply reply;
+};
+
+struct totals {
+	int64_t tokens;
+	int64_t cost;
+	int64_t iteration;
+	int64_t max_iterations;
+};
+
+static void
+read_totals(const json_t *task, struct totals *t)
+{
+	const json_t *st = json_object_get(task, "status");
+
+	t->tokens = json_integer_value(json_object_get(st, "tokensConsumed"));
+	t->cost = usd_string(json_string_value(json_object_get(st,
+	    "costUSD")));
+	t->iteration = json_integer_value(json_object_get(st, "iteration"));
+	t->max_iterations = json_integer_value(json_object_get(json_object_get(
+	    task, "spec"), "maxIterations"));
+}
+
+static void
+reply_totals(struct meter_reply *out, int status, const json_t *task,
+    const char *reason, int charged)
+{
+	struct totals t;
+	struct buf b;
+	char cost[32];
+	const char *guidance = json_string_value(json_object_get(
+	    json_object_get(json_object_get(task, "metadata"), "annotations"),
+	    "divergedev.com/guidance"));
+	const char *preview = json_string_value(json_object_get(
+	    json_object_get(task, "status"), "previewUrl"));
+
+	read_totals(task, &t);
+	usd_number(t.cost, cost);
+	buf_init(&b, 1 << 20);
+	/* "charged" is ours: whether this call was added to the totals */
+	buf_printf(&b, "{\"allowed\":%s,\"suspended\":%s,\"charged\":%s,",
+	    status == 200 ? "true" : "false",
+	    status == 200 ? "false" : "true", charged ? "true" : "false");
+	if (reason != NULL) {
+		buf_addstr(&b, "\"reason\":");
+		jscan_escape(&b, reason);
+		buf_addstr(&b, ",");
+	}
+	buf_printf(&b, "\"totalTokensUsed\":%lld,\"totalCostUSD\":%s,"
+	    "\"iteration\":%lld,\"maxIterations\":%lld,\"guidance\":",
+	    (long long)t.tokens, cost, (long long)t.iteration,
+	    (long long)t.max_iterations);
+	if (guidance != NULL)
+		jscan_escape(&b, guidance);
+	else
+		buf_addstr(&b, "null");
+	buf_addstr(&b, ",\"previewUrl\":");
+	if (preview != NULL)
+		jscan_escape(&b, preview);
+	else
+		buf_addstr(&b, "null");
+	buf_addstr(&b, "}");
+	out->status = status;
+	out->body = buf_detach(&b, NULL);
+}
+
+static int
+ring_has(const json_t *task, const char *id)
+{
+	const json_t *ring = json_object_get(json_object_get(task, "status"),
+	    "lastMeterRequestIds");
+	size_t i;
+	json_t *v;
+
+	json_array_foreach((json_t *)ring, i, v)
+		if (json_is_string(v) && strcmp(json_string_value(v), id) == 0)
+			return 1;
+	return 0;
+}
+
+static int
+ring_last_is(const json_t *task, const char *id)
+{
+	const json_t *ring = json_object_get(json_object_get(task, "status"),
+	    "lastMeterRequestIds");
+	size_t n = json_array_size(ring);
+
+	return n > 0 && json_string_value(json_array_get(ring, n - 1)) &&
+	    strcmp(json_string_value(json_array_get(ring, n - 1)), id) == 0;
+}
+
+static int
+model_allowed(const struct charge *c, const json_t *task)
+{
+	const json_t *caps = json_object_get(json_object_get(task, "spec"),
+	    "capabilities");
+	const char *model = c->req->model;
+	size_t i;
+	json_t *v;
+	int ok;
+
+	/* the token's models caveat, when it has one */
+	if (macaroon_models(c->mac) != NULL &&
+	    !macaroon_allows_model(c->mac, model ? model : ""))
+		return 0;
+	/* spec.capabilities, when it lists any */
+	if (json_array_size(caps) == 0)
+		return 1;
+	ok = 0;
+	json_array_foreach((json_t *)caps, i, v)
+		if (macaroon_model_match(json_string_value(v), model))
+			ok = 1;
+	return ok;
+}
+
+static int64_t
+effective(int64_t spec, int have_caveat, int64_t caveat, int64_t dflt)
+{
+	if (spec > 0)
+		return spec;
+	if (have_caveat)
+		return caveat;
+	return dflt;
+}
+
+/*
+ * The whole decision, on copies of the task and the index: returns 1 when
+ * task (and index) were changed and must be written, 0 when nothing is to
+ * be written (c->reply is then final), and fills c->reply either way.
+ */
+static int
+charge_apply(struct charge *c, json_t *task, json_t *index)
+{
+	const struct meter_req *r = c->req;
+	json_t *status, *ring, *spec;
+	struct totals t;
+	int64_t max_cost, max_tokens, caveat = 0;
+	int have;
+	const char *reason = NULL;
+	char cost[32];
+
+	/* 2: revoked or not live (but the retry of the suspending call) */
+	if (!token_active(index, c->id, c->task_name) || !task_live(task)) {
+		const char *phase = task_phase(task);
+		const char *why = json_string_value(json_object_get(
+		    json_object_get(task, "status"), "reason"));
+
+		if (phase != NULL && strcmp(phase, "Paused") == 0 &&
+		    why != NULL && strcmp(why, "BudgetExceeded") == 0 &&
+		    ring_last_is(task, r->request_id)) {
+			const char *msg = json_string_value(json_object_get(
+			    json_object_get(task, "status"), "message"));
+
+			reply_totals(&c->reply, 429, task, msg != NULL &&
+			    strcmp(msg, "max iterations exceeded") == 0 ?
+			    msg : "budget exceeded", 0);
+			return 0;
+		}
+		reply_error(&c->reply, 401, !task_live(task) ?
+		    "task not live" : "revoked", NULL);
+		return 0;
+	}
+	/* 3: the model */
+	if (!model_allowed(c, task)) {
+		reply_error(&c->reply, 403, r->model == NULL ?
+		    "model required" : "model not allowed", "model");
+		return 0;
+	}
+	/* 4: a retry */
+	if (ring_has(task, r->request_id)) {
+		reply_totals(&c->reply, 200, task, NULL, 0);
+		return 0;
+	}
+	/* 5: charge */
+	read_totals(task, &t);
+	if (t.tokens > INT64_MAX - r->tokens || t.cost > INT64_MAX - r->cost) {
+		reply_error(&c->reply, 400, "totals would overflow", NULL);
+		return 0;
+	}
+	t.tokens += r->tokens;
+	t.cost += r->cost;
+	if (r->iteration > t.iteration)
+		t.iteration = r->iteration;
+	status = obj_child(task, "status");
+	json_object_set_new(status, "tokensConsumed", json_integer(t.tokens));
+	meter_format_usd(t.cost, cost);
+	json_object_set_new(status, "costUSD", json_string(cost));
+	json_object_set_new(status, "iteration", json_integer(t.iteration));
+	ring = json_object_get(status, "lastMeterRequestIds");
+	if (!json_is_array(ring)) {
+		ring = json_array();
+		json_object_set_new(status, "lastMeterRequestIds", ring);
+	}
+	json_array_append_new(ring, json_string(r->request_id));
+	while (json_array_size(ring) > RING)
+		json_array_remove(ring, 0);
+	/* 6: effective budgets */
+	spec = json_object_get(task, "spec");
+	have = macaroon_max_cost_usd(c->mac, &caveat) == 0;
+	max_cost = effective(usd_string(json_string_value(json_object_get(
+	    spec, "budgetUSD"))), have, caveat, c->m->cfg.
+	    default_budget_usd_micro);
+	have = macaroon_max_tokens(c->mac, &caveat) == 0;
+	max_tokens = effective(json_integer_value(json_object_get(spec,
+	    "budgetTokens")), have, caveat, c->m->cfg.default_budget_tokens);
+	if ((max_cost > 0 && t.cost > max_cost) ||
+	    (max_tokens > 0 && t.tokens > max_tokens))
+		reason = "budget exceeded";
+	else if (t.max_iterations > 0 && t.iteration > t.max_iterations)
+		reason = "max iterations exceeded";
+	if (reason != NULL) {
+		char ts[32];
+
+		json_object_set_new(status, "phase", json_string("Paused"));
+		json_object_set_new(status, "reason",
+		    json_string("BudgetExceeded"));
+		json_object_set_new(status, "message", json_string(reason));
+		json_object_set_new(obj_child(task, "spec"), "suspended",
+		    json_true());
+		time_rfc3339(now_unix(), ts);
+		(void)ts;
+		index_revoke(index, c->id);
+		c->suspended_now = 1;
+		reply_totals(&c->reply, 429, task, reason, 1);
+		return 1;
+	}
+	/* 7 */
+	reply_totals(&c->reply, 200, task, NULL, 1);
+	return 1;
+}
+
+/* Embedded: one transaction over the task and the index. */
+static int
+charge_txn(struct k8s_txn *tx, void *arg, struct k8s_status *st)
+{
+	struct charge *c = arg;
+	json_t *task = NULL, *index = NULL;
+	int rc, write;
+
+	meter_reply_release(&c->reply);
+	rc = k8s_txn_get(tx, &K8S_AGENTTASK, c->ns, c->task_name, &task, st);
+	if (rc == K8S_ENOTFOUND) {
+		reply_error(&c->reply, 401, "task not live", NULL);
+		return 0;
+	}
+	if (rc < 0)
+		return rc;
+	rc = k8s_txn_get(tx, &K8S_SECRET, c->ns, METER_INDEX_SECRET, &index,
+	    st);
+	if (rc == K8S_ENOTFOUND) {
+		index = new_index(c->ns);
+		k8s_status_release(st);
+		rc = 0;
+	}
+	if (rc < 0) {
+		json_decref(task);
+		return rc;
+	}
+	write = charge_apply(c, task, index);
+	if (write) {
+		rc = k8s_txn_put(tx, &K8S_AGENTTASK, c->ns, task, NULL, st);
+		if (rc == 0 && c->suspended_now)
+			rc = k8s_txn_put(tx, &K8S_SECRET, c->ns, index, NULL,
+			    st);
+	}
+	json_decref(task);
+	json_decref(index);
+	return rc;
+}
+
+/* Jittered wait before retrying a lost race, growing to about 20 ms. */
+static void
+conflict_pause(int tries)
+{
+	uint32_t r = 0;
+	int64_t cap = tries < 4 ? 2 << tries : 20;
+
+	random_bytes(&r, sizeof(r));
+	sleep_ms((int64_t)(r % (uint32_t)cap) + 1);
+}
+
+/* REST: read, modify, write status with resourceVersion; retry on 409. */
+static int
+charge_rest(struct meter *m, struct charge *c, struct k8s_status *st)
+{
+	struct k8s_api *api = m->cfg.store;
+	int tries, rc = K8S_ECONFLICT;
+
+	for (tries = 0; tries < m->cfg.max_conflict_retries; tries++) {
+		json_t *task = NULL, *index = NULL;
+		int write;
+
+		meter_reply_release(&c->reply);
+		c->suspended_now = 0;
+		rc = k8s_get(api, &K8S_AGENTTASK, c->ns, c->task_name, &task,
+		    st);
+		if (rc == K8S_ENOTFOUND) {
+			k8s_status_release(st);
+			reply_error(&c->reply, 401, "task not live", NULL);
+			return 0;
+		}
+		if (rc < 0)
+			return rc;
+		rc = k8s_get(api, &K8S_SECRET, c->ns, METER_INDEX_SECRET,
+		    &index, st);
+		if (rc == K8S_ENOTFOUND) {
+			k8s_status_release(st);
+			index = new_index(c->ns);
+		} else if (rc < 0) {
+			json_decref(task);
+			return rc;
+		}
+		write = charge_apply(c, task, index);
+		json_decref(index);
+		if (!write) {
+			json_decref(task);
+			return 0;
+		}
+		/* the charge: conditional on the version we read */
+		rc = k8s_update_status(api, &K8S_AGENTTASK, c->ns,
+		    c->task_name, task, NULL, st);
+		if (rc == K8S_ECONFLICT) {
+			json_decref(task);
+			k8s_status_release(st);
+			conflict_pause(tries);
+			continue;
+		}
+		json_decref(task);
+		if (rc < 0)
+			return rc;
+		if (c->suspended_now) {
+			json_t *p = json_pack("{s:{s:b}}", "spec", "suspended",
+			    1);
+			char *cause = NULL;
+
+			k8s_patch(api, &K8S_AGENTTASK, c->ns, c->task_name, 0,
+			    p, NULL, NULL);
+			json_decref(p);
+			if (meter_revoke_token(m, c->ns, c->id, &cause) < 0) {
+				log_kv(LOG_ERROR, "meter: revocation failed",
+				    "task", c->task_name, "error", cause, NULL);
+				free(cause);
+			}
+		}
+		return 0;
+	}
+	return rc;
+}
+
+/* Charge one reported LLM call. */
+void
+meter_charge(struct meter *m, const char *authorization, const char *body,
+    size_t len, struct meter_reply *out)
+{
+	struct meter_req req;
+	struct macaroon *mac = NULL;
+	struct charge c;
+	struct k8s_status st = { 0 };
+	size_t idlen;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	/* 1: the body */
+	if (parse_body(body, len, &req, out) < 0)
+		return;
+	/* 2: the token (signature and caveats) */
+	if (authenticate(m, authorization, &mac, out) < 0) {
+		req_release(&req);
+		return;
+	}
+	memset(&c, 0, sizeof(c));
+	c.m = m;
+	c.req = &req;
+	c.mac = mac;
+	c.id = macaroon_identifier(mac, &idlen);
+	c.task_name = macaroon_value(mac, "task_id");
+	c.ns = macaroon_value(mac, "namespace");
+	if (strlen(c.id) != idlen) {
+		reply_error(out, 401, "malformed token", NULL);
+		goto out;
+	}
+	if (k8s_is_embedded(m->cfg.store))
+		rc = k8s_embedded_transact(m->cfg.store, charge_txn, &c, &st);
+	else
+		rc = charge_rest(m, &c, &st);
+	if (rc < 0) {
+		meter_reply_release(&c.reply);
+		log_kv(LOG_ERROR, "meter: store failed", "task", c.task_name,
+		    "namespace", c.ns, "error", st.message, NULL);
+		reply_error(out, 503, "the store is unavailable, retry", NULL);
+		goto out;
+	}
+	if (c.suspended_now)
+		log_kv(LOG_INFO, "task suspended by the meter", "task",
+		    c.task_name, "namespace", c.ns, "request", req.request_id,
+		    NULL);
+	*out = c.reply;
+out:
+	k8s_status_release(&st);
+	macaroon_free(mac);
+	req_release(&req);
+}
+
+/* ----------------------------------------------------------- complete */
+
+struct completion {
+	struct meter *m;
+	const char *id, *task_name, *ns;
+	int succeeded;
+	char *message, *commit, *branch, *pr_url;
+	struct meter_reply reply;
+};
+
+static int
+complete_apply(struct completion *c, json_t *task, json_t *index)
+{
+	const char *phase = task_phase(task);
+	json_t *status;
+	char ts[32];
+	int changed = 0;
+
+	if (phase != NULL && (strcmp(phase, "Completed") == 0 ||
+	    strcmp(phase, "Failed") == 0)) {
+		/* idempotent: the same answer again */
+		changed = index_revoke(index, c->id);
+		c->reply.status = 200;
+		c->reply.body = xasprintf("{\"completed\":true,\"phase\":"
+		    "\"%s\"}", phase);
+		return changed ? 2 : 0;
+	}
+	if (!token_active(index, c->id, c->task_name) || !task_live(task)) {
+		reply_error(&c->reply, 401, !task_live(task) ? "task not live" :
+		    "revoked", NULL);
+		return 0;
+	}
+	status = obj_child(task, "status");
+	json_object_set_new(status, "phase", json_string(c->succeeded ?
+	    "Completed" : "Failed"));
+	json_object_set_new(status, "reason", json_string(c->succeeded ?
+	    "Succeeded" : "AgentFailed"));
+	if (c->message != NULL)
+		json_object_set_new(status, "message",
+		    json_string(c->message));
+	time_rfc3339(now_unix(), ts);
+	json_object_set_new(status, "completedAt", json_string(ts));
+	if (c->commit != NULL || c->branch != NULL || c->pr_url != NULL) {
+		json_t *res = obj_child(status, "result");
+
+		if (c->commit != NULL)
+			json_object_set_new(res, "commit",
+			    json_string(c->commit));
+		if (c->branch != NULL)
+			json_object_set_new(res, "branch",
+			    json_string(c->branch));
+		if (c->pr_url != NULL)
+			json_object_set_new(res, "pullRequestUrl",
+			    json_string(c->pr_url));
+	}
+	index_revoke(index, c->id);
+	c->reply.status = 200;
+	c->reply.body = xasprintf("{\"completed\":true,\"phase\":\"%s\"}",
+	    c->succeeded ? "Completed" : "Failed");
+	return 1;
+}
+
+static int
+complete_txn(struct k8s_txn *tx, void *arg, struct k8s_status *st)
+{
+	struct completion *c = arg;
+	json_t *task = NULL, *index = NULL;
+	int rc, write;
+
+	meter_reply_release(&c->reply);
+	rc = k8s_txn_get(tx, &K8S_AGENTTASK, c->ns, c->task_name, &task, st);
+	if (rc == K8S_ENOTFOUND) {
+		reply_error(&c->reply, 401, "task not live", NULL);
+		return 0;
+	}
+	if (rc < 0)
+		return rc;
+	rc = k8s_txn_get(tx, &K8S_SECRET, c->ns, METER_INDEX_SECRET, &index,
+	    st);
+	if (rc == K8S_ENOTFOUND) {
+		index = new_index(c->ns);
+		rc = 0;
+	}
+	if (rc < 0) {
+		json_decref(task);
+		return rc;
+	}
+	write = complete_apply(c, task, index);
+	if (write == 1)
+		rc = k8s_txn_put(tx, &K8S_AGENTTASK, c->ns, task, NULL, st);
+	if (rc == 0 && write > 0)
+		rc = k8s_txn_put(tx, &K8S_SECRET, c->ns, index, NULL, st);
+	json_decref(task);
+	json_decref(index);
+	return rc;
+}
+
+static int
+complete_rest(struct meter *m, struct completion *c, struct k8s_status *st)
+{
+	int tries, rc = K8S_ECONFLICT;
+
+	for (tries = 0; tries < m->cfg.max_conflict_retries; tries++) {
+		json_t *task = NULL, *index = NULL;
+		int write;
+
+		meter_reply_release(&c->reply);
+		rc = k8s_get(m->cfg.store, &K8S_AGENTTASK, c->ns, c->task_name,
+		    &task, st);
+		if (rc == K8S_ENOTFOUND) {
+			reply_error(&c->reply, 401, "task not live", NULL);
+			return 0;
+		}
+		if (rc < 0)
+			return rc;
+		if (k8s_get(m->cfg.store, &K8S_SECRET, c->ns,
+		    METER_INDEX_SECRET, &index, NULL) < 0)
+			index = new_index(c->ns);
+		write = complete_apply(c, task, index);
+		json_decref(index);
+		rc = 0;
+		if (write == 1)
+			rc = k8s_update_status(m->cfg.store, &K8S_AGENTTASK,
+			    c->ns, c->task_name, task, NULL, st);
+		json_decref(task);
+		if (rc == K8S_ECONFLICT) {
+			k8s_status_release(st);
+			continue;
+		}
+		if (rc == 0 && write > 0)
+			meter_revoke_token(m, c->ns, c->id, NULL);
+		return rc;
+	}
+	return rc;
+}
+
+static int
+opt_string(const struct jfield *f, char **out, size_t max)
+{
+	size_t n;
+
+	*out = NULL;
+	if (f->type == JT_ABSENT || f->type == JT_NULL)
+		return 0;
+	if (f->type != JT_STRING || jscan_string(f, out, &n) < 0)
+		return -1;
+	if (n > max) {
+		free(*out);
+		*out = NULL;
+		return -1;
+	}
+	return 0;
+}
+
+/* End a task on the runner's report. */
+void
+meter_complete(struct meter *m, const char *authorization, const char *body,
+    size_t len, struct meter_reply *out)
+{
+	static const char *const paths[] = { "result", "message", "commit",
+	    "branch", "pullRequestUrl" };
+	struct jfield f[ARRAY_SIZE(paths)];
+	struct completion c;
+	struct macaroon *mac = NULL;
+	struct k8s_status st = { 0 };
+	const char *err;
+	char *result = NULL;
+	size_t i, idlen;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	memset(&c, 0, sizeof(c));
+	for (i = 0; i < ARRAY_SIZE(paths); i++)
+		f[i].path = paths[i];
+	for (i = 0; i < len && (body[i] == ' ' || body[i] == '\n' ||
+	    body[i] == '\r' || body[i] == '\t'); i++)
+		;
+	if (jscan(body, len, f, ARRAY_SIZE(f), 16, &err) < 0 || i == len ||
+	    body[i] != '{') {
+		reply_error(out, 400, "body is not a JSON object", NULL);
+		return;
+	}
+	if (opt_string(&f[0], &result, 16) < 0 || result == NULL ||
+	    (strcmp(result, "succeeded") != 0 &&
+	    strcmp(result, "failed") != 0)) {
+		free(result);
+		reply_error(out, 400, "result must be \"succeeded\" or "
+		    "\"failed\"", "result");
+		return;
+	}
+	c.succeeded = strcmp(result, "succeeded") == 0;
+	free(result);
+	if (opt_string(&f[1], &c.message, 4096) < 0) {
+		reply_error(out, 400, "message must be a string of at most "
+		    "4096 bytes", "message");
+		goto out;
+	}
+	if (opt_string(&f[2], &c.commit, 256) < 0) {
+		reply_error(out, 400, "commit must be a string", "commit");
+		goto out;
+	}
+	if (opt_string(&f[3], &c.branch, 256) < 0) {
+		reply_error(out, 400, "branch must be a string", "branch");
+		goto out;
+	}
+	if (opt_string(&f[4], &c.pr_url, 2048) < 0) {
+		reply_error(out, 400, "pullRequestUrl must be a string",
+		    "pullRequestUrl");
+		goto out;
+	}
+	if (authenticate(m, authorization, &mac, out) < 0)
+		goto out;
+	c.m = m;
+	c.id = macaroon_identifier(mac, &idlen);
+	c.task_name = macaroon_value(mac, "task_id");
+	c.ns = macaroon_value(mac, "namespace");
+	if (k8s_is_embedded(m->cfg.store))
+		rc = k8s_embedded_transact(m->cfg.store, complete_txn, &c, &st);
+	else
+		rc = complete_rest(m, &c, &st);
+	if (rc < 0) {
+		meter_reply_release(&c.reply);
+		reply_error(out, 503, "the store is unavailable, retry", NULL);
+		goto out;
+	}
+	*out = c.reply;
+	c.reply.body = NULL;
+	log_kv(LOG_INFO, "task completion reported", "task", c.task_name,
+	    "namespace", c.ns, "result", c.succeeded ? "succeeded" : "failed",
+	    NULL);
+out:
+	k8s_status_release(&st);
+	macaroon_free(mac);
+	meter_reply_release(&c.reply);
+	free(c.message);
+	free(c.commit);
+	free(c.branch);
+	free(c.pr_url);
+}
+
+/* -------------------------------------------------------------- index */
+
+/*
+ * Read-modify-write of the index Secret of ns with its resourceVersion,
+ * retried on 409; create it when missing (AlreadyExists: retry).
+ */
+static int
+index_update(struct meter *m, const char *ns,
+    int (*edit)(json_t *index, void *arg), void *arg, char **cause)
+{
+	struct k8s_status st = { 0 };
+	int tries, rc = K8S_ECONFLICT;
+
+	for (tries = 0; tries < m->cfg.max_conflict_retries; tries++) {
+		json_t *index = NULL;
+		int exists;
+
+		rc = k8s_get(m->cfg.store, &K8S_SECRET, ns, METER_INDEX_SECRET,
+		    &index, &st);
+		exists = rc == 0;
+		if (rc == K8S_ENOTFOUND) {
+			index = new_index(ns);
+			rc = 0;
+		}
+		k8s_status_release(&st);
+		if (rc < 0)
+			break;
+		if (edit(index, arg) == 0) {
+			json_decref(index);
+			return 0;	/* nothing to write */
+		}
+		if (exists)
+			rc = k8s_update(m->cfg.store, &K8S_SECRET, ns,
+			    METER_INDEX_SECRET, index, NULL, &st);
+		else
+			rc = k8s_create(m->cfg.store, &K8S_SECRET, ns, index,
+			    NULL, &st);
+		json_decref(index);
+		if (rc == K8S_ECONFLICT || rc == K8S_EEXISTS) {
+			k8s_status_release(&st);
+			continue;
+		}
+		break;
+	}
+	if (rc < 0 && cause != NULL)
+		*cause = xasprintf("token index '%s/%s': %s", ns,
+		    METER_INDEX_SECRET, st.message ? st.message :
+		    "too many conflicting writers");
+	k8s_status_release(&st);
+	return rc < 0 ? -1 : 0;
+}
+
+struct issue_arg {
+	const char *id;
+	const char *task;
+	int64_t expires;
+};
+
+static int
+edit_issue(json_t *index, void *arg)
+{
+	struct issue_arg *a = arg;
+	char ts[32], ex[32];
+	json_t *e;
+
+	time_rfc3339(now_unix(), ts);
+	time_rfc3339(a->expires, ex);
+	e = json_pack("{s:s,s:s,s:s,s:s}", "task", a->task, "state", "active",
+	    "issuedAt", ts, "expiresAt", ex);
+	index_set(index, a->id, e);
+	json_decref(e);
+	return 1;
+}
+
+static void
+add_caveat(char ***v, size_t *n, const char *key, const char *value)
+{
+	if (value == NULL || *value == '\0')
+		return;
+	*v = xrealloc(*v, (*n + 1) * sizeof(char *));
+	(*v)[(*n)++] = xasprintf("%s = %s", key, value);
+}
+
+static char *
+join_list(const json_t *arr)
+{
+	struct buf b;
+	size_t i;
+	json_t *v;
+
+	if (json_array_size(arr) == 0)
+		return NULL;
+	buf_init(&b, 8192);
+	json_array_foreach((json_t *)arr, i, v) {
+		if (!json_is_string(v))
+			continue;
+		if (b.len > 0)
+			buf_addstr(&b, ",");
+		buf_addstr(&b, json_string_value(v));
+	}
+	return buf_detach(&b, NULL);
+}
+
+/* Mint and record a token for a task. */
+int
+meter_issue_token(struct meter *m, const json_t *task, int64_t expires,
+    char **token_out, char **id_out, char **cause)
+{
+	const json_t *spec = json_object_get(task, "spec");
+	const json_t *repo = json_object_get(spec, "repository");
+	const char *name = k8s_meta_str(task, "name");
+	const char *ns = k8s_meta_str(task, "namespace");
+	char **cav = NULL, *token = NULL, *list, ex[32], money[32], num[32];
+	unsigned char rnd[16];
+	char id[33];
+	size_t n = 0, i;
+	int64_t usd, tokens;
+	struct issue_arg ia;
+	int rc;
+
+	if (name == NULL || ns == NULL) {
+		*cause = xstrdup("the task has no name or namespace");
+		return -1;
+	}
+	random_bytes(rnd, sizeof(rnd));
+	hex_encode(rnd, sizeof(rnd), id);
+	add_caveat(&cav, &n, "task_id", name);
+	add_caveat(&cav, &n, "namespace", ns);
+	add_caveat(&cav, &n, "repo", json_string_value(json_object_get(repo,
+	    "url")));
+	add_caveat(&cav, &n, "branch", json_string_value(json_object_get(repo,
+	    "workingBranch")));
+	list = join_list(json_object_get(spec, "allowedTools"));
+	add_caveat(&cav, &n, "tools", list);
+	free(list);
+	list = join_list(json_object_get(spec, "capabilities"));
+	add_caveat(&cav, &n, "models", list);
+	free(list);
+	usd = usd_string(json_string_value(json_object_get(spec,
+	    "budgetUSD")));
+	if (usd <= 0)
+		usd = m->cfg.default_budget_usd_micro;
+	if (usd > 0) {
+		meter_format_usd(usd, money);
+		add_caveat(&cav, &n, "max_cost_usd", money);
+	}
+	tokens = json_integer_value(json_object_get(spec, "budgetTokens"));
+	if (tokens <= 0)
+		tokens = m->cfg.default_budget_tokens;
+	if (tokens > 0) {
+		snprintf(num, sizeof(num), "%lld", (long long)tokens);
+		add_caveat(&cav, &n, "max_tokens", num);
+	}
+	time_rfc3339(expires, ex);
+	add_caveat(&cav, &n, "expires", ex);
+	rc = macaroon_mint(m->key, sizeof(m->key), id, m->cfg.location,
+	    (const char *const *)cav, n, &token, cause);
+	for (i = 0; i < n; i++)
+		free(cav[i]);
+	free(cav);
+	if (rc < 0)
+		return -1;
+	ia.id = id;
+	ia.task = name;
+	ia.expires = expires;
+	if (index_update(m, ns, edit_issue, &ia, cause) < 0) {
+		free(token);
+		return -1;
+	}
+	*token_out = token;
+	*id_out = xstrdup(id);
+	return 0;
+}
+
+static int
+edit_revoke(json_t *index, void *arg)
+{
+	return index_revoke(index, arg);
+}
+
+/* Revoke a token id. */
+int
+meter_revoke_token(struct meter *m, const char *ns, const char *id,
+    char **cause)
+{
+	return index_update(m, ns, edit_revoke, (void *)id, cause);
+}
+
+struct prune_arg {
+	struct meter *m;
+	const char *ns;
+	int64_t now;
+};
+
+static int
+edit_prune(json_t *index, void *arg)
+{
+	struct prune_arg *p = arg;
+	json_t *data = json_object_get(index, "data");
+	const char *k;
+	json_t *v, *tmp;
+	int changed = 0;
+
+	json_object_foreach_safe(data, tmp, k, v) {
+		json_t *e = index_entry(index, k);
+		const char *task = json_string_value(json_object_get(e,
+		    "task"));
+		const char *ex = json_string_value(json_object_get(e,
+		    "expiresAt"));
+		json_t *t = NULL;
+		int gone = 0;
+
+		if (e == NULL || task == NULL) {
+			gone = 1;
+		} else if (k8s_get(p->m->cfg.store, &K8S_AGENTTASK, p->ns, task,
+		    &t, NULL) == K8S_ENOTFOUND) {
+			gone = 1;
+		} else if (ex != NULL) {
+			char now[32];
+
+			time_rfc3339(p->now - MACAROON_EXPIRES_LEEWAY, now);
+			/* RFC 3339 UTC strings compare in time order */
+			gone = strcmp(ex, now) < 0;
+		}
+		json_decref(t);
+		json_decref(e);
+		if (gone) {
+			json_object_del(data, k);
+			changed = 1;
+		}
+	}
+	return changed;
+}
+
+/* Drop the entries of deleted tasks and expired tokens. */
+int
+meter_prune_index(struct meter *m, const char *ns, char **cause)
+{
+	struct prune_arg p = { m, ns, now_unix() };
+
+	return index_update(m, ns, edit_prune, &p, cause);
+}
+
+/* ---------------------------------------------------------------- life */
+
+/* Create a meter. */
+int
+meter_new(struct meter **out, const struct meter_config *cfg, char **cause)
+{
+	struct meter *m;
+
+	if (cfg->store == NULL || cfg->root_key == NULL) {
+		*cause = xstrdup("meter: a store and a root key are required");
+		return -1;
+	}
+	m = xcalloc(1, sizeof(*m));
+	m->cfg = *cfg;
+	m->cfg.root_key = NULL;
+	memcpy(m->key, cfg->root_key, MACAROON_KEY_LEN);
+	if (m->cfg.max_conflict_retries <= 0)
+		m->cfg.max_conflict_retries = 200;
+	*out = m;
+	return 0;
+}
+
+/* Free a meter; the key is wiped. */
+void
+meter_free(struct meter *m)
+{
+	if (m == NULL)
+		return;
+	secure_wipe(m->key, sizeof(m->key));
+	free(m);
+}
