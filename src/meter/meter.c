@@ -15,6 +15,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,9 +32,14 @@
 #define MAX_TOKENS_USED INT64_C(1000000000000)	/* 10^12 */
 #define MAX_COST_MICRO INT64_C(1000000000000)	/* $10^6 */
 
+struct lane;
+
 struct meter {
 	struct meter_config cfg;
 	unsigned char key[MACAROON_KEY_LEN];
+	pthread_mutex_t mu;	/* REST lanes */
+	pthread_cond_t cv;
+	struct lane *lanes;
 };
 
 /* ------------------------------------------------------------ money */
@@ -473,8 +479,9 @@ struct charge {
 	const char *ns;
 	/* results */
 	int suspended_now;	/* this call suspended the task */
-	json_t *task_after;	/* for the REST driver */
 	struct meter_reply reply;
+	int done;		/* REST lanes */
+	int rc;
 };
 
 struct totals {
@@ -755,71 +762,170 @@ conflict_pause(int tries)
 	sleep_ms((int64_t)(r % (uint32_t)cap) + 1);
 }
 
-/* REST: read, modify, write status with resourceVersion; retry on 409. */
+/*
+ * REST: the charges waiting for one task are applied together: one read of
+ * the task and its index, every charge in order on that copy, one status
+ * write with the resourceVersion read; a 409 (someone else wrote the task)
+ * starts the round again from a fresh read. One writer per task in this
+ * process, so concurrent calls cost one round trip each, not a storm of
+ * conflicts.
+ */
 static int
-charge_rest(struct meter *m, struct charge *c, struct k8s_status *st)
+charge_round(struct meter *m, struct charge **cs, size_t n,
+    struct k8s_status *st)
 {
 	struct k8s_api *api = m->cfg.store;
+	const char *ns = cs[0]->ns, *name = cs[0]->task_name;
 	int tries, rc = K8S_ECONFLICT;
+	size_t i;
 
 	for (tries = 0; tries < m->cfg.max_conflict_retries; tries++) {
 		json_t *task = NULL, *index = NULL;
-		int write;
+		int write = 0, suspended = 0;
 
-		meter_reply_release(&c->reply);
-		c->suspended_now = 0;
-		rc = k8s_get(api, &K8S_AGENTTASK, c->ns, c->task_name, &task,
-		    st);
+		rc = k8s_get(api, &K8S_AGENTTASK, ns, name, &task, st);
 		if (rc == K8S_ENOTFOUND) {
 			k8s_status_release(st);
-			reply_error(&c->reply, 401, "task not live", NULL);
+			for (i = 0; i < n; i++) {
+				meter_reply_release(&cs[i]->reply);
+				reply_error(&cs[i]->reply, 401,
+				    "task not live", NULL);
+			}
 			return 0;
 		}
 		if (rc < 0)
 			return rc;
-		rc = k8s_get(api, &K8S_SECRET, c->ns, METER_INDEX_SECRET,
-		    &index, st);
+		rc = k8s_get(api, &K8S_SECRET, ns, METER_INDEX_SECRET, &index,
+		    st);
 		if (rc == K8S_ENOTFOUND) {
 			k8s_status_release(st);
-			index = new_index(c->ns);
+			index = new_index(ns);
 		} else if (rc < 0) {
 			json_decref(task);
 			return rc;
 		}
-		write = charge_apply(c, task, index);
-		json_decref(index);
-		if (!write) {
-			json_decref(task);
-			return 0;
+		for (i = 0; i < n; i++) {
+			meter_reply_release(&cs[i]->reply);
+			cs[i]->suspended_now = 0;
+			write |= charge_apply(cs[i], task, index);
+			suspended |= cs[i]->suspended_now;
 		}
-		/* the charge: conditional on the version we read */
-		rc = k8s_update_status(api, &K8S_AGENTTASK, c->ns,
-		    c->task_name, task, NULL, st);
+		json_decref(index);
+		rc = 0;
+		if (write)
+			rc = k8s_update_status(api, &K8S_AGENTTASK, ns, name,
+			    task, NULL, st);
+		json_decref(task);
 		if (rc == K8S_ECONFLICT) {
-			json_decref(task);
 			k8s_status_release(st);
 			conflict_pause(tries);
 			continue;
 		}
-		json_decref(task);
 		if (rc < 0)
 			return rc;
-		if (c->suspended_now) {
-			json_t *p = json_pack("{s:{s:b}}", "spec", "suspended",
-			    1);
+		for (i = 0; suspended && i < n; i++) {
+			json_t *p;
 			char *cause = NULL;
 
-			k8s_patch(api, &K8S_AGENTTASK, c->ns, c->task_name, 0,
-			    p, NULL, NULL);
+			if (!cs[i]->suspended_now)
+				continue;
+			p = json_pack("{s:{s:b}}", "spec", "suspended", 1);
+			k8s_patch(api, &K8S_AGENTTASK, ns, name, 0, p, NULL,
+			    NULL);
 			json_decref(p);
-			if (meter_revoke_token(m, c->ns, c->id, &cause) < 0) {
+			if (meter_revoke_token(m, ns, cs[i]->id, &cause) < 0) {
 				log_kv(LOG_ERROR, "meter: revocation failed",
-				    "task", c->task_name, "error", cause, NULL);
+				    "task", name, "error", cause, NULL);
 				free(cause);
 			}
 		}
 		return 0;
 	}
+	if (st != NULL && st->message == NULL)
+		k8s_status_set(st, K8S_ECONFLICT, "too many conflicting writes",
+		    NULL);
+	return rc;
+}
+
+/* The charges of one task waiting for its writer. */
+struct lane {
+	struct lane *next;
+	char *key;		/* namespace/name */
+	struct charge **queue;
+	size_t n, cap;
+	int busy;
+};
+
+static int
+charge_rest(struct meter *m, struct charge *c, struct k8s_status *st)
+{
+	char *key = xasprintf("%s/%s", c->ns, c->task_name);
+	struct lane *l, **pl;
+	int rc = 0;
+
+	pthread_mutex_lock(&m->mu);
+	for (l = m->lanes; l != NULL; l = l->next)
+		if (strcmp(l->key, key) == 0)
+			break;
+	if (l == NULL) {
+		l = xcalloc(1, sizeof(*l));
+		l->key = key;
+		key = NULL;
+		l->next = m->lanes;
+		m->lanes = l;
+	}
+	free(key);
+	if (l->n == l->cap) {
+		l->cap = l->cap ? l->cap * 2 : 16;
+		l->queue = xrealloc(l->queue, l->cap * sizeof(*l->queue));
+	}
+	l->queue[l->n++] = c;
+	c->done = 0;
+	while (l->busy && !c->done)
+		pthread_cond_wait(&m->cv, &m->mu);
+	if (c->done) {
+		rc = c->rc;
+		goto out;
+	}
+	/* this thread writes for the lane until it is empty */
+	l->busy = 1;
+	while (l->n > 0) {
+		struct charge **batch = l->queue;
+		size_t n = l->n, i;
+		struct k8s_status bst = { 0 };
+		int brc;
+
+		l->queue = NULL;
+		l->n = l->cap = 0;
+		pthread_mutex_unlock(&m->mu);
+		brc = charge_round(m, batch, n, &bst);
+		pthread_mutex_lock(&m->mu);
+		for (i = 0; i < n; i++) {
+			batch[i]->rc = brc;
+			batch[i]->done = 1;
+			if (batch[i] == c && st != NULL) {
+				k8s_status_release(st);
+				*st = bst;
+				memset(&bst, 0, sizeof(bst));
+			}
+		}
+		k8s_status_release(&bst);
+		free(batch);
+		pthread_cond_broadcast(&m->cv);
+	}
+	l->busy = 0;
+	rc = c->rc;
+	/* an idle lane goes away */
+	for (pl = &m->lanes; *pl != NULL; pl = &(*pl)->next)
+		if (*pl == l) {
+			*pl = l->next;
+			free(l->key);
+			free(l->queue);
+			free(l);
+			break;
+		}
+out:
+	pthread_mutex_unlock(&m->mu);
 	return rc;
 }
 
@@ -1378,6 +1484,8 @@ meter_new(struct meter **out, const struct meter_config *cfg, char **cause)
 	memcpy(m->key, cfg->root_key, MACAROON_KEY_LEN);
 	if (m->cfg.max_conflict_retries <= 0)
 		m->cfg.max_conflict_retries = 200;
+	pthread_mutex_init(&m->mu, NULL);
+	pthread_cond_init(&m->cv, NULL);
 	*out = m;
 	return 0;
 }
@@ -1389,5 +1497,7 @@ meter_free(struct meter *m)
 	if (m == NULL)
 		return;
 	secure_wipe(m->key, sizeof(m->key));
+	pthread_mutex_destroy(&m->mu);
+	pthread_cond_destroy(&m->cv);
 	free(m);
 }

@@ -1,0 +1,680 @@
+/*
+ * The meter (DESIGN section 6 "Meter"), run on the three stores of
+ * storeenv.h: every status code and body, budgets, the request ring,
+ * completion, and 64 threads charging one task at once.
+ */
+#include "config.h"
+
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "meter/meter.h"
+#include "storeenv.h"
+#include "testutil.h"
+
+#define NS "meter"
+
+static struct storeenv env;
+static struct meter *meter;
+static unsigned char key[MACAROON_KEY_LEN];
+static int counter;
+
+static int
+setup(void **state)
+{
+	struct meter_config mc;
+	char *cause = NULL;
+
+	(void)state;
+	util_json_init();
+	log_setup(LOG_ERROR, 0);
+	if (storeenv_open(&env, STORE_MODE, 1000) < 0)
+		return -1;
+	random_bytes(key, sizeof(key));
+	memset(&mc, 0, sizeof(mc));
+	mc.store = env.api;
+	mc.root_key = key;
+	mc.location = "http://127.0.0.1:8080";
+	if (meter_new(&meter, &mc, &cause) < 0)
+		return -1;
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	(void)state;
+	meter_free(meter);
+	storeenv_close(&env);
+	return 0;
+}
+
+/* ---- fixtures ---- */
+
+struct task {
+	char *name;
+	char *token;
+	char *id;
+	char *auth;
+};
+
+static void
+task_release(struct task *t)
+{
+	free(t->name);
+	free(t->token);
+	free(t->id);
+	free(t->auth);
+}
+
+/*
+ * Create an Active task with spec fields from spec_json, and a token for
+ * it (expiring in an hour unless expires is given).
+ */
+static void
+make_task(struct task *t, const char *spec_json, int64_t expires)
+{
+	struct k8s_status st = { 0 };
+	json_t *spec = json_loads(spec_json, 0, NULL), *obj, *out = NULL;
+	char *cause = NULL;
+
+	assert_non_null(spec);
+	t->name = xasprintf("task-%d", ++counter);
+	if (json_object_get(spec, "objective") == NULL)
+		json_object_set_new(spec, "objective", json_string("meter me"));
+	obj = json_pack("{s:s,s:s,s:{s:s,s:{s:s}},s:o}", "apiVersion",
+	    "divergedev.com/v1alpha1", "kind", "AgentTask", "metadata",
+	    "name", t->name, "annotations", "divergedev.com/guidance",
+	    "keep it small", "spec", spec);
+	assert_int_equal(k8s_create(env.api, &K8S_AGENTTASK, NS, obj, &out,
+	    &st), 0);
+	json_decref(obj);
+	json_object_set_new(out, "status", json_pack("{s:s,s:s}", "phase",
+	    "Active", "previewUrl", "https://preview.example/?_diverge_env=x"));
+	assert_int_equal(k8s_update_status(env.api, &K8S_AGENTTASK, NS,
+	    t->name, out, NULL, &st), 0);
+	if (meter_issue_token(meter, out, expires ? expires : now_unix() +
+	    3600, &t->token, &t->id, &cause) < 0) {
+		fprintf(stderr, "# %s\n", cause);
+		fail();
+	}
+	t->auth = xasprintf("Bearer %s", t->token);
+	json_decref(out);
+}
+
+static json_t *
+get_task(const char *name)
+{
+	struct k8s_status st = { 0 };
+	json_t *o = NULL;
+
+	assert_int_equal(k8s_get(env.api, &K8S_AGENTTASK, NS, name, &o, &st),
+	    0);
+	return o;
+}
+
+/* Call the meter; returns the status and *out the parsed body. */
+static int
+charge(const char *auth, const char *body, json_t **out)
+{
+	struct meter_reply r;
+	int status;
+
+	meter_charge(meter, auth, body, strlen(body), &r);
+	status = r.status;
+	*out = json_loads(r.body, 0, NULL);
+	assert_non_null(*out);
+	meter_reply_release(&r);
+	return status;
+}
+
+static int
+call(const struct task *t, const char *rid, int64_t iteration,
+    const char *model, int64_t tokens, const char *cost, json_t **out)
+{
+	char *body = xasprintf("{\"requestId\":\"%s\",\"iteration\":%lld,"
+	    "%s%s%s\"tokensUsed\":%lld,\"costUSD\":%s}", rid,
+	    (long long)iteration, model ? "\"model\":\"" : "",
+	    model ? model : "", model ? "\"," : "", (long long)tokens, cost);
+	int s = charge(t->auth, body, out);
+
+	free(body);
+	return s;
+}
+
+static const char *
+jstr(const json_t *j, const char *k)
+{
+	return json_string_value(json_object_get(j, k));
+}
+
+static int64_t
+jint(const json_t *j, const char *k)
+{
+	return json_integer_value(json_object_get(j, k));
+}
+
+/* ---- cases ---- */
+
+static void
+usd_parsing(void **state)
+{
+	static const struct {
+		const char *text;
+		int64_t want;	/* -1: refused */
+	} cases[] = {
+		{ "0", 0 }, { "0.0225", 22500 }, { "1", 1000000 },
+		{ "5.00", 5000000 }, { "0.000001", 1 }, { "0.0000005", 0 },
+		{ "0.0000015", 2 }, { "0.0000025", 2 }, { "0.00000251", 3 },
+		{ "0.0000035", 4 }, { "1e-6", 1 }, { "2.5e-7", 0 },
+		{ "7.5E-7", 1 }, { "1.23456789", 1234568 },
+		{ "1000000", INT64_C(1000000000000) }, { "1e6",
+		    INT64_C(1000000000000) }, { "1000000.000001", -1 },
+		{ "1e400", -1 }, { "-1", -1 }, { "0e0", 0 },
+		{ "0.1234565", 123456 }, { "0.1234575", 123458 },
+		{ "123.", -1 }, { "", -1 }, { "abc", -1 },
+		{ "0.00000000000000000000000000000000000000000000001", 0 },
+	};
+	size_t i;
+	int64_t v;
+
+	for (i = 0; i < ARRAY_SIZE(cases); i++) {
+		int rc = meter_parse_usd(cases[i].text, strlen(cases[i].text),
+		    INT64_C(1000000000000), &v);
+
+		if ((cases[i].want < 0 && rc == 0) || (cases[i].want >= 0 &&
+		    (rc != 0 || v != cases[i].want)))
+			fprintf(stderr, "# usd '%s': rc %d v %lld\n",
+			    cases[i].text, rc, (long long)v);
+		if (cases[i].want < 0) {
+			assert_int_equal(rc, -1);
+		} else {
+			assert_int_equal(rc, 0);
+			assert_int_equal(v, cases[i].want);
+		}
+	}
+}
+
+static void
+body_validation(void **state)
+{
+	static const struct {
+		const char *body, *field;
+	} cases[] = {
+		{ "{\"iteration\":1,\"tokensUsed\":1,\"costUSD\":0}", "requestId" },
+		{ "{\"requestId\":\"\",\"iteration\":1,\"tokensUsed\":1,\"costUSD\":0}", "requestId" },
+		{ "{\"requestId\":7,\"iteration\":1,\"tokensUsed\":1,\"costUSD\":0}", "requestId" },
+		{ "{\"requestId\":\"a\",\"tokensUsed\":1,\"costUSD\":0}", "iteration" },
+		{ "{\"requestId\":\"a\",\"iteration\":-1,\"tokensUsed\":1,\"costUSD\":0}", "iteration" },
+		{ "{\"requestId\":\"a\",\"iteration\":1.5,\"tokensUsed\":1,\"costUSD\":0}", "iteration" },
+		{ "{\"requestId\":\"a\",\"iteration\":1,\"model\":3,\"tokensUsed\":1,\"costUSD\":0}", "model" },
+		{ "{\"requestId\":\"a\",\"iteration\":1,\"costUSD\":0}", "tokensUsed" },
+		{ "{\"requestId\":\"a\",\"iteration\":1,\"tokensUsed\":-5,\"costUSD\":0}", "tokensUsed" },
+		{ "{\"requestId\":\"a\",\"iteration\":1,\"tokensUsed\":1000000000001,\"costUSD\":0}", "tokensUsed" },
+		{ "{\"requestId\":\"a\",\"iteration\":1,\"tokensUsed\":1}", "costUSD" },
+		{ "{\"requestId\":\"a\",\"iteration\":1,\"tokensUsed\":1,\"costUSD\":-0.01}", "costUSD" },
+		{ "{\"requestId\":\"a\",\"iteration\":1,\"tokensUsed\":1,\"costUSD\":1000000.01}", "costUSD" },
+		{ "{\"requestId\":\"a\",\"iteration\":1,\"tokensUsed\":1,\"costUSD\":\"0.1\"}", "costUSD" },
+	};
+	struct task t;
+	size_t i;
+	json_t *j;
+
+	make_task(&t, "{}", 0);
+	for (i = 0; i < ARRAY_SIZE(cases); i++) {
+		assert_int_equal(charge(t.auth, cases[i].body, &j), 400);
+		assert_non_null(jstr(j, "error"));
+		if (jstr(j, "field") == NULL ||
+		    strcmp(jstr(j, "field"), cases[i].field) != 0)
+			fprintf(stderr, "# case %zu: %s\n", i, jstr(j, "error"));
+		assert_string_equal(jstr(j, "field"), cases[i].field);
+		json_decref(j);
+	}
+	assert_int_equal(charge(t.auth, "{", &j), 400);
+	json_decref(j);
+	assert_int_equal(charge(t.auth, "[1]", &j), 400);
+	json_decref(j);
+	/* the body is checked before the token */
+	assert_int_equal(charge(NULL, "{}", &j), 400);
+	json_decref(j);
+	task_release(&t);
+}
+
+static void
+authentication(void **state)
+{
+	const char *ok = "{\"requestId\":\"r1\",\"iteration\":1,"
+	    "\"tokensUsed\":1,\"costUSD\":0.01}";
+	unsigned char other[MACAROON_KEY_LEN];
+	struct task t, past;
+	char *forged = NULL, *auth, *cause = NULL;
+	const char *cav[2];
+	json_t *j;
+
+	make_task(&t, "{}", 0);
+	assert_int_equal(charge(NULL, ok, &j), 401);
+	assert_string_equal(jstr(j, "error"), "missing token");
+	json_decref(j);
+	assert_int_equal(charge("Basic abc", ok, &j), 401);
+	json_decref(j);
+	assert_int_equal(charge("Bearer not-a-token!", ok, &j), 401);
+	assert_string_equal(jstr(j, "error"), "malformed token");
+	json_decref(j);
+	/* the same caveats under another root key */
+	random_bytes(other, sizeof(other));
+	cav[0] = xasprintf("task_id = %s", t.name);
+	cav[1] = "namespace = " NS;
+	assert_int_equal(macaroon_mint(other, sizeof(other), t.id, NULL, cav,
+	    2, &forged, &cause), 0);
+	auth = xasprintf("Bearer %s", forged);
+	assert_int_equal(charge(auth, ok, &j), 401);
+	assert_string_equal(jstr(j, "error"), "bad signature");
+	json_decref(j);
+	free(auth);
+	free(forged);
+	free((char *)cav[0]);
+	/* expired beyond the leeway */
+	make_task(&past, "{}", now_unix() - 60);
+	assert_int_equal(charge(past.auth, ok, &j), 401);
+	assert_string_equal(jstr(j, "error"), "expired");
+	json_decref(j);
+	/* revoked */
+	assert_int_equal(meter_revoke_token(meter, NS, t.id, &cause), 0);
+	assert_int_equal(charge(t.auth, ok, &j), 401);
+	assert_string_equal(jstr(j, "error"), "revoked");
+	json_decref(j);
+	task_release(&t);
+	task_release(&past);
+}
+
+static void
+not_live(void **state)
+{
+	const char *ok = "{\"requestId\":\"r1\",\"iteration\":1,"
+	    "\"tokensUsed\":1,\"costUSD\":0.01}";
+	struct k8s_status st = { 0 };
+	struct task t;
+	json_t *j, *p;
+
+	make_task(&t, "{}", 0);
+	p = json_pack("{s:{s:s}}", "status", "phase", "Pending");
+	assert_int_equal(k8s_patch(env.api, &K8S_AGENTTASK, NS, t.name, 1, p,
+	    NULL, &st), 0);
+	json_decref(p);
+	assert_int_equal(charge(t.auth, ok, &j), 401);
+	assert_string_equal(jstr(j, "error"), "task not live");
+	json_decref(j);
+	/* Provisioning is live: the agent may call before Ready */
+	p = json_pack("{s:{s:s}}", "status", "phase", "Provisioning");
+	assert_int_equal(k8s_patch(env.api, &K8S_AGENTTASK, NS, t.name, 1, p,
+	    NULL, &st), 0);
+	json_decref(p);
+	assert_int_equal(charge(t.auth, ok, &j), 200);
+	json_decref(j);
+	/* a deleted task */
+	assert_int_equal(k8s_delete(env.api, &K8S_AGENTTASK, NS, t.name, NULL,
+	    &st), 0);
+	assert_int_equal(charge(t.auth, ok, &j), 401);
+	json_decref(j);
+	task_release(&t);
+}
+
+static void
+models(void **state)
+{
+	struct task t, open;
+	json_t *j;
+
+	make_task(&t, "{\"capabilities\":[\"claude-3-7-sonnet\","
+	    "\"gemini-*\"]}", 0);
+	assert_int_equal(call(&t, "m1", 1, "claude-3-7-sonnet", 1, "0", &j),
+	    200);
+	json_decref(j);
+	assert_int_equal(call(&t, "m2", 1, "gemini-2.5-pro", 1, "0", &j), 200);
+	json_decref(j);
+	assert_int_equal(call(&t, "m3", 1, "gpt-4o", 1, "0", &j), 403);
+	assert_string_equal(jstr(j, "field"), "model");
+	json_decref(j);
+	assert_int_equal(call(&t, "m4", 1, NULL, 1, "0", &j), 403);
+	assert_string_equal(jstr(j, "error"), "model required");
+	json_decref(j);
+	assert_int_equal(call(&t, "m5", 1, "claude-3-7-sonnet-x", 1, "0", &j),
+	    403);
+	json_decref(j);
+	/* no capabilities anywhere: any model, or none */
+	make_task(&open, "{}", 0);
+	assert_int_equal(call(&open, "o1", 1, "anything", 1, "0", &j), 200);
+	json_decref(j);
+	assert_int_equal(call(&open, "o2", 1, NULL, 1, "0", &j), 200);
+	json_decref(j);
+	task_release(&t);
+	task_release(&open);
+}
+
+static void
+ok_reply_and_ring(void **state)
+{
+	struct task t;
+	json_t *j, *task;
+	char rid[32];
+	int i;
+
+	make_task(&t, "{\"maxIterations\":8}", 0);
+	assert_int_equal(call(&t, "a", 1, "m", 1500, "0.0225", &j), 200);
+	assert_true(json_is_true(json_object_get(j, "allowed")));
+	assert_true(json_is_false(json_object_get(j, "suspended")));
+	assert_true(json_is_true(json_object_get(j, "charged")));
+	assert_int_equal(jint(j, "totalTokensUsed"), 1500);
+	assert_true(json_is_number(json_object_get(j, "totalCostUSD")));
+	assert_int_equal(jint(j, "iteration"), 1);
+	assert_int_equal(jint(j, "maxIterations"), 8);
+	assert_string_equal(jstr(j, "guidance"), "keep it small");
+	assert_string_equal(jstr(j, "previewUrl"),
+	    "https://preview.example/?_diverge_env=x");
+	json_decref(j);
+	/* the same request again: not charged */
+	assert_int_equal(call(&t, "a", 1, "m", 1500, "0.0225", &j), 200);
+	assert_true(json_is_false(json_object_get(j, "charged")));
+	assert_int_equal(jint(j, "totalTokensUsed"), 1500);
+	json_decref(j);
+	/* iteration is the maximum seen */
+	assert_int_equal(call(&t, "b", 3, "m", 1, "0.000001", &j), 200);
+	json_decref(j);
+	assert_int_equal(call(&t, "c", 2, "m", 1, "0.000001", &j), 200);
+	assert_int_equal(jint(j, "iteration"), 3);
+	json_decref(j);
+	task = get_task(t.name);
+	assert_string_equal(jstr(json_object_get(task, "status"), "costUSD"),
+	    "0.022502");
+	assert_int_equal(jint(json_object_get(task, "status"),
+	    "tokensConsumed"), 1502);
+	json_decref(task);
+	/* the ring keeps the last 32 */
+	for (i = 0; i < 40; i++) {
+		snprintf(rid, sizeof(rid), "ring-%d", i);
+		assert_int_equal(call(&t, rid, 3, "m", 1, "0", &j), 200);
+		json_decref(j);
+	}
+	task = get_task(t.name);
+	assert_int_equal(json_array_size(json_object_get(json_object_get(task,
+	    "status"), "lastMeterRequestIds")), 32);
+	assert_string_equal(json_string_value(json_array_get(json_object_get(
+	    json_object_get(task, "status"), "lastMeterRequestIds"), 31)),
+	    "ring-39");
+	json_decref(task);
+	task_release(&t);
+}
+
+static void
+budgets(void **state)
+{
+	struct task t, cav;
+	json_t *j, *task;
+	char *cause = NULL;
+	struct meter_config mc;
+	struct meter *small;
+
+	/* spec.budgetUSD replaces the caveat: $1 caveat, $5 spec */
+	memset(&mc, 0, sizeof(mc));
+	mc.store = env.api;
+	mc.root_key = key;
+	mc.default_budget_usd_micro = 1000000;
+	assert_int_equal(meter_new(&small, &mc, &cause), 0);
+	{
+		struct meter *keep = meter;
+
+		meter = small;
+		make_task(&t, "{\"budgetUSD\":\"5.00\"}", 0);
+		make_task(&cav, "{}", 0);
+		meter = keep;
+	}
+	assert_int_equal(call(&t, "x1", 1, "m", 1, "4.99", &j), 200);
+	json_decref(j);
+	/* exactly the budget is still allowed */
+	assert_int_equal(call(&t, "x2", 1, "m", 1, "0.01", &j), 200);
+	json_decref(j);
+	assert_int_equal(call(&t, "x3", 1, "m", 1, "0.01", &j), 429);
+	assert_string_equal(jstr(j, "reason"), "budget exceeded");
+	assert_true(json_is_false(json_object_get(j, "allowed")));
+	assert_true(json_is_true(json_object_get(j, "suspended")));
+	json_decref(j);
+	task = get_task(t.name);
+	assert_string_equal(jstr(json_object_get(task, "status"), "phase"),
+	    "Paused");
+	assert_string_equal(jstr(json_object_get(task, "status"), "reason"),
+	    "BudgetExceeded");
+	assert_true(json_is_true(json_object_get(json_object_get(task, "spec"),
+	    "suspended")));
+	json_decref(task);
+	/* the retry of the suspending call: the same 429, nothing more */
+	assert_int_equal(call(&t, "x3", 1, "m", 1, "0.01", &j), 429);
+	assert_true(json_is_false(json_object_get(j, "charged")));
+	json_decref(j);
+	/* anything else: 401, the token is revoked */
+	assert_int_equal(call(&t, "x4", 1, "m", 1, "0.01", &j), 401);
+	json_decref(j);
+	/* no spec budget: the $1.00 caveat applies */
+	assert_int_equal(call(&cav, "y1", 1, "m", 1, "1.00", &j), 200);
+	json_decref(j);
+	assert_int_equal(call(&cav, "y2", 1, "m", 1, "0.000001", &j), 429);
+	json_decref(j);
+	meter_free(small);
+	task_release(&t);
+	task_release(&cav);
+}
+
+static void
+iterations(void **state)
+{
+	struct task t, both;
+	json_t *j, *task;
+
+	make_task(&t, "{\"maxIterations\":3}", 0);
+	assert_int_equal(call(&t, "i3", 3, "m", 1, "0", &j), 200);
+	json_decref(j);
+	assert_int_equal(call(&t, "i4", 4, "m", 1, "0", &j), 429);
+	assert_string_equal(jstr(j, "reason"), "max iterations exceeded");
+	json_decref(j);
+	task = get_task(t.name);
+	assert_string_equal(jstr(json_object_get(task, "status"), "phase"),
+	    "Paused");
+	json_decref(task);
+	/* both crossed at once: budget wins */
+	make_task(&both, "{\"maxIterations\":1,\"budgetTokens\":10}", 0);
+	assert_int_equal(call(&both, "b1", 2, "m", 11, "0", &j), 429);
+	assert_string_equal(jstr(j, "reason"), "budget exceeded");
+	json_decref(j);
+	task_release(&t);
+	task_release(&both);
+}
+
+static void
+completion(void **state)
+{
+	struct meter_reply r;
+	struct task t;
+	json_t *j, *task;
+	const char *body = "{\"result\":\"succeeded\",\"message\":\"done\","
+	    "\"commit\":\"abc123\",\"branch\":\"fix/x\","
+	    "\"pullRequestUrl\":\"https://example/pr/1\"}";
+
+	make_task(&t, "{}", 0);
+	meter_complete(meter, t.auth, body, strlen(body), &r);
+	assert_int_equal(r.status, 200);
+	meter_reply_release(&r);
+	task = get_task(t.name);
+	assert_string_equal(jstr(json_object_get(task, "status"), "phase"),
+	    "Completed");
+	json_decref(task);
+	/* idempotent */
+	meter_complete(meter, t.auth, body, strlen(body), &r);
+	assert_int_equal(r.status, 200);
+	meter_reply_release(&r);
+	/* the token no longer meters */
+	assert_int_equal(call(&t, "after", 1, "m", 1, "0", &j), 401);
+	json_decref(j);
+	meter_complete(meter, t.auth, "{\"result\":\"maybe\"}", 19, &r);
+	assert_int_equal(r.status, 400);
+	meter_reply_release(&r);
+	task_release(&t);
+	make_task(&t, "{}", 0);
+	meter_complete(meter, t.auth, "{\"result\":\"failed\"}", 19, &r);
+	assert_int_equal(r.status, 200);
+	meter_reply_release(&r);
+	task = get_task(t.name);
+	assert_string_equal(jstr(json_object_get(task, "status"), "phase"),
+	    "Failed");
+	json_decref(task);
+	task_release(&t);
+}
+
+/* ---- 64 threads at once ---- */
+
+#define THREADS 64
+#define CALLS 500
+
+struct racer {
+	const struct task *t;
+	int id;
+	int64_t charged_tokens;
+	int64_t charged_cost;
+	int first_429;		/* charged 429s seen */
+	int64_t total_at_429;	/* the totals that 429 reported */
+	int64_t max_total_200;	/* the largest total a charged 200 saw */
+	int errors;
+};
+
+static void *
+racer_main(void *arg)
+{
+	struct racer *r = arg;
+	uint32_t seed = (uint32_t)r->id * 2654435761u;
+	char rid[64];
+	int i, last = -1;
+
+	for (i = 0; i < CALLS; i++) {
+		json_t *j;
+		int s, n, tokens;
+
+		seed = seed * 1103515245u + 12345u;
+		/* a quarter of the calls repeat the previous request id */
+		n = (last >= 0 && (seed >> 16) % 4 == 0) ? last : i;
+		last = n;
+		snprintf(rid, sizeof(rid), "t%d-r%d", r->id, n);
+		tokens = (int)(((unsigned)r->id * 131u + (unsigned)n * 7u) %
+		    1000u) + 1;
+		s = call(r->t, rid, 1, "m", tokens, "0.001", &j);
+		if (s == 200 || s == 429) {
+			int charged = json_is_true(json_object_get(j,
+			    "charged"));
+
+			int64_t total = jint(j, "totalTokensUsed");
+
+			if (charged) {
+				r->charged_tokens += tokens;
+				r->charged_cost += 1000;
+			}
+			if (s == 200 && charged && total > r->max_total_200)
+				r->max_total_200 = total;
+			if (s == 429 && charged) {
+				r->first_429++;
+				r->total_at_429 = total;
+			}
+		} else if (s != 401) {
+			r->errors++;
+			fprintf(stderr, "# racer: %d %s\n", s, jstr(j,
+			    "error"));
+		}
+		json_decref(j);
+	}
+	return NULL;
+}
+
+static void
+concurrent(void **state)
+{
+	struct racer r[THREADS];
+	pthread_t th[THREADS];
+	struct task t;
+	json_t *task;
+	int64_t tokens = 0, cost = 0, start = now_mono_ms();
+	int64_t at_429 = 0, max_200 = 0;
+	int i, first = 0, errors = 0;
+	char *spec;
+
+	/* the budget runs out about two thirds of the way */
+	spec = xasprintf("{\"budgetUSD\":\"%d.%03d\"}",
+	    THREADS * CALLS * 2 / 3 / 1000, THREADS * CALLS * 2 / 3 % 1000);
+	make_task(&t, spec, 0);
+	free(spec);
+	for (i = 0; i < THREADS; i++) {
+		memset(&r[i], 0, sizeof(r[i]));
+		r[i].t = &t;
+		r[i].id = i;
+		pthread_create(&th[i], NULL, racer_main, &r[i]);
+	}
+	for (i = 0; i < THREADS; i++) {
+		pthread_join(th[i], NULL);
+		tokens += r[i].charged_tokens;
+		cost += r[i].charged_cost;
+		first += r[i].first_429;
+		if (r[i].first_429)
+			at_429 = r[i].total_at_429;
+		if (r[i].max_total_200 > max_200)
+			max_200 = r[i].max_total_200;
+		errors += r[i].errors;
+	}
+	fprintf(stderr, "# %d x %d calls in %lld ms\n", THREADS, CALLS,
+	    (long long)(now_mono_ms() - start));
+	task = get_task(t.name);
+	assert_int_equal(errors, 0);
+	/* every charge acknowledged is in the totals, and nothing else */
+	assert_int_equal(jint(json_object_get(task, "status"),
+	    "tokensConsumed"), tokens);
+	{
+		char want[32];
+
+		meter_format_usd(cost, want);
+		assert_string_equal(jstr(json_object_get(task, "status"),
+		    "costUSD"), want);
+	}
+	/*
+	 * The budget was crossed by exactly one request; it was the last
+	 * charge (its totals are the final ones) and every charge before it
+	 * reported less.
+	 */
+	assert_int_equal(first, 1);
+	assert_int_equal(jint(json_object_get(task, "status"),
+	    "tokensConsumed"), at_429);
+	assert_true(max_200 < at_429);
+	assert_string_equal(jstr(json_object_get(task, "status"), "phase"),
+	    "Paused");
+	json_decref(task);
+	task_release(&t);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(usd_parsing),
+		cmocka_unit_test(body_validation),
+		cmocka_unit_test(authentication),
+		cmocka_unit_test(not_live),
+		cmocka_unit_test(models),
+		cmocka_unit_test(ok_reply_and_ring),
+		cmocka_unit_test(budgets),
+		cmocka_unit_test(iterations),
+		cmocka_unit_test(completion),
+		cmocka_unit_test(concurrent),
+	};
+
+	return cmocka_run_group_tests_name(STORE_MODE == 1 ? "meter-embedded" :
+	    STORE_MODE == 2 ? "meter-http" : "meter-fake", tests, setup,
+	    teardown);
+}
