@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include "config/config.h"
 #include "http/http.h"
 #include "k8s/k8s.h"
+#include "meter/meter.h"
 #include "scm/scm.h"
 #include "util/util.h"
 
@@ -45,6 +47,8 @@ struct daemon {
 	struct http_server *http;
 	struct k8s_api *store;
 	struct k8s_apiserver *apiserver;
+	struct meter *meter;
+	struct http_pool *pool;
 	struct provider github;
 	struct provider gitlab;
 	struct webhook_identity self;
@@ -372,6 +376,44 @@ h_webhook(void *arg, struct http_req *req)
 	return HTTP_SUSPENDED;
 }
 
+static void
+meter_work(void *arg, struct http_req *req)
+{
+	int complete = arg != NULL;
+	struct meter_reply r;
+	const char *body;
+	size_t len;
+
+	body = http_req_body(req, &len);
+	if (complete)
+		meter_complete(D.meter, http_req_header(req, "Authorization"),
+		    body, len, &r);
+	else
+		meter_charge(D.meter, http_req_header(req, "Authorization"),
+		    body, len, &r);
+	if (r.status == 401)
+		http_reply_header(req, "WWW-Authenticate",
+		    "Bearer realm=\"diverge\"");
+	http_reply(req, r.status, "application/json", r.body,
+	    strlen(r.body));
+	meter_reply_release(&r);
+}
+
+static int
+h_meter(void *arg, struct http_req *req)
+{
+	const char *ct = http_req_header(req, "Content-Type");
+
+	if (ct == NULL || strncasecmp(ct, "application/json", 16) != 0) {
+		http_reply_error(req, 415, "content type must be "
+		    "application/json");
+		return HTTP_DONE;
+	}
+	/* the charge waits for a durable commit: off the server threads */
+	http_offload(D.pool, req, meter_work, arg);
+	return HTTP_SUSPENDED;
+}
+
 static const struct http_route routes[] = {
 	{ "GET", "/healthz", "/healthz", h_healthz, NULL },
 	{ "GET", "/readyz", "/readyz", h_readyz, NULL },
@@ -380,6 +422,10 @@ static const struct http_route routes[] = {
 	    &D.github },
 	{ "POST", "/webhooks/gitlab", "/webhooks/gitlab", h_webhook,
 	    &D.gitlab },
+	{ "POST", "/api/v1/agenttask/meter", "/api/v1/agenttask/meter",
+	    h_meter, NULL },
+	{ "POST", "/api/v1/agenttask/complete", "/api/v1/agenttask/complete",
+	    h_meter, (void *)1 },
 };
 
 /* -------------------------------------------------------------- main */
@@ -455,6 +501,103 @@ open_store(char **cause)
 		log_kv(LOG_INFO, "using a kubernetes cluster", "server",
 		    c.server, "namespace", c.namespace, NULL);
 	k8s_cluster_release(&c);
+	return rc;
+}
+
+/*
+ * The macaroon root key: a 0600 file in the state directory (created on
+ * first start) in embedded mode; the Secret diverge-macaroon-root-key
+ * (key root-key) of the controller namespace on a cluster.
+ */
+static int
+load_root_key(unsigned char key[MACAROON_KEY_LEN], char **cause)
+{
+	struct k8s_status st = { 0 };
+	const char *ns = D.cfg.controller.namespace;
+	json_t *sec = NULL;
+	int tries, rc = -1;
+
+	if (D.cfg.kubernetes.mode == KUBE_EMBEDDED) {
+		char *path = xasprintf("%s/macaroon-root-key",
+		    D.cfg.state_dir);
+
+		rc = meter_root_key_ensure_file(path, key, cause);
+		free(path);
+		return rc;
+	}
+	for (tries = 0; tries < 3 && rc < 0; tries++) {
+		const char *b64;
+		unsigned char *raw = NULL;
+		size_t n = 0;
+
+		if (k8s_get(D.store, &K8S_SECRET, ns,
+		    "diverge-macaroon-root-key", &sec, &st) == K8S_ENOTFOUND) {
+			unsigned char fresh[MACAROON_KEY_LEN];
+			char hex[2 * MACAROON_KEY_LEN + 1], *enc;
+			json_t *obj;
+
+			k8s_status_release(&st);
+			random_bytes(fresh, sizeof(fresh));
+			hex_encode(fresh, sizeof(fresh), hex);
+			secure_wipe(fresh, sizeof(fresh));
+			enc = base64_encode((unsigned char *)hex, strlen(hex),
+			    0, 1);
+			secure_wipe(hex, sizeof(hex));
+			obj = json_pack("{s:s,s:s,s:{s:s},s:s,s:{s:s}}",
+			    "apiVersion", "v1", "kind", "Secret", "metadata",
+			    "name", "diverge-macaroon-root-key", "type",
+			    "Opaque", "data", "root-key", enc);
+			secure_wipe(enc, strlen(enc));
+			free(enc);
+			/* AlreadyExists: another replica won; read theirs */
+			k8s_create(D.store, &K8S_SECRET, ns, obj, NULL, &st);
+			json_decref(obj);
+			k8s_status_release(&st);
+			continue;
+		}
+		if (sec == NULL) {
+			*cause = xasprintf("secret '%s/diverge-macaroon-root-key'"
+			    ": %s", ns, st.message ? st.message : "unreadable");
+			break;
+		}
+		b64 = json_string_value(json_object_get(json_object_get(sec,
+		    "data"), "root-key"));
+		if (b64 == NULL || base64_decode(b64, strlen(b64), &raw,
+		    &n) < 0) {
+			*cause = xasprintf("secret '%s/diverge-macaroon-root-key'"
+			    ": no base64 'root-key' field", ns);
+			break;
+		}
+		rc = meter_root_key_parse((char *)raw, n, key, cause);
+		secure_wipe(raw, n);
+		free(raw);
+		json_decref(sec);
+		sec = NULL;
+	}
+	json_decref(sec);
+	k8s_status_release(&st);
+	return rc;
+}
+
+static int
+start_meter(char **cause)
+{
+	unsigned char key[MACAROON_KEY_LEN];
+	struct meter_config mc;
+	int rc;
+
+	if (load_root_key(key, cause) < 0)
+		return -1;
+	memset(&mc, 0, sizeof(mc));
+	mc.store = D.store;
+	mc.root_key = key;
+	mc.location = D.cfg.meter.public_url;
+	mc.default_budget_usd_micro = D.cfg.defaults.budget_usd_micro;
+	mc.default_budget_tokens = D.cfg.defaults.budget_tokens;
+	rc = meter_new(&D.meter, &mc, cause);
+	secure_wipe(key, sizeof(key));
+	if (rc == 0)
+		rc = http_pool_new(&D.pool, 64, cause);
 	return rc;
 }
 
@@ -648,7 +791,7 @@ main(int argc, char **argv)
 	ic.backoff_max_ms = 0;
 	/* a test hook: keep entries pending (back-pressure, crash tests) */
 	ic.hold = getenv("DIVERGE_TEST_HOLD_INBOX") != NULL;
-	if (open_store(&cause) < 0)
+	if (open_store(&cause) < 0 || start_meter(&cause) < 0)
 		goto fail;
 	if (inbox_open(&D.inbox, D.db_path, &ic, &cause) < 0 ||
 	    inbox_start(D.inbox, &inbox_record_handler, &cause) < 0)
@@ -703,6 +846,8 @@ main(int argc, char **argv)
 	D.http = NULL;
 	k8s_apiserver_stop(D.apiserver);
 	D.apiserver = NULL;
+	http_pool_free(D.pool);
+	D.pool = NULL;
 	inbox_stop(D.inbox);
 	ret = 0;
 	log_kv(LOG_INFO, "stopped", NULL);
@@ -715,7 +860,9 @@ out:
 	http_server_stop(D.http, 0);
 	if (D.apiserver != NULL)
 		k8s_apiserver_stop(D.apiserver);
+	http_pool_free(D.pool);
 	inbox_free(D.inbox);
+	meter_free(D.meter);
 	k8s_api_free(D.store);
 	pthread_rwlock_wrlock(&D.github.lock);
 	keys_release(&D.github.keys);

@@ -1,0 +1,133 @@
+"""The meter endpoints of a running diverged: the root key file, a token
+minted with it for a task kept in the embedded store, charges over real
+HTTP until the budget stops the task, and completion."""
+
+import base64
+import json
+import os
+import stat
+import subprocess
+import time
+
+from divtest import TOP_BUILDDIR, Daemon, run_tests
+
+TOOL = os.path.join(TOP_BUILDDIR, "tests", "tools", "macaroon_tool")
+NS = "default"
+TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks" % NS
+SECRETS = "/api/v1/namespaces/%s/secrets" % NS
+
+
+def api(d, method, path, body=None, ctype="application/json"):
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", d.api_port, timeout=10)
+    try:
+        c.request(method, path, body=json.dumps(body) if body is not None
+                  else None, headers={"Content-Type": ctype})
+        r = c.getresponse()
+        return r.status, json.loads(r.read() or b"null")
+    finally:
+        c.close()
+
+
+def meter(d, token, body, path="/api/v1/agenttask/meter"):
+    h = {"Content-Type": "application/json"}
+    if token:
+        h["Authorization"] = "Bearer " + token
+    return d.json("POST", path, json.dumps(body), h)
+
+
+def main(t):
+    if not os.access(TOOL, os.X_OK):
+        t.skip_all("tests/tools/macaroon_tool is not built")
+    d = Daemon("log: {{level: info}}\n").start()
+    keyfile = os.path.join(d.state_dir, "macaroon-root-key")
+    mode = stat.S_IMODE(os.stat(keyfile).st_mode)
+    t.eq(mode, 0o600, "the root key file is created with mode 0600")
+    with open(keyfile) as f:
+        keyhex = f.read().strip()
+    t.eq(len(keyhex), 64, "the root key is 64 hex characters")
+
+    # a task, Active, and an index entry for token id "tok1"
+    s, obj = api(d, "POST", TASKS, {
+        "apiVersion": "divergedev.com/v1alpha1", "kind": "AgentTask",
+        "metadata": {"name": "fix-pr-7"},
+        "spec": {"objective": "fix it", "budgetUSD": "0.05",
+                 "maxIterations": 5}})
+    t.eq(s, 201, "task created")
+    s, _ = api(d, "PATCH", TASKS + "/fix-pr-7/status",
+               {"status": {"phase": "Active"}},
+               "application/merge-patch+json")
+    t.eq(s, 200, "task Active")
+    entry = base64.b64encode(json.dumps(
+        {"task": "fix-pr-7", "state": "active",
+         "issuedAt": "2026-11-30T00:00:00Z"}).encode()).decode()
+    s, _ = api(d, "POST", SECRETS, {
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "diverge-agenttask-tokens"},
+        "data": {"tok1": entry}})
+    t.eq(s, 201, "token index written")
+    token = subprocess.run(
+        [TOOL, "mint", keyhex, "tok1", "http://127.0.0.1",
+         "task_id = fix-pr-7", "namespace = " + NS,
+         "max_cost_usd = 1.00", "expires = 2099-01-01T00:00:00Z"],
+        capture_output=True, text=True, check=True).stdout.strip()
+
+    s, _, j = meter(d, None, {"requestId": "a", "iteration": 1,
+                              "tokensUsed": 10, "costUSD": 0.01})
+    t.ok(s == 401 and j["error"] == "missing token", "no token: 401", j)
+    s, _, j = meter(d, token, {"requestId": "a", "iteration": 1})
+    t.ok(s == 400 and j.get("field") == "tokensUsed", "bad body: 400 "
+         "naming the field", j)
+    s, _, j = meter(d, token, {"requestId": "a", "iteration": 1,
+                               "model": "m", "tokensUsed": 10,
+                               "costUSD": 0.0225})
+    t.ok(s == 200 and j["allowed"] and j["totalCostUSD"] == 0.0225 and
+         j["totalTokensUsed"] == 10 and j["maxIterations"] == 5,
+         "a charge: 200 with totals", j)
+    s, _, j = meter(d, token, {"requestId": "a", "iteration": 1,
+                               "model": "m", "tokensUsed": 10,
+                               "costUSD": 0.0225})
+    t.ok(s == 200 and j["totalCostUSD"] == 0.0225, "a retry is not "
+         "charged twice", j)
+    s, _, j = meter(d, token, {"requestId": "b", "iteration": 2,
+                               "model": "m", "tokensUsed": 10,
+                               "costUSD": 0.03})
+    t.ok(s == 429 and j["reason"] == "budget exceeded",
+         "spec.budgetUSD 0.05 replaces the $1.00 caveat: 429", j)
+    s, obj = api(d, "GET", TASKS + "/fix-pr-7")
+    t.ok(obj["status"]["phase"] == "Paused" and
+         obj["status"]["reason"] == "BudgetExceeded" and
+         obj["spec"]["suspended"] is True and
+         obj["status"]["costUSD"] == "0.052500",
+         "the task is Paused, suspended, and charged exactly",
+         obj.get("status"))
+    s, sec = api(d, "GET", SECRETS + "/diverge-agenttask-tokens")
+    state = json.loads(base64.b64decode(sec["data"]["tok1"]))["state"]
+    t.eq(state, "revoked", "the token is revoked in the index")
+    s, _, j = meter(d, token, {"requestId": "c", "iteration": 2,
+                               "model": "m", "tokensUsed": 1,
+                               "costUSD": 0})
+    t.eq(s, 401, "after the suspension: 401")
+    s, _, j = meter(d, token, {"result": "succeeded"},
+                    "/api/v1/agenttask/complete")
+    t.eq(s, 401, "complete with a revoked token of a paused task: 401")
+    s, _, j = d.json("POST", "/api/v1/agenttask/meter", "{}",
+                     {"Content-Type": "text/plain"})
+    t.eq(s, 415, "meter with a wrong content type: 415")
+    t.ok("diverge_http_requests_total{route=\"/api/v1/agenttask/meter\","
+         "code=\"429\"}" in d.metrics(), "meter requests in the metrics")
+    t.eq(d.stop(), 0, "clean stop")
+
+    # a key file with loose permissions: refuse to start
+    os.chmod(keyfile, 0o644)
+    d2 = Daemon("log: {{level: info}}\n", state_dir=d.state_dir)
+    d2.start(wait=False)
+    rc = d2.proc.wait(20)
+    time.sleep(0.1)
+    t.ok(rc != 0 and any("macaroon-root-key" in l and "0644" in l
+                         for l in d2.log()),
+         "a root key readable by others: refuses to start, naming the file",
+         "\n".join(d2.log()[-3:]))
+
+
+run_tests(main)
