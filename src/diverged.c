@@ -49,6 +49,10 @@ struct daemon {
 	struct k8s_apiserver *apiserver;
 	struct meter *meter;
 	struct http_pool *pool;
+	pthread_t pruner;
+	int pruner_running;
+	pthread_mutex_t prune_mu;
+	pthread_cond_t prune_cv;
 	struct provider github;
 	struct provider gitlab;
 	struct webhook_identity self;
@@ -579,6 +583,33 @@ load_root_key(unsigned char key[MACAROON_KEY_LEN], char **cause)
 	return rc;
 }
 
+/* Every 10 minutes: drop index entries of deleted tasks, expired tokens. */
+static void *
+pruner_main(void *arg)
+{
+	struct timespec ts;
+
+	pthread_mutex_lock(&D.prune_mu);
+	while (!D.stopping) {
+		char *cause = NULL;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += 600;
+		pthread_cond_timedwait(&D.prune_cv, &D.prune_mu, &ts);
+		if (D.stopping)
+			break;
+		pthread_mutex_unlock(&D.prune_mu);
+		if (meter_prune_all(D.meter, &cause) < 0) {
+			log_kv(LOG_WARN, "token index pruning failed", "error",
+			    cause, NULL);
+			free(cause);
+		}
+		pthread_mutex_lock(&D.prune_mu);
+	}
+	pthread_mutex_unlock(&D.prune_mu);
+	return NULL;
+}
+
 static int
 start_meter(char **cause)
 {
@@ -598,6 +629,8 @@ start_meter(char **cause)
 	secure_wipe(key, sizeof(key));
 	if (rc == 0)
 		rc = http_pool_new(&D.pool, 64, cause);
+	if (rc == 0 && pthread_create(&D.pruner, NULL, pruner_main, NULL) == 0)
+		D.pruner_running = 1;
 	return rc;
 }
 
@@ -729,6 +762,8 @@ main(int argc, char **argv)
 
 	util_json_init();
 	pthread_rwlock_init(&D.github.lock, NULL);
+	pthread_mutex_init(&D.prune_mu, NULL);
+	pthread_cond_init(&D.prune_cv, NULL);
 	pthread_rwlock_init(&D.gitlab.lock, NULL);
 	D.github.id = SCM_GITHUB;
 	D.gitlab.id = SCM_GITLAB;
@@ -849,6 +884,12 @@ main(int argc, char **argv)
 	http_pool_free(D.pool);
 	D.pool = NULL;
 	inbox_stop(D.inbox);
+	pthread_mutex_lock(&D.prune_mu);
+	pthread_cond_signal(&D.prune_cv);
+	pthread_mutex_unlock(&D.prune_mu);
+	if (D.pruner_running)
+		pthread_join(D.pruner, NULL);
+	D.pruner_running = 0;
 	ret = 0;
 	log_kv(LOG_INFO, "stopped", NULL);
 	goto out;
@@ -860,6 +901,13 @@ out:
 	http_server_stop(D.http, 0);
 	if (D.apiserver != NULL)
 		k8s_apiserver_stop(D.apiserver);
+	if (D.pruner_running) {
+		D.stopping = 1;
+		pthread_mutex_lock(&D.prune_mu);
+		pthread_cond_signal(&D.prune_cv);
+		pthread_mutex_unlock(&D.prune_mu);
+		pthread_join(D.pruner, NULL);
+	}
 	http_pool_free(D.pool);
 	inbox_free(D.inbox);
 	meter_free(D.meter);

@@ -1466,6 +1466,35 @@ meter_prune_index(struct meter *m, const char *ns, char **cause)
 	return index_update(m, ns, edit_prune, &p, cause);
 }
 
+/* Prune the index of every namespace that has one. */
+int
+meter_prune_all(struct meter *m, char **cause)
+{
+	struct k8s_list_opts o = { NULL, "metadata.name=" METER_INDEX_SECRET,
+	    NULL };
+	struct k8s_status st = { 0 };
+	json_t *l = NULL, *item;
+	size_t i;
+	int ret = 0;
+
+	if (k8s_list(m->cfg.store, &K8S_SECRET, NULL, &o, &l, &st) < 0) {
+		*cause = xasprintf("listing token indexes: %s", st.message ?
+		    st.message : "failed");
+		k8s_status_release(&st);
+		return -1;
+	}
+	json_array_foreach(json_object_get(l, "items"), i, item) {
+		const char *ns = k8s_meta_str(item, "namespace");
+
+		if (ns != NULL && meter_prune_index(m, ns, cause) < 0) {
+			ret = -1;
+			break;
+		}
+	}
+	json_decref(l);
+	return ret;
+}
+
 /* ---------------------------------------------------------------- life */
 
 /* Create a meter. */

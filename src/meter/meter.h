@@ -358,6 +358,8 @@ int meter_revoke_token(struct meter *m, const char *ns, const char *id,
  * token expired (expires + leeway in the past, from issuedAt's record).
  */
 int meter_prune_index(struct meter *m, const char *ns, char **cause);
+/* meter_prune_index() for every namespace that has an index. */
+int meter_prune_all(struct meter *m, char **cause);
 
 /*
  * Parse a JSON number text (no sign: negative is an error) as USD into

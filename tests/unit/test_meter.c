@@ -533,6 +533,43 @@ completion(void **state)
 	task_release(&t);
 }
 
+static int
+index_has(const char *id)
+{
+	struct k8s_status st = { 0 };
+	json_t *sec = NULL;
+	int has;
+
+	assert_int_equal(k8s_get(env.api, &K8S_SECRET, NS, METER_INDEX_SECRET,
+	    &sec, &st), 0);
+	has = json_object_get(json_object_get(sec, "data"), id) != NULL;
+	json_decref(sec);
+	return has;
+}
+
+static void
+pruning(void **state)
+{
+	struct k8s_status st = { 0 };
+	struct task live, gone, expired;
+	char *cause = NULL;
+
+	make_task(&live, "{}", 0);
+	make_task(&gone, "{}", 0);
+	make_task(&expired, "{}", now_unix() - 3600);
+	assert_true(index_has(live.id) && index_has(gone.id) &&
+	    index_has(expired.id));
+	assert_int_equal(k8s_delete(env.api, &K8S_AGENTTASK, NS, gone.name,
+	    NULL, &st), 0);
+	assert_int_equal(meter_prune_all(meter, &cause), 0);
+	assert_true(index_has(live.id));
+	assert_false(index_has(gone.id));
+	assert_false(index_has(expired.id));
+	task_release(&live);
+	task_release(&gone);
+	task_release(&expired);
+}
+
 /* ---- 64 threads at once ---- */
 
 #define THREADS 64
@@ -671,6 +708,7 @@ main(void)
 		cmocka_unit_test(budgets),
 		cmocka_unit_test(iterations),
 		cmocka_unit_test(completion),
+		cmocka_unit_test(pruning),
 		cmocka_unit_test(concurrent),
 	};
 
