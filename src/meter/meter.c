@@ -881,7 +881,8 @@ charge_rest(struct meter *m, struct charge *c, struct k8s_status *st)
 	}
 	l->queue[l->n++] = c;
 	c->done = 0;
-	while (l->busy && !c->done)
+	/* done first: once done, the lane may be gone */
+	while (!c->done && l->busy)
 		pthread_cond_wait(&m->cv, &m->mu);
 	if (c->done) {
 		rc = c->rc;

@@ -131,7 +131,7 @@ static void
 not_found(void **state)
 {
 	struct k8s_status st = { 0 };
-	json_t *out = NULL;
+	json_t *out = NULL, *empty = json_object();
 
 	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", "nope-x",
 	    &out, &st), K8S_ENOTFOUND);
@@ -144,8 +144,9 @@ not_found(void **state)
 	    NULL, &st), K8S_ENOTFOUND);
 	k8s_status_release(&st);
 	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, "default", "nope-x", 0,
-	    json_object(), NULL, &st), K8S_ENOTFOUND);
+	    empty, NULL, &st), K8S_ENOTFOUND);
 	k8s_status_release(&st);
+	json_decref(empty);
 }
 
 static void
