@@ -11,8 +11,17 @@
 
 #include <jansson.h>
 
+#include <sys/socket.h>
+
 struct http_server;
 struct http_req;
+
+/*
+ * Resolve "HOST:PORT", "[V6]:PORT" or ":PORT" (all addresses) into *ss;
+ * -1 with *cause naming the address.
+ */
+int http_parse_listen(const char *listen, struct sockaddr_storage *ss,
+    socklen_t *sslen, char **cause);
 
 /* A handler returns HTTP_DONE after replying, or HTTP_SUSPENDED. */
 enum { HTTP_DONE = 0, HTTP_SUSPENDED = 1 };

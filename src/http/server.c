@@ -70,8 +70,9 @@ struct http_req {
 
 /* ------------------------------------------------------------ helpers */
 
-static int
-parse_listen(const char *listen, struct sockaddr_storage *ss,
+/* Resolve a listen address; see http.h. */
+int
+http_parse_listen(const char *listen, struct sockaddr_storage *ss,
     socklen_t *sslen, char **cause)
 {
 	char host[256];
@@ -354,7 +355,7 @@ http_server_start(struct http_server **out,
 	unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD |
 	    MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
 
-	if (parse_listen(cfg->listen, &ss, &sslen, cause) < 0)
+	if (http_parse_listen(cfg->listen, &ss, &sslen, cause) < 0)
 		return -1;
 	if (ss.ss_family == AF_INET6)
 		flags |= MHD_USE_IPv6;

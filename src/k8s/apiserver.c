@@ -28,6 +28,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 
+#include "http/http.h"
 #include "k8s/k8s.h"
 #include "util/util.h"
 
@@ -160,59 +161,6 @@ stopping(struct k8s_apiserver *s)
 	return __atomic_load_n(&s->stopping, __ATOMIC_SEQ_CST);
 }
 
-static int
-parse_listen(const char *listen, struct sockaddr_storage *ss,
-    socklen_t *sslen, char **cause)
-{
-	char host[256];
-	const char *colon, *port, *h = listen;
-	size_t hl;
-	struct addrinfo hints, *res = NULL;
-	int rc;
-
-	if (listen[0] == '[') {
-		const char *end = strchr(listen, ']');
-
-		if (end == NULL || end[1] != ':') {
-			*cause = xasprintf("api listen address '%s': expected "
-			    "[ADDRESS]:PORT", listen);
-			return -1;
-		}
-		h = listen + 1;
-		hl = (size_t)(end - h);
-		port = end + 2;
-	} else {
-		colon = strrchr(listen, ':');
-		if (colon == NULL) {
-			*cause = xasprintf("api listen address '%s': expected "
-			    "HOST:PORT", listen);
-			return -1;
-		}
-		hl = (size_t)(colon - listen);
-		port = colon + 1;
-	}
-	if (hl >= sizeof(host)) {
-		*cause = xasprintf("api listen address '%s': host too long",
-		    listen);
-		return -1;
-	}
-	memcpy(host, h, hl);
-	host[hl] = '\0';
-	memset(&hints, 0, sizeof(hints));
-	hints.ai_family = AF_UNSPEC;
-	hints.ai_socktype = SOCK_STREAM;
-	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-	rc = getaddrinfo(hl > 0 ? host : NULL, port, &hints, &res);
-	if (rc != 0 || res == NULL) {
-		*cause = xasprintf("api listen address '%s': %s", listen,
-		    gai_strerror(rc));
-		return -1;
-	}
-	memcpy(ss, res->ai_addr, res->ai_addrlen);
-	*sslen = res->ai_addrlen;
-	freeaddrinfo(res);
-	return 0;
-}
 
 static int
 is_loopback(const struct sockaddr_storage *ss)
@@ -3419,7 +3367,7 @@ k8s_apiserver_start(struct k8s_apiserver **out, struct k8s_api *api,
 
 	tls = cfg->tls_cert != NULL && cfg->tls_cert[0] != '\0';
 	token = cfg->token != NULL && cfg->token[0] != '\0';
-	if (parse_listen(listen, &ss, &sslen, cause) < 0)
+	if (http_parse_listen(listen, &ss, &sslen, cause) < 0)
 		goto out;
 	if (tls != (cfg->tls_key != NULL && cfg->tls_key[0] != '\0')) {
 		*cause = xstrdup("api: tls_cert and tls_key go together");

@@ -108,59 +108,13 @@ static const struct k8s_ops embedded_ops;
 static int
 exec_sql(sqlite3 *db, const char *sql)
 {
-	return sqlite3_exec(db, sql, NULL, NULL, NULL) == SQLITE_OK ? 0 : -1;
-}
-
-static sqlite3_stmt *
-stmt(sqlite3 *db, const char *sql)
-{
-	sqlite3_stmt *st = NULL;
-
-	while ((st = sqlite3_next_stmt(db, st)) != NULL)
-		if (strcmp(sqlite3_sql(st), sql) == 0)
-			break;
-	if (st == NULL && sqlite3_prepare_v3(db, sql, -1,
-	    SQLITE_PREPARE_PERSISTENT, &st, NULL) != SQLITE_OK)
-		return NULL;
-	sqlite3_reset(st);
-	sqlite3_clear_bindings(st);
-	return st;
-}
-
-static void
-close_db(sqlite3 *db)
-{
-	sqlite3_stmt *st;
-
-	if (db == NULL)
-		return;
-	while ((st = sqlite3_next_stmt(db, NULL)) != NULL)
-		sqlite3_finalize(st);
-	sqlite3_close(db);
+	return db_exec(db, sql, NULL);
 }
 
 static int
 open_db(const char *path, sqlite3 **out, char **cause)
 {
-	sqlite3 *db = NULL;
-
-	if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE |
-	    SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
-		*cause = xasprintf("cannot open database '%s': %s", path,
-		    db ? sqlite3_errmsg(db) : "out of memory");
-		sqlite3_close(db);
-		return -1;
-	}
-	sqlite3_busy_timeout(db, 10000);
-	if (exec_sql(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;")
-	    < 0) {
-		*cause = xasprintf("database '%s': %s", path,
-		    sqlite3_errmsg(db));
-		sqlite3_close(db);
-		return -1;
-	}
-	*out = db;
-	return 0;
+	return db_open(path, 0, out, cause);
 }
 
 static const char *
@@ -225,7 +179,7 @@ static int
 load(struct embedded *e, const struct k8s_resource *r, const char *ns,
     const char *name, json_t **out)
 {
-	sqlite3_stmt *st = stmt(e->wdb, "SELECT body FROM objects WHERE"
+	sqlite3_stmt *st = db_stmt(e->wdb, "SELECT body FROM objects WHERE"
 	    " rkey = ?1 AND namespace = ?2 AND name = ?3");
 	int rc;
 
@@ -258,7 +212,7 @@ store(struct embedded *e, const struct k8s_resource *r, const char *ns,
 	const char *uid = k8s_meta_str(obj, "uid");
 	int ok;
 
-	st = stmt(e->wdb, "INSERT INTO objects (rkey, namespace, name, uid,"
+	st = db_stmt(e->wdb, "INSERT INTO objects (rkey, namespace, name, uid,"
 	    " rv, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT"
 	    " (rkey, namespace, name) DO UPDATE SET uid = ?4, rv = ?5,"
 	    " body = ?6");
@@ -278,7 +232,7 @@ store(struct embedded *e, const struct k8s_resource *r, const char *ns,
 	if (!ok)
 		return K8S_EINTERNAL;
 	/* the owner index: rewritten for this object */
-	st = stmt(e->wdb, "DELETE FROM owners WHERE rkey = ?1 AND"
+	st = db_stmt(e->wdb, "DELETE FROM owners WHERE rkey = ?1 AND"
 	    " namespace = ?2 AND name = ?3");
 	if (st == NULL)
 		return K8S_EINTERNAL;
@@ -297,7 +251,7 @@ store(struct embedded *e, const struct k8s_resource *r, const char *ns,
 
 		if (ouid == NULL)
 			continue;
-		st = stmt(e->wdb, "INSERT OR IGNORE INTO owners (owner_uid,"
+		st = db_stmt(e->wdb, "INSERT OR IGNORE INTO owners (owner_uid,"
 		    " rkey, namespace, name) VALUES (?1, ?2, ?3, ?4)");
 		if (st == NULL)
 			return K8S_EINTERNAL;
@@ -326,7 +280,7 @@ erase(struct embedded *e, const struct k8s_resource *r, const char *ns,
 	size_t i;
 
 	for (i = 0; i < ARRAY_SIZE(sql); i++) {
-		sqlite3_stmt *st = stmt(e->wdb, sql[i]);
+		sqlite3_stmt *st = db_stmt(e->wdb, sql[i]);
 		int ok;
 
 		if (st == NULL)
@@ -647,7 +601,7 @@ delete_tree(struct embedded *e, struct op *op, struct batch *b,
 	if (rc < 0)
 		return rc;
 	/* dependents first, by the owner index */
-	st = stmt(e->wdb, "SELECT rkey, namespace, name FROM owners WHERE"
+	st = db_stmt(e->wdb, "SELECT rkey, namespace, name FROM owners WHERE"
 	    " owner_uid = ?1");
 	if (st == NULL) {
 		json_decref(cur);
@@ -845,7 +799,7 @@ run_batch(struct embedded *e, struct op *ops)
 		exec_sql(e->wdb, "RELEASE op");
 	}
 	if (b.rv != e->rv) {
-		sqlite3_stmt *st = stmt(e->wdb, "UPDATE meta SET v = ?1 WHERE"
+		sqlite3_stmt *st = db_stmt(e->wdb, "UPDATE meta SET v = ?1 WHERE"
 		    " k = 'rv'");
 
 		if (st == NULL)
@@ -1090,7 +1044,7 @@ e_get(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
 {
 	struct embedded *e = (struct embedded *)api;
 	struct reader *rd = reader_take(e);
-	sqlite3_stmt *s = stmt(rd->db, "SELECT body FROM objects WHERE"
+	sqlite3_stmt *s = db_stmt(rd->db, "SELECT body FROM objects WHERE"
 	    " rkey = ?1 AND namespace = ?2 AND name = ?3");
 	int rc;
 	json_t *obj = NULL;
@@ -1155,10 +1109,10 @@ snapshot(struct embedded *e, const struct k8s_resource *r, const char *ns,
 	int ok = 1;
 
 	exec_sql(rd->db, "BEGIN");
-	m = stmt(rd->db, "SELECT v FROM meta WHERE k = 'rv'");
-	s = ns != NULL && *ns ? stmt(rd->db, "SELECT body FROM objects WHERE"
+	m = db_stmt(rd->db, "SELECT v FROM meta WHERE k = 'rv'");
+	s = ns != NULL && *ns ? db_stmt(rd->db, "SELECT body FROM objects WHERE"
 	    " rkey = ?1 AND namespace = ?2 ORDER BY name") :
-	    stmt(rd->db, "SELECT body FROM objects WHERE rkey = ?1"
+	    db_stmt(rd->db, "SELECT body FROM objects WHERE rkey = ?1"
 	    " ORDER BY namespace, name");
 	if (m == NULL || s == NULL || sqlite3_step(m) != SQLITE_ROW) {
 		ok = 0;
@@ -1385,8 +1339,8 @@ e_free(struct k8s_api *api)
 		pthread_join(e->writer, NULL);
 	}
 	for (i = 0; i < READERS; i++)
-		close_db(e->readers[i].db);
-	close_db(e->wdb);
+		db_close(e->readers[i].db);
+	db_close(e->wdb);
 	while (e->rlen > 0) {
 		struct event *ev = &e->ring[e->rhead];
 
@@ -1451,7 +1405,7 @@ k8s_embedded_open(struct k8s_api **out, const char *path,
 		    sqlite3_errmsg(e->wdb));
 		goto fail;
 	}
-	st = stmt(e->wdb, "SELECT v FROM meta WHERE k = 'rv'");
+	st = db_stmt(e->wdb, "SELECT v FROM meta WHERE k = 'rv'");
 	if (st == NULL || sqlite3_step(st) != SQLITE_ROW) {
 		*cause = xasprintf("database '%s': %s", path,
 		    sqlite3_errmsg(e->wdb));

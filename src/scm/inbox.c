@@ -119,78 +119,15 @@ struct inbox {
 
 /* ------------------------------------------------------------ helpers */
 
-static int
-exec_sql(sqlite3 *db, const char *sql, char **cause)
-{
-	char *err = NULL;
-
-	if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK) {
-		if (cause != NULL)
-			*cause = xasprintf("sqlite: %s", err ? err :
-			    sqlite3_errmsg(db));
-		sqlite3_free(err);
-		return -1;
-	}
-	return 0;
-}
-
 /*
- * A prepared statement for sql on db, prepared once and kept with the
- * connection (found again among its statements); reset, bindings cleared.
+ * Inbox connections take no automatic checkpoints: they would run inside
+ * a writer's commit and stall every request waiting on it; the
+ * checkpointer thread runs them beside the writers instead.
  */
-static sqlite3_stmt *
-stmt_cached(sqlite3 *db, const char *sql)
-{
-	sqlite3_stmt *st = NULL;
-
-	while ((st = sqlite3_next_stmt(db, st)) != NULL)
-		if (strcmp(sqlite3_sql(st), sql) == 0)
-			break;
-	if (st == NULL && sqlite3_prepare_v3(db, sql, -1,
-	    SQLITE_PREPARE_PERSISTENT, &st, NULL) != SQLITE_OK)
-		return NULL;
-	sqlite3_reset(st);
-	sqlite3_clear_bindings(st);
-	return st;
-}
-
-/* Close a connection with its cached statements. */
-static void
-close_db(sqlite3 *db)
-{
-	sqlite3_stmt *st;
-
-	while ((st = sqlite3_next_stmt(db, NULL)) != NULL)
-		sqlite3_finalize(st);
-	sqlite3_close(db);
-}
-
 static int
 open_db(const char *path, sqlite3 **out, char **cause)
 {
-	sqlite3 *db = NULL;
-
-	if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE |
-	    SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
-		*cause = xasprintf("cannot open database '%s': %s", path,
-		    db ? sqlite3_errmsg(db) : "out of memory");
-		sqlite3_close(db);
-		return -1;
-	}
-	sqlite3_busy_timeout(db, 10000);
-	/*
-	 * No automatic checkpoints: they would run inside a writer's commit
-	 * and stall every request waiting on it; the checkpointer thread
-	 * runs them beside the writers instead.
-	 */
-	if (exec_sql(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
-	    " PRAGMA wal_autocheckpoint=0;",
-	    cause) < 0) {
-		sqlite3_close(db);
-		return -1;
-	}
-	*out = db;
-	return 0;
+	return db_open(path, 1, out, cause);
 }
 
 static void
@@ -331,7 +268,7 @@ shard_open(struct inbox *ib, int i, const char *path, char **cause)
 	sh->dones_tail = &sh->dones;
 	pthread_cond_init(&sh->wcond, NULL);
 	if (open_db(sh->path, &sh->wdb, cause) < 0 ||
-	    exec_sql(sh->wdb, schema, cause) < 0)
+	    db_exec(sh->wdb, schema, cause) < 0)
 		goto out;
 	if (sqlite3_prepare_v2(sh->wdb,
 	    "SELECT COUNT(*) FROM inbox WHERE state = 0", -1, &st,
@@ -532,12 +469,12 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 	pending = ib->pending;
 	pthread_mutex_unlock(&ib->mu);
 
-	if (exec_sql(sh->wdb, "BEGIN IMMEDIATE", NULL) < 0)
+	if (db_exec(sh->wdb, "BEGIN IMMEDIATE", NULL) < 0)
 		goto out;
-	ins = stmt_cached(sh->wdb,
+	ins = db_stmt(sh->wdb,
 	    "INSERT INTO inbox (key, provider, event, received_at)"
 	    " VALUES (?1, ?2, ?3, ?4) ON CONFLICT(key) DO NOTHING");
-	upd = stmt_cached(sh->wdb,
+	upd = db_stmt(sh->wdb,
 	    "UPDATE inbox SET state = ?2, attempts = ?3, next_at = ?4,"
 	    " last_error = ?5, finished_at = ?6 WHERE id = ?1");
 	if (ins == NULL || upd == NULL)
@@ -568,14 +505,14 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 		int64_t next_at = 0;
 
 		if (d->outcome == INBOX_DONE && d->effect != NULL) {
-			exec_sql(sh->wdb, "SAVEPOINT effect", NULL);
+			db_exec(sh->wdb, "SAVEPOINT effect", NULL);
 			if (d->effect(sh->wdb, &d->item, d->effect_arg) < 0) {
-				exec_sql(sh->wdb, "ROLLBACK TO effect", NULL);
+				db_exec(sh->wdb, "ROLLBACK TO effect", NULL);
 				d->outcome = INBOX_RETRY;
 				if (d->cause == NULL)
 					d->cause = xstrdup("effect failed");
 			}
-			exec_sql(sh->wdb, "RELEASE effect", NULL);
+			db_exec(sh->wdb, "RELEASE effect", NULL);
 		}
 		if (d->outcome == INBOX_RETRY &&
 		    d->attempts >= ib->cfg.max_attempts)
@@ -605,14 +542,14 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 			finished++;
 		d->retry_at_ms = next_at;
 	}
-	if (exec_sql(sh->wdb, "COMMIT", NULL) < 0)
+	if (db_exec(sh->wdb, "COMMIT", NULL) < 0)
 		goto rollback;
 	ok = 1;
 	goto out;
 rollback:
 	log_kv(LOG_ERROR, "inbox write failed", "error",
 	    sqlite3_errmsg(sh->wdb), NULL);
-	exec_sql(sh->wdb, "ROLLBACK", NULL);
+	db_exec(sh->wdb, "ROLLBACK", NULL);
 out:
 	if (ins != NULL)
 		sqlite3_reset(ins);
@@ -797,7 +734,7 @@ worker_free(struct worker *w)
 	for (i = 0; i < INBOX_SHARDS; i++) {
 		sqlite3_finalize(w->get[i]);
 		if (w->db[i] != NULL)
-			close_db(w->db[i]);
+			db_close(w->db[i]);
 	}
 	free(w);
 }
@@ -930,7 +867,7 @@ checkpointer_main(void *arg)
 	pthread_mutex_unlock(&ib->mu);
 	for (i = 0; i < INBOX_SHARDS; i++)
 		if (db[i] != NULL)
-			close_db(db[i]);
+			db_close(db[i]);
 	return NULL;
 }
 
@@ -1115,7 +1052,7 @@ inbox_free(struct inbox *ib)
 		struct shard *sh = &ib->shards[i];
 
 		if (sh->wdb != NULL)
-			close_db(sh->wdb);
+			db_close(sh->wdb);
 		if (sh->path != NULL)
 			pthread_cond_destroy(&sh->wcond);
 		free(sh->path);
@@ -1138,7 +1075,7 @@ record_effect(struct sqlite3 *db, const struct inbox_item *item, void *arg)
 	sqlite3_stmt *st;
 	const struct scm_event *ev = item->event;
 
-	st = stmt_cached(db,
+	st = db_stmt(db,
 	    "INSERT INTO handled_events (key, provider, kind, repo, number,"
 	    " comment_id, body, count, handled_at)"
 	    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 1, ?8)"

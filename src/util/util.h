@@ -124,4 +124,26 @@ char *metrics_label_escape(const char *s);
 /* Forget all series (tests). */
 void metrics_reset(void);
 
+
+/* ---- SQLite (util/db.c) ---- */
+struct sqlite3;
+struct sqlite3_stmt;
+/*
+ * Open (creating) the database at path in WAL mode with synchronous=FULL
+ * and a busy timeout. manual_checkpoints != 0 turns automatic WAL
+ * checkpoints off (the caller runs them). -1 with *cause.
+ */
+int db_open(const char *path, int manual_checkpoints, struct sqlite3 **out,
+    char **cause);
+/* Run SQL; -1 (and *cause when not NULL) on error. */
+int db_exec(struct sqlite3 *db, const char *sql, char **cause);
+/*
+ * A prepared statement for sql, prepared once and kept with the
+ * connection (found again among its statements), reset with its bindings
+ * cleared; NULL on a preparation error.
+ */
+struct sqlite3_stmt *db_stmt(struct sqlite3 *db, const char *sql);
+/* Close a connection with its cached statements; NULL is fine. */
+void db_close(struct sqlite3 *db);
+
 #endif
