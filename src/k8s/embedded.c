@@ -147,17 +147,22 @@ rv_string(int64_t rv)
 static int
 spec_equal(const json_t *a, const json_t *b)
 {
-	json_t *x = json_deep_copy(a), *y = json_deep_copy(b);
-	int eq;
+	const char *k;
+	json_t *v;
+	size_t na = 0, nb = 0;
 
-	json_object_del(x, "metadata");
-	json_object_del(x, "status");
-	json_object_del(y, "metadata");
-	json_object_del(y, "status");
-	eq = json_equal(x, y);
-	json_decref(x);
-	json_decref(y);
-	return eq;
+	/* every top-level member but metadata and status, both ways */
+	json_object_foreach((json_t *)a, k, v) {
+		if (strcmp(k, "metadata") == 0 || strcmp(k, "status") == 0)
+			continue;
+		na++;
+		if (!json_equal(v, json_object_get(b, k)))
+			return 0;
+	}
+	json_object_foreach((json_t *)b, k, v)
+		if (strcmp(k, "metadata") != 0 && strcmp(k, "status") != 0)
+			nb++;
+	return na == nb;
 }
 
 static json_t *
@@ -678,6 +683,37 @@ k8s_txn_get(struct k8s_txn *tx, const struct k8s_resource *r,
 		return k8s_error_notfound(st, r, name);
 	if (rc < 0)
 		return k8s_status_set(st, rc, "store read failed", NULL);
+	return 0;
+}
+
+/* The stored text of one object in a transaction. */
+int
+k8s_txn_get_text(struct k8s_txn *tx, const struct k8s_resource *r,
+    const char *ns, const char *name, char **text, size_t *len,
+    struct k8s_status *st)
+{
+	sqlite3_stmt *q = db_stmt(tx->e->wdb, "SELECT body FROM objects"
+	    " WHERE rkey = ?1 AND namespace = ?2 AND name = ?3");
+	int rc;
+
+	if (q == NULL)
+		return k8s_status_set(st, K8S_EINTERNAL, "store read failed",
+		    NULL);
+	sqlite3_bind_text(q, 1, rkey(r), -1, SQLITE_STATIC);
+	sqlite3_bind_text(q, 2, ns ? ns : "", -1, SQLITE_STATIC);
+	sqlite3_bind_text(q, 3, name, -1, SQLITE_STATIC);
+	rc = sqlite3_step(q);
+	if (rc == SQLITE_ROW) {
+		*len = (size_t)sqlite3_column_bytes(q, 0);
+		*text = xstrndup((const char *)sqlite3_column_blob(q, 0),
+		    *len);
+	}
+	sqlite3_reset(q);
+	if (rc == SQLITE_DONE)
+		return k8s_error_notfound(st, r, name);
+	if (rc != SQLITE_ROW)
+		return k8s_status_set(st, K8S_EINTERNAL, "store read failed",
+		    NULL);
 	return 0;
 }
 

@@ -297,6 +297,14 @@ int k8s_is_embedded(const struct k8s_api *api);
 int k8s_txn_get(struct k8s_txn *tx, const struct k8s_resource *r,
     const char *ns, const char *name, json_t **out, struct k8s_status *st);
 /*
+ * The stored JSON text of one object (a new buffer, NUL-terminated), for
+ * readers that scan one field of a large object (util/jscan.h) rather
+ * than parse it all.
+ */
+int k8s_txn_get_text(struct k8s_txn *tx, const struct k8s_resource *r,
+    const char *ns, const char *name, char **text, size_t *len,
+    struct k8s_status *st);
+/*
  * Write obj whole (metadata, spec and status: no subresource rules): a
  * create when no such object exists (obj without resourceVersion), else
  * an update, conditional on obj's resourceVersion when it has one.
@@ -374,5 +382,142 @@ int k8s_apiserver_start(struct k8s_apiserver **out, struct k8s_api *api,
     const struct k8s_apiserver_config *cfg, char **cause);
 int k8s_apiserver_port(const struct k8s_apiserver *s);
 void k8s_apiserver_stop(struct k8s_apiserver *s);
+
+/* ---- AgentTask operations (tasks.c) ---- */
+
+/*
+ * What "diverge task guide|pause|resume|budget" and the /diverge slash
+ * commands of the same names do to an AgentTask (DESIGN.md section 8), in
+ * one place. Every write is optimistic: read the task, compute the
+ * change, send it as a merge patch carrying the resourceVersion read, and
+ * start again from a fresh read on 409 Conflict (at most
+ * K8S_TASK_MAX_ATTEMPTS times), so a concurrent write (a meter charge, the
+ * reconciler) is never lost. Each returns 0 with the task as stored in
+ * *out (out may be NULL), or a negative enum k8s_err with st filled: the
+ * API's Status, or one made here (K8S_EINVALID) naming what was refused.
+ */
+
+#define K8S_TASK_ANNOTATION_GUIDANCE "divergedev.com/guidance"
+/* Longest guidance hint, in bytes after trimming (as /diverge guide). */
+#define K8S_TASK_MAX_HINT 2000
+/* Reads and conditional writes of one operation before giving up. */
+#define K8S_TASK_MAX_ATTEMPTS 20
+/* Largest bumps one command may ask (the slash-command defaults). */
+#define K8S_TASK_MAX_BUMP_USD_MICRO (INT64_C(1000) * 1000000)
+#define K8S_TASK_MAX_BUMP_TOKENS INT64_C(100000000)
+/* Longest name k8s_task_name_new() makes, with its NUL. */
+#define K8S_TASK_NAME_MAX 16
+
+/*
+ * Where an effective budget comes from: the task's spec (a positive
+ * budgetUSD/budgetTokens), the max_cost_usd/max_tokens caveat of the
+ * task's capability token (Secret "<task>-token", key "token"), the
+ * configured default the caller passed, or nowhere known.
+ */
+enum k8s_task_source {
+	K8S_TASK_UNKNOWN = 0,
+	K8S_TASK_SPEC,
+	K8S_TASK_TOKEN,
+	K8S_TASK_DEFAULT
+};
+
+/* One effective budget; value 0 with a known source means unlimited. */
+struct k8s_task_limit {
+	int64_t value;		/* micro-USD or tokens */
+	enum k8s_task_source source;
+};
+
+struct k8s_task_budgets {
+	struct k8s_task_limit usd;
+	struct k8s_task_limit tokens;
+};
+
+/*
+ * A budget change. usd_micro and tokens are added to the effective USD
+ * and token budgets (0: that one is not bumped; never negative).
+ * default_usd_micro and default_tokens are the configured defaults
+ * (diverged.yaml "defaults") when the caller knows them, as diverged
+ * does; -1 when it does not (the CLI): a task without a budget of its own
+ * then takes it from its token's caveats, and a bump is refused when
+ * there is no token to read (the task has not been provisioned yet).
+ */
+struct k8s_task_bump {
+	int64_t usd_micro;
+	int64_t tokens;
+	int64_t default_usd_micro;
+	int64_t default_tokens;
+};
+
+/*
+ * The effective budgets of task (an AgentTask object), as the meter
+ * computes them: the spec value when positive, else the token's caveat,
+ * else the default. The token Secret is read through api only when the
+ * spec lacks a budget; a Secret that is absent or cannot be read (403)
+ * just leaves the token out. A token without the caveat was minted when
+ * the default was 0: its budget is unlimited, unless the caller knows the
+ * default now (default_* >= 0). Never fails; unknown parts are
+ * K8S_TASK_UNKNOWN.
+ */
+void k8s_task_budgets(struct k8s_api *api, const json_t *task,
+    int64_t default_usd_micro, int64_t default_tokens,
+    struct k8s_task_budgets *out);
+
+/*
+ * Set the guidance annotation to hint (checked with k8s_task_check_hint;
+ * the trimmed text is stored): the agent gets it on its next meter call.
+ */
+int k8s_task_guide(struct k8s_api *api, const char *ns, const char *name,
+    const char *hint, json_t **out, struct k8s_status *st);
+
+/* spec.suspended = true; the reconciler pauses the task. Idempotent. */
+int k8s_task_pause(struct k8s_api *api, const char *ns, const char *name,
+    json_t **out, struct k8s_status *st);
+
+/*
+ * Optionally bump the budgets (bump may be NULL or hold zeros), then
+ * spec.suspended = false, in the same conditional write.
+ */
+int k8s_task_resume(struct k8s_api *api, const char *ns, const char *name,
+    const struct k8s_task_bump *bump, json_t **out, struct k8s_status *st);
+
+/*
+ * Add to the effective budgets and write the sums into spec.budgetUSD
+ * and spec.budgetTokens; suspension is unchanged. At least one bump is
+ * required. Refused (K8S_EINVALID, nothing written) when a bumped budget
+ * is unlimited (it stays unlimited) or cannot be known, or the sum would
+ * overflow.
+ */
+int k8s_task_budget(struct k8s_api *api, const char *ns, const char *name,
+    const struct k8s_task_bump *bump, json_t **out, struct k8s_status *st);
+
+/*
+ * Amounts as written on the command line, with the slash-command rules
+ * (src/scm/commands.c): an optional leading '+' (bumps only add: a '-' is
+ * refused), USD with an optional '$', at most 2 decimals, commas between
+ * groups of 3 digits; tokens as an integer with an optional k (1,000) or
+ * M (1,000,000) suffix, e.g. "2000000", "2M", "500k". Zero and amounts
+ * over max (K8S_TASK_MAX_BUMP_*, or 0 for no limit) are refused. 0 with
+ * *out set, or -1 with a new message in *cause.
+ */
+int k8s_task_parse_usd(const char *s, int64_t max, int64_t *out,
+    char **cause);
+int k8s_task_parse_tokens(const char *s, int64_t max, int64_t *out,
+    char **cause);
+
+/*
+ * Whether hint may be sent as guidance: not empty after trimming, at
+ * most K8S_TASK_MAX_HINT bytes, valid UTF-8 without control characters
+ * other than newline and tab. 0, or -1 with a new message in *cause.
+ */
+int k8s_task_check_hint(const char *hint, char **cause);
+
+/*
+ * USD for people: micro-USD with 2 decimals when that is exact, else
+ * with the significant decimals only ("5.00", "0.0225", "1.000001").
+ */
+void k8s_task_format_usd(int64_t micro, char out[32]);
+
+/* A new task name, "task-" and 6 random lowercase letters or digits. */
+void k8s_task_name_new(char out[K8S_TASK_NAME_MAX]);
 
 #endif

@@ -435,6 +435,41 @@ token_active(const json_t *index, const char *id, const char *task)
 	return ok;
 }
 
+/*
+ * The same check on the stored text of the index Secret, without parsing
+ * all of it: one scan for data.<id> (ids are hex: no dots).
+ */
+static int
+token_active_text(const char *text, size_t len, const char *id,
+    const char *task)
+{
+	struct jfield f[1];
+	const char *err;
+	char *path = xasprintf("data.%s", id), *v = NULL;
+	unsigned char *raw = NULL;
+	size_t n = 0;
+	json_t *e = NULL;
+	int ok = 0;
+
+	f[0].path = path;
+	if (jscan(text, len, f, 1, 16, &err) == 0 && f[0].count == 1 &&
+	    jscan_string(&f[0], &v, &n) == 0 &&
+	    base64_decode(v, n, &raw, &n) == 0 &&
+	    (e = json_loadb((const char *)raw, n, 0, NULL)) != NULL) {
+		const char *state = json_string_value(json_object_get(e,
+		    "state"));
+		const char *t = json_string_value(json_object_get(e, "task"));
+
+		ok = state != NULL && strcmp(state, "active") == 0 &&
+		    t != NULL && strcmp(t, task) == 0;
+	}
+	json_decref(e);
+	free(raw);
+	free(v);
+	free(path);
+	return ok;
+}
+
 /* Mark id revoked in index (JSON of the Secret); 1 if it changed. */
 static int
 index_revoke(json_t *index, const char *id)
@@ -477,6 +512,7 @@ struct charge {
 	const char *id;		/* token identifier */
 	const char *task_name;
 	const char *ns;
+	int token_ok;		/* active in the index, for this task */
 	/* results */
 	int suspended_now;	/* this call suspended the task */
 	struct meter_reply reply;
@@ -612,7 +648,7 @@ effective(int64_t spec, int have_caveat, int64_t caveat, int64_t dflt)
  * be written (c->reply is then final), and fills c->reply either way.
  */
 static int
-charge_apply(struct charge *c, json_t *task, json_t *index)
+charge_apply(struct charge *c, json_t *task)
 {
 	const struct meter_req *r = c->req;
 	json_t *status, *ring, *spec;
@@ -623,7 +659,7 @@ charge_apply(struct charge *c, json_t *task, json_t *index)
 	char cost[32];
 
 	/* 2: revoked or not live (but the retry of the suspending call) */
-	if (!token_active(index, c->id, c->task_name) || !task_live(task)) {
+	if (!c->token_ok || !task_live(task)) {
 		const char *phase = task_phase(task);
 		const char *why = json_string_value(json_object_get(
 		    json_object_get(task, "status"), "reason"));
@@ -702,7 +738,8 @@ charge_apply(struct charge *c, json_t *task, json_t *index)
 		    json_true());
 		time_rfc3339(now_unix(), ts);
 		(void)ts;
-		index_revoke(index, c->id);
+		/* the caller revokes the token with the same write */
+		c->token_ok = 0;
 		c->suspended_now = 1;
 		reply_totals(&c->reply, 429, task, reason, 1);
 		return 1;
@@ -718,7 +755,9 @@ charge_txn(struct k8s_txn *tx, void *arg, struct k8s_status *st)
 {
 	struct charge *c = arg;
 	json_t *task = NULL, *index = NULL;
-	int rc, write;
+	char *text = NULL;
+	size_t len = 0;
+	int rc;
 
 	meter_reply_release(&c->reply);
 	rc = k8s_txn_get(tx, &K8S_AGENTTASK, c->ns, c->task_name, &task, st);
@@ -728,10 +767,10 @@ charge_txn(struct k8s_txn *tx, void *arg, struct k8s_status *st)
 	}
 	if (rc < 0)
 		return rc;
-	rc = k8s_txn_get(tx, &K8S_SECRET, c->ns, METER_INDEX_SECRET, &index,
-	    st);
+	/* the index is large: scan it for this token only */
+	rc = k8s_txn_get_text(tx, &K8S_SECRET, c->ns, METER_INDEX_SECRET,
+	    &text, &len, st);
 	if (rc == K8S_ENOTFOUND) {
-		index = new_index(c->ns);
 		k8s_status_release(st);
 		rc = 0;
 	}
@@ -739,13 +778,18 @@ charge_txn(struct k8s_txn *tx, void *arg, struct k8s_status *st)
 		json_decref(task);
 		return rc;
 	}
-	write = charge_apply(c, task, index);
-	if (write) {
+	c->token_ok = text != NULL && token_active_text(text, len, c->id,
+	    c->task_name);
+	if (charge_apply(c, task)) {
 		rc = k8s_txn_put(tx, &K8S_AGENTTASK, c->ns, task, NULL, st);
-		if (rc == 0 && c->suspended_now)
-			rc = k8s_txn_put(tx, &K8S_SECRET, c->ns, index, NULL,
-			    st);
+		if (rc == 0 && c->suspended_now && text != NULL) {
+			index = json_loadb(text, len, 0, NULL);
+			if (index != NULL && index_revoke(index, c->id))
+				rc = k8s_txn_put(tx, &K8S_SECRET, c->ns, index,
+				    NULL, st);
+		}
 	}
+	free(text);
 	json_decref(task);
 	json_decref(index);
 	return rc;
@@ -807,8 +851,13 @@ charge_round(struct meter *m, struct charge **cs, size_t n,
 		for (i = 0; i < n; i++) {
 			meter_reply_release(&cs[i]->reply);
 			cs[i]->suspended_now = 0;
-			write |= charge_apply(cs[i], task, index);
+			cs[i]->token_ok = token_active(index, cs[i]->id,
+			    cs[i]->task_name);
+			write |= charge_apply(cs[i], task);
 			suspended |= cs[i]->suspended_now;
+			/* later charges of this round see the revocation */
+			if (cs[i]->suspended_now)
+				index_revoke(index, cs[i]->id);
 		}
 		json_decref(index);
 		rc = 0;
