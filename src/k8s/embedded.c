@@ -50,6 +50,7 @@ struct op {
 	int rc;
 	struct k8s_status st;
 	int done;
+	pthread_cond_t cv;	/* its caller waits here */
 };
 
 struct event {
@@ -75,7 +76,6 @@ struct embedded {
 
 	pthread_mutex_t mu;
 	pthread_cond_t wcond;	/* writer waits for ops */
-	pthread_cond_t dcond;	/* callers wait for their op */
 	pthread_cond_t rcond;	/* reader pool */
 	pthread_cond_t econd;	/* watchers wait for events */
 	struct op *ops, **ops_tail;
@@ -872,8 +872,9 @@ done:
 			    "the store could not commit the write", NULL);
 		}
 		op->done = 1;
+		/* wake this caller only: no herd of 64 threads per commit */
+		pthread_cond_signal(&op->cv);
 	}
-	pthread_cond_broadcast(&e->dcond);
 	pthread_mutex_unlock(&e->mu);
 	batch_truncate(&b, 0);
 	free(b.ev);
@@ -933,12 +934,14 @@ submit(struct embedded *e, enum op_kind kind, const struct k8s_resource *r,
 		return k8s_status_set(st, K8S_EUNAVAILABLE,
 		    "the store is shutting down", NULL);
 	}
+	pthread_cond_init(&op.cv, NULL);
 	*e->ops_tail = &op;
 	e->ops_tail = &op.next;
 	pthread_cond_signal(&e->wcond);
 	while (!op.done)
-		pthread_cond_wait(&e->dcond, &e->mu);
+		pthread_cond_wait(&op.cv, &e->mu);
 	pthread_mutex_unlock(&e->mu);
+	pthread_cond_destroy(&op.cv);
 	if (op.rc < 0) {
 		if (st != NULL) {
 			k8s_status_release(st);
@@ -977,12 +980,14 @@ k8s_embedded_transact(struct k8s_api *api, k8s_txn_fn fn, void *arg,
 		return k8s_status_set(st, K8S_EUNAVAILABLE,
 		    "the store is shutting down", NULL);
 	}
+	pthread_cond_init(&op.cv, NULL);
 	*e->ops_tail = &op;
 	e->ops_tail = &op.next;
 	pthread_cond_signal(&e->wcond);
 	while (!op.done)
-		pthread_cond_wait(&e->dcond, &e->mu);
+		pthread_cond_wait(&op.cv, &e->mu);
 	pthread_mutex_unlock(&e->mu);
+	pthread_cond_destroy(&op.cv);
 	json_decref(op.out);
 	if (op.rc < 0) {
 		if (st != NULL) {
@@ -1389,7 +1394,6 @@ e_free(struct k8s_api *api)
 	free(e->path);
 	pthread_mutex_destroy(&e->mu);
 	pthread_cond_destroy(&e->wcond);
-	pthread_cond_destroy(&e->dcond);
 	pthread_cond_destroy(&e->rcond);
 	pthread_cond_destroy(&e->econd);
 	free(e);
@@ -1417,7 +1421,6 @@ k8s_embedded_open(struct k8s_api **out, const char *path,
 	e->ops_tail = &e->ops;
 	pthread_mutex_init(&e->mu, NULL);
 	pthread_cond_init(&e->wcond, NULL);
-	pthread_cond_init(&e->dcond, NULL);
 	pthread_cond_init(&e->rcond, NULL);
 	pthread_cond_init(&e->econd, NULL);
 	if (open_db(path, &e->wdb, cause) < 0)
