@@ -1,0 +1,585 @@
+/*
+ * The reconciler's machinery: watches that feed a de-duplicating work
+ * queue, and the worker threads that drain it (client-go's workqueue
+ * semantics: a key is in the queue once, and with one worker at a time).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "config/config.h"
+#include "controller/controller.h"
+#include "k8s/k8s.h"
+#include "util/util.h"
+
+#define BACKOFF_BASE_MS 5
+#define BACKOFF_MAX_MS (5 * 60 * 1000)
+#define DEFAULT_RESYNC_MS (10 * 60 * 1000)
+#define WATCH_POLL_MS 250
+#define MAX_WORKERS 64
+
+/* ------------------------------------------------------------- queue */
+
+struct qdelay {
+	char *key;
+	int64_t due;		/* monotonic ms */
+};
+
+struct controller_queue {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	json_t *dirty;		/* keys waiting (set) */
+	json_t *processing;	/* keys a worker holds (set) */
+	json_t *failures;	/* key -> consecutive failures */
+	char **fifo;
+	size_t head, len, cap;
+	struct qdelay *delayed;
+	size_t ndelayed;
+	int shutdown;
+};
+
+/* Backoff for the n-th failure, with jitter. */
+int64_t
+controller_backoff_ms(unsigned n, uint32_t rnd)
+{
+	int64_t d = BACKOFF_BASE_MS;
+
+	while (n > 1 && d < BACKOFF_MAX_MS) {
+		d *= 2;
+		n--;
+	}
+	if (d > BACKOFF_MAX_MS)
+		d = BACKOFF_MAX_MS;
+	/* between d/2 and d */
+	return d / 2 + (int64_t)((uint64_t)(d - d / 2) * (rnd % 1025) /
+	    1024);
+}
+
+/* Create a queue. */
+struct controller_queue *
+controller_queue_new(void)
+{
+	struct controller_queue *q = xcalloc(1, sizeof(*q));
+	pthread_condattr_t ca;
+
+	pthread_mutex_init(&q->mu, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&q->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	q->dirty = json_object();
+	q->processing = json_object();
+	q->failures = json_object();
+	return q;
+}
+
+/* Free a queue (no thread may use it any more). */
+void
+controller_queue_free(struct controller_queue *q)
+{
+	size_t i;
+
+	if (q == NULL)
+		return;
+	for (i = 0; i < q->len; i++)
+		free(q->fifo[(q->head + i) % q->cap]);
+	free(q->fifo);
+	for (i = 0; i < q->ndelayed; i++)
+		free(q->delayed[i].key);
+	free(q->delayed);
+	json_decref(q->dirty);
+	json_decref(q->processing);
+	json_decref(q->failures);
+	pthread_cond_destroy(&q->cv);
+	pthread_mutex_destroy(&q->mu);
+	free(q);
+}
+
+static void
+push_locked(struct controller_queue *q, const char *key)
+{
+	if (q->len == q->cap) {
+		size_t ncap = q->cap ? q->cap * 2 : 64, i;
+		char **n = xcalloc(ncap, sizeof(*n));
+
+		for (i = 0; i < q->len; i++)
+			n[i] = q->fifo[(q->head + i) % q->cap];
+		free(q->fifo);
+		q->fifo = n;
+		q->cap = ncap;
+		q->head = 0;
+	}
+	q->fifo[(q->head + q->len) % q->cap] = xstrdup(key);
+	q->len++;
+	pthread_cond_signal(&q->cv);
+}
+
+static void
+add_locked(struct controller_queue *q, const char *key)
+{
+	if (q->shutdown || json_object_get(q->dirty, key) != NULL)
+		return;
+	json_object_set_new(q->dirty, key, json_true());
+	if (json_object_get(q->processing, key) != NULL)
+		return;		/* done() queues it again */
+	push_locked(q, key);
+}
+
+/* Add a key. */
+void
+controller_queue_add(struct controller_queue *q, const char *key)
+{
+	pthread_mutex_lock(&q->mu);
+	add_locked(q, key);
+	pthread_mutex_unlock(&q->mu);
+}
+
+/* Add a key later. */
+void
+controller_queue_add_after(struct controller_queue *q, const char *key,
+    int64_t delay_ms)
+{
+	int64_t due = now_mono_ms() + delay_ms;
+	size_t i;
+
+	if (delay_ms <= 0) {
+		controller_queue_add(q, key);
+		return;
+	}
+	pthread_mutex_lock(&q->mu);
+	for (i = 0; i < q->ndelayed; i++) {
+		if (strcmp(q->delayed[i].key, key) != 0)
+			continue;
+		if (due < q->delayed[i].due)
+			q->delayed[i].due = due;
+		goto out;
+	}
+	q->delayed = xrealloc(q->delayed, (q->ndelayed + 1) *
+	    sizeof(*q->delayed));
+	q->delayed[q->ndelayed].key = xstrdup(key);
+	q->delayed[q->ndelayed].due = due;
+	q->ndelayed++;
+	pthread_cond_broadcast(&q->cv);
+out:
+	pthread_mutex_unlock(&q->mu);
+}
+
+/* Add a key after its backoff. */
+void
+controller_queue_add_rate_limited(struct controller_queue *q,
+    const char *key)
+{
+	uint32_t rnd = 0;
+	unsigned n;
+
+	pthread_mutex_lock(&q->mu);
+	n = (unsigned)json_integer_value(json_object_get(q->failures, key)) +
+	    1;
+	json_object_set_new(q->failures, key, json_integer(n));
+	pthread_mutex_unlock(&q->mu);
+	random_bytes(&rnd, sizeof(rnd));
+	controller_queue_add_after(q, key, controller_backoff_ms(n, rnd));
+}
+
+/* Reset a key's backoff. */
+void
+controller_queue_forget(struct controller_queue *q, const char *key)
+{
+	pthread_mutex_lock(&q->mu);
+	json_object_del(q->failures, key);
+	pthread_mutex_unlock(&q->mu);
+}
+
+/* Move due delayed keys; the next due time (or -1) into *next. */
+static void
+promote_locked(struct controller_queue *q, int64_t now, int64_t *next)
+{
+	size_t i = 0;
+
+	*next = -1;
+	while (i < q->ndelayed) {
+		if (q->delayed[i].due <= now) {
+			add_locked(q, q->delayed[i].key);
+			free(q->delayed[i].key);
+			q->delayed[i] = q->delayed[--q->ndelayed];
+			continue;
+		}
+		if (*next < 0 || q->delayed[i].due < *next)
+			*next = q->delayed[i].due;
+		i++;
+	}
+}
+
+/* Take the next key. */
+char *
+controller_queue_get(struct controller_queue *q, int64_t timeout_ms)
+{
+	int64_t end = now_mono_ms() + timeout_ms, now, next, until;
+	char *key = NULL;
+
+	pthread_mutex_lock(&q->mu);
+	for (;;) {
+		struct timespec ts;
+
+		now = now_mono_ms();
+		promote_locked(q, now, &next);
+		if (q->len > 0) {
+			key = q->fifo[q->head];
+			q->head = (q->head + 1) % q->cap;
+			q->len--;
+			json_object_del(q->dirty, key);
+			json_object_set_new(q->processing, key, json_true());
+			break;
+		}
+		if (q->shutdown || now >= end)
+			break;
+		until = next >= 0 && next < end ? next : end;
+		ts.tv_sec = until / 1000;
+		ts.tv_nsec = (until % 1000) * 1000000;
+		pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+	}
+	pthread_mutex_unlock(&q->mu);
+	return key;
+}
+
+/* Release a key a worker held. */
+void
+controller_queue_done(struct controller_queue *q, const char *key)
+{
+	pthread_mutex_lock(&q->mu);
+	json_object_del(q->processing, key);
+	if (json_object_get(q->dirty, key) != NULL && !q->shutdown)
+		push_locked(q, key);
+	pthread_mutex_unlock(&q->mu);
+}
+
+/* Keys waiting. */
+size_t
+controller_queue_len(struct controller_queue *q)
+{
+	size_t n;
+
+	pthread_mutex_lock(&q->mu);
+	n = q->len;
+	pthread_mutex_unlock(&q->mu);
+	return n;
+}
+
+/* Wake every waiter; get() then returns NULL once the queue is empty. */
+void
+controller_queue_shutdown(struct controller_queue *q)
+{
+	pthread_mutex_lock(&q->mu);
+	q->shutdown = 1;
+	pthread_cond_broadcast(&q->cv);
+	pthread_mutex_unlock(&q->mu);
+}
+
+/* -------------------------------------------------------- controller */
+
+struct watcher {
+	struct controller *c;
+	const struct k8s_resource *r;
+	int is_task;
+	pthread_t thread;
+};
+
+struct controller {
+	struct controller_config cfg;
+	struct controller_queue *q;
+	struct watcher watchers[5];
+	size_t nwatchers;
+	pthread_t *workers;
+	int nworkers;
+	pthread_mutex_t mu;
+	int stop;
+	uint64_t reconciles, errors;
+};
+
+static int
+stopping(struct controller *c)
+{
+	int s;
+
+	pthread_mutex_lock(&c->mu);
+	s = c->stop;
+	pthread_mutex_unlock(&c->mu);
+	return s;
+}
+
+static void
+enqueue_key(struct controller *c, const char *ns, const char *name)
+{
+	char *key;
+
+	if (ns == NULL || name == NULL)
+		return;
+	key = xasprintf("%s/%s", ns, name);
+	controller_queue_add(c->q, key);
+	free(key);
+}
+
+/* Queue a task. */
+void
+controller_enqueue(struct controller *c, const char *ns, const char *name)
+{
+	enqueue_key(c, ns, name);
+}
+
+/* Queue every task (resync). */
+static void
+resync(struct controller *c)
+{
+	struct k8s_status st = { 0 };
+	json_t *list = NULL, *it;
+	size_t i;
+
+	if (k8s_list(c->cfg.store, &K8S_AGENTTASK, c->cfg.namespace, NULL,
+	    &list, &st) < 0) {
+		log_kv(LOG_WARN, "controller resync failed", "error",
+		    st.message, NULL);
+		k8s_status_release(&st);
+		return;
+	}
+	json_array_foreach(json_object_get(list, "items"), i, it)
+		enqueue_key(c, k8s_meta_str(it, "namespace"),
+		    k8s_meta_str(it, "name"));
+	json_decref(list);
+}
+
+static void
+handle_event(struct watcher *w, struct k8s_event *ev)
+{
+	const json_t *o = ev->object;
+	const char *ns = k8s_meta_str(o, "namespace");
+
+	if (ev->type == K8S_BOOKMARK || ev->type == K8S_ERROR)
+		return;
+	if (w->is_task) {
+		if (ev->type == K8S_DELETED) {
+			controller_task_deleted(&w->c->cfg, o);
+			return;
+		}
+		enqueue_key(w->c, ns, k8s_meta_str(o, "name"));
+		return;
+	}
+	enqueue_key(w->c, ns, json_string_value(json_object_get(
+	    json_object_get(json_object_get(o, "metadata"), "labels"),
+	    CONTROLLER_LABEL_TASK)));
+}
+
+/*
+ * One resource: watch from the last resourceVersion seen; after a broken
+ * stream resume from there, after 410 Gone watch from scratch (the
+ * synthetic ADDED events relist everything, so no work is lost).
+ */
+static void *
+watch_main(void *arg)
+{
+	struct watcher *w = arg;
+	struct controller *c = w->c;
+	int64_t last_resync = now_mono_ms(), resync_ms = c->cfg.resync_ms;
+	unsigned failures = 0;
+	char rv[32] = "";
+
+	while (!stopping(c)) {
+		struct k8s_list_opts lo;
+		struct k8s_status st = { 0 };
+		struct k8s_watch *wt = NULL;
+		int rc;
+
+		memset(&lo, 0, sizeof(lo));
+		if (!w->is_task)
+			lo.label_selector = CONTROLLER_LABEL_TASK;
+		lo.resource_version = rv[0] != '\0' ? rv : NULL;
+		rc = k8s_watch(c->cfg.store, w->r, c->cfg.namespace, &lo, &wt,
+		    &st);
+		if (rc < 0) {
+			uint32_t rnd = 0;
+
+			if (rc == K8S_EGONE)
+				rv[0] = '\0';
+			k8s_status_release(&st);
+			random_bytes(&rnd, sizeof(rnd));
+			sleep_ms(controller_backoff_ms(++failures < 12 ?
+			    failures + 6 : 18, rnd));
+			continue;
+		}
+		for (;;) {
+			struct k8s_event ev;
+
+			memset(&ev, 0, sizeof(ev));
+			rc = k8s_watch_next(wt, WATCH_POLL_MS, &ev, &st);
+			if (rc < 0 || stopping(c))
+				break;
+			if (w->is_task && now_mono_ms() - last_resync >=
+			    resync_ms) {
+				last_resync = now_mono_ms();
+				resync(c);
+			}
+			if (rc == 0)
+				continue;
+			failures = 0;
+			if (ev.rv > 0)
+				snprintf(rv, sizeof(rv), "%lld",
+				    (long long)ev.rv);
+			handle_event(w, &ev);
+			json_decref(ev.object);
+		}
+		if (rc == K8S_EGONE) {
+			log_kv(LOG_INFO, "controller watch expired, relisting",
+			    "resource", w->r->plural, NULL);
+			rv[0] = '\0';
+		} else if (rc < 0) {
+			log_kv(LOG_WARN, "controller watch broke", "resource",
+			    w->r->plural, "error", st.message, NULL);
+		}
+		k8s_status_release(&st);
+		k8s_watch_free(wt);
+	}
+	return NULL;
+}
+
+static void *
+worker_main(void *arg)
+{
+	struct controller *c = arg;
+	char *key;
+
+	for (;;) {
+		char *slash, *cause = NULL;
+		int64_t requeue = -1;
+		int rc;
+
+		key = controller_queue_get(c->q, 1000);
+		if (key == NULL) {
+			if (stopping(c))
+				break;
+			continue;
+		}
+		slash = strchr(key, '/');
+		if (slash == NULL) {
+			controller_queue_done(c->q, key);
+			free(key);
+			continue;
+		}
+		*slash = '\0';
+		rc = controller_reconcile(&c->cfg, key, slash + 1, &requeue,
+		    &cause);
+		*slash = '/';
+		pthread_mutex_lock(&c->mu);
+		c->reconciles++;
+		if (rc < 0)
+			c->errors++;
+		pthread_mutex_unlock(&c->mu);
+		if (rc < 0) {
+			log_kv(LOG_WARN, "reconcile failed", "task", key,
+			    "error", cause, NULL);
+			controller_queue_add_rate_limited(c->q, key);
+		} else {
+			controller_queue_forget(c->q, key);
+			if (requeue >= 0)
+				controller_queue_add_after(c->q, key, requeue);
+		}
+		free(cause);
+		controller_queue_done(c->q, key);
+		free(key);
+	}
+	return NULL;
+}
+
+/* Start the controller. */
+int
+controller_start(struct controller **out,
+    const struct controller_config *cfg, char **cause)
+{
+	static const struct k8s_resource *const kinds[] = {
+		&K8S_AGENTTASK, &K8S_SECRET, &K8S_SANDBOX, &K8S_SANDBOXCLAIM,
+		&K8S_ENVIRONMENT
+	};
+	struct controller *c;
+	size_t i;
+	int n;
+
+	if (cfg->store == NULL || cfg->meter == NULL || cfg->cfg == NULL) {
+		*cause = xstrdup("controller: store, meter and config are "
+		    "required");
+		return -1;
+	}
+	n = cfg->workers > 0 ? cfg->workers : cfg->cfg->controller.workers;
+	if (n < 1)
+		n = 1;
+	if (n > MAX_WORKERS)
+		n = MAX_WORKERS;
+	c = xcalloc(1, sizeof(*c));
+	c->cfg = *cfg;
+	if (c->cfg.resync_ms <= 0)
+		c->cfg.resync_ms = DEFAULT_RESYNC_MS;
+	pthread_mutex_init(&c->mu, NULL);
+	c->q = controller_queue_new();
+	c->workers = xcalloc((size_t)n, sizeof(*c->workers));
+	for (i = 0; i < ARRAY_SIZE(kinds); i++) {
+		struct watcher *w = &c->watchers[c->nwatchers];
+
+		if (kinds[i] == &K8S_SANDBOXCLAIM &&
+		    !cfg->cfg->sandbox.warm_pool)
+			continue;
+		if (kinds[i] == &K8S_SANDBOX && cfg->cfg->sandbox.warm_pool)
+			continue;
+		w->c = c;
+		w->r = kinds[i];
+		w->is_task = kinds[i] == &K8S_AGENTTASK;
+		if (pthread_create(&w->thread, NULL, watch_main, w) != 0)
+			goto fail;
+		c->nwatchers++;
+	}
+	for (; c->nworkers < n; c->nworkers++)
+		if (pthread_create(&c->workers[c->nworkers], NULL, worker_main,
+		    c) != 0)
+			goto fail;
+	*out = c;
+	return 0;
+fail:
+	*cause = xstrdup("controller: cannot start a thread");
+	controller_stop(c);
+	return -1;
+}
+
+/* Stop the controller. */
+void
+controller_stop(struct controller *c)
+{
+	size_t i;
+	int k;
+
+	if (c == NULL)
+		return;
+	pthread_mutex_lock(&c->mu);
+	c->stop = 1;
+	pthread_mutex_unlock(&c->mu);
+	for (i = 0; i < c->nwatchers; i++)
+		pthread_join(c->watchers[i].thread, NULL);
+	controller_queue_shutdown(c->q);
+	for (k = 0; k < c->nworkers; k++)
+		pthread_join(c->workers[k], NULL);
+	controller_queue_free(c->q);
+	free(c->workers);
+	pthread_mutex_destroy(&c->mu);
+	free(c);
+}
+
+/* Counters. */
+uint64_t
+controller_reconciles(struct controller *c, uint64_t *errors)
+{
+	uint64_t n;
+
+	pthread_mutex_lock(&c->mu);
+	n = c->reconciles;
+	if (errors != NULL)
+		*errors = c->errors;
+	pthread_mutex_unlock(&c->mu);
+	return n;
+}

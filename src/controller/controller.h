@@ -1,0 +1,136 @@
+/*
+ * controller: the embedded AgentTask reconciler (DESIGN.md sections 4, 5).
+ *
+ * It watches AgentTasks and the children they own (token Secret, Sandbox
+ * or SandboxClaim, Environment) through the resource API, feeds a work
+ * queue keyed by "namespace/name" (de-duplicated, one worker per key at a
+ * time, exponential backoff with jitter from 5 ms to 5 min on errors,
+ * periodic resync) and runs a level-based, idempotent reconcile on N
+ * worker threads.
+ *
+ * Reconcile is split in two: a pure part computes, from the task and the
+ * observed children, the desired children and the desired status; the
+ * apply part creates or updates only what differs (so an unchanged state
+ * writes nothing), refuses objects that this task does not own (never
+ * adopts: the conflict is reported in the Ready condition and
+ * status.message), and writes the task with its resourceVersion, starting
+ * again from a fresh read on 409.
+ *
+ * Names (one per task T): Secret "T-token" (data.token = the macaroon,
+ * annotation divergedev.com/token-id), Sandbox "T" (agents.x-k8s.io
+ * v1beta1; its workspace PVC is "workspace-T"), or in warm-pool mode a
+ * SandboxClaim "T" (extensions.agents.x-k8s.io v1beta1, pool
+ * CONTROLLER_WARM_POOL); Environment "agent-preview-T"; and per namespace
+ * the NetworkPolicy "diverge-sandbox-isolation" (shared by the tasks of
+ * the namespace, so it carries no owner reference; it is labelled
+ * app.kubernetes.io/managed-by=diverged and never taken over otherwise).
+ *
+ * status.activeSeconds holds the seconds of the closed Provisioning/Active
+ * periods; the open one started at the lastTransitionTime of the
+ * TokenIssued condition (True exactly while the task is live), so the
+ * timeout check needs no extra field and no periodic status writes.
+ */
+#ifndef DIVERGE_CONTROLLER_H
+#define DIVERGE_CONTROLLER_H
+
+#include <stdint.h>
+
+#include <jansson.h>
+
+struct config;
+struct k8s_api;
+struct meter;
+
+#define CONTROLLER_LABEL_TASK "divergedev.com/task"
+#define CONTROLLER_LABEL_MANAGED "app.kubernetes.io/managed-by"
+#define CONTROLLER_ANN_TOKEN_ID "divergedev.com/token-id"
+#define CONTROLLER_NETPOL "diverge-sandbox-isolation"
+#define CONTROLLER_WARM_POOL "diverge-agent-pool"
+/* A ReconcilerError of the Sandbox lasting this long fails the task. */
+#define CONTROLLER_ERROR_GRACE_S 300
+/* Added to the task timeout for the token's expires caveat. */
+#define CONTROLLER_TOKEN_SLACK_S 3600
+
+struct controller_config {
+	struct k8s_api *store;		/* borrowed */
+	struct meter *meter;		/* borrowed: mints and revokes */
+	const struct config *cfg;	/* borrowed: sandbox.*, preview.*,
+					 * meter.public_url, defaults.*,
+					 * controller.workers */
+	const char *namespace;		/* watch one namespace; NULL: all */
+	int workers;			/* 0: cfg->controller.workers */
+	int64_t resync_ms;		/* 0: 10 minutes */
+	/* tests only: SIGKILL the process after this many child writes */
+	int crash_after_writes;
+};
+
+struct controller;
+
+/*
+ * Start the watches and the workers. cfg and what it points to must
+ * outlive the controller. 0, or -1 with a new message in *cause.
+ */
+int controller_start(struct controller **out,
+    const struct controller_config *cfg, char **cause);
+/* Stop the watches, let the workers finish their keys, free. NULL ok. */
+void controller_stop(struct controller *c);
+/* Queue a task for reconcile (e.g. after a slash command). */
+void controller_enqueue(struct controller *c, const char *ns,
+    const char *name);
+/* Reconciles run so far, and those that ended in an error. */
+uint64_t controller_reconciles(struct controller *c, uint64_t *errors);
+
+/*
+ * One reconcile of task ns/name, synchronously, on the calling thread
+ * (the workers call this; tests and benchmarks call it directly). A
+ * missing task is fine (0). On success *requeue_ms (may be NULL) gets the
+ * delay after which the task wants another look (a timeout or a grace
+ * period running), or -1 for none. A negative enum k8s_err, with a new
+ * message in *cause (may be NULL), when a read or write failed: retry
+ * with backoff.
+ */
+int controller_reconcile(const struct controller_config *cfg,
+    const char *ns, const char *name, int64_t *requeue_ms, char **cause);
+
+/*
+ * Revoke the live token of a task that was deleted (the object as the
+ * DELETED event carried it). The watch calls this.
+ */
+void controller_task_deleted(const struct controller_config *cfg,
+    const json_t *task);
+
+/* ---- the work queue (exposed for tests) ---- */
+
+struct controller_queue;
+
+struct controller_queue *controller_queue_new(void);
+void controller_queue_free(struct controller_queue *q);
+/* Add key now; a key already waiting is not added twice. */
+void controller_queue_add(struct controller_queue *q, const char *key);
+/* Add key after delay_ms (a sooner pending add wins). */
+void controller_queue_add_after(struct controller_queue *q, const char *key,
+    int64_t delay_ms);
+/* Add key after its backoff; every call doubles the next one. */
+void controller_queue_add_rate_limited(struct controller_queue *q,
+    const char *key);
+/* Reset key's backoff. */
+void controller_queue_forget(struct controller_queue *q, const char *key);
+/*
+ * The next key (a new string), waiting up to timeout_ms; NULL on timeout
+ * or shutdown. The key is then processing: a second add of it waits until
+ * controller_queue_done(), so one worker has a key at a time.
+ */
+char *controller_queue_get(struct controller_queue *q, int64_t timeout_ms);
+void controller_queue_done(struct controller_queue *q, const char *key);
+/* Keys waiting now (not delayed, not processing). */
+size_t controller_queue_len(struct controller_queue *q);
+void controller_queue_shutdown(struct controller_queue *q);
+
+/*
+ * The backoff after the n-th consecutive failure (n >= 1): 5 ms doubled
+ * n - 1 times, at most 5 minutes, then scaled by a jitter factor between
+ * 0.5 and 1 taken from rnd.
+ */
+int64_t controller_backoff_ms(unsigned n, uint32_t rnd);
+
+#endif

@@ -1,0 +1,1386 @@
+/*
+ * The reconcile of one AgentTask: observe (read the task and its
+ * children), plan (pure: desired phase, children and status), apply
+ * (write only what differs, owner checks, resourceVersion on the task).
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "config/config.h"
+#include "controller/controller.h"
+#include "k8s/k8s.h"
+#include "meter/meter.h"
+#include "util/util.h"
+
+#define TASK_API "divergedev.com/v1alpha1"
+#define ANN_PREFIX "divergedev.com/"
+#define MAX_TASK_RETRIES 10
+
+/* What we observed of one child. */
+struct child {
+	json_t *obj;		/* NULL when absent or not ours */
+	int conflict;		/* exists and is not this task's */
+};
+
+struct obs {
+	json_t *task;
+	struct child secret, sandbox, claim, env, netpol;
+	json_t *bound;		/* claim mode: the claim's Sandbox */
+	json_t *index;		/* the token index Secret, or NULL */
+};
+
+/* The Sandbox as seen: the facts the phase machine needs. */
+struct sbview {
+	int present;
+	int ready;		/* Ready True for the current generation */
+	const char *reason;	/* of Ready, or NULL */
+	const char *message;
+	int pod_failed;
+	int64_t error_since;	/* ReconcilerError since, or 0 */
+	int stopped;		/* no longer running (or absent) */
+	const char *pod_ip;
+};
+
+struct rctx {
+	const struct controller_config *cc;
+	const struct config *cfg;
+	const char *ns, *name, *uid;
+	int64_t now;
+	int writes;
+	int64_t requeue_ms;
+	char *cause;
+};
+
+/* ------------------------------------------------------------ helpers */
+
+static const char *
+jstr(const json_t *o, const char *k)
+{
+	return json_string_value(json_object_get(o, k));
+}
+
+static const char *
+jpath(const json_t *o, const char *a, const char *b)
+{
+	return json_string_value(json_object_get(json_object_get(o, a), b));
+}
+
+static int
+streq(const char *a, const char *b)
+{
+	return a != NULL && b != NULL && strcmp(a, b) == 0;
+}
+
+/* Parse RFC 3339 UTC ("2026-01-02T03:04:05Z", fractions ignored). */
+static int64_t
+parse_time(const char *s)
+{
+	struct tm tm;
+	int y, mo, d, h, mi, se;
+
+	if (s == NULL || sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d", &y, &mo, &d, &h,
+	    &mi, &se) != 6)
+		return 0;
+	memset(&tm, 0, sizeof(tm));
+	tm.tm_year = y - 1900;
+	tm.tm_mon = mo - 1;
+	tm.tm_mday = d;
+	tm.tm_hour = h;
+	tm.tm_min = mi;
+	tm.tm_sec = se;
+	return (int64_t)timegm(&tm);
+}
+
+static const json_t *
+find_cond(const json_t *obj, const char *type)
+{
+	const json_t *conds = json_object_get(json_object_get(obj, "status"),
+	    "conditions");
+	size_t i;
+	json_t *c;
+
+	json_array_foreach((json_t *)conds, i, c)
+		if (streq(jstr(c, "type"), type))
+			return c;
+	return NULL;
+}
+
+/*
+ * desired is a subset of observed: every key of desired is in observed
+ * with a value that is a subset in turn (extra keys a server added as
+ * defaults do not count), arrays of the same length; a null in desired
+ * means "absent".
+ */
+static int
+subset(const json_t *d, const json_t *o)
+{
+	const char *k;
+	json_t *v;
+	size_t i;
+
+	if (json_is_null(d))
+		return o == NULL || json_is_null(o);
+	if (o == NULL)
+		return 0;
+	if (json_is_object(d)) {
+		if (!json_is_object(o))
+			return 0;
+		json_object_foreach((json_t *)d, k, v)
+			if (!subset(v, json_object_get(o, k)))
+				return 0;
+		return 1;
+	}
+	if (json_is_array(d)) {
+		if (!json_is_array(o) || json_array_size(d) !=
+		    json_array_size(o))
+			return 0;
+		json_array_foreach((json_t *)d, i, v)
+			if (!subset(v, json_array_get(o, i)))
+				return 0;
+		return 1;
+	}
+	return json_equal((json_t *)d, (json_t *)o);
+}
+
+/* Drop null members (what a create must not carry). */
+static void
+strip_nulls(json_t *o)
+{
+	const char *k;
+	json_t *v;
+	void *tmp;
+	size_t i;
+
+	if (json_is_object(o)) {
+		json_object_foreach_safe(o, tmp, k, v) {
+			if (json_is_null(v))
+				json_object_del(o, k);
+			else
+				strip_nulls(v);
+		}
+	} else if (json_is_array(o)) {
+		json_array_foreach(o, i, v)
+			strip_nulls(v);
+	}
+}
+
+/*
+ * Whether obj belongs to the task: its controller owner reference is the
+ * task's uid, or it has none and carries the task label.
+ */
+static int
+owned_by(const json_t *obj, const char *name, const char *uid)
+{
+	const json_t *refs = json_object_get(json_object_get(obj, "metadata"),
+	    "ownerReferences");
+	size_t i;
+	json_t *r;
+
+	json_array_foreach((json_t *)refs, i, r) {
+		if (!json_is_true(json_object_get(r, "controller")))
+			continue;
+		return streq(jstr(r, "kind"), "AgentTask") &&
+		    streq(jstr(r, "uid"), uid);
+	}
+	return streq(jpath(json_object_get(obj, "metadata"), "labels",
+	    CONTROLLER_LABEL_TASK), name);
+}
+
+static int
+managed_netpol(const json_t *obj)
+{
+	return streq(jpath(json_object_get(obj, "metadata"), "labels",
+	    CONTROLLER_LABEL_MANAGED), "diverged");
+}
+
+static void
+note_cause(struct rctx *x, const char *what, const struct k8s_status *st)
+{
+	if (x->cause != NULL)
+		return;
+	x->cause = xasprintf("%s: %s", what, st != NULL && st->message ?
+	    st->message : "failed");
+}
+
+static void
+count_write(struct rctx *x)
+{
+	x->writes++;
+	if (x->cc->crash_after_writes > 0 &&
+	    x->writes == x->cc->crash_after_writes)
+		raise(SIGKILL);
+}
+
+static void
+want_requeue(struct rctx *x, int64_t ms)
+{
+	if (ms < 0)
+		ms = 0;
+	if (x->requeue_ms < 0 || ms < x->requeue_ms)
+		x->requeue_ms = ms;
+}
+
+/* ------------------------------------------------------------ observe */
+
+static int
+observe_child(struct rctx *x, const struct k8s_resource *r,
+    const char *name, int netpol, struct child *c)
+{
+	struct k8s_status st = { 0 };
+	json_t *o = NULL;
+	int rc;
+
+	memset(c, 0, sizeof(*c));
+	rc = k8s_get(x->cc->store, r, x->ns, name, &o, &st);
+	if (rc == K8S_ENOTFOUND) {
+		k8s_status_release(&st);
+		return 0;
+	}
+	if (rc < 0) {
+		note_cause(x, r->singular, &st);
+		k8s_status_release(&st);
+		return rc;
+	}
+	if (netpol ? managed_netpol(o) : owned_by(o, x->name, x->uid)) {
+		c->obj = o;
+	} else {
+		c->conflict = 1;
+		json_decref(o);
+	}
+	return 0;
+}
+
+static void
+obs_release(struct obs *o)
+{
+	json_decref(o->task);
+	json_decref(o->secret.obj);
+	json_decref(o->sandbox.obj);
+	json_decref(o->claim.obj);
+	json_decref(o->env.obj);
+	json_decref(o->netpol.obj);
+	json_decref(o->bound);
+	json_decref(o->index);
+	memset(o, 0, sizeof(*o));
+}
+
+static char *
+token_secret_name(const char *task)
+{
+	return xasprintf("%s-token", task);
+}
+
+static char *
+env_name(const char *task)
+{
+	return xasprintf("agent-preview-%s", task);
+}
+
+static int
+observe(struct rctx *x, struct obs *o)
+{
+	struct k8s_status st = { 0 };
+	char *sec = token_secret_name(x->name), *env = env_name(x->name);
+	int rc;
+
+	rc = observe_child(x, &K8S_SECRET, sec, 0, &o->secret);
+	if (rc == 0 && !x->cfg->sandbox.warm_pool)
+		rc = observe_child(x, &K8S_SANDBOX, x->name, 0, &o->sandbox);
+	if (rc == 0 && x->cfg->sandbox.warm_pool)
+		rc = observe_child(x, &K8S_SANDBOXCLAIM, x->name, 0,
+		    &o->claim);
+	if (rc == 0)
+		rc = observe_child(x, &K8S_ENVIRONMENT, env, 0, &o->env);
+	if (rc == 0 && x->cfg->sandbox.network_policy)
+		rc = observe_child(x, &K8S_NETWORKPOLICY, CONTROLLER_NETPOL,
+		    1, &o->netpol);
+	if (rc == 0 && o->claim.obj != NULL) {
+		const char *b = json_string_value(json_object_get(
+		    json_object_get(json_object_get(o->claim.obj, "status"),
+		    "sandbox"), "name"));
+
+		if (b != NULL && k8s_get(x->cc->store, &K8S_SANDBOX, x->ns, b,
+		    &o->bound, &st) < 0)
+			o->bound = NULL;
+		k8s_status_release(&st);
+	}
+	if (rc == 0) {
+		rc = k8s_get(x->cc->store, &K8S_SECRET, x->ns,
+		    METER_INDEX_SECRET, &o->index, &st);
+		if (rc == K8S_ENOTFOUND)
+			rc = 0;
+		else if (rc < 0)
+			note_cause(x, "token index", &st);
+		k8s_status_release(&st);
+	}
+	free(sec);
+	free(env);
+	return rc;
+}
+
+/* Whether token id is active for the task in the index. */
+static int
+index_active(const json_t *index, const char *id, const char *task)
+{
+	const char *v = jpath(index, "data", id);
+	unsigned char *raw = NULL;
+	size_t n;
+	json_t *e;
+	int ok;
+
+	if (id == NULL || v == NULL || base64_decode(v, strlen(v), &raw,
+	    &n) < 0)
+		return 0;
+	e = json_loadb((const char *)raw, n, 0, NULL);
+	free(raw);
+	ok = streq(jstr(e, "state"), "active") && streq(jstr(e, "task"),
+	    task);
+	json_decref(e);
+	return ok;
+}
+
+static void
+view_sandbox(const json_t *sb, const json_t *claim, struct sbview *v)
+{
+	const json_t *ready, *susp, *fin, *ips;
+	const json_t *src = sb != NULL ? sb : claim;
+
+	memset(v, 0, sizeof(*v));
+	v->stopped = 1;
+	if (src == NULL)
+		return;
+	v->present = 1;
+	ready = find_cond(src, "Ready");
+	if (ready != NULL) {
+		int64_t gen = k8s_meta_int(src, "generation");
+
+		v->reason = jstr(ready, "reason");
+		v->message = jstr(ready, "message");
+		v->ready = streq(jstr(ready, "status"), "True") &&
+		    (sb == NULL || json_integer_value(json_object_get(ready,
+		    "observedGeneration")) == gen);
+		if (streq(v->reason, "ReconcilerError") &&
+		    !streq(jstr(ready, "status"), "True"))
+			v->error_since = parse_time(jstr(ready,
+			    "lastTransitionTime"));
+		if (streq(v->reason, "PodFailed"))
+			v->pod_failed = 1;
+	}
+	fin = find_cond(src, "Finished");
+	if (fin != NULL && streq(jstr(fin, "reason"), "PodFailed"))
+		v->pod_failed = 1;
+	ips = json_object_get(json_object_get(sb != NULL ? sb : claim,
+	    "status"), "podIPs");
+	if (sb == NULL)
+		ips = json_object_get(json_object_get(json_object_get(claim,
+		    "status"), "sandbox"), "podIPs");
+	if (json_array_size(ips) > 0) {
+		const json_t *ip = json_array_get(ips, 0);
+
+		v->pod_ip = json_is_string(ip) ? json_string_value(ip) :
+		    jstr(ip, "ip");
+	}
+	susp = find_cond(src, "Suspended");
+	v->stopped = sb != NULL && streq(jpath(sb, "spec", "operatingMode"),
+	    "Suspended") && !v->ready && streq(v->reason,
+	    "SandboxSuspended") && ((susp != NULL && streq(jstr(susp,
+	    "status"), "True")) || v->pod_ip == NULL);
+}
+
+/* --------------------------------------------------------- desired */
+
+static json_t *
+owner_meta(struct rctx *x, const char *name)
+{
+	return json_pack("{s:s,s:s,s:{s:s,s:s},s:[{s:s,s:s,s:s,s:s,s:b,"
+	    "s:b}]}", "name", name, "namespace", x->ns, "labels",
+	    CONTROLLER_LABEL_TASK, x->name, CONTROLLER_LABEL_MANAGED,
+	    "diverged", "ownerReferences", "apiVersion", TASK_API, "kind",
+	    "AgentTask", "name", x->name, "uid", x->uid, "controller", 1,
+	    "blockOwnerDeletion", 1);
+}
+
+static int
+preview_wanted(const json_t *task)
+{
+	const char *url = jpath(json_object_get(task, "spec"), "repository",
+	    "url");
+
+	return url != NULL && *url != '\0' && !streq(jpath(json_object_get(
+	    task, "metadata"), "annotations", ANN_PREFIX "preview-enabled"),
+	    "false");
+}
+
+/* The preview URL: the template with {env} replaced. */
+static char *
+preview_url(const struct config *cfg, const char *env)
+{
+	const char *t = cfg->preview.url_template, *p;
+	struct buf b;
+
+	if (t == NULL || *t == '\0')
+		return NULL;
+	buf_init(&b, 8192);
+	while ((p = strstr(t, "{env}")) != NULL) {
+		buf_add(&b, t, (size_t)(p - t));
+		buf_addstr(&b, env);
+		t = p + 5;
+	}
+	buf_addstr(&b, t);
+	return buf_detach(&b, NULL);
+}
+
+static int64_t
+task_timeout(const struct rctx *x, const json_t *task)
+{
+	json_int_t t = json_integer_value(json_object_get(json_object_get(
+	    json_object_get(task, "spec"), "sandbox"), "timeoutSeconds"));
+
+	return t > 0 ? t : x->cfg->defaults.timeout_seconds;
+}
+
+static void
+add_env(json_t *env, const char *name, const char *value)
+{
+	json_array_append_new(env, json_pack("{s:s,s:s}", "name", name,
+	    "value", value != NULL ? value : ""));
+}
+
+/* The DIVERGE_* environment of the agent. */
+static json_t *
+agent_env(struct rctx *x, const json_t *task, const char *purl,
+    const char *token)
+{
+	const json_t *spec = json_object_get(task, "spec");
+	const json_t *repo = json_object_get(spec, "repository");
+	json_t *env = json_array();
+	char num[32], *murl, *ename = env_name(x->name);
+	const char *base = x->cfg->meter.public_url;
+	size_t bl = base != NULL ? strlen(base) : 0;
+
+	while (bl > 0 && base[bl - 1] == '/')
+		bl--;
+	murl = xasprintf("%.*s/api/v1/agenttask/meter", (int)bl,
+	    base != NULL ? base : "");
+	snprintf(num, sizeof(num), "%lld", (long long)json_integer_value(
+	    json_object_get(spec, "maxIterations")));
+	add_env(env, "DIVERGE_TASK_NAME", x->name);
+	add_env(env, "DIVERGE_OBJECTIVE", jstr(spec, "objective"));
+	add_env(env, "DIVERGE_REPO_URL", jstr(repo, "url"));
+	add_env(env, "DIVERGE_BASE_BRANCH", jstr(repo, "baseBranch"));
+	add_env(env, "DIVERGE_WORKING_BRANCH", jstr(repo, "workingBranch"));
+	add_env(env, "DIVERGE_MAX_ITERATIONS", num);
+	add_env(env, "DIVERGE_METER_URL", murl);
+	if (token != NULL)
+		add_env(env, "DIVERGE_MACAROON_TOKEN", token);
+	else
+		add_env(env, "DIVERGE_TOKEN_FILE", "/etc/diverge/token/token");
+	if (purl != NULL) {
+		add_env(env, "DIVERGE_PREVIEW_URL", purl);
+		add_env(env, "DIVERGE_PREVIEW_HEADER_KEY", "x-diverge-env");
+		add_env(env, "DIVERGE_PREVIEW_HEADER_VALUE", ename);
+	}
+	free(murl);
+	free(ename);
+	return env;
+}
+
+static json_t *
+security_pod(int64_t uid)
+{
+	return json_pack("{s:b,s:I,s:I,s:I,s:{s:s}}", "runAsNonRoot", 1,
+	    "runAsUser", (json_int_t)uid, "runAsGroup", (json_int_t)uid,
+	    "fsGroup", (json_int_t)uid, "seccompProfile", "type",
+	    "RuntimeDefault");
+}
+
+static json_t *
+security_container(int64_t uid)
+{
+	return json_pack("{s:b,s:I,s:I,s:b,s:b,s:{s:[s]},s:{s:s}}",
+	    "runAsNonRoot", 1, "runAsUser", (json_int_t)uid, "runAsGroup",
+	    (json_int_t)uid, "readOnlyRootFilesystem", 1,
+	    "allowPrivilegeEscalation", 0, "capabilities", "drop", "ALL",
+	    "seccompProfile", "type", "RuntimeDefault");
+}
+
+/* The Sandbox of the task, whole (DESIGN.md section 4). */
+static json_t *
+desired_sandbox(struct rctx *x, const json_t *task, const char *purl,
+    const char *mode, const char *shutdown)
+{
+	const json_t *spec = json_object_get(task, "spec");
+	const char *image = jpath(spec, "sandbox", "image");
+	const char *rtc = jpath(spec, "sandbox", "runtimeClassName");
+	int64_t uid = x->cfg->sandbox.uid;
+	char *sec = token_secret_name(x->name);
+	json_t *container, *pod, *sb;
+
+	if (image == NULL || *image == '\0')
+		image = x->cfg->sandbox.image;
+	if (rtc == NULL || *rtc == '\0')
+		rtc = x->cfg->sandbox.runtime_class;
+	container = json_pack("{s:s,s:s,s:o,s:o,s:{s:{s:s,s:s}},s:["
+	    "{s:s,s:s,s:b},{s:s,s:s},{s:s,s:s}]}", "name", "agent", "image",
+	    image, "env", agent_env(x, task, purl, NULL), "securityContext",
+	    security_container(uid), "resources", "requests", "cpu", "500m",
+	    "memory", "1Gi", "volumeMounts", "name", "token", "mountPath",
+	    "/etc/diverge/token", "readOnly", 1, "name", "tmp", "mountPath",
+	    "/tmp", "name", "workspace", "mountPath", "/workspace");
+	pod = json_pack("{s:b,s:s,s:o,s:[o],s:[{s:s,s:{s:s,s:i}},"
+	    "{s:s,s:{}}]}", "automountServiceAccountToken", 0,
+	    "restartPolicy", "Never", "securityContext", security_pod(uid),
+	    "containers", container, "volumes", "name", "token", "secret",
+	    "secretName", sec, "defaultMode", 0440, "name", "tmp", "emptyDir");
+	json_object_set_new(pod, "runtimeClassName", rtc != NULL &&
+	    *rtc != '\0' ? json_string(rtc) : json_null());
+	sb = json_pack("{s:s,s:s,s:o,s:{s:s,s:o,s:{s:{s:{s:s,s:s}},s:o},"
+	    "s:[{s:{s:s},s:{s:[s],s:{s:{s:s}}}}]}}", "apiVersion",
+	    "agents.x-k8s.io/v1beta1", "kind", "Sandbox", "metadata",
+	    owner_meta(x, x->name), "spec", "operatingMode", mode,
+	    "shutdownTime", shutdown != NULL ? json_string(shutdown) :
+	    json_null(), "podTemplate", "metadata", "labels",
+	    CONTROLLER_LABEL_TASK, x->name, "app.kubernetes.io/name",
+	    "diverge-agent", "spec", pod, "volumeClaimTemplates", "metadata",
+	    "name", "workspace", "spec", "accessModes", "ReadWriteOnce",
+	    "resources", "requests", "storage",
+	    x->cfg->sandbox.workspace_size);
+	free(sec);
+	return sb;
+}
+
+/*
+ * Warm-pool mode: a SandboxClaim. Claims cannot mount a per-task Secret,
+ * so the token travels in the environment (DIVERGE_MACAROON_TOKEN).
+ */
+static json_t *
+desired_claim(struct rctx *x, const json_t *task, const char *purl,
+    const char *token, const char *shutdown)
+{
+	json_t *env = agent_env(x, task, purl, token);
+
+	return json_pack("{s:s,s:s,s:o,s:{s:{s:s},s:o,s:{s:s,s:o}}}",
+	    "apiVersion", "extensions.agents.x-k8s.io/v1beta1", "kind",
+	    "SandboxClaim", "metadata", owner_meta(x, x->name), "spec",
+	    "warmPoolRef", "name", CONTROLLER_WARM_POOL, "env", env,
+	    "lifecycle", "shutdownPolicy", "Delete", "shutdownTime",
+	    shutdown != NULL ? json_string(shutdown) : json_null());
+}
+
+static json_t *
+desired_env(struct rctx *x, const json_t *task, int hibernated,
+    const char *ip)
+{
+	const json_t *spec = json_object_get(task, "spec");
+	const json_t *ann = json_object_get(json_object_get(task, "metadata"),
+	    "annotations");
+	char *name = env_name(x->name);
+	json_t *env, *es, *meta;
+	const char *v;
+
+	meta = owner_meta(x, name);
+	json_object_set_new(meta, "annotations", json_pack("{s:o,s:o}",
+	    ANN_PREFIX "hibernated", hibernated ? json_string("true") :
+	    json_null(), ANN_PREFIX "sandbox-ip", ip != NULL ?
+	    json_string(ip) : json_null()));
+	es = json_object();
+	v = jpath(spec, "repository", "workingBranch");
+	if (v != NULL)
+		json_object_set_new(es, "branch", json_string(v));
+	v = jpath(spec, "repository", "url");
+	if (v != NULL)
+		json_object_set_new(es, "repository", json_string(v));
+	v = jstr(ann, ANN_PREFIX "preview-service");
+	if (v != NULL && *v != '\0')
+		json_object_set_new(es, "service", json_string(v));
+	v = jstr(ann, ANN_PREFIX "preview-image");
+	if (v != NULL && *v != '\0')
+		json_object_set_new(es, "image", json_string(v));
+	v = jstr(ann, ANN_PREFIX "preview-port");
+	if (v != NULL) {
+		char *end;
+		long p = strtol(v, &end, 10);
+
+		if (*v != '\0' && *end == '\0' && p >= 1 && p <= 65535)
+			json_object_set_new(es, "port", json_integer(p));
+	}
+	env = json_pack("{s:s,s:s,s:o,s:o}", "apiVersion", TASK_API, "kind",
+	    "Environment", "metadata", meta, "spec", es);
+	free(name);
+	return env;
+}
+
+/* The meter's port when it is not 443 (the sandbox must reach it). */
+static int
+meter_port(const struct config *cfg)
+{
+	const char *u = cfg->meter.public_url, *h, *c;
+
+	if (u == NULL || (h = strstr(u, "://")) == NULL)
+		return 0;
+	h += 3;
+	if (*h == '[')
+		h = strchr(h, ']') != NULL ? strchr(h, ']') : h;
+	c = strchr(h, ':');
+	if (c != NULL && (strchr(h, '/') == NULL || c < strchr(h, '/')))
+		return (int)strtol(c + 1, NULL, 10);
+	return strncmp(u, "http://", 7) == 0 ? 80 : 443;
+}
+
+/*
+ * The namespace's isolation policy: no ingress; egress only DNS, and 443
+ * and 22 (and the meter's port) to everything but the cloud metadata
+ * range and the API server.
+ */
+static json_t *
+desired_netpol(struct rctx *x)
+{
+	const char *api = getenv("KUBERNETES_SERVICE_HOST");
+	json_t *except, *ports, *np;
+	int mp = meter_port(x->cfg);
+
+	except = json_pack("[s]", "169.254.0.0/16");
+	if (api != NULL && *api != '\0' && strchr(api, ':') == NULL)
+		json_array_append_new(except, json_sprintf("%s/32", api));
+	ports = json_pack("[{s:s,s:i},{s:s,s:i}]", "protocol", "TCP", "port",
+	    443, "protocol", "TCP", "port", 22);
+	if (mp > 0 && mp != 443 && mp != 22)
+		json_array_append_new(ports, json_pack("{s:s,s:i}",
+		    "protocol", "TCP", "port", mp));
+	np = json_pack("{s:s,s:s,s:{s:s,s:s,s:{s:s}},s:{s:{s:[{s:s,s:s}]},"
+	    "s:[s,s],s:[],s:[{s:[{s:s,s:i},{s:s,s:i}]},{s:[{s:{s:s,s:o}}],"
+	    "s:o}]}}", "apiVersion", "networking.k8s.io/v1", "kind",
+	    "NetworkPolicy", "metadata", "name", CONTROLLER_NETPOL,
+	    "namespace", x->ns, "labels", CONTROLLER_LABEL_MANAGED,
+	    "diverged", "spec", "podSelector", "matchExpressions", "key",
+	    CONTROLLER_LABEL_TASK, "operator", "Exists", "policyTypes",
+	    "Ingress", "Egress", "ingress", "egress", "ports", "protocol",
+	    "UDP", "port", 53, "protocol", "TCP", "port", 53, "to", "ipBlock",
+	    "cidr", "0.0.0.0/0", "except", except, "ports", ports);
+	return np;
+}
+
+/* ------------------------------------------------------------ apply */
+
+/*
+ * Make the child look like desired (steals desired): create it when
+ * absent, else update it when desired is not already a subset of it,
+ * with its resourceVersion, from a fresh read on 409. An object that
+ * appears meanwhile and is not ours is a conflict (1).
+ */
+static int
+apply_child(struct rctx *x, const struct k8s_resource *r, json_t *cur,
+    json_t *desired, int netpol, json_t **out)
+{
+	struct k8s_status st = { 0 };
+	const char *name = k8s_meta_str(desired, "name");
+	json_t *obs = json_incref(cur), *merged = NULL, *res = NULL;
+	int tries, rc = 0;
+
+	for (tries = 0; tries < MAX_TASK_RETRIES; tries++) {
+		if (obs == NULL) {
+			json_t *c = json_deep_copy(desired);
+
+			strip_nulls(c);
+			rc = k8s_create(x->cc->store, r, x->ns, c, &res, &st);
+			json_decref(c);
+			if (rc == 0) {
+				count_write(x);
+				break;
+			}
+			if (rc != K8S_EEXISTS)
+				break;
+		} else {
+			/* volumeClaimTemplates are immutable: keep them */
+			if (json_object_get(json_object_get(obs, "spec"),
+			    "volumeClaimTemplates") != NULL)
+				json_object_del(json_object_get(desired,
+				    "spec"), "volumeClaimTemplates");
+			if (subset(desired, obs)) {
+				res = json_incref(obs);
+				break;
+			}
+			merged = k8s_merge_patch(obs, desired);
+			rc = k8s_update(x->cc->store, r, x->ns, name, merged,
+			    &res, &st);
+			json_decref(merged);
+			if (rc == 0) {
+				count_write(x);
+				break;
+			}
+			if (rc != K8S_ECONFLICT)
+				break;
+		}
+		/* AlreadyExists or Conflict: read again */
+		k8s_status_release(&st);
+		json_decref(obs);
+		obs = NULL;
+		rc = k8s_get(x->cc->store, r, x->ns, name, &obs, &st);
+		if (rc == K8S_ENOTFOUND) {
+			k8s_status_release(&st);
+			continue;
+		}
+		if (rc < 0)
+			break;
+		if (!(netpol ? managed_netpol(obs) : owned_by(obs, x->name,
+		    x->uid))) {
+			rc = 1;
+			break;
+		}
+	}
+	if (rc < 0)
+		note_cause(x, r->singular, &st);
+	k8s_status_release(&st);
+	json_decref(obs);
+	json_decref(desired);
+	if (out != NULL)
+		*out = res;
+	else
+		json_decref(res);
+	return rc;
+}
+
+/* A merge patch on the Sandbox a claim bound (operatingMode only). */
+static int
+patch_bound(struct rctx *x, const json_t *sb, const char *mode)
+{
+	struct k8s_status st = { 0 };
+	json_t *p;
+	int rc;
+
+	if (sb == NULL || streq(jpath(sb, "spec", "operatingMode"), mode))
+		return 0;
+	p = json_pack("{s:{s:s}}", "spec", "operatingMode", mode);
+	rc = k8s_patch(x->cc->store, &K8S_SANDBOX, x->ns, k8s_meta_str(sb,
+	    "name"), 0, p, NULL, &st);
+	json_decref(p);
+	if (rc == 0)
+		count_write(x);
+	else
+		note_cause(x, "sandbox", &st);
+	k8s_status_release(&st);
+	return rc;
+}
+
+/* ---------------------------------------------------------- the phase */
+
+static int
+phase_live(const char *p)
+{
+	return streq(p, "Provisioning") || streq(p, "Active");
+}
+
+static int
+phase_terminal(const char *p)
+{
+	return streq(p, "Completed") || streq(p, "Failed");
+}
+
+struct plan {
+	const char *phase, *reason;
+	char *message;
+	int transition;
+};
+
+/*
+ * The phase machine of DESIGN.md section 5 (level-based: from the current
+ * phase, the spec and what the Sandbox shows). active is the live time
+ * including the open period.
+ */
+static void
+plan_phase(struct rctx *x, const json_t *task, const struct sbview *v,
+    int64_t active, struct plan *p)
+{
+	const char *cur = jpath(task, "status", "phase");
+	int susp = json_is_true(json_object_get(json_object_get(task, "spec"),
+	    "suspended"));
+	int64_t timeout = task_timeout(x, task);
+
+	memset(p, 0, sizeof(*p));
+	p->phase = cur;
+	if (cur == NULL || *cur == '\0') {
+		p->phase = "Pending";
+	} else if (phase_terminal(cur)) {
+		return;
+	} else if (streq(cur, "Pending")) {
+		p->phase = susp ? "Paused" : "Provisioning";
+	} else if (susp) {
+		if (!streq(cur, "Paused"))
+			p->phase = v->stopped ? "Paused" : "Pausing";
+	} else if (streq(cur, "Paused") || streq(cur, "Pausing")) {
+		p->phase = "Provisioning";
+	} else if (v->pod_failed) {
+		p->phase = "Failed";
+		p->reason = "SandboxFailed";
+		p->message = xstrdup("the sandbox pod failed");
+	} else if (v->error_since > 0 && x->now - v->error_since >
+	    CONTROLLER_ERROR_GRACE_S) {
+		p->phase = "Failed";
+		p->reason = "SandboxFailed";
+		p->message = xasprintf("the sandbox reports errors since %lld "
+		    "s: %s", (long long)(x->now - v->error_since),
+		    v->message != NULL ? v->message : "ReconcilerError");
+	} else {
+		if (v->error_since > 0)
+			want_requeue(x, (v->error_since +
+			    CONTROLLER_ERROR_GRACE_S + 1 - x->now) * 1000);
+		p->phase = v->ready ? "Active" : "Provisioning";
+	}
+	if ((phase_live(p->phase) || streq(p->phase, "Pausing")) &&
+	    timeout > 0) {
+		if (active > timeout) {
+			free(p->message);
+			p->phase = "Failed";
+			p->reason = "Timeout";
+			p->message = xasprintf("the task ran longer than %lld "
+			    "s", (long long)timeout);
+		} else if (phase_live(p->phase)) {
+			want_requeue(x, (timeout - active + 1) * 1000);
+		}
+	}
+	p->transition = !streq(p->phase, cur);
+	if (p->transition && p->reason == NULL) {
+		if (streq(p->phase, "Paused"))
+			p->reason = "Suspended";
+		else if (streq(p->phase, "Pausing"))
+			p->reason = "Suspending";
+		else if (streq(p->phase, "Active"))
+			p->reason = "SandboxReady";
+		else if (streq(p->phase, "Provisioning"))
+			p->reason = "Provisioning";
+		else
+			p->reason = "Created";
+	}
+}
+
+/* Set a condition in conds; lastTransitionTime moves with status only. */
+static void
+set_cond(json_t *conds, const json_t *old, const char *type, int ok,
+    const char *reason, const char *message, int64_t now)
+{
+	const json_t *o = find_cond(old, type);
+	const char *status = ok ? "True" : "False";
+	char ts[32];
+	json_t *c;
+
+	if (o != NULL && streq(jstr(o, "status"), status) &&
+	    jstr(o, "lastTransitionTime") != NULL) {
+		c = json_pack("{s:s,s:s,s:s,s:s,s:s}", "type", type, "status",
+		    status, "reason", reason, "message", message != NULL ?
+		    message : "", "lastTransitionTime", jstr(o,
+		    "lastTransitionTime"));
+	} else {
+		time_rfc3339(now, ts);
+		c = json_pack("{s:s,s:s,s:s,s:s,s:s}", "type", type, "status",
+		    status, "reason", reason, "message", message != NULL ?
+		    message : "", "lastTransitionTime", ts);
+	}
+	json_array_append_new(conds, c);
+}
+
+/* ------------------------------------------------------ status writes */
+
+/*
+ * Write the changed members of status with the task's resourceVersion
+ * (a merge patch of the status subresource). 0, K8S_ECONFLICT (start
+ * again from a fresh read) or another error.
+ */
+static int
+write_status(struct rctx *x, json_t *task, const json_t *want)
+{
+	const json_t *old = json_object_get(task, "status");
+	struct k8s_status st = { 0 };
+	json_t *patch, *s;
+	const char *k;
+	json_t *v;
+	int rc;
+
+	s = json_object();
+	json_object_foreach((json_t *)want, k, v) {
+		if (json_is_null(v) ? json_object_get(old, k) != NULL :
+		    !json_equal(v, json_object_get(old, k)))
+			json_object_set(s, k, v);
+	}
+	if (json_object_size(s) == 0) {
+		json_decref(s);
+		return 0;
+	}
+	patch = json_pack("{s:{s:s},s:o}", "metadata", "resourceVersion",
+	    k8s_meta_str(task, "resourceVersion"), "status", s);
+	if (log_enabled(LOG_DEBUG)) {
+		char *d = json_dumps(json_object_get(patch, "status"),
+		    JSON_COMPACT);
+
+		log_kv(LOG_DEBUG, "task status write", "task", x->name,
+		    "namespace", x->ns, "status", d, NULL);
+		free(d);
+	}
+	rc = k8s_patch(x->cc->store, &K8S_AGENTTASK, x->ns, x->name, 1,
+	    patch, NULL, &st);
+	json_decref(patch);
+	if (rc == 0)
+		x->writes++;
+	else if (rc != K8S_ECONFLICT)
+		note_cause(x, "task status", &st);
+	k8s_status_release(&st);
+	return rc;
+}
+
+/* The preview annotations on the task (metadata, not status). */
+static int
+write_annotations(struct rctx *x, json_t **task, const char *env,
+    const char *url)
+{
+	const json_t *ann = json_object_get(json_object_get(*task,
+	    "metadata"), "annotations");
+	struct k8s_status st = { 0 };
+	json_t *patch, *out = NULL;
+	int rc;
+
+	if ((env == NULL ? jstr(ann, ANN_PREFIX "preview-environment") ==
+	    NULL : streq(jstr(ann, ANN_PREFIX "preview-environment"), env)) &&
+	    (url == NULL ? jstr(ann, ANN_PREFIX "preview-url") == NULL :
+	    streq(jstr(ann, ANN_PREFIX "preview-url"), url)))
+		return 0;
+	patch = json_pack("{s:{s:s,s:{s:o,s:o}}}", "metadata",
+	    "resourceVersion", k8s_meta_str(*task, "resourceVersion"),
+	    "annotations", ANN_PREFIX "preview-environment", env != NULL ?
+	    json_string(env) : json_null(), ANN_PREFIX "preview-url",
+	    url != NULL ? json_string(url) : json_null());
+	rc = k8s_patch(x->cc->store, &K8S_AGENTTASK, x->ns, x->name, 0,
+	    patch, &out, &st);
+	json_decref(patch);
+	if (rc == 0) {
+		x->writes++;
+		json_decref(*task);
+		*task = out;
+	} else if (rc != K8S_ECONFLICT) {
+		note_cause(x, "task annotations", &st);
+	}
+	k8s_status_release(&st);
+	return rc;
+}
+
+static int
+revoke(struct rctx *x, const json_t *index, const char *id)
+{
+	char *cause = NULL;
+
+	if (id == NULL || !index_active(index, id, x->name))
+		return 0;
+	if (meter_revoke_token(x->cc->meter, x->ns, id, &cause) < 0) {
+		if (x->cause == NULL)
+			x->cause = cause;
+		else
+			free(cause);
+		return K8S_EUNAVAILABLE;
+	}
+	x->writes++;
+	return 0;
+}
+
+/* ---------------------------------------------------------- reconcile */
+
+/*
+ * One pass over a fresh read. K8S_ECONFLICT means the task changed under
+ * us: the caller starts again.
+ */
+static int
+reconcile_once(struct rctx *x)
+{
+	struct obs o;
+	struct sbview v;
+	struct plan p;
+	json_t *status = NULL, *conds, *sbres = NULL;
+	const json_t *old;
+	char *ename = NULL, *purl = NULL, *conflict = NULL, *token = NULL;
+	char *tid = NULL, shutdown[32], ts[32];
+	const char *sec_id, *mode, *tok_live_id = NULL;
+	int rc, live, children, paused, preview, has_shutdown = 0;
+	int env_exists = 0;
+	int64_t active, open_since = 0, end;
+	const json_t *tc;
+	struct k8s_status st = { 0 };
+
+	memset(&o, 0, sizeof(o));
+	memset(&p, 0, sizeof(p));
+	rc = k8s_get(x->cc->store, &K8S_AGENTTASK, x->ns, x->name, &o.task,
+	    &st);
+	if (rc == K8S_ENOTFOUND) {
+		k8s_status_release(&st);
+		return 0;
+	}
+	if (rc < 0) {
+		note_cause(x, "task", &st);
+		k8s_status_release(&st);
+		return rc;
+	}
+	if (json_object_get(json_object_get(o.task, "metadata"),
+	    "deletionTimestamp") != NULL) {
+		controller_task_deleted(x->cc, o.task);
+		goto out;
+	}
+	x->uid = k8s_meta_str(o.task, "uid");
+	rc = observe(x, &o);
+	if (rc < 0)
+		goto out;
+	old = json_object_get(o.task, "status");
+
+	/* the Sandbox as observed, the live time, the phase */
+	view_sandbox(o.claim.obj != NULL ? o.bound : o.sandbox.obj,
+	    o.claim.obj, &v);
+	if (o.claim.obj != NULL && o.bound == NULL)
+		v.stopped = 1;
+	active = json_integer_value(json_object_get(old, "activeSeconds"));
+	tc = find_cond(o.task, "TokenIssued");
+	if (tc != NULL && streq(jstr(tc, "status"), "True"))
+		open_since = parse_time(jstr(tc, "lastTransitionTime"));
+	if (open_since > 0 && x->now > open_since)
+		active += x->now - open_since;
+	plan_phase(x, o.task, &v, active, &p);
+	live = phase_live(p.phase);
+	children = live || streq(p.phase, "Pausing");
+	paused = streq(p.phase, "Pausing") || streq(p.phase, "Paused");
+	preview = preview_wanted(o.task);
+	ename = env_name(x->name);
+	if (preview)
+		purl = preview_url(x->cfg, ename);
+
+	/* the token: live phases hold an active one, others none */
+	sec_id = o.secret.obj != NULL ? jpath(json_object_get(o.secret.obj,
+	    "metadata"), "annotations", CONTROLLER_ANN_TOKEN_ID) : NULL;
+	if (live && sec_id != NULL && index_active(o.index, sec_id, x->name)) {
+		tok_live_id = sec_id;
+	} else if (live && !o.secret.conflict) {
+		char *cause = NULL;
+		int64_t exp = x->now + task_timeout(x, o.task) +
+		    CONTROLLER_TOKEN_SLACK_S;
+		json_t *sec;
+
+		if (meter_issue_token(x->cc->meter, o.task, exp, &token, &tid,
+		    &cause) < 0) {
+			x->cause = xasprintf("token: %s", cause ? cause : "?");
+			free(cause);
+			rc = K8S_EUNAVAILABLE;
+			goto out;
+		}
+		count_write(x);
+		{
+			char *sname = token_secret_name(x->name);
+			char *b64 = base64_encode((const unsigned char *)token,
+			    strlen(token), 0, 1);
+
+			sec = json_pack("{s:s,s:s,s:o,s:s,s:{s:s}}",
+			    "apiVersion", "v1", "kind", "Secret", "metadata",
+			    owner_meta(x, sname), "type", "Opaque", "data",
+			    "token", b64);
+			json_object_set_new(json_object_get(sec, "metadata"),
+			    "annotations", json_pack("{s:s}",
+			    CONTROLLER_ANN_TOKEN_ID, tid));
+			free(b64);
+			free(sname);
+		}
+		rc = apply_child(x, &K8S_SECRET, o.secret.obj, sec, 0, NULL);
+		if (rc < 0)
+			goto out;
+		if (rc == 1) {
+			o.secret.conflict = 1;
+			revoke(x, o.index, tid);
+		} else {
+			tok_live_id = tid;
+		}
+		rc = 0;
+	}
+	if (!live) {
+		/* pause, completion, failure: revoke what is live */
+		json_t *idx = o.index;
+
+		if ((rc = revoke(x, idx, jstr(old, "tokenId"))) < 0 ||
+		    (rc = revoke(x, idx, sec_id)) < 0)
+			goto out;
+	}
+
+	/* the end of the task: shut the sandbox down after the audit */
+	if (phase_terminal(p.phase)) {
+		end = parse_time(jstr(old, "completedAt"));
+		if (end == 0)
+			end = x->now;
+		time_rfc3339(end + x->cfg->sandbox.audit_window_s, shutdown);
+		has_shutdown = 1;
+	}
+	mode = paused ? "Suspended" : "Running";
+
+	/* the Environment */
+	if (preview && (children || o.env.obj != NULL) && !o.env.conflict) {
+		rc = apply_child(x, &K8S_ENVIRONMENT, o.env.obj,
+		    desired_env(x, o.task, paused, paused ? NULL : v.pod_ip),
+		    0, NULL);
+		if (rc < 0)
+			goto out;
+		if (rc == 1)
+			o.env.conflict = 1;
+		else
+			env_exists = 1;
+		rc = 0;
+	}
+
+	/* the Sandbox or SandboxClaim */
+	if (!x->cfg->sandbox.warm_pool && !o.sandbox.conflict &&
+	    (children || o.sandbox.obj != NULL)) {
+		rc = apply_child(x, &K8S_SANDBOX, o.sandbox.obj,
+		    desired_sandbox(x, o.task, purl, mode, has_shutdown ?
+		    shutdown : NULL), 0, &sbres);
+		if (rc < 0)
+			goto out;
+		if (rc == 1)
+			o.sandbox.conflict = 1;
+		rc = 0;
+	} else if (x->cfg->sandbox.warm_pool && !o.claim.conflict &&
+	    ((children && (tok_live_id != NULL || paused)) ||
+	    o.claim.obj != NULL)) {
+		/* the token the claim carries: the live one, else keep */
+		const char *ctok = token;
+		char *kept = NULL;
+
+		if (ctok == NULL && o.secret.obj != NULL) {
+			const char *t64 = jpath(o.secret.obj, "data", "token");
+			unsigned char *raw = NULL;
+			size_t n;
+
+			if (t64 != NULL && base64_decode(t64, strlen(t64),
+			    &raw, &n) == 0)
+				kept = (char *)raw;
+			ctok = kept;
+		}
+		rc = apply_child(x, &K8S_SANDBOXCLAIM, o.claim.obj,
+		    desired_claim(x, o.task, purl, ctok, has_shutdown ?
+		    shutdown : NULL), 0, NULL);
+		if (kept != NULL) {
+			secure_wipe(kept, strlen(kept));
+			free(kept);
+		}
+		if (rc < 0)
+			goto out;
+		if (rc == 1)
+			o.claim.conflict = 1;
+		rc = 0;
+		if (o.bound != NULL && !phase_terminal(p.phase) &&
+		    (rc = patch_bound(x, o.bound, mode)) < 0)
+			goto out;
+	}
+
+	/* conditions and messages describe the Sandbox as now written */
+	if (sbres != NULL)
+		view_sandbox(sbres, NULL, &v);
+
+	/* the namespace's NetworkPolicy */
+	if (children && x->cfg->sandbox.network_policy && !o.netpol.conflict) {
+		rc = apply_child(x, &K8S_NETWORKPOLICY, o.netpol.obj,
+		    desired_netpol(x), 1, NULL);
+		if (rc < 0)
+			goto out;
+		if (rc == 1)
+			o.netpol.conflict = 1;
+		rc = 0;
+	}
+
+	if (o.secret.conflict || o.sandbox.conflict || o.claim.conflict ||
+	    o.env.conflict || o.netpol.conflict) {
+		char *sname = token_secret_name(x->name);
+
+		conflict = xasprintf("%s '%s' exists and is not owned by this "
+		    "task", o.secret.conflict ? "secret" : o.sandbox.conflict ?
+		    "sandbox" : o.claim.conflict ? "sandboxclaim" :
+		    o.env.conflict ? "environment" : "networkpolicy",
+		    o.secret.conflict ? sname : o.env.conflict ? ename :
+		    o.sandbox.conflict || o.claim.conflict ? x->name :
+		    CONTROLLER_NETPOL);
+		free(sname);
+	}
+
+	/* the task's preview annotations */
+	if (env_exists)
+		rc = write_annotations(x, &o.task, ename, purl);
+	else
+		rc = write_annotations(x, &o.task, NULL, NULL);
+	if (rc < 0)
+		goto out;
+	old = json_object_get(o.task, "status");
+
+	/* the status */
+	status = json_object();
+	json_object_set_new(status, "phase", json_string(p.phase));
+	if (p.transition) {
+		json_object_set_new(status, "reason", json_string(p.reason));
+		if (p.message != NULL)
+			json_object_set_new(status, "message",
+			    json_string(p.message));
+	}
+	if (conflict != NULL && !phase_terminal(p.phase))
+		json_object_set_new(status, "message", json_string(conflict));
+	else if (!phase_terminal(p.phase) && !streq(p.phase, "Paused") &&
+	    p.message == NULL) {
+		char *m;
+
+		if (streq(p.phase, "Active"))
+			m = xstrdup("the agent is running");
+		else if (streq(p.phase, "Pausing"))
+			m = xstrdup("waiting for the sandbox to stop");
+		else if (streq(p.phase, "Pending"))
+			m = xstrdup("waiting to provision");
+		else
+			m = xasprintf("waiting for the sandbox: %s",
+			    v.message != NULL ? v.message : "not ready");
+		json_object_set_new(status, "message", json_string(m));
+		free(m);
+	} else if (p.transition && streq(p.phase, "Paused") &&
+	    p.message == NULL) {
+		json_object_set_new(status, "message",
+		    json_string("the task is paused"));
+	}
+	json_object_set_new(status, "observedGeneration", json_integer(
+	    k8s_meta_int(o.task, "generation")));
+	if (!live && open_since > 0) {
+		/* a live period closes: count it */
+		json_object_set_new(status, "activeSeconds",
+		    json_integer(active));
+	}
+	if (tok_live_id != NULL)
+		json_object_set_new(status, "tokenId",
+		    json_string(tok_live_id));
+	if (!x->cfg->sandbox.warm_pool && (o.sandbox.obj != NULL ||
+	    sbres != NULL))
+		json_object_set_new(status, "sandboxName",
+		    json_string(x->name));
+	else if (o.bound != NULL)
+		json_object_set_new(status, "sandboxName",
+		    json_string(k8s_meta_str(o.bound, "name")));
+	json_object_set_new(status, "previewEnvironment", env_exists ?
+	    json_string(ename) : json_null());
+	json_object_set_new(status, "previewUrl", env_exists && purl != NULL ?
+	    json_string(purl) : json_null());
+	if (live && jstr(old, "startedAt") == NULL) {
+		time_rfc3339(x->now, ts);
+		json_object_set_new(status, "startedAt", json_string(ts));
+	}
+	if (phase_terminal(p.phase) && jstr(old, "completedAt") == NULL) {
+		time_rfc3339(x->now, ts);
+		json_object_set_new(status, "completedAt", json_string(ts));
+	}
+
+	/* conditions: Ready, TokenIssued, SandboxReady, PreviewReady */
+	conds = json_array();
+	if (conflict != NULL)
+		set_cond(conds, o.task, "Ready", 0, "ChildConflict", conflict,
+		    x->now);
+	else
+		set_cond(conds, o.task, "Ready", streq(p.phase, "Active"),
+		    streq(p.phase, "Active") ? "Active" : p.phase,
+		    streq(p.phase, "Active") ? "the agent is running" :
+		    p.message != NULL ? p.message : NULL, x->now);
+	if (tok_live_id != NULL)
+		set_cond(conds, o.task, "TokenIssued", 1, "Issued", NULL,
+		    x->now);
+	else
+		set_cond(conds, o.task, "TokenIssued", 0, o.secret.conflict ?
+		    "ChildConflict" : jstr(old, "tokenId") != NULL ?
+		    "Revoked" : "NotIssued", NULL, x->now);
+	if (o.sandbox.conflict || o.claim.conflict)
+		set_cond(conds, o.task, "SandboxReady", 0, "ChildConflict",
+		    conflict, x->now);
+	else if (v.present)
+		set_cond(conds, o.task, "SandboxReady", v.ready, v.reason ?
+		    v.reason : "SandboxNotReady", v.message, x->now);
+	else
+		set_cond(conds, o.task, "SandboxReady", 0, "SandboxMissing",
+		    NULL, x->now);
+	if (!preview)
+		set_cond(conds, o.task, "PreviewReady", 0, "PreviewDisabled",
+		    NULL, x->now);
+	else if (o.env.conflict)
+		set_cond(conds, o.task, "PreviewReady", 0, "ChildConflict",
+		    conflict, x->now);
+	else if (paused)
+		set_cond(conds, o.task, "PreviewReady", 0, "Hibernated", NULL,
+		    x->now);
+	else if (env_exists)
+		set_cond(conds, o.task, "PreviewReady", 1, "EnvironmentReady",
+		    NULL, x->now);
+	else
+		set_cond(conds, o.task, "PreviewReady", 0, "NotCreated", NULL,
+		    x->now);
+	json_object_set_new(status, "conditions", conds);
+	rc = write_status(x, o.task, status);
+	if (rc == 0 && p.transition)
+		log_kv(LOG_INFO, "task phase", "task", x->name, "namespace",
+		    x->ns, "phase", p.phase, "reason", p.reason, NULL);
+	if (rc == 0 && p.transition && streq(p.phase, "Pending"))
+		want_requeue(x, 0);
+out:
+	json_decref(status);
+	json_decref(sbres);
+	if (token != NULL) {
+		secure_wipe(token, strlen(token));
+		free(token);
+	}
+	free(tid);
+	free(ename);
+	free(purl);
+	free(conflict);
+	free(p.message);
+	obs_release(&o);
+	return rc;
+}
+
+/* Reconcile one task. */
+int
+controller_reconcile(const struct controller_config *cfg, const char *ns,
+    const char *name, int64_t *requeue_ms, char **cause)
+{
+	struct rctx x;
+	int tries, rc = 0;
+
+	memset(&x, 0, sizeof(x));
+	x.cc = cfg;
+	x.cfg = cfg->cfg;
+	x.ns = ns;
+	x.name = name;
+	for (tries = 0; tries < MAX_TASK_RETRIES; tries++) {
+		x.now = now_unix();
+		x.requeue_ms = -1;
+		rc = reconcile_once(&x);
+		if (rc != K8S_ECONFLICT)
+			break;
+	}
+	if (rc == K8S_ECONFLICT && x.cause == NULL)
+		x.cause = xstrdup("task: too many conflicting writers");
+	if (rc == 0 && requeue_ms != NULL)
+		*requeue_ms = x.requeue_ms;
+	if (rc < 0 && cause != NULL)
+		*cause = x.cause != NULL ? x.cause : xstrdup("reconcile "
+		    "failed");
+	else
+		free(x.cause);
+	return rc;
+}
+
+/* Revoke a deleted task's token. */
+void
+controller_task_deleted(const struct controller_config *cfg,
+    const json_t *task)
+{
+	const char *ns = k8s_meta_str(task, "namespace");
+	const char *id = jpath(task, "status", "tokenId");
+	char *cause = NULL;
+
+	if (ns == NULL || id == NULL || cfg->meter == NULL)
+		return;
+	if (meter_revoke_token(cfg->meter, ns, id, &cause) < 0)
+		log_kv(LOG_WARN, "token revocation failed", "task",
+		    k8s_meta_str(task, "name"), "namespace", ns, "error",
+		    cause, NULL);
+	free(cause);
+}

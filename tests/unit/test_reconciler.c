@@ -1,0 +1,1374 @@
+/*
+ * The AgentTask reconciler on the embedded store (and, for the happy path
+ * and pause/resume, through the REST client against the embedded store
+ * served over HTTP). Nothing runs Sandboxes here, so the tests play the
+ * agent-sandbox controller: they write Sandbox status the way
+ * reference/agent-sandbox.md describes it.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <sys/stat.h>
+
+#include "config/config.h"
+#include "controller/controller.h"
+#include "meter/meter.h"
+#include "storeenv.h"
+
+#define NS "rec"
+
+static struct storeenv env;
+static struct k8s_api *store;	/* the embedded store itself */
+static struct meter *meter;
+static struct config cfg;
+static struct controller_config cc;
+static unsigned char key[MACAROON_KEY_LEN];
+static int counter;
+
+static int
+streq_safe(const char *a, const char *b)
+{
+	return a != NULL && b != NULL && strcmp(a, b) == 0;
+}
+
+static void
+open_all(int mode)
+{
+	struct meter_config mc;
+	char *cause = NULL;
+
+	assert_int_equal(storeenv_open(&env, mode, 1000), 0);
+	store = mode == 1 ? env.api : env.backing;
+	memset(&mc, 0, sizeof(mc));
+	mc.store = env.api;
+	mc.root_key = key;
+	mc.location = "http://127.0.0.1:8080";
+	mc.default_budget_usd_micro = cfg.defaults.budget_usd_micro;
+	mc.default_budget_tokens = cfg.defaults.budget_tokens;
+	assert_int_equal(meter_new(&meter, &mc, &cause), 0);
+	memset(&cc, 0, sizeof(cc));
+	cc.store = env.api;
+	cc.meter = meter;
+	cc.cfg = &cfg;
+}
+
+static void
+close_all(void)
+{
+	meter_free(meter);
+	meter = NULL;
+	storeenv_close(&env);
+}
+
+static int
+setup(void **state)
+{
+	(void)state;
+	util_json_init();
+	log_setup(LOG_ERROR, 0);
+	random_bytes(key, sizeof(key));
+	config_defaults(&cfg);
+	cfg.preview.url_template = xstrdup("https://preview.example.com/"
+	    "?_diverge_env={env}");
+	open_all(1);
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	(void)state;
+	close_all();
+	config_release(&cfg);
+	return 0;
+}
+
+/* ---------------------------------------------------------- fixtures */
+
+static char *
+new_task(const char *spec_extra, const char *ann_extra)
+{
+	struct k8s_status st = { 0 };
+	char *name = xasprintf("t%d", ++counter);
+	char *text = xasprintf("{\"apiVersion\":\"divergedev.com/v1alpha1\","
+	    "\"kind\":\"AgentTask\",\"metadata\":{\"name\":\"%s\","
+	    "\"annotations\":{\"divergedev.com/preview-service\":\"web\","
+	    "\"divergedev.com/preview-port\":\"8080\"%s}},\"spec\":{"
+	    "\"objective\":\"fix the N+1 queries\",\"repository\":{\"url\":"
+	    "\"https://github.com/o/r\",\"baseBranch\":\"main\","
+	    "\"workingBranch\":\"diverge/fix-1\"},\"maxIterations\":8,"
+	    "\"capabilities\":[\"claude-*\"],\"allowedTools\":[\"bash\","
+	    "\"git\"],\"budgetUSD\":\"2.50\",\"budgetTokens\":100000,"
+	    "\"sandbox\":{\"provider\":\"agent-sandbox\",\"timeoutSeconds\":"
+	    "1800}%s}}", name, ann_extra ? ann_extra : "", spec_extra ?
+	    spec_extra : "");
+	json_t *o = json_loads(text, 0, NULL);
+
+	assert_non_null(o);
+	assert_int_equal(k8s_create(env.api, &K8S_AGENTTASK, NS, o, NULL,
+	    &st), 0);
+	json_decref(o);
+	free(text);
+	return name;
+}
+
+static json_t *
+get(const struct k8s_resource *r, const char *name)
+{
+	struct k8s_status st = { 0 };
+	json_t *o = NULL;
+	int rc = k8s_get(env.api, r, NS, name, &o, &st);
+
+	k8s_status_release(&st);
+	return rc == 0 ? o : NULL;
+}
+
+static json_t *
+get_task(const char *name)
+{
+	json_t *o = get(&K8S_AGENTTASK, name);
+
+	assert_non_null(o);
+	return o;
+}
+
+static const json_t *
+jget(const json_t *o, const char *path)
+{
+	char p[256], *seg, *save = NULL;
+	const json_t *cur = o;
+
+	snprintf(p, sizeof(p), "%s", path);
+	for (seg = strtok_r(p, ".", &save); seg != NULL && cur != NULL;
+	    seg = strtok_r(NULL, ".", &save)) {
+		/* label and annotation keys hold dots: the rest is the key */
+		if (strcmp(seg, "labels") == 0 ||
+		    strcmp(seg, "annotations") == 0) {
+			cur = json_object_get(cur, seg);
+			seg = strtok_r(NULL, "", &save);
+			if (seg != NULL)
+				cur = json_object_get(cur, seg);
+			break;
+		}
+		if (json_is_array(cur))
+			cur = json_array_get(cur, (size_t)strtol(seg, NULL,
+			    10));
+		else
+			cur = json_object_get(cur, seg);
+	}
+	return cur;
+}
+
+static const char *
+jp(const json_t *o, const char *path)
+{
+	static char buf[16][256];
+	static int slot;
+	char *p = buf[slot++ % 16];
+	const json_t *cur;
+
+	snprintf(p, 256, "%s", path);
+	cur = jget(o, p);
+	return json_string_value(cur);
+}
+
+static void
+reconcile(const char *name)
+{
+	char *cause = NULL;
+	int rc = controller_reconcile(&cc, NS, name, NULL, &cause);
+
+	if (rc != 0)
+		fprintf(stderr, "# reconcile: %s\n", cause ? cause : "?");
+	assert_int_equal(rc, 0);
+	free(cause);
+}
+
+static void
+assert_phase(const char *name, const char *phase)
+{
+	json_t *t = get_task(name);
+
+	if (!streq_safe(jp(t, "status.phase"), phase))
+		fprintf(stderr, "# %s: phase %s, want %s (%s)\n", name,
+		    jp(t, "status.phase"), phase, jp(t, "status.message"));
+	assert_string_equal(jp(t, "status.phase"), phase);
+	json_decref(t);
+}
+
+static const json_t *
+cond(const json_t *obj, const char *type)
+{
+	size_t i;
+	json_t *c;
+
+	json_array_foreach(json_object_get(json_object_get(obj, "status"),
+	    "conditions"), i, c)
+		if (strcmp(json_string_value(json_object_get(c, "type")),
+		    type) == 0)
+			return c;
+	return NULL;
+}
+
+/*
+ * Play the agent-sandbox controller: Ready status/reason for the current
+ * generation (gen_delta -1: a stale one), a pod IP or none, and the
+ * Suspended condition.
+ */
+static void
+play(const char *name, const char *ready, const char *reason, int gen_delta,
+    const char *ip, int suspended, int64_t ltt)
+{
+	struct k8s_status st = { 0 };
+	json_t *sb = get(&K8S_SANDBOX, name), *status;
+	char ts[32];
+
+	assert_non_null(sb);
+	time_rfc3339(ltt ? ltt : now_unix(), ts);
+	status = json_pack("{s:[{s:s,s:s,s:s,s:s,s:I,s:s},{s:s,s:s,s:s,s:s,"
+	    "s:I,s:s}]}", "conditions", "type", "Ready", "status", ready,
+	    "reason", reason, "message", "played", "observedGeneration",
+	    (json_int_t)(k8s_meta_int(sb, "generation") + gen_delta),
+	    "lastTransitionTime", ts, "type", "Suspended", "status",
+	    suspended ? "True" : "False", "reason", suspended ?
+	    "PodTerminated" : "NotSuspended", "message", "",
+	    "observedGeneration", (json_int_t)k8s_meta_int(sb, "generation"),
+	    "lastTransitionTime", ts);
+	if (ip != NULL)
+		json_object_set_new(status, "podIPs", json_pack("[s]", ip));
+	json_object_set_new(sb, "status", status);
+	assert_int_equal(k8s_update_status(env.api, &K8S_SANDBOX, NS, name,
+	    sb, NULL, &st), 0);
+	json_decref(sb);
+}
+
+static void
+set_suspended(const char *name, int on)
+{
+	struct k8s_status st = { 0 };
+	json_t *p = json_pack("{s:{s:b}}", "spec", "suspended", on);
+
+	assert_int_equal(k8s_patch(env.api, &K8S_AGENTTASK, NS, name, 0, p,
+	    NULL, &st), 0);
+	json_decref(p);
+}
+
+static void
+patch_status(const char *name, const char *json)
+{
+	struct k8s_status st = { 0 };
+	json_t *p = json_loads(json, 0, NULL);
+
+	assert_non_null(p);
+	assert_int_equal(k8s_patch(env.api, &K8S_AGENTTASK, NS, name, 1, p,
+	    NULL, &st), 0);
+	json_decref(p);
+}
+
+/* The token of the task's Secret (a new string). */
+static char *
+token_of(const char *name)
+{
+	char *sname = xasprintf("%s-token", name);
+	json_t *s = get(&K8S_SECRET, sname);
+	const char *b64;
+	unsigned char *raw = NULL;
+	size_t n;
+
+	assert_non_null(s);
+	b64 = jp(s, "data.token");
+	assert_non_null(b64);
+	assert_int_equal(base64_decode(b64, strlen(b64), &raw, &n), 0);
+	json_decref(s);
+	free(sname);
+	return (char *)raw;
+}
+
+/* The state of token id in the index ("active", "revoked" or NULL). */
+static char *
+index_state(const char *id)
+{
+	json_t *idx = get(&K8S_SECRET, METER_INDEX_SECRET), *e;
+	const char *v;
+	unsigned char *raw = NULL;
+	size_t n;
+	char *state = NULL;
+
+	v = json_string_value(json_object_get(json_object_get(idx, "data"),
+	    id));
+	if (v != NULL && base64_decode(v, strlen(v), &raw, &n) == 0) {
+		e = json_loadb((char *)raw, n, 0, NULL);
+		if (json_string_value(json_object_get(e, "state")) != NULL)
+			state = xstrdup(json_string_value(json_object_get(e,
+			    "state")));
+		json_decref(e);
+	}
+	free(raw);
+	json_decref(idx);
+	return state;
+}
+
+static void
+assert_index(const char *id, const char *state)
+{
+	char *s = index_state(id);
+
+	assert_non_null(s);
+	assert_string_equal(s, state);
+	free(s);
+}
+
+static int
+charge(const char *token, int64_t tokens, const char *rid)
+{
+	struct meter_reply r = { 0 };
+	char *auth = xasprintf("Bearer %s", token);
+	char *body = xasprintf("{\"requestId\":\"%s\",\"iteration\":1,"
+	    "\"model\":\"claude-3\",\"tokensUsed\":%lld,\"costUSD\":0.01}",
+	    rid, (long long)tokens);
+	int status;
+
+	meter_charge(meter, auth, body, strlen(body), &r);
+	status = r.status;
+	meter_reply_release(&r);
+	free(auth);
+	free(body);
+	return status;
+}
+
+static uint64_t
+writes(void)
+{
+	return k8s_embedded_write_count(store);
+}
+
+static const char *
+env_value(const json_t *container, const char *name)
+{
+	size_t i;
+	json_t *e;
+
+	json_array_foreach(json_object_get(container, "env"), i, e)
+		if (strcmp(json_string_value(json_object_get(e, "name")),
+		    name) == 0)
+			return json_string_value(json_object_get(e, "value"));
+	return NULL;
+}
+
+/* The owner reference and labels every child carries. */
+static void
+assert_owned(const json_t *child, const json_t *task)
+{
+	const json_t *ref = jget(child, "metadata.ownerReferences.0");
+
+	assert_int_equal(json_array_size(jget(child,
+	    "metadata.ownerReferences")), 1);
+	assert_string_equal(jp(ref, "apiVersion"), "divergedev.com/v1alpha1");
+	assert_string_equal(jp(ref, "kind"), "AgentTask");
+	assert_string_equal(jp(ref, "name"), k8s_meta_str(task, "name"));
+	assert_string_equal(jp(ref, "uid"), k8s_meta_str(task, "uid"));
+	assert_true(json_is_true(json_object_get(ref, "controller")));
+	assert_string_equal(jp(child, "metadata.labels.divergedev.com/task"),
+	    k8s_meta_str(task, "name"));
+}
+
+/* Create a task and bring it to Provisioning (two passes). */
+static char *
+provisioned(const char *spec_extra, const char *ann_extra)
+{
+	char *name = new_task(spec_extra, ann_extra);
+
+	reconcile(name);
+	assert_phase(name, "Pending");
+	reconcile(name);
+	assert_phase(name, "Provisioning");
+	return name;
+}
+
+static char *
+active(void)
+{
+	char *name = provisioned(NULL, NULL);
+
+	play(name, "True", "DependenciesReady", 0, "10.0.0.7", 0, 0);
+	reconcile(name);
+	assert_phase(name, "Active");
+	return name;
+}
+
+/* ------------------------------------------------------------- tests */
+
+/* (new) -> Pending, nothing else written. */
+static void
+test_new_pending(void **state)
+{
+	char *name = new_task(NULL, NULL);
+	uint64_t w0 = writes();
+	json_t *t;
+	char *sname = xasprintf("%s-token", name);
+
+	(void)state;
+	reconcile(name);
+	assert_int_equal(writes() - w0, 1);
+	t = get_task(name);
+	assert_string_equal(jp(t, "status.phase"), "Pending");
+	assert_int_equal(json_integer_value(jget(t,
+	    "status.observedGeneration")), 1);
+	assert_null(get(&K8S_SANDBOX, name));
+	assert_null(get(&K8S_SECRET, sname));
+	json_decref(t);
+	free(sname);
+	free(name);
+}
+
+/* Pending -> Provisioning: every child, exactly shaped. */
+static void
+test_provisioning_children(void **state)
+{
+	char *name = provisioned(NULL, NULL), *sname, *ename, *token;
+	json_t *t = get_task(name), *sec, *sb, *envo, *np, *pod, *c;
+	struct macaroon *m = NULL;
+	int64_t exp = 0;
+	const char *id;
+	char purl[256];
+
+	(void)state;
+	sname = xasprintf("%s-token", name);
+	ename = xasprintf("agent-preview-%s", name);
+	snprintf(purl, sizeof(purl), "https://preview.example.com/"
+	    "?_diverge_env=%s", ename);
+
+	/* token Secret, index entry, status.tokenId, caveats */
+	sec = get(&K8S_SECRET, sname);
+	assert_non_null(sec);
+	assert_owned(sec, t);
+	assert_string_equal(jp(sec, "type"), "Opaque");
+	id = jp(t, "status.tokenId");
+	assert_non_null(id);
+	assert_string_equal(jp(sec, "metadata.annotations."
+	    "divergedev.com/token-id"), id);
+	assert_index(id, "active");
+	token = token_of(name);
+	assert_int_equal(macaroon_inspect(token, strlen(token), &m, NULL), 0);
+	assert_string_equal(macaroon_value(m, "task_id"), name);
+	assert_string_equal(macaroon_value(m, "namespace"), NS);
+	assert_string_equal(macaroon_value(m, "repo"),
+	    "https://github.com/o/r");
+	assert_string_equal(macaroon_value(m, "branch"), "diverge/fix-1");
+	assert_string_equal(macaroon_value(m, "tools"), "bash,git");
+	assert_string_equal(macaroon_value(m, "models"), "claude-*");
+	assert_string_equal(macaroon_value(m, "max_cost_usd"), "2.500000");
+	assert_string_equal(macaroon_value(m, "max_tokens"), "100000");
+	assert_int_equal(macaroon_expires(m, &exp), 0);
+	assert_true(exp >= now_unix() + 1800 + 3600 - 5 &&
+	    exp <= now_unix() + 1800 + 3600);
+	macaroon_free(m);
+	assert_int_equal(charge(token, 10, "r1"), 200);
+	free(token);
+
+	/* Environment */
+	envo = get(&K8S_ENVIRONMENT, ename);
+	assert_non_null(envo);
+	assert_owned(envo, t);
+	assert_string_equal(jp(envo, "apiVersion"), "divergedev.com/v1alpha1");
+	assert_string_equal(jp(envo, "spec.branch"), "diverge/fix-1");
+	assert_string_equal(jp(envo, "spec.repository"),
+	    "https://github.com/o/r");
+	assert_string_equal(jp(envo, "spec.service"), "web");
+	assert_int_equal(json_integer_value(jget(envo, "spec.port")), 8080);
+	assert_null(jget(envo, "metadata.annotations.divergedev.com/"
+	    "hibernated"));
+	assert_string_equal(jp(t, "metadata.annotations.divergedev.com/"
+	    "preview-environment"), ename);
+	assert_string_equal(jp(t, "metadata.annotations.divergedev.com/"
+	    "preview-url"), purl);
+	assert_string_equal(jp(t, "status.previewEnvironment"), ename);
+	assert_string_equal(jp(t, "status.previewUrl"), purl);
+
+	/* Sandbox */
+	sb = get(&K8S_SANDBOX, name);
+	assert_non_null(sb);
+	assert_owned(sb, t);
+	assert_string_equal(jp(sb, "apiVersion"), "agents.x-k8s.io/v1beta1");
+	assert_string_equal(jp(sb, "spec.operatingMode"), "Running");
+	assert_null(jget(sb, "spec.shutdownTime"));
+	assert_null(jget(sb, "spec.replicas"));
+	assert_string_equal(jp(sb, "spec.podTemplate.metadata.labels."
+	    "divergedev.com/task"), name);
+	pod = (json_t *)jget(sb, "spec.podTemplate.spec");
+	assert_true(json_is_false(json_object_get(pod,
+	    "automountServiceAccountToken")));
+	assert_null(json_object_get(pod, "runtimeClassName"));
+	assert_true(json_is_true(jget(pod, "securityContext.runAsNonRoot")));
+	assert_int_equal(json_integer_value(jget(pod,
+	    "securityContext.runAsUser")), 64000);
+	assert_int_equal(json_integer_value(jget(pod,
+	    "securityContext.runAsGroup")), 64000);
+	assert_int_equal(json_integer_value(jget(pod,
+	    "securityContext.fsGroup")), 64000);
+	assert_string_equal(jp(pod, "securityContext.seccompProfile.type"),
+	    "RuntimeDefault");
+	assert_int_equal(json_array_size(json_object_get(pod, "containers")),
+	    1);
+	c = json_array_get(json_object_get(pod, "containers"), 0);
+	assert_string_equal(jp(c, "image"),
+	    "ghcr.io/divergedev/agent-runner:latest");
+	assert_true(json_is_true(jget(c,
+	    "securityContext.readOnlyRootFilesystem")));
+	assert_true(json_is_false(jget(c,
+	    "securityContext.allowPrivilegeEscalation")));
+	assert_true(json_is_true(jget(c, "securityContext.runAsNonRoot")));
+	assert_string_equal(jp(c, "securityContext.capabilities.drop.0"),
+	    "ALL");
+	assert_int_equal(json_array_size(jget(c,
+	    "securityContext.capabilities.drop")), 1);
+	assert_non_null(jget(c, "resources.requests.cpu"));
+	assert_null(jget(c, "resources.limits"));
+	assert_string_equal(env_value(c, "DIVERGE_TASK_NAME"), name);
+	assert_string_equal(env_value(c, "DIVERGE_OBJECTIVE"),
+	    "fix the N+1 queries");
+	assert_string_equal(env_value(c, "DIVERGE_REPO_URL"),
+	    "https://github.com/o/r");
+	assert_string_equal(env_value(c, "DIVERGE_BASE_BRANCH"), "main");
+	assert_string_equal(env_value(c, "DIVERGE_WORKING_BRANCH"),
+	    "diverge/fix-1");
+	assert_string_equal(env_value(c, "DIVERGE_MAX_ITERATIONS"), "8");
+	assert_string_equal(env_value(c, "DIVERGE_METER_URL"),
+	    "http://127.0.0.1:8080/api/v1/agenttask/meter");
+	assert_string_equal(env_value(c, "DIVERGE_TOKEN_FILE"),
+	    "/etc/diverge/token/token");
+	assert_string_equal(env_value(c, "DIVERGE_PREVIEW_URL"), purl);
+	assert_string_equal(env_value(c, "DIVERGE_PREVIEW_HEADER_KEY"),
+	    "x-diverge-env");
+	assert_string_equal(env_value(c, "DIVERGE_PREVIEW_HEADER_VALUE"),
+	    ename);
+	assert_null(env_value(c, "DIVERGE_MACAROON_TOKEN"));
+	assert_string_equal(jp(c, "volumeMounts.0.name"), "token");
+	assert_string_equal(jp(c, "volumeMounts.0.mountPath"),
+	    "/etc/diverge/token");
+	assert_true(json_is_true(jget(c, "volumeMounts.0.readOnly")));
+	assert_string_equal(jp(c, "volumeMounts.1.mountPath"), "/tmp");
+	assert_string_equal(jp(c, "volumeMounts.2.name"), "workspace");
+	assert_string_equal(jp(c, "volumeMounts.2.mountPath"), "/workspace");
+	assert_string_equal(jp(pod, "volumes.0.secret.secretName"), sname);
+	assert_non_null(jget(pod, "volumes.1.emptyDir"));
+	assert_string_equal(jp(sb, "spec.volumeClaimTemplates.0.metadata."
+	    "name"), "workspace");
+	assert_string_equal(jp(sb, "spec.volumeClaimTemplates.0.spec."
+	    "resources.requests.storage"), "5Gi");
+	assert_string_equal(jp(sb, "spec.volumeClaimTemplates.0.spec."
+	    "accessModes.0"), "ReadWriteOnce");
+
+	/* NetworkPolicy */
+	np = get(&K8S_NETWORKPOLICY, CONTROLLER_NETPOL);
+	assert_non_null(np);
+	assert_string_equal(jp(np, "metadata.labels.app.kubernetes.io/"
+	    "managed-by"), "diverged");
+	assert_string_equal(jp(np, "spec.policyTypes.0"), "Ingress");
+	assert_string_equal(jp(np, "spec.policyTypes.1"), "Egress");
+	assert_int_equal(json_array_size(jget(np, "spec.ingress")), 0);
+	assert_int_equal(json_integer_value(jget(np,
+	    "spec.egress.0.ports.0.port")), 53);
+	assert_string_equal(jp(np, "spec.egress.0.ports.0.protocol"), "UDP");
+	assert_string_equal(jp(np, "spec.egress.1.to.0.ipBlock.except.0"),
+	    "169.254.0.0/16");
+	assert_int_equal(json_integer_value(jget(np,
+	    "spec.egress.1.ports.0.port")), 443);
+	assert_int_equal(json_integer_value(jget(np,
+	    "spec.egress.1.ports.1.port")), 22);
+
+	/* status */
+	assert_string_equal(jp(t, "status.sandboxName"), name);
+	assert_string_equal(jp(cond(t, "TokenIssued"), "status"), "True");
+	assert_string_equal(jp(cond(t, "Ready"), "status"), "False");
+	assert_string_equal(jp(cond(t, "SandboxReady"), "status"), "False");
+	assert_string_equal(jp(cond(t, "PreviewReady"), "status"), "True");
+	assert_non_null(jp(t, "status.startedAt"));
+
+	json_decref(t);
+	json_decref(sec);
+	json_decref(envo);
+	json_decref(sb);
+	json_decref(np);
+	free(sname);
+	free(ename);
+	free(name);
+}
+
+/* Reconciling an unchanged state writes nothing, in every phase. */
+static void
+test_idempotent(void **state)
+{
+	char *name = provisioned(NULL, NULL);
+	uint64_t w0;
+
+	(void)state;
+	w0 = writes();
+	reconcile(name);
+	reconcile(name);
+	assert_int_equal(writes(), w0);
+	play(name, "True", "DependenciesReady", 0, "10.0.0.7", 0, 0);
+	reconcile(name);
+	assert_phase(name, "Active");
+	w0 = writes();
+	reconcile(name);
+	assert_int_equal(writes(), w0);
+	set_suspended(name, 1);
+	reconcile(name);
+	w0 = writes();
+	reconcile(name);
+	assert_int_equal(writes(), w0);
+	free(name);
+}
+
+/* Provisioning -> Active only for Ready=True of the current generation. */
+static void
+test_active_needs_current_generation(void **state)
+{
+	char *name = provisioned(NULL, NULL), *ename;
+	json_t *envo, *t;
+
+	(void)state;
+	play(name, "True", "DependenciesReady", -1, "10.0.0.7", 0, 0);
+	reconcile(name);
+	assert_phase(name, "Provisioning");
+	play(name, "False", "DependenciesNotReady", 0, NULL, 0, 0);
+	reconcile(name);
+	assert_phase(name, "Provisioning");
+	play(name, "True", "DependenciesReady", 0, "10.0.0.7", 0, 0);
+	reconcile(name);
+	assert_phase(name, "Active");
+	t = get_task(name);
+	assert_string_equal(jp(cond(t, "Ready"), "status"), "True");
+	assert_string_equal(jp(cond(t, "SandboxReady"), "status"), "True");
+	assert_string_equal(jp(cond(t, "SandboxReady"), "reason"),
+	    "DependenciesReady");
+	json_decref(t);
+	/* the pod IP is mirrored onto the Environment */
+	ename = xasprintf("agent-preview-%s", name);
+	envo = get(&K8S_ENVIRONMENT, ename);
+	assert_string_equal(jp(envo, "metadata.annotations.divergedev.com/"
+	    "sandbox-ip"), "10.0.0.7");
+	json_decref(envo);
+	free(ename);
+	free(name);
+}
+
+/* Active -> Pausing -> Paused; Paused -> Provisioning with a new token. */
+static void
+test_pause_resume(void **state)
+{
+	char *name = active(), *ename, *old_tok, *new_tok, *old_id;
+	json_t *t, *sb, *envo;
+
+	(void)state;
+	ename = xasprintf("agent-preview-%s", name);
+	old_tok = token_of(name);
+	t = get_task(name);
+	old_id = xstrdup(jp(t, "status.tokenId"));
+	json_decref(t);
+	set_suspended(name, 1);
+	reconcile(name);
+	assert_phase(name, "Pausing");
+	assert_index(old_id, "revoked");
+	assert_int_equal(charge(old_tok, 1, "p1"), 401);
+	sb = get(&K8S_SANDBOX, name);
+	assert_string_equal(jp(sb, "spec.operatingMode"), "Suspended");
+	json_decref(sb);
+	envo = get(&K8S_ENVIRONMENT, ename);
+	assert_string_equal(jp(envo, "metadata.annotations.divergedev.com/"
+	    "hibernated"), "true");
+	assert_null(jget(envo, "metadata.annotations.divergedev.com/"
+	    "sandbox-ip"));
+	json_decref(envo);
+	/* still running as far as the sandbox controller says */
+	reconcile(name);
+	assert_phase(name, "Pausing");
+	play(name, "False", "SandboxSuspended", 0, NULL, 1, 0);
+	reconcile(name);
+	assert_phase(name, "Paused");
+	t = get_task(name);
+	assert_string_equal(jp(cond(t, "TokenIssued"), "status"), "False");
+	assert_string_equal(jp(cond(t, "TokenIssued"), "reason"), "Revoked");
+	assert_string_equal(jp(cond(t, "PreviewReady"), "reason"),
+	    "Hibernated");
+	assert_non_null(jget(t, "status.activeSeconds"));
+	json_decref(t);
+
+	/* resume */
+	set_suspended(name, 0);
+	reconcile(name);
+	assert_phase(name, "Provisioning");
+	t = get_task(name);
+	assert_string_not_equal(jp(t, "status.tokenId"), old_id);
+	assert_index(jp(t, "status.tokenId"), "active");
+	assert_index(old_id, "revoked");
+	json_decref(t);
+	new_tok = token_of(name);
+	assert_int_equal(charge(old_tok, 1, "p2"), 401);
+	assert_int_equal(charge(new_tok, 1, "p3"), 200);
+	sb = get(&K8S_SANDBOX, name);
+	assert_string_equal(jp(sb, "spec.operatingMode"), "Running");
+	json_decref(sb);
+	envo = get(&K8S_ENVIRONMENT, ename);
+	assert_null(jget(envo, "metadata.annotations.divergedev.com/"
+	    "hibernated"));
+	json_decref(envo);
+	play(name, "True", "DependenciesReady", 0, "10.0.0.8", 0, 0);
+	reconcile(name);
+	assert_phase(name, "Active");
+	free(old_tok);
+	free(new_tok);
+	free(old_id);
+	free(ename);
+	free(name);
+}
+
+/* Provisioning/Active + PodFailed -> Failed (SandboxFailed). */
+static void
+test_pod_failed(void **state)
+{
+	char *name = active(), *id;
+	json_t *t, *sb;
+	int64_t done;
+	char want[32];
+
+	(void)state;
+	t = get_task(name);
+	id = xstrdup(jp(t, "status.tokenId"));
+	json_decref(t);
+	play(name, "False", "PodFailed", 0, NULL, 0, 0);
+	reconcile(name);
+	assert_phase(name, "Failed");
+	t = get_task(name);
+	assert_string_equal(jp(t, "status.reason"), "SandboxFailed");
+	assert_index(id, "revoked");
+	assert_string_equal(jp(cond(t, "TokenIssued"), "status"), "False");
+	done = 0;
+	{
+		int y, mo, d, h, mi, s;
+		struct tm tm;
+
+		assert_int_equal(sscanf(jp(t, "status.completedAt"),
+		    "%d-%d-%dT%d:%d:%d", &y, &mo, &d, &h, &mi, &s), 6);
+		memset(&tm, 0, sizeof(tm));
+		tm.tm_year = y - 1900;
+		tm.tm_mon = mo - 1;
+		tm.tm_mday = d;
+		tm.tm_hour = h;
+		tm.tm_min = mi;
+		tm.tm_sec = s;
+		done = (int64_t)timegm(&tm);
+	}
+	time_rfc3339(done + 24 * 3600, want);
+	sb = get(&K8S_SANDBOX, name);
+	assert_string_equal(jp(sb, "spec.shutdownTime"), want);
+	json_decref(sb);
+	json_decref(t);
+	free(id);
+	free(name);
+}
+
+/* ReconcilerError: transient under 5 minutes, Failed after. */
+static void
+test_reconciler_error(void **state)
+{
+	char *name = provisioned(NULL, NULL), *cause = NULL;
+	int64_t requeue = -1;
+	json_t *t;
+
+	(void)state;
+	play(name, "False", "ReconcilerError", 0, NULL, 0, now_unix() - 10);
+	assert_int_equal(controller_reconcile(&cc, NS, name, &requeue,
+	    &cause), 0);
+	assert_phase(name, "Provisioning");
+	assert_true(requeue > 280 * 1000 && requeue <= 292 * 1000);
+	play(name, "False", "ReconcilerError", 0, NULL, 0, now_unix() - 301);
+	reconcile(name);
+	assert_phase(name, "Failed");
+	t = get_task(name);
+	assert_string_equal(jp(t, "status.reason"), "SandboxFailed");
+	json_decref(t);
+	free(name);
+}
+
+/* activeSeconds past timeoutSeconds -> Failed (Timeout); paused excluded. */
+static void
+test_timeout(void **state)
+{
+	char *name = active(), *json, ts[32];
+	json_t *t, *conds, *c;
+	size_t i;
+
+	(void)state;
+	/* 100 s of closed live time, paused since: no timeout */
+	time_rfc3339(now_unix() - 5000, ts);
+	t = get_task(name);
+	conds = json_deep_copy(jget(t, "status.conditions"));
+	json_array_foreach(conds, i, c)
+		if (strcmp(jp(c, "type"), "TokenIssued") == 0)
+			json_object_set_new(c, "lastTransitionTime",
+			    json_string(ts));
+	json_decref(t);
+	set_suspended(name, 1);
+	reconcile(name);
+	play(name, "False", "SandboxSuspended", 0, NULL, 1, 0);
+	reconcile(name);
+	assert_phase(name, "Paused");
+	patch_status(name, "{\"status\":{\"activeSeconds\":100}}");
+	set_suspended(name, 0);
+	reconcile(name);
+	assert_phase(name, "Provisioning");
+	/* the open period started 5000 s ago: over the 1800 s timeout */
+	json = json_dumps(conds, JSON_COMPACT);
+	{
+		char *p = xasprintf("{\"status\":{\"conditions\":%s}}", json);
+
+		patch_status(name, p);
+		free(p);
+	}
+	free(json);
+	json_decref(conds);
+	reconcile(name);
+	assert_phase(name, "Failed");
+	t = get_task(name);
+	assert_string_equal(jp(t, "status.reason"), "Timeout");
+	assert_true(json_integer_value(jget(t, "status.activeSeconds")) >=
+	    5100);
+	json_decref(t);
+	free(name);
+}
+
+/* The runner reports success: Completed, token revoked, audit window. */
+static void
+test_completed(void **state)
+{
+	char *name = active(), *tok = token_of(name), *auth, ts[32];
+	const char *body = "{\"result\":\"succeeded\",\"message\":\"done\"}";
+	struct meter_reply r = { 0 };
+	json_t *t, *sb;
+	uint64_t w0;
+
+	(void)state;
+	auth = xasprintf("Bearer %s", tok);
+	meter_complete(meter, auth, body, strlen(body), &r);
+	assert_int_equal(r.status, 200);
+	meter_reply_release(&r);
+	reconcile(name);
+	assert_phase(name, "Completed");
+	t = get_task(name);
+	assert_index(jp(t, "status.tokenId"), "revoked");
+	sb = get(&K8S_SANDBOX, name);
+	assert_non_null(jp(sb, "spec.shutdownTime"));
+	time_rfc3339(now_unix() + 24 * 3600 + 1, ts);
+	assert_true(strcmp(jp(sb, "spec.shutdownTime"), ts) <= 0);
+	assert_string_equal(jp(t, "status.reason"), "Succeeded");
+	json_decref(sb);
+	json_decref(t);
+	w0 = writes();
+	reconcile(name);
+	assert_int_equal(writes(), w0);
+
+	/* /diverge fix again: Pending, then a fresh run */
+	patch_status(name, "{\"status\":{\"phase\":\"Pending\",\"run\":1,"
+	    "\"completedAt\":null}}");
+	reconcile(name);
+	assert_phase(name, "Provisioning");
+	sb = get(&K8S_SANDBOX, name);
+	assert_null(jget(sb, "spec.shutdownTime"));
+	assert_string_equal(jp(sb, "spec.operatingMode"), "Running");
+	json_decref(sb);
+	t = get_task(name);
+	assert_index(jp(t, "status.tokenId"), "active");
+	json_decref(t);
+	free(auth);
+	free(tok);
+	free(name);
+}
+
+/*
+ * A meter 429 while Active pauses the task (atomically, by the meter);
+ * the reconciler then suspends the Sandbox and hibernates the
+ * Environment; resume mints a new token and the old one gets 401.
+ */
+static void
+test_meter_429(void **state)
+{
+	char *name = active(), *tok = token_of(name), *tok2, *ename, *old_id;
+	json_t *t, *sb, *envo;
+
+	(void)state;
+	ename = xasprintf("agent-preview-%s", name);
+	assert_int_equal(charge(tok, 200000, "big"), 429);
+	assert_phase(name, "Paused");
+	t = get_task(name);
+	old_id = xstrdup(jp(t, "status.tokenId"));
+	json_decref(t);
+	reconcile(name);
+	assert_phase(name, "Paused");
+	t = get_task(name);
+	assert_string_equal(jp(t, "status.reason"), "BudgetExceeded");
+	json_decref(t);
+	sb = get(&K8S_SANDBOX, name);
+	assert_string_equal(jp(sb, "spec.operatingMode"), "Suspended");
+	json_decref(sb);
+	envo = get(&K8S_ENVIRONMENT, ename);
+	assert_string_equal(jp(envo, "metadata.annotations.divergedev.com/"
+	    "hibernated"), "true");
+	json_decref(envo);
+	/* resume with a bigger budget */
+	{
+		struct k8s_status st = { 0 };
+		json_t *p = json_pack("{s:{s:b,s:I}}", "spec", "suspended", 0,
+		    "budgetTokens", (json_int_t)10000000);
+
+		assert_int_equal(k8s_patch(env.api, &K8S_AGENTTASK, NS, name,
+		    0, p, NULL, &st), 0);
+		json_decref(p);
+	}
+	reconcile(name);
+	assert_phase(name, "Provisioning");
+	t = get_task(name);
+	assert_string_not_equal(jp(t, "status.tokenId"), old_id);
+	json_decref(t);
+	tok2 = token_of(name);
+	assert_int_equal(charge(tok, 1, "after1"), 401);
+	assert_int_equal(charge(tok2, 1, "after2"), 200);
+	free(tok);
+	free(tok2);
+	free(old_id);
+	free(ename);
+	free(name);
+}
+
+/* An object that is not the task's is never adopted: a conflict. */
+static void
+test_conflict(void **state)
+{
+	char *name = new_task(NULL, NULL);
+	struct k8s_status st = { 0 };
+	json_t *foreign, *t, *sb;
+
+	(void)state;
+	foreign = json_pack("{s:s,s:s,s:{s:s,s:{s:s}},s:{s:{s:{s:[]}}}}",
+	    "apiVersion", "agents.x-k8s.io/v1beta1", "kind", "Sandbox",
+	    "metadata", "name", name, "labels", "team", "other", "spec",
+	    "podTemplate", "spec", "containers");
+	assert_int_equal(k8s_create(env.api, &K8S_SANDBOX, NS, foreign, NULL,
+	    &st), 0);
+	json_decref(foreign);
+	reconcile(name);
+	reconcile(name);
+	assert_phase(name, "Provisioning");
+	t = get_task(name);
+	assert_string_equal(jp(cond(t, "Ready"), "reason"), "ChildConflict");
+	assert_string_equal(jp(cond(t, "SandboxReady"), "reason"),
+	    "ChildConflict");
+	assert_non_null(strstr(jp(t, "status.message"), "sandbox"));
+	assert_non_null(strstr(jp(t, "status.message"), "not owned"));
+	json_decref(t);
+	sb = get(&K8S_SANDBOX, name);
+	assert_null(jget(sb, "metadata.ownerReferences"));
+	assert_null(jget(sb, "spec.operatingMode"));
+	assert_int_equal(k8s_meta_int(sb, "generation"), 1);
+	json_decref(sb);
+	free(name);
+}
+
+/* No Environment without a repository URL or with preview disabled. */
+static void
+test_no_preview(void **state)
+{
+	char *a = provisioned(NULL, ",\"divergedev.com/preview-enabled\":"
+	    "\"false\""), *ename;
+	json_t *t, *sb;
+
+	(void)state;
+	ename = xasprintf("agent-preview-%s", a);
+	assert_null(get(&K8S_ENVIRONMENT, ename));
+	t = get_task(a);
+	assert_null(jget(t, "metadata.annotations.divergedev.com/"
+	    "preview-environment"));
+	assert_string_equal(jp(cond(t, "PreviewReady"), "reason"),
+	    "PreviewDisabled");
+	json_decref(t);
+	sb = get(&K8S_SANDBOX, a);
+	assert_null(env_value(jget(sb, "spec.podTemplate.spec.containers.0"),
+	    "DIVERGE_PREVIEW_URL"));
+	json_decref(sb);
+	free(ename);
+	free(a);
+}
+
+/* Created suspended: Pending -> Paused, nothing provisioned. */
+static void
+test_created_suspended(void **state)
+{
+	char *name = new_task(",\"suspended\":true", NULL);
+
+	(void)state;
+	reconcile(name);
+	reconcile(name);
+	assert_phase(name, "Paused");
+	assert_null(get(&K8S_SANDBOX, name));
+	set_suspended(name, 0);
+	reconcile(name);
+	assert_phase(name, "Provisioning");
+	free(name);
+}
+
+/* Warm-pool mode: a SandboxClaim carrying the token in its env. */
+static void
+test_warm_pool(void **state)
+{
+	char *name, *tok;
+	json_t *claim, *t;
+
+	(void)state;
+	cfg.sandbox.warm_pool = 2;
+	name = provisioned(NULL, NULL);
+	cfg.sandbox.warm_pool = 0;
+	assert_null(get(&K8S_SANDBOX, name));
+	claim = get(&K8S_SANDBOXCLAIM, name);
+	assert_non_null(claim);
+	t = get_task(name);
+	assert_owned(claim, t);
+	assert_string_equal(jp(claim, "spec.warmPoolRef.name"),
+	    CONTROLLER_WARM_POOL);
+	tok = token_of(name);
+	assert_string_equal(env_value(json_object_get(claim, "spec"),
+	    "DIVERGE_MACAROON_TOKEN"), tok);
+	assert_null(env_value(json_object_get(claim, "spec"),
+	    "DIVERGE_TOKEN_FILE"));
+	free(tok);
+	json_decref(t);
+	json_decref(claim);
+	free(name);
+}
+
+/* network_policy: false creates none. */
+static void
+test_netpol_disabled(void **state)
+{
+	char *name;
+
+	(void)state;
+	close_all();
+	open_all(1);
+	cfg.sandbox.network_policy = 0;
+	name = provisioned(NULL, NULL);
+	cfg.sandbox.network_policy = 1;
+	assert_null(get(&K8S_NETWORKPOLICY, CONTROLLER_NETPOL));
+	free(name);
+}
+
+/* kill -9 between two child writes; the restart finishes the job. */
+static void
+test_crash_recovery(void **state)
+{
+	char *name, *path, *dir;
+	struct k8s_embedded_config ec = { 1000, 3600 };
+	int crash_at, status;
+
+	(void)state;
+	for (crash_at = 1; crash_at <= 4; crash_at++) {
+		json_t *t, *sb;
+		pid_t pid;
+
+		close_all();
+		open_all(1);
+		name = new_task(NULL, NULL);
+		reconcile(name);
+		assert_phase(name, "Pending");
+		dir = xstrdup(env.dir);
+		path = xasprintf("%s/diverge.db", dir);
+		meter_free(meter);
+		meter = NULL;
+		k8s_api_free(env.api);
+		env.api = NULL;
+		pid = fork();
+		assert_true(pid >= 0);
+		if (pid == 0) {
+			struct meter_config mc;
+			char *cause = NULL;
+
+			if (k8s_embedded_open(&env.api, path, &ec, &cause) < 0)
+				_exit(2);
+			memset(&mc, 0, sizeof(mc));
+			mc.store = env.api;
+			mc.root_key = key;
+			if (meter_new(&meter, &mc, &cause) < 0)
+				_exit(2);
+			cc.store = env.api;
+			cc.meter = meter;
+			cc.crash_after_writes = crash_at;
+			controller_reconcile(&cc, NS, name, NULL, &cause);
+			_exit(3);
+		}
+		assert_int_equal(waitpid(pid, &status, 0), pid);
+		assert_true(WIFSIGNALED(status));
+		assert_int_equal(WTERMSIG(status), SIGKILL);
+		/* restart */
+		{
+			struct meter_config mc;
+			char *cause = NULL;
+
+			assert_int_equal(k8s_embedded_open(&env.api, path, &ec,
+			    &cause), 0);
+			store = env.api;
+			memset(&mc, 0, sizeof(mc));
+			mc.store = env.api;
+			mc.root_key = key;
+			assert_int_equal(meter_new(&meter, &mc, &cause), 0);
+			cc.store = env.api;
+			cc.meter = meter;
+		}
+		reconcile(name);
+		assert_phase(name, "Provisioning");
+		t = get_task(name);
+		assert_index(jp(t, "status.tokenId"), "active");
+		{
+			char *sname = xasprintf("%s-token", name);
+			json_t *sec = get(&K8S_SECRET, sname);
+
+			assert_string_equal(jp(sec, "metadata.annotations."
+			    "divergedev.com/token-id"), jp(t,
+			    "status.tokenId"));
+			json_decref(sec);
+			free(sname);
+		}
+		sb = get(&K8S_SANDBOX, name);
+		assert_non_null(sb);
+		json_decref(sb);
+		sb = get(&K8S_NETWORKPOLICY, CONTROLLER_NETPOL);
+		assert_non_null(sb);
+		json_decref(sb);
+		json_decref(t);
+		free(path);
+		free(dir);
+		free(name);
+	}
+}
+
+/* ------------------------------------------------------------ queue */
+
+static void
+test_queue(void **state)
+{
+	struct controller_queue *q = controller_queue_new();
+	char *a, *b;
+	int64_t t0;
+	unsigned n;
+
+	(void)state;
+	controller_queue_add(q, "ns/a");
+	controller_queue_add(q, "ns/a");
+	controller_queue_add(q, "ns/b");
+	assert_int_equal(controller_queue_len(q), 2);
+	a = controller_queue_get(q, 0);
+	assert_string_equal(a, "ns/a");
+	/* a is processing: another add waits until done */
+	controller_queue_add(q, "ns/a");
+	b = controller_queue_get(q, 0);
+	assert_string_equal(b, "ns/b");
+	assert_null(controller_queue_get(q, 10));
+	controller_queue_done(q, a);
+	free(a);
+	a = controller_queue_get(q, 0);
+	assert_string_equal(a, "ns/a");
+	controller_queue_done(q, a);
+	controller_queue_done(q, b);
+	free(a);
+	free(b);
+	/* delayed */
+	t0 = now_mono_ms();
+	controller_queue_add_after(q, "ns/c", 50);
+	controller_queue_add_after(q, "ns/c", 500);
+	a = controller_queue_get(q, 2000);
+	assert_string_equal(a, "ns/c");
+	assert_true(now_mono_ms() - t0 >= 45 && now_mono_ms() - t0 < 400);
+	controller_queue_done(q, a);
+	free(a);
+	/* backoff: 5 ms doubling to 5 min, jittered between half and all */
+	assert_true(controller_backoff_ms(1, 0) >= 2 &&
+	    controller_backoff_ms(1, 0) <= 5);
+	assert_int_equal(controller_backoff_ms(1, 1024), 5);
+	assert_int_equal(controller_backoff_ms(3, 1024), 20);
+	for (n = 1; n < 100; n++) {
+		int64_t d = controller_backoff_ms(n, (uint32_t)n * 7919);
+
+		assert_true(d >= 2 && d <= 300000);
+	}
+	assert_int_equal(controller_backoff_ms(40, 1024), 300000);
+	assert_true(controller_backoff_ms(40, 0) >= 150000);
+	controller_queue_shutdown(q);
+	assert_null(controller_queue_get(q, 1000));
+	controller_queue_free(q);
+}
+
+/* ----------------------------------------- the running controller */
+
+static int
+wait_phase(const char *name, const char *phase, int64_t ms)
+{
+	int64_t end = now_mono_ms() + ms;
+
+	while (now_mono_ms() < end) {
+		json_t *t = get(&K8S_AGENTTASK, name);
+		int ok = t != NULL && jp(t, "status.phase") != NULL &&
+		    strcmp(jp(t, "status.phase"), phase) == 0;
+
+		json_decref(t);
+		if (ok)
+			return 1;
+		sleep_ms(5);
+	}
+	return 0;
+}
+
+static int
+wait_sandbox(const char *name, const char *mode, int64_t ms)
+{
+	int64_t end = now_mono_ms() + ms;
+
+	while (now_mono_ms() < end) {
+		json_t *s = get(&K8S_SANDBOX, name);
+		int ok = s != NULL && streq_safe(jp(s, "spec.operatingMode"),
+		    mode);
+
+		json_decref(s);
+		if (ok)
+			return 1;
+		sleep_ms(5);
+	}
+	return 0;
+}
+
+/* Happy path and pause/resume with the watches and workers. */
+static void
+run_controller(int mode)
+{
+	struct controller *c = NULL;
+	char *cause = NULL, *name, *id1;
+	json_t *t;
+
+	close_all();
+	open_all(mode);
+	cc.workers = 3;
+	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	name = new_task(NULL, NULL);
+	assert_true(wait_phase(name, "Provisioning", 10000));
+	assert_true(wait_sandbox(name, "Running", 10000));
+	play(name, "True", "DependenciesReady", 0, "10.0.0.9", 0, 0);
+	assert_true(wait_phase(name, "Active", 10000));
+	t = get_task(name);
+	id1 = xstrdup(jp(t, "status.tokenId"));
+	json_decref(t);
+	set_suspended(name, 1);
+	assert_true(wait_phase(name, "Pausing", 10000));
+	assert_true(wait_sandbox(name, "Suspended", 10000));
+	play(name, "False", "SandboxSuspended", 0, NULL, 1, 0);
+	assert_true(wait_phase(name, "Paused", 10000));
+	set_suspended(name, 0);
+	assert_true(wait_phase(name, "Provisioning", 10000));
+	assert_true(wait_sandbox(name, "Running", 10000));
+	play(name, "True", "DependenciesReady", 0, "10.0.0.9", 0, 0);
+	assert_true(wait_phase(name, "Active", 10000));
+	t = get_task(name);
+	assert_string_not_equal(jp(t, "status.tokenId"), id1);
+	json_decref(t);
+	assert_index(id1, "revoked");
+	/* deletion revokes the live token */
+	{
+		struct k8s_status st = { 0 };
+		char *live;
+		int64_t end = now_mono_ms() + 10000;
+		char *s = NULL;
+
+		t = get_task(name);
+		live = xstrdup(jp(t, "status.tokenId"));
+		json_decref(t);
+		assert_int_equal(k8s_delete(env.api, &K8S_AGENTTASK, NS, name,
+		    NULL, &st), 0);
+		while (now_mono_ms() < end) {
+			free(s);
+			s = index_state(live);
+			if (s != NULL && strcmp(s, "revoked") == 0)
+				break;
+			sleep_ms(10);
+		}
+		assert_non_null(s);
+		assert_string_equal(s, "revoked");
+		free(s);
+		free(live);
+		assert_null(get(&K8S_SANDBOX, name));
+	}
+	controller_stop(c);
+	cc.workers = 0;
+	free(id1);
+	free(name);
+}
+
+static void
+test_controller_embedded(void **state)
+{
+	(void)state;
+	run_controller(1);
+}
+
+static void
+test_controller_rest(void **state)
+{
+	(void)state;
+	run_controller(2);
+	close_all();
+	open_all(1);
+}
+
+/* Sequential reconciles through the REST client too. */
+static void
+test_rest_pause_resume(void **state)
+{
+	(void)state;
+	close_all();
+	open_all(2);
+	test_pause_resume(state);
+	test_idempotent(state);
+	close_all();
+	open_all(1);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_queue),
+		cmocka_unit_test(test_new_pending),
+		cmocka_unit_test(test_provisioning_children),
+		cmocka_unit_test(test_idempotent),
+		cmocka_unit_test(test_active_needs_current_generation),
+		cmocka_unit_test(test_pause_resume),
+		cmocka_unit_test(test_pod_failed),
+		cmocka_unit_test(test_reconciler_error),
+		cmocka_unit_test(test_timeout),
+		cmocka_unit_test(test_completed),
+		cmocka_unit_test(test_meter_429),
+		cmocka_unit_test(test_conflict),
+		cmocka_unit_test(test_no_preview),
+		cmocka_unit_test(test_created_suspended),
+		cmocka_unit_test(test_warm_pool),
+		cmocka_unit_test(test_netpol_disabled),
+		cmocka_unit_test(test_crash_recovery),
+		cmocka_unit_test(test_rest_pause_resume),
+		cmocka_unit_test(test_controller_embedded),
+		cmocka_unit_test(test_controller_rest),
+	};
+
+	if (getenv("TEST_FILTER") != NULL)
+		cmocka_set_test_filter(getenv("TEST_FILTER"));
+	return cmocka_run_group_tests_name("reconciler", tests, setup,
+	    teardown);
+}
