@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 
+#include <stdarg.h>
 #include <sys/socket.h>
 
 struct http_server;
@@ -22,6 +23,13 @@ struct http_req;
  */
 int http_parse_listen(const char *listen, struct sockaddr_storage *ss,
     socklen_t *sslen, char **cause);
+
+/*
+ * A libmicrohttpd external logger writing debug lines; its closure is the
+ * server's name (a static string).
+ */
+void http_mhd_log(void *cls, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
 
 /* A handler returns HTTP_DONE after replying, or HTTP_SUSPENDED. */
 enum { HTTP_DONE = 0, HTTP_SUSPENDED = 1 };

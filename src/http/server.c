@@ -124,15 +124,17 @@ http_parse_listen(const char *listen, struct sockaddr_storage *ss,
 	return 0;
 }
 
-static void
-mhd_log(void *cls, const char *fmt, va_list ap)
+/* libmicrohttpd's messages, at debug level; cls names the server. */
+void
+http_mhd_log(void *cls, const char *fmt, va_list ap)
 {
 	char *msg = xvasprintf(fmt, ap);
 	size_t n = strlen(msg);
 
 	while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '.'))
 		msg[--n] = '\0';
-	log_kv(LOG_DEBUG, "http server", "detail", msg, NULL);
+	log_kv(LOG_DEBUG, cls != NULL ? cls : "http server", "detail", msg,
+	    NULL);
 	free(msg);
 }
 
@@ -384,7 +386,7 @@ http_server_start(struct http_server **out,
 	    MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(cfg->max_header +
 	    16384),
 	    MHD_OPTION_NOTIFY_COMPLETED, completed_cb, s,
-	    MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+	    MHD_OPTION_EXTERNAL_LOGGER, http_mhd_log, "http server",
 	    MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
 	    MHD_OPTION_END);
 	if (s->d == NULL) {

@@ -223,17 +223,6 @@ out:
 	return ret;
 }
 
-static void
-mhd_log(void *cls, const char *fmt, va_list ap)
-{
-	char *msg = xvasprintf(fmt, ap);
-	size_t n = strlen(msg);
-
-	while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '.'))
-		msg[--n] = '\0';
-	log_kv(LOG_DEBUG, "api server", "detail", msg, NULL);
-	free(msg);
-}
 
 static const char *
 query(const struct api_req *q, const char *key)
@@ -3428,7 +3417,7 @@ k8s_apiserver_start(struct k8s_apiserver **out, struct k8s_api *api,
 	    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)API_IDLE_TIMEOUT_S,
 	    MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(128 * 1024),
 	    MHD_OPTION_NOTIFY_COMPLETED, completed_cb, s,
-	    MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+	    MHD_OPTION_EXTERNAL_LOGGER, http_mhd_log, "api server",
 	    MHD_OPTION_ARRAY, tls_opts,
 	    MHD_OPTION_END);
 	if (s->d == NULL) {
