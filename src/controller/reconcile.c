@@ -30,6 +30,7 @@ struct obs {
 	struct child secret, sandbox, claim, env, netpol;
 	json_t *bound;		/* claim mode: the claim's Sandbox */
 	json_t *index;		/* the token index Secret, or NULL */
+	int index_read;
 };
 
 /* The Sandbox as seen: the facts the phase machine needs. */
@@ -307,17 +308,31 @@ observe(struct rctx *x, struct obs *o)
 			o->bound = NULL;
 		k8s_status_release(&st);
 	}
-	if (rc == 0) {
-		rc = k8s_get(x->cc->store, &K8S_SECRET, x->ns,
-		    METER_INDEX_SECRET, &o->index, &st);
-		if (rc == K8S_ENOTFOUND)
-			rc = 0;
-		else if (rc < 0)
-			note_cause(x, "token index", &st);
-		k8s_status_release(&st);
-	}
 	free(sec);
 	free(env);
+	return rc;
+}
+
+/*
+ * Read the namespace's token index, only when in doubt: it is one Secret
+ * for every task of the namespace, so it is large.
+ */
+static int
+load_index(struct rctx *x, struct obs *o)
+{
+	struct k8s_status st = { 0 };
+	int rc;
+
+	if (o->index_read)
+		return 0;
+	rc = k8s_get(x->cc->store, &K8S_SECRET, x->ns, METER_INDEX_SECRET,
+	    &o->index, &st);
+	if (rc == K8S_ENOTFOUND)
+		rc = 0;
+	else if (rc < 0)
+		note_cause(x, "token index", &st);
+	k8s_status_release(&st);
+	o->index_read = rc == 0;
 	return rc;
 }
 
@@ -964,12 +979,13 @@ write_annotations(struct rctx *x, json_t **task, const char *env,
 	return rc;
 }
 
+/* Revoke id (idempotent: the meter writes nothing when it is not live). */
 static int
-revoke(struct rctx *x, const json_t *index, const char *id)
+revoke(struct rctx *x, const char *id)
 {
 	char *cause = NULL;
 
-	if (id == NULL || !index_active(index, id, x->name))
+	if (id == NULL)
 		return 0;
 	if (meter_revoke_token(x->cc->meter, x->ns, id, &cause) < 0) {
 		if (x->cause == NULL)
@@ -978,7 +994,6 @@ revoke(struct rctx *x, const json_t *index, const char *id)
 			free(cause);
 		return K8S_EUNAVAILABLE;
 	}
-	x->writes++;
 	return 0;
 }
 
@@ -1000,7 +1015,7 @@ reconcile_once(struct rctx *x)
 	char *tid = NULL, shutdown[32], ts[32];
 	const char *sec_id, *mode, *tok_live_id = NULL;
 	int rc, live, children, paused, preview, has_shutdown = 0;
-	int env_exists = 0;
+	int env_exists = 0, tok_issued;
 	int64_t active, open_since = 0, end;
 	const json_t *tc;
 	struct k8s_status st = { 0 };
@@ -1052,8 +1067,17 @@ reconcile_once(struct rctx *x)
 	/* the token: live phases hold an active one, others none */
 	sec_id = o.secret.obj != NULL ? jpath(json_object_get(o.secret.obj,
 	    "metadata"), "annotations", CONTROLLER_ANN_TOKEN_ID) : NULL;
-	if (live && sec_id != NULL && index_active(o.index, sec_id, x->name)) {
+	tok_issued = tc != NULL && streq(jstr(tc, "status"), "True");
+	if (live && sec_id != NULL && phase_live(jstr(old, "phase")) &&
+	    tok_issued && streq(sec_id, jstr(old, "tokenId"))) {
+		/* live before and after, as recorded: nothing revoked it */
 		tok_live_id = sec_id;
+	} else if (live && sec_id != NULL && (rc = load_index(x, &o)) == 0 &&
+	    index_active(o.index, sec_id, x->name)) {
+		/* e.g. a restart between the Secret and the status write */
+		tok_live_id = sec_id;
+	} else if (rc < 0) {
+		goto out;
 	} else if (live && !o.secret.conflict) {
 		char *cause = NULL;
 		int64_t exp = x->now + task_timeout(x, o.task) +
@@ -1088,18 +1112,17 @@ reconcile_once(struct rctx *x)
 			goto out;
 		if (rc == 1) {
 			o.secret.conflict = 1;
-			revoke(x, o.index, tid);
+			revoke(x, tid);
 		} else {
 			tok_live_id = tid;
 		}
 		rc = 0;
 	}
-	if (!live) {
-		/* pause, completion, failure: revoke what is live */
-		json_t *idx = o.index;
-
-		if ((rc = revoke(x, idx, jstr(old, "tokenId"))) < 0 ||
-		    (rc = revoke(x, idx, sec_id)) < 0)
+	if (!live && (tok_issued || (sec_id != NULL && !streq(sec_id,
+	    jstr(old, "tokenId"))))) {
+		/* pause, completion, failure: revoke what may be live */
+		if ((rc = revoke(x, jstr(old, "tokenId"))) < 0 ||
+		    (rc = revoke(x, sec_id)) < 0)
 			goto out;
 	}
 
