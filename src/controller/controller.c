@@ -295,7 +295,7 @@ struct controller {
 	int nworkers;
 	pthread_mutex_t mu;
 	int stop;
-	uint64_t reconciles, errors;
+	uint64_t reconciles, errors, relists;
 };
 
 static int
@@ -399,8 +399,12 @@ watch_main(void *arg)
 		if (rc < 0) {
 			uint32_t rnd = 0;
 
-			if (rc == K8S_EGONE)
+			if (rc == K8S_EGONE) {
 				rv[0] = '\0';
+				pthread_mutex_lock(&c->mu);
+				c->relists++;
+				pthread_mutex_unlock(&c->mu);
+			}
 			k8s_status_release(&st);
 			random_bytes(&rnd, sizeof(rnd));
 			sleep_ms(controller_backoff_ms(++failures < 12 ?
@@ -411,6 +415,8 @@ watch_main(void *arg)
 			struct k8s_event ev;
 
 			memset(&ev, 0, sizeof(ev));
+			if (c->cfg.test_hook != NULL)
+				c->cfg.test_hook(c->cfg.test_arg, "watch");
 			rc = k8s_watch_next(wt, WATCH_POLL_MS, &ev, &st);
 			if (rc < 0 || stopping(c))
 				break;
@@ -432,6 +438,9 @@ watch_main(void *arg)
 			log_kv(LOG_INFO, "controller watch expired, relisting",
 			    "resource", w->r->plural, NULL);
 			rv[0] = '\0';
+			pthread_mutex_lock(&c->mu);
+			c->relists++;
+			pthread_mutex_unlock(&c->mu);
 		} else if (rc < 0) {
 			log_kv(LOG_WARN, "controller watch broke", "resource",
 			    w->r->plural, "error", st.message, NULL);
@@ -580,6 +589,18 @@ controller_reconciles(struct controller *c, uint64_t *errors)
 	n = c->reconciles;
 	if (errors != NULL)
 		*errors = c->errors;
+	pthread_mutex_unlock(&c->mu);
+	return n;
+}
+
+/* Relists. */
+uint64_t
+controller_relists(struct controller *c)
+{
+	uint64_t n;
+
+	pthread_mutex_lock(&c->mu);
+	n = c->relists;
 	pthread_mutex_unlock(&c->mu);
 	return n;
 }

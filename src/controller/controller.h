@@ -62,6 +62,12 @@ struct controller_config {
 	int64_t resync_ms;		/* 0: 10 minutes */
 	/* tests only: SIGKILL the process after this many child writes */
 	int crash_after_writes;
+	/*
+	 * Tests only: called at named points, "status" before a task status
+	 * write and "watch" before each wait for a watch event.
+	 */
+	void (*test_hook)(void *arg, const char *point);
+	void *test_arg;
 };
 
 struct controller;
@@ -79,6 +85,8 @@ void controller_enqueue(struct controller *c, const char *ns,
     const char *name);
 /* Reconciles run so far, and those that ended in an error. */
 uint64_t controller_reconciles(struct controller *c, uint64_t *errors);
+/* Watches started again from scratch after 410 Gone (relists). */
+uint64_t controller_relists(struct controller *c);
 
 /*
  * One reconcile of task ns/name, synchronously, on the calling thread

@@ -923,6 +923,8 @@ write_status(struct rctx *x, json_t *task, const json_t *want)
 		json_decref(s);
 		return 0;
 	}
+	if (x->cc->test_hook != NULL)
+		x->cc->test_hook(x->cc->test_arg, "status");
 	patch = json_pack("{s:{s:s},s:o}", "metadata", "resourceVersion",
 	    k8s_meta_str(task, "resourceVersion"), "status", s);
 	if (log_enabled(LOG_DEBUG)) {

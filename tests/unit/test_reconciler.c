@@ -35,12 +35,12 @@ streq_safe(const char *a, const char *b)
 }
 
 static void
-open_all(int mode)
+open_history(int mode, size_t history)
 {
 	struct meter_config mc;
 	char *cause = NULL;
 
-	assert_int_equal(storeenv_open(&env, mode, 1000), 0);
+	assert_int_equal(storeenv_open(&env, mode, history), 0);
 	store = mode == 1 ? env.api : env.backing;
 	memset(&mc, 0, sizeof(mc));
 	mc.store = env.api;
@@ -53,6 +53,12 @@ open_all(int mode)
 	cc.store = env.api;
 	cc.meter = meter;
 	cc.cfg = &cfg;
+}
+
+static void
+open_all(int mode)
+{
+	open_history(mode, 1000);
 }
 
 static void
@@ -1247,6 +1253,120 @@ wait_sandbox(const char *name, const char *mode, int64_t ms)
 	return 0;
 }
 
+
+/* A status write that loses a race with the meter starts again. */
+static char *hook_token;
+static int hook_fired;
+
+static void
+conflict_hook(void *arg, const char *point)
+{
+	(void)arg;
+	if (strcmp(point, "status") != 0 || hook_fired || hook_token == NULL)
+		return;
+	hook_fired = 1;
+	assert_int_equal(charge(hook_token, 7, "during"), 200);
+}
+
+static void
+test_status_conflict(void **state)
+{
+	char *name = active();
+	json_t *t;
+	size_t i;
+	json_t *v;
+	int found = 0;
+
+	(void)state;
+	hook_token = token_of(name);
+	hook_fired = 0;
+	play(name, "False", "DependenciesNotReady", 0, NULL, 0, 0);
+	cc.test_hook = conflict_hook;
+	reconcile(name);
+	cc.test_hook = NULL;
+	assert_int_equal(hook_fired, 1);
+	assert_phase(name, "Provisioning");
+	t = get_task(name);
+	assert_int_equal(json_integer_value(jget(t, "status.tokensConsumed")),
+	    7);
+	json_array_foreach((json_t *)jget(t, "status.lastMeterRequestIds"), i,
+	    v)
+		found |= strcmp(json_string_value(v), "during") == 0;
+	assert_true(found);
+	assert_string_equal(jp(cond(t, "SandboxReady"), "reason"),
+	    "DependenciesNotReady");
+	json_decref(t);
+	free(hook_token);
+	hook_token = NULL;
+	free(name);
+}
+
+/* A watch that falls behind the store's window (410) relists. */
+static volatile int stall;
+
+static void
+stall_hook(void *arg, const char *point)
+{
+	(void)arg;
+	if (strcmp(point, "watch") == 0)
+		while (stall)
+			sleep_ms(2);
+}
+
+static void
+test_watch_relist(void **state)
+{
+	struct controller *c = NULL;
+	char *cause = NULL, *name;
+	int i;
+
+	(void)state;
+	close_all();
+	open_history(1, 20);
+	cc.test_hook = stall_hook;
+	cc.resync_ms = 3600 * 1000;
+	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	sleep_ms(300);
+	stall = 1;
+	sleep_ms(400);
+	for (i = 0; i < 50; i++) {
+		struct k8s_status st = { 0 };
+		char n[32];
+		json_t *o;
+
+		snprintf(n, sizeof(n), "noise-%d", i);
+		o = json_pack("{s:s,s:s,s:{s:s},s:{}}", "apiVersion",
+		    "divergedev.com/v1alpha1", "kind", "Environment",
+		    "metadata", "name", n, "spec");
+		assert_int_equal(k8s_create(env.api, &K8S_ENVIRONMENT,
+		    "noise", o, NULL, &st), 0);
+		json_decref(o);
+	}
+	name = new_task(NULL, NULL);
+	for (i = 0; i < 50; i++) {
+		struct k8s_status st = { 0 };
+		char n[32];
+		json_t *o;
+
+		snprintf(n, sizeof(n), "noise-b%d", i);
+		o = json_pack("{s:s,s:s,s:{s:s},s:{}}", "apiVersion",
+		    "divergedev.com/v1alpha1", "kind", "Environment",
+		    "metadata", "name", n, "spec");
+		assert_int_equal(k8s_create(env.api, &K8S_ENVIRONMENT,
+		    "noise", o, NULL, &st), 0);
+		json_decref(o);
+	}
+	stall = 0;
+	assert_true(wait_phase(name, "Provisioning", 10000));
+	assert_true(controller_relists(c) >= 1);
+	controller_stop(c);
+	cc.test_hook = NULL;
+	cc.resync_ms = 0;
+	close_all();
+	open_all(1);
+	free(name);
+}
+
 /* Happy path and pause/resume with the watches and workers. */
 static void
 run_controller(int mode)
@@ -1365,6 +1485,8 @@ main(void)
 		cmocka_unit_test(test_rest_pause_resume),
 		cmocka_unit_test(test_controller_embedded),
 		cmocka_unit_test(test_controller_rest),
+		cmocka_unit_test(test_status_conflict),
+		cmocka_unit_test(test_watch_relist),
 	};
 
 	if (getenv("TEST_FILTER") != NULL)
