@@ -1,30 +1,97 @@
 """The command-line client, diverge(1), end to end.
 
-token inspect on tokens minted here (the standard construction, V2).
+- token inspect on tokens minted here (the standard construction, V2);
+- usage errors and --help of every command; the API down;
+- every task command against a running diverged (its embedded store's
+  API), task init and the .diverge/agent.yaml defaults of task create.
+  These checks hold whether or not diverged runs a reconciler that
+  changes the tasks meanwhile;
+- the outputs of list, status and logs compared with golden files
+  (tests/data/cli/), budgets taken from a token's caveats, unknown tasks,
+  bad amounts, and concurrent bumps against meter-like status writes
+  (nothing lost): on stores whose task status only the test writes, the
+  embedded store served by tests/tools/apiserve (the same store and
+  apiserver code as diverged, without its reconciler), then through a
+  kubeconfig on the fake kube-apiserver (tests/fakes/kube_apiserver.py,
+  TLS and a bearer token) with the same golden files; task logs through
+  pods/log.
+
+Ages are made reproducible with DIVERGE_NOW (the CLI's clock); the times
+the test writes into task status are relative to the task's creation.
+Absolute timestamps in the outputs are replaced by <TIME> before a
+comparison. UPDATE_GOLDEN=1 rewrites the golden files from the embedded
+run.
 """
 
 import base64
+import calendar
 import hashlib
 import hmac
+import http.client
+import http.server
+import json
 import os
+import pty
+import re
+import select
+import shutil
+import socketserver
+import ssl
 import subprocess
+import sys
+import tempfile
+import threading
+import time
 
-from divtest import TOP_BUILDDIR, run_tests
+from divtest import DATA, TOP_BUILDDIR, TOP_SRCDIR, Daemon, run_tests
 
 DIVERGE = os.path.join(TOP_BUILDDIR, "diverge")
+APISERVE = os.path.join(TOP_BUILDDIR, "tests", "tools", "apiserve")
+GOLDEN = os.path.join(DATA, "cli")
+FAKE = os.path.join(TOP_SRCDIR, "tests", "fakes", "kube_apiserver.py")
+AGENT_EXAMPLE = os.path.join(GOLDEN, "agent.yaml")
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks"
 
 
 def run(args, stdin=None, env=None, cwd=None, timeout=60):
     """Run diverge; (exit status, stdout, stderr) as text."""
     e = dict(os.environ)
-    e.pop("NO_COLOR", None)
-    e.pop("DIVERGE_SERVER", None)
+    for k in ("NO_COLOR", "DIVERGE_SERVER", "DIVERGE_NOW", "KUBECONFIG"):
+        e.pop(k, None)
     if env:
         e.update(env)
     p = subprocess.run([DIVERGE] + list(args), input=stdin,
                        capture_output=True, text=True, env=e, cwd=cwd,
                        timeout=timeout)
     return p.returncode, p.stdout, p.stderr
+
+
+def normalize(text):
+    return re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", "<TIME>", text)
+
+
+def rfc3339(t):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def parse_time(s):
+    return calendar.timegm(time.strptime(s, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def golden(t, name, got, what):
+    path = os.path.join(GOLDEN, name)
+    if UPDATE:
+        with open(path, "w") as f:
+            f.write(got)
+    try:
+        with open(path) as f:
+            want = f.read()
+    except OSError as e:
+        t.ok(False, what, "cannot read %s: %s" % (path, e))
+        return
+    t.ok(got == want, what, "--- want (%s)\n%s--- got\n%s" % (name, want,
+                                                              got))
 
 
 # ---- macaroons, minted independently of the C code ----
@@ -114,10 +181,1033 @@ def token_inspect(t):
     t.eq(rc, 2, "token inspect --frob: exit 2")
 
 
+# ---- usage, help ----
+
+VERBS = ("init", "create", "list", "status", "logs", "guide", "pause",
+         "resume", "budget")
+
+
+def usage(t):
+    rc, out, err = run(["--help"])
+    t.ok(rc == 0 and all(("task " + v) in out for v in VERBS) and
+         "token inspect" in out, "--help lists every command", out)
+    rc, out, _ = run(["--version"])
+    t.ok(rc == 0 and out.startswith("diverge "), "--version", out)
+    rc, _, err = run([])
+    t.ok(rc == 2 and "usage" in err, "no command: usage, exit 2", err)
+    for args in (["frobnicate"], ["task"], ["task", "frobnicate"],
+                 ["--frobnicate", "task", "list"],
+                 ["task", "list", "--frobnicate"],
+                 ["task", "list", "-o", "xml"],
+                 ["task", "list", "-A", "-n", "x"],
+                 ["task", "list", "extra"],
+                 ["task", "status"], ["task", "status", "a", "b"],
+                 ["task", "guide", "x"], ["task", "guide", "x", "  "],
+                 ["task", "pause"], ["task", "logs"],
+                 ["task", "budget", "x"],
+                 ["task", "create"], ["task", "create", "a", "b"],
+                 ["task", "create", ""],
+                 ["task", "create", "x", "--name", "Bad_Name"],
+                 ["task", "create", "x", "--max-iterations", "-1"],
+                 ["task", "create", "x", "--budget"],
+                 ["task", "list", "--server", "ftp://x"]):
+        rc, out, err = run(args)
+        t.ok(rc == 2 and out == "" and err.startswith("diverge") or
+             (rc == 2 and err.startswith("usage")),
+             "usage error: diverge %s: exit 2, message on stderr" %
+             " ".join(args), (rc, out, err))
+    for v in VERBS:
+        rc, out, err = run(["task", v, "--help"])
+        t.ok(rc == 0 and out.startswith("usage: diverge task " + v) and
+             "--help" in out and err == "",
+             "task %s --help" % v, (rc, out, err))
+    rc, out, _ = run(["task", "--help"])
+    t.ok(rc == 0 and all(v in out for v in VERBS), "task --help", out)
+
+
+# ---- init and agent.yaml ----
+
+def init_and_agent_yaml(t, server):
+    tmp = tempfile.mkdtemp(prefix="diverge-cli-repo-")
+    os.mkdir(os.path.join(tmp, ".git"))
+    sub = os.path.join(tmp, "src", "deep")
+    os.makedirs(sub)
+    path = os.path.join(tmp, ".diverge", "agent.yaml")
+    rc, out, err = run(["task", "init"], cwd=sub)
+    t.ok(rc == 0 and os.path.exists(path) and path in out,
+         "task init: writes .diverge/agent.yaml at the repository top",
+         (rc, out, err))
+    import yaml
+    with open(path) as f:
+        text = f.read()
+    with open(AGENT_EXAMPLE) as f:
+        example = yaml.safe_load(f)
+    t.ok(yaml.safe_load(text) == example and text.count("\n#") +
+         text.count("  #") >= 5,
+         "task init: the spec's example, with comments", text)
+    with open(path, "a") as f:
+        f.write("# mine\n")
+    rc, out, err = run(["task", "init"], cwd=tmp)
+    with open(path) as f:
+        kept = f.read().endswith("# mine\n")
+    t.ok(rc == 1 and "already exists" in err and "--force" in err and kept,
+         "task init: an existing file is kept without --force", (rc, err))
+    rc, out, err = run(["task", "init", "--force"], cwd=tmp)
+    with open(path) as f:
+        t.ok(rc == 0 and f.read() == text,
+             "task init --force: overwritten", (rc, err))
+
+    env = {"DIVERGE_SERVER": server}
+    rc, out, err = run(["task", "create", "Use the defaults", "-o",
+                        "json"], cwd=sub, env=env)
+    spec = json.loads(out)["spec"] if rc == 0 else {}
+    name = json.loads(out)["metadata"]["name"] if rc == 0 else ""
+    t.ok(rc == 0 and re.match(r"^task-[a-z0-9]{6}$", name) and
+         spec.get("capabilities") == example["agent"]["capabilities"] and
+         spec.get("allowedTools") == example["agent"]["allowedTools"] and
+         spec.get("budgetUSD") == "5.00" and
+         spec.get("maxIterations") == 5 and
+         spec.get("sandbox") == {"provider": "agent-sandbox",
+                                 "timeoutSeconds": 3600} and
+         "repository" not in spec,
+         "task create: defaults from .diverge/agent.yaml, generated name",
+         (rc, out, err))
+    with open(os.path.join(tmp, ".git", "config"), "w") as f:
+        f.write('[core]\n\tbare = false\n[remote "origin"]\n'
+                '\turl = https://github.com/myorg/checkout-service.git\n'
+                '\tfetch = +refs/heads/*:refs/remotes/origin/*\n')
+    rc, out, err = run(["task", "create", "Flags win", "--name",
+                        "flags-win", "--budget", "$7", "--tokens", "500k",
+                        "--max-iterations", "0", "--capability", "claude-*",
+                        "--base-branch", "develop", "--draft", "-o",
+                        "json"], cwd=tmp, env=env)
+    spec = json.loads(out)["spec"] if rc == 0 else {}
+    t.ok(rc == 0 and spec.get("budgetUSD") == "7.00" and
+         spec.get("budgetTokens") == 500000 and
+         spec.get("maxIterations") == 0 and
+         spec.get("capabilities") == ["claude-*"] and
+         spec.get("allowedTools") == example["agent"]["allowedTools"] and
+         spec.get("draftPR") is True and
+         spec.get("repository") == {
+             "url": "https://github.com/myorg/checkout-service.git",
+             "baseBranch": "develop", "workingBranch": "agent/flags-win"},
+         "task create: flags override the file; the repository is "
+         "origin's", (rc, out, err))
+    rc, out, err = run(["task", "create", "No repo", "--repo", ""],
+                       cwd=tmp, env=env)
+    rc2, out2, _ = run(["task", "status", out.strip(), "-o", "json"],
+                       env=env)
+    t.ok(rc == 0 and rc2 == 0 and
+         "repository" not in json.loads(out2)["spec"],
+         "task create --repo '': no repository", (rc, err, out2))
+
+    bad = {
+        "unknown key": ("version: \"1\"\nagent:\n  budgetUSB: 5\n", ":3:",
+                        "unknown key 'agent.budgetUSB'"),
+        "bad budget": ("agent:\n  maxIterations: 2\n  budgetUSD: lots\n",
+                       ":3:", "budgetUSD"),
+        "bad version": ("version: \"2\"\n", ":1:", "version"),
+        "bad provider": ("agent:\n  sandbox:\n    provider: docker\n",
+                         ":3:", "agent-sandbox"),
+        "bad list": ("agent:\n  capabilities: claude\n", ":2:",
+                     "list"),
+        "duplicate": ("agent:\n  maxIterations: 2\n  maxIterations: 3\n",
+                      ":3:", "duplicate"),
+        "bad yaml": ("agent:\n  capabilities: [a, b\n", ":", ""),
+    }
+    for what, (text, line, word) in bad.items():
+        with open(path, "w") as f:
+            f.write(text)
+        rc, out, err = run(["task", "create", "x"], cwd=tmp, env=env)
+        t.ok(rc == 2 and err.startswith("diverge: " + path + line) and
+             word in err and out == "",
+             "task create: agent.yaml %s: FILE:LINE: what, exit 2" % what,
+             (rc, err))
+    with open(path, "w") as f:
+        f.write("")
+    rc, out, err = run(["task", "create", "Empty file", "-o", "json"],
+                       cwd=tmp, env=env)
+    t.ok(rc == 0 and "budgetUSD" not in json.loads(out)["spec"],
+         "task create: an empty agent.yaml gives no defaults", err)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---- the API, seen from the test ----
+
+class Api:
+    """Raw HTTP to the embedded store or the fake kube-apiserver."""
+
+    def __init__(self, host, port, ca=None, token=None):
+        self.host, self.port, self.ca, self.token = host, port, ca, token
+
+    def request(self, method, path, body=None, ctype="application/json"):
+        if self.ca:
+            ctx = ssl.create_default_context(cafile=self.ca)
+            c = http.client.HTTPSConnection(self.host, self.port,
+                                            context=ctx, timeout=30)
+        else:
+            c = http.client.HTTPConnection(self.host, self.port,
+                                           timeout=30)
+        h = {"Content-Type": ctype, "Accept": "application/json"}
+        if self.token:
+            h["Authorization"] = "Bearer " + self.token
+        try:
+            c.request(method, path, body=json.dumps(body) if body
+                      is not None else None, headers=h)
+            r = c.getresponse()
+            data = r.read()
+            return r.status, json.loads(data) if data else None
+        finally:
+            c.close()
+
+    def task(self, name, ns="default"):
+        return self.request("GET", TASKS % ns + "/" + name)[1]
+
+    def set_status(self, name, status, ns="default"):
+        code, doc = self.request("PATCH", TASKS % ns + "/" + name +
+                                 "/status", {"status": status},
+                                 "application/merge-patch+json")
+        if code != 200:
+            raise RuntimeError("status patch: %d %r" % (code, doc))
+        return doc
+
+    def secret(self, name, data, ns="default"):
+        body = {"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": name, "namespace": ns},
+                "data": dict((k, base64.b64encode(v.encode()).decode())
+                             for k, v in data.items())}
+        code, doc = self.request("POST", "/api/v1/namespaces/%s/secrets" %
+                                 ns, body)
+        if code != 201:
+            raise RuntimeError("secret: %d %r" % (code, doc))
+
+    def delete(self, name, ns="default"):
+        return self.request("DELETE", TASKS % ns + "/" + name)[0]
+
+
+class Cli:
+    """diverge with the connection options of one backend."""
+
+    def __init__(self, args, env=None):
+        self.args = list(args)
+        self.env = env or {}
+
+    def __call__(self, *args, env=None, **kw):
+        e = dict(self.env)
+        if env:
+            e.update(env)
+        return run(self.args + list(args), env=e, **kw)
+
+
+def token_for(name, ns, usd=None, tokens=None):
+    caveats = ["task_id = " + name, "namespace = " + ns]
+    if usd is not None:
+        caveats.append("max_cost_usd = " + usd)
+    if tokens is not None:
+        caveats.append("max_tokens = %d" % tokens)
+    caveats.append("expires = 2030-01-01T00:00:00Z")
+    return mint(KEY, os.urandom(8).hex(), "http://127.0.0.1:8080", caveats)
+
+
+def seed(t, cli, api, label):
+    """The tasks every backend shows the same way; their creation times."""
+    created = {}
+    rc, out, err = cli("task", "create",
+                       "Diagnose and fix N+1 query in /api/v1/checkout",
+                       "--name", "fix-checkout-latency", "--budget", "5.00",
+                       "--tokens", "200000", "--max-iterations", "8",
+                       "--base-branch", "main", "--repo",
+                       "https://github.com/myorg/checkout-service",
+                       "--capability", "claude-3-7-sonnet",
+                       "--capability", "gemini-2.5-pro")
+    t.ok(rc == 0 and out == "fix-checkout-latency\n" and err == "",
+         "%s: task create --name prints the name" % label, (rc, out, err))
+    rc, out, err = cli("task", "create", "Make the build green",
+                       "--name", "paused-task", "--budget", "2",
+                       "--max-iterations", "4")
+    t.ok(rc == 0, "%s: task create (second task)" % label, err)
+    rc, out, err = cli("task", "create", "Budget from the token",
+                       "--name", "from-token")
+    t.ok(rc == 0, "%s: task create without a budget" % label, err)
+    rc, out, err = cli("task", "create", "Elsewhere", "--name", "other",
+                       "-n", "team-a", "--budget", "1")
+    t.ok(rc == 0, "%s: task create -n team-a" % label, err)
+    for n, ns in (("fix-checkout-latency", "default"),
+                  ("paused-task", "default"), ("from-token", "default"),
+                  ("other", "team-a")):
+        created[n] = parse_time(api.task(n, ns)["metadata"]
+                                ["creationTimestamp"])
+    c = created["fix-checkout-latency"]
+    api.set_status("fix-checkout-latency", {
+        "phase": "Active", "costUSD": "1.234500", "tokensConsumed": 45000,
+        "iteration": 3, "sandboxName": "fix-checkout-latency",
+        "previewUrl": "https://preview.example.com/?_diverge_env="
+                      "agent-preview-fix-checkout-latency",
+        "tokenId": "0f1e2d3c4b5a69788796a5b4c3d2e1f0",
+        "activeSeconds": 900, "startedAt": rfc3339(c + 60),
+        "observedGeneration": 1,
+        "conditions": [
+            {"type": "Ready", "status": "True",
+             "reason": "DependenciesReady", "message": "Pod is Ready",
+             "lastTransitionTime": rfc3339(c + 120)},
+            {"type": "TokenIssued", "status": "True", "reason": "Minted",
+             "message": "token 0f1e2d3c", "lastTransitionTime":
+             rfc3339(c + 30)}]})
+    rc, out, err = cli("task", "pause", "paused-task")
+    t.ok(rc == 0 and "pause requested" in out,
+         "%s: task pause" % label, (rc, out, err))
+    c = created["paused-task"]
+    api.set_status("paused-task", {
+        "phase": "Paused", "reason": "BudgetExceeded",
+        "message": "budget exceeded", "costUSD": "2.010000",
+        "tokensConsumed": 120000, "iteration": 4,
+        "sandboxName": "paused-task", "activeSeconds": 3000,
+        "startedAt": rfc3339(c + 10),
+        "conditions": [
+            {"type": "Ready", "status": "False",
+             "reason": "SandboxSuspended", "message": "Sandbox suspended",
+             "lastTransitionTime": rfc3339(c + 3600)}]})
+    api.set_status("other", {"phase": "Completed", "costUSD": "0.5",
+                             "tokensConsumed": 9000, "iteration": 2,
+                             "completedAt": rfc3339(created["other"] +
+                                                    600)},
+                   ns="team-a")
+    api.secret("from-token-token", {"token": token_for(
+        "from-token", "default", "3.00", 500000)})
+    return created
+
+
+def outputs(t, cli, api, created, label):
+    """list and status against the golden files."""
+    base = max(created.values())
+    env = {"DIVERGE_NOW": str(base + 3 * 3600)}
+    rc, out, err = cli("task", "list", env=env)
+    t.ok(rc == 0 and err == "", "%s: task list" % label, err)
+    golden(t, "list.txt", out, "%s: task list matches list.txt" % label)
+    rc, out, err = cli("task", "list", "-A", env=env)
+    golden(t, "list-all.txt", out,
+           "%s: task list -A matches list-all.txt" % label)
+    rc, out, err = cli("task", "list", "-n", "team-a", env=env)
+    t.ok(rc == 0 and "other" in out and "fix-checkout" not in out,
+         "%s: task list -n team-a" % label, out)
+    rc, out, err = cli("task", "list", "-n", "empty-ns")
+    t.ok(rc == 0 and out == "" and "No tasks found" in err,
+         "%s: task list of an empty namespace" % label, (rc, out, err))
+    for name, file in (("fix-checkout-latency", "status-active.txt"),
+                       ("paused-task", "status-paused.txt"),
+                       ("from-token", "status-token.txt")):
+        env = {"DIVERGE_NOW": str(created[name] + 2 * 3600)}
+        rc, out, err = cli("task", "status", name, env=env)
+        t.ok(rc == 0 and err == "", "%s: task status %s" % (label, name),
+             err)
+        golden(t, file, normalize(out),
+               "%s: task status %s matches %s" % (label, name, file))
+    rc, out, err = cli("task", "status", "other", "-n", "team-a")
+    t.ok(rc == 0 and "Completed" in out and "finished" in out,
+         "%s: task status of a completed task" % label, out)
+
+    rc, out, err = cli("task", "list", "-o", "json")
+    items = json.loads(out) if rc == 0 else None
+    t.ok(rc == 0 and isinstance(items, list) and
+         [i["metadata"]["name"] for i in items] ==
+         ["fix-checkout-latency", "from-token", "paused-task"] and
+         all(i["kind"] == "AgentTask" and
+             i["apiVersion"] == "divergedev.com/v1alpha1" for i in items) and
+         out == json.dumps(items, indent=2, sort_keys=True,
+                           ensure_ascii=False) + "\n",
+         "%s: task list -o json: an array of the objects, keys sorted, "
+         "2-space indent" % label, out[:2000])
+    rc2, out2, _ = cli("task", "list", "-o", "json")
+    t.ok(rc2 == 0 and out2 == out, "%s: task list -o json is stable" %
+         label)
+    import yaml
+    rc, outy, err = cli("task", "list", "-o", "yaml")
+    t.ok(rc == 0 and yaml.safe_load(outy) == items,
+         "%s: task list -o yaml reads back as the JSON" % label,
+         outy[:2000])
+    rc, out, err = cli("task", "status", "fix-checkout-latency", "-o",
+                       "json")
+    obj = json.loads(out) if rc == 0 else None
+    t.ok(rc == 0 and obj == api.task("fix-checkout-latency"),
+         "%s: task status -o json is the object" % label, out[:2000])
+    rc, outy, err = cli("task", "status", "fix-checkout-latency", "-o",
+                        "yaml")
+    t.ok(rc == 0 and yaml.safe_load(outy) == obj,
+         "%s: task status -o yaml reads back as the JSON" % label, outy)
+    return items
+
+
+def operations(t, cli, api, label):
+    """guide, pause, resume, budget: effects on the object."""
+    name = "fix-checkout-latency"
+    rc, out, err = cli("task", "guide", name,
+                       "  Ensure backward compatibility with API v1 "
+                       "clients\n")
+    ann = api.task(name)["metadata"].get("annotations", {})
+    t.ok(rc == 0 and "guidance set" in out and
+         ann.get("divergedev.com/guidance") ==
+         "Ensure backward compatibility with API v1 clients",
+         "%s: task guide sets the annotation (trimmed)" % label,
+         (rc, out, err, ann))
+    rc, out, err = cli("task", "guide", name, "x" * 2001)
+    t.ok(rc == 2 and "too long" in err, "%s: task guide: hint too long, "
+         "exit 2" % label, (rc, err))
+    rc, out, err = cli("task", "guide", name, "bad\x1bhint")
+    t.ok(rc == 2 and "control" in err,
+         "%s: task guide: control character, exit 2" % label, (rc, err))
+
+    rc, out, err = cli("task", "budget", name, "--budget", "+15.00",
+                       "--tokens", "2M")
+    spec = api.task(name)["spec"]
+    t.ok(rc == 0 and spec["budgetUSD"] == "20.00" and
+         spec["budgetTokens"] == 2200000 and not spec.get("suspended") and
+         "$20.00" in out and "2200000" in out,
+         "%s: task budget adds to the spec budgets, suspension unchanged" %
+         label, (rc, out, err, spec))
+    rc, out, err = cli("task", "pause", name)
+    t.ok(rc == 0 and api.task(name)["spec"].get("suspended") is True,
+         "%s: task pause sets spec.suspended" % label, (rc, out, err))
+    rc, out, err = cli("task", "pause", name)
+    t.ok(rc == 0, "%s: task pause again: fine (idempotent)" % label, err)
+    rc, out, err = cli("task", "resume", name, "--budget", "1,000",
+                       "--tokens", "500k")
+    spec = api.task(name)["spec"]
+    t.ok(rc == 0 and spec.get("suspended") is False and
+         spec["budgetUSD"] == "1020.00" and
+         spec["budgetTokens"] == 2700000,
+         "%s: task resume --budget 1,000 --tokens 500k: bumps, then "
+         "resumes" % label, (rc, out, err, spec))
+    rc, out, err = cli("task", "resume", "paused-task")
+    spec = api.task("paused-task")["spec"]
+    t.ok(rc == 0 and spec.get("suspended") is False and
+         spec["budgetUSD"] == "2.00" and "warning" in err and
+         "$2.01 of its $2.00" in err,
+         "%s: task resume without a bump, over budget: resumed, with a "
+         "warning" % label, (rc, out, err))
+
+    # the budget from the token's caveat
+    rc, out, err = cli("task", "budget", "from-token", "--budget", "2",
+                       "--tokens", "100000")
+    spec = api.task("from-token")["spec"]
+    t.ok(rc == 0 and spec.get("budgetUSD") == "5.00" and
+         spec.get("budgetTokens") == 600000,
+         "%s: task budget: bumps the token's caveats into the spec" % label,
+         (rc, out, err, spec))
+    rc, out, err = cli("task", "create", "Unlimited", "--name", "unlimited")
+    api.secret("unlimited-token", {"token": token_for("unlimited",
+                                                      "default")})
+    rc, out, err = cli("task", "budget", "unlimited", "--budget", "5")
+    spec = api.task("unlimited")["spec"]
+    t.ok(rc == 1 and "unlimited" in err and "budgetUSD" not in spec,
+         "%s: task budget of an unlimited budget: refused, explained" %
+         label, (rc, err, spec))
+    rc, out, err = cli("task", "create", "No token yet", "--name",
+                       "no-token")
+    rc, out, err = cli("task", "resume", "no-token", "--tokens", "5")
+    spec = api.task("no-token")["spec"]
+    t.ok(rc == 1 and "configured default" in err and
+         "budgetTokens" not in spec,
+         "%s: task resume --tokens without a budget or a token: refused, "
+         "nothing written" % label, (rc, err, spec))
+    # a token that is another task's does not count
+    api.secret("no-token-token", {"token": token_for("someone-else",
+                                                     "default", "9.00")})
+    rc, out, err = cli("task", "budget", "no-token", "--budget", "1")
+    t.ok(rc == 1 and "budgetUSD" not in api.task("no-token")["spec"],
+         "%s: a token of another task is not used" % label, (rc, err))
+
+    for args, what in ((["--budget", "-5"], "negative"),
+                       (["--budget", "abc"], "not a number"),
+                       (["--budget", "1.234"], "3 decimals"),
+                       (["--budget", "0"], "zero"),
+                       (["--budget", "5000"], "over the maximum"),
+                       (["--tokens", "1.5M"], "fractional tokens"),
+                       (["--tokens", "-2"], "negative tokens"),
+                       (["--tokens", "2G"], "bad suffix")):
+        rc, out, err = cli("task", "budget", name, *args)
+        t.ok(rc == 2 and err.startswith("diverge: ") and "usage" in err,
+             "%s: task budget %s (%s): exit 2" % (label, " ".join(args),
+                                                   what), (rc, err))
+    for verb, extra in (("status", []), ("logs", []), ("pause", []),
+                        ("resume", []), ("guide", ["hint"]),
+                        ("budget", ["--budget", "1"])):
+        rc, out, err = cli("task", verb, "no-such-task", *extra)
+        t.ok(rc == 1 and out == "" and
+             err == 'diverge: agenttasks.divergedev.com "no-such-task" '
+                    'not found\n',
+             "%s: task %s of an unknown task: the Status message, exit 1" %
+             (label, verb), (rc, out, err))
+    rc, out, err = cli("task", "create", "again", "--name", "paused-task")
+    t.ok(rc == 1 and "already exists" in err,
+         "%s: task create of an existing name: exit 1" % label, (rc, err))
+
+
+def concurrency(t, cli, api, label):
+    """Parallel bumps and meter-like status writes: none is lost."""
+    name = "race"
+    cli("task", "create", "Race", "--name", name, "--budget", "1",
+        "--tokens", "1000")
+    procs = []
+    e = dict(os.environ)
+    e.update(cli.env)
+    for _ in range(8):
+        procs.append(subprocess.Popen(
+            [DIVERGE] + cli.args + ["task", "budget", name, "--tokens",
+                                    "100", "--budget", "0.10"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e))
+
+    def meter():
+        for i in range(1, 21):
+            for _ in range(100):
+                cur = api.task(name)
+                st = cur.get("status") or {}
+                patch = {"metadata": {"resourceVersion":
+                                      cur["metadata"]["resourceVersion"]},
+                         "status": {"iteration": st.get("iteration", 0) + 1,
+                                    "tokensConsumed":
+                                    st.get("tokensConsumed", 0) + 10}}
+                code, _ = api.request("PATCH", TASKS % "default" + "/" +
+                                      name + "/status", patch,
+                                      "application/merge-patch+json")
+                if code == 200:
+                    break
+    th = threading.Thread(target=meter)
+    th.start()
+    rcs = [p.wait(60) for p in procs]
+    errs = [p.stderr.read().decode() for p in procs]
+    for p in procs:
+        p.stdout.close()
+        p.stderr.close()
+    th.join(60)
+    obj = api.task(name)
+    t.ok(rcs == [0] * 8 and obj["spec"]["budgetTokens"] == 1800 and
+         obj["spec"]["budgetUSD"] == "1.80" and
+         obj["status"]["iteration"] == 20 and
+         obj["status"]["tokensConsumed"] == 200,
+         "%s: 8 concurrent bumps and 20 meter writes: nothing lost" % label,
+         (rcs, errs, obj.get("spec"), obj.get("status")))
+
+
+# ---- logs in embedded mode: the history ----
+
+def read_line(stream, timeout=10):
+    end = time.time() + timeout
+    buf = b""
+    while time.time() < end:
+        r, _, _ = select.select([stream], [], [], 0.2)
+        if r:
+            c = os.read(stream.fileno(), 1)
+            if not c:
+                break
+            if c == b"\n":
+                return buf.decode()
+            buf += c
+    return None
+
+
+def logs_embedded(t, cli, api):
+    name = "history"
+    cli("task", "create", "Tell the story", "--name", name, "--budget",
+        "5", "--max-iterations", "3")
+    cli("task", "guide", name, "Be brief")
+    api.set_status(name, {"phase": "Provisioning"})
+    api.set_status(name, {"phase": "Active", "iteration": 1,
+                          "costUSD": "0.022500", "tokensConsumed": 1500})
+    cli("task", "pause", name)
+    api.set_status(name, {"phase": "Paused", "reason": "Suspended"})
+    cli("task", "resume", name, "--budget", "2.50")
+    rc, out, err = cli("task", "logs", name)
+    golden(t, "logs.txt", out, "embedded: task logs: the task's history "
+           "matches logs.txt")
+    t.ok(rc == 0 and err == "", "embedded: task logs exits 0", err)
+
+    e = dict(os.environ)
+    e.update(cli.env)
+    p = subprocess.Popen([DIVERGE] + cli.args + ["task", "logs", name,
+                                                  "-f"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=e)
+    try:
+        first = [read_line(p.stdout) for _ in out.splitlines()]
+        t.ok(first == out.splitlines(), "embedded: task logs -f: the "
+             "history first", first)
+        api.set_status(name, {"phase": "Provisioning", "reason": ""})
+        line = read_line(p.stdout)
+        t.eq(line, "phase Provisioning", "embedded: task logs -f: a live "
+             "change")
+        cli("task", "guide", name, "Now faster")
+        line = read_line(p.stdout)
+        t.eq(line, 'guidance: "Now faster"',
+             "embedded: task logs -f: guidance")
+        api.delete(name)
+        line = read_line(p.stdout)
+        rc = p.wait(10)
+        t.ok(line == "deleted" and rc == 0,
+             "embedded: task logs -f ends with the task", (line, rc))
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        p.stdout.close()
+        p.stderr.close()
+
+
+def colour(t, cli):
+    """Colour only on a terminal, and not with NO_COLOR."""
+    def on_tty(env):
+        master, slave = pty.openpty()
+        e = dict(os.environ)
+        e.update(cli.env)
+        e.pop("NO_COLOR", None)
+        e.update(env)
+        p = subprocess.Popen([DIVERGE] + cli.args + ["task", "list"],
+                             stdout=slave, stderr=subprocess.PIPE, env=e)
+        os.close(slave)
+        data = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            data += chunk
+        p.wait(10)
+        p.stderr.close()
+        os.close(master)
+        return data.decode()
+    out = on_tty({})
+    t.ok("\x1b[32mActive\x1b[0m" in out and
+         "\x1b[33mPaused\x1b[0m" in out,
+         "colour: the phase is coloured on a terminal", repr(out))
+    out = on_tty({"NO_COLOR": "1"})
+    t.ok("Active" in out and "\x1b[" not in out,
+         "colour: none with NO_COLOR", repr(out))
+    rc, out, _ = cli("task", "list")
+    t.ok(rc == 0 and "\x1b[" not in out, "colour: none into a pipe")
+
+
+def server_down(t):
+    cli = Cli(["--server", "http://127.0.0.1:9"])
+    for verb, extra in (("list", []), ("status", ["x"]), ("create", ["x"]),
+                        ("pause", ["x"]), ("budget", ["x", "--tokens", "1"]),
+                        ("logs", ["x"])):
+        start = time.time()
+        rc, out, err = cli("task", verb, *extra)
+        t.ok(rc == 1 and out == "" and err.startswith(
+            "diverge: cannot reach the API at http://127.0.0.1:9: ") and
+            err.count("\n") == 1 and time.time() - start < 10,
+            "API down: task %s: a clear message, exit 1" % verb, (rc, err))
+    rc, out, err = run(["task", "list"], env={"DIVERGE_SERVER":
+                                              "http://127.0.0.1:9"})
+    t.ok(rc == 1 and "http://127.0.0.1:9" in err,
+         "DIVERGE_SERVER sets the server", err)
+
+
+def subsequence(lines, want):
+    """Whether want appears in lines in order (other lines between)."""
+    it = iter(lines)
+    return all(any(w == line for line in it) for w in want)
+
+
+def read_until(stream, want, timeout=15):
+    """Read lines until want comes; the lines read, or None."""
+    seen = []
+    end = time.time() + timeout
+    while time.time() < end:
+        line = read_line(stream, max(0.1, end - time.time()))
+        if line is None:
+            break
+        seen.append(line)
+        if line == want:
+            return seen
+    return None
+
+
+def daemon_commands(t, cli, api):
+    """Every command on a running diverged. What is checked holds even
+    when a reconciler changes the tasks meanwhile."""
+    label = "diverged"
+    rc, out, err = cli("task", "create", "Fix the flaky test", "--name",
+                       "e2e", "--budget", "5.00", "--tokens", "200k",
+                       "--max-iterations", "8")
+    t.ok(rc == 0 and out == "e2e\n" and err == "",
+         "%s: task create --name prints the name" % label, (rc, out, err))
+    rc, out, err = cli("task", "create", "Generated name")
+    gen = out.strip()
+    t.ok(rc == 0 and re.match(r"^task-[a-z0-9]{6}$", gen),
+         "%s: task create: a generated task-XXXXXX name" % label,
+         (rc, out, err))
+    rc, out, err = cli("task", "list")
+    t.ok(rc == 0 and out.startswith("NAME ") and
+         re.search(r"^e2e +\S+ +\$[0-9.]+/\$5\.00 +\d+/200000 +\d+/8 +"
+                   r"\d+s$", out, re.M) and
+         re.search("^%s " % gen, out, re.M),
+         "%s: task list" % label, (rc, out, err))
+    rc, out, err = cli("task", "list", "-o", "json")
+    names = [i["metadata"]["name"] for i in json.loads(out)] if rc == 0 \
+        else []
+    t.ok(rc == 0 and "e2e" in names and gen in names,
+         "%s: task list -o json" % label, out[:1000])
+    rc, out, err = cli("task", "status", "e2e")
+    t.ok(rc == 0 and "Name:          e2e\n" in out and
+         "Objective:     Fix the flaky test\n" in out and
+         re.search(r"^Spend: +\$[0-9.]+ of \$5\.00", out, re.M) and
+         "Next:" in out, "%s: task status" % label, (rc, out, err))
+    rc, out, err = cli("task", "guide", "e2e", "Be brief")
+    ann = api.task("e2e")["metadata"].get("annotations", {})
+    t.ok(rc == 0 and ann.get("divergedev.com/guidance") == "Be brief",
+         "%s: task guide" % label, (rc, out, err))
+    rc, out, err = cli("task", "budget", "e2e", "--budget", "+2.50",
+                       "--tokens", "1M")
+    spec = api.task("e2e")["spec"]
+    t.ok(rc == 0 and spec["budgetUSD"] == "7.50" and
+         spec["budgetTokens"] == 1200000,
+         "%s: task budget" % label, (rc, out, err, spec))
+    rc, out, err = cli("task", "pause", "e2e")
+    t.ok(rc == 0 and api.task("e2e")["spec"].get("suspended") is True,
+         "%s: task pause" % label, (rc, out, err))
+    rc, out, err = cli("task", "resume", "e2e", "--tokens", "500k")
+    spec = api.task("e2e")["spec"]
+    t.ok(rc == 0 and spec.get("suspended") is False and
+         spec["budgetTokens"] == 1700000,
+         "%s: task resume --tokens 500k" % label, (rc, out, err, spec))
+    rc, out, err = cli("task", "logs", "e2e")
+    lines = out.splitlines()
+    t.ok(rc == 0 and lines[:1] == ['created: "Fix the flaky test"; budget '
+                                   '$5.00; 200000 tokens; 8 iterations'] and
+         subsequence(lines, ['guidance: "Be brief"',
+                             "USD budget $5.00 -> $7.50; token budget "
+                             "200000 -> 1200000",
+                             "pause requested",
+                             "resume requested; token budget 1200000 -> "
+                             "1700000"]),
+         "%s: task logs: the history of the task" % label, (rc, out, err))
+
+    e = dict(os.environ)
+    e.update(cli.env)
+    p = subprocess.Popen([DIVERGE] + cli.args + ["task", "logs", "e2e",
+                                                  "-f"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=e)
+    try:
+        seen = read_until(p.stdout, "resume requested; token budget "
+                          "1200000 -> 1700000")
+        t.ok(seen is not None, "%s: task logs -f: the history first" %
+             label, seen)
+        cli("task", "guide", "e2e", "Now faster")
+        seen = read_until(p.stdout, 'guidance: "Now faster"')
+        t.ok(seen is not None, "%s: task logs -f: a live change" % label,
+             seen)
+        api.delete("e2e")
+        seen = read_until(p.stdout, "deleted")
+        rc = p.wait(10)
+        t.ok(seen is not None and rc == 0,
+             "%s: task logs -f ends with the task" % label, (seen, rc))
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        p.stdout.close()
+        p.stderr.close()
+
+    for verb, extra in (("status", []), ("logs", []), ("pause", []),
+                        ("resume", []), ("guide", ["hint"]),
+                        ("budget", ["--budget", "1"])):
+        rc, out, err = cli("task", verb, "no-such-task", *extra)
+        t.ok(rc == 1 and out == "" and
+             err == 'diverge: agenttasks.divergedev.com "no-such-task" '
+                    'not found\n',
+             "%s: task %s of an unknown task: the Status message, exit 1" %
+             (label, verb), (rc, out, err))
+    for args in (["--budget", "-5"], ["--budget", "1.234"],
+                 ["--tokens", "1.5M"]):
+        rc, out, err = cli("task", "budget", gen, *args)
+        t.ok(rc == 2 and "usage" in err,
+             "%s: task budget %s: exit 2" % (label, " ".join(args)),
+             (rc, err))
+
+
+def embedded(t):
+    """diverged itself."""
+    d = Daemon(config=None).start()
+    server = "http://127.0.0.1:%d" % d.api_port
+    api = Api("127.0.0.1", d.api_port)
+    cli = Cli(["--server", server])
+    # the first object of the store: no watch event before it
+    rc, out, err = cli("task", "create", "Alone", "--name", "first", "-n",
+                       "solo")
+    start = time.time()
+    rc, out, err = cli("task", "logs", "first", "-n", "solo")
+    t.ok(rc == 0 and out.startswith('created: "Alone"\n') and
+         time.time() - start < 8,
+         "diverged: task logs of the store's first task", (rc, out, err))
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([DIVERGE, "--server", server, "task", "list",
+                            "-n", "solo"], stdout=full,
+                           stderr=subprocess.PIPE, text=True)
+    t.ok(p.returncode == 1 and "cannot write" in p.stderr,
+         "a failed write of the output: exit 1", (p.returncode, p.stderr))
+    daemon_commands(t, cli, api)
+    init_and_agent_yaml(t, server)
+    rc, out, err = run(["--server", server, "task", "list", "-n",
+                        "solo"])
+    t.ok(rc == 0 and "first" in out,
+         "connection options before the command", (rc, out, err))
+    d.stop()
+
+
+class ApiServe:
+    """tests/tools/apiserve: the embedded store over HTTP, no daemon."""
+
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix="diverge-cli-store-")
+        self.proc = subprocess.Popen(
+            [APISERVE, os.path.join(self.tmp, "store.db"), "127.0.0.1:0"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        r, _, _ = select.select([self.proc.stdout], [], [], 20)
+        line = self.proc.stdout.readline() if r else ""
+        if not line.startswith("port="):
+            self.stop()
+            raise RuntimeError("apiserve did not start: %r" % line)
+        self.port = int(line.strip()[5:])
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def store(t):
+    """The embedded store, the task status written by the test only."""
+    if not os.access(APISERVE, os.X_OK):
+        t.skip("embedded store: goldens (tests/tools/apiserve is not "
+               "built)")
+        return None
+    srv = ApiServe()
+    try:
+        api = Api("127.0.0.1", srv.port)
+        cli = Cli(["--server", "http://127.0.0.1:%d" % srv.port])
+        created = seed(t, cli, api, "embedded")
+        items = outputs(t, cli, api, created, "embedded")
+        colour(t, cli)
+        operations(t, cli, api, "embedded")
+        concurrency(t, cli, api, "embedded")
+        logs_embedded(t, cli, api)
+    finally:
+        srv.stop()
+    return items
+
+
+# ---- the Kubernetes path: the fake kube-apiserver ----
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+current-context: main
+contexts:
+- name: main
+  context: {cluster: fake, user: me, namespace: default}
+- name: team-a
+  context: {cluster: fake, user: me, namespace: team-a}
+- name: intruder
+  context: {cluster: fake, user: wrong}
+clusters:
+- name: fake
+  cluster: {server: "%(server)s", certificate-authority: "%(ca)s"}
+- name: plain
+  cluster: {server: "%(plain)s"}
+users:
+- name: me
+  user: {token: "%(token)s"}
+- name: wrong
+  user: {token: "not-the-token"}
+"""
+
+
+class Fake:
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, FAKE, "--port", "0", "--token", "s3cret"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True)
+        r, _, _ = select.select([self.proc.stdout], [], [], 20)
+        if not r:
+            raise RuntimeError("the fake kube-apiserver did not start")
+        self.info = json.loads(self.proc.stdout.readline())
+
+    def control(self, method, path):
+        c = http.client.HTTPSConnection(
+            "127.0.0.1", self.info["port"], timeout=10,
+            context=ssl.create_default_context(cafile=self.info["ca_file"]))
+        try:
+            c.request(method, path)
+            r = c.getresponse()
+            data = r.read()
+            return json.loads(data) if data else None
+        finally:
+            c.close()
+
+    def stop(self):
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
+class LogServer(http.server.BaseHTTPRequestHandler):
+    """A plain-http API with one task, its Sandbox and its pod's log."""
+    protocol_version = "HTTP/1.1"
+    seen = []
+
+    def log_message(self, *args):
+        pass
+
+    def reply(self, code, doc):
+        data = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        LogServer.seen.append(self.path)
+        if self.path.startswith(TASKS % "default" + "/runner"):
+            self.reply(200, {"apiVersion": "divergedev.com/v1alpha1",
+                             "kind": "AgentTask",
+                             "metadata": {"name": "runner",
+                                          "namespace": "default",
+                                          "resourceVersion": "5"},
+                             "spec": {"objective": "x"},
+                             "status": {"phase": "Active",
+                                        "sandboxName": "runner"}})
+        elif "/sandboxes/runner" in self.path:
+            self.reply(200, {"metadata": {"name": "runner", "annotations": {
+                "agents.x-k8s.io/pod-name": "runner-pod"}}})
+        elif self.path.startswith("/api/v1/namespaces/default/pods/"
+                                  "runner-pod/log"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for line in (b"cloning\n", b"iteration 1: tests fail\n",
+                         b"iteration 2: tests pass\n"):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                self.wfile.flush()
+                time.sleep(0.05)
+            self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.reply(404, {"kind": "Status", "apiVersion": "v1",
+                             "status": "Failure", "reason": "NotFound",
+                             "message": "the server could not find the "
+                                        "requested resource",
+                             "code": 404})
+
+
+def kubernetes(t, store_items):
+    if shutil.which("openssl") is None:
+        t.skip("Kubernetes path (openssl not installed)")
+        return
+    fake = Fake()
+    logsrv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), LogServer)
+    logsrv.daemon_threads = True
+    threading.Thread(target=logsrv.serve_forever, daemon=True).start()
+    tmp = tempfile.mkdtemp(prefix="diverge-cli-kube-")
+    try:
+        kc = os.path.join(tmp, "kubeconfig")
+        with open(kc, "w") as f:
+            f.write(KUBECONFIG % {
+                "server": fake.info["server"], "ca": fake.info["ca_file"],
+                "token": fake.info["token"],
+                "plain": "http://127.0.0.1:%d" % logsrv.server_address[1]})
+        api = Api("127.0.0.1", fake.info["port"], fake.info["ca_file"],
+                  fake.info["token"])
+        cli = Cli(["--kubeconfig", kc])
+        created = seed(t, cli, api, "kubernetes")
+        items = outputs(t, cli, api, created, "kubernetes")
+        strip = re.compile(r'"(uid|resourceVersion)": "[^"]*"')
+        if store_items is not None:
+            t.eq(normalize(strip.sub("", json.dumps(items,
+                                                    sort_keys=True))),
+                 normalize(strip.sub("", json.dumps(store_items,
+                                                    sort_keys=True))),
+                 "kubernetes: task list -o json equals the embedded "
+                 "store's (but uids, versions, times)")
+        operations(t, cli, api, "kubernetes")
+        concurrency(t, cli, api, "kubernetes")
+
+        rc, out, err = run(["--kubeconfig", kc, "--context", "team-a",
+                            "task", "list"])
+        t.ok(rc == 0 and "other" in out and "paused-task" not in out,
+             "kubernetes: the context's namespace is the default", out)
+        rc, out, err = run(["--kubeconfig", kc, "--context", "team-a",
+                            "task", "create", "In team-a", "-o", "json"])
+        t.ok(rc == 0 and json.loads(out)["metadata"]["namespace"] ==
+             "team-a", "kubernetes: create in the context's namespace",
+             err)
+        rc, out, err = run(["task", "list", "--context", "intruder"],
+                           env={"KUBECONFIG": kc})
+        t.ok(rc == 1 and err == "diverge: Unauthorized\n",
+             "kubernetes: a wrong token: the 401 Status message, exit 1",
+             (rc, err))
+        rc, out, err = run(["task", "list", "--context", "nope"],
+                           env={"KUBECONFIG": kc})
+        t.ok(rc == 1 and "nope" in err, "kubernetes: an unknown context: "
+             "exit 1", (rc, err))
+        rc, out, err = cli("task", "list", "--kubeconfig",
+                           os.path.join(tmp, "absent"))
+        t.ok(rc == 1 and "absent" in err, "kubernetes: a missing "
+             "kubeconfig: exit 1", (rc, err))
+
+        # logs: the sandbox pod's, through pods/log
+        fake.control("DELETE", "/_fake/requests")
+        rc, out, err = cli("task", "logs", "fix-checkout-latency")
+        reqs = [r["path"] + ("?" + r["query"] if r["query"] else "")
+                for r in fake.control("GET", "/_fake/requests")]
+        t.ok(rc == 1 and out == "" and "could not find" in err and
+             "/api/v1/namespaces/default/pods/fix-checkout-latency/log"
+             in reqs,
+             "kubernetes: task logs asks pods/log for the sandbox's pod "
+             "(the fake has no pods: its 404, exit 1)", (rc, err, reqs))
+        rc, out, err = cli("task", "logs", "from-token")
+        t.ok(rc == 1 and "no sandbox yet" in err,
+             "kubernetes: task logs of a task without a sandbox: exit 1",
+             (rc, err))
+        rc, out, err = run(["--kubeconfig", kc, "--server",
+                            "http://127.0.0.1:%d" %
+                            logsrv.server_address[1], "task", "logs",
+                            "runner", "-f"])
+        t.ok(rc == 0 and out == "cloning\niteration 1: tests fail\n"
+             "iteration 2: tests pass\n" and
+             "/api/v1/namespaces/default/pods/runner-pod/log?follow=true"
+             in LogServer.seen,
+             "kubernetes: task logs -f streams the pod named by the "
+             "Sandbox", (rc, out, err, LogServer.seen))
+    finally:
+        logsrv.shutdown()
+        logsrv.server_close()
+        fake.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main(t):
     if not os.access(DIVERGE, os.X_OK):
         t.skip_all("diverge is not built")
     token_inspect(t)
+    usage(t)
+    server_down(t)
+    embedded(t)
+    items = store(t)
+    kubernetes(t, items)
 
 
 if __name__ == "__main__":

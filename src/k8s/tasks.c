@@ -1,0 +1,751 @@
+/*
+ * The AgentTask operations that people start, from the command line
+ * (diverge task ...) or from a pull request (/diverge ...): guidance,
+ * pause, resume and budget bumps, with the amount and hint rules they
+ * share. See k8s.h for the contracts.
+ *
+ * Every write is a conditional merge patch: the resourceVersion read goes
+ * into the patch, so that the API refuses it with 409 Conflict when
+ * anything (a meter charge, the reconciler, another person) wrote the
+ * task in between, and the whole operation then starts again from a fresh
+ * read. A merge patch rather than a PUT of the whole object, so that
+ * fields this code does not know about are never written back.
+ */
+#include "config.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <jansson.h>
+
+#include "config/config.h"
+#include "k8s/k8s.h"
+#include "meter/meter.h"
+#include "util/util.h"
+
+/* Longest amount word looked at (with its commas and suffix). */
+#define MAX_AMOUNT 64
+
+/* ---- amounts ---- */
+
+/*
+ * The digits of an amount word: after an optional '+' (and '$' when usd),
+ * digits grouped by commas or not, then optionally '.' and decimals, then
+ * the rest (a suffix). Copies the integer digits without commas into
+ * whole, the decimals into frac, and points *rest at what follows.
+ */
+static int
+amount_split(const char *s, int usd, char *whole, char *frac,
+    const char **rest, char **cause)
+{
+	const char *p = s, *q;
+	size_t n = 0, f = 0, group = 0;
+	int commas = 0;
+
+	if (s == NULL || s[0] == '\0') {
+		*cause = xstrdup("an amount is required");
+		return -1;
+	}
+	if (strlen(s) > MAX_AMOUNT) {
+		*cause = xstrdup("the amount is too long");
+		return -1;
+	}
+	if (*p == '+')
+		p++;
+	if (usd && *p == '$')
+		p++;
+	if (*p == '-') {
+		*cause = xasprintf("'%s': bumps only add, a negative amount is "
+		    "not allowed", s);
+		return -1;
+	}
+	for (q = p; (*q >= '0' && *q <= '9') || *q == ','; q++) {
+		if (*q == ',') {
+			/* 1 to 3 digits before the first comma, 3 after */
+			if ((commas == 0 && (group == 0 || group > 3)) ||
+			    (commas > 0 && group != 3))
+				goto bad;
+			commas++;
+			group = 0;
+			continue;
+		}
+		whole[n++] = *q;
+		group++;
+	}
+	if (n == 0 || (commas > 0 && group != 3))
+		goto bad;
+	whole[n] = '\0';
+	if (*q == '.') {
+		for (q++; *q >= '0' && *q <= '9'; q++)
+			frac[f++] = *q;
+		if (f == 0)
+			goto bad;
+	}
+	frac[f] = '\0';
+	*rest = q;
+	return 0;
+bad:
+	*cause = xasprintf("'%s' is not an amount", s);
+	return -1;
+}
+
+/* Parse a USD amount into micro-USD (the slash-command rules). */
+int
+k8s_task_parse_usd(const char *s, int64_t max, int64_t *out, char **cause)
+{
+	char whole[MAX_AMOUNT + 1], frac[MAX_AMOUNT + 1], *num = NULL;
+	const char *rest;
+	int64_t v;
+	int ret = -1;
+
+	if (amount_split(s, 1, whole, frac, &rest, cause) < 0)
+		goto out;
+	if (rest[0] != '\0' && strcasecmp(rest, "usd") != 0) {
+		*cause = xasprintf("'%s' is not a USD amount (write 15 or "
+		    "15.00)", s);
+		goto out;
+	}
+	if (strlen(frac) > 2) {
+		*cause = xasprintf("'%s': at most 2 decimals (cents)", s);
+		goto out;
+	}
+	num = frac[0] != '\0' ? xasprintf("%s.%s", whole, frac) :
+	    xstrdup(whole);
+	v = config_parse_usd(num);
+	if (v < 0) {
+		*cause = xasprintf("'%s': the amount is too large", s);
+		goto out;
+	}
+	if (max > 0 && v == 0) {
+		*cause = xasprintf("'%s': a bump must be more than zero", s);
+		goto out;
+	}
+	if (max > 0 && v > max) {
+		*cause = xasprintf("'%s': a bump is at most $%" PRId64
+		    ".%02" PRId64, s, max / 1000000, max % 1000000 / 10000);
+		goto out;
+	}
+	*out = v;
+	ret = 0;
+out:
+	free(num);
+	return ret;
+}
+
+/* Parse a token amount: an integer, optionally with a k or M suffix. */
+int
+k8s_task_parse_tokens(const char *s, int64_t max, int64_t *out,
+    char **cause)
+{
+	char whole[MAX_AMOUNT + 1], frac[MAX_AMOUNT + 1];
+	const char *rest, *p;
+	int64_t v = 0, mult = 1;
+
+	if (amount_split(s, 0, whole, frac, &rest, cause) < 0)
+		return -1;
+	if (frac[0] != '\0') {
+		*cause = xasprintf("'%s': a token amount is a whole number",
+		    s);
+		return -1;
+	}
+	if (rest[0] == 'k' || rest[0] == 'K')
+		mult = 1000;
+	else if (rest[0] == 'm' || rest[0] == 'M')
+		mult = 1000000;
+	if (rest[0] != '\0' && (mult == 1 || rest[1] != '\0')) {
+		*cause = xasprintf("'%s' is not a token amount (write "
+		    "2000000, 2M or 500k)", s);
+		return -1;
+	}
+	for (p = whole; *p != '\0'; p++) {
+		if (v > (INT64_MAX - 9) / 10)
+			goto toolarge;
+		v = v * 10 + (*p - '0');
+	}
+	if (v > INT64_MAX / mult)
+		goto toolarge;
+	v *= mult;
+	if (max > 0 && v == 0) {
+		*cause = xasprintf("'%s': a bump must be more than zero", s);
+		return -1;
+	}
+	if (max > 0 && v > max) {
+		*cause = xasprintf("'%s': a bump is at most %" PRId64
+		    " tokens", s, max);
+		return -1;
+	}
+	*out = v;
+	return 0;
+toolarge:
+	*cause = xasprintf("'%s': the amount is too large", s);
+	return -1;
+}
+
+/* Format micro-USD for people and for spec.budgetUSD. */
+void
+k8s_task_format_usd(int64_t micro, char out[32])
+{
+	size_t n;
+
+	if (micro < 0)
+		micro = 0;
+	if (micro % 10000 == 0) {
+		snprintf(out, 32, "%" PRId64 ".%02" PRId64, micro / 1000000,
+		    micro % 1000000 / 10000);
+		return;
+	}
+	snprintf(out, 32, "%" PRId64 ".%06" PRId64, micro / 1000000,
+	    micro % 1000000);
+	n = strlen(out);
+	while (n > 0 && out[n - 1] == '0')
+		out[--n] = '\0';
+}
+
+/* ---- hints ---- */
+
+static int
+is_space(char c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* The trimmed extent of s. */
+static void
+trim(const char *s, size_t *start, size_t *len)
+{
+	size_t a = 0, b = strlen(s);
+
+	while (a < b && is_space(s[a]))
+		a++;
+	while (b > a && is_space(s[b - 1]))
+		b--;
+	*start = a;
+	*len = b - a;
+}
+
+/*
+ * Length of the UTF-8 sequence at p (n bytes left) and its code point,
+ * or 0 when it is not valid (overlong, surrogate, beyond U+10FFFF).
+ */
+static size_t
+utf8_next(const unsigned char *p, size_t n, uint32_t *cp)
+{
+	size_t len, i;
+	uint32_t c;
+
+	if (p[0] < 0x80) {
+		*cp = p[0];
+		return 1;
+	}
+	if (p[0] >= 0xc2 && p[0] <= 0xdf) {
+		len = 2;
+		c = p[0] & 0x1f;
+	} else if (p[0] >= 0xe0 && p[0] <= 0xef) {
+		len = 3;
+		c = p[0] & 0x0f;
+	} else if (p[0] >= 0xf0 && p[0] <= 0xf4) {
+		len = 4;
+		c = p[0] & 0x07;
+	} else
+		return 0;
+	if (len > n)
+		return 0;
+	for (i = 1; i < len; i++) {
+		if ((p[i] & 0xc0) != 0x80)
+			return 0;
+		c = (c << 6) | (p[i] & 0x3f);
+	}
+	if ((len == 3 && c < 0x800) || (len == 4 && c < 0x10000) ||
+	    c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
+		return 0;
+	*cp = c;
+	return len;
+}
+
+/* Check a guidance hint (the rules of /diverge guide). */
+int
+k8s_task_check_hint(const char *hint, char **cause)
+{
+	const unsigned char *p;
+	size_t start, len, i, k;
+	uint32_t cp;
+
+	if (hint == NULL) {
+		*cause = xstrdup("a hint is required");
+		return -1;
+	}
+	trim(hint, &start, &len);
+	if (len == 0) {
+		*cause = xstrdup("the hint is empty");
+		return -1;
+	}
+	if (len > K8S_TASK_MAX_HINT) {
+		*cause = xasprintf("the hint is too long: %zu bytes, at most "
+		    "%d", len, K8S_TASK_MAX_HINT);
+		return -1;
+	}
+	p = (const unsigned char *)hint + start;
+	for (i = 0; i < len; i += k) {
+		k = utf8_next(p + i, len - i, &cp);
+		if (k == 0) {
+			*cause = xstrdup("the hint is not valid UTF-8");
+			return -1;
+		}
+		if ((cp < 0x20 && cp != '\n' && cp != '\t') ||
+		    (cp >= 0x7f && cp < 0xa0)) {
+			*cause = xstrdup("the hint holds a control character");
+			return -1;
+		}
+		/* bidi embeddings, overrides and isolates hide text */
+		if ((cp >= 0x202a && cp <= 0x202e) ||
+		    (cp >= 0x2066 && cp <= 0x2069)) {
+			*cause = xstrdup("the hint holds a bidirectional "
+			    "control character");
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* ---- names ---- */
+
+/* A new random task name. */
+void
+k8s_task_name_new(char out[K8S_TASK_NAME_MAX])
+{
+	static const char alnum[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+	unsigned char rnd[32];
+	size_t i, n = 0;
+
+	memcpy(out, "task-", 5);
+	while (n < 6) {
+		if (random_bytes(rnd, sizeof(rnd)) < 0) {
+			log_kv(LOG_ERROR, "k8s: no random bytes", NULL);
+			abort();
+		}
+		/* 252 = 7 * 36: no bias */
+		for (i = 0; i < sizeof(rnd) && n < 6; i++)
+			if (rnd[i] < 252)
+				out[5 + n++] = alnum[rnd[i] % 36];
+	}
+	out[11] = '\0';
+}
+
+/* ---- budgets ---- */
+
+static int64_t
+spec_usd(const json_t *spec)
+{
+	const char *s = json_string_value(json_object_get(spec,
+	    "budgetUSD"));
+	int64_t v = s != NULL ? config_parse_usd(s) : 0;
+
+	return v > 0 ? v : 0;
+}
+
+static int64_t
+spec_tokens(const json_t *spec)
+{
+	json_t *v = json_object_get(spec, "budgetTokens");
+
+	return json_is_integer(v) && json_integer_value(v) > 0 ?
+	    json_integer_value(v) : 0;
+}
+
+/*
+ * The task's capability token from its Secret "<task>-token", parsed
+ * (not verified: only its caveats are read), or NULL. A token whose
+ * task_id or namespace caveat names another task is not this task's.
+ */
+static struct macaroon *
+task_token(struct k8s_api *api, const json_t *task)
+{
+	const char *name = k8s_meta_str(task, "name");
+	const char *ns = k8s_meta_str(task, "namespace");
+	const char *b64, *v;
+	struct macaroon *m = NULL;
+	unsigned char *raw = NULL;
+	json_t *sec = NULL;
+	size_t n = 0;
+	char *sname = NULL;
+
+	if (api == NULL || name == NULL)
+		goto out;
+	sname = xasprintf("%s-token", name);
+	if (k8s_get(api, &K8S_SECRET, ns, sname, &sec, NULL) < 0)
+		goto out;
+	b64 = json_string_value(json_object_get(json_object_get(sec, "data"),
+	    "token"));
+	if (b64 == NULL || base64_decode(b64, strlen(b64), &raw, &n) < 0)
+		goto out;
+	if (macaroon_inspect((const char *)raw, n, &m, NULL) != 0) {
+		m = NULL;
+		goto out;
+	}
+	v = macaroon_value(m, "task_id");
+	if (v == NULL || strcmp(v, name) != 0)
+		goto bad;
+	v = macaroon_value(m, "namespace");
+	if (ns != NULL && (v == NULL || strcmp(v, ns) != 0))
+		goto bad;
+	goto out;
+bad:
+	macaroon_free(m);
+	m = NULL;
+out:
+	if (raw != NULL) {
+		secure_wipe(raw, n);
+		free(raw);
+	}
+	json_decref(sec);
+	free(sname);
+	return m;
+}
+
+/* The effective budgets of a task, as the meter computes them. */
+void
+k8s_task_budgets(struct k8s_api *api, const json_t *task,
+    int64_t default_usd_micro, int64_t default_tokens,
+    struct k8s_task_budgets *out)
+{
+	const json_t *spec = json_object_get(task, "spec");
+	struct macaroon *m = NULL;
+	int64_t usd = spec_usd(spec), tokens = spec_tokens(spec), v;
+
+	memset(out, 0, sizeof(*out));
+	if (usd > 0) {
+		out->usd.value = usd;
+		out->usd.source = K8S_TASK_SPEC;
+	}
+	if (tokens > 0) {
+		out->tokens.value = tokens;
+		out->tokens.source = K8S_TASK_SPEC;
+	}
+	if (usd > 0 && tokens > 0)
+		return;
+	m = task_token(api, task);
+	if (usd == 0) {
+		if (m != NULL && macaroon_max_cost_usd(m, &v) == 0) {
+			out->usd.value = v;
+			out->usd.source = K8S_TASK_TOKEN;
+		} else if (default_usd_micro >= 0) {
+			out->usd.value = default_usd_micro;
+			out->usd.source = K8S_TASK_DEFAULT;
+		} else if (m != NULL) {
+			/* minted when the default was 0: unlimited */
+			out->usd.value = 0;
+			out->usd.source = K8S_TASK_TOKEN;
+		}
+	}
+	if (tokens == 0) {
+		if (m != NULL && macaroon_max_tokens(m, &v) == 0) {
+			out->tokens.value = v;
+			out->tokens.source = K8S_TASK_TOKEN;
+		} else if (default_tokens >= 0) {
+			out->tokens.value = default_tokens;
+			out->tokens.source = K8S_TASK_DEFAULT;
+		} else if (m != NULL) {
+			out->tokens.value = 0;
+			out->tokens.source = K8S_TASK_TOKEN;
+		}
+	}
+	macaroon_free(m);
+}
+
+/* ---- conditional writes ---- */
+
+/*
+ * An edit: given the task as read, add to patch (a merge patch, empty
+ * when nothing is to change) or refuse with st. arg is the operation's.
+ */
+typedef int (*task_edit_fn)(struct k8s_api *api, const json_t *task,
+    json_t *patch, const void *arg, struct k8s_status *st);
+
+/* A child object of o, created when missing. */
+static json_t *
+child(json_t *o, const char *key)
+{
+	json_t *c = json_object_get(o, key);
+
+	if (!json_is_object(c)) {
+		c = json_object();
+		json_object_set_new(o, key, c);
+	}
+	return c;
+}
+
+/* Refuse an operation: K8S_EINVALID with a message of our own. */
+static int
+refuse(struct k8s_status *st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static int
+refuse(struct k8s_status *st, const char *fmt, ...)
+{
+	va_list ap;
+	char *m;
+	int ret;
+
+	va_start(ap, fmt);
+	m = xvasprintf(fmt, ap);
+	va_end(ap);
+	ret = k8s_status_set(st, K8S_EINVALID, m, NULL);
+	free(m);
+	return ret;
+}
+
+/*
+ * Read the task, let fn compute the change, write it conditionally on
+ * the resourceVersion read; again from a fresh read on a conflict.
+ */
+static int
+task_edit(struct k8s_api *api, const char *ns, const char *name,
+    task_edit_fn fn, const void *arg, json_t **out, struct k8s_status *st)
+{
+	json_t *task = NULL, *patch = NULL, *res = NULL;
+	const char *rv;
+	int attempt, ret = K8S_EINTERNAL;
+
+	for (attempt = 1;; attempt++) {
+		json_decref(task);
+		json_decref(patch);
+		task = patch = NULL;
+		ret = k8s_get(api, &K8S_AGENTTASK, ns, name, &task, st);
+		if (ret < 0)
+			goto out;
+		patch = json_object();
+		ret = fn(api, task, patch, arg, st);
+		if (ret < 0)
+			goto out;
+		if (json_object_size(patch) == 0) {
+			/* nothing to change: the task as it is */
+			res = task;
+			task = NULL;
+			ret = 0;
+			goto out;
+		}
+		rv = k8s_meta_str(task, "resourceVersion");
+		if (rv == NULL || rv[0] == '\0') {
+			ret = k8s_status_set(st, K8S_EINTERNAL, "the task has "
+			    "no resourceVersion", NULL);
+			goto out;
+		}
+		json_object_set_new(child(patch, "metadata"),
+		    "resourceVersion", json_string(rv));
+		ret = k8s_patch(api, &K8S_AGENTTASK, ns, name, 0, patch, &res,
+		    st);
+		if (ret != K8S_ECONFLICT || attempt >= K8S_TASK_MAX_ATTEMPTS)
+			goto out;
+		/* lost a race: start again from what won it */
+		json_decref(res);
+		res = NULL;
+	}
+out:
+	if (ret == 0 && out != NULL)
+		*out = res;
+	else
+		json_decref(res);
+	json_decref(task);
+	json_decref(patch);
+	return ret;
+}
+
+static const char *
+source_hint(enum k8s_task_source s)
+{
+	switch (s) {
+	case K8S_TASK_SPEC:
+		return "its spec";
+	case K8S_TASK_TOKEN:
+		return "its token";
+	case K8S_TASK_DEFAULT:
+		return "the configured default";
+	default:
+		return "nowhere";
+	}
+}
+
+/*
+ * Add the bumps to the effective budgets of task into patch.spec, or
+ * refuse (nothing added) when a bumped budget is unlimited or unknown.
+ */
+static int
+apply_bump(struct k8s_api *api, const json_t *task,
+    const struct k8s_task_bump *b, json_t *patch, struct k8s_status *st)
+{
+	struct k8s_task_budgets eff;
+	const char *name = k8s_meta_str(task, "name");
+	char money[32];
+	int64_t usd = 0, tokens = 0;
+
+	if (b == NULL || (b->usd_micro <= 0 && b->tokens <= 0))
+		return 0;
+	k8s_task_budgets(api, task, b->default_usd_micro, b->default_tokens,
+	    &eff);
+	if (b->usd_micro > 0) {
+		if (eff.usd.source == K8S_TASK_UNKNOWN)
+			return refuse(st, "cannot bump the USD budget of task "
+			    "\"%s\": it has no spec.budgetUSD and no readable "
+			    "token (Secret \"%s-token\") to take the "
+			    "configured default from; try again once the task "
+			    "is provisioned", name, name);
+		if (eff.usd.value == 0)
+			return refuse(st, "the USD budget of task \"%s\" is "
+			    "unlimited (0 in %s): it stays unlimited, a bump "
+			    "does not apply", name,
+			    source_hint(eff.usd.source));
+		if (eff.usd.value > INT64_MAX - b->usd_micro)
+			return refuse(st, "the USD budget of task \"%s\" would "
+			    "be too large", name);
+		usd = eff.usd.value + b->usd_micro;
+	}
+	if (b->tokens > 0) {
+		if (eff.tokens.source == K8S_TASK_UNKNOWN)
+			return refuse(st, "cannot bump the token budget of "
+			    "task \"%s\": it has no spec.budgetTokens and no "
+			    "readable token (Secret \"%s-token\") to take the "
+			    "configured default from; try again once the task "
+			    "is provisioned", name, name);
+		if (eff.tokens.value == 0)
+			return refuse(st, "the token budget of task \"%s\" is "
+			    "unlimited (0 in %s): it stays unlimited, a bump "
+			    "does not apply", name,
+			    source_hint(eff.tokens.source));
+		if (eff.tokens.value > INT64_MAX - b->tokens)
+			return refuse(st, "the token budget of task \"%s\" "
+			    "would be too large", name);
+		tokens = eff.tokens.value + b->tokens;
+	}
+	if (usd > 0) {
+		k8s_task_format_usd(usd, money);
+		json_object_set_new(child(patch, "spec"), "budgetUSD",
+		    json_string(money));
+	}
+	if (tokens > 0)
+		json_object_set_new(child(patch, "spec"), "budgetTokens",
+		    json_integer(tokens));
+	return 0;
+}
+
+static int
+suspended(const json_t *task)
+{
+	return json_is_true(json_object_get(json_object_get(task, "spec"),
+	    "suspended"));
+}
+
+static int
+edit_guide(struct k8s_api *api, const json_t *task, json_t *patch,
+    const void *arg, struct k8s_status *st)
+{
+	const char *hint = arg, *cur;
+	size_t start, len;
+	char *cause = NULL, *text;
+	int ret;
+
+	(void)api;
+	if (k8s_task_check_hint(hint, &cause) < 0) {
+		ret = refuse(st, "%s", cause);
+		free(cause);
+		return ret;
+	}
+	trim(hint, &start, &len);
+	text = xstrndup(hint + start, len);
+	cur = json_string_value(json_object_get(json_object_get(
+	    json_object_get(task, "metadata"), "annotations"),
+	    K8S_TASK_ANNOTATION_GUIDANCE));
+	if (cur == NULL || strcmp(cur, text) != 0)
+		json_object_set_new(child(child(patch, "metadata"),
+		    "annotations"), K8S_TASK_ANNOTATION_GUIDANCE,
+		    json_string(text));
+	free(text);
+	return 0;
+}
+
+static int
+edit_pause(struct k8s_api *api, const json_t *task, json_t *patch,
+    const void *arg, struct k8s_status *st)
+{
+	(void)api;
+	(void)arg;
+	(void)st;
+	if (!suspended(task))
+		json_object_set_new(child(patch, "spec"), "suspended",
+		    json_true());
+	return 0;
+}
+
+static int
+edit_resume(struct k8s_api *api, const json_t *task, json_t *patch,
+    const void *arg, struct k8s_status *st)
+{
+	int ret = apply_bump(api, task, arg, patch, st);
+
+	if (ret < 0)
+		return ret;
+	if (suspended(task))
+		json_object_set_new(child(patch, "spec"), "suspended",
+		    json_false());
+	return 0;
+}
+
+static int
+edit_budget(struct k8s_api *api, const json_t *task, json_t *patch,
+    const void *arg, struct k8s_status *st)
+{
+	return apply_bump(api, task, arg, patch, st);
+}
+
+/* Set the task's guidance annotation. */
+int
+k8s_task_guide(struct k8s_api *api, const char *ns, const char *name,
+    const char *hint, json_t **out, struct k8s_status *st)
+{
+	char *cause = NULL;
+	int ret;
+
+	/* refuse a bad hint before any request */
+	if (k8s_task_check_hint(hint, &cause) < 0) {
+		ret = refuse(st, "%s", cause);
+		free(cause);
+		return ret;
+	}
+	return task_edit(api, ns, name, edit_guide, hint, out, st);
+}
+
+/* Ask for the task to be paused. */
+int
+k8s_task_pause(struct k8s_api *api, const char *ns, const char *name,
+    json_t **out, struct k8s_status *st)
+{
+	return task_edit(api, ns, name, edit_pause, NULL, out, st);
+}
+
+/* Bump the budgets if asked, and ask for the task to run again. */
+int
+k8s_task_resume(struct k8s_api *api, const char *ns, const char *name,
+    const struct k8s_task_bump *bump, json_t **out, struct k8s_status *st)
+{
+	if (bump != NULL && (bump->usd_micro < 0 || bump->tokens < 0))
+		return refuse(st, "bumps only add: a negative amount is not "
+		    "allowed");
+	return task_edit(api, ns, name, edit_resume, bump, out, st);
+}
+
+/* Add to the task's budgets. */
+int
+k8s_task_budget(struct k8s_api *api, const char *ns, const char *name,
+    const struct k8s_task_bump *bump, json_t **out, struct k8s_status *st)
+{
+	if (bump == NULL || bump->usd_micro < 0 || bump->tokens < 0)
+		return refuse(st, "bumps only add: a negative amount is not "
+		    "allowed");
+	if (bump->usd_micro == 0 && bump->tokens == 0)
+		return refuse(st, "a budget bump needs a USD or a token "
+		    "amount");
+	return task_edit(api, ns, name, edit_budget, bump, out, st);
+}
