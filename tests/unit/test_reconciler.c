@@ -1159,6 +1159,83 @@ test_crash_recovery(void **state)
 	}
 }
 
+/*
+ * With RECONCILER_DUMP_DIR set, write the objects the reconciler made in
+ * each shape (tests/integration/test_reconcile_schemas.py validates them
+ * against the upstream schemas); otherwise skip.
+ */
+static void
+dump(const char *dir, const char *label, const json_t *o)
+{
+	char *path = xasprintf("%s/%s.json", dir, label);
+
+	assert_non_null(o);
+	assert_int_equal(json_dump_file(o, path, JSON_INDENT(1) |
+	    JSON_SORT_KEYS), 0);
+	free(path);
+}
+
+static void
+dump_get(const char *dir, const char *label, const struct k8s_resource *r,
+    const char *name)
+{
+	json_t *o = get(r, name);
+
+	dump(dir, label, o);
+	json_decref(o);
+}
+
+static void
+test_dump(void **state)
+{
+	const char *dir = getenv("RECONCILER_DUMP_DIR");
+	char *name, *sname, *ename, *tok, *auth;
+	const char *body = "{\"result\":\"succeeded\"}";
+	struct meter_reply r = { 0 };
+
+	(void)state;
+	if (dir == NULL)
+		skip();
+	name = active();
+	sname = xasprintf("%s-token", name);
+	ename = xasprintf("agent-preview-%s", name);
+	dump_get(dir, "sandbox-running", &K8S_SANDBOX, name);
+	dump_get(dir, "secret-token", &K8S_SECRET, sname);
+	dump_get(dir, "secret-index", &K8S_SECRET, METER_INDEX_SECRET);
+	dump_get(dir, "networkpolicy", &K8S_NETWORKPOLICY, CONTROLLER_NETPOL);
+	dump_get(dir, "environment", &K8S_ENVIRONMENT, ename);
+	dump_get(dir, "agenttask-active", &K8S_AGENTTASK, name);
+	set_suspended(name, 1);
+	reconcile(name);
+	dump_get(dir, "sandbox-suspended", &K8S_SANDBOX, name);
+	dump_get(dir, "environment-hibernated", &K8S_ENVIRONMENT, ename);
+	set_suspended(name, 0);
+	reconcile(name);
+	tok = token_of(name);
+	auth = xasprintf("Bearer %s", tok);
+	meter_complete(meter, auth, body, strlen(body), &r);
+	assert_int_equal(r.status, 200);
+	meter_reply_release(&r);
+	reconcile(name);
+	dump_get(dir, "sandbox-completed", &K8S_SANDBOX, name);
+	dump_get(dir, "agenttask-completed", &K8S_AGENTTASK, name);
+	free(tok);
+	free(auth);
+	free(sname);
+	free(ename);
+	free(name);
+	/* warm-pool mode */
+	cfg.sandbox.warm_pool = 2;
+	name = provisioned(NULL, NULL);
+	dump_get(dir, "sandboxclaim-running", &K8S_SANDBOXCLAIM, name);
+	patch_status(name, "{\"status\":{\"phase\":\"Failed\","
+	    "\"reason\":\"PullRequestClosed\"}}");
+	reconcile(name);
+	dump_get(dir, "sandboxclaim-failed", &K8S_SANDBOXCLAIM, name);
+	cfg.sandbox.warm_pool = 0;
+	free(name);
+}
+
 /* ------------------------------------------------------------ queue */
 
 static void
@@ -1487,6 +1564,7 @@ main(void)
 		cmocka_unit_test(test_controller_rest),
 		cmocka_unit_test(test_status_conflict),
 		cmocka_unit_test(test_watch_relist),
+		cmocka_unit_test(test_dump),
 	};
 
 	if (getenv("TEST_FILTER") != NULL)
