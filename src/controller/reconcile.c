@@ -190,6 +190,21 @@ owned_by(const json_t *obj, const char *name, const char *uid)
 	    CONTROLLER_LABEL_TASK), name);
 }
 
+/* Whether obj's controller owner reference has this uid. */
+static int
+controlled_by(const json_t *obj, const char *uid)
+{
+	const json_t *refs = json_object_get(json_object_get(obj, "metadata"),
+	    "ownerReferences");
+	size_t i;
+	json_t *r;
+
+	json_array_foreach((json_t *)refs, i, r)
+		if (json_is_true(json_object_get(r, "controller")))
+			return streq(jstr(r, "uid"), uid);
+	return 0;
+}
+
 static int
 managed_netpol(const json_t *obj)
 {
@@ -307,6 +322,12 @@ observe(struct rctx *x, struct obs *o)
 		    &o->bound, &st) < 0)
 			o->bound = NULL;
 		k8s_status_release(&st);
+		/* only the Sandbox our claim controls, never another's */
+		if (o->bound != NULL && !controlled_by(o->bound,
+		    k8s_meta_str(o->claim.obj, "uid"))) {
+			json_decref(o->bound);
+			o->bound = NULL;
+		}
 	}
 	free(sec);
 	free(env);
@@ -691,9 +712,19 @@ apply_child(struct rctx *x, const struct k8s_resource *r, json_t *cur,
     json_t *desired, int netpol, json_t **out)
 {
 	struct k8s_status st = { 0 };
-	const char *name = k8s_meta_str(desired, "name");
+	const char *name;
 	json_t *obs = json_incref(cur), *merged = NULL, *res = NULL;
 	int tries, rc = 0;
+
+	if (desired == NULL) {
+		/* a required value (image, size, ...) was missing */
+		json_decref(obs);
+		if (x->cause == NULL)
+			x->cause = xasprintf("%s: cannot build the object",
+			    r->singular);
+		return K8S_EINVALID;
+	}
+	name = k8s_meta_str(desired, "name");
 
 	for (tries = 0; tries < MAX_TASK_RETRIES; tries++) {
 		if (obs == NULL) {
@@ -1041,6 +1072,11 @@ reconcile_once(struct rctx *x)
 		goto out;
 	}
 	x->uid = k8s_meta_str(o.task, "uid");
+	if (x->uid == NULL) {
+		x->cause = xstrdup("task: no metadata.uid");
+		rc = K8S_EINVALID;
+		goto out;
+	}
 	rc = observe(x, &o);
 	if (rc < 0)
 		goto out;
