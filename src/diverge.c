@@ -1792,8 +1792,9 @@ cmd_task_create(const struct command *cmd, int argc, char **argv)
 		iters = strtoll(a.max_iterations, &end, 10);
 		if (a.max_iterations[0] < '0' || a.max_iterations[0] > '9' ||
 		    *end != '\0' || errno != 0 || iters > INT32_MAX) {
-			ret = usage_error(cmd, "--max-iterations '%s': expected "
-			    "a number, 0 for no limit", a.max_iterations);
+			ret = usage_error(cmd, "--max-iterations '%s': "
+			    "expected a number, 0 for no limit",
+			    a.max_iterations);
 			goto out;
 		}
 		json_object_set_new(spec, "maxIterations",
@@ -1965,7 +1966,7 @@ cmd_task_list(const struct command *cmd, int argc, char **argv)
 	struct table t;
 	json_t *list = NULL, *items = NULL, *it;
 	const char *cells[7], *colors[7], *phase;
-	char cost[96], tokens[96], iter[64], age[32], used[40];
+	char cost[96], tokens[96], iter[96], age[32], used[40];
 	size_t i, off;
 	int ret, done;
 
