@@ -52,10 +52,16 @@ FAKE = os.path.join(TOP_SRCDIR, "tests", "fakes", "kube_apiserver.py")
 AGENT_EXAMPLE = os.path.join(GOLDEN, "agent.yaml")
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks"
+# diverge runs here unless a test says otherwise: outside any git
+# repository, so that no .diverge/agent.yaml or origin of the tree the
+# test runs in (a clone, a distcheck) leaks into the tasks it creates
+NOWHERE = tempfile.mkdtemp(prefix="diverge-cli-cwd-")
 
 
 def run(args, stdin=None, env=None, cwd=None, timeout=60):
     """Run diverge; (exit status, stdout, stderr) as text."""
+    if cwd is None:
+        cwd = NOWHERE
     e = dict(os.environ)
     for k in ("NO_COLOR", "DIVERGE_SERVER", "DIVERGE_NOW", "KUBECONFIG"):
         e.pop(k, None)
@@ -654,7 +660,8 @@ def concurrency(t, cli, api, label):
         procs.append(subprocess.Popen(
             [DIVERGE] + cli.args + ["task", "budget", name, "--tokens",
                                     "100", "--budget", "0.10"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e))
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e,
+            cwd=NOWHERE))
 
     def meter():
         for i in range(1, 21):
@@ -726,7 +733,7 @@ def logs_embedded(t, cli, api):
     p = subprocess.Popen([DIVERGE] + cli.args + ["task", "logs", name,
                                                   "-f"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=e)
+                         env=e, cwd=NOWHERE)
     try:
         first = [read_line(p.stdout) for _ in out.splitlines()]
         t.ok(first == out.splitlines(), "embedded: task logs -f: the "
@@ -761,7 +768,8 @@ def colour(t, cli):
         e.pop("NO_COLOR", None)
         e.update(env)
         p = subprocess.Popen([DIVERGE] + cli.args + ["task", "list"],
-                             stdout=slave, stderr=subprocess.PIPE, env=e)
+                             stdout=slave, stderr=subprocess.PIPE, env=e,
+                             cwd=NOWHERE)
         os.close(slave)
         data = b""
         while True:
@@ -889,7 +897,7 @@ def daemon_commands(t, cli, api):
     p = subprocess.Popen([DIVERGE] + cli.args + ["task", "logs", "e2e",
                                                   "-f"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=e)
+                         env=e, cwd=NOWHERE)
     try:
         seen = read_until(p.stdout, "resume requested; token budget "
                           "1200000 -> 1700000")
@@ -945,7 +953,7 @@ def embedded(t):
     with open("/dev/full", "w") as full:
         p = subprocess.run([DIVERGE, "--server", server, "task", "list",
                             "-n", "solo"], stdout=full,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True, cwd=NOWHERE)
     t.ok(p.returncode == 1 and "cannot write" in p.stderr,
          "a failed write of the output: exit 1", (p.returncode, p.stderr))
     daemon_commands(t, cli, api)
@@ -1211,4 +1219,7 @@ def main(t):
 
 
 if __name__ == "__main__":
-    run_tests(main)
+    try:
+        run_tests(main)
+    finally:
+        shutil.rmtree(NOWHERE, ignore_errors=True)
