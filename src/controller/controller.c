@@ -223,6 +223,8 @@ controller_queue_get(struct controller_queue *q, int64_t timeout_ms)
 	for (;;) {
 		struct timespec ts;
 
+		if (q->shutdown)
+			break;	/* queued keys are relisted on the next start */
 		now = now_mono_ms();
 		promote_locked(q, now, &next);
 		if (q->len > 0) {
@@ -233,7 +235,7 @@ controller_queue_get(struct controller_queue *q, int64_t timeout_ms)
 			json_object_set_new(q->processing, key, json_true());
 			break;
 		}
-		if (q->shutdown || now >= end)
+		if (now >= end)
 			break;
 		until = next >= 0 && next < end ? next : end;
 		ts.tv_sec = until / 1000;
@@ -267,7 +269,7 @@ controller_queue_len(struct controller_queue *q)
 	return n;
 }
 
-/* Wake every waiter; get() then returns NULL once the queue is empty. */
+/* Wake every waiter; get() then returns NULL. */
 void
 controller_queue_shutdown(struct controller_queue *q)
 {

@@ -78,7 +78,10 @@ struct controller;
  */
 int controller_start(struct controller **out,
     const struct controller_config *cfg, char **cause);
-/* Stop the watches, let the workers finish their keys, free. NULL ok. */
+/*
+ * Stop the watches, let the workers finish the keys they hold (keys still
+ * queued are dropped: the next start relists them), free. NULL is fine.
+ */
 void controller_stop(struct controller *c);
 /* Queue a task for reconcile (e.g. after a slash command). */
 void controller_enqueue(struct controller *c, const char *ns,
@@ -132,6 +135,7 @@ char *controller_queue_get(struct controller_queue *q, int64_t timeout_ms);
 void controller_queue_done(struct controller_queue *q, const char *key);
 /* Keys waiting now (not delayed, not processing). */
 size_t controller_queue_len(struct controller_queue *q);
+/* Refuse new keys and make every get() return NULL. */
 void controller_queue_shutdown(struct controller_queue *q);
 
 /*
