@@ -19,6 +19,7 @@
 #include <sqlite3.h>
 
 #include "config/config.h"
+#include "controller/controller.h"
 #include "http/http.h"
 #include "k8s/k8s.h"
 #include "meter/meter.h"
@@ -48,6 +49,7 @@ struct daemon {
 	struct k8s_api *store;
 	struct k8s_apiserver *apiserver;
 	struct meter *meter;
+	struct controller *controller;
 	struct http_pool *pool;
 	pthread_t pruner;
 	int pruner_running;
@@ -634,6 +636,25 @@ start_meter(char **cause)
 	return rc;
 }
 
+/* The AgentTask reconciler, over every namespace. */
+static int
+start_controller(char **cause)
+{
+	struct controller_config cc;
+
+	if (!D.cfg.controller.enabled) {
+		log_kv(LOG_INFO, "reconciler disabled (controller.enabled: "
+		    "false)", NULL);
+		return 0;
+	}
+	memset(&cc, 0, sizeof(cc));
+	cc.store = D.store;
+	cc.meter = D.meter;
+	cc.cfg = &D.cfg;
+	cc.namespace = NULL;
+	return controller_start(&D.controller, &cc, cause);
+}
+
 /* Serve the embedded store's Kubernetes API on api.listen. */
 static int
 start_apiserver(char **cause)
@@ -826,7 +847,8 @@ main(int argc, char **argv)
 	ic.backoff_max_ms = 0;
 	/* a test hook: keep entries pending (back-pressure, crash tests) */
 	ic.hold = getenv("DIVERGE_TEST_HOLD_INBOX") != NULL;
-	if (open_store(&cause) < 0 || start_meter(&cause) < 0)
+	if (open_store(&cause) < 0 || start_meter(&cause) < 0 ||
+	    start_controller(&cause) < 0)
 		goto fail;
 	if (inbox_open(&D.inbox, D.db_path, &ic, &cause) < 0 ||
 	    inbox_start(D.inbox, &inbox_record_handler, &cause) < 0)
@@ -884,6 +906,8 @@ main(int argc, char **argv)
 	http_pool_free(D.pool);
 	D.pool = NULL;
 	inbox_stop(D.inbox);
+	controller_stop(D.controller);
+	D.controller = NULL;
 	pthread_mutex_lock(&D.prune_mu);
 	pthread_cond_signal(&D.prune_cv);
 	pthread_mutex_unlock(&D.prune_mu);
@@ -910,6 +934,7 @@ out:
 	}
 	http_pool_free(D.pool);
 	inbox_free(D.inbox);
+	controller_stop(D.controller);
 	meter_free(D.meter);
 	k8s_api_free(D.store);
 	pthread_rwlock_wrlock(&D.github.lock);

@@ -1239,6 +1239,7 @@ static const struct field kubernetes_fields[] = {
 static const struct field controller_fields[] = {
 	F("namespace", p_namespace, controller.namespace),
 	FR("workers", p_int, controller.workers, 1, 64),
+	F("enabled", p_bool, controller.enabled),
 	END
 };
 
@@ -1504,6 +1505,7 @@ config_defaults(struct config *c)
 	c->namespace = xstrdup("default");
 	c->controller.namespace = xstrdup("diverge-system");
 	c->controller.workers = 4;
+	c->controller.enabled = 1;
 	c->meter.public_url = xstrdup("http://127.0.0.1:8080");
 	c->github.api_url = xstrdup("https://api.github.com");
 	c->gitlab.api_url = xstrdup("https://gitlab.com/api/v4");

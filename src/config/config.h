@@ -56,6 +56,7 @@ struct config {
 	struct {
 		char *namespace;	/* default diverge-system */
 		int workers;		/* default 4, 1..64 */
+		int enabled;		/* default 1: run the reconciler */
 	} controller;
 
 	struct {

@@ -71,13 +71,16 @@ class ApiServer:
     def _diverged(self):
         cmd = [DIVERGED, "--listen", "127.0.0.1:0", "--api-listen",
                self.listen, "--state-dir", os.path.join(self.tmp, "state")]
+        cfg = os.path.join(self.tmp, "diverged.yaml")
+        # the API's semantics, with nobody else writing the objects:
+        # the reconciler would rewrite the status these tests patch
+        text = "controller: {enabled: false}\n"
         if self.tls:
-            cfg = os.path.join(self.tmp, "diverged.yaml")
-            with open(cfg, "w") as f:
-                f.write("api:\n  tls_cert: %s\n  tls_key: %s\n"
-                        "  token: \"file:%s\"\n" % self.tls)
-            cmd += ["--config", cfg]
-        return cmd
+            text += ("api:\n  tls_cert: %s\n  tls_key: %s\n"
+                     "  token: \"file:%s\"\n" % self.tls)
+        with open(cfg, "w") as f:
+            f.write(text)
+        return cmd + ["--config", cfg]
 
     def start(self):
         """self, or None when no server program is available; raises

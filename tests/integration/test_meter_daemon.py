@@ -1,6 +1,7 @@
-"""The meter endpoints of a running diverged: the root key file, a token
-minted with it for a task kept in the embedded store, charges over real
-HTTP until the budget stops the task, and completion."""
+"""The meter endpoints of a running diverged: the root key file; the token
+the reconciler issues for a new task (Secret <task>-token); charges over
+real HTTP until the budget stops the task; and a token minted with the
+root key by an independent tool, which the meter must take too."""
 
 import base64
 import json
@@ -47,30 +48,35 @@ def main(t):
         keyhex = f.read().strip()
     t.eq(len(keyhex), 64, "the root key is 64 hex characters")
 
-    # a task, Active, and an index entry for token id "tok1"
+    # a task: the reconciler issues its token
     s, obj = api(d, "POST", TASKS, {
         "apiVersion": "divergedev.com/v1alpha1", "kind": "AgentTask",
         "metadata": {"name": "fix-pr-7"},
         "spec": {"objective": "fix it", "budgetUSD": "0.05",
                  "maxIterations": 5}})
     t.eq(s, 201, "task created")
-    s, _ = api(d, "PATCH", TASKS + "/fix-pr-7/status",
-               {"status": {"phase": "Active"}},
-               "application/merge-patch+json")
-    t.eq(s, 200, "task Active")
-    entry = base64.b64encode(json.dumps(
-        {"task": "fix-pr-7", "state": "active",
-         "issuedAt": "2026-11-30T00:00:00Z"}).encode()).decode()
-    s, _ = api(d, "POST", SECRETS, {
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "diverge-agenttask-tokens"},
-        "data": {"tok1": entry}})
-    t.eq(s, 201, "token index written")
-    token = subprocess.run(
-        [TOOL, "mint", keyhex, "tok1", "http://127.0.0.1",
-         "task_id = fix-pr-7", "namespace = " + NS,
-         "max_cost_usd = 1.00", "expires = 2099-01-01T00:00:00Z"],
-        capture_output=True, text=True, check=True).stdout.strip()
+    token = tid = None
+    for _ in range(200):
+        s, obj = api(d, "GET", TASKS + "/fix-pr-7")
+        tid = obj.get("status", {}).get("tokenId")
+        if tid:
+            s, sec = api(d, "GET", SECRETS + "/fix-pr-7-token")
+            if s == 200:
+                token = base64.b64decode(sec["data"]["token"]).decode()
+                break
+        time.sleep(0.05)
+    t.ok(token is not None, "the reconciler issued a token in Secret "
+         "fix-pr-7-token and recorded status.tokenId")
+    phase = obj.get("status", {}).get("phase")
+    t.ok(phase in ("Provisioning", "Active"), "the task is live (%s): the "
+         "agent may meter before its sandbox is Ready" % phase)
+
+    # the token verifies with the root key through an independent tool
+    out = subprocess.run([TOOL, "verify", keyhex, token, "fix-pr-7", NS,
+                          "-", str(int(time.time()))], capture_output=True,
+                         text=True)
+    t.eq(out.stdout.strip(), "ok", "the issued token verifies against the "
+         "root key file")
 
     s, _, j = meter(d, None, {"requestId": "a", "iteration": 1,
                               "tokensUsed": 10, "costUSD": 0.01})
@@ -93,7 +99,7 @@ def main(t):
                                "model": "m", "tokensUsed": 10,
                                "costUSD": 0.03})
     t.ok(s == 429 and j["reason"] == "budget exceeded",
-         "spec.budgetUSD 0.05 replaces the $1.00 caveat: 429", j)
+         "crossing spec.budgetUSD 0.05: 429 budget exceeded", j)
     s, obj = api(d, "GET", TASKS + "/fix-pr-7")
     t.ok(obj["status"]["phase"] == "Paused" and
          obj["status"]["reason"] == "BudgetExceeded" and
@@ -102,7 +108,7 @@ def main(t):
          "the task is Paused, suspended, and charged exactly",
          obj.get("status"))
     s, sec = api(d, "GET", SECRETS + "/diverge-agenttask-tokens")
-    state = json.loads(base64.b64decode(sec["data"]["tok1"]))["state"]
+    state = json.loads(base64.b64decode(sec["data"][tid]))["state"]
     t.eq(state, "revoked", "the token is revoked in the index")
     s, _, j = meter(d, token, {"requestId": "c", "iteration": 2,
                                "model": "m", "tokensUsed": 1,
