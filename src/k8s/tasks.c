@@ -584,6 +584,8 @@ apply_bump(struct k8s_api *api, const json_t *task,
 
 	if (b == NULL || (b->usd_micro <= 0 && b->tokens <= 0))
 		return 0;
+	if (name == NULL)
+		name = "";
 	k8s_task_budgets(api, task, b->default_usd_micro, b->default_tokens,
 	    &eff);
 	if (b->usd_micro > 0) {
