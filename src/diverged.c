@@ -289,7 +289,7 @@ put_done(void *arg, enum inbox_put_result r)
 		    p->delivery, "provider", p->provider, NULL);
 	}
 	count_webhook(p->provider, outcome, outcome);
-	http_resume(p->req);
+	/* the reply above resumed the request: p->req is not ours anymore */
 	free(p->delivery);
 	free(p->provider);
 	free(p);

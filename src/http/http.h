@@ -100,17 +100,16 @@ void http_reply_json(struct http_req *r, int status, json_t *body);
 void http_reply_error(struct http_req *r, int status, const char *msg);
 
 /*
- * Suspend the request: the handler returns HTTP_SUSPENDED and another
- * thread later calls one http_reply* then http_resume(r).
+ * A handler that returns HTTP_SUSPENDED leaves the request waiting; some
+ * other thread later calls one http_reply*, which resumes it. After that
+ * call the request may already be answered and freed: do not touch it.
  */
-void http_suspend(struct http_req *r);
-void http_resume(struct http_req *r);
 
 /*
  * A pool of threads for handlers whose work blocks (a durable commit, a
  * call to an API server): the handler calls http_offload() and returns
- * HTTP_SUSPENDED; fn runs on a pool thread, replies with http_reply*, and
- * the pool resumes the request.
+ * HTTP_SUSPENDED; fn runs on a pool thread and must reply (http_reply*),
+ * which resumes the request.
  */
 struct http_pool;
 

@@ -541,6 +541,15 @@ http_reply(struct http_req *r, int status, const char *content_type,
 		r->rbody[len] = '\0';
 		r->rlen = len;
 		r->replied = 1;
+		/*
+		 * A suspended request is resumed in the same critical
+		 * section: once the lock is released the request may be
+		 * answered and freed, so nobody may touch it after a reply.
+		 */
+		if (r->suspended) {
+			r->suspended = 0;
+			MHD_resume_connection(r->conn);
+		}
 	}
 	pthread_mutex_unlock(&r->mu);
 }
@@ -565,23 +574,6 @@ void
 http_reply_error(struct http_req *r, int status, const char *msg)
 {
 	http_reply_json(r, status, json_pack("{s:s}", "error", msg));
-}
-
-void
-http_suspend(struct http_req *r)
-{
-	(void)r;	/* the suspension itself happens after the handler */
-}
-
-void
-http_resume(struct http_req *r)
-{
-	pthread_mutex_lock(&r->mu);
-	if (r->suspended) {
-		r->suspended = 0;
-		MHD_resume_connection(r->conn);
-	}
-	pthread_mutex_unlock(&r->mu);
 }
 
 /* ------------------------------------------------------------- pool */
@@ -620,10 +612,8 @@ pool_main(void *arg)
 		if (p->head == NULL)
 			p->tail = &p->head;
 		pthread_mutex_unlock(&p->mu);
+		/* fn replies; the request must not be touched after that */
 		j->fn(j->arg, j->req);
-		if (!j->req->replied)
-			http_reply_error(j->req, 500, "internal error");
-		http_resume(j->req);
 		free(j);
 		pthread_mutex_lock(&p->mu);
 	}

@@ -67,6 +67,11 @@ def run_tests(fn):
         fn(tap)
     except Exception:  # noqa: BLE001 - report anything as a failure
         tap.ok(False, "unexpected exception", traceback.format_exc())
+        for d in Daemon.running:
+            print("# --- diverged (exit %s), last lines:" %
+                  (d.proc.poll() if d.proc else "-"))
+            for line in d.log()[-40:]:
+                print("#   " + line)
     finally:
         Daemon.kill_all()
     tap.done()
