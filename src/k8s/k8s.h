@@ -520,4 +520,22 @@ void k8s_task_format_usd(int64_t micro, char out[32]);
 /* A new task name, "task-" and 6 random lowercase letters or digits. */
 void k8s_task_name_new(char out[K8S_TASK_NAME_MAX]);
 
+/*
+ * Read a .diverge/agent.yaml: text/len (need not be NUL-terminated), name
+ * for messages. *out gets a new object with the AgentTask spec fields the
+ * file sets, written as the API wants them: capabilities, allowedTools,
+ * budgetUSD ("5.00"), budgetTokens, maxIterations, repository.baseBranch,
+ * sandbox.{provider, timeoutSeconds, image, runtimeClassName}. The keys:
+ * version (must be "1" when present) and agent.{capabilities,
+ * allowedTools, budgetUSD, budgetTokens, maxIterations, baseBranch,
+ * sandbox.{...}}, every one optional; one left empty or null is not set;
+ * an empty text gives {}. Returns 0, or -1 with "NAME:LINE: what" in
+ * *cause (a new string) for a YAML error, an unknown or duplicate key or
+ * a bad value. The text may come from a pull request's repository: the
+ * caller bounds len; the walk follows the fixed schema, so aliases can
+ * neither loop nor multiply work.
+ */
+int k8s_task_agent_yaml(const char *name, const char *text, size_t len,
+    json_t **out, char **cause);
+
 #endif

@@ -13,6 +13,7 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -21,6 +22,7 @@
 #include <strings.h>
 
 #include <jansson.h>
+#include <yaml.h>
 
 #include "config/config.h"
 #include "k8s/k8s.h"
@@ -456,14 +458,7 @@ k8s_task_budgets(struct k8s_api *api, const json_t *task,
 	macaroon_free(m);
 }
 
-/* ---- conditional writes ---- */
-
-/*
- * An edit: given the task as read, add to patch (a merge patch, empty
- * when nothing is to change) or refuse with st. arg is the operation's.
- */
-typedef int (*task_edit_fn)(struct k8s_api *api, const json_t *task,
-    json_t *patch, const void *arg, struct k8s_status *st);
+/* ---- .diverge/agent.yaml ---- */
 
 /* A child object of o, created when missing. */
 static json_t *
@@ -477,6 +472,311 @@ child(json_t *o, const char *key)
 	}
 	return c;
 }
+
+/* A parse error: "NAME:LINE: what". */
+struct yerr {
+	const char *file;
+	char *msg;
+};
+
+static int
+yfail(struct yerr *e, const yaml_node_t *n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int
+yfail(struct yerr *e, const yaml_node_t *n, const char *fmt, ...)
+{
+	va_list ap;
+	char *what;
+
+	va_start(ap, fmt);
+	what = xvasprintf(fmt, ap);
+	va_end(ap);
+	free(e->msg);
+	e->msg = xasprintf("%s:%lu: %s", e->file, n != NULL ?
+	    (unsigned long)n->start_mark.line + 1 : 1UL, what);
+	free(what);
+	return -1;
+}
+
+/* The text of a scalar node (NUL-terminated by libyaml). */
+static const char *
+ytext(const yaml_node_t *n)
+{
+	return (const char *)n->data.scalar.value;
+}
+
+/* A scalar left empty or written null: "not set". */
+static int
+ynull(const yaml_node_t *n)
+{
+	const char *s;
+
+	if (n->type != YAML_SCALAR_NODE ||
+	    n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+		return 0;
+	s = ytext(n);
+	return s[0] == '\0' || strcmp(s, "~") == 0 || strcmp(s, "null") == 0;
+}
+
+static int
+ystring(struct yerr *e, const yaml_node_t *n, const char *key, json_t *dst,
+    const char *field)
+{
+	if (ynull(n))
+		return 0;
+	if (n->type != YAML_SCALAR_NODE)
+		return yfail(e, n, "'%s': expected a string", key);
+	json_object_set_new(dst, field, json_string(ytext(n)));
+	return 0;
+}
+
+static int
+yint(struct yerr *e, const yaml_node_t *n, const char *key, int64_t min,
+    int64_t max, json_t *dst, const char *field)
+{
+	const char *s;
+	char *end;
+	long long v;
+
+	if (ynull(n))
+		return 0;
+	if (n->type != YAML_SCALAR_NODE)
+		return yfail(e, n, "'%s': expected an integer", key);
+	s = ytext(n);
+	errno = 0;
+	v = strtoll(s, &end, 10);
+	if (s[0] < '0' || s[0] > '9' || *end != '\0' || errno != 0)
+		return yfail(e, n, "'%s': '%s' is not an integer", key, s);
+	if (v < min || v > max)
+		return yfail(e, n, "'%s': %lld is out of range (%" PRId64
+		    "..%" PRId64 ")", key, v, min, max);
+	json_object_set_new(dst, field, json_integer(v));
+	return 0;
+}
+
+static int
+ylist(struct yerr *e, yaml_document_t *doc, const yaml_node_t *n,
+    const char *key, json_t *dst, const char *field)
+{
+	yaml_node_item_t *it;
+	yaml_node_t *v;
+	json_t *a;
+
+	if (ynull(n))
+		return 0;
+	if (n->type != YAML_SEQUENCE_NODE)
+		return yfail(e, n, "'%s': expected a list of strings", key);
+	a = json_array();
+	for (it = n->data.sequence.items.start;
+	    it < n->data.sequence.items.top; it++) {
+		v = yaml_document_get_node(doc, *it);
+		if (v == NULL || v->type != YAML_SCALAR_NODE || ynull(v)) {
+			json_decref(a);
+			return yfail(e, v != NULL ? v : n, "'%s': expected a "
+			    "list of strings", key);
+		}
+		json_array_append_new(a, json_string(ytext(v)));
+	}
+	json_object_set_new(dst, field, a);
+	return 0;
+}
+
+/*
+ * Walk a mapping: for each key, fn(key node, value node); unknown and
+ * duplicate keys are errors. keys is NULL-terminated.
+ */
+typedef int (*ymap_fn)(struct yerr *e, yaml_document_t *doc,
+    const char *key, const yaml_node_t *v, json_t *spec);
+
+static int
+ymap(struct yerr *e, yaml_document_t *doc, const yaml_node_t *n,
+    const char *prefix, const char *const *keys, ymap_fn fn, json_t *spec)
+{
+	yaml_node_pair_t *p, *q;
+	yaml_node_t *k, *v, *k2;
+	char *full;
+	size_t i;
+	int rc;
+
+	if (n->type != YAML_MAPPING_NODE)
+		return yfail(e, n, "'%s': expected a mapping", prefix[0] ?
+		    prefix : "(top)");
+	for (p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top;
+	    p++) {
+		k = yaml_document_get_node(doc, p->key);
+		v = yaml_document_get_node(doc, p->value);
+		if (k == NULL || v == NULL || k->type != YAML_SCALAR_NODE)
+			return yfail(e, k, "expected a string key");
+		for (q = n->data.mapping.pairs.start; q < p; q++) {
+			k2 = yaml_document_get_node(doc, q->key);
+			if (k2 != NULL && k2->type == YAML_SCALAR_NODE &&
+			    strcmp(ytext(k2), ytext(k)) == 0)
+				return yfail(e, k, "duplicate key '%s%s%s'",
+				    prefix, prefix[0] ? "." : "", ytext(k));
+		}
+		for (i = 0; keys[i] != NULL; i++)
+			if (strcmp(keys[i], ytext(k)) == 0)
+				break;
+		full = xasprintf("%s%s%s", prefix, prefix[0] ? "." : "",
+		    ytext(k));
+		if (keys[i] == NULL) {
+			yfail(e, k, "unknown key '%s'", full);
+			free(full);
+			return -1;
+		}
+		rc = fn(e, doc, full, v, spec);
+		free(full);
+		if (rc < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static int
+y_sandbox(struct yerr *e, yaml_document_t *doc, const char *key,
+    const yaml_node_t *v, json_t *spec)
+{
+	json_t *sb = child(spec, "sandbox");
+
+	(void)doc;
+	if (strcmp(key, "agent.sandbox.provider") == 0) {
+		if (!ynull(v) && (v->type != YAML_SCALAR_NODE ||
+		    strcmp(ytext(v), "agent-sandbox") != 0))
+			return yfail(e, v, "'%s': the only provider is "
+			    "agent-sandbox", key);
+		return ystring(e, v, key, sb, "provider");
+	}
+	if (strcmp(key, "agent.sandbox.timeoutSeconds") == 0)
+		return yint(e, v, key, 1, INT32_MAX, sb, "timeoutSeconds");
+	if (strcmp(key, "agent.sandbox.image") == 0)
+		return ystring(e, v, key, sb, "image");
+	return ystring(e, v, key, sb, "runtimeClassName");
+}
+
+static int
+y_agent(struct yerr *e, yaml_document_t *doc, const char *key,
+    const yaml_node_t *v, json_t *spec)
+{
+	static const char *const sandbox_keys[] = { "provider",
+		"timeoutSeconds", "image", "runtimeClassName", NULL };
+	const char *k = key + strlen("agent.");
+	char *cause = NULL, money_s[32];
+	int64_t usd, tokens;
+
+	if (strcmp(k, "capabilities") == 0)
+		return ylist(e, doc, v, key, spec, "capabilities");
+	if (strcmp(k, "allowedTools") == 0)
+		return ylist(e, doc, v, key, spec, "allowedTools");
+	if (strcmp(k, "maxIterations") == 0)
+		return yint(e, v, key, 0, INT32_MAX, spec, "maxIterations");
+	if (strcmp(k, "baseBranch") == 0)
+		return ystring(e, v, key, child(spec, "repository"),
+		    "baseBranch");
+	if (strcmp(k, "budgetUSD") == 0) {
+		if (ynull(v))
+			return 0;
+		if (v->type != YAML_SCALAR_NODE ||
+		    (usd = config_parse_usd(ytext(v))) < 0)
+			return yfail(e, v, "'%s': expected a USD amount such "
+			    "as \"5.00\"", key);
+		k8s_task_format_usd(usd, money_s);
+		json_object_set_new(spec, "budgetUSD", json_string(money_s));
+		return 0;
+	}
+	if (strcmp(k, "budgetTokens") == 0) {
+		if (ynull(v))
+			return 0;
+		if (v->type != YAML_SCALAR_NODE ||
+		    k8s_task_parse_tokens(ytext(v), 0, &tokens, &cause) < 0) {
+			free(cause);
+			return yfail(e, v, "'%s': expected a number of tokens "
+			    "such as 1000000 or 1M", key);
+		}
+		json_object_set_new(spec, "budgetTokens", json_integer(tokens));
+		return 0;
+	}
+	/* sandbox */
+	if (ynull(v))
+		return 0;
+	return ymap(e, doc, v, key, sandbox_keys, y_sandbox, spec);
+}
+
+static int
+y_top(struct yerr *e, yaml_document_t *doc, const char *key,
+    const yaml_node_t *v, json_t *spec)
+{
+	static const char *const agent_keys[] = { "capabilities",
+		"allowedTools", "budgetUSD", "budgetTokens", "maxIterations",
+		"baseBranch", "sandbox", NULL };
+
+	if (strcmp(key, "version") == 0) {
+		if (v->type != YAML_SCALAR_NODE || strcmp(ytext(v), "1") != 0)
+			return yfail(e, v, "'version': only \"1\" is "
+			    "supported");
+		return 0;
+	}
+	if (ynull(v))
+		return 0;
+	return ymap(e, doc, v, "agent", agent_keys, y_agent, spec);
+}
+
+/* Read a .diverge/agent.yaml into the spec fields it sets. */
+int
+k8s_task_agent_yaml(const char *name, const char *text, size_t len,
+    json_t **out, char **cause)
+{
+	static const char *const top_keys[] = { "version", "agent", NULL };
+	yaml_parser_t parser;
+	yaml_document_t doc;
+	yaml_node_t *root;
+	struct yerr e = { name, NULL };
+	json_t *spec = json_object();
+	int ret = -1, have_parser = 0, have_doc = 0;
+
+	if (!yaml_parser_initialize(&parser)) {
+		*cause = xasprintf("%s: cannot start the YAML parser", name);
+		goto out;
+	}
+	have_parser = 1;
+	yaml_parser_set_input_string(&parser, (const unsigned char *)text,
+	    len);
+	if (!yaml_parser_load(&parser, &doc)) {
+		*cause = xasprintf("%s:%lu: %s", name,
+		    (unsigned long)parser.problem_mark.line + 1,
+		    parser.problem != NULL ? parser.problem : "bad YAML");
+		goto out;
+	}
+	have_doc = 1;
+	root = yaml_document_get_root_node(&doc);
+	if (root != NULL && !ynull(root) &&
+	    ymap(&e, &doc, root, "", top_keys, y_top, spec) < 0) {
+		*cause = e.msg;
+		e.msg = NULL;
+		goto out;
+	}
+	/* an empty file: no defaults */
+	*out = spec;
+	spec = NULL;
+	ret = 0;
+out:
+	if (have_doc)
+		yaml_document_delete(&doc);
+	if (have_parser)
+		yaml_parser_delete(&parser);
+	free(e.msg);
+	json_decref(spec);
+	return ret;
+}
+
+/* ---- conditional writes ---- */
+
+/*
+ * An edit: given the task as read, add to patch (a merge patch, empty
+ * when nothing is to change) or refuse with st. arg is the operation's.
+ */
+typedef int (*task_edit_fn)(struct k8s_api *api, const json_t *task,
+    json_t *patch, const void *arg, struct k8s_status *st);
 
 /* Refuse an operation: K8S_EINVALID with a message of our own. */
 static int
