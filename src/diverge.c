@@ -2389,13 +2389,13 @@ part(struct buf *b, const char *fmt, ...)
 	free(s);
 }
 
-/* The creation line of a task. */
+/* The creation line of a task, or with what "now:" its spec now. */
 static void
-created_line(const json_t *t, struct buf *b)
+created_line(const json_t *t, struct buf *b, const char *what)
 {
 	char m[40];
 
-	part(b, "created: \"%s\"", jstr(t, "spec", "objective"));
+	part(b, "%s: \"%s\"", what, jstr(t, "spec", "objective"));
 	if (task_spec_usd(t) > 0) {
 		money(task_spec_usd(t), m);
 		part(b, "budget %s", m);
@@ -2524,7 +2524,7 @@ logs_history(const json_t *task, int follow)
 		for (;;) {
 			if (prev == NULL && rv >= upto) {
 				/* created at or before the start: no event */
-				created_line(task, &line);
+				created_line(task, &line, "created");
 				emit_line(&line);
 				prev = json_deep_copy(task);
 			}
@@ -2557,11 +2557,11 @@ logs_history(const json_t *task, int follow)
 				goto out;
 			}
 			if (prev == NULL && ev.type == K8S_ADDED && !gone) {
-				created_line(cur, &line);
+				created_line(cur, &line, "created");
 			} else if (prev == NULL) {
 				/* the creation is older than the window */
 				if (!gone)
-					created_line(cur, &line);
+					created_line(cur, &line, "created");
 				emit_line(&line);
 				prev = baseline_of(cur);
 				if (gone)
@@ -2590,7 +2590,7 @@ logs_history(const json_t *task, int follow)
 		if (prev == NULL) {
 			printf("(the older history of \"%s\" is no longer "
 			    "kept)\n", name);
-			created_line(cur, &line);
+			created_line(cur, &line, "now");
 			emit_line(&line);
 			prev = baseline_of(cur);
 		}

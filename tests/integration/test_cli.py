@@ -1176,6 +1176,59 @@ def kubernetes(t, store_items):
         t.ok(rc == 1 and "absent" in err, "kubernetes: a missing "
              "kubeconfig: exit 1", (rc, err))
 
+        # history mode through --server, --token-file and
+        # --certificate-authority, after the watch history was forgotten
+        tokfile = os.path.join(tmp, "token")
+        with open(tokfile, "w") as f:
+            f.write(fake.info["token"] + "\n")
+        fake.control("POST", "/_fake/compact")
+        direct = ["--server", fake.info["server"], "--token-file", tokfile,
+                  "--certificate-authority", fake.info["ca_file"]]
+        rc, out, err = run(direct + ["task", "logs", "fix-checkout-latency"])
+        lines = out.splitlines()
+        t.ok(rc == 0 and len(lines) == 3 and lines[0] ==
+             '(the older history of "fix-checkout-latency" is no longer '
+             'kept)' and lines[1] ==
+             'now: "Diagnose and fix N+1 query in /api/v1/checkout"; '
+             'budget $1020.00; 2700000 tokens; 8 iterations' and
+             lines[2].startswith("phase Active; ") and
+             'guidance: "Ensure backward compatibility with API v1 '
+             'clients"' in lines[2] and
+             lines[2].endswith("iteration 3: $1.2345 spent, 45000 tokens"),
+             "--server with --token-file and --certificate-authority; task "
+             "logs when the history is gone (410): the state now",
+             (rc, out, err))
+        e = dict(os.environ)
+        p = subprocess.Popen([DIVERGE] + direct + ["task", "logs",
+                                                   "fix-checkout-latency",
+                                                   "-f"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=e, cwd=NOWHERE)
+        try:
+            first = [read_line(p.stdout) for _ in range(3)]
+            api.set_status("fix-checkout-latency", {"phase": "Failed",
+                                                    "reason": "Timeout"})
+            line = read_line(p.stdout)
+            t.ok(first == lines and line == "phase Failed (Timeout)",
+                 "task logs -f after a 410: goes on from now", (first, line))
+        finally:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+            p.stderr.close()
+        rc, out, err = run(["--server", fake.info["server"],
+                            "--certificate-authority", fake.info["ca_file"],
+                            "task", "list"])
+        t.ok(rc == 1 and err == "diverge: Unauthorized\n",
+             "--server without a token: 401, exit 1", (rc, err))
+        rc, out, err = run(["--server", fake.info["server"], "task",
+                            "list"])
+        t.ok(rc == 1 and err.startswith("diverge: cannot reach the API at "
+                                        + fake.info["server"]) and
+             "certificate" in err.lower(),
+             "--server https without its CA: the certificate is refused",
+             (rc, err))
+
         # logs: the sandbox pod's, through pods/log
         fake.control("DELETE", "/_fake/requests")
         rc, out, err = cli("task", "logs", "fix-checkout-latency")
