@@ -636,6 +636,13 @@ init_now(void)
 
 /* ---- task fields ---- */
 
+/* s, or "-" for a field the object lacks (never NULL to printf). */
+static const char *
+or_dash(const char *s)
+{
+	return s != NULL ? s : "-";
+}
+
 static const json_t *
 jget(const json_t *o, const char *a, const char *b)
 {
@@ -1549,7 +1556,7 @@ cmd_task_create(const struct command *cmd, int argc, char **argv)
 	else if (strcmp(a.output, "yaml") == 0)
 		print_yaml(res);
 	else
-		printf("%s\n", k8s_meta_str(res, "name"));
+		printf("%s\n", or_dash(k8s_meta_str(res, "name")));
 	ret = 0;
 out:
 	json_decref(a.capabilities);
@@ -1935,10 +1942,10 @@ print_transitions(const json_t *task)
 		reason = jstr(c, "reason", NULL);
 		add_transition(&v, &n, jstr(c, "lastTransitionTime", NULL),
 		    reason != NULL && reason[0] != '\0' ?
-		    xasprintf("%s=%s (%s)", jstr(c, "type", NULL),
-		    jstr(c, "status", NULL), reason) :
-		    xasprintf("%s=%s", jstr(c, "type", NULL),
-		    jstr(c, "status", NULL)));
+		    xasprintf("%s=%s (%s)", or_dash(jstr(c, "type", NULL)),
+		    or_dash(jstr(c, "status", NULL)), reason) :
+		    xasprintf("%s=%s", or_dash(jstr(c, "type", NULL)),
+		    or_dash(jstr(c, "status", NULL))));
 	}
 	add_transition(&v, &n, jstr(task, "status", "completedAt"),
 	    xasprintf("finished (%s)", phase != NULL ? phase : "-"));
@@ -1965,7 +1972,7 @@ print_transitions(const json_t *task)
 static void
 print_next(const json_t *task, const struct k8s_task_budgets *b)
 {
-	const char *name = k8s_meta_str(task, "name");
+	const char *name = or_dash(k8s_meta_str(task, "name"));
 	const char *phase = task_phase(task);
 	const char *reason = jstr(task, "status", "reason");
 	const char *msg = jstr(task, "status", "message");
@@ -2016,8 +2023,8 @@ print_status(const json_t *task)
 	char when[32];
 
 	k8s_task_budgets(C.api, task, -1, -1, &b);
-	field("Name", "%s", k8s_meta_str(task, "name"));
-	field("Namespace", "%s", k8s_meta_str(task, "namespace"));
+	field("Name", "%s", or_dash(k8s_meta_str(task, "name")));
+	field("Namespace", "%s", or_dash(k8s_meta_str(task, "namespace")));
 	printf("Phase:         %s%s%s", col != NULL ? col : "",
 	    phase != NULL ? phase : "(not reported yet)",
 	    col != NULL ? "\033[0m" : "");
@@ -2031,7 +2038,7 @@ print_status(const json_t *task)
 		field("Suspended", "yes%s", phase != NULL &&
 		    strcmp(phase, "Paused") == 0 ? "" :
 		    " (pause requested)");
-	field("Objective", "%s", jstr(task, "spec", "objective"));
+	field("Objective", "%s", or_dash(jstr(task, "spec", "objective")));
 	s = jstr(jget(task, "spec", "repository"), "url", NULL);
 	if (s != NULL) {
 		field("Repository", "%s", s);
@@ -2073,8 +2080,8 @@ print_status(const json_t *task)
 	if (s != NULL && s[0] != '\0')
 		field("Token", "%s", s);
 	age_of(jstr(task, "metadata", "creationTimestamp"), when);
-	field("Created", "%s (%s ago)", jstr(task, "metadata",
-	    "creationTimestamp"), when);
+	field("Created", "%s (%s ago)", or_dash(jstr(task, "metadata",
+	    "creationTimestamp")), when);
 	print_conditions(task);
 	print_transitions(task);
 	print_next(task, &b);
@@ -2335,7 +2342,7 @@ out:
 static int
 logs_pod(const json_t *task, int follow)
 {
-	const char *name = k8s_meta_str(task, "name");
+	const char *name = or_dash(k8s_meta_str(task, "name"));
 	const char *sb = jstr(task, "status", "sandboxName"), *pod;
 	const char *phase = task_phase(task);
 	json_t *sandbox = NULL;
@@ -2395,7 +2402,7 @@ created_line(const json_t *t, struct buf *b, const char *what)
 {
 	char m[40];
 
-	part(b, "%s: \"%s\"", what, jstr(t, "spec", "objective"));
+	part(b, "%s: \"%s\"", what, or_dash(jstr(t, "spec", "objective")));
 	if (task_spec_usd(t) > 0) {
 		money(task_spec_usd(t), m);
 		part(b, "budget %s", m);
@@ -2499,7 +2506,7 @@ state_line(const json_t *t, struct buf *b)
 static int
 logs_history(const json_t *task, int follow)
 {
-	const char *name = k8s_meta_str(task, "name");
+	const char *name = or_dash(k8s_meta_str(task, "name"));
 	struct k8s_list_opts lo;
 	struct k8s_status st = { 0 };
 	struct k8s_watch *w = NULL;
@@ -2785,7 +2792,7 @@ static void
 warn_spent(const json_t *task)
 {
 	struct k8s_task_budgets b;
-	const char *name = k8s_meta_str(task, "name");
+	const char *name = or_dash(k8s_meta_str(task, "name"));
 	char u[40], l[40];
 
 	k8s_task_budgets(C.api, task, -1, -1, &b);
