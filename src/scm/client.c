@@ -1,0 +1,1051 @@
+/*
+ * The HTTP transport shared by the GitHub and GitLab clients: a pool of
+ * libcurl easy handles sharing DNS and TLS sessions (a CURLSH), connect
+ * and total timeouts, an optional CA bundle, and the retry policy:
+ *
+ *   - transport errors, 5xx (502, 503, 504 and others but 501), 429 and
+ *     GitHub rate-limit 403s are retried; a request that is not
+ *     idempotent (creating a comment) is retried after it went out only
+ *     on 429 and 503, which say the server did not act on it;
+ *   - the wait is the reply's Retry-After, else the rate-limit reset
+ *     (x-ratelimit-reset on GitHub when x-ratelimit-remaining is 0,
+ *     RateLimit-Reset on GitLab), else 60 s for a GitHub secondary limit
+ *     without Retry-After, else exponential backoff with equal jitter;
+ *   - the waits of one call add up to at most max_wait_ms
+ *     (DIVERGE_SCM_MAX_WAIT_MS, default 30 s): when the next one would
+ *     not fit, a rate-limited call returns SCM_ERATELIMITED at once and
+ *     the caller requeues its work instead of holding a worker;
+ *   - 404 is retried only when the request asks (retry_404: 1 s, 2 s).
+ *
+ * Every attempt counts in diverge_scm_requests_total{provider,op,code};
+ * the remaining rate-limit budget goes to diverge_scm_ratelimit_remaining.
+ * Credentials travel in one header line that is wiped after use and never
+ * logged; errors quote the API's "message" only for replies that cannot
+ * carry a secret.
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include "config/config.h"
+#include "scm/client.h"
+#include "scm/scm.h"
+#include "util/util.h"
+
+#define USER_AGENT		"diverged/" PACKAGE_VERSION
+#define POOL_MAX		8
+#define BACKOFF_BASE_MS		250
+#define BACKOFF_MAX_MS		8000
+#define MAX_ATTEMPTS		5	/* for errors other than rate limits */
+#define MAX_RL_ATTEMPTS		8	/* for rate limits */
+#define SECONDARY_WAIT_MS	60000
+#define MAX_MESSAGE		200	/* quoted from an error reply */
+
+struct scm_http {
+	enum scm_provider provider;
+	char *base;		/* scheme://host[:port][/prefix], no '/' at end */
+	char *origin;		/* scheme://host[:port]/ for redirect checks */
+	char *ca_file;
+	int insecure_http;	/* the base is http:// */
+	long connect_ms;
+	long timeout_ms;
+	int64_t max_wait_ms;
+
+	CURLSH *share;
+	pthread_mutex_t share_lock[CURL_LOCK_DATA_LAST];
+
+	pthread_mutex_t pool_lock;
+	CURL *pool[POOL_MAX];
+	size_t npool;
+};
+
+/* Headers of one attempt. */
+struct hdrs {
+	int64_t retry_after_ms;	/* -1: absent */
+	int64_t rl_remaining;	/* -1: absent */
+	int64_t rl_reset;	/* unix seconds, -1: absent */
+	char *link_next;
+	int64_t next_page;
+};
+
+struct attempt {
+	struct scm_http *h;
+	struct scm_resp *rp;
+	struct hdrs hd;
+	int overflow;
+};
+
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc;
+
+static pthread_once_t metrics_once = PTHREAD_ONCE_INIT;
+
+static void
+curl_init(void)
+{
+	curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+static void
+metrics_init(void)
+{
+	metrics_describe("diverge_scm_requests_total", METRIC_COUNTER,
+	    "SCM API requests by provider, operation and HTTP code");
+	metrics_describe("diverge_scm_ratelimit_remaining", METRIC_GAUGE,
+	    "Requests left in the SCM API rate-limit window");
+}
+
+/* ---- small helpers ---- */
+
+/* Wipe and free a secret string. */
+void
+scm_secret_free(char *s)
+{
+	if (s == NULL)
+		return;
+	secure_wipe(s, strlen(s));
+	free(s);
+}
+
+/* Read a secret reference, naming the key (never the value) on error. */
+int
+scm_secret_load(const char *provider, const char *key, const char *ref,
+    char **out, char **cause)
+{
+	char *err = NULL, *v = NULL;
+	size_t len = 0;
+
+	if (config_secret_read(ref, &v, &len, &err) < 0) {
+		*cause = xasprintf("%s: '%s': %s", provider, key,
+		    err != NULL ? err : "cannot read the secret");
+		free(err);
+		return -1;
+	}
+	if (len == 0 || strlen(v) != len) {
+		*cause = xasprintf("%s: '%s': the secret is empty or holds a "
+		    "NUL byte", provider, key);
+		secure_wipe(v, len);
+		free(v);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+/* Percent-encode everything but RFC 3986 unreserved characters. */
+static char *
+escape(const char *s, int keep_slash)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	struct buf b;
+	const unsigned char *p;
+	char e[3];
+
+	buf_init(&b, (size_t)64 << 20);
+	buf_add(&b, "", 0);
+	for (p = (const unsigned char *)s; *p != '\0'; p++) {
+		if (isalnum(*p) || *p == '-' || *p == '.' || *p == '_' ||
+		    *p == '~' || (keep_slash && *p == '/')) {
+			buf_add(&b, p, 1);
+			continue;
+		}
+		e[0] = '%';
+		e[1] = hex[*p >> 4];
+		e[2] = hex[*p & 15];
+		buf_add(&b, e, 3);
+	}
+	return buf_detach(&b, NULL);
+}
+
+/* Percent-encode s entirely. */
+char *
+scm_escape(const char *s)
+{
+	return escape(s, 0);
+}
+
+/* Percent-encode the segments of a path. */
+char *
+scm_escape_path(const char *s)
+{
+	return escape(s, 1);
+}
+
+/* A string member as a new string. */
+char *
+scm_json_strdup(const json_t *obj, const char *key)
+{
+	const char *s = json_string_value(json_object_get(obj, key));
+
+	return s != NULL ? xstrdup(s) : NULL;
+}
+
+/* An integer member, 0 when absent. */
+int64_t
+scm_json_int(const json_t *obj, const char *key)
+{
+	const json_t *v = json_object_get(obj, key);
+
+	return json_is_integer(v) ? (int64_t)json_integer_value(v) : 0;
+}
+
+/* Parse a reply body. */
+int
+scm_json_reply(const struct scm_resp *rp, int want_object, const char *what,
+    json_t **out, char **cause)
+{
+	json_error_t jerr;
+	json_t *j = NULL;
+
+	if (rp->body.len > 0)
+		j = json_loadb(rp->body.data, rp->body.len, 0, &jerr);
+	if (want_object ? !json_is_object(j) : !json_is_array(j)) {
+		json_decref(j);
+		*cause = xasprintf("%s: the reply is not a JSON %s", what,
+		    want_object ? "object" : "array");
+		return SCM_EINTERNAL;
+	}
+	*out = j;
+	return SCM_OK;
+}
+
+/* Parse "YYYY-MM-DDTHH:MM:SS[.fff]Z" as UTC. */
+int64_t
+scm_parse_time(const char *s)
+{
+	struct tm tm;
+	int y, mo, d, hh, mi, ss, n = 0;
+
+	if (s == NULL || sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &y, &mo, &d,
+	    &hh, &mi, &ss, &n) != 6 || n == 0)
+		return -1;
+	if (mo < 1 || mo > 12 || d < 1 || d > 31 || hh > 23 || mi > 59 ||
+	    ss > 60)
+		return -1;
+	memset(&tm, 0, sizeof(tm));
+	tm.tm_year = y - 1900;
+	tm.tm_mon = mo - 1;
+	tm.tm_mday = d;
+	tm.tm_hour = hh;
+	tm.tm_min = mi;
+	tm.tm_sec = ss;
+	return (int64_t)timegm(&tm);
+}
+
+/* ---- the transport ---- */
+
+static void
+share_lock(CURL *c, curl_lock_data data, curl_lock_access access, void *arg)
+{
+	struct scm_http *h = arg;
+
+	(void)c;
+	(void)access;
+	if ((int)data >= 0 && data < CURL_LOCK_DATA_LAST)
+		pthread_mutex_lock(&h->share_lock[data]);
+}
+
+static void
+share_unlock(CURL *c, curl_lock_data data, void *arg)
+{
+	struct scm_http *h = arg;
+
+	(void)c;
+	if ((int)data >= 0 && data < CURL_LOCK_DATA_LAST)
+		pthread_mutex_unlock(&h->share_lock[data]);
+}
+
+/* DIVERGE_SCM_MAX_WAIT_MS, or the default when unset or bad. */
+static int64_t
+max_wait_from_env(void)
+{
+	const char *s = getenv(SCM_MAX_WAIT_ENV);
+	char *end = NULL;
+	long long v;
+
+	if (s == NULL || *s == '\0')
+		return SCM_DEF_MAX_WAIT_MS;
+	v = strtoll(s, &end, 10);
+	if (end == s || *end != '\0' || v < 0 || v > 3600000) {
+		log_kv(LOG_WARN, "scm: ignoring a bad " SCM_MAX_WAIT_ENV,
+		    "value", s, NULL);
+		return SCM_DEF_MAX_WAIT_MS;
+	}
+	return v;
+}
+
+/* Create a transport. */
+int
+scm_http_new(struct scm_http **out, const struct scm_http_config *cfg,
+    char **cause)
+{
+	const char *name = cfg->provider == SCM_GITHUB ? "github" : "gitlab";
+	struct scm_http *h = NULL;
+	const char *url = cfg->api_url, *host, *slash;
+	size_t len, i;
+	int ret = -1;
+
+	pthread_once(&curl_once, curl_init);
+	pthread_once(&metrics_once, metrics_init);
+	if (curl_init_rc != CURLE_OK) {
+		*cause = xasprintf("%s: curl_global_init: %s", name,
+		    curl_easy_strerror(curl_init_rc));
+		goto out;
+	}
+	if (url == NULL || *url == '\0') {
+		*cause = xasprintf("%s: 'api_url' is empty", name);
+		goto out;
+	}
+	h = xcalloc(1, sizeof(*h));
+	h->provider = cfg->provider;
+	if (strncasecmp(url, "https://", 8) == 0)
+		host = url + 8;
+	else if (strncasecmp(url, "http://", 7) == 0) {
+		host = url + 7;
+		h->insecure_http = 1;
+	} else {
+		*cause = xasprintf("%s: 'api_url' must be an https:// (or "
+		    "http://) URL", name);
+		goto out;
+	}
+	if (*host == '\0' || *host == '/' || strpbrk(url, " \t\r\n?#") !=
+	    NULL) {
+		*cause = xasprintf("%s: 'api_url' is not a usable URL", name);
+		goto out;
+	}
+	len = strlen(url);
+	while (len > 0 && url[len - 1] == '/')
+		len--;
+	h->base = xstrndup(url, len);
+	slash = strchr(host, '/');
+	h->origin = slash != NULL ?
+	    xstrndup(url, (size_t)(slash - url) + 1) : xasprintf("%s/", url);
+	if (cfg->ca_file != NULL && *cfg->ca_file != '\0')
+		h->ca_file = xstrdup(cfg->ca_file);
+	h->connect_ms = SCM_DEF_CONNECT_MS;
+	h->timeout_ms = SCM_DEF_TIMEOUT_MS;
+	h->max_wait_ms = max_wait_from_env();
+	for (i = 0; i < CURL_LOCK_DATA_LAST; i++)
+		pthread_mutex_init(&h->share_lock[i], NULL);
+	pthread_mutex_init(&h->pool_lock, NULL);
+	h->share = curl_share_init();
+	if (h->share == NULL) {
+		*cause = xasprintf("%s: cannot create a curl share", name);
+		goto out;
+	}
+	curl_share_setopt(h->share, CURLSHOPT_LOCKFUNC, share_lock);
+	curl_share_setopt(h->share, CURLSHOPT_UNLOCKFUNC, share_unlock);
+	curl_share_setopt(h->share, CURLSHOPT_USERDATA, h);
+	curl_share_setopt(h->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
+	curl_share_setopt(h->share, CURLSHOPT_SHARE,
+	    CURL_LOCK_DATA_SSL_SESSION);
+	if (h->insecure_http)
+		log_kv(LOG_WARN, "scm: the API URL is plain http: credentials "
+		    "travel unencrypted", "provider", name, "url", h->base,
+		    NULL);
+	if (cfg->provider == SCM_GITLAB && (len < 7 ||
+	    strncmp(h->base + strlen(h->base) - 7, "/api/v4", 7) != 0))
+		log_kv(LOG_WARN, "scm: 'gitlab.api_url' does not end in "
+		    "/api/v4", "url", h->base, NULL);
+	*out = h;
+	h = NULL;	/* now the caller's */
+	ret = 0;
+out:
+	scm_http_free(h);
+	return ret;
+}
+
+/* Free a transport and its handles. */
+void
+scm_http_free(struct scm_http *h)
+{
+	size_t i;
+
+	if (h == NULL)
+		return;
+	for (i = 0; i < h->npool; i++)
+		curl_easy_cleanup(h->pool[i]);
+	if (h->share != NULL)
+		curl_share_cleanup(h->share);
+	/* the mutexes are plain: nothing to destroy on Linux, but be tidy */
+	if (h->base != NULL) {
+		for (i = 0; i < CURL_LOCK_DATA_LAST; i++)
+			pthread_mutex_destroy(&h->share_lock[i]);
+		pthread_mutex_destroy(&h->pool_lock);
+	}
+	free(h->base);
+	free(h->origin);
+	free(h->ca_file);
+	free(h);
+}
+
+/* The provider's name. */
+const char *
+scm_http_name(const struct scm_http *h)
+{
+	return h->provider == SCM_GITHUB ? "github" : "gitlab";
+}
+
+/* The base URL. */
+const char *
+scm_http_base(const struct scm_http *h)
+{
+	return h->base;
+}
+
+static CURL *
+pool_get(struct scm_http *h)
+{
+	CURL *c = NULL;
+
+	pthread_mutex_lock(&h->pool_lock);
+	if (h->npool > 0)
+		c = h->pool[--h->npool];
+	pthread_mutex_unlock(&h->pool_lock);
+	if (c == NULL)
+		c = curl_easy_init();
+	return c;
+}
+
+static void
+pool_put(struct scm_http *h, CURL *c)
+{
+	if (c == NULL)
+		return;
+	/* forget this request's options and pointers, keep the connection */
+	curl_easy_reset(c);
+	pthread_mutex_lock(&h->pool_lock);
+	if (h->npool < POOL_MAX) {
+		h->pool[h->npool++] = c;
+		c = NULL;	/* now the pool's */
+	}
+	pthread_mutex_unlock(&h->pool_lock);
+	if (c != NULL)
+		curl_easy_cleanup(c);
+}
+
+/* ---- replies ---- */
+
+void
+scm_resp_init(struct scm_resp *rp)
+{
+	memset(rp, 0, sizeof(*rp));
+	buf_init(&rp->body, SCM_MAX_BODY);
+}
+
+void
+scm_resp_release(struct scm_resp *rp)
+{
+	buf_release(&rp->body);
+	free(rp->link_next);
+	rp->link_next = NULL;
+	rp->next_page = 0;
+	rp->code = 0;
+}
+
+static void
+hdrs_reset(struct hdrs *hd)
+{
+	free(hd->link_next);
+	hd->link_next = NULL;
+	hd->retry_after_ms = -1;
+	hd->rl_remaining = -1;
+	hd->rl_reset = -1;
+	hd->next_page = 0;
+}
+
+static size_t
+on_body(char *data, size_t size, size_t nmemb, void *arg)
+{
+	struct attempt *at = arg;
+	size_t n = size * nmemb;
+
+	if (buf_add(&at->rp->body, data, n) < 0) {
+		at->overflow = 1;
+		return 0;
+	}
+	return n;
+}
+
+/* A non-negative decimal; -1 when v is not one. */
+static int64_t
+parse_num(const char *v)
+{
+	int64_t n = 0;
+	int digits = 0;
+
+	for (; *v >= '0' && *v <= '9'; v++, digits++)
+		if (n < INT64_MAX / 10 - 10)
+			n = n * 10 + (*v - '0');
+	return digits > 0 && *v == '\0' ? n : -1;
+}
+
+/*
+ * The URL of the rel="next" entry of a Link header value:
+ *   <https://host/x?page=2>; rel="next", <https://host/x?page=5>; rel="last"
+ */
+static char *
+link_next(const char *v)
+{
+	const char *p = v, *lt, *gt, *end, *rel;
+
+	while ((lt = strchr(p, '<')) != NULL) {
+		gt = strchr(lt, '>');
+		if (gt == NULL)
+			return NULL;
+		end = strchr(gt, ',');
+		if (end == NULL)
+			end = gt + strlen(gt);
+		for (rel = gt; rel + 3 < end; rel++) {
+			if (strncasecmp(rel, "rel=", 4) != 0)
+				continue;
+			rel += 4;
+			if (*rel == '"')
+				rel++;
+			if ((size_t)(end - rel) >= 4 &&
+			    strncasecmp(rel, "next", 4) == 0 &&
+			    (rel + 4 == end || rel[4] == '"' ||
+			    rel[4] == ' ' || rel[4] == ';'))
+				return xstrndup(lt + 1, (size_t)(gt - lt - 1));
+			break;
+		}
+		p = end;
+	}
+	return NULL;
+}
+
+static size_t
+on_header(char *data, size_t size, size_t nmemb, void *arg)
+{
+	struct attempt *at = arg;
+	struct hdrs *hd = &at->hd;
+	size_t n = size * nmemb, k;
+	char *line, *colon, *v, *e;
+	int64_t x;
+	time_t t;
+
+	if (n >= 5 && strncmp(data, "HTTP/", 5) == 0) {
+		/* a new reply (after a redirect): forget the last one's */
+		hdrs_reset(hd);
+		return n;
+	}
+	if (n > 8192)
+		return n;
+	line = xstrndup(data, n);
+	colon = strchr(line, ':');
+	if (colon == NULL)
+		goto out;
+	*colon = '\0';
+	for (v = colon + 1; *v == ' ' || *v == '\t'; v++)
+		;
+	k = strlen(v);
+	while (k > 0 && (v[k - 1] == '\r' || v[k - 1] == '\n' ||
+	    v[k - 1] == ' ' || v[k - 1] == '\t'))
+		v[--k] = '\0';
+	for (e = line; *e != '\0'; e++)
+		*e = (char)tolower((unsigned char)*e);
+	if (strcmp(line, "retry-after") == 0) {
+		x = parse_num(v);
+		if (x < 0) {
+			t = curl_getdate(v, NULL);
+			x = t > 0 ? (int64_t)t - now_unix() : -1;
+			if (t > 0 && x < 0)
+				x = 0;
+		}
+		if (x >= 0)
+			hd->retry_after_ms = (x > 86400 ? 86400 : x) * 1000;
+	} else if (strcmp(line, at->h->provider == SCM_GITHUB ?
+	    "x-ratelimit-remaining" : "ratelimit-remaining") == 0)
+		hd->rl_remaining = parse_num(v);
+	else if (strcmp(line, at->h->provider == SCM_GITHUB ?
+	    "x-ratelimit-reset" : "ratelimit-reset") == 0)
+		hd->rl_reset = parse_num(v);
+	else if (strcmp(line, "link") == 0) {
+		free(hd->link_next);
+		hd->link_next = link_next(v);
+	} else if (strcmp(line, "x-next-page") == 0) {
+		x = parse_num(v);
+		hd->next_page = x > 0 ? x : 0;
+	}
+out:
+	free(line);
+	return n;
+}
+
+static struct curl_slist *
+add_header(struct curl_slist *l, const char *line)
+{
+	struct curl_slist *n = curl_slist_append(l, line);
+
+	if (n == NULL) {
+		fprintf(stderr, "out of memory\n");
+		abort();
+	}
+	return n;
+}
+
+/* Free a header list, wiping the credential lines first. */
+static void
+free_headers(struct curl_slist *l, const char *auth)
+{
+	struct curl_slist *p;
+
+	for (p = l; p != NULL; p = p->next)
+		if (auth != NULL && strcmp(p->data, auth) == 0)
+			secure_wipe(p->data, strlen(p->data));
+	curl_slist_free_all(l);
+}
+
+/* One attempt; *sent says whether any of the request went out. */
+static CURLcode
+attempt_once(struct scm_http *h, CURL *c, const struct scm_req *rq,
+    const char *url, struct attempt *at, char *errbuf, int *sent)
+{
+	struct curl_slist *hl = NULL;
+	long reqsize = 0;
+	const char *proto = h->insecure_http ? "http,https" : "https";
+	char *accept;
+	CURLcode rc;
+
+	curl_easy_reset(c);
+	curl_easy_setopt(c, CURLOPT_SHARE, h->share);
+	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, proto);
+	/*
+	 * GitHub asks clients to follow redirects. libcurl drops the
+	 * Authorization header when a redirect leaves the host, but not
+	 * GitLab's PRIVATE-TOKEN header: GitLab replies are not followed.
+	 */
+	if (h->provider == SCM_GITHUB) {
+		curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+		curl_easy_setopt(c, CURLOPT_MAXREDIRS, 3L);
+		curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, proto);
+	}
+	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, h->connect_ms);
+	curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, h->timeout_ms);
+	curl_easy_setopt(c, CURLOPT_USERAGENT, USER_AGENT);
+	curl_easy_setopt(c, CURLOPT_ACCEPT_ENCODING, "");
+	curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
+	if (h->ca_file != NULL)
+		curl_easy_setopt(c, CURLOPT_CAINFO, h->ca_file);
+	curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
+	errbuf[0] = '\0';
+	curl_easy_setopt(c, CURLOPT_URL, url);
+	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+	curl_easy_setopt(c, CURLOPT_WRITEDATA, at);
+	curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+	curl_easy_setopt(c, CURLOPT_HEADERDATA, at);
+
+	if (rq->accept != NULL)
+		accept = xasprintf("Accept: %s", rq->accept);
+	else if (h->provider == SCM_GITHUB)
+		accept = xstrdup("Accept: application/vnd.github+json");
+	else
+		accept = xstrdup("Accept: application/json");
+	hl = add_header(hl, accept);
+	free(accept);
+	if (h->provider == SCM_GITHUB)
+		hl = add_header(hl, "X-GitHub-Api-Version: 2022-11-28");
+	if (rq->auth != NULL)
+		hl = add_header(hl, rq->auth);
+	if (strcmp(rq->method, "GET") == 0)
+		curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);
+	else {
+		if (strcmp(rq->method, "POST") != 0)
+			curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, rq->method);
+		if (rq->body != NULL || strcmp(rq->method, "DELETE") != 0) {
+			curl_easy_setopt(c, CURLOPT_POST, 1L);
+			curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE,
+			    (curl_off_t)rq->body_len);
+			curl_easy_setopt(c, CURLOPT_POSTFIELDS,
+			    rq->body != NULL ? rq->body : "");
+			if (rq->body != NULL)
+				hl = add_header(hl,
+				    "Content-Type: application/json");
+			hl = add_header(hl, "Expect:");
+		}
+	}
+	curl_easy_setopt(c, CURLOPT_HTTPHEADER, hl);
+
+	rc = curl_easy_perform(c);
+	curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &at->rp->code);
+	curl_easy_getinfo(c, CURLINFO_REQUEST_SIZE, &reqsize);
+	*sent = reqsize > 0;
+	curl_easy_setopt(c, CURLOPT_HTTPHEADER, NULL);
+	free_headers(hl, rq->auth);
+	return rc;
+}
+
+static int
+retryable_curl(CURLcode rc)
+{
+	switch (rc) {
+	case CURLE_COULDNT_RESOLVE_HOST:
+	case CURLE_COULDNT_RESOLVE_PROXY:
+	case CURLE_COULDNT_CONNECT:
+	case CURLE_OPERATION_TIMEDOUT:
+	case CURLE_SEND_ERROR:
+	case CURLE_RECV_ERROR:
+	case CURLE_GOT_NOTHING:
+	case CURLE_PARTIAL_FILE:
+	case CURLE_SSL_CONNECT_ERROR:
+	case CURLE_HTTP2:
+	case CURLE_HTTP2_STREAM:
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+/* Exponential backoff with equal jitter. */
+static int64_t
+backoff_ms(int attempt)
+{
+	int64_t d;
+	uint32_t rnd = 0;
+
+	d = (int64_t)BACKOFF_BASE_MS << (attempt < 8 ? attempt : 8);
+	if (d > BACKOFF_MAX_MS)
+		d = BACKOFF_MAX_MS;
+	if (random_bytes(&rnd, sizeof(rnd)) < 0)
+		rnd = (uint32_t)now_mono_ms();
+	return d / 2 + (int64_t)(rnd % (uint32_t)(d / 2 + 1));
+}
+
+/* The "message" of a JSON error reply, or NULL. */
+static const char *
+reply_message(const struct scm_resp *rp, json_t **keep)
+{
+	json_t *j;
+	const char *m;
+
+	*keep = NULL;
+	if (rp->body.len == 0 || rp->body.data == NULL)
+		return NULL;
+	j = json_loadb(rp->body.data, rp->body.len, 0, NULL);
+	m = json_string_value(json_object_get(j, "message"));
+	if (m == NULL) {
+		/* GitLab also answers {"error": "..."} */
+		m = json_string_value(json_object_get(j, "error"));
+	}
+	*keep = j;
+	return m;
+}
+
+/* Whether needle occurs in s, ignoring ASCII case. */
+static int
+contains_nocase(const char *s, const char *needle)
+{
+	size_t n = strlen(needle);
+
+	for (; *s != '\0'; s++)
+		if (strncasecmp(s, needle, n) == 0)
+			return 1;
+	return 0;
+}
+
+/* Whether a GitHub reply is a secondary rate limit (/secondary rate/i). */
+static int
+is_secondary(const struct scm_resp *rp)
+{
+	json_t *j;
+	const char *m = reply_message(rp, &j);
+	int ret = m != NULL && contains_nocase(m, "secondary rate");
+
+	json_decref(j);
+	return ret;
+}
+
+/* The path of url without its query, for messages and logs. */
+static char *
+shown_path(const struct scm_http *h, const char *url)
+{
+	size_t blen = strlen(h->base);
+	const char *p = url, *q;
+
+	if (strncmp(url, h->base, blen) == 0)
+		p = url + blen;
+	q = strchr(p, '?');
+	return q != NULL ? xstrndup(p, (size_t)(q - p)) : xstrdup(p);
+}
+
+static const char *
+code_text(long code)
+{
+	switch (code) {
+	case 400:
+		return "bad request";
+	case 401:
+		return "unauthorized";
+	case 403:
+		return "forbidden";
+	case 404:
+		return "not found";
+	case 409:
+		return "conflict";
+	case 410:
+		return "gone";
+	case 422:
+		return "unprocessable";
+	case 429:
+		return "too many requests";
+	default:
+		return code >= 500 ? "server error" : "error";
+	}
+}
+
+/* The error for a final non-2xx HTTP status, with its cause. */
+static int
+http_error(struct scm_http *h, const struct scm_req *rq, const char *shown,
+    const struct scm_resp *rp, int ratelimited, char **cause)
+{
+	char msg[MAX_MESSAGE + 1];
+	const char *m = NULL;
+	json_t *j = NULL;
+	size_t i;
+	int err;
+
+	if (ratelimited)
+		err = SCM_ERATELIMITED;
+	else if (rp->code == 401)
+		err = SCM_EUNAUTHORIZED;
+	else if (rp->code == 403)
+		err = SCM_EFORBIDDEN;
+	else if (rp->code == 404 || rp->code == 410)
+		err = SCM_ENOTFOUND;
+	else if (rp->code >= 500)
+		err = SCM_EUNAVAILABLE;
+	else
+		err = SCM_EINVALID;
+	msg[0] = '\0';
+	if (!rq->secret_reply)
+		m = reply_message(rp, &j);
+	if (m != NULL) {
+		/* printable ASCII only, bounded */
+		for (i = 0; m[i] != '\0' && i < MAX_MESSAGE; i++)
+			msg[i] = m[i] >= 0x20 && m[i] < 0x7f ? m[i] : '?';
+		msg[i] = '\0';
+	}
+	*cause = xasprintf("%s: %s %s: HTTP %ld (%s%s%s%s)%s",
+	    scm_http_name(h), rq->method, shown, rp->code, code_text(rp->code),
+	    msg[0] != '\0' ? ": '" : "", msg, msg[0] != '\0' ? "'" : "",
+	    ratelimited ? ": rate limited beyond the wait bound" : "");
+	json_decref(j);
+	return err;
+}
+
+static void
+count(struct scm_http *h, const char *op, long code)
+{
+	char labels[160];
+	char c[24];
+
+	if (code > 0)
+		snprintf(c, sizeof(c), "%ld", code);
+	else
+		snprintf(c, sizeof(c), "error");
+	snprintf(labels, sizeof(labels),
+	    "provider=\"%s\",op=\"%s\",code=\"%s\"", scm_http_name(h),
+	    op != NULL ? op : "other", c);
+	metrics_inc("diverge_scm_requests_total", labels, 1);
+}
+
+/* Run one call with the retry policy at the top of this file. */
+int
+scm_http_call(struct scm_http *h, const struct scm_req *rq,
+    struct scm_resp *rp, char **cause)
+{
+	char errbuf[CURL_ERROR_SIZE];
+	char *url = NULL, *shown = NULL, what[64], ms[32], labels[64];
+	struct attempt at;
+	CURL *c = NULL;
+	CURLcode rc = CURLE_OK;
+	int64_t waited = 0, wait;
+	int tries = 0, rl_tries = 0, n404 = 0, sent, retry, rl, secondary;
+	int ret = SCM_EINTERNAL;
+
+	memset(&at, 0, sizeof(at));
+	at.h = h;
+	at.rp = rp;
+	hdrs_reset(&at.hd);
+	if (rq->url[0] == '/')
+		url = xasprintf("%s%s", h->base, rq->url);
+	else if (strncmp(rq->url, h->origin, strlen(h->origin)) == 0)
+		url = xstrdup(rq->url);
+	else {
+		/* a Link from elsewhere: do not send our credentials there */
+		*cause = xasprintf("%s: refusing a URL outside '%s'",
+		    scm_http_name(h), h->origin);
+		goto out;
+	}
+	shown = shown_path(h, url);
+	c = pool_get(h);
+	if (c == NULL) {
+		*cause = xasprintf("%s: cannot create a curl handle",
+		    scm_http_name(h));
+		goto out;
+	}
+	for (;;) {
+		scm_resp_release(rp);
+		scm_resp_init(rp);
+		if (rq->max > 0)
+			rp->body.max = rq->max;
+		hdrs_reset(&at.hd);
+		at.overflow = 0;
+		sent = 0;
+		rc = attempt_once(h, c, rq, url, &at, errbuf, &sent);
+		count(h, rq->op, rc == CURLE_OK ? rp->code : 0);
+		if (rc == CURLE_OK && at.hd.rl_remaining >= 0) {
+			snprintf(labels, sizeof(labels), "provider=\"%s\"",
+			    scm_http_name(h));
+			metrics_set("diverge_scm_ratelimit_remaining", labels,
+			    (double)at.hd.rl_remaining);
+		}
+		if (at.overflow) {
+			*cause = xasprintf("%s: %s %s: the reply is larger "
+			    "than %zu bytes", scm_http_name(h), rq->method,
+			    shown, rp->body.max);
+			ret = SCM_EINTERNAL;
+			goto out;
+		}
+		if (rc == CURLE_OK && rp->code >= 200 && rp->code < 300) {
+			rp->link_next = at.hd.link_next;
+			at.hd.link_next = NULL;	/* now the reply's */
+			rp->next_page = at.hd.next_page;
+			ret = SCM_OK;
+			goto out;
+		}
+		rl = 0;
+		secondary = 0;
+		wait = -1;
+		if (rc != CURLE_OK) {
+			retry = retryable_curl(rc) && (!sent ||
+			    (rq->idempotent &&
+			    rc != CURLE_OPERATION_TIMEDOUT)) &&
+			    tries + 1 < MAX_ATTEMPTS;
+		} else if (rp->code == 429 || (rp->code == 403 &&
+		    h->provider == SCM_GITHUB &&
+		    (at.hd.rl_remaining == 0 ||
+		    (secondary = is_secondary(rp))))) {
+			rl = 1;
+			retry = rl_tries + 1 < MAX_RL_ATTEMPTS;
+			if (at.hd.retry_after_ms >= 0)
+				wait = at.hd.retry_after_ms;
+			else if (at.hd.rl_reset > 0 &&
+			    (at.hd.rl_remaining == 0 || !secondary)) {
+				wait = (at.hd.rl_reset - now_unix() + 1) *
+				    1000;
+				if (wait < 0)
+					wait = 0;
+			} else if (secondary)
+				wait = SECONDARY_WAIT_MS;
+			else
+				wait = backoff_ms(rl_tries);
+		} else if (rp->code >= 500 && rp->code != 501) {
+			retry = (rq->idempotent || rp->code == 503) &&
+			    tries + 1 < MAX_ATTEMPTS;
+			if (at.hd.retry_after_ms >= 0)
+				wait = at.hd.retry_after_ms;
+		} else if (rp->code == 404 && n404 < rq->retry_404) {
+			retry = 1;
+			wait = (int64_t)1000 << n404;
+		} else
+			retry = 0;
+		if (retry && wait < 0)
+			wait = backoff_ms(tries);
+		if (retry && waited + wait > h->max_wait_ms) {
+			/* the wait does not fit: give up now, not later */
+			retry = 0;
+		}
+		if (!retry) {
+			if (rc != CURLE_OK) {
+				*cause = xasprintf("%s: %s %s: %s",
+				    scm_http_name(h), rq->method, shown,
+				    errbuf[0] != '\0' ? errbuf :
+				    curl_easy_strerror(rc));
+				ret = SCM_EUNAVAILABLE;
+			} else
+				ret = http_error(h, rq, shown, rp, rl, cause);
+			goto out;
+		}
+		if (rl)
+			rl_tries++;
+		else if (rp->code == 404)
+			n404++;
+		else
+			tries++;
+		if (rc != CURLE_OK)
+			snprintf(what, sizeof(what), "%s",
+			    curl_easy_strerror(rc));
+		else
+			snprintf(what, sizeof(what), "HTTP %ld%s", rp->code,
+			    rl ? " (rate limited)" : "");
+		snprintf(ms, sizeof(ms), "%" PRId64, wait);
+		log_kv(rl ? LOG_WARN : LOG_INFO, "scm: retrying request",
+		    "provider", scm_http_name(h), "op", rq->op, "method",
+		    rq->method, "path", shown, "error", what, "wait_ms", ms,
+		    NULL);
+		sleep_ms(wait);
+		waited += wait;
+	}
+out:
+	hdrs_reset(&at.hd);
+	pool_put(h, c);
+	free(url);
+	free(shown);
+	return ret;
+}
+
+/* ---- the public part of scm.h ---- */
+
+/* Free what a struct scm_pr holds. */
+void
+scm_pr_release(struct scm_pr *pr)
+{
+	if (pr == NULL)
+		return;
+	free(pr->state);
+	free(pr->head_ref);
+	free(pr->base_ref);
+	free(pr->head_sha);
+	free(pr->clone_url);
+	free(pr->head_clone_url);
+	free(pr->author);
+	free(pr->html_url);
+	memset(pr, 0, sizeof(*pr));
+}
+
+/* Free an array of comments. */
+void
+scm_comments_free(struct scm_comment *v, size_t n)
+{
+	size_t i;
+
+	if (v == NULL)
+		return;
+	for (i = 0; i < n; i++) {
+		free(v[i].author);
+		free(v[i].body);
+		free(v[i].created_at);
+	}
+	free(v);
+}
+
+/* Free a client of either provider. */
+void
+scm_client_free(struct scm_client *c)
+{
+	if (c != NULL && c->ops != NULL && c->ops->free != NULL)
+		c->ops->free(c);
+}

@@ -1,0 +1,127 @@
+/*
+ * scm/client.h: internals shared by the SCM API clients (client.c, the
+ * transport; github.c and gitlab.c, the providers). Not a public header:
+ * the contract is the "SCM API clients" section of scm.h.
+ */
+#ifndef DIVERGE_SCM_CLIENT_H
+#define DIVERGE_SCM_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "scm/scm.h"
+#include "util/util.h"
+
+/*
+ * Tuning knob: the environment variable DIVERGE_SCM_MAX_WAIT_MS, read when
+ * a client is created, bounds the time one call may spend waiting between
+ * its attempts (rate limits, Retry-After, backoff); default 30000. A call
+ * that would have to wait longer returns SCM_ERATELIMITED (or the error
+ * of its last attempt) at once, so that the caller requeues its work.
+ */
+#define SCM_MAX_WAIT_ENV	"DIVERGE_SCM_MAX_WAIT_MS"
+#define SCM_DEF_MAX_WAIT_MS	30000
+#define SCM_DEF_CONNECT_MS	5000
+#define SCM_DEF_TIMEOUT_MS	30000
+
+#define SCM_MAX_BODY		((size_t)8 << 20)	/* one JSON reply */
+#define SCM_MAX_FILE		((size_t)4 << 20)	/* read_file */
+#define SCM_MAX_PAGES		200			/* list_comments */
+
+/* The transport of one provider: base URL, TLS, handle pool, retries. */
+struct scm_http;
+
+struct scm_http_config {
+	enum scm_provider provider;	/* SCM_GITHUB or SCM_GITLAB */
+	const char *api_url;	/* base, e.g. https://HOST/api/v3 */
+	const char *ca_file;	/* NULL: the system's bundle */
+};
+
+/*
+ * A transport for cfg (the strings are copied). An http:// base is
+ * accepted with a warning; other schemes are refused. -1 with *cause.
+ */
+int scm_http_new(struct scm_http **out, const struct scm_http_config *cfg,
+    char **cause);
+void scm_http_free(struct scm_http *h);
+/* The provider's name, "github" or "gitlab". */
+const char *scm_http_name(const struct scm_http *h);
+/* The base URL without a trailing slash. */
+const char *scm_http_base(const struct scm_http *h);
+
+/* One call. */
+struct scm_req {
+	const char *op;		/* metrics label, e.g. "get_pr" */
+	const char *method;	/* GET POST PUT PATCH DELETE */
+	const char *url;	/* "/path?query" under the base, or absolute */
+	/*
+	 * A header line carrying the credential ("Authorization: Bearer
+	 * x", "PRIVATE-TOKEN: x"), or NULL. Never logged, wiped after use.
+	 */
+	const char *auth;
+	const char *body;	/* JSON, or NULL */
+	size_t body_len;
+	const char *accept;	/* NULL: the provider's default */
+	size_t max;		/* reply bound; 0: SCM_MAX_BODY */
+	int idempotent;		/* 0: no retry once the request went out
+				 * (except 429 and 503) */
+	int retry_404;		/* 404s retried with 1 s, 2 s, ... waits */
+	int secret_reply;	/* the reply holds a secret: never quote it */
+};
+
+/* One reply. */
+struct scm_resp {
+	long code;		/* the last attempt's HTTP status, 0: none */
+	struct buf body;
+	char *link_next;	/* GitHub Link rel="next" (absolute URL) */
+	int64_t next_page;	/* GitLab x-next-page, 0: none */
+};
+
+void scm_resp_init(struct scm_resp *rp);
+void scm_resp_release(struct scm_resp *rp);
+
+/*
+ * Run rq with the retry policy (client.c) and fill rp (released first).
+ * Returns SCM_OK for a 2xx, or an enum scm_err with *cause (no secret in
+ * it, no reply body of a secret_reply request); rp->code then holds the
+ * last HTTP status so that callers can tell a 404 from a 409.
+ */
+int scm_http_call(struct scm_http *h, const struct scm_req *rq,
+    struct scm_resp *rp, char **cause);
+
+/* ---- helpers ---- */
+
+/* Percent-encode s entirely ("/" too). */
+char *scm_escape(const char *s);
+/* Percent-encode each segment of a path, keeping the "/" separators. */
+char *scm_escape_path(const char *s);
+/* A JSON object's string member as a new string, NULL when absent. */
+char *scm_json_strdup(const json_t *obj, const char *key);
+/* A JSON object's integer member, 0 when absent. */
+int64_t scm_json_int(const json_t *obj, const char *key);
+/*
+ * Parse rp's body as JSON (object when want_object, else array) into
+ * *out; SCM_EINTERNAL with *cause otherwise. what names the call.
+ */
+int scm_json_reply(const struct scm_resp *rp, int want_object,
+    const char *what, json_t **out, char **cause);
+/* Wipe and free a secret string (NULL is fine). */
+void scm_secret_free(char *s);
+/* Read a secret reference into a new string: -1 with *cause. */
+int scm_secret_load(const char *provider, const char *key, const char *ref,
+    char **out, char **cause);
+/* Parse RFC 3339 "2016-07-11T22:14:10Z" into unix seconds, -1 if bad. */
+int64_t scm_parse_time(const char *s);
+
+/*
+ * A GitHub App JWT (RS256) for app id or client id iss, issued at now:
+ * iat = now - 30, exp = iat + 600; iss is written as a JSON number when
+ * it is all digits. pem is the app's private key. Returns 0 with a new
+ * string in *out, or -1 with *cause.
+ */
+int scm_github_jwt(const char *pem, size_t pem_len, const char *iss,
+    int64_t now, char **out, char **cause);
+
+#endif

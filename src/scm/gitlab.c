@@ -1,0 +1,575 @@
+/*
+ * The GitLab REST v4 client (gitlab.com or a self-hosted instance, with
+ * or without a sub-path: the base is gitlab.api_url as written, e.g.
+ * https://HOST/gitlab/api/v4). The configured token always travels in a
+ * PRIVATE-TOKEN header: personal, project and group access tokens all
+ * accept it, and the daemon has no OAuth flow that would need Bearer.
+ * Projects are addressed by their numeric id, merge requests by iid.
+ */
+#include "config.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "config/config.h"
+#include "scm/client.h"
+#include "scm/scm.h"
+#include "util/util.h"
+
+struct gitlab {
+	struct scm_client c;	/* first: the ops */
+	struct scm_http *http;
+	char *auth;		/* "PRIVATE-TOKEN: ..." */
+};
+
+static struct gitlab *
+gl_of(struct scm_client *c)
+{
+	return (struct gitlab *)c;
+}
+
+/* One call with the token; body_key/body make a {"key": body} JSON. */
+static int
+gl_call(struct gitlab *g, const char *op, const char *method,
+    const char *url, const char *body_key, const char *body,
+    int idempotent, struct scm_resp *rp, char **cause)
+{
+	struct scm_req rq = { 0 };
+	char *json = NULL;
+	json_t *j;
+	int ret;
+
+	if (body_key != NULL) {
+		j = json_pack("{s:s}", body_key, body != NULL ? body : "");
+		json = j != NULL ? json_dumps(j, JSON_COMPACT) : NULL;
+		json_decref(j);
+		if (json == NULL) {
+			*cause = xasprintf("gitlab: the %s is not valid "
+			    "UTF-8", body_key);
+			return SCM_EINVALID;
+		}
+	}
+	rq.op = op;
+	rq.method = method;
+	rq.url = url;
+	rq.auth = g->auth;
+	rq.body = json;
+	rq.body_len = json != NULL ? strlen(json) : 0;
+	rq.idempotent = idempotent;
+	ret = scm_http_call(g->http, &rq, rp, cause);
+	free(json);
+	return ret;
+}
+
+static int
+check_project(const struct scm_repo *repo, char **cause)
+{
+	if (repo == NULL || repo->project_id <= 0) {
+		*cause = xstrdup("gitlab: no numeric project id");
+		return SCM_EINVALID;
+	}
+	return SCM_OK;
+}
+
+/* GET /projects/:id: its http_url_to_repo. */
+static int
+project_clone_url(struct gitlab *g, int64_t id, char **out, char **cause)
+{
+	struct scm_resp rp;
+	char url[64];
+	json_t *j = NULL;
+	int ret;
+
+	scm_resp_init(&rp);
+	snprintf(url, sizeof(url), "/projects/%" PRId64, id);
+	ret = gl_call(g, "get_project", "GET", url, NULL, NULL, 1, &rp, cause);
+	if (ret != SCM_OK)
+		goto out;
+	ret = scm_json_reply(&rp, 1, "gitlab: get project", &j, cause);
+	if (ret != SCM_OK)
+		goto out;
+	*out = scm_json_strdup(j, "http_url_to_repo");
+	if (*out == NULL) {
+		*cause = xstrdup("gitlab: get project: the reply has no "
+		    "http_url_to_repo");
+		ret = SCM_EINTERNAL;
+	}
+out:
+	json_decref(j);
+	scm_resp_release(&rp);
+	return ret;
+}
+
+static int
+gl_get_pr(struct scm_client *c, const struct scm_repo *repo, int64_t number,
+    struct scm_pr *out, char **cause)
+{
+	struct gitlab *g = gl_of(c);
+	struct scm_req rq = { 0 };
+	struct scm_resp rp;
+	struct scm_pr pr;
+	char url[96];
+	int64_t src, dst;
+	json_t *j = NULL;
+	int ret;
+
+	memset(&pr, 0, sizeof(pr));
+	scm_resp_init(&rp);
+	ret = check_project(repo, cause);
+	if (ret != SCM_OK)
+		goto out;
+	snprintf(url, sizeof(url), "/projects/%" PRId64 "/merge_requests/%"
+	    PRId64, repo->project_id, number);
+	rq.op = "get_pr";
+	rq.method = "GET";
+	rq.url = url;
+	rq.auth = g->auth;
+	rq.idempotent = 1;
+	rq.retry_404 = 2;	/* an MR just commented on exists */
+	ret = scm_http_call(g->http, &rq, &rp, cause);
+	if (ret != SCM_OK)
+		goto out;
+	ret = scm_json_reply(&rp, 1, "gitlab: get merge request", &j, cause);
+	if (ret != SCM_OK)
+		goto out;
+	pr.state = scm_json_strdup(j, "state");
+	pr.merged = pr.state != NULL && strcmp(pr.state, "merged") == 0;
+	pr.head_ref = scm_json_strdup(j, "source_branch");
+	pr.base_ref = scm_json_strdup(j, "target_branch");
+	pr.head_sha = scm_json_strdup(j, "sha");
+	pr.author = scm_json_strdup(json_object_get(j, "author"), "username");
+	pr.html_url = scm_json_strdup(j, "web_url");
+	src = scm_json_int(j, "source_project_id");
+	dst = scm_json_int(j, "target_project_id");
+	if (dst <= 0)
+		dst = repo->project_id;
+	if (src <= 0)
+		src = dst;
+	pr.fork = src != dst;
+	if (pr.state == NULL || pr.head_ref == NULL || pr.base_ref == NULL ||
+	    pr.head_sha == NULL) {
+		*cause = xstrdup("gitlab: get merge request: the reply lacks "
+		    "state, branches or sha");
+		ret = SCM_EINTERNAL;
+		goto out;
+	}
+	/* the MR does not carry clone URLs: ask the projects */
+	ret = project_clone_url(g, dst, &pr.clone_url, cause);
+	if (ret != SCM_OK)
+		goto out;
+	if (pr.fork)
+		ret = project_clone_url(g, src, &pr.head_clone_url, cause);
+	else
+		pr.head_clone_url = xstrdup(pr.clone_url);
+	if (ret != SCM_OK)
+		goto out;
+	*out = pr;
+	memset(&pr, 0, sizeof(pr));	/* now the caller's */
+out:
+	scm_pr_release(&pr);
+	json_decref(j);
+	scm_resp_release(&rp);
+	return ret;
+}
+
+static int
+gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
+    int64_t number, struct scm_comment **out, size_t *n, char **cause)
+{
+	struct gitlab *g = gl_of(c);
+	struct scm_resp rp;
+	struct scm_comment *v = NULL, *cm;
+	size_t nv = 0, cap = 0, i;
+	int64_t page = 1;
+	char url[160];
+	json_t *j = NULL, *e, *author;
+	int ret, pages = 0;
+
+	scm_resp_init(&rp);
+	ret = check_project(repo, cause);
+	if (ret != SCM_OK)
+		goto out;
+	while (page > 0) {
+		if (++pages > SCM_MAX_PAGES) {
+			*cause = xasprintf("gitlab: list notes: more than %d "
+			    "pages", SCM_MAX_PAGES);
+			ret = SCM_EINTERNAL;
+			goto out;
+		}
+		snprintf(url, sizeof(url), "/projects/%" PRId64
+		    "/merge_requests/%" PRId64 "/notes?per_page=100&sort=asc"
+		    "&order_by=created_at&page=%" PRId64, repo->project_id,
+		    number, page);
+		ret = gl_call(g, "list_comments", "GET", url, NULL, NULL, 1,
+		    &rp, cause);
+		if (ret != SCM_OK)
+			goto out;
+		ret = scm_json_reply(&rp, 0, "gitlab: list notes", &j, cause);
+		if (ret != SCM_OK)
+			goto out;
+		json_array_foreach(j, i, e) {
+			if (!json_is_object(e))
+				continue;
+			if (nv == cap) {
+				cap = cap ? cap * 2 : 32;
+				v = xrealloc(v, cap * sizeof(*v));
+			}
+			cm = &v[nv++];
+			memset(cm, 0, sizeof(*cm));
+			author = json_object_get(e, "author");
+			cm->id = scm_json_int(e, "id");
+			cm->author = scm_json_strdup(author, "username");
+			cm->author_id = scm_json_int(author, "id");
+			cm->body = scm_json_strdup(e, "body");
+			cm->created_at = scm_json_strdup(e, "created_at");
+			cm->system = json_is_true(json_object_get(e,
+			    "system"));
+		}
+		json_decref(j);
+		j = NULL;
+		/* x-next-page is empty on the last page */
+		page = rp.next_page > page ? rp.next_page : 0;
+	}
+	*out = v;
+	*n = nv;
+	v = NULL;	/* now the caller's */
+	ret = SCM_OK;
+out:
+	scm_comments_free(v, nv);
+	json_decref(j);
+	scm_resp_release(&rp);
+	return ret;
+}
+
+static int
+gl_create_comment(struct scm_client *c, const struct scm_repo *repo,
+    int64_t number, const char *body, int64_t *id_out, char **cause)
+{
+	struct scm_resp rp;
+	char url[96];
+	json_t *j = NULL;
+	int64_t id;
+	int ret;
+
+	scm_resp_init(&rp);
+	ret = check_project(repo, cause);
+	if (ret != SCM_OK)
+		goto out;
+	snprintf(url, sizeof(url), "/projects/%" PRId64 "/merge_requests/%"
+	    PRId64 "/notes", repo->project_id, number);
+	ret = gl_call(gl_of(c), "create_comment", "POST", url, "body", body,
+	    0, &rp, cause);
+	if (ret != SCM_OK)
+		goto out;
+	ret = scm_json_reply(&rp, 1, "gitlab: create note", &j, cause);
+	if (ret != SCM_OK)
+		goto out;
+	id = scm_json_int(j, "id");
+	if (id <= 0) {
+		*cause = xstrdup("gitlab: create note: the reply has no id");
+		ret = SCM_EINTERNAL;
+		goto out;
+	}
+	if (id_out != NULL)
+		*id_out = id;
+out:
+	json_decref(j);
+	scm_resp_release(&rp);
+	return ret;
+}
+
+static int
+gl_update_comment(struct scm_client *c, const struct scm_repo *repo,
+    int64_t number, int64_t id, const char *body, char **cause)
+{
+	struct scm_resp rp;
+	char url[128];
+	int ret;
+
+	scm_resp_init(&rp);
+	ret = check_project(repo, cause);
+	if (ret == SCM_OK) {
+		snprintf(url, sizeof(url), "/projects/%" PRId64
+		    "/merge_requests/%" PRId64 "/notes/%" PRId64,
+		    repo->project_id, number, id);
+		ret = gl_call(gl_of(c), "update_comment", "PUT", url, "body",
+		    body, 1, &rp, cause);
+	}
+	scm_resp_release(&rp);
+	return ret;
+}
+
+static int
+gl_delete_comment(struct scm_client *c, const struct scm_repo *repo,
+    int64_t number, int64_t id, char **cause)
+{
+	struct scm_resp rp;
+	char url[128];
+	int ret;
+
+	scm_resp_init(&rp);
+	ret = check_project(repo, cause);
+	if (ret == SCM_OK) {
+		snprintf(url, sizeof(url), "/projects/%" PRId64
+		    "/merge_requests/%" PRId64 "/notes/%" PRId64,
+		    repo->project_id, number, id);
+		ret = gl_call(gl_of(c), "delete_comment", "DELETE", url, NULL,
+		    NULL, 1, &rp, cause);
+	}
+	scm_resp_release(&rp);
+	return ret;
+}
+
+static int
+gl_react(struct scm_client *c, const struct scm_repo *repo, int64_t number,
+    int64_t comment_id, int review, const char *reaction, char **cause)
+{
+	struct scm_resp rp;
+	char url[160];
+	int ret;
+
+	(void)review;	/* GitLab diff notes are notes too */
+	scm_resp_init(&rp);
+	ret = check_project(repo, cause);
+	if (ret != SCM_OK)
+		goto out;
+	snprintf(url, sizeof(url), "/projects/%" PRId64 "/merge_requests/%"
+	    PRId64 "/notes/%" PRId64 "/award_emoji", repo->project_id, number,
+	    comment_id);
+	ret = gl_call(gl_of(c), "react", "POST", url, "name", reaction, 1, &rp,
+	    cause);
+	/*
+	 * A duplicate award: GitLab answers 404 ("Award Emoji ...", the
+	 * award was not persisted), some versions 409. Both mean the emoji
+	 * is there already (scm-wire.md section 8).
+	 */
+	if (ret != SCM_OK && (rp.code == 404 || rp.code == 409)) {
+		free(*cause);
+		*cause = NULL;
+		ret = SCM_OK;
+	}
+out:
+	scm_resp_release(&rp);
+	return ret;
+}
+
+static int
+gl_permission(struct scm_client *c, const struct scm_repo *repo,
+    const char *login, int64_t user_id, enum scm_permission *out,
+    char **cause)
+{
+	struct scm_resp rp;
+	char url[96];
+	const char *state;
+	json_t *j = NULL;
+	int64_t level;
+	int ret;
+
+	(void)login;
+	scm_resp_init(&rp);
+	ret = check_project(repo, cause);
+	if (ret != SCM_OK)
+		goto out;
+	if (user_id <= 0) {
+		*cause = xstrdup("gitlab: permission: no user id");
+		ret = SCM_EINVALID;
+		goto out;
+	}
+	snprintf(url, sizeof(url), "/projects/%" PRId64 "/members/all/%"
+	    PRId64, repo->project_id, user_id);
+	ret = gl_call(gl_of(c), "permission", "GET", url, NULL, NULL, 1, &rp,
+	    cause);
+	if (ret == SCM_ENOTFOUND) {
+		/* not a member */
+		free(*cause);
+		*cause = NULL;
+		*out = SCM_PERM_NONE;
+		ret = SCM_OK;
+		goto out;
+	}
+	if (ret != SCM_OK)
+		goto out;
+	ret = scm_json_reply(&rp, 1, "gitlab: permission", &j, cause);
+	if (ret != SCM_OK)
+		goto out;
+	if (!json_is_integer(json_object_get(j, "access_level"))) {
+		*cause = xstrdup("gitlab: permission: the reply has no "
+		    "access_level");
+		ret = SCM_EINTERNAL;
+		goto out;
+	}
+	level = scm_json_int(j, "access_level");
+	state = json_string_value(json_object_get(j, "state"));
+	if (state != NULL && strcmp(state, "active") != 0)
+		*out = SCM_PERM_NONE;	/* blocked or awaiting */
+	else if (level >= 40)
+		*out = SCM_PERM_MAINTAIN;
+	else if (level >= 30)
+		*out = SCM_PERM_WRITE;
+	else if (level > 0)
+		*out = SCM_PERM_READ;
+	else
+		*out = SCM_PERM_NONE;
+out:
+	json_decref(j);
+	scm_resp_release(&rp);
+	return ret;
+}
+
+static int
+gl_whoami(struct scm_client *c, char **login_out, int64_t *id_out,
+    char **cause)
+{
+	struct scm_resp rp;
+	json_t *j = NULL;
+	const char *name;
+	int ret;
+
+	scm_resp_init(&rp);
+	ret = gl_call(gl_of(c), "whoami", "GET", "/user", NULL, NULL, 1, &rp,
+	    cause);
+	if (ret != SCM_OK)
+		goto out;
+	ret = scm_json_reply(&rp, 1, "gitlab: whoami", &j, cause);
+	if (ret != SCM_OK)
+		goto out;
+	name = json_string_value(json_object_get(j, "username"));
+	if (name == NULL || *name == '\0') {
+		*cause = xstrdup("gitlab: whoami: the reply has no username");
+		ret = SCM_EINTERNAL;
+		goto out;
+	}
+	*login_out = xstrdup(name);
+	if (id_out != NULL)
+		*id_out = scm_json_int(j, "id");
+out:
+	json_decref(j);
+	scm_resp_release(&rp);
+	return ret;
+}
+
+static int
+gl_read_file(struct scm_client *c, const struct scm_repo *repo,
+    const char *ref, const char *path, char **data, size_t *len,
+    char **cause)
+{
+	struct gitlab *g = gl_of(c);
+	struct scm_req rq = { 0 };
+	struct scm_resp rp;
+	char *url = NULL, *epath = NULL, *eref = NULL;
+	int ret;
+
+	scm_resp_init(&rp);
+	ret = check_project(repo, cause);
+	if (ret != SCM_OK)
+		goto out;
+	while (path != NULL && *path == '/')
+		path++;
+	if (path == NULL || *path == '\0') {
+		*cause = xstrdup("gitlab: read file: no path");
+		ret = SCM_EINVALID;
+		goto out;
+	}
+	epath = scm_escape(path);	/* one segment: '/' is %2F */
+	if (ref != NULL && *ref != '\0') {
+		eref = scm_escape(ref);
+		url = xasprintf("/projects/%" PRId64 "/repository/files/%s/raw"
+		    "?ref=%s", repo->project_id, epath, eref);
+	} else
+		url = xasprintf("/projects/%" PRId64 "/repository/files/%s/raw",
+		    repo->project_id, epath);
+	rq.op = "read_file";
+	rq.method = "GET";
+	rq.url = url;
+	rq.auth = g->auth;
+	rq.accept = "*/*";
+	rq.idempotent = 1;
+	rq.max = SCM_MAX_FILE;
+	ret = scm_http_call(g->http, &rq, &rp, cause);
+	if (ret != SCM_OK)
+		goto out;
+	*len = rp.body.len;
+	*data = buf_detach(&rp.body, NULL);
+	if (*data == NULL)
+		*data = xstrdup("");
+out:
+	scm_resp_release(&rp);
+	free(url);
+	free(epath);
+	free(eref);
+	return ret;
+}
+
+static void
+gl_free(struct scm_client *c)
+{
+	struct gitlab *g = gl_of(c);
+
+	if (g == NULL)
+		return;
+	scm_http_free(g->http);
+	scm_secret_free(g->auth);
+	free(g);
+}
+
+static const struct scm_ops gitlab_ops = {
+	.name = "gitlab",
+	.get_pr = gl_get_pr,
+	.list_comments = gl_list_comments,
+	.create_comment = gl_create_comment,
+	.update_comment = gl_update_comment,
+	.delete_comment = gl_delete_comment,
+	.react = gl_react,
+	.permission = gl_permission,
+	.whoami = gl_whoami,
+	.read_file = gl_read_file,
+	.free = gl_free,
+};
+
+/* The GitLab client of cfg, NULL when GitLab is disabled. */
+int
+scm_gitlab_new(struct scm_client **out, const struct config *cfg,
+    char **cause)
+{
+	struct scm_http_config hc = { 0 };
+	struct gitlab *g = NULL;
+	char *tok = NULL;
+	int ret = -1;
+
+	if (!cfg->gitlab.enabled) {
+		*out = NULL;
+		return 0;
+	}
+	g = xcalloc(1, sizeof(*g));
+	g->c.ops = &gitlab_ops;
+	hc.provider = SCM_GITLAB;
+	hc.api_url = cfg->gitlab.api_url != NULL ? cfg->gitlab.api_url :
+	    "https://gitlab.com/api/v4";
+	hc.ca_file = cfg->gitlab.ca_file;
+	if (scm_http_new(&g->http, &hc, cause) < 0)
+		goto out;
+	if (cfg->gitlab.token == NULL) {
+		*cause = xstrdup("gitlab: 'gitlab.token' is not configured");
+		goto out;
+	}
+	if (scm_secret_load("gitlab", "gitlab.token", cfg->gitlab.token, &tok,
+	    cause) < 0)
+		goto out;
+	if (strpbrk(tok, "\r\n") != NULL) {
+		*cause = xstrdup("gitlab: 'gitlab.token' holds a line break");
+		goto out;
+	}
+	g->auth = xasprintf("PRIVATE-TOKEN: %s", tok);
+	*out = &g->c;
+	g = NULL;	/* now the caller's */
+	ret = 0;
+out:
+	scm_secret_free(tok);
+	if (g != NULL)
+		gl_free(&g->c);
+	return ret;
+}

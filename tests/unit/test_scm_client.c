@@ -1,0 +1,1375 @@
+/*
+ * The GitHub and GitLab REST clients against an in-process libmicrohttpd
+ * server that serves canned replies (tests/data/api/, copies of the
+ * shared fixtures) in the order the test queues them, and records every
+ * request it gets.
+ */
+#include "config.h"
+
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+#include <microhttpd.h>
+
+#include "config/config.h"
+#include "scm/client.h"
+#include "scm/scm.h"
+#include "testutil.h"
+
+#define GH_TOKEN	"ghp_TESTtokenSECRETvalue0123456789"
+#define GL_TOKEN	"glpat-TESTsecretTOKEN42"
+#define INST_TOKEN	"ghs_16C7e42F292c6912E7710c838347Ae178B4a"
+#define MAX_WAIT	"5000"
+
+/* ---- the fake server ---- */
+
+struct canned {
+	int status;
+	char *headers[6];	/* "Name: value" */
+	char *body;
+	size_t len;
+};
+
+struct rec {
+	char *method;
+	char *path;		/* raw, not unescaped */
+	char *query;		/* raw "k=v&k=v" */
+	char *auth;
+	char *private_token;
+	char *accept;
+	char *api_version;
+	char *user_agent;
+	char *body;
+};
+
+#define MAX_QUEUE	64
+#define MAX_RECS	256
+
+static struct {
+	struct MHD_Daemon *d;
+	char base[64];
+	pthread_mutex_t lock;
+	struct canned q[MAX_QUEUE];
+	size_t qhead, qtail;
+	struct rec recs[MAX_RECS];
+	size_t nrecs;
+} srv = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+struct upload {
+	struct buf body;
+};
+
+static size_t
+no_unescape(void *cls, struct MHD_Connection *c, char *uri)
+{
+	(void)cls;
+	(void)c;
+	return strlen(uri);
+}
+
+static enum MHD_Result
+add_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+    const char *value)
+{
+	struct buf *b = cls;
+
+	(void)kind;
+	if (b->len > 0)
+		buf_addstr(b, "&");
+	buf_printf(b, "%s=%s", key, value != NULL ? value : "");
+	return MHD_YES;
+}
+
+static char *
+hdr(struct MHD_Connection *c, const char *name)
+{
+	const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
+
+	return v != NULL ? xstrdup(v) : NULL;
+}
+
+static enum MHD_Result
+handle(void *cls, struct MHD_Connection *c, const char *url,
+    const char *method, const char *version, const char *data,
+    size_t *size, void **con_cls)
+{
+	struct upload *up = *con_cls;
+	struct MHD_Response *resp;
+	struct canned cn;
+	struct rec *r;
+	struct buf q;
+	enum MHD_Result ret;
+	size_t i;
+
+	(void)cls;
+	(void)version;
+	if (up == NULL) {
+		up = xcalloc(1, sizeof(*up));
+		buf_init(&up->body, 1 << 20);
+		*con_cls = up;
+		return MHD_YES;
+	}
+	if (*size > 0) {
+		buf_add(&up->body, data, *size);
+		*size = 0;
+		return MHD_YES;
+	}
+	buf_init(&q, 1 << 16);
+	buf_add(&q, "", 0);
+	MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, add_arg, &q);
+	pthread_mutex_lock(&srv.lock);
+	if (srv.nrecs < MAX_RECS) {
+		r = &srv.recs[srv.nrecs++];
+		r->method = xstrdup(method);
+		r->path = xstrdup(url);
+		r->query = buf_detach(&q, NULL);
+		r->auth = hdr(c, "Authorization");
+		r->private_token = hdr(c, "PRIVATE-TOKEN");
+		r->accept = hdr(c, "Accept");
+		r->api_version = hdr(c, "X-GitHub-Api-Version");
+		r->user_agent = hdr(c, "User-Agent");
+		r->body = up->body.data != NULL ? xstrdup(up->body.data) :
+		    NULL;
+	} else
+		buf_release(&q);
+	memset(&cn, 0, sizeof(cn));
+	if (srv.qhead < srv.qtail)
+		cn = srv.q[srv.qhead++ % MAX_QUEUE];
+	else {
+		cn.status = 599;
+		cn.body = xstrdup("{\"message\":\"no reply queued\"}");
+		cn.len = strlen(cn.body);
+	}
+	pthread_mutex_unlock(&srv.lock);
+	resp = MHD_create_response_from_buffer(cn.len, cn.body,
+	    MHD_RESPMEM_MUST_FREE);
+	for (i = 0; i < ARRAY_SIZE(cn.headers) && cn.headers[i] != NULL;
+	    i++) {
+		char *colon = strchr(cn.headers[i], ':');
+
+		*colon = '\0';
+		MHD_add_response_header(resp, cn.headers[i], colon + 2);
+		free(cn.headers[i]);
+	}
+	ret = MHD_queue_response(c, (unsigned int)cn.status, resp);
+	MHD_destroy_response(resp);
+	return ret;
+}
+
+static void
+completed(void *cls, struct MHD_Connection *c, void **con_cls,
+    enum MHD_RequestTerminationCode toe)
+{
+	struct upload *up = *con_cls;
+
+	(void)cls;
+	(void)c;
+	(void)toe;
+	if (up != NULL) {
+		buf_release(&up->body);
+		free(up);
+		*con_cls = NULL;
+	}
+}
+
+/* s with every "{base}" replaced by the server's URL. */
+static char *
+subst(const char *s)
+{
+	struct buf b;
+	const char *p;
+
+	buf_init(&b, 1 << 24);
+	buf_add(&b, "", 0);
+	while ((p = strstr(s, "{base}")) != NULL) {
+		buf_add(&b, s, (size_t)(p - s));
+		buf_addstr(&b, srv.base);
+		s = p + 6;
+	}
+	buf_addstr(&b, s);
+	return buf_detach(&b, NULL);
+}
+
+/* Queue a reply: status, body (NULL: empty), then headers, NULL. */
+static void
+push(int status, const char *body, ...)
+{
+	struct canned cn;
+	const char *h;
+	va_list ap;
+	size_t n = 0;
+
+	memset(&cn, 0, sizeof(cn));
+	cn.status = status;
+	cn.body = subst(body != NULL ? body : "");
+	cn.len = strlen(cn.body);
+	va_start(ap, body);
+	while ((h = va_arg(ap, const char *)) != NULL &&
+	    n < ARRAY_SIZE(cn.headers))
+		cn.headers[n++] = subst(h);
+	va_end(ap);
+	pthread_mutex_lock(&srv.lock);
+	srv.q[srv.qtail++ % MAX_QUEUE] = cn;
+	pthread_mutex_unlock(&srv.lock);
+}
+
+/* Queue a fixture file of tests/data/api/. */
+static void
+push_file(int status, const char *rel, const char *h1, const char *h2)
+{
+	char *path = xasprintf("tests/data/api/%s", rel);
+	char *body = test_read_file(path, NULL);
+
+	push(status, body, h1, h2, NULL);
+	free(body);
+	free(path);
+}
+
+static void
+rec_free(struct rec *r)
+{
+	free(r->method);
+	free(r->path);
+	free(r->query);
+	free(r->auth);
+	free(r->private_token);
+	free(r->accept);
+	free(r->api_version);
+	free(r->user_agent);
+	free(r->body);
+	memset(r, 0, sizeof(*r));
+}
+
+/* Forget the requests and any reply left in the queue. */
+static void
+srv_reset(void)
+{
+	size_t i, k;
+
+	pthread_mutex_lock(&srv.lock);
+	for (i = 0; i < srv.nrecs; i++)
+		rec_free(&srv.recs[i]);
+	srv.nrecs = 0;
+	for (; srv.qhead < srv.qtail; srv.qhead++) {
+		free(srv.q[srv.qhead % MAX_QUEUE].body);
+		for (k = 0; k < ARRAY_SIZE(srv.q[0].headers); k++)
+			free(srv.q[srv.qhead % MAX_QUEUE].headers[k]);
+	}
+	srv.qhead = srv.qtail = 0;
+	pthread_mutex_unlock(&srv.lock);
+}
+
+static size_t
+nrecs(void)
+{
+	size_t n;
+
+	pthread_mutex_lock(&srv.lock);
+	n = srv.nrecs;
+	pthread_mutex_unlock(&srv.lock);
+	return n;
+}
+
+static int
+srv_start(void **state)
+{
+	struct sockaddr_in sin;
+	const union MHD_DaemonInfo *info;
+
+	(void)state;
+	memset(&sin, 0, sizeof(sin));
+	sin.sin_family = AF_INET;
+	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	srv.d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL,
+	    NULL, handle, NULL, MHD_OPTION_SOCK_ADDR, &sin,
+	    MHD_OPTION_UNESCAPE_CALLBACK, no_unescape, NULL,
+	    MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_END);
+	if (srv.d == NULL)
+		return -1;
+	info = MHD_get_daemon_info(srv.d, MHD_DAEMON_INFO_BIND_PORT);
+	snprintf(srv.base, sizeof(srv.base), "http://127.0.0.1:%u",
+	    (unsigned int)info->port);
+	setenv(SCM_MAX_WAIT_ENV, MAX_WAIT, 1);
+	setenv("TEST_GH_TOKEN", GH_TOKEN, 1);
+	setenv("TEST_GL_TOKEN", GL_TOKEN, 1);
+	return 0;
+}
+
+static int
+srv_stop(void **state)
+{
+	(void)state;
+	srv_reset();
+	MHD_stop_daemon(srv.d);
+	return 0;
+}
+
+/* ---- clients ---- */
+
+enum gh_mode { GH_TOKEN_MODE, GH_APP_MODE };
+
+static struct scm_client *
+github_client(enum gh_mode mode, const char *suffix)
+{
+	struct scm_client *c = NULL;
+	struct config cfg;
+	char *cause = NULL;
+	const char *top = getenv("top_srcdir");
+
+	config_defaults(&cfg);
+	cfg.github.enabled = 1;
+	free(cfg.github.api_url);
+	cfg.github.api_url = xasprintf("%s%s", srv.base, suffix);
+	if (mode == GH_TOKEN_MODE)
+		cfg.github.token = xstrdup("env:TEST_GH_TOKEN");
+	else {
+		cfg.github.app.id = xstrdup("1");
+		cfg.github.app.private_key = xasprintf("file:%s/tests/data/"
+		    "api/github/jwt-test-key.pem", top != NULL ? top : ".");
+	}
+	if (scm_github_new(&c, &cfg, &cause) != 0)
+		fail_msg("scm_github_new: %s", cause);
+	config_release(&cfg);
+	assert_non_null(c);
+	return c;
+}
+
+static struct scm_client *
+gitlab_client(const char *suffix)
+{
+	struct scm_client *c = NULL;
+	struct config cfg;
+	char *cause = NULL;
+
+	config_defaults(&cfg);
+	cfg.gitlab.enabled = 1;
+	free(cfg.gitlab.api_url);
+	cfg.gitlab.api_url = xasprintf("%s%s", srv.base, suffix);
+	cfg.gitlab.token = xstrdup("env:TEST_GL_TOKEN");
+	if (scm_gitlab_new(&c, &cfg, &cause) != 0)
+		fail_msg("scm_gitlab_new: %s", cause);
+	config_release(&cfg);
+	assert_non_null(c);
+	return c;
+}
+
+static const struct scm_repo gh_repo = { "octocat/Hello-World", 0, 0 };
+static const struct scm_repo gl_repo = { "group/project", 5, 0 };
+
+/* ---- cases ---- */
+
+static void
+jwt_vector(void **state)
+{
+	char *pem, *want, *jwt = NULL, *cause = NULL, *dot, *payload;
+	unsigned char *dec = NULL;
+	size_t len, wlen, dlen;
+
+	(void)state;
+	pem = test_read_file("tests/data/api/github/jwt-test-key.pem", &len);
+	want = test_read_file("tests/data/api/github/jwt-test-vector.txt",
+	    &wlen);
+	while (wlen > 0 && want[wlen - 1] == '\n')
+		want[--wlen] = '\0';
+	assert_int_equal(scm_github_jwt(pem, len, "1", 0, &jwt, &cause), 0);
+	assert_string_equal(jwt, want);
+	free(jwt);
+	/* a client id is a JSON string */
+	assert_int_equal(scm_github_jwt(pem, len, "Iv1.abc", 1000, &jwt,
+	    &cause), 0);
+	dot = strchr(jwt, '.');
+	payload = xstrndup(dot + 1, (size_t)(strchr(dot + 1, '.') - dot - 1));
+	assert_int_equal(base64_decode(payload, strlen(payload), &dec,
+	    &dlen), 0);
+	assert_string_equal((char *)dec,
+	    "{\"iat\":970,\"exp\":1570,\"iss\":\"Iv1.abc\"}");
+	free(dec);
+	free(payload);
+	free(jwt);
+	/* not a key */
+	assert_int_equal(scm_github_jwt("nope", 4, "1", 0, &jwt, &cause), -1);
+	assert_non_null(strstr(cause, "private key"));
+	free(cause);
+	free(pem);
+	free(want);
+}
+
+static void
+headers_github(void **state)
+{
+	struct scm_client *c;
+	char *login = NULL, *cause = NULL;
+	int64_t id = 0;
+	struct rec *r;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "/api/v3/");
+	push(200, "{\"login\":\"diverge-bot\",\"id\":42}", NULL);
+	assert_int_equal(c->ops->whoami(c, &login, &id, &cause), SCM_OK);
+	assert_string_equal(login, "diverge-bot");
+	assert_int_equal(id, 42);
+	assert_int_equal(nrecs(), 1);
+	r = &srv.recs[0];
+	assert_string_equal(r->method, "GET");
+	assert_string_equal(r->path, "/api/v3/user");
+	assert_string_equal(r->accept, "application/vnd.github+json");
+	assert_string_equal(r->api_version, "2022-11-28");
+	assert_string_equal(r->user_agent, "diverged/" PACKAGE_VERSION);
+	assert_string_equal(r->auth, "Bearer " GH_TOKEN);
+	assert_null(r->private_token);
+	free(login);
+	scm_client_free(c);
+}
+
+static void
+headers_gitlab(void **state)
+{
+	struct scm_client *c;
+	char *login = NULL, *cause = NULL;
+	int64_t id = 0;
+	struct rec *r;
+
+	(void)state;
+	srv_reset();
+	/* a self-hosted instance under a sub-path */
+	c = gitlab_client("/gitlab/api/v4");
+	push_file(200, "gitlab/get-current-user.json", NULL, NULL);
+	assert_int_equal(c->ops->whoami(c, &login, &id, &cause), SCM_OK);
+	assert_string_equal(login, "john_smith");
+	assert_int_equal(id, 1);
+	r = &srv.recs[0];
+	assert_string_equal(r->path, "/gitlab/api/v4/user");
+	assert_string_equal(r->private_token, GL_TOKEN);
+	assert_null(r->auth);
+	assert_null(r->api_version);
+	assert_string_equal(r->user_agent, "diverged/" PACKAGE_VERSION);
+	free(login);
+	scm_client_free(c);
+}
+
+static void
+get_pr_github(void **state)
+{
+	struct scm_client *c;
+	struct scm_pr pr;
+	char *cause = NULL;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	push_file(200, "github/pulls.get.json", NULL, NULL);
+	assert_int_equal(c->ops->get_pr(c, &gh_repo, 1347, &pr, &cause),
+	    SCM_OK);
+	assert_string_equal(srv.recs[0].path,
+	    "/repos/octocat/Hello-World/pulls/1347");
+	assert_string_equal(pr.state, "open");
+	assert_int_equal(pr.merged, 0);
+	assert_string_equal(pr.head_ref, "new-topic");
+	assert_string_equal(pr.base_ref, "master");
+	assert_string_equal(pr.head_sha,
+	    "6dcb09b5b57875f334f61aebed695e2e4193db5e");
+	assert_string_equal(pr.clone_url,
+	    "https://github.com/octocat/Hello-World.git");
+	assert_string_equal(pr.head_clone_url,
+	    "https://github.com/octocat/Hello-World.git");
+	assert_int_equal(pr.fork, 0);
+	assert_string_equal(pr.author, "octocat");
+	assert_string_equal(pr.html_url,
+	    "https://github.com/octocat/Hello-World/pull/1347");
+	scm_pr_release(&pr);
+	scm_client_free(c);
+}
+
+static void
+get_mr_gitlab(void **state)
+{
+	struct scm_client *c;
+	struct scm_pr pr;
+	char *cause = NULL;
+
+	(void)state;
+	srv_reset();
+	c = gitlab_client("/api/v4");
+	push_file(200, "gitlab/get-mr.json", NULL, NULL);
+	push_file(200, "gitlab/get-project-5.json", NULL, NULL);
+	push_file(200, "gitlab/get-project-6.json", NULL, NULL);
+	assert_int_equal(c->ops->get_pr(c, &gl_repo, 7, &pr, &cause), SCM_OK);
+	assert_int_equal(nrecs(), 3);
+	assert_string_equal(srv.recs[0].path,
+	    "/api/v4/projects/5/merge_requests/7");
+	assert_string_equal(srv.recs[1].path, "/api/v4/projects/5");
+	assert_string_equal(srv.recs[2].path, "/api/v4/projects/6");
+	assert_string_equal(pr.state, "opened");
+	assert_string_equal(pr.head_ref, "feature/widget");
+	assert_string_equal(pr.base_ref, "main");
+	assert_int_equal(pr.fork, 1);
+	assert_string_equal(pr.clone_url,
+	    "https://gitlab.example.com/group/project.git");
+	assert_string_equal(pr.head_clone_url,
+	    "https://gitlab.example.com/alice/project.git");
+	assert_string_equal(pr.author, "alice");
+	scm_pr_release(&pr);
+	scm_client_free(c);
+}
+
+static void
+pages_github(void **state)
+{
+	struct scm_client *c;
+	struct scm_comment *v = NULL;
+	size_t n = 0;
+	char *cause = NULL;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	push_file(200, "github/issues.list-comments.json",
+	    "Link: <{base}/repositories/1/issues/1347/comments?per_page=100"
+	    "&page=2>; rel=\"next\", <{base}/repositories/1/issues/1347/"
+	    "comments?per_page=100&page=3>; rel=\"last\"", NULL);
+	push_file(200, "github/issues.list-comments.json",
+	    "Link: <{base}/repositories/1/issues/1347/comments?per_page=100"
+	    "&page=1>; rel=\"prev\", <{base}/repositories/1/issues/1347/"
+	    "comments?per_page=100&page=3>; rel=\"next\"", NULL);
+	push_file(200, "github/issues.list-comments.json",
+	    "Link: <{base}/repositories/1/issues/1347/comments?per_page=100"
+	    "&page=2>; rel=\"prev\"", NULL);
+	assert_int_equal(c->ops->list_comments(c, &gh_repo, 1347, &v, &n,
+	    &cause), SCM_OK);
+	assert_int_equal(n, 3);
+	assert_int_equal(nrecs(), 3);
+	assert_string_equal(srv.recs[0].path,
+	    "/repos/octocat/Hello-World/issues/1347/comments");
+	assert_string_equal(srv.recs[0].query, "per_page=100");
+	assert_string_equal(srv.recs[1].query, "per_page=100&page=2");
+	assert_string_equal(srv.recs[2].query, "per_page=100&page=3");
+	assert_string_equal(srv.recs[2].auth, "Bearer " GH_TOKEN);
+	assert_int_equal(v[0].id, 1);
+	assert_string_equal(v[0].author, "octocat");
+	assert_int_equal(v[0].author_id, 1);
+	assert_string_equal(v[0].body, "Me too");
+	assert_string_equal(v[2].created_at, "2011-04-14T16:00:49Z");
+	scm_comments_free(v, n);
+
+	/* a next link to another host is refused (credentials stay home) */
+	srv_reset();
+	push_file(200, "github/issues.list-comments.json",
+	    "Link: <https://elsewhere.example/x?page=2>; rel=\"next\"", NULL);
+	assert_int_equal(c->ops->list_comments(c, &gh_repo, 1, &v, &n,
+	    &cause), SCM_EINTERNAL);
+	assert_non_null(strstr(cause, "refusing"));
+	free(cause);
+	scm_client_free(c);
+}
+
+static void
+pages_gitlab(void **state)
+{
+	struct scm_client *c;
+	struct scm_comment *v = NULL;
+	size_t n = 0, i;
+	char *cause = NULL, *want;
+
+	(void)state;
+	srv_reset();
+	c = gitlab_client("/api/v4/");
+	push_file(200, "gitlab/list-mr-notes.json", "x-next-page: 2",
+	    "x-page: 1");
+	push_file(200, "gitlab/list-mr-notes.json", "x-next-page: 3",
+	    "x-page: 2");
+	push_file(200, "gitlab/list-mr-notes.json", "x-next-page: ",
+	    "x-page: 3");
+	assert_int_equal(c->ops->list_comments(c, &gl_repo, 2, &v, &n,
+	    &cause), SCM_OK);
+	assert_int_equal(n, 3);
+	assert_int_equal(nrecs(), 3);
+	for (i = 0; i < 3; i++) {
+		assert_string_equal(srv.recs[i].path,
+		    "/api/v4/projects/5/merge_requests/2/notes");
+		want = xasprintf("per_page=100&sort=asc&order_by=created_at"
+		    "&page=%zu", i + 1);
+		assert_string_equal(srv.recs[i].query, want);
+		free(want);
+	}
+	assert_int_equal(v[1].id, 301);
+	assert_string_equal(v[1].author, "pipin");
+	assert_int_equal(v[1].author_id, 1);
+	assert_string_equal(v[1].body, "Comment for MR");
+	assert_int_equal(v[1].system, 0);
+	scm_comments_free(v, n);
+	scm_client_free(c);
+}
+
+static void
+retry_after_429(void **state)
+{
+	struct scm_client *c;
+	char *login = NULL, *cause = NULL;
+	int64_t t0, id;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	push(429, "{\"message\":\"slow down\"}", "Retry-After: 1", NULL);
+	push(200, "{\"login\":\"diverge-bot\",\"id\":42}",
+	    "x-ratelimit-remaining: 4999", NULL);
+	t0 = now_mono_ms();
+	assert_int_equal(c->ops->whoami(c, &login, &id, &cause), SCM_OK);
+	assert_true(now_mono_ms() - t0 >= 950);
+	assert_int_equal(nrecs(), 2);
+	free(login);
+
+	/* GitLab: 429 with Retry-After */
+	scm_client_free(c);
+	srv_reset();
+	c = gitlab_client("/api/v4");
+	push(429, "{\"message\":\"Retry later\"}", "Retry-After: 1",
+	    "RateLimit-Remaining: 0", NULL);
+	push_file(200, "gitlab/get-current-user.json",
+	    "RateLimit-Remaining: 1999", NULL);
+	t0 = now_mono_ms();
+	assert_int_equal(c->ops->whoami(c, &login, &id, &cause), SCM_OK);
+	assert_true(now_mono_ms() - t0 >= 950);
+	assert_int_equal(nrecs(), 2);
+	free(login);
+	scm_client_free(c);
+}
+
+static void
+secondary_limit(void **state)
+{
+	struct scm_client *c;
+	char *cause = NULL;
+	int64_t t0;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	push(403, "{\"message\":\"You have exceeded a secondary rate limit. "
+	    "Please wait a few minutes before you try again.\"}",
+	    "Retry-After: 1", NULL);
+	push(200, "{}", NULL);
+	t0 = now_mono_ms();
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 1, 5, "hi",
+	    &cause), SCM_OK);
+	assert_true(now_mono_ms() - t0 >= 950);
+	assert_int_equal(nrecs(), 2);
+	assert_string_equal(srv.recs[1].method, "PATCH");
+	assert_string_equal(srv.recs[1].body, "{\"body\":\"hi\"}");
+
+	/* without Retry-After: GitHub says wait a minute: beyond the bound */
+	srv_reset();
+	push(403, "{\"message\":\"You have exceeded a Secondary Rate Limit\"}",
+	    NULL);
+	t0 = now_mono_ms();
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 1, 5, "hi",
+	    &cause), SCM_ERATELIMITED);
+	assert_true(now_mono_ms() - t0 < 900);
+	assert_int_equal(nrecs(), 1);
+	free(cause);
+	scm_client_free(c);
+}
+
+static void
+ratelimit_beyond_bound(void **state)
+{
+	struct scm_client *c;
+	struct scm_pr pr;
+	struct buf m;
+	char *cause = NULL, *reset, *remaining;
+	int64_t t0;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	reset = xasprintf("x-ratelimit-reset: %" PRId64, now_unix() + 3600);
+	push(403, "{\"message\":\"API rate limit exceeded\"}",
+	    "x-ratelimit-remaining: 0", reset, NULL);
+	t0 = now_mono_ms();
+	assert_int_equal(c->ops->get_pr(c, &gh_repo, 1, &pr, &cause),
+	    SCM_ERATELIMITED);
+	assert_true(now_mono_ms() - t0 < 900);
+	assert_int_equal(nrecs(), 1);
+	assert_non_null(strstr(cause, "rate limit"));
+	free(cause);
+	cause = NULL;
+	/* the same with a 429 */
+	srv_reset();
+	push(429, "{}", "x-ratelimit-remaining: 0", reset, NULL);
+	assert_int_equal(c->ops->get_pr(c, &gh_repo, 1, &pr, &cause),
+	    SCM_ERATELIMITED);
+	free(cause);
+	cause = NULL;
+	free(reset);
+	scm_client_free(c);
+
+	/* GitLab's RateLimit-Reset */
+	srv_reset();
+	c = gitlab_client("/api/v4");
+	reset = xasprintf("RateLimit-Reset: %" PRId64, now_unix() + 3600);
+	push(429, "{\"message\":\"This endpoint has been requested too many "
+	    "times. Try again later.\"}", "RateLimit-Remaining: 0", reset,
+	    NULL);
+	t0 = now_mono_ms();
+	assert_int_equal(c->ops->create_comment(c, &gl_repo, 1, "x", NULL,
+	    &cause), SCM_ERATELIMITED);
+	assert_true(now_mono_ms() - t0 < 900);
+	free(cause);
+	free(reset);
+	scm_client_free(c);
+
+	/* the gauge and the counter */
+	buf_init(&m, 1 << 20);
+	assert_int_equal(metrics_render(&m), 0);
+	remaining = strstr(m.data,
+	    "diverge_scm_ratelimit_remaining{provider=\"github\"} 0");
+	assert_non_null(remaining);
+	assert_non_null(strstr(m.data, "diverge_scm_requests_total{provider="
+	    "\"github\",op=\"get_pr\",code=\"403\"} 1"));
+	assert_non_null(strstr(m.data, "# TYPE diverge_scm_requests_total "
+	    "counter"));
+	buf_release(&m);
+}
+
+static void
+burst_5xx(void **state)
+{
+	struct scm_client *c;
+	struct scm_pr pr;
+	char *cause = NULL;
+	int64_t id = 0;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	push(502, "bad gateway", NULL);
+	push(500, "{\"message\":\"Server Error\"}", NULL);
+	push_file(200, "github/pulls.get.json", NULL, NULL);
+	assert_int_equal(c->ops->get_pr(c, &gh_repo, 1347, &pr, &cause),
+	    SCM_OK);
+	assert_int_equal(nrecs(), 3);
+	scm_pr_release(&pr);
+
+	/* creating a comment is not repeated after a 502 (it may exist) */
+	srv_reset();
+	push(502, "bad gateway", NULL);
+	assert_int_equal(c->ops->create_comment(c, &gh_repo, 1, "x", &id,
+	    &cause), SCM_EUNAVAILABLE);
+	assert_int_equal(nrecs(), 1);
+	assert_non_null(strstr(cause, "HTTP 502"));
+	free(cause);
+	cause = NULL;
+	/* but after a 503 it is */
+	srv_reset();
+	push(503, "", NULL);
+	push_file(201, "github/issues.create-comment.json", NULL, NULL);
+	assert_int_equal(c->ops->create_comment(c, &gh_repo, 1, "x", &id,
+	    &cause), SCM_OK);
+	assert_int_equal(id, 1);
+	assert_int_equal(nrecs(), 2);
+	scm_client_free(c);
+}
+
+static void
+not_found(void **state)
+{
+	struct scm_client *c;
+	struct scm_pr pr;
+	char *cause = NULL;
+	int64_t t0;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	push(404, "{\"message\":\"Not Found\"}", NULL);
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 1, 9, "x",
+	    &cause), SCM_ENOTFOUND);
+	assert_int_equal(nrecs(), 1);
+	assert_non_null(strstr(cause, "HTTP 404"));
+	free(cause);
+	cause = NULL;
+	srv_reset();
+	push(404, "{\"message\":\"Not Found\"}", NULL);
+	assert_int_equal(c->ops->delete_comment(c, &gh_repo, 1, 9, &cause),
+	    SCM_ENOTFOUND);
+	assert_string_equal(srv.recs[0].method, "DELETE");
+	free(cause);
+	cause = NULL;
+
+	/* get_pr retries a 404 twice, after 1 s then 2 s */
+	srv_reset();
+	push(404, "{\"message\":\"Not Found\"}", NULL);
+	push(404, "{\"message\":\"Not Found\"}", NULL);
+	push(404, "{\"message\":\"Not Found\"}", NULL);
+	t0 = now_mono_ms();
+	assert_int_equal(c->ops->get_pr(c, &gh_repo, 1, &pr, &cause),
+	    SCM_ENOTFOUND);
+	assert_true(now_mono_ms() - t0 >= 2900);
+	assert_int_equal(nrecs(), 3);
+	free(cause);
+	scm_client_free(c);
+}
+
+static void
+errors_mapping(void **state)
+{
+	struct scm_client *c;
+	char *login = NULL, *cause = NULL;
+	int64_t id;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	push(401, "{\"message\":\"Bad credentials\"}", NULL);
+	assert_int_equal(c->ops->whoami(c, &login, &id, &cause),
+	    SCM_EUNAUTHORIZED);
+	assert_non_null(strstr(cause, "HTTP 401"));
+	assert_non_null(strstr(cause, "Bad credentials"));
+	free(cause);
+	cause = NULL;
+	push(403, "{\"message\":\"Resource not accessible by integration\"}",
+	    "x-ratelimit-remaining: 4000", NULL);
+	assert_int_equal(c->ops->react(c, &gh_repo, 1, 2, 0, "eyes", &cause),
+	    SCM_EFORBIDDEN);
+	free(cause);
+	cause = NULL;
+	push(422, "{\"message\":\"Validation Failed\"}", NULL);
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 1, 2, "x",
+	    &cause), SCM_EINVALID);
+	free(cause);
+	cause = NULL;
+	scm_client_free(c);
+	c = gitlab_client("/api/v4");
+	push(401, "{\"message\":\"401 Unauthorized\"}", NULL);
+	assert_int_equal(c->ops->whoami(c, &login, &id, &cause),
+	    SCM_EUNAUTHORIZED);
+	free(cause);
+	scm_client_free(c);
+}
+
+static void
+permissions(void **state)
+{
+	static const struct {
+		const char *perm, *role;
+		enum scm_permission want;
+	} gh[] = {
+		{ "admin", "admin", SCM_PERM_MAINTAIN },
+		{ "write", "maintain", SCM_PERM_MAINTAIN },
+		{ "write", "write", SCM_PERM_WRITE },
+		{ "write", "custom-role", SCM_PERM_WRITE },
+		{ "read", "triage", SCM_PERM_READ },
+		{ "read", "read", SCM_PERM_READ },
+		{ "none", "none", SCM_PERM_NONE },
+	};
+	static const struct {
+		int level;
+		enum scm_permission want;
+	} gl[] = {
+		{ 50, SCM_PERM_MAINTAIN }, { 40, SCM_PERM_MAINTAIN },
+		{ 30, SCM_PERM_WRITE }, { 20, SCM_PERM_READ },
+		{ 10, SCM_PERM_READ }, { 5, SCM_PERM_READ },
+		{ 0, SCM_PERM_NONE },
+	};
+	struct scm_client *c;
+	enum scm_permission p;
+	char *cause = NULL, *body;
+	size_t i;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	push_file(200, "github/repos.get-collaborator-permission-level.json",
+	    NULL, NULL);
+	assert_int_equal(c->ops->permission(c, &gh_repo, "octo cat", 0, &p,
+	    &cause), SCM_OK);
+	assert_int_equal(p, SCM_PERM_MAINTAIN);
+	assert_string_equal(srv.recs[0].path,
+	    "/repos/octocat/Hello-World/collaborators/octo%20cat/permission");
+	for (i = 0; i < ARRAY_SIZE(gh); i++) {
+		body = xasprintf("{\"permission\":\"%s\",\"role_name\":\"%s\"}",
+		    gh[i].perm, gh[i].role);
+		push(200, body, NULL);
+		free(body);
+		p = 99;
+		assert_int_equal(c->ops->permission(c, &gh_repo, "u", 0, &p,
+		    &cause), SCM_OK);
+		assert_int_equal(p, gh[i].want);
+	}
+	push(404, "{\"message\":\"Not Found\"}", NULL);
+	assert_int_equal(c->ops->permission(c, &gh_repo, "ghost", 0, &p,
+	    &cause), SCM_OK);
+	assert_int_equal(p, SCM_PERM_NONE);
+	scm_client_free(c);
+
+	srv_reset();
+	c = gitlab_client("/api/v4");
+	push_file(200, "gitlab/get-project-member-all.json", NULL, NULL);
+	assert_int_equal(c->ops->permission(c, &gl_repo, "raymond_smith", 1,
+	    &p, &cause), SCM_OK);
+	assert_int_equal(p, SCM_PERM_WRITE);
+	assert_string_equal(srv.recs[0].path,
+	    "/api/v4/projects/5/members/all/1");
+	for (i = 0; i < ARRAY_SIZE(gl); i++) {
+		body = xasprintf("{\"id\":1,\"access_level\":%d,"
+		    "\"state\":\"active\"}", gl[i].level);
+		push(200, body, NULL);
+		free(body);
+		p = 99;
+		assert_int_equal(c->ops->permission(c, &gl_repo, "u", 1, &p,
+		    &cause), SCM_OK);
+		assert_int_equal(p, gl[i].want);
+	}
+	push(200, "{\"id\":1,\"access_level\":50,\"state\":\"blocked\"}",
+	    NULL);
+	assert_int_equal(c->ops->permission(c, &gl_repo, "u", 1, &p, &cause),
+	    SCM_OK);
+	assert_int_equal(p, SCM_PERM_NONE);
+	push(404, "{\"message\":\"404 Not found\"}", NULL);
+	assert_int_equal(c->ops->permission(c, &gl_repo, "u", 1, &p, &cause),
+	    SCM_OK);
+	assert_int_equal(p, SCM_PERM_NONE);
+	scm_client_free(c);
+}
+
+/* The payload of a JWT in an Authorization header, decoded. */
+static json_t *
+jwt_payload(const char *auth)
+{
+	const char *a = strchr(auth, '.'), *b;
+	unsigned char *dec = NULL;
+	size_t dlen;
+	json_t *j;
+
+	assert_non_null(a);
+	b = strchr(a + 1, '.');
+	assert_non_null(b);
+	assert_int_equal(base64_decode(a + 1, (size_t)(b - a - 1), &dec,
+	    &dlen), 0);
+	j = json_loadb((char *)dec, dlen, 0, NULL);
+	free(dec);
+	assert_non_null(j);
+	return j;
+}
+
+static char *
+token_reply(int64_t expires)
+{
+	char when[32], *body, *tmpl, *p;
+
+	time_rfc3339(expires, when);
+	tmpl = test_read_file("tests/data/api/github/"
+	    "apps.create-installation-access-token.json", NULL);
+	/* the fixture's expiry, moved to the one wanted */
+	p = strstr(tmpl, "2016-07-11T22:14:10Z");
+	assert_non_null(p);
+	memcpy(p, when, 20);
+	body = tmpl;
+	return body;
+}
+
+static void
+app_tokens(void **state)
+{
+	struct scm_repo r7 = { "octocat/Hello-World", 0, 7 };
+	struct scm_repo r8 = { "octocat/Hello-World", 0, 8 };
+	struct scm_repo r0 = { "octocat/Hello-World", 0, 0 };
+	struct scm_client *c;
+	char *cause = NULL, *body, *login = NULL;
+	int64_t id = -1, now = now_unix();
+	json_t *j;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_APP_MODE, "");
+
+	/* whoami: GET /app with the JWT */
+	push_file(200, "github/apps.get-authenticated.json", NULL, NULL);
+	assert_int_equal(c->ops->whoami(c, &login, &id, &cause), SCM_OK);
+	assert_string_equal(login, "octoapp[bot]");
+	assert_string_equal(srv.recs[0].path, "/app");
+	j = jwt_payload(srv.recs[0].auth);
+	assert_int_equal(json_integer_value(json_object_get(j, "iss")), 1);
+	assert_int_equal(json_integer_value(json_object_get(j, "exp")) -
+	    json_integer_value(json_object_get(j, "iat")), 600);
+	assert_true(llabs((long long)json_integer_value(json_object_get(j,
+	    "iat")) - (now - 30)) <= 2);
+	json_decref(j);
+	free(login);
+
+	/* one POST for two calls while the token is fresh */
+	srv_reset();
+	body = token_reply(now + 3600);
+	push(201, body, NULL);
+	free(body);
+	push_file(201, "github/reactions.create-for-issue-comment.json", NULL,
+	    NULL);
+	push_file(200, "github/reactions.create-for-issue-comment.json", NULL,
+	    NULL);
+	assert_int_equal(c->ops->react(c, &r7, 1, 11, 0, "eyes", &cause),
+	    SCM_OK);
+	assert_int_equal(c->ops->react(c, &r7, 1, 12, 1, "eyes", &cause),
+	    SCM_OK);
+	assert_int_equal(nrecs(), 3);
+	assert_string_equal(srv.recs[0].method, "POST");
+	assert_string_equal(srv.recs[0].path,
+	    "/app/installations/7/access_tokens");
+	assert_non_null(strstr(srv.recs[0].auth, "Bearer eyJhbGciOiJSUzI1NiIs"
+	    "InR5cCI6IkpXVCJ9."));
+	assert_string_equal(srv.recs[1].path,
+	    "/repos/octocat/Hello-World/issues/comments/11/reactions");
+	assert_string_equal(srv.recs[1].auth, "Bearer " INST_TOKEN);
+	assert_string_equal(srv.recs[1].body, "{\"content\":\"eyes\"}");
+	assert_string_equal(srv.recs[2].path,
+	    "/repos/octocat/Hello-World/pulls/comments/12/reactions");
+	assert_string_equal(srv.recs[2].auth, "Bearer " INST_TOKEN);
+
+	/* a token within 5 minutes of its expiry is replaced */
+	srv_reset();
+	body = token_reply(now + 240);
+	push(201, body, NULL);
+	push(200, "{}", NULL);
+	push(201, body, NULL);
+	push(200, "{}", NULL);
+	free(body);
+	assert_int_equal(c->ops->update_comment(c, &r8, 1, 3, "a", &cause),
+	    SCM_OK);
+	assert_int_equal(c->ops->update_comment(c, &r8, 1, 3, "b", &cause),
+	    SCM_OK);
+	assert_int_equal(nrecs(), 4);
+	assert_string_equal(srv.recs[0].path,
+	    "/app/installations/8/access_tokens");
+	assert_string_equal(srv.recs[2].path,
+	    "/app/installations/8/access_tokens");
+
+	/* a 401 with a cached token: minted again once */
+	srv_reset();
+	push(401, "{\"message\":\"Bad credentials\"}", NULL);
+	body = token_reply(now + 3600);
+	push(201, body, NULL);
+	free(body);
+	push(200, "{}", NULL);
+	assert_int_equal(c->ops->update_comment(c, &r7, 1, 3, "c", &cause),
+	    SCM_OK);
+	assert_int_equal(nrecs(), 3);
+	assert_string_equal(srv.recs[1].path,
+	    "/app/installations/7/access_tokens");
+
+	/* no installation id: looked up with the JWT */
+	srv_reset();
+	push_file(200, "github/apps.get-repo-installation.json", NULL, NULL);
+	body = token_reply(now + 3600);
+	push(201, body, NULL);
+	free(body);
+	push(200, "{}", NULL);
+	assert_int_equal(c->ops->update_comment(c, &r0, 1, 3, "d", &cause),
+	    SCM_OK);
+	assert_int_equal(nrecs(), 3);
+	assert_string_equal(srv.recs[0].path,
+	    "/repos/octocat/Hello-World/installation");
+	assert_string_equal(srv.recs[1].path,
+	    "/app/installations/1/access_tokens");
+	scm_client_free(c);
+}
+
+static void
+read_file(void **state)
+{
+	static const char *odd[] = {
+		"github/repos.get-content--response-if-content-is-a-directory"
+		    ".json",
+		"github/repos.get-content--response-if-content-is-a-symlink"
+		    ".json",
+		"github/repos.get-content--response-if-content-is-a-submodule"
+		    ".json",
+	};
+	struct scm_client *c;
+	char *cause = NULL, *data = NULL, *fx, *p, *q;
+	size_t len = 0, i;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	/*
+	 * The spec's example writes "\\n" (a backslash and an n) between
+	 * the base64 lines; GitHub sends newlines ("\n" in JSON).
+	 */
+	fx = test_read_file("tests/data/api/github/repos.get-content.json",
+	    NULL);
+	for (p = q = fx; *p != '\0'; p++) {
+		if (p[0] == '\\' && p[1] == '\\' && p[2] == 'n') {
+			*q++ = '\\';
+			p++;
+			continue;
+		}
+		*q++ = *p;
+	}
+	*q = '\0';
+	push(200, fx, NULL);
+	free(fx);
+	assert_int_equal(c->ops->read_file(c, &gh_repo, "feature/x",
+	    "docs/READ ME.md", &data, &len, &cause), SCM_OK);
+	assert_int_equal(len, 1001);
+	assert_memory_equal(data, "# Yoga Bo", 9);
+	assert_string_equal(srv.recs[0].path,
+	    "/repos/octocat/Hello-World/contents/docs/READ%20ME.md");
+	assert_string_equal(srv.recs[0].query, "ref=feature%2Fx");
+	free(data);
+	for (i = 0; i < ARRAY_SIZE(odd); i++) {
+		push_file(200, odd[i], NULL, NULL);
+		assert_int_equal(c->ops->read_file(c, &gh_repo, "main", "x",
+		    &data, &len, &cause), SCM_EINVALID);
+		free(cause);
+		cause = NULL;
+	}
+	srv_reset();
+	push(404, "{\"message\":\"Not Found\"}", NULL);
+	assert_int_equal(c->ops->read_file(c, &gh_repo, "main", "nope.yaml",
+	    &data, &len, &cause), SCM_ENOTFOUND);
+	assert_int_equal(nrecs(), 1);
+	free(cause);
+	cause = NULL;
+	scm_client_free(c);
+
+	srv_reset();
+	c = gitlab_client("/api/v4");
+	push(200, "raw bytes\n", NULL);
+	assert_int_equal(c->ops->read_file(c, &gl_repo, "main",
+	    ".diverge/agent.yaml", &data, &len, &cause), SCM_OK);
+	assert_int_equal(len, 10);
+	assert_memory_equal(data, "raw bytes\n", 10);
+	assert_string_equal(srv.recs[0].path, "/api/v4/projects/5/repository/"
+	    "files/.diverge%2Fagent.yaml/raw");
+	assert_string_equal(srv.recs[0].query, "ref=main");
+	free(data);
+	push(404, "{\"message\":\"404 File Not Found\"}", NULL);
+	assert_int_equal(c->ops->read_file(c, &gl_repo, "main", "nope",
+	    &data, &len, &cause), SCM_ENOTFOUND);
+	free(cause);
+	scm_client_free(c);
+}
+
+static void
+comments_gitlab(void **state)
+{
+	struct scm_client *c;
+	char *cause = NULL;
+	int64_t id = 0;
+
+	(void)state;
+	srv_reset();
+	c = gitlab_client("/api/v4");
+	push_file(201, "gitlab/create-mr-note.json", NULL, NULL);
+	assert_int_equal(c->ops->create_comment(c, &gl_repo, 2, "hello \"x\"",
+	    &id, &cause), SCM_OK);
+	assert_int_equal(id, 301);
+	assert_string_equal(srv.recs[0].method, "POST");
+	assert_string_equal(srv.recs[0].path,
+	    "/api/v4/projects/5/merge_requests/2/notes");
+	assert_string_equal(srv.recs[0].body, "{\"body\":\"hello \\\"x\\\"\"}");
+	push_file(200, "gitlab/update-mr-note.json", NULL, NULL);
+	assert_int_equal(c->ops->update_comment(c, &gl_repo, 2, 301, "new",
+	    &cause), SCM_OK);
+	assert_string_equal(srv.recs[1].method, "PUT");
+	assert_string_equal(srv.recs[1].path,
+	    "/api/v4/projects/5/merge_requests/2/notes/301");
+	push(204, NULL, NULL);
+	assert_int_equal(c->ops->delete_comment(c, &gl_repo, 2, 301, &cause),
+	    SCM_OK);
+	assert_string_equal(srv.recs[2].method, "DELETE");
+	push_file(201, "gitlab/award-emoji-on-note.json", NULL, NULL);
+	assert_int_equal(c->ops->react(c, &gl_repo, 2, 301, 0, "eyes",
+	    &cause), SCM_OK);
+	assert_string_equal(srv.recs[3].path,
+	    "/api/v4/projects/5/merge_requests/2/notes/301/award_emoji");
+	assert_string_equal(srv.recs[3].body, "{\"name\":\"eyes\"}");
+	/* a duplicate award: 404 (older GitLab) or 409 */
+	push(404, "{\"message\":\"404 Award Emoji Not Found\"}", NULL);
+	assert_int_equal(c->ops->react(c, &gl_repo, 2, 301, 0, "eyes",
+	    &cause), SCM_OK);
+	push(409, "{\"message\":\"has already been taken\"}", NULL);
+	assert_int_equal(c->ops->react(c, &gl_repo, 2, 301, 0, "eyes",
+	    &cause), SCM_OK);
+	/* no project id */
+	assert_int_equal(c->ops->create_comment(c, &gh_repo, 2, "x", &id,
+	    &cause), SCM_EINVALID);
+	free(cause);
+	scm_client_free(c);
+}
+
+static void
+config_errors(void **state)
+{
+	struct scm_client *c = (struct scm_client *)1;
+	struct config cfg;
+	char *cause = NULL;
+
+	(void)state;
+	config_defaults(&cfg);
+	/* disabled providers give NULL */
+	assert_int_equal(scm_github_new(&c, &cfg, &cause), 0);
+	assert_null(c);
+	assert_int_equal(scm_gitlab_new(&c, &cfg, &cause), 0);
+	assert_null(c);
+	cfg.github.enabled = 1;
+	assert_int_equal(scm_github_new(&c, &cfg, &cause), -1);
+	assert_non_null(strstr(cause, "github.token"));
+	free(cause);
+	cfg.github.token = xstrdup("env:TEST_GH_TOKEN");
+	free(cfg.github.api_url);
+	cfg.github.api_url = xstrdup("ftp://example.com");
+	assert_int_equal(scm_github_new(&c, &cfg, &cause), -1);
+	free(cause);
+	free(cfg.github.token);
+	cfg.github.token = xstrdup("env:TEST_UNSET_VARIABLE_X");
+	free(cfg.github.api_url);
+	cfg.github.api_url = xstrdup("https://ghe.example.com/api/v3");
+	assert_int_equal(scm_github_new(&c, &cfg, &cause), -1);
+	assert_non_null(strstr(cause, "github.token"));
+	free(cause);
+	config_release(&cfg);
+	scm_client_free(NULL);
+}
+
+/* Run fn with stderr in a file; the file's text. */
+static char *
+capture_stderr(void (*fn)(char **causes, size_t *n), char **causes,
+    size_t *n)
+{
+	char path[] = "/tmp/test_scm_client.XXXXXX";
+	int fd, saved;
+	char *text;
+	FILE *f;
+	struct buf b;
+	char chunk[4096];
+	size_t k;
+
+	fd = mkstemp(path);
+	assert_true(fd >= 0);
+	fflush(stderr);
+	saved = dup(2);
+	dup2(fd, 2);
+	fn(causes, n);
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	close(fd);
+	f = fopen(path, "r");
+	buf_init(&b, 1 << 24);
+	buf_add(&b, "", 0);
+	while ((k = fread(chunk, 1, sizeof(chunk), f)) > 0)
+		buf_add(&b, chunk, k);
+	fclose(f);
+	unlink(path);
+	text = buf_detach(&b, NULL);
+	return text;
+}
+
+static void
+noisy_calls(char **causes, size_t *n)
+{
+	struct scm_repo r9 = { "octocat/Hello-World", 0, 9 };
+	struct scm_client *c;
+	char *login = NULL, *body;
+	int64_t id;
+
+	log_setup(LOG_DEBUG, 0);
+	c = github_client(GH_TOKEN_MODE, "");	/* warns: http:// */
+	push(429, "{\"message\":\"" GH_TOKEN "\"}", "Retry-After: 1", NULL);
+	push(401, "{\"message\":\"Bad credentials\"}", NULL);
+	(void)c->ops->whoami(c, &login, &id, &causes[(*n)++]);
+	push(403, "{\"message\":\"nope\"}", NULL);
+	(void)c->ops->update_comment(c, &gh_repo, 1, 2, "x",
+	    &causes[(*n)++]);
+	scm_client_free(c);
+	c = github_client(GH_APP_MODE, "");
+	/* an access_tokens error that echoes the token is never quoted */
+	push(422, "{\"message\":\"" INST_TOKEN "\"}", NULL);
+	(void)c->ops->react(c, &r9, 1, 2, 0, "eyes", &causes[(*n)++]);
+	body = token_reply(now_unix() + 3600);
+	push(201, body, NULL);
+	free(body);
+	push(500, "{\"message\":\"boom\"}", NULL);
+	push(401, "{\"message\":\"Bad credentials\"}", NULL);
+	push(401, "{\"message\":\"Bad credentials\"}", NULL);
+	(void)c->ops->react(c, &r9, 1, 2, 0, "eyes", &causes[(*n)++]);
+	scm_client_free(c);
+	c = gitlab_client("/api/v4");
+	push(503, "{\"message\":\"" GL_TOKEN "\"}", NULL);
+	push(401, "{\"message\":\"401 Unauthorized\"}", NULL);
+	(void)c->ops->whoami(c, &login, &id, &causes[(*n)++]);
+	scm_client_free(c);
+	log_setup(LOG_INFO, 0);
+}
+
+static void
+no_secrets_in_logs(void **state)
+{
+	static const char *secrets[] = {
+		GH_TOKEN, GL_TOKEN, INST_TOKEN, "eyJhbGciOiJSUzI1NiIs",
+		"PRIVATE KEY", "MIIEpAIBAAKCAQEA1c7",
+	};
+	char *causes[16] = { NULL }, *log;
+	size_t n = 0, i, k;
+
+	(void)state;
+	srv_reset();
+	log = capture_stderr(noisy_calls, causes, &n);
+	assert_non_null(strstr(log, "retrying request"));
+	assert_non_null(strstr(log, "plain http"));
+	for (k = 0; k < ARRAY_SIZE(secrets); k++) {
+		if (strstr(log, secrets[k]) != NULL)
+			fail_msg("secret %zu in the log: %s", k, log);
+		for (i = 0; i < n; i++)
+			if (causes[i] != NULL &&
+			    strstr(causes[i], secrets[k]) != NULL)
+				fail_msg("secret %zu in a cause: %s", k,
+				    causes[i]);
+	}
+	for (i = 0; i < n; i++) {
+		assert_non_null(causes[i]);
+		free(causes[i]);
+	}
+	free(log);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(jwt_vector),
+		cmocka_unit_test(headers_github),
+		cmocka_unit_test(headers_gitlab),
+		cmocka_unit_test(get_pr_github),
+		cmocka_unit_test(get_mr_gitlab),
+		cmocka_unit_test(pages_github),
+		cmocka_unit_test(pages_gitlab),
+		cmocka_unit_test(retry_after_429),
+		cmocka_unit_test(secondary_limit),
+		cmocka_unit_test(ratelimit_beyond_bound),
+		cmocka_unit_test(burst_5xx),
+		cmocka_unit_test(not_found),
+		cmocka_unit_test(errors_mapping),
+		cmocka_unit_test(permissions),
+		cmocka_unit_test(app_tokens),
+		cmocka_unit_test(read_file),
+		cmocka_unit_test(comments_gitlab),
+		cmocka_unit_test(config_errors),
+		cmocka_unit_test(no_secrets_in_logs),
+	};
+
+	util_json_init();
+	return cmocka_run_group_tests_name("scm_client", tests, srv_start,
+	    srv_stop);
+}
