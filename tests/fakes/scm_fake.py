@@ -692,6 +692,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 text = text.replace(GH_PLACEHOLDER, self.gh_base)
             data = text.encode()
             ctype = ctype or "application/json; charset=utf-8"
+        if self.rec is not None:        # before the client can see it
+            self.rec["status"] = code
         self.send_response(code)
         if ctype and code != 204:
             self.send_header("Content-Type", ctype)
@@ -703,8 +705,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self._headers_buffer.append(data)
         self.flush_headers()
         self.log_line(code)
-        if self.rec is not None:
-            self.rec["status"] = code
 
     def do_GET(self):
         self.dispatch()
@@ -743,8 +743,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 time.sleep(fault["delay_ms"] / 1000.0)
             if fault and fault.get("close"):
                 self.close_connection = True
-                self.log_line("closed")
                 self.rec["status"] = None
+                self.log_line("closed")
                 self.connection.shutdown(socket.SHUT_RDWR)
                 return
             if provider == "github":
