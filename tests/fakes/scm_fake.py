@@ -134,6 +134,79 @@ def b64url_json(part):
     return json.loads(base64.urlsafe_b64decode(part.encode()))
 
 
+# RS256 with the standard library: DER parsing plus pow().  Used only when
+# the seed gives the App's key (otherwise signatures are not checked).
+
+_SHA256_DIGESTINFO = bytes.fromhex("3031300d060960864801650304020105000420")
+
+
+def _der(data, pos=0):
+    """One DER TLV at pos -> (tag, content bytes, next position)."""
+    tag = data[pos]
+    n = data[pos + 1]
+    pos += 2
+    if n & 0x80:
+        k = n & 0x7F
+        n = int.from_bytes(data[pos:pos + k], "big")
+        pos += k
+    return tag, data[pos:pos + n], pos + n
+
+
+def _der_seq(content):
+    out, pos = [], 0
+    while pos < len(content):
+        tag, val, pos = _der(content, pos)
+        out.append((tag, val))
+    return out
+
+
+def rsa_public_from_pem(pem):
+    """(n, e) from a PEM RSA key: PKCS#1 or PKCS#8 private, PKCS#1 or SPKI
+    public."""
+    lines = [x.strip() for x in pem.strip().splitlines()]
+    kind = lines[0]
+    der = base64.b64decode("".join(x for x in lines if not x.startswith(
+        "-----")))
+    _, body, _ = _der(der)
+    items = _der_seq(body)
+    if "RSA PRIVATE KEY" in kind:           # PKCS#1 RSAPrivateKey
+        ints = [int.from_bytes(v, "big") for t, v in items if t == 0x02]
+        return ints[1], ints[2], ints[3]
+    if "PRIVATE KEY" in kind:               # PKCS#8 PrivateKeyInfo
+        inner = [v for t, v in items if t == 0x04][0]
+        _, body, _ = _der(inner)
+        ints = [int.from_bytes(v, "big") for t, v in _der_seq(body)
+                if t == 0x02]
+        return ints[1], ints[2], ints[3]
+    if "RSA PUBLIC KEY" in kind:            # PKCS#1 RSAPublicKey
+        ints = [int.from_bytes(v, "big") for t, v in items]
+        return ints[0], ints[1], None
+    bits = [v for t, v in items if t == 0x03][0][1:]   # SPKI
+    _, body, _ = _der(bits)
+    ints = [int.from_bytes(v, "big") for t, v in _der_seq(body)]
+    return ints[0], ints[1], None
+
+
+def _emsa_sha256(msg, k):
+    t = _SHA256_DIGESTINFO + hashlib.sha256(msg).digest()
+    return b"\x00\x01" + b"\xff" * (k - len(t) - 3) + b"\x00" + t
+
+
+def rs256_verify(n, e, signing_input, sig):
+    k = (n.bit_length() + 7) // 8
+    if len(sig) != k:
+        return False
+    m = pow(int.from_bytes(sig, "big"), e, n)
+    return m.to_bytes(k, "big") == _emsa_sha256(signing_input, k)
+
+
+def rs256_sign(n, d, signing_input):
+    """For tests: the RS256 signature (slow-ish pure Python, ~10 ms)."""
+    k = (n.bit_length() + 7) // 8
+    m = int.from_bytes(_emsa_sha256(signing_input, k), "big")
+    return pow(m, d, n).to_bytes(k, "big")
+
+
 class ApiError(Exception):
     """An HTTP error answer: status, body (JSON value or str), headers."""
 
@@ -351,7 +424,14 @@ class State:
                        "metadata": "read", "contents": "read",
                        "issues": "write", "pull_requests": "write"}),
                    "token_ttl": int(a.get("token_ttl", 3600)),
-                   "installations": {}}
+                   "key": None, "installations": {}}
+            pem = a.get("public_key") or a.get("private_key")
+            if a.get("private_key_file") or a.get("public_key_file"):
+                with open(a.get("private_key_file") or
+                          a.get("public_key_file"), encoding="ascii") as f:
+                    pem = f.read()
+            if pem:
+                app["key"] = rsa_public_from_pem(pem)[:2]
             for inst in a.get("installations", []):
                 iid = int(inst["id"])
                 app["installations"][iid] = {
@@ -1112,10 +1192,14 @@ class GitHubApi(Api):
         app = self.gh.app
         doc = "https://docs.github.com/rest"
         try:
-            hdr, payload, _sig = tok.split(".")
-            hdr = b64url_json(hdr)
-            payload = b64url_json(payload)
+            h64, p64, s64 = tok.split(".")
+            hdr = b64url_json(h64)
+            payload = b64url_json(p64)
+            sig = base64.urlsafe_b64decode(s64 + "=" * (-len(s64) % 4))
         except (ValueError, TypeError):
+            raise gh_error(401, "A JSON web token could not be decoded", doc)
+        if app["key"] is not None and not rs256_verify(
+                app["key"][0], app["key"][1], f"{h64}.{p64}".encode(), sig):
             raise gh_error(401, "A JSON web token could not be decoded", doc)
         if not isinstance(hdr, dict) or hdr.get("alg") != "RS256" or \
                 not isinstance(payload, dict):

@@ -830,6 +830,53 @@ def test_cases():
             f.stop()
 
 
+def test_github_app_signed():
+    """With the App's key in the seed, the RS256 signature is checked."""
+    sys.path.insert(0, HERE)
+    import scm_fake
+    key = os.path.join(DATA, "github", "jwt-test-key.pem")
+    if not os.path.exists(key):
+        check("# SKIP jwt-test-key.pem not present", True)
+        return
+    with open(key, encoding="ascii") as fh:
+        n, e, d = scm_fake.rsa_public_from_pem(fh.read())
+    vec = os.path.join(DATA, "github", "jwt-test-vector.txt")
+    if os.path.exists(vec):
+        with open(vec, encoding="ascii") as fh:
+            h64, p64, s64 = fh.read().strip().split(".")
+        check("RS256 verify (pure Python) accepts octokit's test vector",
+              scm_fake.rs256_verify(n, e, f"{h64}.{p64}".encode(),
+                                    base64.urlsafe_b64decode(s64 + "==")))
+
+    def signed(payload):
+        enc = lambda o: base64.urlsafe_b64encode(             # noqa: E731
+            json.dumps(o, separators=(",", ":")).encode()).rstrip(
+                b"=").decode()
+        si = enc({"alg": "RS256", "typ": "JWT"}) + "." + enc(payload)
+        sig = scm_fake.rs256_sign(n, d, si.encode())
+        return si + "." + base64.urlsafe_b64encode(sig).rstrip(b"=").decode()
+    f = Fake()
+    try:
+        f.ctl("POST", "seed", {"github": {"app": {
+            "id": 1, "slug": "signed", "private_key_file": key,
+            "installations": [{"id": 3, "account": "octocat"}]}}})
+        t = int(time.time())
+        good = signed({"iat": t - 30, "exp": t + 570, "iss": 1})
+        r = f.gh("GET", "/github/app", token=good)
+        check("seeded key: a correctly signed JWT is accepted",
+              r.status == 200 and r.json["slug"] == "signed", r.raw[:200])
+        bad = good[:-6] + ("AAAAAA" if not good.endswith("AAAAAA")
+                           else "BBBBBB")
+        r = f.gh("GET", "/github/app", token=bad)
+        check("seeded key: a bad signature is 401 could not be decoded",
+              r.status == 401 and "could not be decoded" in
+              r.json["message"], r.raw)
+        r = f.gh("GET", "/github/app", token=app_jwt(iss=1))
+        check("seeded key: an unsigned JWT is 401", r.status == 401)
+    finally:
+        f.stop()
+
+
 def test_provider_and_lifetime():
     f = Fake("--provider", "github", "--seed", SEED)
     try:
@@ -865,7 +912,8 @@ def main():
                       traceback.format_exc() + "\n" + f.stderr()[-2000:])
     finally:
         f.stop()
-    for t in (test_cases, test_provider_and_lifetime):
+    for t in (test_cases, test_github_app_signed,
+              test_provider_and_lifetime):
         try:
             t()
         except Exception:
