@@ -26,6 +26,7 @@
 #include "config.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -33,6 +34,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <curl/curl.h>
 #include <jansson.h>
@@ -331,8 +333,16 @@ scm_http_new(struct scm_http **out, const struct scm_http_config *cfg,
 	slash = strchr(host, '/');
 	h->origin = slash != NULL ?
 	    xstrndup(url, (size_t)(slash - url) + 1) : xasprintf("%s/", url);
-	if (cfg->ca_file != NULL && *cfg->ca_file != '\0')
+	if (cfg->ca_file != NULL && *cfg->ca_file != '\0') {
+		/* a CA bundle the client needs must be readable now */
+		if (access(cfg->ca_file, R_OK) != 0) {
+			*cause = xasprintf("%s: 'ca_file': '%s' is not "
+			    "readable: %s", name, cfg->ca_file,
+			    strerror(errno));
+			goto out;
+		}
 		h->ca_file = xstrdup(cfg->ca_file);
+	}
 	h->connect_ms = SCM_DEF_CONNECT_MS;
 	h->timeout_ms = SCM_DEF_TIMEOUT_MS;
 	h->max_wait_ms = max_wait_from_env();
@@ -927,7 +937,8 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 			goto out;
 		}
 		rl = 0;
-		secondary = 0;
+		secondary = rc == CURLE_OK && h->provider == SCM_GITHUB &&
+		    (rp->code == 403 || rp->code == 429) && is_secondary(rp);
 		wait = -1;
 		if (rc != CURLE_OK) {
 			retry = retryable_curl(rc) && (!sent ||
@@ -935,9 +946,8 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 			    rc != CURLE_OPERATION_TIMEDOUT)) &&
 			    tries + 1 < MAX_ATTEMPTS;
 		} else if (rp->code == 429 || (rp->code == 403 &&
-		    h->provider == SCM_GITHUB &&
-		    (at.hd.rl_remaining == 0 ||
-		    (secondary = is_secondary(rp))))) {
+		    h->provider == SCM_GITHUB && (at.hd.rl_remaining == 0 ||
+		    secondary))) {
 			rl = 1;
 			retry = rl_tries + 1 < MAX_RL_ATTEMPTS;
 			if (at.hd.retry_after_ms >= 0)

@@ -1238,6 +1238,24 @@ config_errors(void **state)
 	assert_int_equal(scm_github_new(&c, &cfg, &cause), -1);
 	assert_non_null(strstr(cause, "github.token"));
 	free(cause);
+	/* a CA bundle must be readable at creation */
+	free(cfg.github.token);
+	cfg.github.token = xstrdup("env:TEST_GH_TOKEN");
+	cfg.github.ca_file = xstrdup("/nonexistent/ca.pem");
+	assert_int_equal(scm_github_new(&c, &cfg, &cause), -1);
+	assert_non_null(strstr(cause, "ca_file"));
+	free(cause);
+	free(cfg.github.ca_file);
+	cfg.github.ca_file = xasprintf("%s/tests/data/api/github/"
+	    "jwt-test-vector.txt", getenv("top_srcdir") != NULL ?
+	    getenv("top_srcdir") : ".");
+	assert_int_equal(scm_github_new(&c, &cfg, &cause), 0);
+	scm_client_free(c);
+	/* GitLab needs its token */
+	cfg.gitlab.enabled = 1;
+	assert_int_equal(scm_gitlab_new(&c, &cfg, &cause), -1);
+	assert_non_null(strstr(cause, "gitlab.token"));
+	free(cause);
 	config_release(&cfg);
 	scm_client_free(NULL);
 }
