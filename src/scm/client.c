@@ -157,7 +157,9 @@ escape(const char *s, int keep_slash)
 	buf_init(&b, (size_t)64 << 20);
 	buf_add(&b, "", 0);
 	for (p = (const unsigned char *)s; *p != '\0'; p++) {
-		if (isalnum(*p) || *p == '-' || *p == '.' || *p == '_' ||
+		if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+		    (*p >= '0' && *p <= '9') || *p == '-' || *p == '.' ||
+		    *p == '_' ||
 		    *p == '~' || (keep_slash && *p == '/')) {
 			buf_add(&b, p, 1);
 			continue;
@@ -182,6 +184,27 @@ char *
 scm_escape_path(const char *s)
 {
 	return escape(s, 1);
+}
+
+/* Whether a repository file path is relative and has no . or .. part. */
+int
+scm_path_ok(const char *path)
+{
+	const char *p = path, *e;
+	size_t n;
+
+	if (path == NULL || *path == '\0' || *path == '/')
+		return 0;
+	for (;;) {
+		e = strchr(p, '/');
+		n = e != NULL ? (size_t)(e - p) : strlen(p);
+		if (n == 0 || (n == 1 && p[0] == '.') ||
+		    (n == 2 && p[0] == '.' && p[1] == '.'))
+			return 0;
+		if (e == NULL)
+			return 1;
+		p = e + 1;
+	}
 }
 
 /* A string member as a new string. */
@@ -311,6 +334,9 @@ scm_http_new(struct scm_http **out, const struct scm_http_config *cfg,
 	}
 	h = xcalloc(1, sizeof(*h));
 	h->provider = cfg->provider;
+	for (i = 0; i < CURL_LOCK_DATA_LAST; i++)
+		pthread_mutex_init(&h->share_lock[i], NULL);
+	pthread_mutex_init(&h->pool_lock, NULL);
 	if (strncasecmp(url, "https://", 8) == 0)
 		host = url + 8;
 	else if (strncasecmp(url, "http://", 7) == 0) {
@@ -346,9 +372,6 @@ scm_http_new(struct scm_http **out, const struct scm_http_config *cfg,
 	h->connect_ms = SCM_DEF_CONNECT_MS;
 	h->timeout_ms = SCM_DEF_TIMEOUT_MS;
 	h->max_wait_ms = max_wait_from_env();
-	for (i = 0; i < CURL_LOCK_DATA_LAST; i++)
-		pthread_mutex_init(&h->share_lock[i], NULL);
-	pthread_mutex_init(&h->pool_lock, NULL);
 	h->share = curl_share_init();
 	if (h->share == NULL) {
 		*cause = xasprintf("%s: cannot create a curl share", name);
@@ -388,12 +411,9 @@ scm_http_free(struct scm_http *h)
 		curl_easy_cleanup(h->pool[i]);
 	if (h->share != NULL)
 		curl_share_cleanup(h->share);
-	/* the mutexes are plain: nothing to destroy on Linux, but be tidy */
-	if (h->base != NULL) {
-		for (i = 0; i < CURL_LOCK_DATA_LAST; i++)
-			pthread_mutex_destroy(&h->share_lock[i]);
-		pthread_mutex_destroy(&h->pool_lock);
-	}
+	for (i = 0; i < CURL_LOCK_DATA_LAST; i++)
+		pthread_mutex_destroy(&h->share_lock[i]);
+	pthread_mutex_destroy(&h->pool_lock);
 	free(h->base);
 	free(h->origin);
 	free(h->ca_file);
@@ -641,6 +661,9 @@ attempt_once(struct scm_http *h, CURL *c, const struct scm_req *rq,
 		curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
 		curl_easy_setopt(c, CURLOPT_MAXREDIRS, 3L);
 		curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, proto);
+		/* a 301 or 302 keeps the method and body (GitHub uses 307) */
+		curl_easy_setopt(c, CURLOPT_POSTREDIR,
+		    (long)CURL_REDIR_POST_ALL);
 	}
 	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, h->connect_ms);
 	curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, h->timeout_ms);

@@ -97,6 +97,11 @@ int scm_http_call(struct scm_http *h, const struct scm_req *rq,
 char *scm_escape(const char *s);
 /* Percent-encode each segment of a path, keeping the "/" separators. */
 char *scm_escape_path(const char *s);
+/*
+ * Whether path is usable as a file in a repository: relative, no empty,
+ * "." or ".." segment (so that it cannot climb out of the endpoint).
+ */
+int scm_path_ok(const char *path);
 /* A JSON object's string member as a new string, NULL when absent. */
 char *scm_json_strdup(const json_t *obj, const char *key);
 /* A JSON object's integer member, 0 when absent. */

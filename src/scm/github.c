@@ -890,10 +890,9 @@ gh_read_file(struct scm_client *c, const struct scm_repo *repo,
 	ret = repo_path(repo, &rpath, cause);
 	if (ret != SCM_OK)
 		goto out;
-	while (path != NULL && *path == '/')
-		path++;
-	if (path == NULL || *path == '\0') {
-		*cause = xstrdup("github: read file: no path");
+	if (!scm_path_ok(path)) {
+		*cause = xasprintf("github: read file: '%s' is not a relative "
+		    "path without . or .. parts", path != NULL ? path : "");
 		ret = SCM_EINVALID;
 		goto out;
 	}

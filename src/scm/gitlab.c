@@ -467,10 +467,9 @@ gl_read_file(struct scm_client *c, const struct scm_repo *repo,
 	ret = check_project(repo, cause);
 	if (ret != SCM_OK)
 		goto out;
-	while (path != NULL && *path == '/')
-		path++;
-	if (path == NULL || *path == '\0') {
-		*cause = xstrdup("gitlab: read file: no path");
+	if (!scm_path_ok(path)) {
+		*cause = xasprintf("gitlab: read file: '%s' is not a relative "
+		    "path without . or .. parts", path != NULL ? path : "");
 		ret = SCM_EINVALID;
 		goto out;
 	}

@@ -1083,6 +1083,59 @@ app_tokens(void **state)
 	scm_client_free(c);
 }
 
+struct worker {
+	struct scm_client *c;
+	int ret;
+};
+
+static void *
+worker_run(void *arg)
+{
+	static const struct scm_repo r11 = { "octocat/Hello-World", 0, 11 };
+	struct worker *w = arg;
+	char *cause = NULL;
+
+	w->ret = w->c->ops->update_comment(w->c, &r11, 1, 3, "w", &cause);
+	free(cause);
+	return NULL;
+}
+
+static void
+app_tokens_threads(void **state)
+{
+	struct worker w[4];
+	pthread_t t[4];
+	struct scm_client *c;
+	char *body;
+	size_t i, posts = 0;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_APP_MODE, "");
+	body = token_reply(now_unix() + 3600);
+	push(201, body, NULL);
+	free(body);
+	for (i = 0; i < ARRAY_SIZE(w); i++)
+		push(200, "{}", NULL);
+	for (i = 0; i < ARRAY_SIZE(w); i++) {
+		w[i].c = c;
+		w[i].ret = -100;
+		assert_int_equal(pthread_create(&t[i], NULL, worker_run,
+		    &w[i]), 0);
+	}
+	for (i = 0; i < ARRAY_SIZE(w); i++) {
+		pthread_join(t[i], NULL);
+		assert_int_equal(w[i].ret, SCM_OK);
+	}
+	assert_int_equal(nrecs(), 5);
+	for (i = 0; i < 5; i++)
+		if (strcmp(srv.recs[i].method, "POST") == 0)
+			posts++;
+	assert_int_equal(posts, 1);
+	assert_string_equal(srv.recs[0].method, "POST");
+	scm_client_free(c);
+}
+
 static void
 read_file(void **state)
 {
@@ -1133,7 +1186,19 @@ read_file(void **state)
 		free(cause);
 		cause = NULL;
 	}
+	/* paths that could climb out of the contents endpoint */
 	srv_reset();
+	assert_int_equal(c->ops->read_file(c, &gh_repo, "main",
+	    "docs/../../../user", &data, &len, &cause), SCM_EINVALID);
+	free(cause);
+	assert_int_equal(c->ops->read_file(c, &gh_repo, "main", "/etc/x",
+	    &data, &len, &cause), SCM_EINVALID);
+	free(cause);
+	assert_int_equal(c->ops->read_file(c, &gh_repo, "main", "a//b",
+	    &data, &len, &cause), SCM_EINVALID);
+	free(cause);
+	cause = NULL;
+	assert_int_equal(nrecs(), 0);
 	push(404, "{\"message\":\"Not Found\"}", NULL);
 	assert_int_equal(c->ops->read_file(c, &gh_repo, "main", "nope.yaml",
 	    &data, &len, &cause), SCM_ENOTFOUND);
@@ -1381,6 +1446,7 @@ main(void)
 		cmocka_unit_test(errors_mapping),
 		cmocka_unit_test(permissions),
 		cmocka_unit_test(app_tokens),
+		cmocka_unit_test(app_tokens_threads),
 		cmocka_unit_test(read_file),
 		cmocka_unit_test(comments_gitlab),
 		cmocka_unit_test(config_errors),
