@@ -55,7 +55,7 @@
 
 struct scm_http {
 	enum scm_provider provider;
-	char *base;		/* scheme://host[:port][/prefix], no '/' at end */
+	char *base;		/* scheme://host[:port][/prefix], no final / */
 	char *origin;		/* scheme://host[:port]/ for redirect checks */
 	char *ca_file;
 	int insecure_http;	/* the base is http:// */
@@ -703,9 +703,10 @@ attempt_once(struct scm_http *h, CURL *c, const struct scm_req *rq,
 			    (curl_off_t)rq->body_len);
 			curl_easy_setopt(c, CURLOPT_POSTFIELDS,
 			    rq->body != NULL ? rq->body : "");
-			if (rq->body != NULL)
-				hl = add_header(hl,
-				    "Content-Type: application/json");
+			/* no body: no form Content-Type from libcurl */
+			hl = add_header(hl, rq->body != NULL ?
+			    "Content-Type: application/json" :
+			    "Content-Type:");
 			hl = add_header(hl, "Expect:");
 		}
 	}

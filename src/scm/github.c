@@ -497,7 +497,7 @@ gh_get_pr(struct scm_client *c, const struct scm_repo *repo, int64_t number,
 	rq.method = "GET";
 	rq.url = url;
 	rq.idempotent = 1;
-	rq.retry_404 = 2;	/* a PR just commented on exists: replicas lag */
+	rq.retry_404 = 2;	/* a PR just commented on exists: lag */
 	ret = gh_call(g, repo, rpath, &rq, &rp, cause);
 	if (ret != SCM_OK)
 		goto out;

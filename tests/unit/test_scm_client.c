@@ -49,6 +49,7 @@ struct rec {
 	char *accept;
 	char *api_version;
 	char *user_agent;
+	char *content_type;
 	char *body;
 };
 
@@ -138,6 +139,7 @@ handle(void *cls, struct MHD_Connection *c, const char *url,
 		r->accept = hdr(c, "Accept");
 		r->api_version = hdr(c, "X-GitHub-Api-Version");
 		r->user_agent = hdr(c, "User-Agent");
+		r->content_type = hdr(c, "Content-Type");
 		r->body = up->body.data != NULL ? xstrdup(up->body.data) :
 		    NULL;
 	} else
@@ -246,6 +248,7 @@ rec_free(struct rec *r)
 	free(r->accept);
 	free(r->api_version);
 	free(r->user_agent);
+	free(r->content_type);
 	free(r->body);
 	memset(r, 0, sizeof(*r));
 }
@@ -1030,7 +1033,9 @@ app_tokens(void **state)
 	assert_string_equal(srv.recs[1].path,
 	    "/repos/octocat/Hello-World/issues/comments/11/reactions");
 	assert_string_equal(srv.recs[1].auth, "Bearer " INST_TOKEN);
+	assert_null(srv.recs[0].content_type);
 	assert_string_equal(srv.recs[1].body, "{\"content\":\"eyes\"}");
+	assert_string_equal(srv.recs[1].content_type, "application/json");
 	assert_string_equal(srv.recs[2].path,
 	    "/repos/octocat/Hello-World/pulls/comments/12/reactions");
 	assert_string_equal(srv.recs[2].auth, "Bearer " INST_TOKEN);
