@@ -78,6 +78,7 @@ struct hdrs {
 	int64_t rl_reset;	/* unix seconds, -1: absent */
 	char *link_next;
 	int64_t next_page;
+	int64_t date;		/* unix seconds, 0: absent */
 };
 
 struct attempt {
@@ -481,6 +482,7 @@ scm_resp_release(struct scm_resp *rp)
 	free(rp->link_next);
 	rp->link_next = NULL;
 	rp->next_page = 0;
+	rp->date = 0;
 	rp->code = 0;
 }
 
@@ -493,6 +495,7 @@ hdrs_reset(struct hdrs *hd)
 	hd->rl_remaining = -1;
 	hd->rl_reset = -1;
 	hd->next_page = 0;
+	hd->date = 0;
 }
 
 static size_t
@@ -604,6 +607,9 @@ on_header(char *data, size_t size, size_t nmemb, void *arg)
 	else if (strcmp(line, "link") == 0) {
 		free(hd->link_next);
 		hd->link_next = link_next(v);
+	} else if (strcmp(line, "date") == 0) {
+		t = curl_getdate(v, NULL);
+		hd->date = t > 0 ? (int64_t)t : 0;
 	} else if (strcmp(line, "x-next-page") == 0) {
 		x = parse_num(v);
 		hd->next_page = x > 0 ? x : 0;
@@ -940,6 +946,7 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 		sent = 0;
 		rc = attempt_once(h, c, rq, url, &at, errbuf, &sent);
 		count(h, rq->op, rc == CURLE_OK ? rp->code : 0);
+		rp->date = at.hd.date;
 		if (rc == CURLE_OK && at.hd.rl_remaining >= 0) {
 			snprintf(labels, sizeof(labels), "provider=\"%s\"",
 			    scm_http_name(h));

@@ -46,6 +46,9 @@ struct github {
 	EVP_PKEY *key;		/* the App's private key */
 	char *slug;		/* configured slug, or NULL */
 
+	pthread_mutex_t skew_lock;
+	int64_t skew;		/* GitHub's clock minus ours, seconds */
+
 	pthread_mutex_t lock;	/* the token cache */
 	struct inst_token *tokens;
 	size_t ntokens;
@@ -173,17 +176,49 @@ scm_github_jwt(const char *pem, size_t pem_len, const char *iss,
 	return ret;
 }
 
-/* "Authorization: Bearer <a fresh JWT>". */
+/*
+ * Run rq with a fresh App JWT. A 401 whose Date header is further from
+ * our clock than the JWT's backdating means that our clock is off (GitHub
+ * then refuses iat or exp): sign again on GitHub's time, once, and keep
+ * the difference for the next JWTs (octokit does the same).
+ */
 static int
-jwt_header(struct github *g, char **hdr, char **cause)
+jwt_call(struct github *g, struct scm_req *rq, struct scm_resp *rp,
+    char **cause)
 {
-	char *jwt = NULL;
+	char *jwt = NULL, *auth = NULL, skew_s[32];
+	int64_t skew, now;
+	int ret, again = 0;
 
-	if (jwt_sign(g->key, g->app_id, now_unix(), &jwt, cause) < 0)
-		return SCM_EINTERNAL;
-	*hdr = xasprintf("Authorization: Bearer %s", jwt);
-	scm_secret_free(jwt);
-	return SCM_OK;
+	for (;;) {
+		pthread_mutex_lock(&g->skew_lock);
+		skew = g->skew;
+		pthread_mutex_unlock(&g->skew_lock);
+		now = now_unix() + skew;
+		if (jwt_sign(g->key, g->app_id, now, &jwt, cause) < 0)
+			return SCM_EINTERNAL;
+		auth = xasprintf("Authorization: Bearer %s", jwt);
+		scm_secret_free(jwt);
+		jwt = NULL;
+		rq->auth = auth;
+		ret = scm_http_call(g->http, rq, rp, cause);
+		rq->auth = NULL;
+		scm_secret_free(auth);
+		auth = NULL;
+		if (ret != SCM_EUNAUTHORIZED || again || rp->date <= 0 ||
+		    llabs((long long)(rp->date - now)) <= JWT_BACKDATE_S)
+			return ret;
+		again = 1;
+		skew = rp->date - now_unix();
+		pthread_mutex_lock(&g->skew_lock);
+		g->skew = skew;
+		pthread_mutex_unlock(&g->skew_lock);
+		snprintf(skew_s, sizeof(skew_s), "%" PRId64, skew);
+		log_kv(LOG_WARN, "github: the clock differs from github's: "
+		    "signing the app JWT on its time", "skew_s", skew_s, NULL);
+		free(*cause);
+		*cause = NULL;
+	}
 }
 
 /* ---- installation tokens ---- */
@@ -227,24 +262,20 @@ token_mint(struct github *g, int64_t installation, char **tok,
 {
 	struct scm_req rq = { 0 };
 	struct scm_resp rp;
-	char *auth = NULL, *url = NULL;
+	char *url = NULL;
 	const char *t, *exp;
 	json_t *j = NULL;
 	int ret;
 
 	scm_resp_init(&rp);
-	ret = jwt_header(g, &auth, cause);
-	if (ret != SCM_OK)
-		goto out;
 	url = xasprintf("/app/installations/%" PRId64 "/access_tokens",
 	    installation);
 	rq.op = "access_token";
 	rq.method = "POST";
 	rq.url = url;
-	rq.auth = auth;
 	rq.idempotent = 1;
 	rq.secret_reply = 1;
-	ret = scm_http_call(g->http, &rq, &rp, cause);
+	ret = jwt_call(g, &rq, &rp, cause);
 	if (ret != SCM_OK)
 		goto out;
 	ret = scm_json_reply(&rp, 1, "github: installation token", &j,
@@ -275,7 +306,6 @@ out:
 	if (rp.body.data != NULL)
 		secure_wipe(rp.body.data, rp.body.len);
 	scm_resp_release(&rp);
-	scm_secret_free(auth);
 	free(url);
 	return ret;
 }
@@ -377,21 +407,17 @@ find_installation(struct github *g, const char *rpath, int64_t *out,
 {
 	struct scm_req rq = { 0 };
 	struct scm_resp rp;
-	char *auth = NULL, *url = NULL;
+	char *url = NULL;
 	json_t *j = NULL;
 	int ret;
 
 	scm_resp_init(&rp);
-	ret = jwt_header(g, &auth, cause);
-	if (ret != SCM_OK)
-		goto out;
 	url = xasprintf("%s/installation", rpath);
 	rq.op = "installation";
 	rq.method = "GET";
 	rq.url = url;
-	rq.auth = auth;
 	rq.idempotent = 1;
-	ret = scm_http_call(g->http, &rq, &rp, cause);
+	ret = jwt_call(g, &rq, &rp, cause);
 	if (ret != SCM_OK)
 		goto out;
 	ret = scm_json_reply(&rp, 1, "github: installation", &j, cause);
@@ -405,7 +431,6 @@ find_installation(struct github *g, const char *rpath, int64_t *out,
 out:
 	json_decref(j);
 	scm_resp_release(&rp);
-	scm_secret_free(auth);
 	free(url);
 	return ret;
 }
@@ -801,7 +826,6 @@ gh_whoami(struct scm_client *c, char **login_out, int64_t *id_out,
 	struct github *g = gh_of(c);
 	struct scm_req rq = { 0 };
 	struct scm_resp rp;
-	char *auth = NULL;
 	const char *name;
 	json_t *j = NULL;
 	int ret;
@@ -811,12 +835,8 @@ gh_whoami(struct scm_client *c, char **login_out, int64_t *id_out,
 	rq.idempotent = 1;
 	rq.op = "whoami";
 	if (g->key != NULL) {
-		ret = jwt_header(g, &auth, cause);
-		if (ret != SCM_OK)
-			goto out;
 		rq.url = "/app";
-		rq.auth = auth;
-		ret = scm_http_call(g->http, &rq, &rp, cause);
+		ret = jwt_call(g, &rq, &rp, cause);
 	} else {
 		rq.url = "/user";
 		ret = gh_call(g, NULL, NULL, &rq, &rp, cause);
@@ -850,7 +870,6 @@ gh_whoami(struct scm_client *c, char **login_out, int64_t *id_out,
 out:
 	json_decref(j);
 	scm_resp_release(&rp);
-	scm_secret_free(auth);
 	return ret;
 }
 
@@ -976,6 +995,7 @@ gh_free(struct scm_client *c)
 	EVP_PKEY_free(g->key);
 	tokens_free(g->tokens);
 	pthread_mutex_destroy(&g->lock);
+	pthread_mutex_destroy(&g->skew_lock);
 	free(g);
 }
 
@@ -1010,6 +1030,7 @@ scm_github_new(struct scm_client **out, const struct config *cfg,
 	g = xcalloc(1, sizeof(*g));
 	g->c.ops = &github_ops;
 	pthread_mutex_init(&g->lock, NULL);
+	pthread_mutex_init(&g->skew_lock, NULL);
 	hc.provider = SCM_GITHUB;
 	hc.api_url = cfg->github.api_url != NULL ? cfg->github.api_url :
 	    "https://api.github.com";

@@ -1071,6 +1071,35 @@ app_tokens(void **state)
 	assert_string_equal(srv.recs[1].path,
 	    "/app/installations/7/access_tokens");
 
+	/* a 401 from a clock an hour behind ours: signed again on its time */
+	srv_reset();
+	{
+		struct scm_repo r21 = { "octocat/Hello-World", 0, 21 };
+		char date[80], hd[96];
+		time_t t = (time_t)(now - 3600);
+		struct tm tm;
+		int64_t iat;
+
+		gmtime_r(&t, &tm);
+		strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT",
+		    &tm);
+		snprintf(hd, sizeof(hd), "Date: %s", date);
+		push(401, "{\"message\":\"'Issued at' claim ('iat') must be "
+		    "an Integer representing a time in the past\"}", hd,
+		    NULL);
+		body = token_reply(now + 3600);
+		push(201, body, NULL);
+		free(body);
+		push(200, "{}", NULL);
+		assert_int_equal(c->ops->update_comment(c, &r21, 1, 3, "s",
+		    &cause), SCM_OK);
+		assert_int_equal(nrecs(), 3);
+		j = jwt_payload(srv.recs[1].auth);
+		iat = json_integer_value(json_object_get(j, "iat"));
+		assert_true(llabs((long long)(iat - (now - 3600 - 30))) <= 3);
+		json_decref(j);
+	}
+
 	/* no installation id: looked up with the JWT */
 	srv_reset();
 	push_file(200, "github/apps.get-repo-installation.json", NULL, NULL);
