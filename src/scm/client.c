@@ -468,6 +468,7 @@ pool_put(struct scm_http *h, CURL *c)
 
 /* ---- replies ---- */
 
+/* An empty reply bounded by SCM_MAX_BODY. */
 void
 scm_resp_init(struct scm_resp *rp)
 {
@@ -475,6 +476,7 @@ scm_resp_init(struct scm_resp *rp)
 	buf_init(&rp->body, SCM_MAX_BODY);
 }
 
+/* Free what a reply holds; it is empty afterwards. */
 void
 scm_resp_release(struct scm_resp *rp)
 {
