@@ -50,6 +50,11 @@ struct daemon {
 	struct k8s_apiserver *apiserver;
 	struct meter *meter;
 	struct controller *controller;
+	struct scm_client *github_client;
+	struct scm_client *gitlab_client;
+	struct actions *actions;
+	char *self_gitlab;
+	int dry_run;
 	struct http_pool *pool;
 	pthread_t pruner;
 	int pruner_running;
@@ -440,7 +445,8 @@ static void
 usage(FILE *f)
 {
 	fprintf(f,
-	    "usage: diverged [--config FILE] [--check-config] [--listen ADDR]\n"
+	    "usage: diverged [--config FILE] [--check-config] [--dry-run]\n"
+	    "                [--listen ADDR]\n"
 	    "                [--api-listen ADDR] [--state-dir DIR] [--version]\n"
 	    "                [--help]\n"
 	    "\n"
@@ -448,6 +454,9 @@ usage(FILE *f)
 	    "                      embedded mode with webhooks disabled)\n"
 	    "      --check-config  validate the configuration and its secrets,\n"
 	    "                      then exit (0 valid, 2 invalid)\n"
+	    "      --dry-run       verify, parse and authorize commands, then\n"
+	    "                      log and reply what would be written; write\n"
+	    "                      nothing\n"
 	    "  -l, --listen ADDR   override 'listen' (HOST:PORT)\n"
 	    "  -a, --api-listen ADDR\n"
 	    "                      override 'api.listen', the Kubernetes API of\n"
@@ -636,6 +645,70 @@ start_meter(char **cause)
 	return rc;
 }
 
+/*
+ * The SCM clients of the enabled providers that have API credentials, the
+ * bot's own identity (so that its comments are ignored), and the command
+ * handler. A provider without credentials only records its events.
+ */
+static int
+start_scm(char **cause)
+{
+	struct actions_config ac;
+	char *login = NULL, *c = NULL;
+	int64_t id = 0;
+
+	if (D.cfg.github.enabled && (D.cfg.github.token != NULL ||
+	    D.cfg.github.app.id != NULL)) {
+		if (scm_github_new(&D.github_client, &D.cfg, cause) < 0)
+			return -1;
+		if (D.github_client->ops->whoami(D.github_client, &login, &id,
+		    &c) == 0) {
+			free(D.self_github);
+			D.self_github = login;
+			D.self.github_login = D.self_github;
+			log_kv(LOG_INFO, "github identity", "login", login,
+			    NULL);
+		} else {
+			log_kv(LOG_WARN, "github identity unknown: comments "
+			    "by other bots are still ignored", "error", c,
+			    NULL);
+			free(c);
+		}
+	} else if (D.cfg.github.enabled) {
+		log_kv(LOG_WARN, "github: no API token (github.token or "
+		    "github.app): its events are recorded, not run", NULL);
+	}
+	if (D.cfg.gitlab.enabled && D.cfg.gitlab.token != NULL) {
+		c = NULL;
+		login = NULL;
+		if (scm_gitlab_new(&D.gitlab_client, &D.cfg, cause) < 0)
+			return -1;
+		if (D.gitlab_client->ops->whoami(D.gitlab_client, &login, &id,
+		    &c) == 0) {
+			D.self_gitlab = login;
+			D.self.gitlab_username = login;
+			D.self.gitlab_user_id = id;
+			log_kv(LOG_INFO, "gitlab identity", "username", login,
+			    NULL);
+		} else {
+			log_kv(LOG_WARN, "gitlab identity unknown", "error", c,
+			    NULL);
+			free(c);
+		}
+	} else if (D.cfg.gitlab.enabled) {
+		log_kv(LOG_WARN, "gitlab: no API token (gitlab.token): "
+		    "its events are recorded, not run", NULL);
+	}
+	memset(&ac, 0, sizeof(ac));
+	ac.cfg = &D.cfg;
+	ac.store = D.store;
+	ac.github = D.github_client;
+	ac.gitlab = D.gitlab_client;
+	ac.db_path = D.db_path;
+	ac.dry_run = D.dry_run;
+	return actions_new(&D.actions, &ac, cause);
+}
+
 /* The AgentTask reconciler, over every namespace. */
 static int
 start_controller(char **cause)
@@ -731,6 +804,7 @@ main(int argc, char **argv)
 	static const struct option opts[] = {
 		{ "config", required_argument, NULL, 'c' },
 		{ "check-config", no_argument, NULL, 'C' },
+		{ "dry-run", no_argument, NULL, 'D' },
 		{ "listen", required_argument, NULL, 'l' },
 		{ "api-listen", required_argument, NULL, 'a' },
 		{ "state-dir", required_argument, NULL, 's' },
@@ -753,6 +827,9 @@ main(int argc, char **argv)
 			break;
 		case 'C':
 			check = 1;
+			break;
+		case 'D':
+			D.dry_run = 1;
 			break;
 		case 'l':
 			listen = optarg;
@@ -848,11 +925,15 @@ main(int argc, char **argv)
 	/* a test hook: keep entries pending (back-pressure, crash tests) */
 	ic.hold = getenv("DIVERGE_TEST_HOLD_INBOX") != NULL;
 	if (open_store(&cause) < 0 || start_meter(&cause) < 0 ||
-	    start_controller(&cause) < 0)
+	    start_controller(&cause) < 0 || start_scm(&cause) < 0)
 		goto fail;
-	if (inbox_open(&D.inbox, D.db_path, &ic, &cause) < 0 ||
-	    inbox_start(D.inbox, &inbox_record_handler, &cause) < 0)
-		goto fail;
+	{
+		struct inbox_handler h = actions_handler(D.actions);
+
+		if (inbox_open(&D.inbox, D.db_path, &ic, &cause) < 0 ||
+		    inbox_start(D.inbox, &h, &cause) < 0)
+			goto fail;
+	}
 
 	metrics_describe("diverge_webhook_deliveries_total", METRIC_COUNTER,
 	    "Webhook deliveries by provider, outcome and reason.");
@@ -934,6 +1015,10 @@ out:
 	}
 	http_pool_free(D.pool);
 	inbox_free(D.inbox);
+	actions_free(D.actions);
+	scm_client_free(D.github_client);
+	scm_client_free(D.gitlab_client);
+	free(D.self_gitlab);
 	controller_stop(D.controller);
 	meter_free(D.meter);
 	k8s_api_free(D.store);

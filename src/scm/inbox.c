@@ -1069,8 +1069,10 @@ inbox_free(struct inbox *ib)
 
 /* ------------------------------------------------------ record handler */
 
-static int
-record_effect(struct sqlite3 *db, const struct inbox_item *item, void *arg)
+/* Record the event in handled_events (see scm.h). */
+int
+inbox_record_effect(struct sqlite3 *db, const struct inbox_item *item,
+    void *arg)
 {
 	sqlite3_stmt *st;
 	const struct scm_event *ev = item->event;
@@ -1106,7 +1108,7 @@ record_handle(void *arg, struct inbox_item *item, char **cause)
 		    "kind", scm_event_kind_name(item->event->kind), "repo",
 		    item->event->repo, "number", num, NULL);
 	}
-	item->effect = record_effect;
+	item->effect = inbox_record_effect;
 	item->effect_arg = NULL;
 	return INBOX_DONE;
 }

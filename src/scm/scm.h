@@ -253,4 +253,147 @@ void inbox_free(struct inbox *ib);
  */
 extern const struct inbox_handler inbox_record_handler;
 
+/*
+ * The record handler's effect alone (the audit trail of handled events),
+ * for other handlers to set as their item's effect.
+ */
+int inbox_record_effect(struct sqlite3 *db, const struct inbox_item *item,
+    void *arg);
+
+/* ---- SCM API clients (client.c, github.c, gitlab.c) ---- */
+
+struct config;
+struct scm_client;
+
+/* Errors of the clients: negative, with a message in *cause. */
+enum scm_err {
+	SCM_OK = 0,
+	SCM_ENOTFOUND = -1,	/* 404 (after the retries a fresh event gets) */
+	SCM_EFORBIDDEN = -2,	/* 403 that is not a rate limit */
+	SCM_EUNAUTHORIZED = -3,	/* 401: bad token */
+	SCM_EINVALID = -4,	/* 422 and other 4xx */
+	SCM_ERATELIMITED = -5,	/* limited beyond the bounded wait: requeue */
+	SCM_EUNAVAILABLE = -6,	/* 5xx or transport errors after retries */
+	SCM_EINTERNAL = -7	/* a reply we cannot read */
+};
+
+/* Which repository or project, as the webhook named it. */
+struct scm_repo {
+	const char *full_name;	/* GitHub owner/name; GitLab path */
+	int64_t project_id;	/* GitLab numeric id (used in paths) */
+	int64_t installation_id;	/* GitHub App installation, 0: none */
+};
+
+struct scm_pr {
+	char *state;		/* open|closed (GitHub), opened|closed|merged */
+	int merged;
+	char *head_ref;
+	char *base_ref;
+	char *head_sha;
+	char *clone_url;	/* the base repository */
+	char *head_clone_url;	/* the head repository (a fork's) */
+	int fork;		/* head repository differs from the base */
+	char *author;
+	char *html_url;
+};
+
+void scm_pr_release(struct scm_pr *pr);
+
+struct scm_comment {
+	int64_t id;
+	char *author;		/* login / username */
+	int64_t author_id;
+	char *body;
+	char *created_at;	/* as the API sends it */
+	int system;		/* GitLab system note */
+};
+
+void scm_comments_free(struct scm_comment *v, size_t n);
+
+enum scm_permission {
+	SCM_PERM_NONE = 0,	/* no access, or not a member */
+	SCM_PERM_READ,		/* GitHub read/triage; GitLab < 30 */
+	SCM_PERM_WRITE,		/* GitHub write; GitLab developer (30) */
+	SCM_PERM_MAINTAIN,	/* GitHub maintain/admin; GitLab >= 40 */
+};
+
+struct scm_ops {
+	const char *name;	/* "github" or "gitlab" */
+	/* The PR (GitHub) or MR (GitLab iid) number. */
+	int (*get_pr)(struct scm_client *c, const struct scm_repo *repo,
+	    int64_t number, struct scm_pr *out, char **cause);
+	/* Every comment/note of the PR/MR, oldest first, every page. */
+	int (*list_comments)(struct scm_client *c, const struct scm_repo *repo,
+	    int64_t number, struct scm_comment **out, size_t *n,
+	    char **cause);
+	int (*create_comment)(struct scm_client *c,
+	    const struct scm_repo *repo, int64_t number, const char *body,
+	    int64_t *id_out, char **cause);
+	/* SCM_ENOTFOUND when the comment is gone (a person deleted it). */
+	int (*update_comment)(struct scm_client *c,
+	    const struct scm_repo *repo, int64_t number, int64_t id,
+	    const char *body, char **cause);
+	int (*delete_comment)(struct scm_client *c,
+	    const struct scm_repo *repo, int64_t number, int64_t id,
+	    char **cause);
+	/*
+	 * React to a comment: "eyes" or "confused" (GitHub reaction content,
+	 * GitLab award emoji name). review: a GitHub pull request review
+	 * comment (another endpoint). Reacting twice is not an error.
+	 */
+	int (*react)(struct scm_client *c, const struct scm_repo *repo,
+	    int64_t number, int64_t comment_id, int review,
+	    const char *reaction, char **cause);
+	/* The author's access: GitHub by login, GitLab by user id. */
+	int (*permission)(struct scm_client *c, const struct scm_repo *repo,
+	    const char *login, int64_t user_id, enum scm_permission *out,
+	    char **cause);
+	/* The bot's own identity (GET /user; an App: "<slug>[bot]"). */
+	int (*whoami)(struct scm_client *c, char **login_out, int64_t *id_out,
+	    char **cause);
+	/* A file at a ref; SCM_ENOTFOUND when absent. */
+	int (*read_file)(struct scm_client *c, const struct scm_repo *repo,
+	    const char *ref, const char *path, char **data, size_t *len,
+	    char **cause);
+	void (*free)(struct scm_client *c);
+};
+
+struct scm_client {
+	const struct scm_ops *ops;
+};
+
+/*
+ * The clients of cfg's enabled providers (NULL when a provider is
+ * disabled). They read tokens and keys through config_secret_read and
+ * re-read them on scm_client_reload. -1 with *cause.
+ */
+int scm_github_new(struct scm_client **out, const struct config *cfg,
+    char **cause);
+int scm_gitlab_new(struct scm_client **out, const struct config *cfg,
+    char **cause);
+void scm_client_free(struct scm_client *c);
+
+/* ---- running the commands (actions.c) ---- */
+
+struct k8s_api;
+struct actions;
+
+struct actions_config {
+	const struct config *cfg;
+	struct k8s_api *store;
+	struct scm_client *github;	/* NULL: provider disabled */
+	struct scm_client *gitlab;
+	const char *db_path;		/* the state database */
+	int dry_run;		/* parse and authorize, write nothing */
+};
+
+/*
+ * The handler of the inbox: comments on PRs/MRs run their commands,
+ * closed or merged PRs/MRs end their live tasks (DESIGN section 8).
+ */
+int actions_new(struct actions **out, const struct actions_config *ac,
+    char **cause);
+struct inbox_handler actions_handler(struct actions *a);
+void actions_free(struct actions *a);
+
 #endif

@@ -1,0 +1,1076 @@
+/*
+ * Running the commands: the inbox handler behind the webhooks. A comment
+ * on a PR/MR is parsed (commands.c), its author authorized (DESIGN section
+ * 8), and its commands act on the PR's AgentTask through the resource
+ * API; a closed or merged PR/MR ends its live tasks.
+ *
+ * Effects are idempotent so that at-least-once delivery is harmless: the
+ * task name is deterministic, reactions are idempotent on both providers,
+ * and a comment delivered twice (an App and a repository hook, or GitLab's
+ * retries) is claimed by its first delivery in a table of the state
+ * database, so the second one does nothing. Outbound calls that hit a rate
+ * limit ask the inbox to retry later instead of holding a worker.
+ */
+#include "config.h"
+
+#include <fnmatch.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <sqlite3.h>
+
+#include "config/config.h"
+#include "k8s/k8s.h"
+#include "scm/scm.h"
+#include "util/util.h"
+
+#define AUTHZ_TTL_S 300
+#define AUTHZ_MAX 10000
+#define CLAIM_STALE_MS (10 * 60 * 1000)
+#define AGENT_FILE ".diverge/agent.yaml"
+
+struct authz_entry {
+	struct authz_entry *next;
+	char *key;
+	enum scm_permission perm;
+	int64_t expires;
+};
+
+struct actions {
+	struct actions_config ac;
+	sqlite3 *db;
+	pthread_mutex_t db_mu;
+	pthread_mutex_t authz_mu;
+	struct authz_entry *authz;
+	size_t nauthz;
+};
+
+/* --------------------------------------------------------- comment claims */
+
+static int
+claim_comment(struct actions *a, const char *key, const char *delivery)
+{
+	sqlite3_stmt *st;
+	int rc = 1;	/* 1: ours to handle, 0: someone else's, -1: error */
+
+	pthread_mutex_lock(&a->db_mu);
+	st = db_stmt(a->db, "INSERT OR IGNORE INTO scm_comments (key,"
+	    " delivery, state, at) VALUES (?1, ?2, 0, ?3)");
+	if (st == NULL) {
+		rc = -1;
+		goto out;
+	}
+	sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 2, delivery, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 3, now_unix_ms());
+	if (sqlite3_step(st) != SQLITE_DONE) {
+		rc = -1;
+		goto out;
+	}
+	if (sqlite3_changes(a->db) == 1)
+		goto out;
+	/* claimed before: by us (a retry), done, or another delivery */
+	st = db_stmt(a->db, "SELECT delivery, state, at FROM scm_comments"
+	    " WHERE key = ?1");
+	if (st == NULL || (sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC),
+	    sqlite3_step(st)) != SQLITE_ROW) {
+		rc = -1;
+		goto out;
+	}
+	if (sqlite3_column_int(st, 1) != 0)
+		rc = 0;		/* done already */
+	else if (strcmp((const char *)sqlite3_column_text(st, 0),
+	    delivery) == 0)
+		rc = 1;		/* our own retry */
+	else if (now_unix_ms() - sqlite3_column_int64(st, 2) >
+	    CLAIM_STALE_MS)
+		rc = 2;		/* an abandoned claim: take it over */
+	else
+		rc = 0;
+	sqlite3_reset(st);
+	if (rc == 2) {
+		st = db_stmt(a->db, "UPDATE scm_comments SET delivery = ?2,"
+		    " at = ?3 WHERE key = ?1");
+		if (st != NULL) {
+			sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+			sqlite3_bind_text(st, 2, delivery, -1, SQLITE_STATIC);
+			sqlite3_bind_int64(st, 3, now_unix_ms());
+			sqlite3_step(st);
+			sqlite3_reset(st);
+		}
+		rc = 1;
+	}
+out:
+	pthread_mutex_unlock(&a->db_mu);
+	return rc;
+}
+
+static void
+finish_comment(struct actions *a, const char *key)
+{
+	sqlite3_stmt *st;
+
+	pthread_mutex_lock(&a->db_mu);
+	st = db_stmt(a->db, "UPDATE scm_comments SET state = 1, at = ?2"
+	    " WHERE key = ?1");
+	if (st != NULL) {
+		sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 2, now_unix_ms());
+		sqlite3_step(st);
+		sqlite3_reset(st);
+	}
+	pthread_mutex_unlock(&a->db_mu);
+}
+
+/* ------------------------------------------------------- authorization */
+
+static int
+authz_lookup(struct actions *a, const char *key, enum scm_permission *out)
+{
+	struct authz_entry *e;
+	int64_t now = now_unix();
+	int found = 0;
+
+	pthread_mutex_lock(&a->authz_mu);
+	for (e = a->authz; e != NULL; e = e->next)
+		if (strcmp(e->key, key) == 0 && e->expires > now) {
+			*out = e->perm;
+			found = 1;
+			break;
+		}
+	pthread_mutex_unlock(&a->authz_mu);
+	return found;
+}
+
+static void
+authz_store(struct actions *a, const char *key, enum scm_permission perm)
+{
+	struct authz_entry *e, **pe;
+	int64_t now = now_unix();
+
+	pthread_mutex_lock(&a->authz_mu);
+	/* drop expired entries (and everything when full) */
+	for (pe = &a->authz; *pe != NULL;) {
+		e = *pe;
+		if (e->expires <= now || a->nauthz >= AUTHZ_MAX ||
+		    strcmp(e->key, key) == 0) {
+			*pe = e->next;
+			free(e->key);
+			free(e);
+			a->nauthz--;
+			continue;
+		}
+		pe = &e->next;
+	}
+	e = xcalloc(1, sizeof(*e));
+	e->key = xstrdup(key);
+	e->perm = perm;
+	e->expires = now + AUTHZ_TTL_S;
+	e->next = a->authz;
+	a->authz = e;
+	a->nauthz++;
+	pthread_mutex_unlock(&a->authz_mu);
+}
+
+static const char *
+perm_name(enum scm_permission p)
+{
+	switch (p) {
+	case SCM_PERM_MAINTAIN:
+		return "maintainer";
+	case SCM_PERM_WRITE:
+		return "write";
+	case SCM_PERM_READ:
+		return "read";
+	default:
+		return "no";
+	}
+}
+
+/* ---------------------------------------------------------- the event */
+
+/* Everything one comment needs while it is handled. */
+struct run {
+	struct actions *a;
+	const struct scm_event *ev;
+	struct scm_client *client;
+	struct scm_repo repo;
+	const char *provider;		/* "github" / "gitlab" */
+	char *host;			/* github.com, gitlab.example.com */
+	char *ns;			/* the namespace of the PR's tasks */
+	char *repo_hash;		/* label value: repository identity */
+	struct buf reply;		/* the one reply, if any */
+	int refused;
+};
+
+static char *
+api_host(const char *url, const char *dflt)
+{
+	const char *p = url != NULL ? strstr(url, "://") : NULL;
+	size_t n;
+
+	if (p == NULL)
+		return xstrdup(dflt);
+	p += 3;
+	n = strcspn(p, "/:");
+	if (n == 0)
+		return xstrdup(dflt);
+	/* api.github.com serves github.com */
+	if (n == 14 && strncmp(p, "api.github.com", 14) == 0)
+		return xstrdup("github.com");
+	return xstrndup(p, n);
+}
+
+static char *
+repo_hash(const char *provider, const char *host, const char *repo)
+{
+	char *id = xasprintf("%s/%s/%s", provider, host, repo);
+	unsigned char mac[32];
+	char hex[65];
+
+	hmac_sha256("diverge-repo", 12, id, strlen(id), mac);
+	hex_encode(mac, 32, hex);
+	free(id);
+	hex[16] = '\0';
+	return xstrdup(hex);
+}
+
+static char *
+namespace_for(const struct config *cfg, const char *host, const char *repo)
+{
+	char *id = xasprintf("%s/%s", host, repo);
+	size_t i;
+	char *ns = NULL;
+
+	for (i = 0; i < cfg->nrepos; i++)
+		if (fnmatch(cfg->repos[i].match, id, 0) == 0) {
+			ns = xstrdup(cfg->repos[i].namespace);
+			break;
+		}
+	free(id);
+	return ns != NULL ? ns : xstrdup(cfg->namespace);
+}
+
+/*
+ * Reply text quoted so that no line can start a command: every line of
+ * untrusted text is indented by two spaces inside a quote.
+ */
+static void
+reply_line(struct run *r, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void
+reply_line(struct run *r, const char *fmt, ...)
+{
+	va_list ap;
+	char *s;
+
+	va_start(ap, fmt);
+	s = xvasprintf(fmt, ap);
+	va_end(ap);
+	if (r->reply.len > 0)
+		buf_addstr(&r->reply, "\n");
+	buf_addstr(&r->reply, s);
+	free(s);
+}
+
+/* Untrusted text (an error echoing the comment) as an inert quote. */
+static void
+reply_quote(struct run *r, const char *text)
+{
+	const char *p = text, *nl;
+
+	while (*p) {
+		nl = strchr(p, '\n');
+		buf_addstr(&r->reply, "\n>     ");
+		buf_add(&r->reply, p, nl ? (size_t)(nl - p) : strlen(p));
+		if (nl == NULL)
+			break;
+		p = nl + 1;
+	}
+}
+
+/* Map a client error to the inbox's verdict. */
+static int
+scm_verdict(int rc)
+{
+	return rc == SCM_ERATELIMITED || rc == SCM_EUNAVAILABLE ?
+	    INBOX_RETRY : INBOX_FAIL;
+}
+
+enum { AUTH_OK = 0, AUTH_REFUSED, AUTH_RETRY };
+
+/* AUTH_OK, AUTH_REFUSED (the reply says why) or AUTH_RETRY. */
+static int
+authorize(struct run *r, const struct cmd_result *res, char **cause)
+{
+	const struct scm_event *ev = r->ev;
+	enum scm_permission perm = SCM_PERM_NONE;
+	enum cmd_role need = CMD_ROLE_ANYONE;
+	char *key;
+	size_t i;
+	int rc;
+
+	for (i = 0; i < res->ncmds; i++)
+		if (commands_required_role(&res->cmds[i]) > need)
+			need = commands_required_role(&res->cmds[i]);
+	if (need == CMD_ROLE_ANYONE)
+		return AUTH_OK;
+	key = xasprintf("%s|%s|%s|%lld", r->provider, ev->repo,
+	    ev->author_login, (long long)ev->author_id);
+	if (!authz_lookup(r->a, key, &perm)) {
+		rc = r->client->ops->permission(r->client, &r->repo,
+		    ev->author_login, ev->author_id, &perm, cause);
+		if (rc == SCM_ERATELIMITED) {
+			free(key);
+			return AUTH_RETRY;
+		}
+		if (rc < 0) {
+			/* fail closed */
+			log_kv(LOG_WARN, "permission check failed: refusing",
+			    "delivery", ev->delivery, "author",
+			    ev->author_login, "error", *cause, NULL);
+			free(*cause);
+			*cause = NULL;
+			reply_line(r, "**diverge** could not check the "
+			    "permissions of @%s, so nothing was run. Try again "
+			    "later.", ev->author_login);
+			r->refused = 1;
+			free(key);
+			return AUTH_REFUSED;
+		}
+		authz_store(r->a, key, perm);
+	}
+	free(key);
+	if ((need == CMD_ROLE_WRITE && perm >= SCM_PERM_WRITE) ||
+	    (need == CMD_ROLE_MAINTAIN && perm >= SCM_PERM_MAINTAIN))
+		return AUTH_OK;
+	for (i = 0; i < res->ncmds; i++) {
+		enum cmd_role want = commands_required_role(&res->cmds[i]);
+
+		if ((want == CMD_ROLE_WRITE && perm < SCM_PERM_WRITE) ||
+		    (want == CMD_ROLE_MAINTAIN && perm < SCM_PERM_MAINTAIN)) {
+			reply_line(r, "**diverge**: `%s` needs %s access; "
+			    "@%s has %s access to this repository, so nothing "
+			    "was run.", commands_kind_name(res->cmds[i].kind),
+			    commands_role_name(want), ev->author_login,
+			    perm_name(perm));
+			break;
+		}
+	}
+	r->refused = 1;
+	return AUTH_REFUSED;
+}
+
+/* ------------------------------------------------------------- tasks */
+
+static int
+task_finished(const json_t *task)
+{
+	const char *p = json_string_value(json_object_get(json_object_get(
+	    task, "status"), "phase"));
+
+	return p != NULL && (strcmp(p, "Completed") == 0 ||
+	    strcmp(p, "Failed") == 0);
+}
+
+/* The PR's tasks (by labels: names may have been disambiguated). */
+static int
+pr_tasks(struct run *r, json_t **items, struct k8s_status *st)
+{
+	char *sel = xasprintf("divergedev.com/repo=%s,divergedev.com/pr=%lld",
+	    r->repo_hash, (long long)r->ev->number);
+	struct k8s_list_opts o = { sel, NULL, NULL };
+	json_t *l = NULL;
+	int rc;
+
+	rc = k8s_list(r->a->ac.store, &K8S_AGENTTASK, r->ns, &o, &l, st);
+	free(sel);
+	if (rc < 0)
+		return rc;
+	*items = json_incref(json_object_get(l, "items"));
+	json_decref(l);
+	return 0;
+}
+
+/* The PR's live task, else its newest one; NULL when it has none. */
+static json_t *
+pr_task(struct run *r)
+{
+	struct k8s_status st = { 0 };
+	json_t *items = NULL, *t, *pick = NULL;
+	size_t i;
+
+	if (pr_tasks(r, &items, &st) < 0) {
+		k8s_status_release(&st);
+		return NULL;
+	}
+	json_array_foreach(items, i, t) {
+		if (pick == NULL || (task_finished(pick) && !task_finished(t)))
+			pick = t;
+	}
+	if (pick != NULL)
+		json_incref(pick);
+	json_decref(items);
+	return pick;
+}
+
+static json_t *
+task_spec(struct run *r, const struct cmd *c, const struct scm_pr *pr,
+    const json_t *agent)
+{
+	const struct config *cfg = r->a->ac.cfg;
+	json_t *spec = json_object(), *caps = json_array(), *v;
+	char money[32];
+	const char *k;
+	size_t i;
+
+	for (i = 0; i < cfg->defaults.capabilities.n; i++)
+		json_array_append_new(caps, json_string(
+		    cfg->defaults.capabilities.v[i]));
+	json_object_set_new(spec, "capabilities", caps);
+	if (cfg->defaults.budget_usd_micro > 0) {
+		k8s_task_format_usd(cfg->defaults.budget_usd_micro, money);
+		json_object_set_new(spec, "budgetUSD", json_string(money));
+	}
+	if (cfg->defaults.budget_tokens > 0)
+		json_object_set_new(spec, "budgetTokens",
+		    json_integer(cfg->defaults.budget_tokens));
+	json_object_set_new(spec, "maxIterations",
+	    json_integer(cfg->defaults.max_iterations));
+	json_object_set_new(spec, "sandbox", json_pack("{s:s,s:i}",
+	    "provider", "agent-sandbox", "timeoutSeconds",
+	    cfg->defaults.timeout_seconds));
+	/* the repository's .diverge/agent.yaml (from the base branch) */
+	json_object_foreach((json_t *)agent, k, v) {
+		if (json_is_object(v) && json_is_object(json_object_get(spec,
+		    k)))
+			json_object_update(json_object_get(spec, k), v);
+		else
+			json_object_set(spec, k, v);
+	}
+	/* the PR decides the branches and the repository */
+	json_object_set_new(spec, "repository", json_pack("{s:s,s:s,s:s}",
+	    "url", pr->clone_url ? pr->clone_url : "", "baseBranch",
+	    pr->base_ref ? pr->base_ref : "", "workingBranch",
+	    pr->head_ref ? pr->head_ref : ""));
+	json_object_set_new(spec, "objective", json_string(c->text));
+	return spec;
+}
+
+static json_t *
+task_object(struct run *r, const char *name, json_t *spec)
+{
+	const struct scm_event *ev = r->ev;
+	char num[32], pid[32];
+	json_t *ann, *labels;
+
+	snprintf(num, sizeof(num), "%lld", (long long)ev->number);
+	snprintf(pid, sizeof(pid), "%lld", (long long)ev->project_id);
+	ann = json_pack("{s:s,s:s,s:s}", "divergedev.com/provider",
+	    r->provider, "divergedev.com/project", ev->repo,
+	    "divergedev.com/requested-by", ev->author_login ?
+	    ev->author_login : "");
+	if (ev->provider == SCM_GITLAB) {
+		json_object_set_new(ann, "divergedev.com/project-id",
+		    json_string(pid));
+		json_object_set_new(ann, "divergedev.com/mr-iid",
+		    json_string(num));
+	} else {
+		json_object_set_new(ann, "divergedev.com/pr-number",
+		    json_string(num));
+	}
+	labels = json_pack("{s:s,s:s,s:s}", "divergedev.com/provider",
+	    r->provider, "divergedev.com/repo", r->repo_hash,
+	    "divergedev.com/pr", num);
+	return json_pack("{s:s,s:s,s:{s:s,s:o,s:o},s:o}", "apiVersion",
+	    "divergedev.com/v1alpha1", "kind", "AgentTask", "metadata", "name",
+	    name, "labels", labels, "annotations", ann, "spec", spec);
+}
+
+/* status.run + 1 and the counters reset: a finished task runs again. */
+static int
+rerun(struct run *r, const char *name, struct k8s_status *st)
+{
+	json_t *t = NULL, *s;
+	int tries, rc = K8S_ECONFLICT;
+
+	for (tries = 0; tries < 16 && rc == K8S_ECONFLICT; tries++) {
+		k8s_status_release(st);
+		rc = k8s_get(r->a->ac.store, &K8S_AGENTTASK, r->ns, name, &t,
+		    st);
+		if (rc < 0)
+			break;
+		s = json_object_get(t, "status");
+		if (!json_is_object(s)) {
+			s = json_object();
+			json_object_set_new(t, "status", s);
+		}
+		json_object_set_new(s, "run", json_integer(
+		    json_integer_value(json_object_get(s, "run")) + 1));
+		json_object_set_new(s, "phase", json_string("Pending"));
+		json_object_set_new(s, "tokensConsumed", json_integer(0));
+		json_object_set_new(s, "costUSD", json_string("0.000000"));
+		json_object_set_new(s, "iteration", json_integer(0));
+		json_object_set_new(s, "lastMeterRequestIds", json_array());
+		json_object_set_new(s, "activeSeconds", json_integer(0));
+		json_object_del(s, "reason");
+		json_object_del(s, "message");
+		json_object_del(s, "completedAt");
+		rc = k8s_update_status(r->a->ac.store, &K8S_AGENTTASK, r->ns,
+		    name, t, NULL, st);
+		json_decref(t);
+		t = NULL;
+	}
+	return rc;
+}
+
+static int
+do_fix(struct run *r, const struct cmd *c, char **cause)
+{
+	const struct scm_event *ev = r->ev;
+	const struct config *cfg = r->a->ac.cfg;
+	struct k8s_status st = { 0 };
+	struct scm_pr pr;
+	json_t *agent = NULL, *spec = NULL, *obj = NULL, *cur = NULL;
+	char *name = NULL, *file = NULL;
+	size_t flen = 0;
+	int rc, ret = INBOX_DONE, allow_forks;
+
+	memset(&pr, 0, sizeof(pr));
+	rc = r->client->ops->get_pr(r->client, &r->repo, ev->number, &pr,
+	    cause);
+	if (rc < 0) {
+		ret = scm_verdict(rc);
+		goto out;
+	}
+	allow_forks = ev->provider == SCM_GITHUB ? cfg->github.allow_forks :
+	    cfg->gitlab.allow_forks;
+	if (pr.fork && !allow_forks) {
+		reply_line(r, "**diverge** does not run agents on pull "
+		    "requests from forks here: the agent would push to a "
+		    "repository it does not control and run code from outside "
+		    "the project. A maintainer can open the change from a "
+		    "branch of this repository instead.");
+		r->refused = 1;
+		goto out;
+	}
+	/* agent.yaml from the BASE branch: the PR author controls the head */
+	rc = r->client->ops->read_file(r->client, &r->repo, pr.base_ref,
+	    AGENT_FILE, &file, &flen, cause);
+	if (rc == SCM_ENOTFOUND) {
+		free(*cause);
+		*cause = NULL;
+	} else if (rc < 0) {
+		ret = scm_verdict(rc);
+		goto out;
+	} else if (k8s_task_agent_yaml(AGENT_FILE, file, flen, &agent,
+	    cause) < 0) {
+		reply_line(r, "**diverge** could not read `%s` on `%s`, so "
+		    "no task was created:", AGENT_FILE, pr.base_ref);
+		reply_quote(r, *cause);
+		free(*cause);
+		*cause = NULL;
+		r->refused = 1;
+		goto out;
+	}
+	spec = task_spec(r, c, &pr, agent);
+	name = xasprintf("fix-%s-%lld", ev->provider == SCM_GITLAB ? "mr" :
+	    "pr", (long long)ev->number);
+	rc = k8s_get(r->a->ac.store, &K8S_AGENTTASK, r->ns, name, &cur, &st);
+	if (rc == 0 && strcmp(k8s_meta_str(cur, "name"), name) == 0 &&
+	    json_string_value(json_object_get(json_object_get(json_object_get(
+	    cur, "metadata"), "labels"), "divergedev.com/repo")) != NULL &&
+	    strcmp(json_string_value(json_object_get(json_object_get(
+	    json_object_get(cur, "metadata"), "labels"),
+	    "divergedev.com/repo")), r->repo_hash) != 0) {
+		/* another repository's task: never touched */
+		char *alt = xasprintf("%s-%.6s", name, r->repo_hash);
+
+		log_kv(LOG_INFO, "task name taken by another repository",
+		    "delivery", ev->delivery, "task", name, "using", alt,
+		    NULL);
+		free(name);
+		name = alt;
+		json_decref(cur);
+		cur = NULL;
+		k8s_status_release(&st);
+		rc = k8s_get(r->a->ac.store, &K8S_AGENTTASK, r->ns, name, &cur,
+		    &st);
+	}
+	if (r->a->ac.dry_run) {
+		char *text;
+
+		obj = task_object(r, name, json_incref(spec));
+		text = json_dumps(obj, JSON_COMPACT | JSON_SORT_KEYS);
+		log_kv(LOG_INFO, "dry run: would write", "delivery",
+		    ev->delivery, "namespace", r->ns, "object", text, NULL);
+		free(text);
+		reply_line(r, "**diverge** (dry run) would %s the task `%s` "
+		    "in namespace `%s`.", rc == 0 ? "update" : "create", name,
+		    r->ns);
+		goto out;
+	}
+	if (rc == K8S_ENOTFOUND) {
+		k8s_status_release(&st);
+		obj = task_object(r, name, json_incref(spec));
+		rc = k8s_create(r->a->ac.store, &K8S_AGENTTASK, r->ns, obj,
+		    NULL, &st);
+		if (rc == K8S_EEXISTS)	/* a racing delivery: fine */
+			rc = 0;
+		if (rc == 0)
+			log_kv(LOG_INFO, "task created", "delivery",
+			    ev->delivery, "task", name, "namespace", r->ns,
+			    NULL);
+	} else if (rc == 0) {
+		/* a live task gets the new objective; a finished one reruns */
+		json_t *patch = json_pack("{s:{s:s}}", "spec", "objective",
+		    c->text);
+
+		k8s_status_release(&st);
+		rc = k8s_patch(r->a->ac.store, &K8S_AGENTTASK, r->ns, name, 0,
+		    patch, NULL, &st);
+		json_decref(patch);
+		if (rc == 0 && task_finished(cur))
+			rc = rerun(r, name, &st);
+		if (rc == 0)
+			log_kv(LOG_INFO, task_finished(cur) ? "task re-run" :
+			    "task objective updated", "delivery", ev->delivery,
+			    "task", name, NULL);
+	}
+	if (rc < 0) {
+		*cause = xasprintf("task '%s/%s': %s", r->ns, name,
+		    st.message ? st.message : "write failed");
+		ret = rc == K8S_EINVALID ? INBOX_FAIL : INBOX_RETRY;
+		if (rc == K8S_EINVALID) {
+			reply_line(r, "**diverge** could not create the task:");
+			reply_quote(r, st.message ? st.message : "invalid");
+			r->refused = 1;
+			free(*cause);
+			*cause = NULL;
+			ret = INBOX_DONE;
+		}
+	}
+out:
+	k8s_status_release(&st);
+	scm_pr_release(&pr);
+	json_decref(agent);
+	json_decref(spec);
+	json_decref(obj);
+	json_decref(cur);
+	free(name);
+	if (file != NULL)
+		free(file);
+	return ret;
+}
+
+/* guide, pause, resume, budget: the shared task operations. */
+static int
+do_steer(struct run *r, const struct cmd *c, char **cause)
+{
+	const struct config *cfg = r->a->ac.cfg;
+	struct k8s_status st = { 0 };
+	struct k8s_task_bump bump;
+	json_t *task = pr_task(r);
+	const char *name;
+	int rc = 0;
+
+	if (task == NULL) {
+		reply_line(r, "**diverge**: this pull request has no task yet; "
+		    "start one with `/diverge fix <objective>`.");
+		r->refused = 1;
+		return INBOX_DONE;
+	}
+	name = k8s_meta_str(task, "name");
+	memset(&bump, 0, sizeof(bump));
+	bump.usd_micro = c->usd_micro;
+	bump.tokens = c->tokens;
+	bump.default_usd_micro = cfg->defaults.budget_usd_micro;
+	bump.default_tokens = cfg->defaults.budget_tokens;
+	if (r->a->ac.dry_run) {
+		log_kv(LOG_INFO, "dry run: would steer", "delivery",
+		    r->ev->delivery, "task", name, "command",
+		    commands_kind_name(c->kind), NULL);
+		reply_line(r, "**diverge** (dry run) would `%s` the task `%s`.",
+		    commands_kind_name(c->kind), name);
+		json_decref(task);
+		return INBOX_DONE;
+	}
+	switch (c->kind) {
+	case CMD_GUIDE:
+		rc = k8s_task_guide(r->a->ac.store, r->ns, name, c->text, NULL,
+		    &st);
+		break;
+	case CMD_PAUSE:
+		rc = k8s_task_pause(r->a->ac.store, r->ns, name, NULL, &st);
+		break;
+	case CMD_RESUME:
+		rc = k8s_task_resume(r->a->ac.store, r->ns, name, &bump, NULL,
+		    &st);
+		break;
+	default:	/* CMD_BUDGET */
+		rc = k8s_task_budget(r->a->ac.store, r->ns, name, &bump, NULL,
+		    &st);
+	}
+	if (rc == K8S_EINVALID) {
+		/* refused with an explanation (an unlimited budget, ...) */
+		reply_line(r, "**diverge**: `%s` was not applied:",
+		    commands_kind_name(c->kind));
+		reply_quote(r, st.message ? st.message : "refused");
+		r->refused = 1;
+		rc = 0;
+	} else if (rc < 0) {
+		*cause = xasprintf("task '%s/%s': %s", r->ns, name,
+		    st.message ? st.message : "write failed");
+	} else {
+		log_kv(LOG_INFO, "task steered", "delivery", r->ev->delivery,
+		    "task", name, "command", commands_kind_name(c->kind), NULL);
+	}
+	k8s_status_release(&st);
+	json_decref(task);
+	return rc < 0 ? INBOX_RETRY : INBOX_DONE;
+}
+
+static void
+do_status(struct run *r)
+{
+	const struct config *cfg = r->a->ac.cfg;
+	struct k8s_status st = { 0 };
+	json_t *items = NULL, *t;
+	size_t i;
+
+	if (pr_tasks(r, &items, &st) < 0 || json_array_size(items) == 0) {
+		reply_line(r, "**diverge**: no task for this pull request yet. "
+		    "Start one with `/diverge fix <objective>`.");
+		k8s_status_release(&st);
+		json_decref(items);
+		return;
+	}
+	reply_line(r, "**diverge** tasks of this pull request:\n");
+	reply_line(r, "| task | phase | spend | tokens | iteration | "
+	    "preview |");
+	reply_line(r, "| --- | --- | --- | --- | --- | --- |");
+	json_array_foreach(items, i, t) {
+		const json_t *s = json_object_get(t, "status");
+		struct k8s_task_budgets b;
+		char spent[32], budget[32], tb[48];
+		int64_t cost = 0;
+		const char *phase = json_string_value(json_object_get(s,
+		    "phase"));
+		const char *preview = json_string_value(json_object_get(s,
+		    "previewUrl"));
+
+		k8s_task_budgets(r->a->ac.store, t,
+		    cfg->defaults.budget_usd_micro,
+		    cfg->defaults.budget_tokens, &b);
+		if (json_string_value(json_object_get(s, "costUSD")) != NULL)
+			cost = config_parse_usd(json_string_value(
+			    json_object_get(s, "costUSD")));
+		k8s_task_format_usd(cost < 0 ? 0 : cost, spent);
+		if (b.usd.source == K8S_TASK_UNKNOWN)
+			snprintf(budget, sizeof(budget), "?");
+		else if (b.usd.value == 0)
+			snprintf(budget, sizeof(budget), "unlimited");
+		else
+			k8s_task_format_usd(b.usd.value, budget);
+		if (b.tokens.source != K8S_TASK_UNKNOWN && b.tokens.value > 0)
+			snprintf(tb, sizeof(tb), "%lld / %lld", (long long)
+			    json_integer_value(json_object_get(s,
+			    "tokensConsumed")), (long long)b.tokens.value);
+		else
+			snprintf(tb, sizeof(tb), "%lld", (long long)
+			    json_integer_value(json_object_get(s,
+			    "tokensConsumed")));
+		reply_line(r, "| `%s` | %s | $%s / $%s | %s | %lld / %lld | %s |",
+		    k8s_meta_str(t, "name"), phase ? phase : "Pending", spent,
+		    budget, tb, (long long)json_integer_value(json_object_get(s,
+		    "iteration")), (long long)json_integer_value(
+		    json_object_get(json_object_get(t, "spec"),
+		    "maxIterations")), preview ? "[preview](" : "none");
+		if (preview != NULL) {
+			/* the URL is ours (a template of the config) */
+			buf_addstr(&r->reply, preview);
+			buf_addstr(&r->reply, ")");
+		}
+	}
+	json_decref(items);
+}
+
+static int
+run_commands(struct run *r, const struct cmd_result *res, char **cause)
+{
+	size_t i;
+	int ret = INBOX_DONE;
+
+	for (i = 0; i < res->ncmds && ret == INBOX_DONE; i++) {
+		const struct cmd *c = &res->cmds[i];
+
+		switch (c->kind) {
+		case CMD_FIX:
+			ret = do_fix(r, c, cause);
+			break;
+		case CMD_STATUS:
+			do_status(r);
+			break;
+		case CMD_HELP: {
+			char *help = commands_help_markdown();
+
+			reply_line(r, "%s", help);
+			free(help);
+			break;
+		}
+		default:
+			ret = do_steer(r, c, cause);
+		}
+	}
+	return ret;
+}
+
+/* A comment on a PR/MR. */
+static int
+on_comment(struct run *r, char **cause)
+{
+	const struct scm_event *ev = r->ev;
+	struct cmd_limits lim;
+	struct cmd_result res;
+	char *claim;
+	int rc, ret = INBOX_DONE, claimed;
+
+	memset(&res, 0, sizeof(res));
+	lim.max_commands = r->a->ac.cfg->commands.max_per_comment;
+	lim.max_bump_usd_micro = r->a->ac.cfg->commands.max_bump_usd_micro;
+	lim.max_bump_tokens = r->a->ac.cfg->commands.max_bump_tokens;
+	if (ev->comment_body == NULL || commands_parse(ev->comment_body,
+	    strlen(ev->comment_body), &lim, &res) < 0) {
+		log_kv(LOG_WARN, "comment not parsed: ignored", "delivery",
+		    ev->delivery, NULL);
+		return INBOX_DONE;
+	}
+	if (res.error == NULL && res.ncmds == 0) {
+		/* the prefilter matched, the grammar did not (code, quotes) */
+		commands_result_release(&res);
+		return INBOX_DONE;
+	}
+	/* one handling per comment, whichever delivery brought it */
+	claim = xasprintf("%s|%s|%lld|%lld", r->provider, ev->repo,
+	    (long long)ev->project_id, (long long)ev->comment_id);
+	claimed = claim_comment(r->a, claim, ev->delivery);
+	if (claimed <= 0) {
+		if (claimed < 0)
+			ret = INBOX_RETRY;
+		else
+			log_kv(LOG_INFO, "comment already handled", "delivery",
+			    ev->delivery, "comment", claim, NULL);
+		goto out;
+	}
+	if (res.error != NULL) {
+		reply_line(r, res.help ? "**diverge** did not understand "
+		    "that. What it can do:\n" : "**diverge** could not run "
+		    "this comment:");
+		if (!res.help)
+			reply_quote(r, res.error);
+		else {
+			char *help = commands_help_markdown();
+
+			reply_line(r, "%s", help);
+			free(help);
+		}
+		r->refused = 1;
+	} else {
+		rc = authorize(r, &res, cause);
+		if (rc == AUTH_RETRY) {
+			ret = INBOX_RETRY;
+			goto out;
+		}
+		if (rc == AUTH_OK)
+			ret = run_commands(r, &res, cause);
+	}
+	if (ret != INBOX_DONE)
+		goto out;
+	/* acknowledge: one reaction, one reply at most */
+	rc = r->client->ops->react(r->client, &r->repo, ev->number,
+	    ev->comment_id, ev->review_comment, r->refused ? "confused" :
+	    "eyes", cause);
+	if (rc == SCM_ERATELIMITED || rc == SCM_EUNAVAILABLE) {
+		ret = INBOX_RETRY;
+		goto out;
+	}
+	if (rc < 0) {
+		log_kv(LOG_WARN, "reaction failed", "delivery", ev->delivery,
+		    "error", *cause, NULL);
+		free(*cause);
+		*cause = NULL;
+	}
+	if (r->reply.len > 0) {
+		int64_t id = 0;
+
+		rc = r->client->ops->create_comment(r->client, &r->repo,
+		    ev->number, r->reply.data, &id, cause);
+		if (rc == SCM_ERATELIMITED || rc == SCM_EUNAVAILABLE) {
+			ret = INBOX_RETRY;
+			goto out;
+		}
+		if (rc < 0) {
+			log_kv(LOG_WARN, "reply failed", "delivery",
+			    ev->delivery, "error", *cause, NULL);
+			free(*cause);
+			*cause = NULL;
+		}
+	}
+	finish_comment(r->a, claim);
+out:
+	free(claim);
+	commands_result_release(&res);
+	return ret;
+}
+
+/* A PR/MR closed or merged: its live tasks end. */
+static int
+on_closed(struct run *r, char **cause)
+{
+	struct k8s_status st = { 0 };
+	json_t *items = NULL, *t;
+	size_t i;
+	int ret = INBOX_DONE;
+
+	if (pr_tasks(r, &items, &st) < 0) {
+		*cause = xasprintf("listing the tasks: %s", st.message ?
+		    st.message : "failed");
+		k8s_status_release(&st);
+		return INBOX_RETRY;
+	}
+	json_array_foreach(items, i, t) {
+		const char *name = k8s_meta_str(t, "name");
+		json_t *patch;
+		int rc;
+
+		if (task_finished(t))
+			continue;
+		if (r->a->ac.dry_run) {
+			log_kv(LOG_INFO, "dry run: would end the task",
+			    "delivery", r->ev->delivery, "task", name, NULL);
+			continue;
+		}
+		patch = json_pack("{s:{s:s,s:s,s:s}}", "status", "phase",
+		    "Failed", "reason", "PullRequestClosed", "message",
+		    r->ev->kind == SCM_EV_MERGED ? "the pull request was "
+		    "merged" : "the pull request was closed");
+		rc = k8s_patch(r->a->ac.store, &K8S_AGENTTASK, r->ns, name, 1,
+		    patch, NULL, &st);
+		json_decref(patch);
+		if (rc < 0 && rc != K8S_ENOTFOUND) {
+			*cause = xasprintf("ending task '%s': %s", name,
+			    st.message ? st.message : "failed");
+			ret = INBOX_RETRY;
+		} else {
+			log_kv(LOG_INFO, "task ended: pull request closed",
+			    "delivery", r->ev->delivery, "task", name, NULL);
+		}
+		k8s_status_release(&st);
+	}
+	json_decref(items);
+	return ret;
+}
+
+/* The inbox handler. */
+static int
+actions_handle(void *arg, struct inbox_item *item, char **cause)
+{
+	struct actions *a = arg;
+	const struct scm_event *ev = item->event;
+	const struct config *cfg = a->ac.cfg;
+	struct run r;
+	int ret;
+
+	memset(&r, 0, sizeof(r));
+	r.a = a;
+	r.ev = ev;
+	r.provider = scm_provider_name(ev->provider);
+	r.client = ev->provider == SCM_GITLAB ? a->ac.gitlab : a->ac.github;
+	/* every handled event goes to the audit trail (handled_events) */
+	item->effect = inbox_record_effect;
+	item->effect_arg = NULL;
+	if (r.client == NULL) {
+		/* no API credentials for this provider: intake only */
+		log_kv(LOG_INFO, "event recorded, not run: no API token for "
+		    "this provider", "delivery", ev->delivery, "provider",
+		    r.provider, NULL);
+		return INBOX_DONE;
+	}
+	if (ev->repo == NULL) {
+		*cause = xstrdup("the event names no repository");
+		return INBOX_FAIL;
+	}
+	r.repo.full_name = ev->repo;
+	r.repo.project_id = ev->project_id;
+	r.repo.installation_id = ev->installation_id;
+	r.host = api_host(ev->provider == SCM_GITLAB ? cfg->gitlab.api_url :
+	    cfg->github.api_url, ev->provider == SCM_GITLAB ? "gitlab.com" :
+	    "github.com");
+	r.ns = namespace_for(cfg, r.host, ev->repo);
+	r.repo_hash = repo_hash(r.provider, r.host, ev->repo);
+	buf_init(&r.reply, 60000);
+	if (ev->kind == SCM_EV_COMMENT)
+		ret = on_comment(&r, cause);
+	else if (ev->kind == SCM_EV_CLOSED || ev->kind == SCM_EV_MERGED)
+		ret = on_closed(&r, cause);
+	else
+		ret = INBOX_DONE;
+	buf_release(&r.reply);
+	free(r.host);
+	free(r.ns);
+	free(r.repo_hash);
+	return ret;
+}
+
+/* Start the command handler. */
+int
+actions_new(struct actions **out, const struct actions_config *ac,
+    char **cause)
+{
+	struct actions *a = xcalloc(1, sizeof(*a));
+
+	a->ac = *ac;
+	pthread_mutex_init(&a->db_mu, NULL);
+	pthread_mutex_init(&a->authz_mu, NULL);
+	if (db_open(ac->db_path, 0, &a->db, cause) < 0 ||
+	    db_exec(a->db, "CREATE TABLE IF NOT EXISTS scm_comments ("
+	    " key TEXT PRIMARY KEY, delivery TEXT NOT NULL,"
+	    " state INTEGER NOT NULL, at INTEGER NOT NULL);", cause) < 0) {
+		actions_free(a);
+		return -1;
+	}
+	*out = a;
+	return 0;
+}
+
+/* The handler to give the inbox. */
+struct inbox_handler
+actions_handler(struct actions *a)
+{
+	struct inbox_handler h = { actions_handle, a };
+
+	return h;
+}
+
+/* Free. */
+void
+actions_free(struct actions *a)
+{
+	struct authz_entry *e;
+
+	if (a == NULL)
+		return;
+	db_close(a->db);
+	while ((e = a->authz) != NULL) {
+		a->authz = e->next;
+		free(e->key);
+		free(e);
+	}
+	pthread_mutex_destroy(&a->db_mu);
+	pthread_mutex_destroy(&a->authz_mu);
+	free(a);
+}

@@ -1,0 +1,480 @@
+"""Running the commands end to end: signed webhooks into diverged, the
+fake GitHub and GitLab APIs of tests/fakes/scm_fake.py behind it, and the
+resulting AgentTasks read back through the store's API. Each case states
+what it expects of the API calls (reactions, replies) and of the task."""
+
+import base64
+import http.client
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+from divtest import (TOP_SRCDIR, Daemon, compact, fixture, run_tests,
+                     with_comment)
+
+NS = "team-a"
+TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks"
+
+AGENT_YAML = ("version: \"1\"\nagent:\n  maxIterations: 3\n"
+              "  budgetUSD: \"2.50\"\n  capabilities: [\"claude-*\"]\n")
+HEAD_AGENT_YAML = "version: \"1\"\nagent:\n  maxIterations: 99\n"
+BROKEN_AGENT_YAML = "version: \"1\"\nagent:\n  maxIterations: many\n"
+
+SEED = {
+    "github": {
+        "user": {"login": "diverge-bot", "id": 900},
+        "tokens": {"ghp_bot": "diverge-bot"},
+        "users": [{"login": "alice", "id": 1}, {"login": "bob", "id": 2},
+                  {"login": "carol", "id": 3}, {"login": "mallory", "id": 4}],
+        "repos": [
+            {"full_name": "myorg/checkout", "id": 501,
+             "default_branch": "main",
+             "collaborators": {"alice": "admin", "bob": "write",
+                               "carol": "read", "diverge-bot": "write"},
+             "files": {"main": {".diverge/agent.yaml": AGENT_YAML},
+                       "fix-n1": {".diverge/agent.yaml": HEAD_AGENT_YAML}},
+             "pulls": [
+                 {"number": 42, "title": "N+1", "user": "alice",
+                  "head": {"ref": "fix-n1"}, "base": {"ref": "main"}},
+                 {"number": 43, "title": "other", "user": "bob",
+                  "head": {"ref": "other"}, "base": {"ref": "main"}},
+                 {"number": 7, "title": "From a fork", "user": "mallory",
+                  "head": {"ref": "evil", "repo": "mallory/checkout"},
+                  "base": {"ref": "main"}}]},
+            {"full_name": "myorg/broken", "id": 502,
+             "default_branch": "main",
+             "collaborators": {"alice": "admin"},
+             "files": {"main": {".diverge/agent.yaml": BROKEN_AGENT_YAML}},
+             "pulls": [{"number": 1, "title": "x", "user": "alice",
+                        "head": {"ref": "x"}, "base": {"ref": "main"}}]}]},
+    "gitlab": {
+        "user": {"username": "diverge-bot", "id": 950},
+        "tokens": ["glpat-bot"],
+        "users": [{"username": "pipin", "id": 11},
+                  {"username": "guest", "id": 12}],
+        "projects": [
+            {"id": 5, "path_with_namespace": "myorg/diaspora",
+             "default_branch": "main",
+             "members": {"pipin": 40, "guest": 10},
+             "files": {"main": {".diverge/agent.yaml": AGENT_YAML}},
+             "merge_requests": [
+                 {"iid": 2, "id": 2002, "source_branch": "feature",
+                  "target_branch": "main", "author": "pipin"}]}]},
+}
+
+# The comments the webhooks below announce exist on the fake first, as
+# they would on GitHub: (id, pull, author). Bodies do not matter there.
+GH_COMMENTS = [(1001, 42, "alice"), (1002, 43, "carol"), (1003, 43, "bob"),
+               (1006, 43, "alice"), (1007, 1, "alice"), (1008, 7, "alice"),
+               (1010, 42, "alice"), (1011, 42, "alice"), (1012, 42, "alice"),
+               (1013, 42, "alice"), (1014, 42, "bob"), (1015, 42, "carol"),
+               (1016, 42, "carol"), (1017, 42, "alice"), (1020, 43, "alice"),
+               (1021, 43, "alice"), (1022, 43, "alice")]
+GL_NOTES = [(3001, "pipin"), (3002, "guest")]
+
+
+def seed():
+    spec = json.loads(json.dumps(SEED))
+    for repo in spec["github"]["repos"]:
+        for pr in repo["pulls"]:
+            pr["comments"] = [
+                {"id": cid, "user": who, "body": "(comment %d)" % cid}
+                for (cid, n, who) in GH_COMMENTS
+                if n == pr["number"] and (repo["full_name"] ==
+                                          "myorg/checkout") == (n != 1)]
+    mr = spec["gitlab"]["projects"][0]["merge_requests"][0]
+    mr["notes"] = [{"id": nid, "author": who, "body": "(note %d)" % nid}
+                   for (nid, who) in GL_NOTES]
+    return spec
+
+
+CONFIG = """
+log:
+  level: info
+namespace: default
+controller:
+  enabled: false
+repos:
+  - match: "127.0.0.1/myorg/*"
+    namespace: team-a
+github:
+  enabled: true
+  api_url: {gh}
+  webhook_secrets: ["file:{{secret_file}}"]
+  token: "file:{{tmp}}/gh-token"
+gitlab:
+  enabled: true
+  api_url: {gl}
+  webhook_tokens: ["file:{{gitlab_token_file}}"]
+  token: "file:{{tmp}}/gl-token"
+"""
+
+
+class Fake:
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(TOP_SRCDIR, "tests", "fakes",
+                                          "scm_fake.py"), "--port", "0"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL)
+        info = json.loads(self.proc.stdout.readline())
+        self.port = info["port"]
+        self.base = "http://127.0.0.1:%d" % self.port
+
+    def call(self, method, path, body=None):
+        req = urllib.request.Request(
+            self.base + path, method=method,
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read() or b"null")
+
+    def state(self):
+        return self.call("GET", "/_fake/state")
+
+    def requests(self):
+        return self.call("GET", "/_fake/requests")
+
+    def stop(self):
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+def gh_comment(cid, number, login, body, repo="myorg/checkout", uid=1,
+               utype="User"):
+    doc = with_comment(fixture(
+        "github/go-playground--pull-request-issue-comment.json"), body)
+    doc["repository"]["full_name"] = repo
+    doc["repository"]["clone_url"] = "https://github.com/%s.git" % repo
+    doc["issue"]["number"] = number
+    doc["comment"]["id"] = cid
+    doc["comment"]["user"]["login"] = login
+    doc["comment"]["user"]["id"] = uid
+    doc["comment"]["user"]["type"] = utype
+    return doc
+
+
+def gl_note(nid, iid, username, uid, body):
+    doc = with_comment(fixture(
+        "gitlab/gitlab-docs--comment-on-a-merge-request.json"), body)
+    doc["project_id"] = 5
+    doc["project"]["id"] = 5
+    doc["project"]["path_with_namespace"] = "myorg/diaspora"
+    doc["merge_request"]["iid"] = iid
+    doc["merge_request"]["source_project_id"] = 5
+    doc["merge_request"]["target_project_id"] = 5
+    doc["object_attributes"]["id"] = nid
+    doc["user"]["username"] = username
+    doc["user"]["id"] = uid
+    return doc
+
+
+def api(d, method, path, body=None, ctype="application/json"):
+    c = http.client.HTTPConnection("127.0.0.1", d.api_port, timeout=10)
+    try:
+        c.request(method, path, body=json.dumps(body) if body is not None
+                  else None, headers={"Content-Type": ctype})
+        r = c.getresponse()
+        return r.status, json.loads(r.read() or b"null")
+    finally:
+        c.close()
+
+
+def get_task(d, name, ns=NS):
+    s, obj = api(d, "GET", TASKS % ns + "/" + name)
+    return obj if s == 200 else None
+
+
+def wait(pred, timeout=15):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    return pred()
+
+
+def gh_reactions(fake, number, cid):
+    pulls = fake.state()["github"]["repos"]["myorg/checkout"]["pulls"]
+    for c in pulls[str(number)]["comments"]:
+        if c["id"] == cid:
+            return [r["content"] for r in c["reactions"]]
+    return []
+
+
+def gh_bot_replies(fake, number):
+    pulls = fake.state()["github"]["repos"]["myorg/checkout"]["pulls"]
+    return [c["body"] for c in pulls[str(number)]["comments"]
+            if c["user"] == "diverge-bot"]
+
+
+def handled(d, key):
+    rows = d.query("SELECT count FROM handled_events WHERE key = ?",
+                   ("github:" + key,))
+    return rows[0][0] if rows else 0
+
+
+def main(t):
+    fake = Fake()
+    fake.call("POST", "/_fake/seed", seed())
+    d = Daemon(CONFIG.format(gh=fake.base + "/github",
+                             gl=fake.base + "/gitlab/api/v4"),
+               env={"DIVERGE_SCM_MAX_WAIT_MS": "2000"})
+    with open(os.path.join(d.tmp, "gh-token"), "w") as f:
+        f.write("ghp_bot\n")
+    with open(os.path.join(d.tmp, "gl-token"), "w") as f:
+        f.write("glpat-bot\n")
+    d.start()
+    t.ok(d.wait_log("github identity") and
+         any("login=diverge-bot" in l for l in d.log()),
+         "the bot's own identity comes from GET /user at start")
+
+    # --- fix by a write-access author on a same-repository PR
+    key = str(uuid.uuid4())
+    s, _, j = d.github("issue_comment", gh_comment(
+        1001, 42, "alice", "please\n/diverge fix make checkout fast"), key)
+    t.eq(s, 202, "fix comment: 202")
+    task = wait(lambda: get_task(d, "fix-pr-42"))
+    t.ok(task is not None, "AgentTask fix-pr-42 created in the namespace "
+         "the repos rule gives (team-a)")
+    spec = (task or {}).get("spec", {})
+    ann = (task or {}).get("metadata", {}).get("annotations", {})
+    t.eq(spec.get("objective"), "make checkout fast", "objective from "
+         "the command")
+    t.eq(spec.get("repository", {}).get("baseBranch"), "main",
+         "baseBranch from the PR")
+    t.eq(spec.get("repository", {}).get("workingBranch"), "fix-n1",
+         "workingBranch is the PR's head branch")
+    t.eq((spec.get("maxIterations"), spec.get("budgetUSD"),
+          spec.get("capabilities")), (3, "2.50", ["claude-*"]),
+         ".diverge/agent.yaml of the BASE branch applied (not the head's "
+         "maxIterations 99)")
+    t.eq((ann.get("divergedev.com/provider"), ann.get(
+        "divergedev.com/project"), ann.get("divergedev.com/pr-number")),
+        ("github", "myorg/checkout", "42"), "provider, project and "
+        "pr-number annotations")
+    t.ok(wait(lambda: gh_reactions(fake, 42, 1001) == ["eyes"]),
+         "eyes reaction on the accepted comment",
+         gh_reactions(fake, 42, 1001))
+    t.eq(gh_bot_replies(fake, 42), [], "nothing else posted for an "
+         "accepted command")
+    t.eq(wait(lambda: handled(d, key)), 1, "the delivery was handled once")
+
+    # --- the same comment under a second delivery id: nothing more
+    key2 = str(uuid.uuid4())
+    s, _, _ = d.github("issue_comment", gh_comment(
+        1001, 42, "alice", "please\n/diverge fix make checkout fast"), key2)
+    t.eq(s, 202, "the same comment under another delivery id: 202")
+    wait(lambda: handled(d, key2))
+    time.sleep(0.3)
+    posts = [r for r in fake.requests() if r["method"] == "POST" and
+             "/comments/1001/reactions" in r["path"]]
+    t.eq(len(posts), 1, "one reaction request in all: the comment was "
+         "handled once")
+
+    # --- a read-only author: refused
+    s, _, _ = d.github("issue_comment", gh_comment(
+        1002, 43, "carol", "/diverge fix something", uid=3),
+        str(uuid.uuid4()))
+    t.ok(wait(lambda: gh_reactions(fake, 43, 1002) == ["confused"]),
+         "read-only author: confused reaction")
+    replies = wait(lambda: gh_bot_replies(fake, 43))
+    t.ok(len(replies) == 1 and "write access" in replies[0],
+         "read-only author: one reply explaining why", replies)
+    t.ok(get_task(d, "fix-pr-43") is None, "read-only author: no task")
+
+    # --- the permission API failing: fail closed
+    fake.call("POST", "/_fake/faults", {"status": 500, "count": 20,
+                                        "match": "/collaborators/bob"})
+    s, _, _ = d.github("issue_comment", gh_comment(
+        1003, 43, "bob", "/diverge fix something", uid=2),
+        str(uuid.uuid4()))
+    t.ok(wait(lambda: "confused" in gh_reactions(fake, 43, 1003), 30),
+         "permission API failing: confused reaction")
+    t.ok(get_task(d, "fix-pr-43") is None, "permission API failing: "
+         "nothing created")
+    fake.call("DELETE", "/_fake/faults")
+
+    # --- the bot's own comments, other bots, our help text: nothing
+    n_before = len(fake.requests())
+    s, _, j = d.github("issue_comment", gh_comment(
+        1004, 43, "diverge-bot", "/diverge fix loop", uid=900),
+        str(uuid.uuid4()))
+    t.eq((s, j.get("ignored")), (200, "comment by diverge itself"),
+         "our own comment: ignored at the door")
+    s, _, j = d.github("issue_comment", gh_comment(
+        1005, 43, "renovate[bot]", "/diverge fix deps", uid=77,
+        utype="Bot"), str(uuid.uuid4()))
+    t.eq((s, j.get("ignored")), (200, "comment by a bot"),
+         "another bot's comment: ignored")
+    help_reply = [b for b in gh_bot_replies(fake, 43)][0]
+    s, _, j = d.github("issue_comment", gh_comment(
+        1006, 43, "alice", "> " + help_reply.replace("\n", "\n> ")),
+        str(uuid.uuid4()))
+    time.sleep(0.5)
+    t.ok(gh_reactions(fake, 43, 1006) == [], "a comment quoting our reply "
+         "runs nothing", gh_reactions(fake, 43, 1006))
+    edited = fixture("github/octokit-webhooks--issue_comment.edited."
+                     "payload.json")
+    s, _, j = d.github("issue_comment", with_comment(edited,
+                                                     "/diverge fix x"),
+                       str(uuid.uuid4()))
+    t.eq(s, 200, "an edit: ignored")
+
+    # --- a broken agent.yaml on the base branch: reported by line
+    s, _, _ = d.github("issue_comment", gh_comment(
+        1007, 1, "alice", "/diverge fix it", repo="myorg/broken"),
+        str(uuid.uuid4()))
+
+    def broken_reply():
+        pulls = fake.state()["github"]["repos"]["myorg/broken"]["pulls"]
+        return [c["body"] for c in pulls["1"]["comments"]
+                if c["user"] == "diverge-bot"]
+    r = wait(broken_reply)
+    t.ok(r and ".diverge/agent.yaml:3:" in r[0], "a broken agent.yaml: "
+         "the reply names the line", r)
+    t.ok(get_task(d, "fix-pr-1") is None, "a broken agent.yaml: no task")
+
+    # --- a fork PR: refused with a reason
+    s, _, _ = d.github("issue_comment", gh_comment(
+        1008, 7, "alice", "/diverge fix from fork"), str(uuid.uuid4()))
+    r = wait(lambda: gh_bot_replies(fake, 7))
+    t.ok(r and "fork" in r[0], "a fork PR: a reply saying why", r)
+    t.ok(get_task(d, "fix-pr-7") is None, "a fork PR: no task")
+
+    # --- guide, budget, pause, resume, status, help on PR 42
+    def steer(cid, body, who="alice", uid=1):
+        d.github("issue_comment", gh_comment(cid, 42, who, body, uid=uid),
+                 str(uuid.uuid4()))
+        wait(lambda: gh_reactions(fake, 42, cid))
+        return get_task(d, "fix-pr-42")
+
+    task = steer(1010, "/diverge guide keep the API stable")
+    t.eq(task["metadata"]["annotations"].get("divergedev.com/guidance"),
+         "keep the API stable", "guide sets divergedev.com/guidance")
+    task = steer(1011, "/diverge pause")
+    t.eq(task["spec"].get("suspended"), True, "pause sets spec.suspended")
+    task = steer(1012, "/diverge budget +$2.50 500k")
+    t.eq((task["spec"].get("budgetUSD"), task["spec"].get("budgetTokens")),
+         ("5.00", 1500000), "budget adds to the effective budgets "
+         "(2.50 + 2.50, 1M default + 500k)")
+    t.eq(task["spec"].get("suspended"), True, "budget leaves suspension "
+         "unchanged")
+    task = steer(1013, "/diverge resume +1")
+    t.eq((task["spec"].get("suspended"), task["spec"].get("budgetUSD")),
+         (False, "6.00"), "resume +1: bump then spec.suspended false")
+    before = len(gh_bot_replies(fake, 42))
+    task = steer(1014, "/diverge budget +1", who="bob", uid=2)
+    t.eq(gh_reactions(fake, 42, 1014), ["confused"], "budget needs a "
+         "maintainer: bob (write) is refused")
+    wait(lambda: len(gh_bot_replies(fake, 42)) == before + 1)
+    steer(1015, "/diverge status", who="carol", uid=3)
+    replies = wait(lambda: (lambda r: r if len(r) == before + 2 else None)(
+        gh_bot_replies(fake, 42))) or gh_bot_replies(fake, 42)
+    t.ok(len(replies) == before + 2 and "fix-pr-42" in replies[-1],
+         "status (anyone may ask): one reply with the task", replies[-1:])
+    steer(1016, "/diverge help", who="carol", uid=3)
+    replies = wait(lambda: (lambda r: r if len(r) == before + 3 else None)(
+        gh_bot_replies(fake, 42))) or gh_bot_replies(fake, 42)
+    t.ok("/diverge fix" in replies[-1] and not any(
+        l.startswith("/diverge") for l in replies[-1].splitlines()),
+        "help: the command table, every example inert")
+
+    # --- a finished task re-runs on /diverge fix
+    api(d, "PATCH", TASKS % NS + "/fix-pr-42/status",
+        {"status": {"phase": "Completed", "run": 1, "costUSD": "1.000000",
+                    "tokensConsumed": 10}}, "application/merge-patch+json")
+    steer(1017, "/diverge fix again, better")
+    task = wait(lambda: (lambda x: x if x and x.get("status", {}).get(
+        "run") == 2 else None)(get_task(d, "fix-pr-42")))
+    t.ok(task and task["status"]["phase"] == "Pending" and
+         task["status"]["tokensConsumed"] == 0 and
+         task["spec"]["objective"] == "again, better",
+         "a finished task re-runs: run + 1, counters reset",
+         (task or {}).get("status"))
+
+    # --- GitLab: a note on an MR
+    key = str(uuid.uuid4())
+    s, _, _ = d.gitlab("Note Hook", gl_note(3001, 2, "pipin", 11,
+                                            "/diverge fix the MR"), key)
+    t.eq(s, 202, "gitlab note: 202")
+    task = wait(lambda: get_task(d, "fix-mr-2"))
+    ann = (task or {}).get("metadata", {}).get("annotations", {})
+    t.eq((ann.get("divergedev.com/project-id"),
+          ann.get("divergedev.com/mr-iid"),
+          (task or {}).get("spec", {}).get("repository", {}).get(
+              "workingBranch")), ("5", "2", "feature"),
+         "GitLab: task fix-mr-2 with project-id, mr-iid and the source "
+         "branch")
+
+    def awards():
+        notes = fake.state()["gitlab"]["projects"]["5"]["merge_requests"][
+            "2"]["notes"]
+        return [a["name"] for n in notes if n["id"] == 3001
+                for a in n["award_emoji"]]
+    t.ok(wait(lambda: awards() == ["eyes"]), "GitLab: eyes award emoji",
+         awards())
+    s, _, _ = d.gitlab("Note Hook", gl_note(3002, 2, "guest", 12,
+                                            "/diverge pause"),
+                       str(uuid.uuid4()))
+
+    def gl_replies():
+        notes = fake.state()["gitlab"]["projects"]["5"]["merge_requests"][
+            "2"]["notes"]
+        return [n["body"] for n in notes if n["author"] == "diverge-bot"]
+    r = wait(gl_replies)
+    t.ok(r and "write access" in r[0], "GitLab guest (10): refused with a "
+         "reply", r)
+
+    # --- the PR closed: its live task ends
+    pr = fixture("github/octokit-webhooks--pull_request.closed.payload.json")
+    pr["repository"]["full_name"] = "myorg/checkout"
+    pr["number"] = 42
+    pr["pull_request"]["number"] = 42
+    s, _, _ = d.github("pull_request", pr, str(uuid.uuid4()))
+    t.eq(s, 202, "pull_request closed: 202")
+    task = wait(lambda: (lambda x: x if x and x.get("status", {}).get(
+        "reason") == "PullRequestClosed" else None)(get_task(d,
+                                                             "fix-pr-42")))
+    t.ok(task and task["status"]["phase"] == "Failed",
+         "closed PR: the live task fails with PullRequestClosed")
+
+    # --- rate limits: a secondary limit is waited out
+    fake.call("POST", "/_fake/faults", {"status": 403, "count": 1,
+                                        "secondary": True, "retry_after": 1,
+                                        "match": "/comments/1020/reactions"})
+    start = time.time()
+    d.github("issue_comment", gh_comment(1020, 43, "alice",
+                                         "/diverge status"),
+             str(uuid.uuid4()))
+    t.ok(wait(lambda: gh_reactions(fake, 43, 1020) == ["eyes"]) and
+         time.time() - start >= 1, "a secondary-limit 403 with "
+         "Retry-After is waited out, then succeeds")
+    # a reset beyond the bound requeues without holding other PRs up
+    fake.call("POST", "/_fake/faults", {"status": 429, "count": 1,
+                                        "retry_after": 120,
+                                        "match": "/comments/1021/reactions"})
+    d.github("issue_comment", gh_comment(1021, 43, "alice",
+                                         "/diverge status"),
+             str(uuid.uuid4()))
+    start = time.time()
+    d.github("issue_comment", gh_comment(1022, 43, "alice",
+                                         "/diverge status"),
+             str(uuid.uuid4()))
+    t.ok(wait(lambda: gh_reactions(fake, 43, 1022) == ["eyes"], 10) and
+         time.time() - start < 8, "another comment is served while one "
+         "waits for a long rate-limit reset")
+    t.ok(d.wait_log("inbox entry will be retried", 10),
+         "the rate-limited entry was requeued, not waited on")
+
+    t.eq(d.stop(), 0, "clean stop")
+    fake.stop()
+
+
+if __name__ == "__main__":
+    run_tests(main)
