@@ -480,134 +480,16 @@ conn_close(void)
 
 /* ---- time ---- */
 
-/* Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant). */
-static int64_t
-days_from_civil(int64_t y, int64_t m, int64_t d)
-{
-	int64_t era, yoe, doy, doe;
-
-	y -= m <= 2;
-	era = (y >= 0 ? y : y - 399) / 400;
-	yoe = y - era * 400;
-	doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
-	doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-	return era * 146097 + doe - 719468;
-}
-
-static int
-digits(const char *s, int n, int64_t *out)
-{
-	int64_t v = 0;
-	int i;
-
-	for (i = 0; i < n; i++) {
-		if (s[i] < '0' || s[i] > '9')
-			return -1;
-		v = v * 10 + (s[i] - '0');
-	}
-	*out = v;
-	return 0;
-}
-
-/* An RFC 3339 UTC time ("2026-01-02T03:04:05Z", fractions ignored). */
-static int
-parse_time(const char *s, int64_t *out)
-{
-	int64_t y, mo, d, h, mi, se;
-	size_t n;
-
-	if (s == NULL)
-		return -1;
-	n = strlen(s);
-	if (n < 20 || s[4] != '-' || s[7] != '-' || (s[10] != 'T' &&
-	    s[10] != 't') || s[13] != ':' || s[16] != ':' ||
-	    digits(s, 4, &y) < 0 || digits(s + 5, 2, &mo) < 0 ||
-	    digits(s + 8, 2, &d) < 0 || digits(s + 11, 2, &h) < 0 ||
-	    digits(s + 14, 2, &mi) < 0 || digits(s + 17, 2, &se) < 0)
-		return -1;
-	s += 19;
-	if (*s == '.')
-		for (s++; *s >= '0' && *s <= '9'; s++)
-			;
-	if ((*s != 'Z' && *s != 'z') || s[1] != '\0' || mo < 1 || mo > 12 ||
-	    d < 1 || d > 31 || h > 23 || mi > 59 || se > 60)
-		return -1;
-	*out = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + se;
-	return 0;
-}
-
-/* A duration as kubectl shows ages (duration.HumanDuration). */
-static void
-human_duration(int64_t s, char out[32])
-{
-	int64_t m, h, d, y;
-
-	if (s < -1) {
-		snprintf(out, 32, "<invalid>");
-		return;
-	}
-	if (s < 0)
-		s = 0;
-	if (s < 120) {
-		snprintf(out, 32, "%" PRId64 "s", s);
-		return;
-	}
-	m = s / 60;
-	if (m < 10) {
-		if (s % 60 == 0)
-			snprintf(out, 32, "%" PRId64 "m", m);
-		else
-			snprintf(out, 32, "%" PRId64 "m%" PRId64 "s", m,
-			    s % 60);
-		return;
-	}
-	if (m < 180) {
-		snprintf(out, 32, "%" PRId64 "m", m);
-		return;
-	}
-	h = s / 3600;
-	if (h < 8) {
-		if (m % 60 == 0)
-			snprintf(out, 32, "%" PRId64 "h", h);
-		else
-			snprintf(out, 32, "%" PRId64 "h%" PRId64 "m", h,
-			    m % 60);
-		return;
-	}
-	if (h < 48) {
-		snprintf(out, 32, "%" PRId64 "h", h);
-		return;
-	}
-	d = h / 24;
-	if (h < 24 * 8) {
-		if (h % 24 == 0)
-			snprintf(out, 32, "%" PRId64 "d", d);
-		else
-			snprintf(out, 32, "%" PRId64 "d%" PRId64 "h", d,
-			    h % 24);
-		return;
-	}
-	if (h < 24 * 365 * 2) {
-		snprintf(out, 32, "%" PRId64 "d", d);
-		return;
-	}
-	y = d / 365;
-	if (h < 24 * 365 * 8 && d % 365 != 0)
-		snprintf(out, 32, "%" PRId64 "y%" PRId64 "d", y, d % 365);
-	else
-		snprintf(out, 32, "%" PRId64 "y", y);
-}
-
 /* The age of an RFC 3339 time, or "<unknown>". */
 static void
 age_of(const char *ts, char out[32])
 {
 	int64_t t;
 
-	if (parse_time(ts, &t) < 0)
+	if (time_parse_rfc3339(ts, &t) < 0)
 		snprintf(out, 32, "<unknown>");
 	else
-		human_duration(now_s - t, out);
+		time_human_duration(now_s - t, out);
 }
 
 /*
@@ -1879,7 +1761,7 @@ add_transition(struct transition **v, size_t *n, const char *ts,
 {
 	int64_t at;
 
-	if (parse_time(ts, &at) < 0) {
+	if (time_parse_rfc3339(ts, &at) < 0) {
 		free(what);
 		return;
 	}
@@ -1956,7 +1838,7 @@ print_transitions(const json_t *task)
 	printf("Recent transitions:\n");
 	table_init(&t, 2);
 	for (i = n > MAX_TRANSITIONS ? n - MAX_TRANSITIONS : 0; i < n; i++) {
-		human_duration(now_s - v[i].at / 64, age);
+		time_human_duration(now_s - v[i].at / 64, age);
 		cells[0] = age;
 		cells[1] = v[i].what;
 		table_row(&t, cells, NULL);
@@ -2063,7 +1945,8 @@ print_status(const json_t *task)
 	if (jint(task, "status", "run") > 0)
 		field("Run", "%" PRId64, jint(task, "status", "run"));
 	if (json_is_integer(jget(task, "status", "activeSeconds"))) {
-		human_duration(jint(task, "status", "activeSeconds"), when);
+		time_human_duration(jint(task, "status", "activeSeconds"),
+		    when);
 		field("Active for", "%s", when);
 	}
 	s = jstr(task, "status", "sandboxName");

@@ -75,24 +75,13 @@ streq(const char *a, const char *b)
 	return a != NULL && b != NULL && strcmp(a, b) == 0;
 }
 
-/* Parse RFC 3339 UTC ("2026-01-02T03:04:05Z", fractions ignored). */
+/* Seconds since the epoch of an RFC 3339 time; 0 when absent or bad. */
 static int64_t
 parse_time(const char *s)
 {
-	struct tm tm;
-	int y, mo, d, h, mi, se;
+	int64_t t;
 
-	if (s == NULL || sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d", &y, &mo, &d, &h,
-	    &mi, &se) != 6)
-		return 0;
-	memset(&tm, 0, sizeof(tm));
-	tm.tm_year = y - 1900;
-	tm.tm_mon = mo - 1;
-	tm.tm_mday = d;
-	tm.tm_hour = h;
-	tm.tm_min = mi;
-	tm.tm_sec = se;
-	return (int64_t)timegm(&tm);
+	return time_parse_rfc3339(s, &t) < 0 ? 0 : t;
 }
 
 static const json_t *

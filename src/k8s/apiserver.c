@@ -364,91 +364,6 @@ json_path(json_t *obj, const char *path)
 	return obj;
 }
 
-static int64_t
-days_from_civil(int64_t y, int64_t m, int64_t d)
-{
-	int64_t era, yoe, doy, doe;
-
-	y -= m <= 2;
-	era = (y >= 0 ? y : y - 399) / 400;
-	yoe = y - era * 400;
-	doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
-	doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-	return era * 146097 + doe - 719468;
-}
-
-/* RFC 3339 to seconds since the epoch; -1 when unparsable. */
-static int
-parse_rfc3339(const char *s, int64_t *out)
-{
-	int y, mo, d, h, mi, se, n = 0, oh, om;
-	const char *p;
-	int64_t t;
-
-	if (sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &se,
-	    &n) != 6 || n == 0)
-		return -1;
-	p = s + n;
-	if (*p == '.')
-		for (p++; *p >= '0' && *p <= '9'; p++)
-			;
-	t = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + se;
-	if (*p == 'Z' || *p == 'z') {
-		p++;
-	} else if ((*p == '+' || *p == '-') &&
-	    sscanf(p + 1, "%2d:%2d", &oh, &om) == 2) {
-		t += (*p == '+' ? -1 : 1) * (int64_t)(oh * 3600 + om * 60);
-		p += 6;
-	} else {
-		return -1;
-	}
-	if (*p != '\0')
-		return -1;
-	*out = t;
-	return 0;
-}
-
-/* apimachinery's duration.HumanDuration, which kubectl prints as AGE. */
-static char *
-human_duration(int64_t secs)
-{
-	int64_t m, h, dy;
-
-	if (secs < -1)
-		return xstrdup("<invalid>");
-	if (secs < 0)
-		return xstrdup("0s");
-	if (secs < 120)
-		return xasprintf("%llds", (long long)secs);
-	m = secs / 60;
-	if (m < 10)
-		return secs % 60 == 0 ? xasprintf("%lldm", (long long)m) :
-		    xasprintf("%lldm%llds", (long long)m,
-		    (long long)(secs % 60));
-	if (m < 180)
-		return xasprintf("%lldm", (long long)m);
-	h = secs / 3600;
-	if (h < 8)
-		return m % 60 == 0 ? xasprintf("%lldh", (long long)h) :
-		    xasprintf("%lldh%lldm", (long long)h,
-		    (long long)(m % 60));
-	if (h < 48)
-		return xasprintf("%lldh", (long long)h);
-	if (h < 24 * 8)
-		return h % 24 == 0 ? xasprintf("%lldd", (long long)(h / 24)) :
-		    xasprintf("%lldd%lldh", (long long)(h / 24),
-		    (long long)(h % 24));
-	if (h < 24 * 365 * 2)
-		return xasprintf("%lldd", (long long)(h / 24));
-	if (h < 24 * 365 * 8) {
-		dy = (h / 24) % 365;
-		return dy == 0 ? xasprintf("%lldy", (long long)(h / 24 / 365)) :
-		    xasprintf("%lldy%lldd", (long long)(h / 24 / 365),
-		    (long long)dy);
-	}
-	return xasprintf("%lldy", (long long)(h / 24 / 365));
-}
-
 /* ------------------------------------------------------------ replies */
 
 /* Reply with a JSON body (stolen). */
@@ -1351,7 +1266,7 @@ table_cell(const struct column *c, json_t *obj, int64_t now)
 {
 	json_t *v;
 	int64_t t;
-	char *s;
+	char *s, age[32];
 
 	if (c->path == NULL) {
 		v = json_object_get(obj, "data");
@@ -1363,12 +1278,10 @@ table_cell(const struct column *c, json_t *obj, int64_t now)
 		return json_null();
 	if (strcmp(c->type, "date") == 0) {
 		if (!json_is_string(v) ||
-		    parse_rfc3339(json_string_value(v), &t) < 0)
+		    time_parse_rfc3339(json_string_value(v), &t) < 0)
 			return json_string("<unknown>");
-		s = human_duration(now - t);
-		v = json_string(s);
-		free(s);
-		return v;
+		time_human_duration(now - t, age);
+		return json_string(age);
 	}
 	if (json_is_object(v) || json_is_array(v)) {
 		s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);

@@ -281,66 +281,15 @@ parse_count(const char *s, int64_t *out)
 	return 0;
 }
 
-static int
-digits(const char *s, int n, int *out)
-{
-	int i, v = 0;
-
-	for (i = 0; i < n; i++) {
-		if (!is_digit(s[i]))
-			return -1;
-		v = v * 10 + (s[i] - '0');
-	}
-	*out = v;
-	return 0;
-}
-
-/* Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant). */
-static int64_t
-days_from_civil(int64_t y, int m, int d)
-{
-	int64_t era, yoe, doy, doe;
-
-	y -= m <= 2;
-	era = (y >= 0 ? y : y - 399) / 400;
-	yoe = y - era * 400;
-	doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
-	doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-	return era * 146097 + doe - 719468;
-}
-
-/* RFC 3339 UTC "YYYY-MM-DDTHH:MM:SS[.fff]Z" into unix seconds. */
+/* RFC 3339 in UTC only ("...Z"): caveats carry no offsets. */
 static int
 parse_rfc3339(const char *s, int64_t *out)
 {
-	static const int mdays[] = { 31, 28, 31, 30, 31, 30, 31, 31, 30, 31,
-	    30, 31 };
-	int y, mo, d, h, mi, sec, leap, dim;
+	size_t n = strlen(s);
 
-	if (strlen(s) < 20 || digits(s, 4, &y) < 0 || s[4] != '-' ||
-	    digits(s + 5, 2, &mo) < 0 || s[7] != '-' ||
-	    digits(s + 8, 2, &d) < 0 || (s[10] != 'T' && s[10] != 't') ||
-	    digits(s + 11, 2, &h) < 0 || s[13] != ':' ||
-	    digits(s + 14, 2, &mi) < 0 || s[16] != ':' ||
-	    digits(s + 17, 2, &sec) < 0)
+	if (n < 20 || (s[n - 1] != 'Z' && s[n - 1] != 'z'))
 		return -1;
-	s += 19;
-	if (*s == '.') {
-		if (!is_digit(s[1]))
-			return -1;
-		for (s++; is_digit(*s); s++)
-			;
-	}
-	if ((*s != 'Z' && *s != 'z') || s[1] != '\0')
-		return -1;
-	if (mo < 1 || mo > 12 || h > 23 || mi > 59 || sec > 60)
-		return -1;
-	leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-	dim = mdays[mo - 1] + (mo == 2 && leap);
-	if (d < 1 || d > dim)
-		return -1;
-	*out = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + sec;
-	return 0;
+	return time_parse_rfc3339(s, out);
 }
 
 /*

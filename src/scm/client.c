@@ -246,27 +246,13 @@ scm_json_reply(const struct scm_resp *rp, int want_object, const char *what,
 	return SCM_OK;
 }
 
-/* Parse "YYYY-MM-DDTHH:MM:SS[.fff]Z" as UTC. */
+/* Parse an RFC 3339 time; -1 when malformed. */
 int64_t
 scm_parse_time(const char *s)
 {
-	struct tm tm;
-	int y, mo, d, hh, mi, ss, n = 0;
+	int64_t t;
 
-	if (s == NULL || sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &y, &mo, &d,
-	    &hh, &mi, &ss, &n) != 6 || n == 0)
-		return -1;
-	if (mo < 1 || mo > 12 || d < 1 || d > 31 || hh > 23 || mi > 59 ||
-	    ss > 60)
-		return -1;
-	memset(&tm, 0, sizeof(tm));
-	tm.tm_year = y - 1900;
-	tm.tm_mon = mo - 1;
-	tm.tm_mday = d;
-	tm.tm_hour = hh;
-	tm.tm_min = mi;
-	tm.tm_sec = ss;
-	return (int64_t)timegm(&tm);
+	return time_parse_rfc3339(s, &t) < 0 ? -1 : t;
 }
 
 /* ---- the transport ---- */

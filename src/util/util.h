@@ -98,6 +98,10 @@ int64_t now_unix(void);
 int64_t now_unix_ms(void);
 /* RFC 3339 UTC "2026-01-02T03:04:05Z" into out (at least 21 bytes). */
 void time_rfc3339(int64_t unix_s, char out[32]);
+/* RFC 3339 (Z or +hh:mm) into unix seconds; -1 when malformed. */
+int time_parse_rfc3339(const char *s, int64_t *out);
+/* An age as kubectl prints it: "45s", "5m3s", "3h", "9d", "2y30d". */
+void time_human_duration(int64_t s, char out[32]);
 /* Sleep for ms milliseconds. */
 void sleep_ms(int64_t ms);
 

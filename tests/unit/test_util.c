@@ -149,6 +149,63 @@ time_format(void **state)
 }
 
 static void
+time_parse(void **state)
+{
+	static const char *const bad[] = { "", "2021-02-25", "2021-02-25 "
+	    "15:02:10Z", "2021-02-25T15:02:10", "2021-02-29T00:00:00Z",
+	    "2021-13-01T00:00:00Z", "2021-04-31T00:00:00Z",
+	    "2021-02-25T24:00:00Z", "2021-02-25T15:02:10.Z",
+	    "2021-02-25T15:02:10+0100", "2021-02-25T15:02:10Zjunk",
+	    "2021-02-25T15:02:10+01:00x", "2021-0a-25T15:02:10Z" };
+	int64_t t;
+	size_t i;
+
+	assert_int_equal(time_parse_rfc3339("1970-01-01T00:00:00Z", &t), 0);
+	assert_int_equal(t, 0);
+	assert_int_equal(time_parse_rfc3339("2021-02-25T15:02:10Z", &t), 0);
+	assert_int_equal(t, 1614265330);
+	assert_int_equal(time_parse_rfc3339("2021-02-25t15:02:10.123456z",
+	    &t), 0);
+	assert_int_equal(t, 1614265330);
+	assert_int_equal(time_parse_rfc3339("2021-02-25T17:02:10+02:00", &t),
+	    0);
+	assert_int_equal(t, 1614265330);
+	assert_int_equal(time_parse_rfc3339("2021-02-25T10:32:10-04:30", &t),
+	    0);
+	assert_int_equal(t, 1614265330);
+	assert_int_equal(time_parse_rfc3339("2024-02-29T00:00:00Z", &t), 0);
+	assert_int_equal(t, 1709164800);
+	assert_int_equal(time_parse_rfc3339("1969-12-31T23:59:59Z", &t), 0);
+	assert_int_equal(t, -1);
+	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		assert_int_equal(time_parse_rfc3339(bad[i], &t), -1);
+	assert_int_equal(time_parse_rfc3339(NULL, &t), -1);
+}
+
+/* The table follows apimachinery's duration.HumanDuration. */
+static void
+time_ages(void **state)
+{
+	static const struct {
+		int64_t s;
+		const char *want;
+	} cases[] = { { -5, "<invalid>" }, { -1, "0s" }, { 0, "0s" },
+	    { 119, "119s" }, { 120, "2m" }, { 303, "5m3s" }, { 600, "10m" },
+	    { 659, "10m" }, { 10799, "179m" }, { 10800, "3h" },
+	    { 11100, "3h5m" }, { 28800, "8h" }, { 172799, "47h" },
+	    { 172800, "2d" }, { 183600, "2d3h" }, { 691200, "8d" },
+	    { 63071999, "729d" }, { 63072000, "2y" }, { 65664000, "2y30d" },
+	    { 252288000, "8y" }, { 260000000, "8y" } };
+	char out[32];
+	size_t i;
+
+	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		time_human_duration(cases[i].s, out);
+		assert_string_equal(out, cases[i].want);
+	}
+}
+
+static void
 jscan_validity(void **state)
 {
 	static const char *const good[] = {
@@ -261,6 +318,8 @@ main(void)
 		cmocka_unit_test(hex_and_hmac),
 		cmocka_unit_test(metrics_text),
 		cmocka_unit_test(time_format),
+		cmocka_unit_test(time_parse),
+		cmocka_unit_test(time_ages),
 		cmocka_unit_test(jscan_validity),
 		cmocka_unit_test(jscan_fields),
 	};
