@@ -1,0 +1,862 @@
+/*
+ * task_notifier: keeps one sticky status comment per PR/MR in line with
+ * its AgentTask (DESIGN.md section 9).
+ *
+ * One thread lists and watches AgentTasks in every namespace and queues
+ * the PR/MR each task belongs to; worker threads take one PR/MR key at a
+ * time (the queue never hands a key to two workers), read its tasks
+ * afresh and bring the comment in line. What was reported is written back
+ * to status.notifier with a conditional merge patch, so the work is
+ * level-based: a restart, a lost event or a failed call is repaired by the
+ * next pass (requeues with backoff, and a periodic relist).
+ */
+#include <config.h>
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "config/config.h"
+#include "controller/controller.h"
+#include "k8s/k8s.h"
+#include "notifier/notifier.h"
+#include "scm/scm.h"
+#include "util/util.h"
+
+#define DEFAULT_WORKERS 3
+#define DEFAULT_THROTTLE_MS 30000
+#define DEFAULT_RESYNC_MS (5 * 60 * 1000)
+#define BACKOFF_BASE_MS 1000
+#define BACKOFF_MAX_MS (5 * 60 * 1000)
+#define RATELIMIT_MIN_MS 60000
+#define MAX_CONFLICTS 20
+
+/* One known task: which PR/MR it reports to, and its throttle clock. */
+struct entry {
+	char *tkey;		/* "namespace/name" */
+	char *pkey;		/* "github|owner/repo|42|0" */
+	int64_t last_sent_ms;	/* monotonic, 0: never */
+	unsigned failures;
+	struct entry *next;
+};
+
+struct notifier {
+	struct notifier_config c;
+	pthread_mutex_t mu;	/* entries, identity, counters, stopping */
+	struct entry *entries;
+	char *gh_login;
+	char *gl_user;
+	int64_t gl_id;
+	int stopping;
+	uint64_t updates;
+	uint64_t failures;
+	struct controller_queue *q;
+	pthread_t watcher;
+	int watcher_running;
+	pthread_t *workers;
+	int nworkers;
+};
+
+/* Where a task reports: its provider, repository and PR/MR. */
+struct target {
+	enum scm_provider provider;
+	const char *project;
+	int64_t project_id;
+	int64_t number;
+};
+
+static const char *
+ann(const json_t *task, const char *key)
+{
+	const json_t *v = json_object_get(json_object_get(json_object_get(task,
+	    "metadata"), "annotations"), key);
+
+	return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+static int64_t
+num(const char *s)
+{
+	char *end;
+	long long v;
+
+	if (s == NULL || *s == '\0')
+		return 0;
+	v = strtoll(s, &end, 10);
+	return *end == '\0' && v > 0 ? (int64_t)v : 0;
+}
+
+/* The PR/MR of task from its annotations; -1 when it has none. */
+static int
+task_target(const json_t *task, struct target *t)
+{
+	const char *p = ann(task, "divergedev.com/provider");
+
+	memset(t, 0, sizeof(*t));
+	if (p == NULL)
+		return -1;
+	t->project = ann(task, "divergedev.com/project");
+	if (strcmp(p, "github") == 0) {
+		t->provider = SCM_GITHUB;
+		t->number = num(ann(task, "divergedev.com/pr-number"));
+	} else if (strcmp(p, "gitlab") == 0) {
+		t->provider = SCM_GITLAB;
+		t->number = num(ann(task, "divergedev.com/mr-iid"));
+		t->project_id = num(ann(task, "divergedev.com/project-id"));
+	} else
+		return -1;
+	if (t->project == NULL || *t->project == '\0' || t->number <= 0)
+		return -1;
+	return 0;
+}
+
+static char *
+target_key(const struct target *t)
+{
+	return xasprintf("%s|%s|%" PRId64 "|%" PRId64,
+	    scm_provider_name(t->provider), t->project, t->number,
+	    t->project_id);
+}
+
+static char *
+task_key(const json_t *task)
+{
+	const char *ns = k8s_meta_str(task, "namespace");
+	const char *name = k8s_meta_str(task, "name");
+
+	if (ns == NULL || name == NULL)
+		return NULL;
+	return xasprintf("%s/%s", ns, name);
+}
+
+static int
+is_stopping(struct notifier *n)
+{
+	int s;
+
+	pthread_mutex_lock(&n->mu);
+	s = n->stopping;
+	pthread_mutex_unlock(&n->mu);
+	return s;
+}
+
+/* Caller holds mu. */
+static struct entry *
+find_entry(struct notifier *n, const char *tkey)
+{
+	struct entry *e;
+
+	for (e = n->entries; e != NULL; e = e->next)
+		if (strcmp(e->tkey, tkey) == 0)
+			return e;
+	return NULL;
+}
+
+static void
+untrack(struct notifier *n, const char *tkey)
+{
+	struct entry **pp, *e;
+
+	pthread_mutex_lock(&n->mu);
+	for (pp = &n->entries; (e = *pp) != NULL; pp = &e->next) {
+		if (strcmp(e->tkey, tkey) == 0) {
+			*pp = e->next;
+			free(e->tkey);
+			free(e->pkey);
+			free(e);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&n->mu);
+}
+
+/* Remember task's PR/MR and queue that PR/MR. */
+static void
+track(struct notifier *n, const json_t *task)
+{
+	struct target t;
+	struct entry *e;
+	char *tkey, *pkey;
+
+	if (task_target(task, &t) < 0 || (tkey = task_key(task)) == NULL)
+		return;
+	pkey = target_key(&t);
+	pthread_mutex_lock(&n->mu);
+	e = find_entry(n, tkey);
+	if (e == NULL) {
+		e = xcalloc(1, sizeof(*e));
+		e->tkey = tkey;
+		tkey = NULL;	/* now owned by the entry */
+		e->next = n->entries;
+		n->entries = e;
+	}
+	if (e->pkey == NULL || strcmp(e->pkey, pkey) != 0) {
+		free(e->pkey);
+		e->pkey = xstrdup(pkey);
+	}
+	pthread_mutex_unlock(&n->mu);
+	controller_queue_add(n->q, pkey);
+	free(tkey);
+	free(pkey);
+}
+
+/* ------------------------------------------------------------ scm side */
+
+/* The bot's own identity for provider p (asked once when unknown). */
+static int
+self_known(struct notifier *n, struct scm_client *cl, enum scm_provider p)
+{
+	char *login = NULL, *cause = NULL;
+	int64_t id = 0;
+	int known;
+
+	pthread_mutex_lock(&n->mu);
+	known = p == SCM_GITHUB ? n->gh_login != NULL :
+	    (n->gl_user != NULL || n->gl_id > 0);
+	pthread_mutex_unlock(&n->mu);
+	if (known)
+		return 1;
+	if (cl->ops->whoami(cl, &login, &id, &cause) != 0) {
+		log_kv(LOG_WARN, "notifier: bot identity unknown", "provider",
+		    scm_provider_name(p), "error", cause, NULL);
+		free(cause);
+		return 0;
+	}
+	pthread_mutex_lock(&n->mu);
+	if (p == SCM_GITHUB && n->gh_login == NULL) {
+		n->gh_login = login;
+		login = NULL;	/* now owned by the notifier */
+	} else if (p == SCM_GITLAB && n->gl_user == NULL) {
+		n->gl_user = login;
+		n->gl_id = id;
+		login = NULL;
+	}
+	pthread_mutex_unlock(&n->mu);
+	free(login);
+	return 1;
+}
+
+/* Whether comment c is the bot's own sticky comment. */
+static int
+is_sticky(struct notifier *n, enum scm_provider p,
+    const struct scm_comment *c)
+{
+	int mine = 0;
+
+	if (c->body == NULL || strstr(c->body, NOTIFIER_MARKER) == NULL ||
+	    c->system)
+		return 0;
+	pthread_mutex_lock(&n->mu);
+	if (p == SCM_GITHUB)
+		mine = n->gh_login != NULL && c->author != NULL &&
+		    strcasecmp(c->author, n->gh_login) == 0;
+	else if (n->gl_id > 0)
+		mine = c->author_id == n->gl_id;
+	else
+		mine = n->gl_user != NULL && c->author != NULL &&
+		    strcasecmp(c->author, n->gl_user) == 0;
+	pthread_mutex_unlock(&n->mu);
+	return mine;
+}
+
+/*
+ * Make the sticky comment carry body: update comment id when known, else
+ * (or when a person deleted it) find the bot's comment with the marker
+ * through every page, keep the oldest, delete the duplicates, and update
+ * it or create one. *out gets the comment id.
+ */
+static int
+ensure_comment(struct notifier *n, struct scm_client *cl,
+    const struct target *t, int64_t id, const char *body, int64_t *out,
+    char **cause)
+{
+	struct scm_repo repo = { t->project, t->project_id, 0 };
+	struct scm_comment *v = NULL;
+	size_t nv = 0, i;
+	int64_t keep = 0;
+	const char *keep_body = NULL;
+	int rc;
+
+	if (id > 0) {
+		rc = cl->ops->update_comment(cl, &repo, t->number, id, body,
+		    cause);
+		if (rc == SCM_OK) {
+			*out = id;
+			return 0;
+		}
+		if (rc != SCM_ENOTFOUND)
+			return rc;
+		free(*cause);
+		*cause = NULL;
+	}
+	if (!self_known(n, cl, t->provider)) {
+		*cause = xstrdup("the bot's identity is unknown");
+		return SCM_EUNAVAILABLE;
+	}
+	rc = cl->ops->list_comments(cl, &repo, t->number, &v, &nv, cause);
+	if (rc != SCM_OK)
+		return rc;
+	for (i = 0; i < nv; i++) {
+		if (v[i].id == id || !is_sticky(n, t->provider, &v[i]))
+			continue;
+		if (keep == 0 || v[i].id < keep) {
+			keep = v[i].id;
+			keep_body = v[i].body;
+		}
+	}
+	for (i = 0; i < nv; i++) {
+		char *c = NULL;
+
+		if (v[i].id == id || v[i].id == keep ||
+		    !is_sticky(n, t->provider, &v[i]))
+			continue;
+		/* a duplicate from a race: only the oldest stays */
+		rc = cl->ops->delete_comment(cl, &repo, t->number, v[i].id,
+		    &c);
+		if (rc != SCM_OK && rc != SCM_ENOTFOUND)
+			log_kv(LOG_WARN, "notifier: cannot delete a duplicate "
+			    "comment", "repo", t->project, "error", c, NULL);
+		free(c);
+	}
+	rc = SCM_ENOTFOUND;
+	if (keep > 0) {
+		if (keep_body != NULL && strcmp(keep_body, body) == 0)
+			rc = SCM_OK;
+		else
+			rc = cl->ops->update_comment(cl, &repo, t->number,
+			    keep, body, cause);
+		if (rc == SCM_OK)
+			*out = keep;
+		else if (rc == SCM_ENOTFOUND) {
+			free(*cause);
+			*cause = NULL;
+		}
+	}
+	if (rc == SCM_ENOTFOUND)
+		rc = cl->ops->create_comment(cl, &repo, t->number, body, out,
+		    cause);
+	scm_comments_free(v, nv);
+	return rc;
+}
+
+/* ------------------------------------------------------------ status */
+
+/*
+ * Merge notifier into status.notifier with the task's resourceVersion,
+ * re-reading the task on 409. A negative enum k8s_err on failure
+ * (K8S_ENOTFOUND: the task is gone).
+ */
+static int
+write_notifier(struct notifier *n, const char *ns, const char *name,
+    json_t *task, json_t *fields, char **cause)
+{
+	struct k8s_status st = { 0 };
+	json_t *cur = json_incref(task), *patch;
+	int rc = K8S_ECONFLICT, tries;
+
+	for (tries = 0; tries < MAX_CONFLICTS && rc == K8S_ECONFLICT;
+	    tries++) {
+		if (tries > 0) {
+			json_decref(cur);
+			cur = NULL;
+			k8s_status_release(&st);
+			rc = k8s_get(n->c.store, &K8S_AGENTTASK, ns, name,
+			    &cur, &st);
+			if (rc < 0)
+				break;
+		}
+		patch = json_pack("{s:{s:s},s:{s:O}}", "metadata",
+		    "resourceVersion", k8s_meta_str(cur, "resourceVersion") ?
+		    k8s_meta_str(cur, "resourceVersion") : "", "status",
+		    "notifier", fields);
+		k8s_status_release(&st);
+		rc = k8s_patch(n->c.store, &K8S_AGENTTASK, ns, name, 1, patch,
+		    NULL, &st);
+		json_decref(patch);
+	}
+	if (rc < 0 && cause != NULL)
+		*cause = xasprintf("status.notifier: %s", st.message ?
+		    st.message : k8s_err_reason((enum k8s_err)rc));
+	k8s_status_release(&st);
+	json_decref(cur);
+	return rc;
+}
+
+/* ------------------------------------------------------------ work */
+
+static const char *
+status_str(const json_t *task, const char *a, const char *b)
+{
+	const json_t *s = json_object_get(task, "status");
+	const json_t *v = b ? json_object_get(json_object_get(s, a), b) :
+	    json_object_get(s, a);
+
+	return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+static int
+terminal(const char *phase)
+{
+	return strcmp(phase, "Completed") == 0 || strcmp(phase, "Failed") == 0;
+}
+
+static int
+scm_retryable(int rc)
+{
+	return rc == SCM_ERATELIMITED ? 2 : 1;
+}
+
+/*
+ * Bring task tkey's comment in line. 0 when done (*delay_ms > 0: look
+ * again after that long), a negative value on failure (*ratelimited set
+ * for rate limits), with *cause.
+ */
+static int
+process(struct notifier *n, const char *tkey, int64_t *delay_ms,
+    int *ratelimited, char **cause)
+{
+	struct k8s_status st = { 0 };
+	struct notifier_render_opts ro;
+	struct k8s_task_budgets bu;
+	struct target t;
+	struct scm_client *cl;
+	json_t *task = NULL, *fields = NULL;
+	char *ns = NULL, *body = NULL, *content = NULL, *fin = NULL;
+	const char *name, *phase, *reported, *hash_old, *cid_s, *pend;
+	char hash[65], runphase[64];
+	int64_t cid, newcid = 0, now_ms;
+	size_t clen = 0;
+	int ret = -1, rc;
+
+	ns = xstrdup(tkey);
+	name = strchr(ns, '/');
+	if (name == NULL) {
+		ret = 0;
+		goto out;
+	}
+	ns[name - ns] = '\0';
+	name++;
+	rc = k8s_get(n->c.store, &K8S_AGENTTASK, ns, name, &task, &st);
+	if (rc == K8S_ENOTFOUND) {
+		untrack(n, tkey);
+		ret = 0;
+		goto out;
+	}
+	if (rc < 0) {
+		*cause = xasprintf("read: %s", st.message ? st.message :
+		    k8s_err_reason((enum k8s_err)rc));
+		goto out;
+	}
+	if (task_target(task, &t) < 0) {
+		ret = 0;
+		goto out;
+	}
+	cl = t.provider == SCM_GITHUB ? n->c.github : n->c.gitlab;
+	if (cl == NULL) {
+		ret = 0;
+		goto out;
+	}
+	phase = status_str(task, "phase", NULL);
+	if (phase == NULL)
+		phase = "Pending";
+	reported = status_str(task, "notifier", "reportedPhase");
+	hash_old = status_str(task, "notifier", "bodyHash");
+	cid_s = status_str(task, "notifier", "commentId");
+	pend = status_str(task, "notifier", "pendingNotify");
+	cid = num(cid_s);
+	snprintf(runphase, sizeof(runphase), "%" PRId64 "/%s",
+	    (int64_t)json_integer_value(json_object_get(json_object_get(task,
+	    "status"), "run")), phase);
+
+	k8s_task_budgets(n->c.store, task, n->c.cfg ?
+	    n->c.cfg->defaults.budget_usd_micro : -1, n->c.cfg ?
+	    n->c.cfg->defaults.budget_tokens : -1, &bu);
+	memset(&ro, 0, sizeof(ro));
+	ro.now = -1;
+	ro.budget_usd_micro = bu.usd.source == K8S_TASK_UNKNOWN ? -1 :
+	    bu.usd.value;
+	ro.budget_tokens = bu.tokens.source == K8S_TASK_UNKNOWN ? -1 :
+	    bu.tokens.value;
+	/* the hash covers the content, not the time of the update */
+	content = notifier_render(task, &ro, &clen);
+	notifier_hash(content, clen, hash);
+
+	if (reported == NULL || strcmp(reported, phase) != 0 ||
+	    hash_old == NULL || strcmp(hash_old, hash) != 0 || cid <= 0) {
+		int64_t last;
+		struct entry *e;
+
+		now_ms = now_mono_ms();
+		pthread_mutex_lock(&n->mu);
+		e = find_entry(n, tkey);
+		last = e != NULL ? e->last_sent_ms : 0;
+		pthread_mutex_unlock(&n->mu);
+		if (reported != NULL && strcmp(reported, phase) == 0 &&
+		    cid > 0 && last > 0 && now_ms - last < n->c.throttle_ms) {
+			/* only the numbers moved: at most one update a period */
+			*delay_ms = n->c.throttle_ms - (now_ms - last);
+			ret = 0;
+			goto out;
+		}
+		ro.now = now_unix();
+		body = notifier_render(task, &ro, NULL);
+		rc = ensure_comment(n, cl, &t, cid, body, &newcid, cause);
+		if (rc != SCM_OK) {
+			*ratelimited = scm_retryable(rc) == 2;
+			goto out;
+		}
+		pthread_mutex_lock(&n->mu);
+		n->updates++;
+		e = find_entry(n, tkey);
+		if (e != NULL)
+			e->last_sent_ms = now_mono_ms();
+		pthread_mutex_unlock(&n->mu);
+		{
+			char idbuf[32];
+
+			snprintf(idbuf, sizeof(idbuf), "%" PRId64, newcid);
+			fields = json_pack("{s:s,s:s,s:s}", "commentId", idbuf,
+			    "reportedPhase", phase, "bodyHash", hash);
+		}
+		/* a finished run mentions who started it, once */
+		if (terminal(phase) && (reported == NULL ||
+		    strcmp(reported, phase) != 0))
+			json_object_set_new(fields, "pendingNotify",
+			    json_string(runphase));
+		rc = write_notifier(n, ns, name, task, fields, cause);
+		if (rc < 0)
+			goto out;
+		if (json_object_get(fields, "pendingNotify") != NULL)
+			pend = runphase;
+		else
+			pend = NULL;
+		log_kv(LOG_INFO, "notifier: comment updated", "task", tkey,
+		    "phase", phase, NULL);
+	}
+	if (pend != NULL && strcmp(pend, runphase) == 0) {
+		struct scm_repo repo = { t.project, t.project_id, 0 };
+		int64_t fid = 0;
+
+		fin = notifier_render_final(task,
+		    ann(task, "divergedev.com/requested-by"));
+		rc = cl->ops->create_comment(cl, &repo, t.number, fin, &fid,
+		    cause);
+		if (rc != SCM_OK) {
+			*ratelimited = scm_retryable(rc) == 2;
+			goto out;
+		}
+		json_decref(fields);
+		fields = json_pack("{s:n}", "pendingNotify");
+		rc = write_notifier(n, ns, name, task, fields, cause);
+		if (rc < 0)
+			goto out;
+	} else if (pend != NULL) {
+		/* left from an earlier run or phase: drop it */
+		json_decref(fields);
+		fields = json_pack("{s:n}", "pendingNotify");
+		if (write_notifier(n, ns, name, task, fields, cause) < 0)
+			goto out;
+	}
+	ret = 0;
+out:
+	k8s_status_release(&st);
+	json_decref(task);
+	json_decref(fields);
+	free(ns);
+	free(body);
+	free(content);
+	free(fin);
+	return ret;
+}
+
+static int64_t
+backoff_ms(unsigned failures, int ratelimited)
+{
+	int64_t d = BACKOFF_BASE_MS;
+
+	while (failures-- > 1 && d < BACKOFF_MAX_MS)
+		d *= 2;
+	if (d > BACKOFF_MAX_MS)
+		d = BACKOFF_MAX_MS;
+	if (ratelimited && d < RATELIMIT_MIN_MS)
+		d = RATELIMIT_MIN_MS;
+	return d;
+}
+
+/* The tasks of PR/MR key pkey (a new NULL-terminated array). */
+static char **
+tasks_of(struct notifier *n, const char *pkey)
+{
+	struct entry *e;
+	size_t k = 0, cnt = 0;
+	char **v;
+
+	pthread_mutex_lock(&n->mu);
+	for (e = n->entries; e != NULL; e = e->next)
+		if (strcmp(e->pkey, pkey) == 0)
+			cnt++;
+	v = xcalloc(cnt + 1, sizeof(*v));
+	for (e = n->entries; e != NULL; e = e->next)
+		if (strcmp(e->pkey, pkey) == 0)
+			v[k++] = xstrdup(e->tkey);
+	pthread_mutex_unlock(&n->mu);
+	return v;
+}
+
+static void *
+worker_main(void *arg)
+{
+	struct notifier *n = arg;
+	char *key, **tasks;
+	size_t i;
+
+	for (;;) {
+		int64_t delay = -1, fdelay = -1;
+
+		key = controller_queue_get(n->q, 1000);
+		if (key == NULL) {
+			if (is_stopping(n))
+				break;
+			continue;
+		}
+		tasks = tasks_of(n, key);
+		for (i = 0; tasks[i] != NULL; i++) {
+			int64_t d = -1;
+			int rl = 0;
+			char *cause = NULL;
+			struct entry *e;
+			unsigned f = 0;
+
+			if (process(n, tasks[i], &d, &rl, &cause) < 0) {
+				pthread_mutex_lock(&n->mu);
+				n->failures++;
+				e = find_entry(n, tasks[i]);
+				if (e != NULL)
+					f = ++e->failures;
+				pthread_mutex_unlock(&n->mu);
+				d = backoff_ms(f ? f : 1, rl);
+				log_kv(LOG_WARN, "notifier: update failed, "
+				    "will retry", "task", tasks[i], "error",
+				    cause ? cause : "unknown", NULL);
+				if (fdelay < 0 || d < fdelay)
+					fdelay = d;
+			} else {
+				pthread_mutex_lock(&n->mu);
+				e = find_entry(n, tasks[i]);
+				if (e != NULL)
+					e->failures = 0;
+				pthread_mutex_unlock(&n->mu);
+				if (d > 0 && (delay < 0 || d < delay))
+					delay = d;
+			}
+			free(cause);
+			free(tasks[i]);
+		}
+		free(tasks);
+		if (fdelay > 0 && (delay < 0 || fdelay < delay))
+			delay = fdelay;
+		if (delay > 0)
+			controller_queue_add_after(n->q, key, delay);
+		controller_queue_done(n->q, key);
+		free(key);
+	}
+	return NULL;
+}
+
+/* ------------------------------------------------------------ watch */
+
+/* List every task, queue their PRs/MRs; *rv gets the list's version. */
+static int
+relist(struct notifier *n, char **rv)
+{
+	struct k8s_status st = { 0 };
+	json_t *list = NULL, *item;
+	size_t i;
+	int rc;
+
+	rc = k8s_list(n->c.store, &K8S_AGENTTASK, NULL, NULL, &list, &st);
+	if (rc < 0) {
+		log_kv(LOG_WARN, "notifier: cannot list agenttasks", "error",
+		    st.message ? st.message : "unknown", NULL);
+		k8s_status_release(&st);
+		return rc;
+	}
+	json_array_foreach(json_object_get(list, "items"), i, item)
+		track(n, item);
+	free(*rv);
+	*rv = k8s_meta_str(list, "resourceVersion") ?
+	    xstrdup(k8s_meta_str(list, "resourceVersion")) : NULL;
+	json_decref(list);
+	return 0;
+}
+
+static void *
+watcher_main(void *arg)
+{
+	struct notifier *n = arg;
+	struct k8s_list_opts lo;
+	struct k8s_watch *w = NULL;
+	struct k8s_status st = { 0 };
+	struct k8s_event ev;
+	char *rv = NULL, *tkey;
+	int64_t listed = 0;
+	int rc;
+
+	while (!is_stopping(n)) {
+		if (w == NULL) {
+			if (relist(n, &rv) < 0) {
+				sleep_ms(1000);
+				continue;
+			}
+			listed = now_mono_ms();
+			memset(&lo, 0, sizeof(lo));
+			lo.resource_version = rv;
+			rc = k8s_watch(n->c.store, &K8S_AGENTTASK, NULL, &lo,
+			    &w, &st);
+			k8s_status_release(&st);
+			if (rc < 0) {
+				w = NULL;
+				sleep_ms(1000);
+				continue;
+			}
+		}
+		memset(&ev, 0, sizeof(ev));
+		rc = k8s_watch_next(w, 1000, &ev, &st);
+		k8s_status_release(&st);
+		if (rc < 0 || now_mono_ms() - listed > n->c.resync_ms) {
+			/* 410 Gone, a broken stream, or time to resync */
+			k8s_watch_free(w);
+			w = NULL;
+			if (rc < 0 && rc != K8S_EGONE)
+				sleep_ms(500);
+			json_decref(ev.object);
+			continue;
+		}
+		if (rc == 0)
+			continue;
+		if (ev.type == K8S_ADDED || ev.type == K8S_MODIFIED)
+			track(n, ev.object);
+		else if (ev.type == K8S_DELETED &&
+		    (tkey = task_key(ev.object)) != NULL) {
+			untrack(n, tkey);
+			free(tkey);
+		}
+		json_decref(ev.object);
+	}
+	if (w != NULL)
+		k8s_watch_free(w);
+	free(rv);
+	return NULL;
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+static void
+notifier_free(struct notifier *n)
+{
+	struct entry *e;
+
+	if (n == NULL)
+		return;
+	while ((e = n->entries) != NULL) {
+		n->entries = e->next;
+		free(e->tkey);
+		free(e->pkey);
+		free(e);
+	}
+	if (n->q != NULL)
+		controller_queue_free(n->q);
+	free(n->workers);
+	free(n->gh_login);
+	free(n->gl_user);
+	pthread_mutex_destroy(&n->mu);
+	free(n);
+}
+
+/* Start the watch and the workers of the sticky comments. */
+int
+notifier_start(struct notifier **out, const struct notifier_config *cfg,
+    char **cause)
+{
+	struct notifier *n;
+	int i, ret = -1;
+
+	n = xcalloc(1, sizeof(*n));
+	pthread_mutex_init(&n->mu, NULL);
+	n->c = *cfg;
+	if (n->c.store == NULL) {
+		*cause = xstrdup("notifier: no resource store");
+		goto out;
+	}
+	if (n->c.workers <= 0)
+		n->c.workers = DEFAULT_WORKERS;
+	if (n->c.throttle_ms <= 0)
+		n->c.throttle_ms = DEFAULT_THROTTLE_MS;
+	if (n->c.resync_ms <= 0)
+		n->c.resync_ms = DEFAULT_RESYNC_MS;
+	if (cfg->github_login != NULL)
+		n->gh_login = xstrdup(cfg->github_login);
+	if (cfg->gitlab_username != NULL)
+		n->gl_user = xstrdup(cfg->gitlab_username);
+	n->gl_id = cfg->gitlab_user_id;
+	n->c.github_login = NULL;	/* copied above */
+	n->c.gitlab_username = NULL;
+	n->q = controller_queue_new();
+	n->workers = xcalloc((size_t)n->c.workers, sizeof(*n->workers));
+	for (i = 0; i < n->c.workers; i++) {
+		if (pthread_create(&n->workers[i], NULL, worker_main, n) != 0) {
+			*cause = xstrdup("notifier: cannot start a worker");
+			goto out;
+		}
+		n->nworkers++;
+	}
+	if (pthread_create(&n->watcher, NULL, watcher_main, n) != 0) {
+		*cause = xstrdup("notifier: cannot start the watch");
+		goto out;
+	}
+	n->watcher_running = 1;
+	*out = n;
+	n = NULL;	/* now owned by the caller */
+	ret = 0;
+out:
+	if (n != NULL)
+		notifier_stop(n);
+	return ret;
+}
+
+/* Stop the threads and free the notifier. */
+void
+notifier_stop(struct notifier *n)
+{
+	int i;
+
+	if (n == NULL)
+		return;
+	pthread_mutex_lock(&n->mu);
+	n->stopping = 1;
+	pthread_mutex_unlock(&n->mu);
+	if (n->q != NULL)
+		controller_queue_shutdown(n->q);
+	if (n->watcher_running)
+		pthread_join(n->watcher, NULL);
+	for (i = 0; i < n->nworkers; i++)
+		pthread_join(n->workers[i], NULL);
+	notifier_free(n);
+}
+
+/* Updates done so far and failures. */
+uint64_t
+notifier_updates(struct notifier *n, uint64_t *failures)
+{
+	uint64_t u;
+
+	pthread_mutex_lock(&n->mu);
+	u = n->updates;
+	if (failures != NULL)
+		*failures = n->failures;
+	pthread_mutex_unlock(&n->mu);
+	return u;
+}
