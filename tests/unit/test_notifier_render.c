@@ -1,0 +1,461 @@
+/*
+ * The sticky comment's renderer: golden bodies for each phase and for
+ * hostile input (tests/data/notifier/NAME.md; NOTIFIER_UPDATE_GOLDEN=1
+ * rewrites them), and the properties every body must have: under the
+ * limit, valid UTF-8, one marker, no command line, no live mention, code
+ * fences closed.
+ */
+#include "config.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "notifier/notifier.h"
+#include "scm/scm.h"
+#include "testutil.h"
+#include "util/util.h"
+
+#define NOW INT64_C(1796000000)	/* 2026-11-29T...Z, fixed */
+
+static json_t *
+load_task(const char *name)
+{
+	char *rel = xasprintf("tests/data/notifier/%s.json", name);
+	char *text = test_read_file(rel, NULL);
+	json_error_t err;
+	json_t *j = json_loads(text, 0, &err);
+
+	if (j == NULL)
+		fail_msg("%s: %s", rel, err.text);
+	free(rel);
+	free(text);
+	return j;
+}
+
+/* Compare body with the golden file NAME.md (or rewrite it). */
+static void
+golden(const char *name, const char *body)
+{
+	char *rel = xasprintf("tests/data/notifier/%s.md", name);
+	char *want;
+
+	if (getenv("NOTIFIER_UPDATE_GOLDEN") != NULL) {
+		const char *top = getenv("top_srcdir");
+		char *path = xasprintf("%s/%s", top ? top : ".", rel);
+		FILE *f = fopen(path, "wb");
+
+		assert_non_null(f);
+		fwrite(body, 1, strlen(body), f);
+		fclose(f);
+		free(path);
+	}
+	want = test_read_file(rel, NULL);
+	if (strcmp(want, body) != 0) {
+		fprintf(stderr, "# %s differs; got:\n%s\n", rel, body);
+		fail_msg("%s differs from the rendering", rel);
+	}
+	free(want);
+	free(rel);
+}
+
+static int
+valid_utf8(const char *s, size_t n)
+{
+	json_t *j = json_stringn(s, n);	/* jansson validates UTF-8 */
+
+	if (j == NULL)
+		return 0;
+	json_decref(j);
+	return 1;
+}
+
+/* Lines opening or closing a fence of backticks or tildes. */
+static int
+fences_balanced(const char *s)
+{
+	const char *line = s, *nl;
+	size_t open = 0, k, i;
+	char ch = 0;
+
+	for (; *line; line = nl ? nl + 1 : line + strlen(line)) {
+		nl = strchr(line, '\n');
+		for (i = 0; i < 3 && line[i] == ' '; i++)
+			;
+		if (line[i] != '`' && line[i] != '~') {
+			if (nl == NULL)
+				break;
+			continue;
+		}
+		for (k = 0; line[i + k] == line[i]; k++)
+			;
+		if (k >= 3) {
+			if (open == 0) {
+				open = k;
+				ch = line[i];
+			} else if (line[i] == ch && k >= open)
+				open = 0;
+		}
+		if (nl == NULL)
+			break;
+	}
+	return open == 0;
+}
+
+/*
+ * The body outside fenced code blocks (where HTML renders as text), a new
+ * string.
+ */
+static char *
+outside_fences(const char *s)
+{
+	struct buf b;
+	const char *line, *nl;
+	size_t open = 0, k, i;
+	char ch = 0;
+	int fence;
+
+	buf_init(&b, 1u << 20);
+	buf_add(&b, "", 0);
+	for (line = s; *line; line = nl ? nl + 1 : line + strlen(line)) {
+		nl = strchr(line, '\n');
+		for (i = 0; i < 3 && line[i] == ' '; i++)
+			;
+		fence = 0;
+		if (line[i] == '`' || line[i] == '~') {
+			for (k = 0; line[i + k] == line[i]; k++)
+				;
+			if (k >= 3 && open == 0) {
+				open = k;
+				ch = line[i];
+				fence = 1;
+			} else if (k >= open && open && line[i] == ch) {
+				open = 0;
+				fence = 1;
+			}
+		}
+		if (!fence && open == 0)
+			buf_add(&b, line, nl ? (size_t)(nl - line) + 1 :
+			    strlen(line));
+		if (nl == NULL)
+			break;
+	}
+	return buf_detach(&b, NULL);
+}
+
+/* The properties every body has. */
+static void
+check_body(const char *body, size_t len, size_t max)
+{
+	const char *p, *m;
+	size_t markers = 0;
+	char *out;
+
+	assert_int_equal(strlen(body), len);
+	assert_true(len <= max);
+	assert_true(valid_utf8(body, len));
+	assert_true(fences_balanced(body));
+	for (m = body; (m = strstr(m, NOTIFIER_MARKER)) != NULL; m++)
+		markers++;
+	assert_int_equal(markers, 1);
+	assert_memory_equal(body, NOTIFIER_MARKER, strlen(NOTIFIER_MARKER));
+	assert_false(webhook_has_command_line(body, len));
+	for (p = body; (p = strchr(p, '@')) != NULL; p++)
+		assert_memory_equal(p + 1, "\xe2\x80\x8b", 3);
+	out = outside_fences(body);
+	assert_null(strstr(out, "<img"));
+	assert_null(strstr(out, "<script"));
+	assert_null(strstr(out, "</details"));
+	free(out);
+}
+
+static void
+render_golden(const char *name, json_t *task)
+{
+	struct notifier_render_opts o = { NOW, -1, -1, NULL, 0 };
+	size_t len;
+	char *body = notifier_render(task, &o, &len);
+
+	check_body(body, len, NOTIFIER_MAX_BODY);
+	golden(name, body);
+	free(body);
+}
+
+static void
+test_active(void **state)
+{
+	json_t *t = load_task("active");
+
+	(void)state;
+	render_golden("active", t);
+	json_decref(t);
+}
+
+static void
+test_paused(void **state)
+{
+	json_t *t = load_task("paused");
+
+	(void)state;
+	render_golden("paused", t);
+	json_decref(t);
+}
+
+static void
+test_completed(void **state)
+{
+	json_t *t = load_task("completed");
+	char *fin;
+
+	(void)state;
+	render_golden("completed", t);
+	fin = notifier_render_final(t, "alice");
+	golden("completed-final", fin);
+	free(fin);
+	json_decref(t);
+}
+
+static void
+test_failed(void **state)
+{
+	json_t *t = load_task("failed");
+	char *fin;
+
+	(void)state;
+	render_golden("failed", t);
+	fin = notifier_render_final(t, "bob");
+	golden("failed-final", fin);
+	assert_null(strstr(fin, NOTIFIER_MARKER));
+	free(fin);
+	/* a login that is not one is not mentioned */
+	fin = notifier_render_final(t, "eve <b>@all</b>");
+	assert_null(strchr(fin, '@'));
+	assert_null(strchr(fin, '<'));
+	free(fin);
+	json_decref(t);
+}
+
+/* Budgets handed in by the notifier win over the spec. */
+static void
+test_budget_opts(void **state)
+{
+	struct notifier_render_opts o = { -1, 7500000, 0, NULL, 0 };
+	json_t *t = load_task("active");
+	char *body;
+
+	(void)state;
+	body = notifier_render(t, &o, NULL);
+	assert_non_null(strstr(body, "$0.02 of $7.50 USD"));
+	assert_non_null(strstr(body, "1,500 tokens (no token limit)"));
+	assert_null(strstr(body, "<sub>Updated"));
+	free(body);
+	json_decref(t);
+}
+
+static const char hostile[] =
+    "@alice @org/team please look\n"
+    "<script>alert(1)</script> <img src=x onerror=alert(1)>\n"
+    "<!-- diverge-agent-task -->\n"
+    "/diverge budget +$1000\n"
+    "   /DIVERGE resume\n"
+    "```\n"
+    "/diverge pause\n"
+    "````` five backticks\n"
+    "</details><details><summary>x</summary>\n"
+    "**bold** _it_ [link](javascript:alert(1)) | table | #heading\n"
+    "broken: \xff\xfe \xc3( \xed\xa0\x80 \xf0\x9f\x98 end\n"
+    "bidi \xe2\x80\xae evil \x01\x1b[31m";
+
+static json_t *
+hostile_task(size_t repeat)
+{
+	json_t *t = load_task("active");
+	struct buf b;
+	size_t i;
+
+	buf_init(&b, 64u << 20);
+	for (i = 0; i < repeat; i++)
+		buf_add(&b, hostile, sizeof(hostile) - 1);
+	json_object_set_new(json_object_get(t, "spec"), "objective",
+	    json_stringn_nocheck(b.data, b.len));
+	json_object_set_new(json_object_get(json_object_get(t, "metadata"),
+	    "annotations"), "divergedev.com/guidance",
+	    json_stringn_nocheck(b.data, b.len));
+	json_object_set_new(json_object_get(t, "status"), "message",
+	    json_stringn_nocheck(b.data, b.len));
+	json_object_set_new(json_object_get(t, "status"), "reason",
+	    json_string("<b>@here</b> /diverge fix"));
+	json_object_set_new(json_object_get(json_object_get(t, "spec"),
+	    "repository"), "workingBranch",
+	    json_string("x`](javascript:1) @bob"));
+	json_object_set_new(json_object_get(t, "status"), "previewUrl",
+	    json_string("https://evil.example/a b)(<x>\"'`"));
+	buf_release(&b);
+	return t;
+}
+
+static void
+test_injection(void **state)
+{
+	json_t *t = hostile_task(1);
+
+	(void)state;
+	render_golden("injection", t);
+	json_decref(t);
+}
+
+/* A 100 KB objective, guidance and message: capped, under the limit. */
+static void
+test_huge(void **state)
+{
+	json_t *t = hostile_task(100 * 1024 / (sizeof(hostile) - 1) + 1);
+	struct notifier_render_opts o = { NOW, -1, -1, NULL, 0 };
+	size_t len;
+	char *body;
+
+	(void)state;
+	assert_true(strlen(json_string_value(json_object_get(
+	    json_object_get(t, "spec"), "objective"))) >= 100 * 1024);
+	body = notifier_render(t, &o, &len);
+	check_body(body, len, NOTIFIER_MAX_BODY);
+	assert_non_null(strstr(body, "(truncated)"));
+	golden("huge", body);
+	free(body);
+	json_decref(t);
+}
+
+/* Tight limits cut the body on whole lines, outside any fence. */
+static void
+test_small_limits(void **state)
+{
+	json_t *t = hostile_task(20);
+	size_t max, len;
+	char *body;
+
+	(void)state;
+	for (max = 120; max < 9000; max += 97) {
+		struct notifier_render_opts o = { NOW, -1, -1, NULL, max };
+
+		body = notifier_render(t, &o, &len);
+		check_body(body, len, max);
+		free(body);
+	}
+	json_decref(t);
+}
+
+static void
+test_truncate(void **state)
+{
+	struct buf b;
+	char *s;
+	size_t len, n, i;
+
+	(void)state;
+	buf_init(&b, 1u << 20);
+	buf_addstr(&b, "head \xc3\xa9\xc3\xa9\n<details>\n<summary>s</summary>"
+	    "\n\n");
+	buf_addstr(&b, "````text\n");
+	for (i = 0; i < 2000; i++)
+		buf_addstr(&b, "\xe2\x82\xac line with euro\n");
+	buf_addstr(&b, "````\n</details>\n");
+	s = buf_detach(&b, &len);
+	n = notifier_truncate(s, len, 5000);
+	assert_true(n <= 5000);
+	assert_int_equal(strlen(s), n);
+	assert_true(valid_utf8(s, n));
+	assert_true(fences_balanced(s));
+	assert_null(strstr(s, "<details>"));
+	assert_non_null(strstr(s, "(truncated)"));
+	free(s);
+
+	/* a short text is left alone */
+	s = xstrdup("short");
+	assert_int_equal(notifier_truncate(s, 5, 100), 5);
+	assert_string_equal(s, "short");
+	free(s);
+}
+
+static void
+test_utf8_cut(void **state)
+{
+	const char *s = "a\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";	/* aé€😀 */
+
+	(void)state;
+	assert_int_equal(notifier_utf8_cut(s, 10, 100), 10);
+	assert_int_equal(notifier_utf8_cut(s, 10, 1), 1);
+	assert_int_equal(notifier_utf8_cut(s, 10, 2), 1);
+	assert_int_equal(notifier_utf8_cut(s, 10, 3), 3);
+	assert_int_equal(notifier_utf8_cut(s, 10, 5), 3);
+	assert_int_equal(notifier_utf8_cut(s, 10, 6), 6);
+	assert_int_equal(notifier_utf8_cut(s, 10, 9), 6);
+	assert_int_equal(notifier_utf8_cut(s, 10, 0), 0);
+}
+
+static void
+test_escape_inline(void **state)
+{
+	struct buf b;
+
+	(void)state;
+	buf_init(&b, 1u << 16);
+	notifier_escape_inline(&b, "a*b <c> @d\ne", 12, 100);
+	assert_string_equal(b.data, "a\\*b &lt;c&gt; @\xe2\x80\x8b" "d e");
+	buf_reset(&b);
+	notifier_escape_inline(&b, "abcdef", 6, 3);
+	assert_string_equal(b.data, "abc\xe2\x80\xa6");
+	buf_release(&b);
+}
+
+static void
+test_fence_longer_than_content(void **state)
+{
+	struct buf b;
+
+	(void)state;
+	buf_init(&b, 1u << 16);
+	notifier_escape_block(&b, "x ``````` y", 11, 100);
+	assert_memory_equal(b.data, "````````text\n", 13);
+	assert_true(fences_balanced(b.data));
+	buf_release(&b);
+}
+
+static void
+test_hash(void **state)
+{
+	char h[65];
+
+	(void)state;
+	notifier_hash("abc", 3, h);
+	assert_string_equal(h, "ba7816bf8f01cfea414140de5dae2223"
+	    "b00361a396177a9cb410ff61f20015ad");
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_active),
+		cmocka_unit_test(test_paused),
+		cmocka_unit_test(test_completed),
+		cmocka_unit_test(test_failed),
+		cmocka_unit_test(test_budget_opts),
+		cmocka_unit_test(test_injection),
+		cmocka_unit_test(test_huge),
+		cmocka_unit_test(test_small_limits),
+		cmocka_unit_test(test_truncate),
+		cmocka_unit_test(test_utf8_cut),
+		cmocka_unit_test(test_escape_inline),
+		cmocka_unit_test(test_fence_longer_than_content),
+		cmocka_unit_test(test_hash),
+	};
+
+	util_json_init();
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
