@@ -1,0 +1,369 @@
+"""The sticky status comment end to end: diverged with its reconciler, the
+fake GitHub and GitLab of tests/fakes/scm_fake.py, and the test playing the
+agent-sandbox controller (Sandbox Ready) and the agent (meter calls,
+complete). Checks: one comment per PR/MR, updated in place through
+Active, Paused (budget), Active again (/diverge resume +5) and Completed,
+plus one notification that mentions who started the task; the same on
+GitLab; a restart between a phase change and the comment update; a
+comment deleted by a person; duplicates from a race; a look-alike by
+another user; the comment found on page 3.
+
+DIVERGED_BIN runs another diverged binary (a private build)."""
+
+import base64
+import json
+import os
+import sys
+import time
+import urllib.request
+import uuid
+
+import divtest
+from divtest import Daemon, run_tests
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_scm_commands import (Fake, api, get_task, gh_comment,  # noqa
+                               gl_note, wait)
+
+if os.environ.get("DIVERGED_BIN"):
+    divtest.DIVERGED = os.environ["DIVERGED_BIN"]
+
+NS = "team-a"
+MARKER = "<!-- diverge-agent-task -->"
+SANDBOXES = "/apis/agents.x-k8s.io/v1beta1/namespaces/%s/sandboxes" % NS
+TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks" % NS
+SECRETS = "/api/v1/namespaces/%s/secrets" % NS
+
+AGENT_YAML = ("version: \"1\"\nagent:\n  maxIterations: 50\n"
+              "  budgetUSD: \"2.50\"\n  capabilities: [\"claude-*\"]\n")
+
+FILLER = 250        # comments before the sticky one on PR 43: page 3
+
+
+def seed():
+    pr43 = [{"id": 5000 + i, "user": "bob", "body": "filler %d" % i}
+            for i in range(FILLER)]
+    pr43 += [
+        {"id": 5900, "user": "mallory",
+         "body": MARKER + "\nlooks like the bot's"},
+        {"id": 5901, "user": "diverge-bot", "body": MARKER + "\nold run"},
+        {"id": 5902, "user": "diverge-bot", "body": MARKER + "\nraced"}]
+    return {
+        "github": {
+            "user": {"login": "diverge-bot", "id": 900},
+            "tokens": {"ghp_bot": "diverge-bot"},
+            "users": [{"login": "alice", "id": 1}, {"login": "bob", "id": 2},
+                      {"login": "mallory", "id": 4}],
+            "repos": [{
+                "full_name": "myorg/checkout", "id": 501,
+                "default_branch": "main",
+                "collaborators": {"alice": "admin", "bob": "write",
+                                  "diverge-bot": "write"},
+                "files": {"main": {".diverge/agent.yaml": AGENT_YAML}},
+                "pulls": [
+                    {"number": 42, "title": "N+1", "user": "alice",
+                     "head": {"ref": "fix-n1"}, "base": {"ref": "main"},
+                     "comments": [{"id": 1001, "user": "alice",
+                                   "body": "(c)"},
+                                  {"id": 1002, "user": "alice",
+                                   "body": "(c)"}]},
+                    {"number": 43, "title": "pages", "user": "bob",
+                     "head": {"ref": "pages"}, "base": {"ref": "main"},
+                     "comments": pr43},
+                    {"number": 44, "title": "crash", "user": "alice",
+                     "head": {"ref": "crash"}, "base": {"ref": "main"},
+                     "comments": [{"id": 1101, "user": "alice",
+                                   "body": "(c)"}]}]}]},
+        "gitlab": {
+            "user": {"username": "diverge-bot", "id": 950},
+            "tokens": ["glpat-bot"],
+            "users": [{"username": "pipin", "id": 11}],
+            "projects": [{
+                "id": 5, "path_with_namespace": "myorg/diaspora",
+                "default_branch": "main", "members": {"pipin": 40},
+                "files": {"main": {".diverge/agent.yaml": AGENT_YAML}},
+                "merge_requests": [{
+                    "iid": 2, "id": 2002, "source_branch": "feature",
+                    "target_branch": "main", "author": "pipin",
+                    "notes": [{"id": 3001, "author": "pipin",
+                               "body": "(n)"},
+                              {"id": 3002, "author": "pipin",
+                               "body": "(n)"}]}]}]},
+    }
+
+
+CONFIG = """
+log:
+  level: info
+namespace: default
+repos:
+  - match: "127.0.0.1/myorg/*"
+    namespace: team-a
+github:
+  enabled: true
+  api_url: {gh}
+  webhook_secrets: ["file:{{secret_file}}"]
+  token: "file:{{tmp}}/gh-token"
+gitlab:
+  enabled: true
+  api_url: {gl}
+  webhook_tokens: ["file:{{gitlab_token_file}}"]
+  token: "file:{{tmp}}/gl-token"
+"""
+
+
+def gh_comments(fake, number):
+    pulls = fake.state()["github"]["repos"]["myorg/checkout"]["pulls"]
+    return pulls[str(number)]["comments"]
+
+
+def gl_notes(fake):
+    return fake.state()["gitlab"]["projects"]["5"]["merge_requests"][
+        "2"]["notes"]
+
+
+def stickies(comments, bot="diverge-bot", key="user"):
+    return [c for c in comments if c.get(key) == bot and
+            MARKER in (c.get("body") or "")]
+
+
+def mentions(comments, who, bot="diverge-bot", key="user"):
+    return [c for c in comments if c.get(key) == bot and
+            MARKER not in (c.get("body") or "") and
+            ("@" + who) in (c.get("body") or "")]
+
+
+def phase(d, name):
+    t = get_task(d, name)
+    return (t or {}).get("status", {}).get("phase")
+
+
+def play_ready(d, name):
+    """The agent-sandbox controller: the Sandbox is Ready for its
+    current generation."""
+    def once():
+        s, sb = api(d, "GET", SANDBOXES + "/" + name)
+        if s != 200:
+            return False
+        ts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        gen = sb["metadata"].get("generation", 1)
+        sb["status"] = {"conditions": [
+            {"type": "Ready", "status": "True",
+             "reason": "DependenciesReady", "message": "played",
+             "observedGeneration": gen, "lastTransitionTime": ts},
+            {"type": "Suspended", "status": "False",
+             "reason": "NotSuspended", "message": "",
+             "observedGeneration": gen, "lastTransitionTime": ts}],
+            "podIPs": ["10.0.0.7"]}
+        s, _ = api(d, "PUT", SANDBOXES + "/" + name + "/status", sb)
+        return s == 200
+    return wait(lambda: once() and phase(d, name) == "Active", 20)
+
+
+def token_of(d, name, old=None):
+    def get():
+        s, sec = api(d, "GET", SECRETS + "/" + name + "-token")
+        if s != 200:
+            return None
+        tok = base64.b64decode(sec["data"]["token"]).decode()
+        return tok if tok != old else None
+    return wait(get, 20)
+
+
+def meter(d, token, rid, cost):
+    return d.json("POST", "/api/v1/agenttask/meter", json.dumps(
+        {"requestId": rid, "iteration": 1, "model": "claude-3",
+         "tokensUsed": 1000, "costUSD": cost}),
+        {"Content-Type": "application/json",
+         "Authorization": "Bearer " + token})
+
+
+def complete(d, token):
+    return d.json("POST", "/api/v1/agenttask/complete", json.dumps(
+        {"result": "succeeded", "message": "done", "branch": "x"}),
+        {"Content-Type": "application/json",
+         "Authorization": "Bearer " + token})
+
+
+def one_with(list_fn, text, timeout=20):
+    """Wait for exactly one sticky comment whose body has text."""
+    def ok():
+        s = list_fn()
+        return s if len(s) == 1 and text in s[0]["body"] else None
+    return wait(ok, timeout)
+
+
+def lifecycle(t, d, name, label, send, list_fn, ment_fn, who):
+    """fix -> Active -> budget -> Paused -> resume +5 -> Active ->
+    Completed, with one sticky comment throughout."""
+    send("/diverge fix make checkout fast")
+    t.ok(wait(lambda: get_task(d, name), 20), "%s: /diverge fix makes "
+         "task %s" % (label, name))
+    t.ok(play_ready(d, name), "%s: the Sandbox is Ready: Active" % label)
+    s = one_with(list_fn, "Running")
+    t.ok(s, "%s: exactly one sticky comment, Running" % label, list_fn())
+    cid = s[0]["id"] if s else None
+    tok = token_of(d, name)
+    codes = []
+    for i in range(10):
+        code, _, _ = meter(d, tok, "r%d" % i, 1.0)
+        codes.append(code)
+        if code == 429:
+            break
+    t.ok(codes and codes[-1] == 429 and phase(d, name) == "Paused",
+         "%s: meter calls until the budget is exceeded: Paused" % label,
+         codes)
+    s = one_with(list_fn, "Paused")
+    t.ok(s and s[0]["id"] == cid and "BudgetExceeded" in s[0]["body"],
+         "%s: the same comment is updated (Paused, BudgetExceeded), no "
+         "second one" % label, list_fn())
+    send("/diverge resume +5")
+    t.ok(wait(lambda: phase(d, name) in ("Provisioning", "Active"), 20),
+         "%s: /diverge resume +5 restarts the task" % label, phase(d, name))
+    t.ok(play_ready(d, name), "%s: Active again" % label)
+    s = one_with(list_fn, "Running")
+    t.ok(s and s[0]["id"] == cid and "$7.50" in s[0]["body"],
+         "%s: the comment shows Running and the bumped budget" % label,
+         list_fn())
+    tok2 = token_of(d, name, tok)
+    code, _, j = complete(d, tok2)
+    t.eq(code, 200, "%s: the agent completes" % label)
+    s = one_with(list_fn, "Completed")
+    t.ok(s and s[0]["id"] == cid and "\u2705" in s[0]["body"],
+         "%s: the comment shows \u2705 Completed" % label, list_fn())
+    t.ok(wait(lambda: len(ment_fn()) == 1, 20), "%s: one notification "
+         "comment mentions @%s" % (label, who), ment_fn())
+    time.sleep(1.5)
+    t.ok(len(list_fn()) == 1 and len(ment_fn()) == 1, "%s: nothing more "
+         "is posted once the comment matches" % label)
+    return cid
+
+
+def gh_delete(fake, cid):
+    req = urllib.request.Request(
+        fake.base + "/github/repos/myorg/checkout/issues/comments/%d" % cid,
+        method="DELETE", headers={"Authorization": "Bearer ghp_bot"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.status
+
+
+def main(t):
+    fake = Fake()
+    fake.call("POST", "/_fake/seed", seed())
+    d = Daemon(CONFIG.format(gh=fake.base + "/github",
+                             gl=fake.base + "/gitlab/api/v4"),
+               env={"DIVERGE_SCM_MAX_WAIT_MS": "2000"})
+    with open(os.path.join(d.tmp, "gh-token"), "w") as f:
+        f.write("ghp_bot\n")
+    with open(os.path.join(d.tmp, "gl-token"), "w") as f:
+        f.write("glpat-bot\n")
+    d.start()
+
+    n = [3000]
+
+    def gh_send(number):
+        def send(body):
+            n[0] += 1
+            cid = 100000 + n[0]
+            s, _, _ = d.github("issue_comment", gh_comment(
+                cid, number, "alice", body), str(uuid.uuid4()))
+            return s
+        return send
+
+    def gl_send(body):
+        n[0] += 1
+        s, _, _ = d.gitlab("Note Hook", gl_note(3001, 2, "pipin", 11, body),
+                           str(uuid.uuid4()))
+        return s
+
+    # ---- GitHub lifecycle on PR 42
+    gh42 = lambda: stickies(gh_comments(fake, 42))  # noqa: E731
+    cid = lifecycle(t, d, "fix-pr-42", "github", gh_send(42), gh42,
+                    lambda: mentions(gh_comments(fake, 42), "alice"),
+                    "alice")
+    task = get_task(d, "fix-pr-42")
+    nt = (task or {}).get("status", {}).get("notifier", {})
+    t.ok(nt.get("commentId") == str(cid) and
+         nt.get("reportedPhase") == "Completed" and
+         len(nt.get("bodyHash", "")) == 64,
+         "status.notifier holds commentId, reportedPhase and bodyHash", nt)
+
+    # ---- GitLab lifecycle on MR 2
+    gl2 = lambda: stickies(gl_notes(fake), key="author")  # noqa: E731
+    lifecycle(t, d, "fix-mr-2", "gitlab", gl_send, gl2,
+              lambda: mentions(gl_notes(fake), "pipin", key="author"),
+              "pipin")
+
+    # ---- a person deletes the comment: it is recreated, once
+    t.eq(gh_delete(fake, cid), 204, "a person deletes the sticky comment")
+    gh_send(42)("/diverge fix again")
+    t.ok(wait(lambda: phase(d, "fix-pr-42") in ("Pending", "Provisioning"),
+              20), "the finished task runs again")
+    s = wait(lambda: (lambda v: v if len(v) == 1 and v[0]["id"] != cid
+                      else None)(gh42()), 20)
+    t.ok(s, "the deleted comment is recreated, once", gh42())
+    time.sleep(1.5)
+    t.eq(len(gh42()), 1, "still one sticky comment on PR 42")
+
+    # ---- pages, a race's duplicate, a look-alike by another user (PR 43)
+    s, _ = api(d, "POST", TASKS, {
+        "apiVersion": "divergedev.com/v1alpha1", "kind": "AgentTask",
+        "metadata": {"name": "pages-task", "annotations": {
+            "divergedev.com/provider": "github",
+            "divergedev.com/project": "myorg/checkout",
+            "divergedev.com/pr-number": "43",
+            "divergedev.com/requested-by": "bob"}},
+        "spec": {"objective": "@everyone <b>hi</b> " + MARKER +
+                 "\n/diverge budget +$1000"}})
+    t.eq(s, 201, "a task for PR 43 whose old comment is on page 3")
+
+    def pr43_settled():
+        v = stickies(gh_comments(fake, 43))
+        return v if (len(v) == 1 and v[0]["id"] == 5901 and
+                     "pages-task" in v[0]["body"]) else None
+    t.ok(wait(pr43_settled, 20), "the bot's comment on page 3 (after %d "
+         "others) is found and updated, the younger duplicate deleted" %
+         FILLER, stickies(gh_comments(fake, 43)))
+    other = [c for c in gh_comments(fake, 43) if c["id"] == 5900]
+    t.ok(other and other[0]["body"] == MARKER + "\nlooks like the bot's",
+         "a comment with the marker by another user is left alone")
+    body = (pr43_settled() or [{}])[0].get("body", "")
+    t.ok(body.count(MARKER) == 1 and "@everyone" not in body and
+         "<b>" not in body.split("```")[0] and
+         "\n/diverge" not in body, "untrusted objective rendered inert")
+    posts = [r for r in fake.requests() if r.get("method") == "POST" and
+             "/issues/43/comments" in r.get("path", "")]
+    t.eq(len(posts), 0, "no comment created on PR 43")
+
+    # ---- restart between a phase change and the comment update (PR 44)
+    gh_send(44)("/diverge fix crash test")
+    t.ok(play_ready(d, "fix-pr-44"), "PR 44: Active")
+    gh44 = lambda: stickies(gh_comments(fake, 44))  # noqa: E731
+    s = one_with(gh44, "Running")
+    t.ok(s, "PR 44: one sticky comment, Running")
+    fake.call("POST", "/_fake/faults", {"status": 503, "count": 100000,
+                                        "method": "PATCH",
+                                        "match": "/issues/comments/"})
+    tok = token_of(d, "fix-pr-44")
+    for i in range(10):
+        code, _, _ = meter(d, tok, "c%d" % i, 1.0)
+        if code == 429:
+            break
+    t.ok(wait(lambda: phase(d, "fix-pr-44") == "Paused", 10) and
+         "Running" in (gh44() or [{}])[0]["body"], "PR 44: Paused, the "
+         "comment update failing")
+    d.kill9()
+    fake.call("DELETE", "/_fake/faults")
+    d.start()
+    s = one_with(gh44, "Paused")
+    t.ok(s, "after kill -9 and restart: the comment is updated once, not "
+         "duplicated", gh44())
+    time.sleep(1.5)
+    t.eq(len(gh44()), 1, "PR 44: still one sticky comment")
+
+    t.eq(d.stop(), 0, "clean stop")
+    fake.stop()
+
+
+if __name__ == "__main__":
+    run_tests(main)
