@@ -63,10 +63,8 @@ def seed():
                 "pulls": [
                     {"number": 42, "title": "N+1", "user": "alice",
                      "head": {"ref": "fix-n1"}, "base": {"ref": "main"},
-                     "comments": [{"id": 1001, "user": "alice",
-                                   "body": "(c)"},
-                                  {"id": 1002, "user": "alice",
-                                   "body": "(c)"}]},
+                     "comments": [{"id": 1000 + i, "user": "alice",
+                                   "body": "(c)"} for i in range(1, 20)]},
                     {"number": 43, "title": "pages", "user": "bob",
                      "head": {"ref": "pages"}, "base": {"ref": "main"},
                      "comments": pr43},
@@ -85,10 +83,8 @@ def seed():
                 "merge_requests": [{
                     "iid": 2, "id": 2002, "source_branch": "feature",
                     "target_branch": "main", "author": "pipin",
-                    "notes": [{"id": 3001, "author": "pipin",
-                               "body": "(n)"},
-                              {"id": 3002, "author": "pipin",
-                               "body": "(n)"}]}]}]},
+                    "notes": [{"id": 3000 + i, "author": "pipin",
+                               "body": "(n)"} for i in range(1, 10)]}]}]},
     }
 
 
@@ -259,12 +255,12 @@ def main(t):
         f.write("glpat-bot\n")
     d.start()
 
-    n = [3000]
+    n = [0]
 
     def gh_send(number):
         def send(body):
             n[0] += 1
-            cid = 100000 + n[0]
+            cid = 1000 + n[0]
             s, _, _ = d.github("issue_comment", gh_comment(
                 cid, number, "alice", body), str(uuid.uuid4()))
             return s
@@ -272,7 +268,8 @@ def main(t):
 
     def gl_send(body):
         n[0] += 1
-        s, _, _ = d.gitlab("Note Hook", gl_note(3001, 2, "pipin", 11, body),
+        s, _, _ = d.gitlab("Note Hook", gl_note(3000 + n[0], 2, "pipin",
+                                                11, body),
                            str(uuid.uuid4()))
         return s
 
