@@ -122,7 +122,7 @@ struct notifier_config {
 	const char *gitlab_username;
 	int64_t gitlab_user_id;
 	int workers;			/* 0: 3 */
-	int64_t throttle_ms;		/* 0: 30 s between content updates */
+	int64_t throttle_ms;	/* 0: 30 s between content updates */
 	int64_t resync_ms;		/* 0: 5 minutes */
 };
 

@@ -496,7 +496,7 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 		pthread_mutex_unlock(&n->mu);
 		if (reported != NULL && strcmp(reported, phase) == 0 &&
 		    cid > 0 && last > 0 && now_ms - last < n->c.throttle_ms) {
-			/* only the numbers moved: at most one update a period */
+			/* only the numbers moved: one update a period */
 			*delay_ms = n->c.throttle_ms - (now_ms - last);
 			ret = 0;
 			goto out;

@@ -37,6 +37,7 @@ SECRETS = "/api/v1/namespaces/%s/secrets" % NS
 AGENT_YAML = ("version: \"1\"\nagent:\n  maxIterations: 50\n"
               "  budgetUSD: \"2.50\"\n  capabilities: [\"claude-*\"]\n")
 
+THROTTLE_S = 3     # DIVERGE_TEST_NOTIFIER_THROTTLE_MS: 30 s otherwise
 FILLER = 250        # comments before the sticky one on PR 43: page 3
 
 
@@ -248,7 +249,9 @@ def main(t):
     fake.call("POST", "/_fake/seed", seed())
     d = Daemon(CONFIG.format(gh=fake.base + "/github",
                              gl=fake.base + "/gitlab/api/v4"),
-               env={"DIVERGE_SCM_MAX_WAIT_MS": "2000"})
+               env={"DIVERGE_SCM_MAX_WAIT_MS": "2000",
+                    "DIVERGE_TEST_NOTIFIER_THROTTLE_MS":
+                    str(THROTTLE_S * 1000)})
     with open(os.path.join(d.tmp, "gh-token"), "w") as f:
         f.write("ghp_bot\n")
     with open(os.path.join(d.tmp, "gl-token"), "w") as f:
@@ -338,10 +341,21 @@ def main(t):
     gh44 = lambda: stickies(gh_comments(fake, 44))  # noqa: E731
     s = one_with(gh44, "Running")
     t.ok(s, "PR 44: one sticky comment, Running")
+    # while Active, spend changes reach the comment at most once a period
+    tok = token_of(d, "fix-pr-44")
+    meter(d, tok, "t1", 0.25)
+    t.ok(one_with(gh44, "$0.25"), "PR 44: the spend reaches the comment "
+         "while Active")
+    meter(d, tok, "t2", 0.25)
+    time.sleep(THROTTLE_S / 3.0)
+    s = gh44()
+    t.ok(len(s) == 1 and "$0.25" in s[0]["body"], "PR 44: a second charge "
+         "within the throttle period is not sent at once")
+    t.ok(one_with(gh44, "$0.50", THROTTLE_S + 5), "PR 44: it is sent "
+         "when the period ends")
     fake.call("POST", "/_fake/faults", {"status": 503, "count": 100000,
                                         "method": "PATCH",
                                         "match": "/issues/comments/"})
-    tok = token_of(d, "fix-pr-44")
     for i in range(10):
         code, _, _ = meter(d, tok, "c%d" % i, 1.0)
         if code == 429:

@@ -385,7 +385,8 @@ test_truncate(void **state)
 static void
 test_utf8_cut(void **state)
 {
-	const char *s = "a\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";	/* aé€😀 */
+	/* a, e acute, euro sign, an emoji: 1, 2, 3 and 4 bytes */
+	const char *s = "a\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";
 
 	(void)state;
 	assert_int_equal(notifier_utf8_cut(s, 10, 100), 10);
