@@ -285,20 +285,22 @@ ensure_comment(struct notifier *n, struct scm_client *cl,
 		    cause);
 		if (rc == SCM_OK) {
 			*out = id;
-			return 0;
+			goto out;
 		}
 		if (rc != SCM_ENOTFOUND)
-			return rc;
+			goto out;
+		/* a person deleted it: find or create it again */
 		free(*cause);
 		*cause = NULL;
 	}
 	if (!self_known(n, cl, t->provider)) {
 		*cause = xstrdup("the bot's identity is unknown");
-		return SCM_EUNAVAILABLE;
+		rc = SCM_EUNAVAILABLE;
+		goto out;
 	}
 	rc = cl->ops->list_comments(cl, &repo, t->number, &v, &nv, cause);
 	if (rc != SCM_OK)
-		return rc;
+		goto out;
 	for (i = 0; i < nv; i++) {
 		if (v[i].id == id || !is_sticky(n, t->provider, &v[i]))
 			continue;
@@ -338,6 +340,7 @@ ensure_comment(struct notifier *n, struct scm_client *cl,
 	if (rc == SCM_ENOTFOUND)
 		rc = cl->ops->create_comment(cl, &repo, t->number, body, out,
 		    cause);
+out:
 	scm_comments_free(v, nv);
 	return rc;
 }
