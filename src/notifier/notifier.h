@@ -85,7 +85,8 @@ void notifier_escape_inline(struct buf *b, const char *s, size_t len,
 /*
  * Append s as a fenced code block whose fence is longer than any
  * backtick run inside, with the marker broken, @mentions defused and
- * /diverge lines made inert; capped like notifier_escape_inline.
+ * lines starting with a slash (/diverge, GitLab quick actions such as
+ * /close) made inert; capped like notifier_escape_inline.
  */
 void notifier_escape_block(struct buf *b, const char *s, size_t len,
     size_t cap);

@@ -162,7 +162,11 @@ notifier_escape_inline(struct buf *b, const char *s, size_t len, size_t cap)
 	buf_release(&clean);
 }
 
-/* Whether line (n bytes) starts, after blanks, with "/diverge". */
+/*
+ * Whether line (n bytes) starts, after blanks, with a slash: a /diverge
+ * command, or a GitLab quick action (/close, /merge), which GitLab would
+ * run with the bot's rights.
+ */
 static int
 command_line(const char *line, size_t n)
 {
@@ -170,7 +174,7 @@ command_line(const char *line, size_t n)
 
 	while (i < n && (line[i] == ' ' || line[i] == '\t'))
 		i++;
-	return n - i >= 8 && strncasecmp(line + i, "/diverge", 8) == 0;
+	return i < n && line[i] == '/';
 }
 
 void

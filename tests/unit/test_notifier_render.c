@@ -167,6 +167,13 @@ check_body(const char *body, size_t len, size_t max)
 	assert_int_equal(markers, 1);
 	assert_memory_equal(body, NOTIFIER_MARKER, strlen(NOTIFIER_MARKER));
 	assert_false(webhook_has_command_line(body, len));
+	/* nor a GitLab quick action */
+	for (p = body; p != NULL; p = strchr(p, '\n')) {
+		p += *p == '\n';
+		while (*p == ' ' || *p == '\t')
+			p++;
+		assert_true(*p != '/');
+	}
 	for (p = body; (p = strchr(p, '@')) != NULL; p++)
 		assert_memory_equal(p + 1, "\xe2\x80\x8b", 3);
 	out = outside_fences(body);
@@ -267,6 +274,8 @@ static const char hostile[] =
     "   /DIVERGE resume\n"
     "```\n"
     "/diverge pause\n"
+    "/close\n"
+    "  /merge\n"
     "````` five backticks\n"
     "</details><details><summary>x</summary>\n"
     "**bold** _it_ [link](javascript:alert(1)) | table | #heading\n"
