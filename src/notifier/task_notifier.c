@@ -463,8 +463,11 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 		goto out;
 	}
 	phase = status_str(task, "phase", NULL);
-	if (phase == NULL)
-		phase = "Pending";
+	if (phase == NULL) {
+		/* not reconciled yet (or no reconciler): nothing to report */
+		ret = 0;
+		goto out;
+	}
 	reported = status_str(task, "notifier", "reportedPhase");
 	hash_old = status_str(task, "notifier", "bodyHash");
 	cid_s = status_str(task, "notifier", "commentId");
