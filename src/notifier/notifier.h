@@ -8,11 +8,11 @@
  * level-based: the comment is brought in line with the task whenever
  * status.phase differs from status.notifier.reportedPhase, or (at most
  * once per throttle period) when the rendered content changed; what was
- * reported is kept in status.notifier {commentId, reportedPhase, bodyHash,
- * and pendingNotify: "<run>/<phase>" while the notification of a finished
- * run is still to be posted} so that a restart neither posts twice nor
- * misses an update. A task without status.phase (not reconciled yet) has
- * no comment.
+ * reported is kept in status.notifier {commentId, reportedPhase, bodyHash}
+ * so that a restart neither posts twice nor misses an update. A task
+ * without status.phase (not reconciled yet) has no comment. When a run
+ * ends (Completed, Failed) one short comment mentions who started it,
+ * posted before reportedPhase records the phase: at least once.
  *
  * render.c holds the pure part: task JSON in, Markdown body out.
  */

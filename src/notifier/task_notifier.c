@@ -428,8 +428,8 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 	struct scm_client *cl;
 	json_t *task = NULL, *fields = NULL;
 	char *ns = NULL, *body = NULL, *content = NULL, *fin = NULL;
-	const char *name, *phase, *reported, *hash_old, *cid_s, *pend;
-	char hash[65], runphase[64];
+	const char *name, *phase, *reported, *hash_old, *cid_s;
+	char hash[65], idbuf[32];
 	int64_t cid, newcid = 0, now_ms;
 	size_t clen = 0;
 	int ret = -1, rc;
@@ -471,11 +471,7 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 	reported = status_str(task, "notifier", "reportedPhase");
 	hash_old = status_str(task, "notifier", "bodyHash");
 	cid_s = status_str(task, "notifier", "commentId");
-	pend = status_str(task, "notifier", "pendingNotify");
 	cid = num(cid_s);
-	snprintf(runphase, sizeof(runphase), "%" PRId64 "/%s",
-	    (int64_t)json_integer_value(json_object_get(json_object_get(task,
-	    "status"), "run")), phase);
 
 	k8s_task_budgets(n->c.store, task, n->c.cfg ?
 	    n->c.cfg->defaults.budget_usd_micro : -1, n->c.cfg ?
@@ -520,51 +516,38 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 		if (e != NULL)
 			e->last_sent_ms = now_mono_ms();
 		pthread_mutex_unlock(&n->mu);
-		{
-			char idbuf[32];
-
-			snprintf(idbuf, sizeof(idbuf), "%" PRId64, newcid);
-			fields = json_pack("{s:s,s:s,s:s}", "commentId", idbuf,
-			    "reportedPhase", phase, "bodyHash", hash);
-		}
-		/* a finished run mentions who started it, once */
+		snprintf(idbuf, sizeof(idbuf), "%" PRId64, newcid);
+		/*
+		 * A finished run mentions who started it (editing a comment
+		 * notifies nobody), before reportedPhase records the phase:
+		 * a crash in between posts it again rather than never.
+		 */
 		if (terminal(phase) && (reported == NULL ||
-		    strcmp(reported, phase) != 0))
-			json_object_set_new(fields, "pendingNotify",
-			    json_string(runphase));
+		    strcmp(reported, phase) != 0)) {
+			struct scm_repo repo = { t.project, t.project_id, 0 };
+			int64_t fid = 0;
+			char *c2 = NULL;
+
+			fin = notifier_render_final(task,
+			    ann(task, "divergedev.com/requested-by"));
+			rc = cl->ops->create_comment(cl, &repo, t.number, fin,
+			    &fid, cause);
+			if (rc != SCM_OK) {
+				*ratelimited = scm_retryable(rc) == 2;
+				/* keep the comment id: the retry updates it */
+				fields = json_pack("{s:s}", "commentId", idbuf);
+				write_notifier(n, ns, name, task, fields, &c2);
+				free(c2);
+				goto out;
+			}
+		}
+		fields = json_pack("{s:s,s:s,s:s}", "commentId", idbuf,
+		    "reportedPhase", phase, "bodyHash", hash);
 		rc = write_notifier(n, ns, name, task, fields, cause);
 		if (rc < 0)
 			goto out;
-		if (json_object_get(fields, "pendingNotify") != NULL)
-			pend = runphase;
-		else
-			pend = NULL;
 		log_kv(LOG_INFO, "notifier: comment updated", "task", tkey,
 		    "phase", phase, NULL);
-	}
-	if (pend != NULL && strcmp(pend, runphase) == 0) {
-		struct scm_repo repo = { t.project, t.project_id, 0 };
-		int64_t fid = 0;
-
-		fin = notifier_render_final(task,
-		    ann(task, "divergedev.com/requested-by"));
-		rc = cl->ops->create_comment(cl, &repo, t.number, fin, &fid,
-		    cause);
-		if (rc != SCM_OK) {
-			*ratelimited = scm_retryable(rc) == 2;
-			goto out;
-		}
-		json_decref(fields);
-		fields = json_pack("{s:n}", "pendingNotify");
-		rc = write_notifier(n, ns, name, task, fields, cause);
-		if (rc < 0)
-			goto out;
-	} else if (pend != NULL) {
-		/* left from an earlier run or phase: drop it */
-		json_decref(fields);
-		fields = json_pack("{s:n}", "pendingNotify");
-		if (write_notifier(n, ns, name, task, fields, cause) < 0)
-			goto out;
 	}
 	ret = 0;
 out:
