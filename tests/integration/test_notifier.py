@@ -310,6 +310,18 @@ def main(t):
     time.sleep(1.5)
     t.eq(len(gh42()), 1, "still one sticky comment on PR 42")
 
+    # ---- a rate limit beyond the bounded wait requeues the PR's update
+    # and holds up neither the reconciler nor the other PRs below
+    fake.call("POST", "/_fake/faults", {"status": 429, "count": 3,
+                                        "retry_after": 120,
+                                        "method": "PATCH",
+                                        "match": "/issues/comments/%d" %
+                                        gh42()[0]["id"]})
+    t.ok(play_ready(d, "fix-pr-42"), "PR 42: Active while its comment "
+         "updates are rate limited")
+    t.ok(d.wait_log("notifier: update failed, will retry", 15),
+         "PR 42: the rate-limited update is requeued, not waited on")
+
     # ---- pages, a race's duplicate, a look-alike by another user (PR 43)
     s, _ = api(d, "POST", TASKS, {
         "apiVersion": "divergedev.com/v1alpha1", "kind": "AgentTask",
@@ -351,13 +363,21 @@ def main(t):
     meter(d, tok, "t1", 0.25)
     t.ok(one_with(gh44, "$0.25"), "PR 44: the spend reaches the comment "
          "while Active")
+    # ... and 5xx bursts beyond the client's own retries are retried
+    fake.call("POST", "/_fake/faults", {"status": 503, "count": 12,
+                                        "method": "PATCH",
+                                        "match": "/issues/comments/"})
     meter(d, tok, "t2", 0.25)
     time.sleep(THROTTLE_S / 3.0)
     s = gh44()
     t.ok(len(s) == 1 and "$0.25" in s[0]["body"], "PR 44: a second charge "
          "within the throttle period is not sent at once")
-    t.ok(one_with(gh44, "$0.50", THROTTLE_S + 5), "PR 44: it is sent "
-         "when the period ends")
+    t.ok(one_with(gh44, "$0.50", THROTTLE_S + 30), "PR 44: it is sent "
+         "when the period ends, through a burst of 503s")
+    t.ok(not [f for f in fake.call("GET", "/_fake/faults")
+              if f.get("status") == 503] and
+         any("will retry" in ln and "fix-pr-44" in ln for ln in d.log()),
+         "PR 44: the failed update was requeued and retried")
     fake.call("POST", "/_fake/faults", {"status": 503, "count": 100000,
                                         "method": "PATCH",
                                         "match": "/issues/comments/"})
