@@ -595,6 +595,57 @@ tasks_of(struct notifier *n, const char *pkey)
 	return v;
 }
 
+/*
+ * When several tasks report to one PR/MR (a task made by hand with the
+ * same annotations), the comment follows one: a live task before a
+ * finished one, then the newest. The others are dropped from tasks (a
+ * NULL-terminated array of "namespace/name" keys, compacted).
+ */
+static void
+keep_primary(struct notifier *n, char **tasks)
+{
+	const char *best_ts = NULL;
+	json_t *best = NULL, *t;
+	size_t i, k = 0, pick = 0;
+	int best_live = -1, live;
+
+	if (tasks[0] == NULL || tasks[1] == NULL)
+		return;
+	for (i = 0; tasks[i] != NULL; i++) {
+		char *ns = xstrdup(tasks[i]), *name = strchr(ns, '/');
+		const char *ph, *ts;
+
+		t = NULL;
+		if (name != NULL) {
+			*name++ = '\0';
+			k8s_get(n->c.store, &K8S_AGENTTASK, ns, name, &t, NULL);
+		}
+		free(ns);
+		if (t == NULL)
+			continue;
+		ph = status_str(t, "phase", NULL);
+		live = ph != NULL && !terminal(ph);
+		ts = k8s_meta_str(t, "creationTimestamp");
+		if (best == NULL || live > best_live || (live == best_live &&
+		    ts != NULL && (best_ts == NULL || strcmp(ts, best_ts) > 0))) {
+			json_decref(best);
+			best = t;
+			best_ts = ts;
+			best_live = live;
+			pick = i;
+		} else
+			json_decref(t);
+	}
+	json_decref(best);
+	for (i = 0; tasks[i] != NULL; i++) {
+		if (i == pick)
+			tasks[k++] = tasks[i];
+		else
+			free(tasks[i]);
+	}
+	tasks[k] = NULL;
+}
+
 static void *
 worker_main(void *arg)
 {
@@ -612,6 +663,7 @@ worker_main(void *arg)
 			continue;
 		}
 		tasks = tasks_of(n, key);
+		keep_primary(n, tasks);
 		for (i = 0; tasks[i] != NULL; i++) {
 			int64_t d = -1;
 			int rl = 0;

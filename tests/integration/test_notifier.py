@@ -352,6 +352,27 @@ def main(t):
              "/issues/43/comments" in r.get("path", "")]
     t.eq(len(posts), 0, "no comment created on PR 43")
 
+    # a second task on the same PR: the comment follows the newest live one
+    time.sleep(1.1)     # creationTimestamp has a resolution of 1 s
+    s, _ = api(d, "POST", TASKS, {
+        "apiVersion": "divergedev.com/v1alpha1", "kind": "AgentTask",
+        "metadata": {"name": "pages-task-2", "annotations": {
+            "divergedev.com/provider": "github",
+            "divergedev.com/project": "myorg/checkout",
+            "divergedev.com/pr-number": "43"}},
+        "spec": {"objective": "second"}})
+    t.ok(s == 201 and wait(lambda: (lambda v: len(v) == 1 and "pages-task-2"
+                                    in v[0]["body"])(
+        stickies(gh_comments(fake, 43))), 20),
+         "two tasks on one PR: one comment, for the newest live task")
+
+    def patches43():
+        return len([r for r in fake.requests() if r.get("method") == "PATCH"
+                    and r.get("path", "").endswith("/comments/5901")])
+    before = patches43()
+    time.sleep(2)
+    t.ok(patches43() - before <= 1, "the two tasks do not fight over it")
+
     # ---- restart between a phase change and the comment update (PR 44)
     gh_send(44)("/diverge fix crash test")
     t.ok(play_ready(d, "fix-pr-44"), "PR 44: Active")
