@@ -607,7 +607,7 @@ keep_primary(struct notifier *n, char **tasks)
 	const char *best_ts = NULL;
 	json_t *best = NULL, *t;
 	size_t i, k = 0, pick = 0;
-	int best_live = -1, live;
+	int best_live = -1, live, newer;
 
 	if (tasks[0] == NULL || tasks[1] == NULL)
 		return;
@@ -626,8 +626,10 @@ keep_primary(struct notifier *n, char **tasks)
 		ph = status_str(t, "phase", NULL);
 		live = ph != NULL && !terminal(ph);
 		ts = k8s_meta_str(t, "creationTimestamp");
-		if (best == NULL || live > best_live || (live == best_live &&
-		    ts != NULL && (best_ts == NULL || strcmp(ts, best_ts) > 0))) {
+		newer = ts != NULL && (best_ts == NULL ||
+		    strcmp(ts, best_ts) > 0);
+		if (best == NULL || live > best_live ||
+		    (live == best_live && newer)) {
 			json_decref(best);
 			best = t;
 			best_ts = ts;
