@@ -25,6 +25,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <sqlite3.h>
 
@@ -124,10 +125,31 @@ struct inbox {
  * a writer's commit and stall every request waiting on it; the
  * checkpointer thread runs them beside the writers instead.
  */
+/*
+ * Waiting on a lock (a RESTART checkpoint holds writers back for a few
+ * milliseconds) in steps of 250 us, up to 10 s: SQLite's own handler
+ * sleeps 1, 2, 5, 10... ms and would add most of that to the requests
+ * queued behind the commit.
+ */
+static int
+busy_wait(void *arg, int tries)
+{
+	struct timespec ts = { 0, 250000 };
+
+	(void)arg;
+	if (tries >= 40000)
+		return 0;
+	nanosleep(&ts, NULL);
+	return 1;
+}
+
 static int
 open_db(const char *path, sqlite3 **out, char **cause)
 {
-	return db_open(path, 1, out, cause);
+	if (db_open(path, 1, out, cause) < 0)
+		return -1;
+	sqlite3_busy_handler(*out, busy_wait, NULL);
+	return 0;
 }
 
 static void
@@ -833,9 +855,21 @@ worker_main(void *arg)
 }
 
 /*
+ * A WAL longer than this many frames (about 16 MiB) is restarted after its
+ * checkpoint.
+ */
+#define INBOX_WAL_RESTART_FRAMES 4096
+
+/*
  * Checkpoint every shard's WAL into its database twice a second, from
- * connections of its own (PASSIVE: never blocks a writer), so the WAL
- * files stay small and commits never pay for a checkpoint.
+ * connections of its own, so commits never pay for a checkpoint. PASSIVE
+ * never blocks a writer, but under steady load it never catches up with
+ * one either: frames are appended while it copies, the WAL is never
+ * entirely checkpointed, so it is never rewound and grows without bound
+ * (each new block costs the kernel a zeroing on top). So once a WAL is
+ * long, a RESTART follows the PASSIVE pass: it holds the shard's writer
+ * back only while it copies the few frames appended meanwhile, and the
+ * next commit starts again at the head of the file.
  */
 static void *
 checkpointer_main(void *arg)
@@ -858,10 +892,17 @@ checkpointer_main(void *arg)
 	while (!ib->workers_done) {
 		timed_wait(&ib->ccond, &ib->mu, 500);
 		pthread_mutex_unlock(&ib->mu);
-		for (i = 0; i < INBOX_SHARDS; i++)
-			if (db[i] != NULL)
+		for (i = 0; i < INBOX_SHARDS; i++) {
+			int nlog = 0, nckpt = 0;
+
+			if (db[i] == NULL)
+				continue;
+			if (sqlite3_wal_checkpoint_v2(db[i], NULL,
+			    SQLITE_CHECKPOINT_PASSIVE, &nlog, &nckpt) ==
+			    SQLITE_OK && nlog > INBOX_WAL_RESTART_FRAMES)
 				sqlite3_wal_checkpoint_v2(db[i], NULL,
-				    SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+				    SQLITE_CHECKPOINT_RESTART, NULL, NULL);
+		}
 		pthread_mutex_lock(&ib->mu);
 	}
 	pthread_mutex_unlock(&ib->mu);
