@@ -23,6 +23,7 @@
 #include "http/http.h"
 #include "k8s/k8s.h"
 #include "meter/meter.h"
+#include "notifier/notifier.h"
 #include "scm/scm.h"
 #include "util/util.h"
 
@@ -50,6 +51,7 @@ struct daemon {
 	struct k8s_apiserver *apiserver;
 	struct meter *meter;
 	struct controller *controller;
+	struct notifier *notifier;
 	struct scm_client *github_client;
 	struct scm_client *gitlab_client;
 	struct actions *actions;
@@ -728,6 +730,33 @@ start_controller(char **cause)
 	return controller_start(&D.controller, &cc, cause);
 }
 
+/*
+ * The sticky status comments on PRs/MRs (DESIGN.md section 9), after the
+ * reconciler and the SCM clients; a provider without an API client has
+ * none.
+ */
+static int
+start_notifier(char **cause)
+{
+	struct notifier_config nc;
+
+	if (D.github_client == NULL && D.gitlab_client == NULL)
+		return 0;
+	memset(&nc, 0, sizeof(nc));
+	nc.store = D.store;
+	nc.github = D.github_client;
+	nc.gitlab = D.gitlab_client;
+	nc.cfg = &D.cfg;
+	nc.github_login = D.self.github_login;
+	nc.gitlab_username = D.self.gitlab_username;
+	nc.gitlab_user_id = D.self.gitlab_user_id;
+	/* a test hook: a shorter throttle of the content-only updates */
+	if (getenv("DIVERGE_TEST_NOTIFIER_THROTTLE_MS") != NULL)
+		nc.throttle_ms = strtoll(getenv(
+		    "DIVERGE_TEST_NOTIFIER_THROTTLE_MS"), NULL, 10);
+	return notifier_start(&D.notifier, &nc, cause);
+}
+
 /* Serve the embedded store's Kubernetes API on api.listen. */
 static int
 start_apiserver(char **cause)
@@ -925,7 +954,8 @@ main(int argc, char **argv)
 	/* a test hook: keep entries pending (back-pressure, crash tests) */
 	ic.hold = getenv("DIVERGE_TEST_HOLD_INBOX") != NULL;
 	if (open_store(&cause) < 0 || start_meter(&cause) < 0 ||
-	    start_controller(&cause) < 0 || start_scm(&cause) < 0)
+	    start_controller(&cause) < 0 || start_scm(&cause) < 0 ||
+	    start_notifier(&cause) < 0)
 		goto fail;
 	{
 		struct inbox_handler h = actions_handler(D.actions);
@@ -987,6 +1017,8 @@ main(int argc, char **argv)
 	http_pool_free(D.pool);
 	D.pool = NULL;
 	inbox_stop(D.inbox);
+	notifier_stop(D.notifier);
+	D.notifier = NULL;
 	controller_stop(D.controller);
 	D.controller = NULL;
 	pthread_mutex_lock(&D.prune_mu);
@@ -1016,6 +1048,7 @@ out:
 	http_pool_free(D.pool);
 	inbox_free(D.inbox);
 	actions_free(D.actions);
+	notifier_stop(D.notifier);
 	scm_client_free(D.github_client);
 	scm_client_free(D.gitlab_client);
 	free(D.self_gitlab);
