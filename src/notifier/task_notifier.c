@@ -540,12 +540,16 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 				free(c2);
 				goto out;
 			}
+			metrics_inc("diverge_notifier_notifications_total",
+			    "", 1);
 		}
 		fields = json_pack("{s:s,s:s,s:s}", "commentId", idbuf,
 		    "reportedPhase", phase, "bodyHash", hash);
 		rc = write_notifier(n, ns, name, task, fields, cause);
 		if (rc < 0)
 			goto out;
+		metrics_inc("diverge_notifier_updates_total",
+		    "result=\"updated\"", 1);
 		log_kv(LOG_INFO, "notifier: comment updated", "task", tkey,
 		    "phase", phase, NULL);
 	}
@@ -674,6 +678,9 @@ worker_main(void *arg)
 			unsigned f = 0;
 
 			if (process(n, tasks[i], &d, &rl, &cause) < 0) {
+				metrics_inc("diverge_notifier_updates_total",
+				    rl ? "result=\"rate_limited\"" :
+				    "result=\"error\"", 1);
 				pthread_mutex_lock(&n->mu);
 				n->failures++;
 				e = find_entry(n, tasks[i]);
@@ -847,6 +854,11 @@ notifier_start(struct notifier **out, const struct notifier_config *cfg,
 	n->gl_id = cfg->gitlab_user_id;
 	n->c.github_login = NULL;	/* copied above */
 	n->c.gitlab_username = NULL;
+	metrics_describe("diverge_notifier_updates_total", METRIC_COUNTER,
+	    "Status comment syncs, by result (updated, rate_limited, "
+	    "error).");
+	metrics_describe("diverge_notifier_notifications_total",
+	    METRIC_COUNTER, "Finished-run notification comments posted.");
 	n->q = controller_queue_new();
 	n->workers = xcalloc((size_t)n->c.workers, sizeof(*n->workers));
 	for (i = 0; i < n->c.workers; i++) {

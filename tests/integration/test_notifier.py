@@ -13,6 +13,7 @@ DIVERGED_BIN runs another diverged binary (a private build)."""
 import base64
 import json
 import os
+import re
 import sys
 import time
 import urllib.request
@@ -298,6 +299,17 @@ def main(t):
     lifecycle(t, d, "fix-mr-2", "gitlab", gl_send, gl2,
               lambda: mentions(gl_notes(fake), "pipin", key="author"),
               "pipin")
+
+    # ---- the metrics count what was sent
+    mt = d.metrics()
+    upd = re.search(r'^diverge_notifier_updates_total\{result="updated"\} '
+                    r'(\d+)', mt, re.M)
+    fin = re.search(r'^diverge_notifier_notifications_total (\d+)', mt, re.M)
+    t.ok(upd is not None and int(upd.group(1)) >= 8,
+         "metrics: every phase of both lifecycles counted as an update",
+         upd and upd.group(0))
+    t.ok(fin is not None and int(fin.group(1)) == 2,
+         "metrics: two finished-run notifications", fin and fin.group(0))
 
     # ---- a person deletes the comment: it is recreated, once
     t.eq(gh_delete(fake, cid), 204, "a person deletes the sticky comment")
