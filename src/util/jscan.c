@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,6 +101,47 @@ utf8_seq(const unsigned char *p, const unsigned char *end)
 }
 
 /* Scan a string; s->p is at the opening quote. */
+/* A byte that ends a plain run: a quote, a backslash, a control. */
+static int
+special(unsigned char c, int ascii)
+{
+	return c < 0x20 || c == '"' || c == '\\' || (ascii && c >= 0x80);
+}
+
+/*
+ * The length of the run at p of bytes that need no care: not special(),
+ * and with ascii set, below 0x80. Eight bytes at a time: a word with no
+ * byte equal to '"' or '\\', none below 0x20 (and none with the high bit)
+ * is skipped whole; the usual zero-byte tests have no false negatives,
+ * and a false positive only sends that word through the byte loop.
+ */
+static size_t
+plain_run(const char *p, const char *end, int ascii)
+{
+	static const uint64_t ones = 0x0101010101010101ULL;
+	static const uint64_t highs = 0x8080808080808080ULL;
+	const char *q = p;
+	int i;
+
+	while (end - q >= 8) {
+		uint64_t v, a, b, t;
+
+		memcpy(&v, q, 8);
+		a = v ^ (ones * '"');
+		b = v ^ (ones * '\\');
+		t = ((a - ones) & ~a) | ((b - ones) & ~b) |
+		    ((v - ones * 0x20) & ~v) | (ascii ? v : 0);
+		if (t & highs)
+			for (i = 0; i < 8; i++)
+				if (special((unsigned char)q[i], ascii))
+					return (size_t)(q + i - p);
+		q += 8;
+	}
+	while (q < end && !special((unsigned char)*q, ascii))
+		q++;
+	return (size_t)(q - p);
+}
+
 static int
 string(struct scanner *s, const char **start, size_t *len)
 {
@@ -107,7 +149,12 @@ string(struct scanner *s, const char **start, size_t *len)
 
 	*start = p;
 	while (p < s->end) {
-		unsigned char c = (unsigned char)*p;
+		unsigned char c;
+
+		p += plain_run(p, s->end, 1);
+		if (p >= s->end)
+			break;
+		c = (unsigned char)*p;
 
 		if (c == '"') {
 			*len = (size_t)(p - *start);
@@ -487,7 +534,13 @@ jscan_string(const struct jfield *f, char **out, size_t *outlen)
 	o = xmalloc(f->len + 1);
 	while (p < end) {
 		unsigned u, lo;
+		size_t n = plain_run(p, end, 0);
 
+		memcpy(o + k, p, n);
+		k += n;
+		p += n;
+		if (p >= end)
+			break;
 		if (*p != '\\') {
 			if (*p == '\0')
 				goto bad;
@@ -569,16 +622,18 @@ int
 jscan_escape(struct buf *b, const char *s)
 {
 	static const char hex[] = "0123456789abcdef";
-	const char *run = s;
+	const char *run = s, *end = s + strlen(s);
 	int r = buf_add(b, "\"", 1);
 
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
+	for (; s < end; s++) {
+		unsigned char c;
 		char esc[7];
 		size_t n = 0;
 
-		if (c >= 0x20 && c != '"' && c != '\\')
-			continue;
+		s += plain_run(s, end, 0);
+		if (s >= end)
+			break;
+		c = (unsigned char)*s;
 		r |= buf_add(b, run, (size_t)(s - run));
 		esc[n++] = '\\';
 		switch (c) {

@@ -250,6 +250,69 @@ jscan_validity(void **state)
 	buf_release(&deep);
 }
 
+/*
+ * Strings are scanned eight bytes at a time: put every kind of byte that
+ * ends a plain run at every offset around the word boundaries, and check
+ * validation, decoding and re-escaping against what a byte loop expects.
+ */
+static void
+jscan_word_runs(void **state)
+{
+	static const struct {
+		const char *raw;	/* in the JSON text */
+		const char *dec;	/* decoded, NULL: invalid */
+	} mid[] = {
+		{ "\\n", "\n" }, { "\\\"", "\"" }, { "\\\\", "\\" },
+		{ "\\u00e9", "\xc3\xa9" }, { "\xc3\xa9", "\xc3\xa9" },
+		{ "\xf0\x9f\x98\x80", "\xf0\x9f\x98\x80" }, { "\x7f", "\x7f" },
+		{ " ", " " }, { "!", "!" }, { "#", "#" }, { "[", "[" },
+		{ "]", "]" }, { "\x01", NULL }, { "\x1f", NULL },
+		{ "\t", NULL }, { "\xff", NULL }, { "\xc3", NULL },
+		{ "\\x", NULL },
+	};
+	char doc[128], want[128], *got, *again;
+	struct jfield f[1];
+	const char *err;
+	struct buf b;
+	size_t k, i, n, m;
+
+	for (k = 0; k < 20; k++) {
+		for (i = 0; i < ARRAY_SIZE(mid); i++) {
+			memset(f, 0, sizeof(f));
+			f[0].path = "a";
+			n = (size_t)snprintf(doc, sizeof(doc),
+			    "{\"a\":\"%.*s%sxyzxyzxyz\"}", (int)k,
+			    "abcdefghijklmnopqrstuvwxyz", mid[i].raw);
+			if (mid[i].dec == NULL) {
+				assert_int_equal(jscan(doc, n, f, 1, 8, &err),
+				    -1);
+				continue;
+			}
+			assert_int_equal(jscan(doc, n, f, 1, 8, &err), 0);
+			snprintf(want, sizeof(want), "%.*s%sxyzxyzxyz",
+			    (int)k, "abcdefghijklmnopqrstuvwxyz",
+			    mid[i].dec);
+			assert_int_equal(jscan_string(&f[0], &got, &m), 0);
+			assert_string_equal(got, want);
+			buf_init(&b, 1024);
+			assert_int_equal(jscan_escape(&b, got), 0);
+			memset(f, 0, sizeof(f));
+			f[0].path = "";
+			assert_int_equal(jscan(b.data, b.len, f, 0, 8, &err),
+			    0);
+			assert_true(b.len >= 2);
+			f[0].type = JT_STRING;
+			f[0].start = b.data + 1;
+			f[0].len = b.len - 2;
+			assert_int_equal(jscan_string(&f[0], &again, &m), 0);
+			assert_string_equal(again, want);
+			free(again);
+			buf_release(&b);
+			free(got);
+		}
+	}
+}
+
 static void
 jscan_fields(void **state)
 {
@@ -322,6 +385,7 @@ main(void)
 		cmocka_unit_test(time_ages),
 		cmocka_unit_test(jscan_validity),
 		cmocka_unit_test(jscan_fields),
+		cmocka_unit_test(jscan_word_runs),
 	};
 
 	util_json_init();
