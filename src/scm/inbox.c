@@ -38,6 +38,12 @@ enum { ST_PENDING = 0, ST_DONE = 1, ST_DEAD = 2 };
 #define DONE_LINGER_MS 20
 #define DONE_BATCH 256
 
+/*
+ * By default a WAL longer than this many frames (about 16 MiB) is
+ * restarted after its checkpoint.
+ */
+#define INBOX_WAL_RESTART_FRAMES 4096
+
 /* Queue ids carry their shard in the low bits. */
 #define ID_MAKE(rowid, shard) ((rowid) * INBOX_SHARDS + (shard))
 #define ID_SHARD(id) ((int)((id) % INBOX_SHARDS))
@@ -324,6 +330,8 @@ inbox_open(struct inbox **out, const char *path,
 		ib->cfg.backoff_base_ms = 1000;
 	if (ib->cfg.backoff_max_ms <= 0)
 		ib->cfg.backoff_max_ms = 300000;
+	if (ib->cfg.wal_restart_frames <= 0)
+		ib->cfg.wal_restart_frames = INBOX_WAL_RESTART_FRAMES;
 	if (ib->cfg.capacity <= 0)
 		ib->cfg.capacity = 1000000;
 	pthread_mutex_init(&ib->mu, NULL);
@@ -855,12 +863,6 @@ worker_main(void *arg)
 }
 
 /*
- * A WAL longer than this many frames (about 16 MiB) is restarted after its
- * checkpoint.
- */
-#define INBOX_WAL_RESTART_FRAMES 4096
-
-/*
  * Checkpoint every shard's WAL into its database twice a second, from
  * connections of its own, so commits never pay for a checkpoint. PASSIVE
  * never blocks a writer, but under steady load it never catches up with
@@ -899,7 +901,7 @@ checkpointer_main(void *arg)
 				continue;
 			if (sqlite3_wal_checkpoint_v2(db[i], NULL,
 			    SQLITE_CHECKPOINT_PASSIVE, &nlog, &nckpt) ==
-			    SQLITE_OK && nlog > INBOX_WAL_RESTART_FRAMES)
+			    SQLITE_OK && nlog > ib->cfg.wal_restart_frames)
 				sqlite3_wal_checkpoint_v2(db[i], NULL,
 				    SQLITE_CHECKPOINT_RESTART, NULL, NULL);
 		}

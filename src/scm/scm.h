@@ -173,6 +173,8 @@ struct inbox_config {
 	int64_t backoff_base_ms;	/* first retry delay (default 1000) */
 	int64_t backoff_max_ms;		/* cap (default 300000) */
 	int hold;		/* tests: store but start no worker */
+	int64_t wal_restart_frames;	/* rewind a WAL longer than this
+					 * after its checkpoint (0: 4096) */
 };
 
 /* One entry handed to the handler. */
