@@ -1,7 +1,7 @@
 /*
  * Macaroon capability tokens: mint, parse (V2 binary and V1 packets),
  * verify with our first-party caveats, show; and the root key. The
- * formats are described in /work/shared/reference/macaroons.md (from
+ * formats are described in ../shared/reference/macaroons.md (from
  * libmacaroons doc/format.txt and go-macaroon).
  */
 #include "config.h"

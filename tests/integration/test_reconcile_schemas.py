@@ -1,9 +1,9 @@
 """The objects the AgentTask reconciler writes, validated against the
-schemas the real API servers use: the agent-sandbox CRDs (v0.5.6, from
-../shared/fixtures/crds/agent-sandbox/) for Sandbox and SandboxClaim, our
-own CRDs (deploy/crds/) for AgentTask and Environment, both with the npm
-package ajv, and Kubernetes' own schemas for Secret and NetworkPolicy with
-the npm package kubernetes-models.
+schemas the real API servers use: the agent-sandbox CRDs (v0.5.6, in
+tests/data/crds/agent-sandbox/, see its README) for Sandbox and
+SandboxClaim, our own CRDs (deploy/crds/) for AgentTask and Environment,
+both with the npm package ajv, and Kubernetes' own schemas for Secret and
+NetworkPolicy with the npm package kubernetes-models.
 
 CRD schemas are structural: a field the schema does not know is pruned
 silently by the API server, so the check here is stricter than ajv's
@@ -153,7 +153,7 @@ def main():
     t = Tap()
     binary = os.path.join(TOP_BUILDDIR, "tests", "unit", "test_reconciler")
     crds = os.environ.get("AGENT_SANDBOX_CRDS") or os.path.join(
-        TOP_SRCDIR, "..", "shared", "fixtures", "crds", "agent-sandbox")
+        TOP_SRCDIR, "tests", "data", "crds", "agent-sandbox")
     own = os.path.join(TOP_SRCDIR, "deploy", "crds")
     if not os.access(binary, os.X_OK):
         t.skip_all("tests/unit/test_reconciler is not built")
