@@ -2705,9 +2705,13 @@ static const char task_resume_options[] =
     "      --tokens +N           add to the token budget, e.g. 2000000, "
     "2M\n";
 
-/* diverge task resume NAME [--budget +USD] [--tokens N]. */
+/*
+ * diverge task resume|budget NAME [--budget +USD] [--tokens N]: the
+ * bumps, then the resume (which also clears spec.suspended) or the
+ * budget write.
+ */
 static int
-cmd_task_resume(const struct command *cmd, int argc, char **argv)
+bump_task(const struct command *cmd, int argc, char **argv, int resume)
 {
 	static const struct option longopts[] = {
 		{ "budget", required_argument, NULL, OPT_BUDGET },
@@ -2726,26 +2730,42 @@ cmd_task_resume(const struct command *cmd, int argc, char **argv)
 	if (done)
 		goto out;
 	ret = one_name(cmd, argc, argv, 0);
+	if (ret == 0 && !resume && a.budget == NULL && a.tokens == NULL)
+		ret = usage_error(cmd, "--budget or --tokens is required");
 	if (ret == 0)
 		ret = parse_bumps(cmd, &a, &b);
 	if (ret == 0)
 		ret = conn_open();
 	if (ret != 0)
 		goto out;
-	if (k8s_task_resume(C.api, C.ns, argv[optind], &b, &task, &st) < 0) {
+	if ((resume ? k8s_task_resume : k8s_task_budget)(C.api, C.ns,
+	    argv[optind], &b, &task, &st) < 0) {
 		ret = api_fail(&st);
 		goto out;
 	}
-	part(&line, "task \"%s\": resume requested (phase %s)", argv[optind],
-	    task_phase(task) != NULL ? task_phase(task) : "-");
+	if (resume)
+		part(&line, "task \"%s\": resume requested (phase %s)",
+		    argv[optind], task_phase(task) != NULL ?
+		    task_phase(task) : "-");
 	bumped(task, &b, &line);
-	printf("%s\n", line.data);
-	warn_spent(task);
+	if (resume) {
+		printf("%s\n", line.data);
+		warn_spent(task);
+	} else {
+		printf("task \"%s\": %s\n", argv[optind], line.data);
+	}
 out:
 	buf_release(&line);
 	json_decref(task);
 	k8s_status_release(&st);
 	return ret;
+}
+
+/* diverge task resume NAME [--budget +USD] [--tokens N]. */
+static int
+cmd_task_resume(const struct command *cmd, int argc, char **argv)
+{
+	return bump_task(cmd, argc, argv, 1);
 }
 
 static const char task_budget_options[] =
@@ -2764,42 +2784,7 @@ static const char task_budget_options[] =
 static int
 cmd_task_budget(const struct command *cmd, int argc, char **argv)
 {
-	static const struct option longopts[] = {
-		{ "budget", required_argument, NULL, OPT_BUDGET },
-		{ "tokens", required_argument, NULL, OPT_TOKENS },
-		{ NULL, 0, NULL, 0 }
-	};
-	struct name_args a = { NULL, 0, NULL, NULL };
-	struct k8s_status st = { 0 };
-	struct k8s_task_bump b;
-	struct buf line;
-	json_t *task = NULL;
-	int ret, done;
-
-	buf_init(&line, MAX_TEXT);
-	ret = parse_opts(cmd, argc, argv, longopts, "", name_opt, &a, &done);
-	if (done)
-		goto out;
-	ret = one_name(cmd, argc, argv, 0);
-	if (ret == 0 && a.budget == NULL && a.tokens == NULL)
-		ret = usage_error(cmd, "--budget or --tokens is required");
-	if (ret == 0)
-		ret = parse_bumps(cmd, &a, &b);
-	if (ret == 0)
-		ret = conn_open();
-	if (ret != 0)
-		goto out;
-	if (k8s_task_budget(C.api, C.ns, argv[optind], &b, &task, &st) < 0) {
-		ret = api_fail(&st);
-		goto out;
-	}
-	bumped(task, &b, &line);
-	printf("task \"%s\": %s\n", argv[optind], line.data);
-out:
-	buf_release(&line);
-	json_decref(task);
-	k8s_status_release(&st);
-	return ret;
+	return bump_task(cmd, argc, argv, 0);
 }
 
 /* ---- token inspect ---- */

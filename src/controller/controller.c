@@ -44,14 +44,9 @@ struct controller_queue {
 int64_t
 controller_backoff_ms(unsigned n, uint32_t rnd)
 {
-	int64_t d = BACKOFF_BASE_MS;
+	int64_t d = backoff_delay_ms(BACKOFF_BASE_MS, BACKOFF_MAX_MS,
+	    n > 1 ? n - 1 : 0);
 
-	while (n > 1 && d < BACKOFF_MAX_MS) {
-		d *= 2;
-		n--;
-	}
-	if (d > BACKOFF_MAX_MS)
-		d = BACKOFF_MAX_MS;
 	/* between d/2 and d */
 	return d / 2 + (int64_t)((uint64_t)(d - d / 2) * (rnd % 1025) /
 	    1024);

@@ -267,20 +267,13 @@ add_query(struct buf *b, const char *key, const char *value)
 static int64_t
 backoff_ms(const struct rest *rs, int attempt, int64_t retry_after_ms)
 {
-	int64_t d, wait;
-	uint32_t rnd = 0;
+	int64_t wait;
 
 	if (retry_after_ms >= 0)
 		wait = retry_after_ms;
-	else {
-		d = (int64_t)BACKOFF_BASE_MS << (attempt < 10 ? attempt : 10);
-		if (d > BACKOFF_MAX_MS)
-			d = BACKOFF_MAX_MS;
-		if (random_bytes(&rnd, sizeof(rnd)) < 0)
-			rnd = (uint32_t)now_mono_ms();
-		/* "equal jitter": half fixed, half random */
-		wait = d / 2 + (int64_t)(rnd % (uint32_t)(d / 2 + 1));
-	}
+	else
+		wait = backoff_jitter_ms(backoff_delay_ms(BACKOFF_BASE_MS,
+		    BACKOFF_MAX_MS, (unsigned)attempt));
 	if (wait > rs->cfg.max_retry_wait_ms)
 		wait = rs->cfg.max_retry_wait_ms;
 	return wait < 0 ? 0 : wait;
@@ -352,27 +345,6 @@ http_error(struct k8s_status *st, const char *method, const char *path,
 	if (st != NULL)
 		st->code = (int)code;
 	return err;
-}
-
-static int
-retryable_curl(CURLcode rc)
-{
-	switch (rc) {
-	case CURLE_COULDNT_RESOLVE_HOST:
-	case CURLE_COULDNT_RESOLVE_PROXY:
-	case CURLE_COULDNT_CONNECT:
-	case CURLE_OPERATION_TIMEDOUT:
-	case CURLE_SEND_ERROR:
-	case CURLE_RECV_ERROR:
-	case CURLE_GOT_NOTHING:
-	case CURLE_PARTIAL_FILE:
-	case CURLE_SSL_CONNECT_ERROR:
-	case CURLE_HTTP2:
-	case CURLE_HTTP2_STREAM:
-		return 1;
-	default:
-		return 0;
-	}
 }
 
 /* ---- credentials ---- */
@@ -824,7 +796,7 @@ rest_call(struct rest *rs, const struct req *rq, json_t **out,
 			goto out;
 		}
 		if (rc != CURLE_OK)
-			retry = retryable_curl(rc) && (!sent || (!post &&
+			retry = curl_transient(rc) && (!sent || (!post &&
 			    rc != CURLE_OPERATION_TIMEDOUT));
 		else
 			retry = rp.code == 429 || rp.code == 503 ||
@@ -1595,7 +1567,7 @@ watch_main(void *arg)
 			retry = w->code == 429 ||
 			    (w->code >= 500 && w->code != 501);
 		else
-			retry = retryable_curl(rc);
+			retry = curl_transient(rc);
 		if (retry)
 			failures++;
 		if (!retry || failures > rs->cfg.max_retries) {

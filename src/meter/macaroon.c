@@ -583,18 +583,6 @@ parse_v2(const unsigned char *p, size_t len, struct macaroon *m,
 /* ---- V1 packets: "HHHH<key> <value>\n", HHHH the whole length ---- */
 
 static int
-hexdigit(int c)
-{
-	if (is_digit(c))
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
-static int
 read_packet(struct reader *r, const char **key, size_t *klen,
     const unsigned char **val, size_t *vlen, struct perr *e)
 {
@@ -605,7 +593,7 @@ read_packet(struct reader *r, const char **key, size_t *klen,
 		return fail(e, MACAROON_EMALFORMED, "truncated packet");
 	p = r->p + r->off;
 	for (i = 0; i < 4; i++) {
-		int d = hexdigit(p[i]);
+		int d = hex_digit(p[i]);
 
 		if (d < 0)
 			return fail(e, MACAROON_EMALFORMED,
@@ -762,7 +750,7 @@ macaroon_deserialize(const char *token, size_t len, struct macaroon **out,
 	if (rawlen > 0 && raw[0] == 2) {
 		if (parse_v2(raw, rawlen, m, &e) < 0)
 			goto out;
-	} else if (rawlen > 0 && hexdigit(raw[0]) >= 0) {
+	} else if (rawlen > 0 && hex_digit(raw[0]) >= 0) {
 		if (parse_v1(raw, rawlen, m, &e) < 0)
 			goto out;
 	} else {

@@ -568,12 +568,9 @@ out:
 static int64_t
 backoff_ms(unsigned failures, int ratelimited)
 {
-	int64_t d = BACKOFF_BASE_MS;
+	int64_t d = backoff_delay_ms(BACKOFF_BASE_MS, BACKOFF_MAX_MS,
+	    failures > 1 ? failures - 1 : 0);
 
-	while (failures-- > 1 && d < BACKOFF_MAX_MS)
-		d *= 2;
-	if (d > BACKOFF_MAX_MS)
-		d = BACKOFF_MAX_MS;
 	if (ratelimited && d < RATELIMIT_MIN_MS)
 		d = RATELIMIT_MIN_MS;
 	return d;

@@ -715,40 +715,12 @@ attempt_once(struct scm_http *h, CURL *c, const struct scm_req *rq,
 	return rc;
 }
 
-static int
-retryable_curl(CURLcode rc)
-{
-	switch (rc) {
-	case CURLE_COULDNT_RESOLVE_HOST:
-	case CURLE_COULDNT_RESOLVE_PROXY:
-	case CURLE_COULDNT_CONNECT:
-	case CURLE_OPERATION_TIMEDOUT:
-	case CURLE_SEND_ERROR:
-	case CURLE_RECV_ERROR:
-	case CURLE_GOT_NOTHING:
-	case CURLE_PARTIAL_FILE:
-	case CURLE_SSL_CONNECT_ERROR:
-	case CURLE_HTTP2:
-	case CURLE_HTTP2_STREAM:
-		return 1;
-	default:
-		return 0;
-	}
-}
-
 /* Exponential backoff with equal jitter. */
 static int64_t
 backoff_ms(int attempt)
 {
-	int64_t d;
-	uint32_t rnd = 0;
-
-	d = (int64_t)BACKOFF_BASE_MS << (attempt < 8 ? attempt : 8);
-	if (d > BACKOFF_MAX_MS)
-		d = BACKOFF_MAX_MS;
-	if (random_bytes(&rnd, sizeof(rnd)) < 0)
-		rnd = (uint32_t)now_mono_ms();
-	return d / 2 + (int64_t)(rnd % (uint32_t)(d / 2 + 1));
+	return backoff_jitter_ms(backoff_delay_ms(BACKOFF_BASE_MS,
+	    BACKOFF_MAX_MS, (unsigned)attempt));
 }
 
 /* The "message" of a JSON error reply, or NULL. */
@@ -960,7 +932,7 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 		    (rp->code == 403 || rp->code == 429) && is_secondary(rp);
 		wait = -1;
 		if (rc != CURLE_OK) {
-			retry = retryable_curl(rc) && (!sent ||
+			retry = curl_transient(rc) && (!sent ||
 			    (rq->idempotent &&
 			    rc != CURLE_OPERATION_TIMEDOUT)) &&
 			    tries + 1 < MAX_ATTEMPTS;

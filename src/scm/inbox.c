@@ -457,17 +457,9 @@ inbox_put(struct inbox *ib, const char *key, const char *provider,
 static int64_t
 backoff_ms(const struct inbox *ib, int attempts)
 {
-	int64_t d = ib->cfg.backoff_base_ms;
-	uint32_t r = 0;
-	int i;
-
-	for (i = 1; i < attempts && d < ib->cfg.backoff_max_ms; i++)
-		d *= 2;
-	if (d > ib->cfg.backoff_max_ms)
-		d = ib->cfg.backoff_max_ms;
-	/* full jitter on the upper half: [d/2, d] */
-	random_bytes(&r, sizeof(r));
-	return d / 2 + (int64_t)(r % (uint32_t)(d / 2 + 1));
+	return backoff_jitter_ms(backoff_delay_ms(ib->cfg.backoff_base_ms,
+	    ib->cfg.backoff_max_ms, attempts > 1 ? (unsigned)attempts - 1 :
+	    0));
 }
 
 static void

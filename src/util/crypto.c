@@ -58,8 +58,9 @@ hex_encode(const unsigned char *in, size_t n, char *out)
 	out[2 * n] = '\0';
 }
 
-static int
-hexval(char c)
+/* One hex digit's value, or -1. */
+int
+hex_digit(int c)
 {
 	if (c >= '0' && c <= '9')
 		return c - '0';
@@ -79,7 +80,7 @@ hex_decode(const char *in, size_t inlen, unsigned char *out, size_t *outlen)
 	if (inlen % 2 != 0)
 		return -1;
 	for (i = 0; i < inlen / 2; i++) {
-		int hi = hexval(in[2 * i]), lo = hexval(in[2 * i + 1]);
+		int hi = hex_digit(in[2 * i]), lo = hex_digit(in[2 * i + 1]);
 
 		if (hi < 0 || lo < 0)
 			return -1;

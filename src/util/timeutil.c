@@ -160,6 +160,28 @@ time_human_duration(int64_t s, char out[32])
 		snprintf(out, 32, "%" PRId64 "y", d / 365);
 }
 
+/* Exponential backoff: base doubled `doublings` times, at most max. */
+int64_t
+backoff_delay_ms(int64_t base, int64_t max, unsigned doublings)
+{
+	int64_t d = base;
+
+	while (doublings-- > 0 && d < max)
+		d *= 2;
+	return d > max ? max : d;
+}
+
+/* Equal jitter: half of d fixed, half random, so retries spread out. */
+int64_t
+backoff_jitter_ms(int64_t d)
+{
+	uint32_t rnd = 0;
+
+	if (random_bytes(&rnd, sizeof(rnd)) < 0)
+		rnd = (uint32_t)now_mono_ms();
+	return d / 2 + (int64_t)(rnd % (uint32_t)(d / 2 + 1));
+}
+
 /* Sleep, resuming after signals. */
 void
 sleep_ms(int64_t ms)

@@ -71,6 +71,11 @@ int ct_equal(const void *a, const void *b, size_t n);
 void secure_wipe(void *p, size_t n);
 /* Lowercase hex of n bytes into out (2n+1 bytes). */
 void hex_encode(const unsigned char *in, size_t n, char *out);
+/* The value of one hex digit (either case), or -1. */
+int hex_digit(int c);
+
+/* A libcurl result (CURLcode) worth another try: 1, else 0. */
+int curl_transient(int code);
 /* Decode exactly 2*n hex chars into n bytes; -1 on a bad digit. */
 int hex_decode(const char *in, size_t inlen, unsigned char *out,
     size_t *outlen);
@@ -104,6 +109,10 @@ int time_parse_rfc3339(const char *s, int64_t *out);
 void time_human_duration(int64_t s, char out[32]);
 /* Sleep for ms milliseconds. */
 void sleep_ms(int64_t ms);
+/* Exponential backoff: base doubled `doublings` times, at most max. */
+int64_t backoff_delay_ms(int64_t base, int64_t max, unsigned doublings);
+/* Equal jitter: a random delay between d/2 and d. */
+int64_t backoff_jitter_ms(int64_t d);
 
 /* ---- metrics (Prometheus text format) ---- */
 enum metric_type { METRIC_COUNTER, METRIC_GAUGE, METRIC_HISTOGRAM };
