@@ -352,6 +352,51 @@ bad_request(struct k8s_status *st, const char *msg)
 	return k8s_status_set(st, K8S_EBADREQUEST, msg, NULL);
 }
 
+static int delete_tree(struct embedded *, struct op *, struct batch *,
+    const struct k8s_resource *, const char *, const char *, int);
+
+/*
+ * The garbage collector's rule for dangling owners: an object whose
+ * ownerReferences all name uids that no longer exist goes away (a real
+ * cluster's GC does it shortly after; here it happens in the same
+ * transaction). This is what keeps a reconcile that raced with the
+ * deletion of its owner from leaving a child behind. 1: collected.
+ */
+static int
+collect_orphan(struct embedded *e, struct op *op, struct batch *b,
+    const struct k8s_resource *r, const char *ns, const json_t *obj)
+{
+	const json_t *owners = json_object_get(json_object_get(obj,
+	    "metadata"), "ownerReferences");
+	sqlite3_stmt *st;
+	size_t i, named = 0;
+	json_t *o;
+	int rc;
+
+	json_array_foreach((json_t *)owners, i, o) {
+		const char *ouid = json_string_value(json_object_get(o,
+		    "uid"));
+
+		if (ouid == NULL)
+			continue;
+		named++;
+		st = db_stmt(e->wdb, "SELECT 1 FROM objects WHERE uid = ?1");
+		if (st == NULL)
+			return K8S_EINTERNAL;
+		sqlite3_bind_text(st, 1, ouid, -1, SQLITE_STATIC);
+		rc = sqlite3_step(st);
+		sqlite3_reset(st);
+		if (rc == SQLITE_ROW)
+			return 0;
+		if (rc != SQLITE_DONE)
+			return K8S_EINTERNAL;
+	}
+	if (named == 0)
+		return 0;
+	rc = delete_tree(e, op, b, r, ns, k8s_meta_str(obj, "name"), 1);
+	return rc < 0 ? rc : 1;
+}
+
 /* Fill the server-owned fields of a new object. */
 static int
 do_create(struct embedded *e, struct op *op, struct batch *b)
@@ -434,6 +479,9 @@ do_create(struct embedded *e, struct op *op, struct batch *b)
 	}
 	batch_event(b, K8S_ADDED, r, op->ns, obj);
 	op->out = obj;
+	rc = collect_orphan(e, op, b, r, op->ns, obj);
+	if (rc < 0)
+		return k8s_status_set(&op->st, rc, "store write failed", NULL);
 	return 0;
 }
 
@@ -482,6 +530,9 @@ commit_object(struct embedded *e, struct op *op, struct batch *b,
 		return k8s_status_set(&op->st, rc, "store write failed", NULL);
 	batch_event(b, K8S_MODIFIED, r, op->ns, next);
 	op->out = json_incref(next);
+	rc = collect_orphan(e, op, b, r, op->ns, next);
+	if (rc < 0)
+		return k8s_status_set(&op->st, rc, "store write failed", NULL);
 	return 0;
 }
 
@@ -1437,6 +1488,7 @@ k8s_embedded_open(struct k8s_api **out, const char *path,
 	    " PRIMARY KEY (owner_uid, rkey, namespace, name)) WITHOUT ROWID;"
 	    "CREATE INDEX IF NOT EXISTS owners_child ON owners"
 	    " (rkey, namespace, name);"
+	    "CREATE INDEX IF NOT EXISTS objects_uid ON objects (uid);"
 	    "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY,"
 	    " v INTEGER NOT NULL);"
 	    "INSERT OR IGNORE INTO meta (k, v) VALUES ('rv', 0);") < 0) {

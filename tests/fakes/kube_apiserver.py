@@ -832,6 +832,7 @@ class Store:
             apply_defaults(kind, obj)
             self.objects[(kind.plural, ns, name)] = obj
             self._emit("ADDED", kind, obj)
+            self._collect_dangling(kind, obj)
             return obj
 
     def update(self, kind, ns, name, body, subresource, opts=None):
@@ -930,7 +931,20 @@ class Store:
         key = (kind.plural, md["namespace"], md["name"])
         self.objects[key] = cand
         self._emit("MODIFIED", kind, cand, old)
+        self._collect_dangling(kind, cand)
         return cand
+
+    def _collect_dangling(self, kind, obj):
+        """The garbage collector deletes an object whose ownerReferences
+        all name uids that do not exist (a real cluster does it shortly
+        after the write; this fake does it at once).  Lock held."""
+        refs = [r for r in obj["metadata"].get("ownerReferences") or []
+                if isinstance(r, dict) and r.get("uid")]
+        if not refs:
+            return
+        live = {o["metadata"]["uid"] for o in self.objects.values()}
+        if not any(r["uid"] in live for r in refs):
+            self._delete(kind, obj, "Background")
 
     def delete(self, kind, ns, name, options):
         """Returns (object, removed)."""

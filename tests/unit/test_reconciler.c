@@ -1528,6 +1528,19 @@ test_watch_relist(void **state)
 	free(name);
 }
 
+/* A controller a failed test left running is stopped before the next. */
+static struct controller *running;
+
+static int
+stop_running(void **state)
+{
+	(void)state;
+	controller_stop(running);
+	running = NULL;
+	cc.workers = 0;
+	return 0;
+}
+
 /* Happy path and pause/resume with the watches and workers. */
 static void
 run_controller(int mode)
@@ -1540,6 +1553,7 @@ run_controller(int mode)
 	open_all(mode);
 	cc.workers = 3;
 	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	running = c;
 	name = new_task(NULL, NULL);
 	assert_true(wait_phase(name, "Provisioning", 10000));
 	assert_true(wait_sandbox(name, "Running", 10000));
@@ -1587,8 +1601,7 @@ run_controller(int mode)
 		free(live);
 		assert_null(get(&K8S_SANDBOX, name));
 	}
-	controller_stop(c);
-	cc.workers = 0;
+	stop_running(NULL);
 	free(id1);
 	free(name);
 }
@@ -1646,8 +1659,9 @@ main(void)
 		cmocka_unit_test(test_netpol_disabled),
 		cmocka_unit_test(test_crash_recovery),
 		cmocka_unit_test(test_rest_pause_resume),
-		cmocka_unit_test(test_controller_embedded),
-		cmocka_unit_test(test_controller_rest),
+		cmocka_unit_test_teardown(test_controller_embedded,
+		    stop_running),
+		cmocka_unit_test_teardown(test_controller_rest, stop_running),
 		cmocka_unit_test(test_status_conflict),
 		cmocka_unit_test(test_watch_relist),
 		cmocka_unit_test(test_dump),

@@ -390,6 +390,26 @@ list_selectors(void **state)
 	free(ns);
 }
 
+/* Poll a get until the object is gone (a real cluster's GC takes a while). */
+static int
+wait_gone(const struct k8s_resource *r, const char *name)
+{
+	struct k8s_status st = { 0 };
+	json_t *g = NULL;
+	int i, rc = 0;
+
+	for (i = 0; i < 50; i++) {
+		rc = k8s_get(api, r, "default", name, &g, &st);
+		k8s_status_release(&st);
+		if (rc == K8S_ENOTFOUND)
+			break;
+		json_decref(g);
+		g = NULL;
+		sleep_ms(20);
+	}
+	return rc;
+}
+
 static void
 delete_cascade(void **state)
 {
@@ -412,26 +432,55 @@ delete_cascade(void **state)
 	    &st), K8S_ENOTFOUND);
 	k8s_status_release(&st);
 	/* the dependent goes too (eventually, on a real cluster's GC) */
-	{
-		int i, rc = 0;
-		json_t *g = NULL;
-
-		for (i = 0; i < 50; i++) {
-			rc = k8s_get(api, &K8S_SECRET, "default", cname, &g,
-			    &st);
-			k8s_status_release(&st);
-			if (rc == K8S_ENOTFOUND)
-				break;
-			json_decref(g);
-			g = NULL;
-			sleep_ms(20);
-		}
-		assert_int_equal(rc, K8S_ENOTFOUND);
-	}
+	assert_int_equal(wait_gone(&K8S_SECRET, cname), K8S_ENOTFOUND);
 	json_decref(out);
 	json_decref(child);
 	json_decref(owner);
 	free(cname);
+	free(name);
+}
+
+/*
+ * A dependent written after its owner is gone (a reconcile that raced with
+ * the deletion): the create succeeds, as on a real cluster, and the
+ * garbage collector removes it; one whose owner lives stays.
+ */
+static void
+dangling_owner(void **state)
+{
+	char *name = uniq("d"), *orphan = xasprintf("%s-orphan", name);
+	char *kept = xasprintf("%s-kept", name);
+	json_t *owner = create_task("default", name), *child, *g = NULL;
+	struct k8s_status st = { 0 };
+
+	(void)state;
+	child = json_pack("{s:s,s:s,s:{s:s,s:[{s:s,s:s,s:s,s:s,s:b}]},"
+	    "s:{s:s}}", "apiVersion", "v1", "kind", "Secret", "metadata",
+	    "name", orphan, "ownerReferences", "apiVersion",
+	    "divergedev.com/v1alpha1", "kind", "AgentTask", "name", "gone",
+	    "uid", "00000000-0000-4000-8000-000000000000", "controller", 1,
+	    "data", "token", "eHl6");
+	assert_int_equal(k8s_create(api, &K8S_SECRET, "default", child, NULL,
+	    &st), 0);
+	json_decref(child);
+	child = json_pack("{s:s,s:s,s:{s:s,s:[{s:s,s:s,s:s,s:s,s:b}]},"
+	    "s:{s:s}}", "apiVersion", "v1", "kind", "Secret", "metadata",
+	    "name", kept, "ownerReferences", "apiVersion",
+	    "divergedev.com/v1alpha1", "kind", "AgentTask", "name", name,
+	    "uid", k8s_meta_str(owner, "uid"), "controller", 1, "data",
+	    "token", "eHl6");
+	assert_int_equal(k8s_create(api, &K8S_SECRET, "default", child, NULL,
+	    &st), 0);
+	json_decref(child);
+	assert_int_equal(wait_gone(&K8S_SECRET, orphan), K8S_ENOTFOUND);
+	assert_int_equal(k8s_get(api, &K8S_SECRET, "default", kept, &g, &st),
+	    0);
+	json_decref(g);
+	assert_int_equal(k8s_delete(api, &K8S_AGENTTASK, "default", name, NULL,
+	    &st), 0);
+	json_decref(owner);
+	free(kept);
+	free(orphan);
 	free(name);
 }
 
@@ -713,6 +762,7 @@ main(void)
 		cmocka_unit_test(validation),
 		cmocka_unit_test(list_selectors),
 		cmocka_unit_test(delete_cascade),
+		cmocka_unit_test(dangling_owner),
 		cmocka_unit_test(watch_events),
 		cmocka_unit_test(watch_gone),
 		cmocka_unit_test(optimistic_race),
