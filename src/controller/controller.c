@@ -415,8 +415,11 @@ watch_main(void *arg)
 			if (c->cfg.test_hook != NULL)
 				c->cfg.test_hook(c->cfg.test_arg, "watch");
 			rc = k8s_watch_next(wt, WATCH_POLL_MS, &ev, &st);
-			if (rc < 0 || stopping(c))
+			if (rc < 0 || stopping(c)) {
+				/* an event that came with the stop is dropped */
+				json_decref(ev.object);
 				break;
+			}
 			if (w->is_task && now_mono_ms() - last_resync >=
 			    resync_ms) {
 				last_resync = now_mono_ms();

@@ -99,7 +99,9 @@ def main(t):
     t.eq(s, 200, "the store opens after the last crash")
     t.ok(len(l["items"]) == len(acked), "every object created is listed "
          "(%d)" % len(l["items"]))
-    t.eq(d.stop(), 0, "clean stop")
+    rc = d.stop()
+    t.ok(rc == 0, "clean stop", "exit status %r; the last lines:\n%s" % (
+        rc, "\n".join(d.log()[-30:])))
 
 
 run_tests(main)
