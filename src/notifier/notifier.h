@@ -95,12 +95,6 @@ void notifier_escape_block(struct buf *b, const char *s, size_t len,
     size_t cap);
 
 /*
- * The longest prefix of s (len bytes) of at most max bytes that ends on a
- * UTF-8 character boundary.
- */
-size_t notifier_utf8_cut(const char *s, size_t len, size_t max);
-
-/*
  * Cut a rendered body to at most max bytes: on a UTF-8 boundary, before
  * any code fence or <details> block left open, with a truncation note.
  * Returns the new length (the text is cut in place and NUL-terminated;

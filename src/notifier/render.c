@@ -106,19 +106,6 @@ sanitize(struct buf *out, const char *s, size_t len, size_t cap, int *cut)
 	}
 }
 
-size_t
-notifier_utf8_cut(const char *s, size_t len, size_t max)
-{
-	size_t i;
-
-	if (len <= max)
-		return len;
-	i = max;
-	while (i > 0 && ((unsigned char)s[i] & 0xc0) == 0x80)
-		i--;
-	return i;
-}
-
 void
 notifier_escape_inline(struct buf *b, const char *s, size_t len, size_t cap)
 {
@@ -252,11 +239,11 @@ notifier_truncate(char *s, size_t len, size_t max)
 	if (len <= max)
 		return len;
 	if (max < note) {
-		cut = notifier_utf8_cut(s, len, max);
+		cut = utf8_cut(s, len, max);
 		s[cut] = '\0';
 		return cut;
 	}
-	cut = notifier_utf8_cut(s, len, max - note);
+	cut = utf8_cut(s, len, max - note);
 	/* whole lines only */
 	while (cut > 0 && s[cut - 1] != '\n')
 		cut--;

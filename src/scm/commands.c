@@ -1073,14 +1073,8 @@ cmd_equal(const struct cmd *a, const struct cmd *b)
 static char *
 source_line(const struct strip *st, size_t ls, size_t le)
 {
-	size_t n = le - ls;
-
-	if (n > COMMANDS_MAX_SOURCE) {
-		n = COMMANDS_MAX_SOURCE;
-		while (n > 0 && ((unsigned char)st->s[ls + n] & 0xc0) == 0x80)
-			n--;
-	}
-	return xstrndup(st->s + ls, n);
+	return xstrndup(st->s + ls, utf8_cut(st->s + ls, le - ls,
+	    COMMANDS_MAX_SOURCE));
 }
 
 /*

@@ -44,6 +44,9 @@ enum { ST_PENDING = 0, ST_DONE = 1, ST_DEAD = 2 };
  */
 #define INBOX_WAL_RESTART_FRAMES 4096
 
+/* handled_events keeps at most this many bytes of a comment. */
+#define INBOX_AUDIT_BODY_MAX 1024
+
 /* Queue ids carry their shard in the low bits. */
 #define ID_MAKE(rowid, shard) ((rowid) * INBOX_SHARDS + (shard))
 #define ID_SHARD(id) ((int)((id) % INBOX_SHARDS))
@@ -258,6 +261,9 @@ static const char schema[] =
     " WHERE state = 0;"
     "CREATE INDEX IF NOT EXISTS inbox_finished ON inbox(finished_at)"
     " WHERE state = 1;"
+    "CREATE TABLE IF NOT EXISTS inbox_body ("
+    " id INTEGER PRIMARY KEY,"
+    " event TEXT NOT NULL);"
     "CREATE TABLE IF NOT EXISTS handled_events ("
     " key TEXT PRIMARY KEY,"
     " provider TEXT NOT NULL,"
@@ -481,7 +487,7 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
     int64_t *stored_out, int64_t *finished_out)
 {
 	struct inbox *ib = sh->ib;
-	sqlite3_stmt *ins = NULL, *upd = NULL;
+	sqlite3_stmt *ins = NULL, *body = NULL, *upd = NULL;
 	struct put_req *p;
 	struct done_req *d;
 	int64_t now = now_unix_ms(), stored = 0, finished = 0, pending;
@@ -495,11 +501,13 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 		goto out;
 	ins = db_stmt(sh->wdb,
 	    "INSERT INTO inbox (key, provider, event, received_at)"
-	    " VALUES (?1, ?2, ?3, ?4) ON CONFLICT(key) DO NOTHING");
+	    " VALUES (?1, ?2, '', ?3) ON CONFLICT(key) DO NOTHING");
+	body = db_stmt(sh->wdb,
+	    "INSERT INTO inbox_body (id, event) VALUES (?1, ?2)");
 	upd = db_stmt(sh->wdb,
 	    "UPDATE inbox SET state = ?2, attempts = ?3, next_at = ?4,"
 	    " last_error = ?5, finished_at = ?6 WHERE id = ?1");
-	if (ins == NULL || upd == NULL)
+	if (ins == NULL || body == NULL || upd == NULL)
 		goto rollback;
 	for (p = puts; p != NULL; p = p->next) {
 		if (pending + stored >= ib->cfg.capacity) {
@@ -509,14 +517,21 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 		sqlite3_reset(ins);
 		sqlite3_bind_text(ins, 1, p->key, -1, SQLITE_STATIC);
 		sqlite3_bind_text(ins, 2, p->provider, -1, SQLITE_STATIC);
-		sqlite3_bind_text(ins, 3, p->event, -1, SQLITE_STATIC);
-		sqlite3_bind_int64(ins, 4, now);
+		sqlite3_bind_int64(ins, 3, now);
 		if (sqlite3_step(ins) != SQLITE_DONE)
 			goto rollback;
 		if (sqlite3_changes(sh->wdb) == 1) {
+			int64_t row = sqlite3_last_insert_rowid(sh->wdb);
+
+			/* the body in its own table, never rewritten */
+			sqlite3_reset(body);
+			sqlite3_bind_int64(body, 1, row);
+			sqlite3_bind_text(body, 2, p->event, -1,
+			    SQLITE_STATIC);
+			if (sqlite3_step(body) != SQLITE_DONE)
+				goto rollback;
 			p->result = INBOX_STORED;
-			p->id = ID_MAKE(sqlite3_last_insert_rowid(sh->wdb),
-			    sh->idx);
+			p->id = ID_MAKE(row, sh->idx);
 			stored++;
 		} else {
 			p->result = INBOX_DUPLICATE;
@@ -575,6 +590,8 @@ rollback:
 out:
 	if (ins != NULL)
 		sqlite3_reset(ins);
+	if (body != NULL)
+		sqlite3_reset(body);
 	if (upd != NULL)
 		sqlite3_reset(upd);
 	if (!ok) {
@@ -595,25 +612,49 @@ out:
 static void
 prune(struct shard *sh)
 {
+	static const char *const sql[] = {
+		/* the bodies first: the same ids are still selected */
+		"DELETE FROM inbox_body WHERE id IN (SELECT id FROM inbox"
+		" WHERE state = 1 AND finished_at < ?1 ORDER BY id"
+		" LIMIT 10000)",
+		"DELETE FROM inbox WHERE id IN (SELECT id FROM inbox"
+		" WHERE state = 1 AND finished_at < ?1 ORDER BY id"
+		" LIMIT 10000)",
+	};
 	struct inbox *ib = sh->ib;
-	sqlite3_stmt *st = NULL;
 	int64_t cutoff = now_unix_ms() - ib->cfg.retention_s * 1000;
+	int n = 0;
+	size_t i;
 
-	if (sqlite3_prepare_v2(sh->wdb,
-	    "DELETE FROM inbox WHERE id IN (SELECT id FROM inbox"
-	    " WHERE state = 1 AND finished_at < ?1 LIMIT 10000)", -1, &st,
-	    NULL) != SQLITE_OK)
-		goto out;
-	sqlite3_bind_int64(st, 1, cutoff);
-	if (sqlite3_step(st) == SQLITE_DONE && sqlite3_changes(sh->wdb) > 0) {
-		char n[32];
+	if (db_exec(sh->wdb, "BEGIN IMMEDIATE", NULL) < 0)
+		return;
+	for (i = 0; i < ARRAY_SIZE(sql); i++) {
+		sqlite3_stmt *st = db_stmt(sh->wdb, sql[i]);
 
-		snprintf(n, sizeof(n), "%d", sqlite3_changes(sh->wdb));
-		log_kv(LOG_INFO, "inbox pruned finished entries", "count", n,
+		if (st == NULL)
+			goto fail;
+		sqlite3_bind_int64(st, 1, cutoff);
+		if (sqlite3_step(st) != SQLITE_DONE) {
+			sqlite3_reset(st);
+			goto fail;
+		}
+		sqlite3_reset(st);
+		n = sqlite3_changes(sh->wdb);
+	}
+	if (db_exec(sh->wdb, "COMMIT", NULL) < 0)
+		goto fail;
+	if (n > 0) {
+		char num[32];
+
+		snprintf(num, sizeof(num), "%d", n);
+		log_kv(LOG_INFO, "inbox pruned finished entries", "count", num,
 		    NULL);
 	}
-out:
-	sqlite3_finalize(st);
+	return;
+fail:
+	log_kv(LOG_ERROR, "inbox prune failed", "error",
+	    sqlite3_errmsg(sh->wdb), NULL);
+	db_exec(sh->wdb, "ROLLBACK", NULL);
 }
 
 static const char *
@@ -947,8 +988,10 @@ worker_new(struct inbox *ib, char **cause)
 		if (open_db(ib->shards[i].path, &w->db[i], cause) < 0)
 			goto fail;
 		if (sqlite3_prepare_v2(w->db[i],
-		    "SELECT key, provider, event, attempts, received_at"
-		    " FROM inbox WHERE id = ?1 AND state = 0", -1, &w->get[i],
+		    "SELECT i.key, i.provider, COALESCE(b.event, i.event),"
+		    " i.attempts, i.received_at FROM inbox i LEFT JOIN"
+		    " inbox_body b ON b.id = i.id WHERE i.id = ?1 AND"
+		    " i.state = 0", -1, &w->get[i],
 		    NULL) != SQLITE_OK) {
 			*cause = xasprintf("sqlite: %s",
 			    sqlite3_errmsg(w->db[i]));
@@ -1126,7 +1169,11 @@ inbox_record_effect(struct sqlite3 *db, const struct inbox_item *item,
 	sqlite3_bind_text(st, 4, ev->repo, -1, SQLITE_STATIC);
 	sqlite3_bind_int64(st, 5, ev->number);
 	sqlite3_bind_int64(st, 6, ev->comment_id);
-	sqlite3_bind_text(st, 7, ev->comment_body, -1, SQLITE_STATIC);
+	/* the start of the comment: the whole of it is the inbox entry's */
+	if (ev->comment_body != NULL)
+		sqlite3_bind_text(st, 7, ev->comment_body, (int)utf8_cut(
+		    ev->comment_body, strlen(ev->comment_body),
+		    INBOX_AUDIT_BODY_MAX), SQLITE_STATIC);
 	sqlite3_bind_int64(st, 8, now_unix_ms());
 	return sqlite3_step(st) == SQLITE_DONE ? 0 : -1;
 }

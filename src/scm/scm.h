@@ -250,7 +250,9 @@ void inbox_free(struct inbox *ib);
 /*
  * The handler that records each normalized event in the table
  * handled_events (key, provider, kind, repo, number, comment_id, body,
- * count), in the completing transaction. Used until command handling
+ * count), in the completing transaction; body keeps the first KiB of the
+ * comment (cut on a UTF-8 boundary), the whole of it staying in the inbox
+ * entry until that is pruned. Used until command handling
  * plugs in, and by the durability tests.
  */
 extern const struct inbox_handler inbox_record_handler;

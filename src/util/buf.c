@@ -98,3 +98,16 @@ buf_detach(struct buf *b, size_t *len_out)
 	b->cap = 0;
 	return p;
 }
+
+size_t
+utf8_cut(const char *s, size_t len, size_t max)
+{
+	size_t i;
+
+	if (len <= max)
+		return len;
+	i = max;
+	while (i > 0 && ((unsigned char)s[i] & 0xc0) == 0x80)
+		i--;
+	return i;
+}

@@ -20,6 +20,9 @@ char *xstrdup(const char *s);
 /* Copy n bytes of s and NUL-terminate. */
 char *xstrndup(const char *s, size_t n);
 char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The longest prefix of s[0..len) of at most max bytes ending on a UTF-8
+ * character boundary. */
+size_t utf8_cut(const char *s, size_t len, size_t max);
 char *xvasprintf(const char *fmt, va_list ap)
     __attribute__((format(printf, 1, 0)));
 /* Install xmalloc/free into jansson; call once at start. */

@@ -184,6 +184,83 @@ put_dup_and_record(void **state)
 	    "SELECT SUM(count) FROM handled_events"), 2);
 	assert_int_equal(query_int(path,
 	    "SELECT number FROM handled_events WHERE key = 'github:a'"), 7);
+	/* the event is in inbox_body; the row that changes state is small */
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox_body"),
+	    2);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM inbox i JOIN inbox_body b ON b.id = i.id"
+	    " WHERE i.event = '' AND b.event LIKE '%/diverge x%'"), 2);
+	free(path);
+}
+
+/* An entry stored before inbox_body existed (event in the inbox row). */
+static void
+legacy_row(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+	sqlite3 *db;
+	char *sql;
+
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	sql = xasprintf("CREATE TABLE inbox (id INTEGER PRIMARY KEY,"
+	    " key TEXT NOT NULL UNIQUE, provider TEXT NOT NULL,"
+	    " event TEXT NOT NULL, state INTEGER NOT NULL DEFAULT 0,"
+	    " attempts INTEGER NOT NULL DEFAULT 0,"
+	    " next_at INTEGER NOT NULL DEFAULT 0, last_error TEXT,"
+	    " received_at INTEGER NOT NULL, finished_at INTEGER);"
+	    "INSERT INTO inbox (key, provider, event, received_at)"
+	    " VALUES ('github:old', 'github', '%s', 1);", EV);
+	assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+	free(sql);
+	sqlite3_close(db);
+	counter_init(&c);
+	c.record = 1;
+	ib = open_started(path, &c, 100, 3, 3600);
+	assert_int_equal(inbox_depth(ib), 1);
+	assert_int_equal(wait_calls(&c, 1, 5000), 1);
+	assert_int_equal(inbox_put(ib, "github:new", "github", EV),
+	    INBOX_STORED);
+	assert_int_equal(wait_calls(&c, 2, 5000), 2);
+	inbox_free(ib);
+	assert_int_equal(query_int(path,
+	    "SELECT number FROM handled_events WHERE key = 'github:old'"), 7);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM handled_events"), 2);
+	free(path);
+}
+
+/* The audit trail keeps the first KiB of a comment, cut between chars. */
+static void
+audit_body_capped(void **state)
+{
+	struct buf ev;
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+	int i;
+
+	buf_init(&ev, 1 << 20);
+	buf_addstr(&ev, "{\"provider\":\"github\",\"kind\":\"comment\","
+	    "\"repo\":\"o/r\",\"number\":7,\"commentId\":9,"
+	    "\"body\":\"/diverge x ");
+	for (i = 0; i < 1500; i++)
+		buf_addstr(&ev, "\u00e9");
+	buf_addstr(&ev, "\"}");
+	counter_init(&c);
+	c.record = 1;
+	ib = open_started(path, &c, 100, 3, 3600);
+	assert_int_equal(inbox_put(ib, "github:long", "github", ev.data),
+	    INBOX_STORED);
+	assert_int_equal(wait_calls(&c, 1, 5000), 1);
+	inbox_free(ib);
+	/* 11 ASCII bytes, then 2-byte characters: 1024 would split one */
+	assert_int_equal(query_int(path, "SELECT length(CAST(body AS BLOB))"
+	    " FROM handled_events"), 1023);
+	assert_int_equal(query_int(path, "SELECT length(CAST(event AS BLOB)) FROM"
+	    " inbox_body") > 3000, 1);
+	buf_release(&ev);
 	free(path);
 }
 
@@ -512,6 +589,8 @@ prune_finished(void **state)
 		sleep_ms(10);
 	}
 	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox"), 0);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox_body"),
+	    0);
 	inbox_free(ib);
 	free(path);
 }
@@ -537,6 +616,8 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(put_dup_and_record),
+		cmocka_unit_test(legacy_row),
+		cmocka_unit_test(audit_body_capped),
 		cmocka_unit_test(capacity_refuses),
 		cmocka_unit_test(retry_then_dead),
 		cmocka_unit_test(retry_then_success),

@@ -398,14 +398,14 @@ test_utf8_cut(void **state)
 	const char *s = "a\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";
 
 	(void)state;
-	assert_int_equal(notifier_utf8_cut(s, 10, 100), 10);
-	assert_int_equal(notifier_utf8_cut(s, 10, 1), 1);
-	assert_int_equal(notifier_utf8_cut(s, 10, 2), 1);
-	assert_int_equal(notifier_utf8_cut(s, 10, 3), 3);
-	assert_int_equal(notifier_utf8_cut(s, 10, 5), 3);
-	assert_int_equal(notifier_utf8_cut(s, 10, 6), 6);
-	assert_int_equal(notifier_utf8_cut(s, 10, 9), 6);
-	assert_int_equal(notifier_utf8_cut(s, 10, 0), 0);
+	assert_int_equal(utf8_cut(s, 10, 100), 10);
+	assert_int_equal(utf8_cut(s, 10, 1), 1);
+	assert_int_equal(utf8_cut(s, 10, 2), 1);
+	assert_int_equal(utf8_cut(s, 10, 3), 3);
+	assert_int_equal(utf8_cut(s, 10, 5), 3);
+	assert_int_equal(utf8_cut(s, 10, 6), 6);
+	assert_int_equal(utf8_cut(s, 10, 9), 6);
+	assert_int_equal(utf8_cut(s, 10, 0), 0);
 }
 
 static void
