@@ -31,6 +31,9 @@ int http_parse_listen(const char *listen, struct sockaddr_storage *ss,
 void http_mhd_log(void *cls, const char *fmt, va_list ap)
     __attribute__((format(printf, 2, 0)));
 
+/* The MHD_USE_* flag of the best poller this libmicrohttpd has. */
+unsigned int http_mhd_poll_flags(void);
+
 /* A handler returns HTTP_DONE after replying, or HTTP_SUSPENDED. */
 enum { HTTP_DONE = 0, HTTP_SUSPENDED = 1 };
 

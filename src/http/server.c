@@ -345,6 +345,23 @@ completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
 }
 
 /* Start the server. */
+/*
+ * epoll where libmicrohttpd has it, else poll (MHD_USE_EPOLL and
+ * MHD_USE_POLL are enum values, not macros: ask at run time). Without
+ * either, each thread runs select(), whose cost grows with the
+ * connections it watches and which cannot watch a descriptor above
+ * FD_SETSIZE.
+ */
+unsigned int
+http_mhd_poll_flags(void)
+{
+	if (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES)
+		return MHD_USE_EPOLL;
+	if (MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES)
+		return MHD_USE_POLL;
+	return 0;
+}
+
 int
 http_server_start(struct http_server **out,
     const struct http_server_config *cfg, const struct http_route *routes,
@@ -361,9 +378,7 @@ http_server_start(struct http_server **out,
 		return -1;
 	if (ss.ss_family == AF_INET6)
 		flags |= MHD_USE_IPv6;
-#ifdef MHD_USE_EPOLL
-	flags |= MHD_USE_EPOLL;
-#endif
+	flags |= http_mhd_poll_flags();
 	s = xcalloc(1, sizeof(*s));
 	s->routes = routes;
 	s->nroutes = nroutes;

@@ -3309,9 +3309,10 @@ k8s_apiserver_start(struct k8s_apiserver **out, struct k8s_api *api,
 		s->schemas[i] = load_schema(k8s_resources[i]);
 	if (ss.ss_family == AF_INET6)
 		flags |= MHD_USE_IPv6;
-#ifdef MHD_USE_POLL
-	flags |= MHD_USE_POLL;	/* no FD_SETSIZE limit in a busy daemon */
-#endif
+	/* poll, not select: no FD_SETSIZE limit (epoll does not go with
+	 * a thread per connection) */
+	if (MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES)
+		flags |= MHD_USE_POLL;
 	memset(tls_opts, 0, sizeof(tls_opts));
 	tls_opts[0].option = MHD_OPTION_END;
 	tls_opts[1].option = MHD_OPTION_END;

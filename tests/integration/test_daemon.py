@@ -212,6 +212,42 @@ def limits(t):
     t.eq(d.stop(), 0, "exit 0")
 
 
+def many_connections(t):
+    """More open connections than select() can watch (FD_SETSIZE, 1024):
+    the server polls with epoll, so the 1,100th is served like the first."""
+    import resource
+    want = 1400
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < want:
+        t.skip("many connections: the open-file limit is %d" % hard)
+        return
+    if soft != resource.RLIM_INFINITY and soft < want:
+        # diverged inherits the raised limit
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    d = Daemon(GITHUB_CONFIG + "http: {{max_connections: 2000}}\n").start()
+    held = []
+    try:
+        for _ in range(1100):
+            c = socket.create_connection(("127.0.0.1", d.port), timeout=10)
+            c.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            held.append(c)
+        time.sleep(0.3)
+        answers = []
+        for c in (held[0], held[-1]):
+            c.sendall(b"\r\n")
+            try:
+                answers.append(c.recv(100)[:12])
+            except OSError as e:
+                answers.append(repr(e))
+        t.eq(answers, [b"HTTP/1.1 200"] * 2, "with 1,100 connections open, "
+             "the first and the last are served")
+    finally:
+        for c in held:
+            c.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    t.eq(d.stop(), 0, "exit 0 after many connections")
+
+
 def main(t):
     cli(t)
     config_errors(t)
@@ -220,6 +256,7 @@ def main(t):
     json_logs(t)
     graceful(t)
     limits(t)
+    many_connections(t)
 
 
 run_tests(main)
