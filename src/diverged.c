@@ -389,6 +389,20 @@ h_webhook(void *arg, struct http_req *req)
 	return HTTP_SUSPENDED;
 }
 
+/* Send a meter reply (from a pool thread, or the store's writer). */
+static void
+meter_done(void *arg, struct meter_reply *r)
+{
+	struct http_req *req = arg;
+
+	if (r->status == 401)
+		http_reply_header(req, "WWW-Authenticate",
+		    "Bearer realm=\"diverge\"");
+	/* this resumes the request: req is not ours anymore */
+	http_reply(req, r->status, "application/json", r->body,
+	    strlen(r->body));
+}
+
 static void
 meter_work(void *arg, struct http_req *req)
 {
@@ -404,11 +418,7 @@ meter_work(void *arg, struct http_req *req)
 	else
 		meter_charge(D.meter, http_req_header(req, "Authorization"),
 		    body, len, &r);
-	if (r.status == 401)
-		http_reply_header(req, "WWW-Authenticate",
-		    "Bearer realm=\"diverge\"");
-	http_reply(req, r.status, "application/json", r.body,
-	    strlen(r.body));
+	meter_done(req, &r);
 	meter_reply_release(&r);
 }
 
@@ -416,11 +426,23 @@ static int
 h_meter(void *arg, struct http_req *req)
 {
 	const char *ct = http_req_header(req, "Content-Type");
+	const char *body;
+	size_t len;
 
 	if (ct == NULL || strncasecmp(ct, "application/json", 16) != 0) {
 		http_reply_error(req, 415, "content type must be "
 		    "application/json");
 		return HTTP_DONE;
+	}
+	if (arg == NULL && meter_is_async(D.meter)) {
+		/*
+		 * The embedded store: checks here, the charge in the store's
+		 * group commit, the reply from its callback; no thread waits
+		 */
+		body = http_req_body(req, &len);
+		meter_charge_async(D.meter, http_req_header(req,
+		    "Authorization"), body, len, meter_done, req);
+		return HTTP_SUSPENDED;
 	}
 	/* the charge waits for a durable commit: off the server threads */
 	http_offload(D.pool, req, meter_work, arg);
@@ -602,6 +624,7 @@ pruner_main(void *arg)
 {
 	struct timespec ts;
 
+	thread_background("pruner");
 	pthread_mutex_lock(&D.prune_mu);
 	while (!D.stopping) {
 		char *cause = NULL;

@@ -381,6 +381,7 @@ watch_main(void *arg)
 	unsigned failures = 0;
 	char rv[32] = "";
 
+	thread_name("ctrl-watch");
 	while (!stopping(c)) {
 		struct k8s_list_opts lo;
 		struct k8s_status st = { 0 };
@@ -457,6 +458,7 @@ worker_main(void *arg)
 	struct controller *c = arg;
 	char *key;
 
+	thread_name("ctrl-worker");
 	for (;;) {
 		char *slash, *cause = NULL;
 		int64_t requeue = -1;

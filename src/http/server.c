@@ -614,6 +614,7 @@ pool_main(void *arg)
 {
 	struct http_pool *p = arg;
 
+	thread_name("http-pool");
 	pthread_mutex_lock(&p->mu);
 	for (;;) {
 		struct job *j;

@@ -51,6 +51,9 @@ struct op {
 	struct k8s_status st;
 	int done;
 	pthread_cond_t cv;	/* its caller waits here */
+	k8s_txn_done_fn done_fn;	/* or, for an async op, this is called */
+	void *done_arg;
+	struct op *anext;	/* the async ops of a batch */
 };
 
 struct event {
@@ -858,11 +861,21 @@ ring_push(struct embedded *e, struct event *ev)
 	e->rlen++;
 }
 
+/* Report an async op's outcome and free it. */
+static void
+async_finish(struct op *op)
+{
+	json_decref(op->out);
+	op->done_fn(op->done_arg, op->rc, &op->st);
+	k8s_status_release(&op->st);
+	free(op);
+}
+
 static void
 run_batch(struct embedded *e, struct op *ops)
 {
 	struct batch b;
-	struct op *op;
+	struct op *op, *next, *async = NULL, **atail = &async;
 	size_t i, mark;
 	int ok = 0;
 
@@ -915,18 +928,29 @@ done:
 		b.n = 0;
 		pthread_cond_broadcast(&e->econd);
 	}
-	for (op = ops; op != NULL; op = op->next) {
+	for (op = ops; op != NULL; op = next) {
+		next = op->next;
 		if (!ok) {
 			json_decref(op->out);
 			op->out = NULL;
 			op->rc = k8s_status_set(&op->st, K8S_EINTERNAL,
 			    "the store could not commit the write", NULL);
 		}
+		if (op->done_fn != NULL) {
+			*atail = op;
+			atail = &op->anext;
+			continue;
+		}
 		op->done = 1;
 		/* wake this caller only: no herd of 64 threads per commit */
 		pthread_cond_signal(&op->cv);
 	}
 	pthread_mutex_unlock(&e->mu);
+	/* nobody waits on async ops: tell them, outside the lock */
+	for (op = async; op != NULL; op = next) {
+		next = op->anext;
+		async_finish(op);
+	}
 	batch_truncate(&b, 0);
 	free(b.ev);
 	if (!ok)
@@ -939,6 +963,7 @@ writer_main(void *arg)
 {
 	struct embedded *e = arg;
 
+	thread_name("store-writer");
 	pthread_mutex_lock(&e->mu);
 	for (;;) {
 		struct op *ops;
@@ -1051,6 +1076,39 @@ k8s_embedded_transact(struct k8s_api *api, k8s_txn_fn fn, void *arg,
 	}
 	k8s_status_release(&op.st);
 	return op.rc;
+}
+
+void
+k8s_embedded_transact_async(struct k8s_api *api, k8s_txn_fn fn, void *arg,
+    k8s_txn_done_fn done, void *done_arg)
+{
+	struct embedded *e = (struct embedded *)api;
+	struct op *op = xcalloc(1, sizeof(*op));
+
+	op->kind = OP_TXN;
+	op->ns = "";
+	op->fn = fn;
+	op->arg = arg;
+	op->done_fn = done;
+	op->done_arg = done_arg;
+	if (api->ops != &embedded_ops) {
+		op->rc = k8s_status_set(&op->st, K8S_EUNSUPPORTED,
+		    "transactions need the embedded store", NULL);
+		async_finish(op);
+		return;
+	}
+	pthread_mutex_lock(&e->mu);
+	if (e->stopping) {
+		pthread_mutex_unlock(&e->mu);
+		op->rc = k8s_status_set(&op->st, K8S_EUNAVAILABLE,
+		    "the store is shutting down", NULL);
+		async_finish(op);
+		return;
+	}
+	*e->ops_tail = op;
+	e->ops_tail = &op->next;
+	pthread_cond_signal(&e->wcond);
+	pthread_mutex_unlock(&e->mu);
 }
 
 /* Whether api is this backend. */

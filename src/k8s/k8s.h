@@ -291,6 +291,16 @@ typedef int (*k8s_txn_fn)(struct k8s_txn *tx, void *arg,
     struct k8s_status *st);
 int k8s_embedded_transact(struct k8s_api *api, k8s_txn_fn fn, void *arg,
     struct k8s_status *st);
+/*
+ * The same without waiting: done(done_arg, rc, st) is called once the
+ * commit is durable (or failed), on the writer thread after the commit,
+ * or at once when the store is stopping. done must be quick and must not
+ * call the store. st is valid during the call only.
+ */
+typedef void (*k8s_txn_done_fn)(void *done_arg, int rc,
+    struct k8s_status *st);
+void k8s_embedded_transact_async(struct k8s_api *api, k8s_txn_fn fn,
+    void *arg, k8s_txn_done_fn done, void *done_arg);
 /* Whether api is the embedded backend. */
 int k8s_is_embedded(const struct k8s_api *api);
 /* Read one object in the transaction. */

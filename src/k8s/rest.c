@@ -1523,6 +1523,7 @@ watch_main(void *arg)
 	int64_t t0;
 	int failures = 0, err = 0, retry;
 
+	thread_name("kube-watch");
 	memset(&st, 0, sizeof(st));
 	for (;;) {
 		if (watch_stopping(w))

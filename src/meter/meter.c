@@ -979,58 +979,130 @@ out:
 	return rc;
 }
 
+/* One charge from its request to its reply. */
+struct charge_job {
+	struct charge c;
+	struct meter_req req;
+	struct macaroon *mac;
+	meter_done_fn done;	/* async */
+	void *done_arg;
+};
+
+/*
+ * Steps 1 and 2 (the body, the token) and the names the charge needs:
+ * 0 when the charge is to run, -1 when *out already holds the reply.
+ */
+static int
+charge_prepare(struct meter *m, const char *authorization, const char *body,
+    size_t len, struct charge_job *j, struct meter_reply *out)
+{
+	size_t idlen;
+
+	memset(out, 0, sizeof(*out));
+	if (parse_body(body, len, &j->req, out) < 0)
+		return -1;
+	if (authenticate(m, authorization, &j->mac, out) < 0)
+		return -1;
+	j->c.m = m;
+	j->c.req = &j->req;
+	j->c.mac = j->mac;
+	j->c.id = macaroon_identifier(j->mac, &idlen);
+	j->c.task_name = macaroon_value(j->mac, "task_id");
+	j->c.ns = macaroon_value(j->mac, "namespace");
+	if (strlen(j->c.id) != idlen) {
+		reply_error(out, 401, "malformed token", NULL);
+		return -1;
+	}
+	return 0;
+}
+
+/* The reply once the charge ran (rc < 0: the store failed). */
+static void
+charge_reply(struct charge_job *j, int rc, const struct k8s_status *st,
+    struct meter_reply *out)
+{
+	struct charge *c = &j->c;
+
+	if (rc < 0) {
+		meter_reply_release(&c->reply);
+		log_kv(LOG_ERROR, "meter: store failed", "task", c->task_name,
+		    "namespace", c->ns, "error", st->message, NULL);
+		reply_error(out, 503, "the store is unavailable, retry", NULL);
+		return;
+	}
+	if (c->suspended_now)
+		log_kv(LOG_INFO, "task suspended by the meter", "task",
+		    c->task_name, "namespace", c->ns, "request",
+		    j->req.request_id, NULL);
+	*out = c->reply;
+	memset(&c->reply, 0, sizeof(c->reply));
+}
+
+static void
+charge_job_free(struct charge_job *j)
+{
+	meter_reply_release(&j->c.reply);
+	macaroon_free(j->mac);
+	req_release(&j->req);
+	free(j);
+}
+
 /* Charge one reported LLM call. */
 void
 meter_charge(struct meter *m, const char *authorization, const char *body,
     size_t len, struct meter_reply *out)
 {
-	struct meter_req req;
-	struct macaroon *mac = NULL;
-	struct charge c;
+	struct charge_job *j = xcalloc(1, sizeof(*j));
 	struct k8s_status st = { 0 };
-	size_t idlen;
 	int rc;
 
-	memset(out, 0, sizeof(*out));
-	/* 1: the body */
-	if (parse_body(body, len, &req, out) < 0)
-		return;
-	/* 2: the token (signature and caveats) */
-	if (authenticate(m, authorization, &mac, out) < 0) {
-		req_release(&req);
-		return;
+	if (charge_prepare(m, authorization, body, len, j, out) == 0) {
+		if (k8s_is_embedded(m->cfg.store))
+			rc = k8s_embedded_transact(m->cfg.store, charge_txn,
+			    &j->c, &st);
+		else
+			rc = charge_rest(m, &j->c, &st);
+		charge_reply(j, rc, &st, out);
 	}
-	memset(&c, 0, sizeof(c));
-	c.m = m;
-	c.req = &req;
-	c.mac = mac;
-	c.id = macaroon_identifier(mac, &idlen);
-	c.task_name = macaroon_value(mac, "task_id");
-	c.ns = macaroon_value(mac, "namespace");
-	if (strlen(c.id) != idlen) {
-		reply_error(out, 401, "malformed token", NULL);
-		goto out;
-	}
-	if (k8s_is_embedded(m->cfg.store))
-		rc = k8s_embedded_transact(m->cfg.store, charge_txn, &c, &st);
-	else
-		rc = charge_rest(m, &c, &st);
-	if (rc < 0) {
-		meter_reply_release(&c.reply);
-		log_kv(LOG_ERROR, "meter: store failed", "task", c.task_name,
-		    "namespace", c.ns, "error", st.message, NULL);
-		reply_error(out, 503, "the store is unavailable, retry", NULL);
-		goto out;
-	}
-	if (c.suspended_now)
-		log_kv(LOG_INFO, "task suspended by the meter", "task",
-		    c.task_name, "namespace", c.ns, "request", req.request_id,
-		    NULL);
-	*out = c.reply;
-out:
 	k8s_status_release(&st);
-	macaroon_free(mac);
-	req_release(&req);
+	charge_job_free(j);
+}
+
+static void
+charge_async_done(void *arg, int rc, struct k8s_status *st)
+{
+	struct charge_job *j = arg;
+	struct meter_reply out;
+
+	charge_reply(j, rc, st, &out);
+	j->done(j->done_arg, &out);
+	meter_reply_release(&out);
+	charge_job_free(j);
+}
+
+int
+meter_is_async(const struct meter *m)
+{
+	return k8s_is_embedded(m->cfg.store);
+}
+
+void
+meter_charge_async(struct meter *m, const char *authorization,
+    const char *body, size_t len, meter_done_fn done, void *done_arg)
+{
+	struct charge_job *j = xcalloc(1, sizeof(*j));
+	struct meter_reply out;
+
+	j->done = done;
+	j->done_arg = done_arg;
+	if (charge_prepare(m, authorization, body, len, j, &out) < 0) {
+		done(done_arg, &out);
+		meter_reply_release(&out);
+		charge_job_free(j);
+		return;
+	}
+	k8s_embedded_transact_async(m->cfg.store, charge_txn, &j->c,
+	    charge_async_done, j);
 }
 
 /* ----------------------------------------------------------- complete */

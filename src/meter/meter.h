@@ -332,6 +332,18 @@ void meter_free(struct meter *m);
 void meter_charge(struct meter *m, const char *authorization,
     const char *body, size_t len, struct meter_reply *out);
 
+/*
+ * The same without blocking the caller, for the embedded store
+ * (meter_is_async): done(done_arg, reply) is called on the store's writer
+ * thread once the charge is durable, or before meter_charge_async returns
+ * when the request is refused before the store. done must reply quickly
+ * and not keep the reply (it is released after done returns).
+ */
+typedef void (*meter_done_fn)(void *done_arg, struct meter_reply *reply);
+int meter_is_async(const struct meter *m);
+void meter_charge_async(struct meter *m, const char *authorization,
+    const char *body, size_t len, meter_done_fn done, void *done_arg);
+
 /* POST /api/v1/agenttask/complete: ends the task (idempotent). */
 void meter_complete(struct meter *m, const char *authorization,
     const char *body, size_t len, struct meter_reply *out);

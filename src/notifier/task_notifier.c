@@ -656,6 +656,7 @@ worker_main(void *arg)
 	char *key, **tasks;
 	size_t i;
 
+	thread_name("notifier");
 	for (;;) {
 		int64_t delay = -1, fdelay = -1;
 
@@ -752,6 +753,7 @@ watcher_main(void *arg)
 	int64_t listed = 0;
 	int rc;
 
+	thread_name("notifier-watch");
 	while (!is_stopping(n)) {
 		if (w == NULL) {
 			if (relist(n, &rv) < 0) {

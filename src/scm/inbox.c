@@ -669,6 +669,7 @@ writer_main(void *arg)
 	struct shard *sh = arg;
 	struct inbox *ib = sh->ib;
 
+	thread_name("inbox-writer");
 	pthread_mutex_lock(&ib->mu);
 	for (;;) {
 		struct put_req *puts, *p, *pn;
@@ -874,6 +875,7 @@ worker_main(void *arg)
 	struct worker *w = arg;
 	struct inbox *ib = w->ib;
 
+	thread_name("inbox-worker");
 	pthread_mutex_lock(&ib->mu);
 	for (;;) {
 		int64_t wait = delayed_release(ib, now_mono_ms());
@@ -914,6 +916,7 @@ checkpointer_main(void *arg)
 	char *cause = NULL;
 	int i;
 
+	thread_background("inbox-ckpt");
 	memset(db, 0, sizeof(db));
 	for (i = 0; i < INBOX_SHARDS; i++) {
 		if (open_db(ib->shards[i].path, &db[i], &cause) < 0) {

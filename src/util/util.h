@@ -112,6 +112,14 @@ int time_parse_rfc3339(const char *s, int64_t *out);
 void time_human_duration(int64_t s, char out[32]);
 /* Sleep for ms milliseconds. */
 void sleep_ms(int64_t ms);
+
+/* Name the calling thread (at most 15 bytes are kept). */
+void thread_name(const char *name);
+/*
+ * Name the calling thread and lower its CPU (nice 10) and I/O (best
+ * effort, lowest level) priority: for work nobody waits on.
+ */
+void thread_background(const char *name);
 /* Exponential backoff: base doubled `doublings` times, at most max. */
 int64_t backoff_delay_ms(int64_t base, int64_t max, unsigned doublings);
 /* Equal jitter: a random delay between d/2 and d. */

@@ -248,6 +248,30 @@ def many_connections(t):
     t.eq(d.stop(), 0, "exit 0 after many connections")
 
 
+def threads(t):
+    """Threads carry names an operator can read in top -H; the inbox
+    checkpointer runs at a lower CPU priority than the request path."""
+    d = Daemon(GITHUB_CONFIG).start()
+    names, nice = {}, {}
+    base = "/proc/%d/task" % d.proc.pid
+    for tid in os.listdir(base):
+        try:
+            with open(os.path.join(base, tid, "comm")) as f:
+                name = f.read().strip()
+            with open(os.path.join(base, tid, "stat")) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        names[name] = names.get(name, 0) + 1
+        nice[name] = int(fields[16])
+    for want in ("inbox-writer", "inbox-worker", "inbox-ckpt",
+                 "store-writer", "ctrl-worker"):
+        t.ok(want in names, "a thread named %s" % want, sorted(names))
+    t.eq(nice.get("inbox-ckpt"), 10, "the checkpointer runs at nice 10")
+    t.eq(nice.get("inbox-writer"), 0, "the inbox writers at nice 0")
+    t.eq(d.stop(), 0, "exit 0")
+
+
 def main(t):
     cli(t)
     config_errors(t)
@@ -257,6 +281,7 @@ def main(t):
     graceful(t)
     limits(t)
     many_connections(t)
+    threads(t)
 
 
 run_tests(main)
