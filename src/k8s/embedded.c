@@ -90,6 +90,25 @@ struct embedded {
 
 	struct event *ring;	/* circular, contiguous rvs */
 	size_t rhead, rlen, rcap;
+
+	/* the writer's copies of committed objects (writer thread only) */
+	struct ocache_ent **oc;
+	size_t oc_n;
+};
+
+/*
+ * The writer parses an object it reads at most once: it keeps a pristine
+ * copy of what it stored or loaded, hands out deep copies, and forgets
+ * everything when a write is rolled back. Bounded: when full it starts
+ * over.
+ */
+#define OCACHE_BUCKETS 1024
+#define OCACHE_MAX 1024
+
+struct ocache_ent {
+	struct ocache_ent *next;
+	char *key;
+	json_t *obj;
 };
 
 struct ewatch {
@@ -112,6 +131,96 @@ static int
 exec_sql(sqlite3 *db, const char *sql)
 {
 	return db_exec(db, sql, NULL);
+}
+
+/* One statement, prepared once (the transaction statements of a batch). */
+static int
+step_sql(sqlite3 *db, const char *sql)
+{
+	sqlite3_stmt *st = db_stmt(db, sql);
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	return rc == SQLITE_DONE ? 0 : -1;
+}
+
+static char *
+okey(const char *rk, const char *ns, const char *name)
+{
+	return xasprintf("%s\x1f%s\x1f%s", rk, ns, name);
+}
+
+static struct ocache_ent **
+oslot(struct embedded *e, const char *key)
+{
+	uint32_t h = 2166136261u;
+	const unsigned char *p;
+	struct ocache_ent **pe;
+
+	for (p = (const unsigned char *)key; *p; p++)
+		h = (h ^ *p) * 16777619u;
+	for (pe = &e->oc[h % OCACHE_BUCKETS]; *pe != NULL;
+	    pe = &(*pe)->next)
+		if (strcmp((*pe)->key, key) == 0)
+			break;
+	return pe;
+}
+
+static void
+ocache_clear(struct embedded *e)
+{
+	size_t i;
+
+	for (i = 0; e->oc != NULL && i < OCACHE_BUCKETS; i++)
+		while (e->oc[i] != NULL) {
+			struct ocache_ent *n = e->oc[i]->next;
+
+			free(e->oc[i]->key);
+			json_decref(e->oc[i]->obj);
+			free(e->oc[i]);
+			e->oc[i] = n;
+		}
+	e->oc_n = 0;
+}
+
+/* Keep obj (taken) as the committed copy of key; NULL forgets it. */
+static void
+ocache_set(struct embedded *e, const char *key, json_t *obj)
+{
+	struct ocache_ent **pe;
+
+	if (e->oc == NULL)
+		e->oc = xcalloc(OCACHE_BUCKETS, sizeof(*e->oc));
+	pe = oslot(e, key);
+	if (*pe != NULL) {
+		json_decref((*pe)->obj);
+		if (obj != NULL) {
+			(*pe)->obj = obj;
+			return;
+		}
+		{
+			struct ocache_ent *gone = *pe;
+
+			*pe = gone->next;
+			free(gone->key);
+			free(gone);
+			e->oc_n--;
+		}
+		return;
+	}
+	if (obj == NULL)
+		return;
+	if (e->oc_n >= OCACHE_MAX) {
+		ocache_clear(e);
+		pe = oslot(e, key);
+	}
+	*pe = xcalloc(1, sizeof(**pe));
+	(*pe)->key = xstrdup(key);
+	(*pe)->obj = obj;
+	e->oc_n++;
 }
 
 static int
@@ -183,28 +292,66 @@ meta(json_t *obj)
 /* ------------------------------------------------------------ storage */
 
 /* Read one object inside the writer's transaction. */
+/*
+ * The committed object, shared (the caller gets a reference and must not
+ * change it): from the writer's cache, else read and parsed once.
+ */
 static int
-load(struct embedded *e, const struct k8s_resource *r, const char *ns,
+load_ref(struct embedded *e, const struct k8s_resource *r, const char *ns,
     const char *name, json_t **out)
 {
-	sqlite3_stmt *st = db_stmt(e->wdb, "SELECT body FROM objects WHERE"
-	    " rkey = ?1 AND namespace = ?2 AND name = ?3");
+	sqlite3_stmt *st;
+	char *key = okey(rkey(r), ns, name);
+	struct ocache_ent **pe = e->oc != NULL ? oslot(e, key) : NULL;
+	json_t *obj;
 	int rc;
 
-	if (st == NULL)
+	if (pe != NULL && *pe != NULL) {
+		free(key);
+		*out = json_incref((*pe)->obj);
+		return 0;
+	}
+	st = db_stmt(e->wdb, "SELECT body FROM objects WHERE rkey = ?1 AND"
+	    " namespace = ?2 AND name = ?3");
+	if (st == NULL) {
+		free(key);
 		return K8S_EINTERNAL;
+	}
 	sqlite3_bind_text(st, 1, rkey(r), -1, SQLITE_STATIC);
 	sqlite3_bind_text(st, 2, ns, -1, SQLITE_STATIC);
 	sqlite3_bind_text(st, 3, name, -1, SQLITE_STATIC);
 	rc = sqlite3_step(st);
 	if (rc == SQLITE_ROW) {
-		*out = json_loadb((const char *)sqlite3_column_blob(st, 0),
+		obj = json_loadb((const char *)sqlite3_column_blob(st, 0),
 		    (size_t)sqlite3_column_bytes(st, 0), 0, NULL);
 		sqlite3_reset(st);
-		return *out != NULL ? 0 : K8S_EINTERNAL;
+		if (obj == NULL) {
+			free(key);
+			return K8S_EINTERNAL;
+		}
+		ocache_set(e, key, json_incref(obj));
+		free(key);
+		*out = obj;
+		return 0;
 	}
 	sqlite3_reset(st);
+	free(key);
 	return rc == SQLITE_DONE ? K8S_ENOTFOUND : K8S_EINTERNAL;
+}
+
+/* The committed object, a private copy. */
+static int
+load(struct embedded *e, const struct k8s_resource *r, const char *ns,
+    const char *name, json_t **out)
+{
+	json_t *obj;
+	int rc = load_ref(e, r, ns, name, &obj);
+
+	if (rc < 0)
+		return rc;
+	*out = json_deep_copy(obj);
+	json_decref(obj);
+	return *out != NULL ? 0 : K8S_EINTERNAL;
 }
 
 static int
@@ -239,6 +386,13 @@ store(struct embedded *e, const struct k8s_resource *r, const char *ns,
 	free(body);
 	if (!ok)
 		return K8S_EINTERNAL;
+	{
+		/* obj is published with the commit and never changed again */
+		char *key = okey(rkey(r), ns, name);
+
+		ocache_set(e, key, json_incref((json_t *)obj));
+		free(key);
+	}
 	/* the owner index: rewritten for this object */
 	st = db_stmt(e->wdb, "DELETE FROM owners WHERE rkey = ?1 AND"
 	    " namespace = ?2 AND name = ?3");
@@ -285,8 +439,11 @@ erase(struct embedded *e, const struct k8s_resource *r, const char *ns,
 		"DELETE FROM owners WHERE rkey = ?1 AND namespace = ?2 AND"
 		" name = ?3",
 	};
+	char *key = okey(rkey(r), ns, name);
 	size_t i;
 
+	ocache_set(e, key, NULL);
+	free(key);
 	for (i = 0; i < ARRAY_SIZE(sql); i++) {
 		sqlite3_stmt *st = db_stmt(e->wdb, sql[i]);
 		int ok;
@@ -457,7 +614,7 @@ do_create(struct embedded *e, struct op *op, struct batch *b)
 		json_decref(obj);
 		return rc;
 	}
-	rc = load(e, r, op->ns, name, &cur);
+	rc = load_ref(e, r, op->ns, name, &cur);
 	if (rc == 0) {
 		json_decref(cur);
 		rc = k8s_error_exists(&op->st, r, name);
@@ -576,7 +733,7 @@ do_modify(struct embedded *e, struct op *op, struct batch *b)
 		return bad_request(&op->st, "the body is not a JSON object");
 	if (status_only && !r->has_status)
 		return k8s_error_notfound(&op->st, r, op->name);
-	rc = load(e, r, op->ns, op->name, &cur);
+	rc = load_ref(e, r, op->ns, op->name, &cur);
 	if (rc == K8S_ENOTFOUND)
 		return k8s_error_notfound(&op->st, r, op->name);
 	if (rc < 0)
@@ -789,7 +946,7 @@ k8s_txn_put(struct k8s_txn *tx, const struct k8s_resource *r,
 	if (name == NULL)
 		return k8s_status_set(st, K8S_EBADREQUEST, "a name is required",
 		    NULL);
-	rc = load(tx->e, r, sub.ns, name, &cur);
+	rc = load_ref(tx->e, r, sub.ns, name, &cur);
 	if (rc == K8S_ENOTFOUND) {
 		sub.kind = OP_CREATE;
 		rc = do_create(tx->e, &sub, tx->b);
@@ -816,10 +973,10 @@ k8s_txn_put(struct k8s_txn *tx, const struct k8s_resource *r,
 		return rc;
 	}
 	k8s_status_release(&sub.st);
+	/* sub.out is published with the commit: a copy */
 	if (out != NULL)
-		*out = sub.out;
-	else
-		json_decref(sub.out);
+		*out = json_deep_copy(sub.out);
+	json_decref(sub.out);
 	return 0;
 }
 
@@ -881,22 +1038,24 @@ run_batch(struct embedded *e, struct op *ops)
 
 	memset(&b, 0, sizeof(b));
 	b.rv = e->rv;
-	if (exec_sql(e->wdb, "BEGIN IMMEDIATE") < 0)
+	if (step_sql(e->wdb, "BEGIN IMMEDIATE") < 0)
 		goto done;
 	for (op = ops; op != NULL; op = op->next) {
 		int64_t rv_mark = b.rv;
 
 		mark = b.n;
-		exec_sql(e->wdb, "SAVEPOINT op");
+		step_sql(e->wdb, "SAVEPOINT op");
 		op->rc = apply(e, op, &b);
 		if (op->rc < 0) {
-			exec_sql(e->wdb, "ROLLBACK TO op");
+			step_sql(e->wdb, "ROLLBACK TO op");
+			/* what the op stored is not what is committed */
+			ocache_clear(e);
 			batch_truncate(&b, mark);
 			b.rv = rv_mark;
 			json_decref(op->out);
 			op->out = NULL;
 		}
-		exec_sql(e->wdb, "RELEASE op");
+		step_sql(e->wdb, "RELEASE op");
 	}
 	if (b.rv != e->rv) {
 		sqlite3_stmt *st = db_stmt(e->wdb, "UPDATE meta SET v = ?1 WHERE"
@@ -911,12 +1070,13 @@ run_batch(struct embedded *e, struct op *ops)
 		}
 		sqlite3_reset(st);
 	}
-	if (exec_sql(e->wdb, "COMMIT") == 0) {
+	if (step_sql(e->wdb, "COMMIT") == 0) {
 		ok = 1;
 		goto done;
 	}
 rollback:
-	exec_sql(e->wdb, "ROLLBACK");
+	step_sql(e->wdb, "ROLLBACK");
+	ocache_clear(e);
 done:
 	pthread_mutex_lock(&e->mu);
 	if (ok) {
@@ -1028,10 +1188,10 @@ submit(struct embedded *e, enum op_kind kind, const struct k8s_resource *r,
 		return op.rc;
 	}
 	k8s_status_release(&op.st);
+	/* op.out is published (watch events, the writer's cache): a copy */
 	if (out != NULL)
-		*out = op.out;
-	else
-		json_decref(op.out);
+		*out = json_deep_copy(op.out);
+	json_decref(op.out);
 	return 0;
 }
 
@@ -1490,6 +1650,8 @@ e_free(struct k8s_api *api)
 	}
 	for (i = 0; i < READERS; i++)
 		db_close(e->readers[i].db);
+	ocache_clear(e);
+	free(e->oc);
 	db_close(e->wdb);
 	while (e->rlen > 0) {
 		struct event *ev = &e->ring[e->rhead];

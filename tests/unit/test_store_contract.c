@@ -701,6 +701,31 @@ bump(struct k8s_txn *tx, void *arg, struct k8s_status *st)
 	return rc;
 }
 
+static int
+bump_then_fail(struct k8s_txn *tx, void *arg, struct k8s_status *st)
+{
+	int rc = bump(tx, arg, st);
+
+	if (rc < 0)
+		return rc;
+	return k8s_status_set(st, K8S_EINVALID, "planned", NULL);
+}
+
+static int64_t
+counter_value(void)
+{
+	struct k8s_status st = { 0 };
+	json_t *o = NULL;
+	int64_t v;
+
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "txn", "counter", &o,
+	    &st), 0);
+	v = json_integer_value(json_object_get(json_object_get(o, "status"),
+	    "iteration"));
+	json_decref(o);
+	return v;
+}
+
 static void *
 bumper(void *arg)
 {
@@ -747,6 +772,26 @@ transactions(void **state)
 	assert_int_equal(json_integer_value(json_object_get(json_object_get(o,
 	    "status"), "iteration")), 1600);
 	json_decref(o);
+	/* a write rolled back leaves nothing behind, not even in memory */
+	assert_int_equal(k8s_embedded_transact(api, bump_then_fail, NULL, &st),
+	    K8S_EINVALID);
+	k8s_status_release(&st);
+	assert_int_equal(k8s_embedded_transact(api, bump, NULL, &st), 0);
+	assert_int_equal(counter_value(), 1601);
+	/* what a write returns is the caller's own copy */
+	{
+		json_t *patch = json_pack("{s:{s:s}}", "spec", "objective",
+		    "count again"), *out = NULL;
+
+		assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, "txn",
+		    "counter", 0, patch, &out, &st), 0);
+		json_object_set_new(json_object_get(out, "status"),
+		    "iteration", json_integer(5000));
+		json_decref(out);
+		json_decref(patch);
+	}
+	assert_int_equal(k8s_embedded_transact(api, bump, NULL, &st), 0);
+	assert_int_equal(counter_value(), 1602);
 }
 #endif
 
