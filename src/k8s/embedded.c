@@ -354,9 +354,10 @@ load(struct embedded *e, const struct k8s_resource *r, const char *ns,
 	return *out != NULL ? 0 : K8S_EINTERNAL;
 }
 
+/* Write obj; prev is the version it replaces (NULL: a new object). */
 static int
 store(struct embedded *e, const struct k8s_resource *r, const char *ns,
-    const json_t *obj)
+    const json_t *obj, const json_t *prev)
 {
 	sqlite3_stmt *st;
 	const json_t *owners;
@@ -393,7 +394,16 @@ store(struct embedded *e, const struct k8s_resource *r, const char *ns,
 		ocache_set(e, key, json_incref((json_t *)obj));
 		free(key);
 	}
-	/* the owner index: rewritten for this object */
+	owners = json_object_get(json_object_get(obj, "metadata"),
+	    "ownerReferences");
+	/* the owner index: rewritten for this object when they changed */
+	if (prev != NULL && json_equal((json_t *)owners,
+	    json_object_get(json_object_get(prev, "metadata"),
+	    "ownerReferences")))
+		return 0;
+	if (prev != NULL && owners == NULL && json_object_get(json_object_get(
+	    prev, "metadata"), "ownerReferences") == NULL)
+		return 0;
 	st = db_stmt(e->wdb, "DELETE FROM owners WHERE rkey = ?1 AND"
 	    " namespace = ?2 AND name = ?3");
 	if (st == NULL)
@@ -405,8 +415,6 @@ store(struct embedded *e, const struct k8s_resource *r, const char *ns,
 	sqlite3_reset(st);
 	if (!ok)
 		return K8S_EINTERNAL;
-	owners = json_object_get(json_object_get(obj, "metadata"),
-	    "ownerReferences");
 	json_array_foreach((json_t *)owners, i, o) {
 		const char *ouid = json_string_value(json_object_get(o,
 		    "uid"));
@@ -632,7 +640,7 @@ do_create(struct embedded *e, struct op *op, struct batch *b)
 	json_object_set_new(m, "creationTimestamp", json_string(ts));
 	json_object_set_new(m, "generation", json_integer(1));
 	set_rv(obj, b);
-	rc = store(e, r, op->ns, obj);
+	rc = store(e, r, op->ns, obj, NULL);
 	if (rc < 0) {
 		json_decref(obj);
 		return k8s_status_set(&op->st, rc, "store write failed", NULL);
@@ -685,7 +693,7 @@ commit_object(struct embedded *e, struct op *op, struct batch *b,
 		return 0;
 	}
 	set_rv(next, b);
-	rc = store(e, r, op->ns, next);
+	rc = store(e, r, op->ns, next, cur);
 	if (rc < 0)
 		return k8s_status_set(&op->st, rc, "store write failed", NULL);
 	batch_event(b, K8S_MODIFIED, r, op->ns, next);
@@ -899,39 +907,22 @@ k8s_txn_get(struct k8s_txn *tx, const struct k8s_resource *r,
 
 /* The stored text of one object in a transaction. */
 int
-k8s_txn_get_text(struct k8s_txn *tx, const struct k8s_resource *r,
-    const char *ns, const char *name, char **text, size_t *len,
-    struct k8s_status *st)
+k8s_txn_peek(struct k8s_txn *tx, const struct k8s_resource *r,
+    const char *ns, const char *name, json_t **out, struct k8s_status *st)
 {
-	sqlite3_stmt *q = db_stmt(tx->e->wdb, "SELECT body FROM objects"
-	    " WHERE rkey = ?1 AND namespace = ?2 AND name = ?3");
-	int rc;
+	int rc = load_ref(tx->e, r, ns ? ns : "", name, out);
 
-	if (q == NULL)
-		return k8s_status_set(st, K8S_EINTERNAL, "store read failed",
-		    NULL);
-	sqlite3_bind_text(q, 1, rkey(r), -1, SQLITE_STATIC);
-	sqlite3_bind_text(q, 2, ns ? ns : "", -1, SQLITE_STATIC);
-	sqlite3_bind_text(q, 3, name, -1, SQLITE_STATIC);
-	rc = sqlite3_step(q);
-	if (rc == SQLITE_ROW) {
-		*len = (size_t)sqlite3_column_bytes(q, 0);
-		*text = xstrndup((const char *)sqlite3_column_blob(q, 0),
-		    *len);
-	}
-	sqlite3_reset(q);
-	if (rc == SQLITE_DONE)
+	if (rc == K8S_ENOTFOUND)
 		return k8s_error_notfound(st, r, name);
-	if (rc != SQLITE_ROW)
-		return k8s_status_set(st, K8S_EINTERNAL, "store read failed",
-		    NULL);
+	if (rc < 0)
+		return k8s_status_set(st, rc, "store read failed", NULL);
 	return 0;
 }
 
 /* Write a whole object in a transaction. */
 int
 k8s_txn_put(struct k8s_txn *tx, const struct k8s_resource *r,
-    const char *ns, const json_t *obj, json_t **out, struct k8s_status *st)
+    const char *ns, json_t *obj, json_t **out, struct k8s_status *st)
 {
 	struct op sub;
 	json_t *cur = NULL, *next;
@@ -943,9 +934,11 @@ k8s_txn_put(struct k8s_txn *tx, const struct k8s_resource *r,
 	sub.ns = ns ? ns : "";
 	sub.name = name;
 	sub.in = obj;
-	if (name == NULL)
+	if (name == NULL) {
+		json_decref(obj);
 		return k8s_status_set(st, K8S_EBADREQUEST, "a name is required",
 		    NULL);
+	}
 	rc = load_ref(tx->e, r, sub.ns, name, &cur);
 	if (rc == K8S_ENOTFOUND) {
 		sub.kind = OP_CREATE;
@@ -954,7 +947,8 @@ k8s_txn_put(struct k8s_txn *tx, const struct k8s_resource *r,
 		sub.kind = OP_UPDATE;
 		rc = check_rv(&sub, cur, obj, 0);
 		if (rc == 0) {
-			next = json_deep_copy(obj);
+			/* obj is ours: changed in place, then published */
+			next = json_incref(obj);
 			rc = commit_object(tx->e, &sub, tx->b, cur, next, 0);
 			json_decref(next);
 		}
@@ -962,6 +956,7 @@ k8s_txn_put(struct k8s_txn *tx, const struct k8s_resource *r,
 		rc = k8s_status_set(&sub.st, rc, "store read failed", NULL);
 	}
 	json_decref(cur);
+	json_decref(obj);
 	if (rc < 0) {
 		if (st != NULL) {
 			k8s_status_release(st);

@@ -307,22 +307,21 @@ int k8s_is_embedded(const struct k8s_api *api);
 int k8s_txn_get(struct k8s_txn *tx, const struct k8s_resource *r,
     const char *ns, const char *name, json_t **out, struct k8s_status *st);
 /*
- * The stored JSON text of one object (a new buffer, NUL-terminated), for
- * readers that scan one field of a large object (util/jscan.h) rather
- * than parse it all.
+ * Read one object in the transaction without copying it: *out is shared
+ * with the store, the caller must not change it and must json_decref it.
  */
-int k8s_txn_get_text(struct k8s_txn *tx, const struct k8s_resource *r,
-    const char *ns, const char *name, char **text, size_t *len,
-    struct k8s_status *st);
+int k8s_txn_peek(struct k8s_txn *tx, const struct k8s_resource *r,
+    const char *ns, const char *name, json_t **out, struct k8s_status *st);
 /*
  * Write obj whole (metadata, spec and status: no subresource rules): a
  * create when no such object exists (obj without resourceVersion), else
  * an update, conditional on obj's resourceVersion when it has one.
- * Validation and generation as for the other writes. *out (may be NULL)
- * gets the stored object.
+ * Validation and generation as for the other writes. obj is taken: the
+ * caller's reference passes to the store, whatever the outcome. *out (may
+ * be NULL) gets the stored object.
  */
 int k8s_txn_put(struct k8s_txn *tx, const struct k8s_resource *r,
-    const char *ns, const json_t *obj, json_t **out, struct k8s_status *st);
+    const char *ns, json_t *obj, json_t **out, struct k8s_status *st);
 
 /* ---- REST backend (rest.c, kubeconfig.c) ---- */
 

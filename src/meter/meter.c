@@ -439,37 +439,6 @@ token_active(const json_t *index, const char *id, const char *task)
  * The same check on the stored text of the index Secret, without parsing
  * all of it: one scan for data.<id> (ids are hex: no dots).
  */
-static int
-token_active_text(const char *text, size_t len, const char *id,
-    const char *task)
-{
-	struct jfield f[1];
-	const char *err;
-	char *path = xasprintf("data.%s", id), *v = NULL;
-	unsigned char *raw = NULL;
-	size_t n = 0;
-	json_t *e = NULL;
-	int ok = 0;
-
-	f[0].path = path;
-	if (jscan(text, len, f, 1, 16, &err) == 0 && f[0].count == 1 &&
-	    jscan_string(&f[0], &v, &n) == 0 &&
-	    base64_decode(v, n, &raw, &n) == 0 &&
-	    (e = json_loadb((const char *)raw, n, 0, NULL)) != NULL) {
-		const char *state = json_string_value(json_object_get(e,
-		    "state"));
-		const char *t = json_string_value(json_object_get(e, "task"));
-
-		ok = state != NULL && strcmp(state, "active") == 0 &&
-		    t != NULL && strcmp(t, task) == 0;
-	}
-	json_decref(e);
-	free(raw);
-	free(v);
-	free(path);
-	return ok;
-}
-
 /* Mark id revoked in index (JSON of the Secret); 1 if it changed. */
 static int
 index_revoke(json_t *index, const char *id)
@@ -754,9 +723,7 @@ static int
 charge_txn(struct k8s_txn *tx, void *arg, struct k8s_status *st)
 {
 	struct charge *c = arg;
-	json_t *task = NULL, *index = NULL;
-	char *text = NULL;
-	size_t len = 0;
+	json_t *task = NULL, *index = NULL, *copy;
 	int rc;
 
 	meter_reply_release(&c->reply);
@@ -767,9 +734,9 @@ charge_txn(struct k8s_txn *tx, void *arg, struct k8s_status *st)
 	}
 	if (rc < 0)
 		return rc;
-	/* the index is large: scan it for this token only */
-	rc = k8s_txn_get_text(tx, &K8S_SECRET, c->ns, METER_INDEX_SECRET,
-	    &text, &len, st);
+	/* the index is large and shared: looked at, copied only to change */
+	rc = k8s_txn_peek(tx, &K8S_SECRET, c->ns, METER_INDEX_SECRET, &index,
+	    st);
 	if (rc == K8S_ENOTFOUND) {
 		k8s_status_release(st);
 		rc = 0;
@@ -778,18 +745,21 @@ charge_txn(struct k8s_txn *tx, void *arg, struct k8s_status *st)
 		json_decref(task);
 		return rc;
 	}
-	c->token_ok = text != NULL && token_active_text(text, len, c->id,
+	c->token_ok = index != NULL && token_active(index, c->id,
 	    c->task_name);
 	if (charge_apply(c, task)) {
+		/* the put takes task */
 		rc = k8s_txn_put(tx, &K8S_AGENTTASK, c->ns, task, NULL, st);
-		if (rc == 0 && c->suspended_now && text != NULL) {
-			index = json_loadb(text, len, 0, NULL);
-			if (index != NULL && index_revoke(index, c->id))
-				rc = k8s_txn_put(tx, &K8S_SECRET, c->ns, index,
+		task = NULL;
+		if (rc == 0 && c->suspended_now && index != NULL) {
+			copy = json_deep_copy(index);
+			if (index_revoke(copy, c->id))
+				rc = k8s_txn_put(tx, &K8S_SECRET, c->ns, copy,
 				    NULL, st);
+			else
+				json_decref(copy);
 		}
 	}
-	free(text);
 	json_decref(task);
 	json_decref(index);
 	return rc;
@@ -1193,10 +1163,15 @@ complete_txn(struct k8s_txn *tx, void *arg, struct k8s_status *st)
 		return rc;
 	}
 	write = complete_apply(c, task, index);
-	if (write == 1)
+	/* a put takes its object */
+	if (write == 1) {
 		rc = k8s_txn_put(tx, &K8S_AGENTTASK, c->ns, task, NULL, st);
-	if (rc == 0 && write > 0)
+		task = NULL;
+	}
+	if (rc == 0 && write > 0) {
 		rc = k8s_txn_put(tx, &K8S_SECRET, c->ns, index, NULL, st);
+		index = NULL;
+	}
 	json_decref(task);
 	json_decref(index);
 	return rc;

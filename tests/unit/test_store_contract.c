@@ -665,15 +665,13 @@ static int
 two_writes(struct k8s_txn *tx, void *arg, struct k8s_status *st)
 {
 	struct txn_arg *t = arg;
-	json_t *o = task(t->a, "one");
-	int rc = k8s_txn_put(tx, &K8S_AGENTTASK, "txn", o, NULL, st);
+	int rc = k8s_txn_put(tx, &K8S_AGENTTASK, "txn", task(t->a, "one"),
+	    NULL, st);
 
-	json_decref(o);
 	if (rc < 0)
 		return rc;
-	o = task(t->b, "two");
-	rc = k8s_txn_put(tx, &K8S_AGENTTASK, "txn", o, NULL, st);
-	json_decref(o);
+	rc = k8s_txn_put(tx, &K8S_AGENTTASK, "txn", task(t->b, "two"), NULL,
+	    st);
 	if (rc < 0)
 		return rc;
 	if (t->fail)
@@ -696,9 +694,8 @@ bump(struct k8s_txn *tx, void *arg, struct k8s_status *st)
 	}
 	json_object_set_new(s, "iteration", json_integer(json_integer_value(
 	    json_object_get(s, "iteration")) + 1));
-	rc = k8s_txn_put(tx, &K8S_AGENTTASK, "txn", o, NULL, st);
-	json_decref(o);
-	return rc;
+	/* the put takes o */
+	return k8s_txn_put(tx, &K8S_AGENTTASK, "txn", o, NULL, st);
 }
 
 static int
