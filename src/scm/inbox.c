@@ -904,10 +904,36 @@ worker_main(void *arg)
  * one either: frames are appended while it copies, the WAL is never
  * entirely checkpointed, so it is never rewound and grows without bound
  * (each new block costs the kernel a zeroing on top). So once a WAL is
- * long, a RESTART follows the PASSIVE pass: it holds the shard's writer
- * back only while it copies the few frames appended meanwhile, and the
- * next commit starts again at the head of the file.
+ * long, a RESTART follows: it holds the shard's writer back while it
+ * copies what was appended since the last pass and syncs, and the next
+ * commit starts again at the head of the file. To keep that hold short,
+ * PASSIVE passes run back to back until one of them finds little to copy
+ * (a pass of at most CKPT_CAUGHT_UP_MS); after CKPT_MAX_PASSES passes the
+ * RESTART runs anyway, so the WAL stays bounded under any load.
  */
+#define CKPT_CAUGHT_UP_MS 3
+#define CKPT_MAX_PASSES 16
+
+static void
+checkpoint_shard(struct inbox *ib, sqlite3 *db)
+{
+	int pass;
+
+	for (pass = 0; pass < CKPT_MAX_PASSES; pass++) {
+		int nlog = 0, nckpt = 0;
+		int64_t t0 = now_mono_ms();
+
+		if (sqlite3_wal_checkpoint_v2(db, NULL,
+		    SQLITE_CHECKPOINT_PASSIVE, &nlog, &nckpt) != SQLITE_OK ||
+		    nlog <= ib->cfg.wal_restart_frames)
+			return;
+		if (now_mono_ms() - t0 <= CKPT_CAUGHT_UP_MS)
+			break;
+	}
+	sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_RESTART, NULL,
+	    NULL);
+}
+
 static void *
 checkpointer_main(void *arg)
 {
@@ -930,17 +956,9 @@ checkpointer_main(void *arg)
 	while (!ib->workers_done) {
 		timed_wait(&ib->ccond, &ib->mu, 500);
 		pthread_mutex_unlock(&ib->mu);
-		for (i = 0; i < INBOX_SHARDS; i++) {
-			int nlog = 0, nckpt = 0;
-
-			if (db[i] == NULL)
-				continue;
-			if (sqlite3_wal_checkpoint_v2(db[i], NULL,
-			    SQLITE_CHECKPOINT_PASSIVE, &nlog, &nckpt) ==
-			    SQLITE_OK && nlog > ib->cfg.wal_restart_frames)
-				sqlite3_wal_checkpoint_v2(db[i], NULL,
-				    SQLITE_CHECKPOINT_RESTART, NULL, NULL);
-		}
+		for (i = 0; i < INBOX_SHARDS; i++)
+			if (db[i] != NULL)
+				checkpoint_shard(ib, db[i]);
 		pthread_mutex_lock(&ib->mu);
 	}
 	pthread_mutex_unlock(&ib->mu);
