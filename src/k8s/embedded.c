@@ -133,20 +133,6 @@ exec_sql(sqlite3 *db, const char *sql)
 	return db_exec(db, sql, NULL);
 }
 
-/* One statement, prepared once (the transaction statements of a batch). */
-static int
-step_sql(sqlite3 *db, const char *sql)
-{
-	sqlite3_stmt *st = db_stmt(db, sql);
-	int rc;
-
-	if (st == NULL)
-		return -1;
-	rc = sqlite3_step(st);
-	sqlite3_reset(st);
-	return rc == SQLITE_DONE ? 0 : -1;
-}
-
 static char *
 okey(const char *rk, const char *ns, const char *name)
 {
@@ -1033,16 +1019,16 @@ run_batch(struct embedded *e, struct op *ops)
 
 	memset(&b, 0, sizeof(b));
 	b.rv = e->rv;
-	if (step_sql(e->wdb, "BEGIN IMMEDIATE") < 0)
+	if (db_step(e->wdb, "BEGIN IMMEDIATE") < 0)
 		goto done;
 	for (op = ops; op != NULL; op = op->next) {
 		int64_t rv_mark = b.rv;
 
 		mark = b.n;
-		step_sql(e->wdb, "SAVEPOINT op");
+		db_step(e->wdb, "SAVEPOINT op");
 		op->rc = apply(e, op, &b);
 		if (op->rc < 0) {
-			step_sql(e->wdb, "ROLLBACK TO op");
+			db_step(e->wdb, "ROLLBACK TO op");
 			/* what the op stored is not what is committed */
 			ocache_clear(e);
 			batch_truncate(&b, mark);
@@ -1050,7 +1036,7 @@ run_batch(struct embedded *e, struct op *ops)
 			json_decref(op->out);
 			op->out = NULL;
 		}
-		step_sql(e->wdb, "RELEASE op");
+		db_step(e->wdb, "RELEASE op");
 	}
 	if (b.rv != e->rv) {
 		sqlite3_stmt *st = db_stmt(e->wdb, "UPDATE meta SET v = ?1 WHERE"
@@ -1065,12 +1051,12 @@ run_batch(struct embedded *e, struct op *ops)
 		}
 		sqlite3_reset(st);
 	}
-	if (step_sql(e->wdb, "COMMIT") == 0) {
+	if (db_step(e->wdb, "COMMIT") == 0) {
 		ok = 1;
 		goto done;
 	}
 rollback:
-	step_sql(e->wdb, "ROLLBACK");
+	db_step(e->wdb, "ROLLBACK");
 	ocache_clear(e);
 done:
 	pthread_mutex_lock(&e->mu);
@@ -1413,7 +1399,7 @@ snapshot(struct embedded *e, const struct k8s_resource *r, const char *ns,
 	json_t *items = json_array();
 	int ok = 1;
 
-	exec_sql(rd->db, "BEGIN");
+	db_step(rd->db, "BEGIN");
 	m = db_stmt(rd->db, "SELECT v FROM meta WHERE k = 'rv'");
 	s = ns != NULL && *ns ? db_stmt(rd->db, "SELECT body FROM objects WHERE"
 	    " rkey = ?1 AND namespace = ?2 ORDER BY name") :
@@ -1446,7 +1432,7 @@ snapshot(struct embedded *e, const struct k8s_resource *r, const char *ns,
 		sqlite3_reset(m);
 	if (s != NULL)
 		sqlite3_reset(s);
-	exec_sql(rd->db, "COMMIT");
+	db_step(rd->db, "COMMIT");
 	reader_give(e, rd);
 	if (!ok) {
 		json_decref(items);

@@ -497,7 +497,7 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 	pending = ib->pending;
 	pthread_mutex_unlock(&ib->mu);
 
-	if (db_exec(sh->wdb, "BEGIN IMMEDIATE", NULL) < 0)
+	if (db_step(sh->wdb, "BEGIN IMMEDIATE") < 0)
 		goto out;
 	ins = db_stmt(sh->wdb,
 	    "INSERT INTO inbox (key, provider, event, received_at)"
@@ -542,14 +542,14 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 		int64_t next_at = 0;
 
 		if (d->outcome == INBOX_DONE && d->effect != NULL) {
-			db_exec(sh->wdb, "SAVEPOINT effect", NULL);
+			db_step(sh->wdb, "SAVEPOINT effect");
 			if (d->effect(sh->wdb, &d->item, d->effect_arg) < 0) {
-				db_exec(sh->wdb, "ROLLBACK TO effect", NULL);
+				db_step(sh->wdb, "ROLLBACK TO effect");
 				d->outcome = INBOX_RETRY;
 				if (d->cause == NULL)
 					d->cause = xstrdup("effect failed");
 			}
-			db_exec(sh->wdb, "RELEASE effect", NULL);
+			db_step(sh->wdb, "RELEASE effect");
 		}
 		if (d->outcome == INBOX_RETRY &&
 		    d->attempts >= ib->cfg.max_attempts)
@@ -579,14 +579,14 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 			finished++;
 		d->retry_at_ms = next_at;
 	}
-	if (db_exec(sh->wdb, "COMMIT", NULL) < 0)
+	if (db_step(sh->wdb, "COMMIT") < 0)
 		goto rollback;
 	ok = 1;
 	goto out;
 rollback:
 	log_kv(LOG_ERROR, "inbox write failed", "error",
 	    sqlite3_errmsg(sh->wdb), NULL);
-	db_exec(sh->wdb, "ROLLBACK", NULL);
+	db_step(sh->wdb, "ROLLBACK");
 out:
 	if (ins != NULL)
 		sqlite3_reset(ins);
@@ -626,7 +626,7 @@ prune(struct shard *sh)
 	int n = 0;
 	size_t i;
 
-	if (db_exec(sh->wdb, "BEGIN IMMEDIATE", NULL) < 0)
+	if (db_step(sh->wdb, "BEGIN IMMEDIATE") < 0)
 		return;
 	for (i = 0; i < ARRAY_SIZE(sql); i++) {
 		sqlite3_stmt *st = db_stmt(sh->wdb, sql[i]);
@@ -641,7 +641,7 @@ prune(struct shard *sh)
 		sqlite3_reset(st);
 		n = sqlite3_changes(sh->wdb);
 	}
-	if (db_exec(sh->wdb, "COMMIT", NULL) < 0)
+	if (db_step(sh->wdb, "COMMIT") < 0)
 		goto fail;
 	if (n > 0) {
 		char num[32];
@@ -654,7 +654,7 @@ prune(struct shard *sh)
 fail:
 	log_kv(LOG_ERROR, "inbox prune failed", "error",
 	    sqlite3_errmsg(sh->wdb), NULL);
-	db_exec(sh->wdb, "ROLLBACK", NULL);
+	db_step(sh->wdb, "ROLLBACK");
 }
 
 static const char *

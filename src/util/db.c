@@ -54,6 +54,19 @@ db_close(sqlite3 *db)
 	sqlite3_close(db);
 }
 
+int
+db_step(sqlite3 *db, const char *sql)
+{
+	sqlite3_stmt *st = db_stmt(db, sql);
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	return rc == SQLITE_DONE ? 0 : -1;
+}
+
 /* Open in WAL mode with synchronous=FULL. */
 int
 db_open(const char *path, int manual_checkpoints, sqlite3 **out,

@@ -167,6 +167,11 @@ int db_exec(struct sqlite3 *db, const char *sql, char **cause);
  * cleared; NULL on a preparation error.
  */
 struct sqlite3_stmt *db_stmt(struct sqlite3 *db, const char *sql);
+/*
+ * Run one statement without results through db_stmt (BEGIN, COMMIT,
+ * SAVEPOINT...: parsed once, not on every transaction); -1 on error.
+ */
+int db_step(struct sqlite3 *db, const char *sql);
 /* Close a connection with its cached statements; NULL is fine. */
 void db_close(struct sqlite3 *db);
 
