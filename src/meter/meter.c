@@ -703,6 +703,10 @@ charge_apply(struct charge *c, json_t *task)
 		json_object_set_new(status, "reason",
 		    json_string("BudgetExceeded"));
 		json_object_set_new(status, "message", json_string(reason));
+		/* spec may be shared with the store's copy (task_cow) */
+		if (json_is_object(json_object_get(task, "spec")))
+			json_object_set_new(task, "spec", json_copy(
+			    json_object_get(task, "spec")));
 		json_object_set_new(obj_child(task, "spec"), "suspended",
 		    json_true());
 		time_rfc3339(now_unix(), ts);
@@ -719,15 +723,44 @@ charge_apply(struct charge *c, json_t *task)
 }
 
 /* Embedded: one transaction over the task and the index. */
+/*
+ * The task to charge, made from the store's shared copy: new containers
+ * along the paths a charge writes (the object, its metadata, its status
+ * and the status's request-id ring), everything else shared and left
+ * alone (charge_apply copies spec before it suspends).
+ */
+static json_t *
+task_cow(const json_t *cur)
+{
+	json_t *t = json_copy((json_t *)cur), *v, *ring;
+
+	if (t == NULL)
+		return NULL;
+	if ((v = json_object_get(cur, "metadata")) != NULL)
+		json_object_set_new(t, "metadata", json_copy(v));
+	if ((v = json_object_get(cur, "status")) != NULL) {
+		v = json_copy(v);
+		if ((ring = json_object_get(v, "lastMeterRequestIds")) != NULL)
+			json_object_set_new(v, "lastMeterRequestIds",
+			    json_copy(ring));
+		json_object_set_new(t, "status", v);
+	}
+	return t;
+}
+
 static int
 charge_txn(struct k8s_txn *tx, void *arg, struct k8s_status *st)
 {
 	struct charge *c = arg;
-	json_t *task = NULL, *index = NULL, *copy;
+	json_t *task = NULL, *index = NULL, *copy, *cur = NULL;
 	int rc;
 
 	meter_reply_release(&c->reply);
-	rc = k8s_txn_get(tx, &K8S_AGENTTASK, c->ns, c->task_name, &task, st);
+	rc = k8s_txn_peek(tx, &K8S_AGENTTASK, c->ns, c->task_name, &cur, st);
+	if (rc == 0) {
+		task = task_cow(cur);
+		json_decref(cur);
+	}
 	if (rc == K8S_ENOTFOUND) {
 		reply_error(&c->reply, 401, "task not live", NULL);
 		return 0;
