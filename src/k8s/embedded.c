@@ -356,8 +356,7 @@ store(struct embedded *e, const struct k8s_resource *r, const char *ns,
 
 	st = db_stmt(e->wdb, "INSERT INTO objects (rkey, namespace, name, uid,"
 	    " rv, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT"
-	    " (rkey, namespace, name) DO UPDATE SET uid = ?4, rv = ?5,"
-	    " body = ?6");
+	    " (rkey, namespace, name) DO UPDATE SET rv = ?5, body = ?6");
 	if (st == NULL || body == NULL) {
 		free(body);
 		return K8S_EINTERNAL;
@@ -522,7 +521,6 @@ collect_orphan(struct embedded *e, struct op *op, struct batch *b,
 {
 	const json_t *owners = json_object_get(json_object_get(obj,
 	    "metadata"), "ownerReferences");
-	sqlite3_stmt *st;
 	size_t i, named = 0;
 	json_t *o;
 	int rc;
@@ -530,20 +528,36 @@ collect_orphan(struct embedded *e, struct op *op, struct batch *b,
 	json_array_foreach((json_t *)owners, i, o) {
 		const char *ouid = json_string_value(json_object_get(o,
 		    "uid"));
+		const char *av = json_string_value(json_object_get(o,
+		    "apiVersion"));
+		const char *kind = json_string_value(json_object_get(o,
+		    "kind"));
+		const char *name = json_string_value(json_object_get(o,
+		    "name"));
+		const struct k8s_resource *or = NULL;
+		json_t *owner = NULL;
+		int k, same;
 
 		if (ouid == NULL)
 			continue;
-		named++;
-		st = db_stmt(e->wdb, "SELECT 1 FROM objects WHERE uid = ?1");
-		if (st == NULL)
-			return K8S_EINTERNAL;
-		sqlite3_bind_text(st, 1, ouid, -1, SQLITE_STATIC);
-		rc = sqlite3_step(st);
-		sqlite3_reset(st);
-		if (rc == SQLITE_ROW)
+		for (k = 0; av != NULL && kind != NULL &&
+		    k8s_resources[k] != NULL; k++)
+			if (strcmp(k8s_resources[k]->kind, kind) == 0 &&
+			    strcmp(k8s_api_version(k8s_resources[k]), av) == 0)
+				or = k8s_resources[k];
+		/* a kind this store does not keep: not ours to judge */
+		if (or == NULL || name == NULL)
 			return 0;
-		if (rc != SQLITE_DONE)
+		named++;
+		/* the owner by its name, then its uid (a PK read, cached) */
+		rc = load_ref(e, or, or->namespaced ? ns : "", name, &owner);
+		if (rc < 0 && rc != K8S_ENOTFOUND)
 			return K8S_EINTERNAL;
+		same = rc == 0 && k8s_meta_str(owner, "uid") != NULL &&
+		    strcmp(k8s_meta_str(owner, "uid"), ouid) == 0;
+		json_decref(owner);
+		if (same)
+			return 0;
 	}
 	if (named == 0)
 		return 0;
@@ -1689,7 +1703,7 @@ k8s_embedded_open(struct k8s_api **out, const char *path,
 	    " PRIMARY KEY (owner_uid, rkey, namespace, name)) WITHOUT ROWID;"
 	    "CREATE INDEX IF NOT EXISTS owners_child ON owners"
 	    " (rkey, namespace, name);"
-	    "CREATE INDEX IF NOT EXISTS objects_uid ON objects (uid);"
+	    "DROP INDEX IF EXISTS objects_uid;"
 	    "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY,"
 	    " v INTEGER NOT NULL);"
 	    "INSERT OR IGNORE INTO meta (k, v) VALUES ('rv', 0);") < 0) {
