@@ -97,10 +97,12 @@ struct embedded {
 };
 
 /*
- * The writer parses an object it reads at most once: it keeps a pristine
- * copy of what it stored or loaded, hands out deep copies, and forgets
- * everything when a write is rolled back. Bounded: when full it starts
- * over.
+ * The writer parses an object it reads at most once: it keeps the
+ * committed version of what it stored or loaded (the very object published
+ * with the commit, never changed afterwards), hands it out shared to the
+ * code that only reads it (load_ref) and as a copy to the code that edits
+ * it (load), and forgets everything when a write is rolled back. Bounded:
+ * when full it starts over.
  */
 #define OCACHE_BUCKETS 1024
 #define OCACHE_MAX 1024
@@ -277,7 +279,6 @@ meta(json_t *obj)
 
 /* ------------------------------------------------------------ storage */
 
-/* Read one object inside the writer's transaction. */
 /*
  * The committed object, shared (the caller gets a reference and must not
  * change it): from the writer's cache, else read and parsed once.
@@ -534,7 +535,7 @@ collect_orphan(struct embedded *e, struct op *op, struct batch *b,
 		    "kind"));
 		const char *name = json_string_value(json_object_get(o,
 		    "name"));
-		const struct k8s_resource *or = NULL;
+		const struct k8s_resource *owner_r = NULL;
 		json_t *owner = NULL;
 		int k, same;
 
@@ -544,13 +545,14 @@ collect_orphan(struct embedded *e, struct op *op, struct batch *b,
 		    k8s_resources[k] != NULL; k++)
 			if (strcmp(k8s_resources[k]->kind, kind) == 0 &&
 			    strcmp(k8s_api_version(k8s_resources[k]), av) == 0)
-				or = k8s_resources[k];
+				owner_r = k8s_resources[k];
 		/* a kind this store does not keep: not ours to judge */
-		if (or == NULL || name == NULL)
+		if (owner_r == NULL || name == NULL)
 			return 0;
 		named++;
 		/* the owner by its name, then its uid (a PK read, cached) */
-		rc = load_ref(e, or, or->namespaced ? ns : "", name, &owner);
+		rc = load_ref(e, owner_r, owner_r->namespaced ? ns : "", name,
+		    &owner);
 		if (rc < 0 && rc != K8S_ENOTFOUND)
 			return K8S_EINTERNAL;
 		same = rc == 0 && k8s_meta_str(owner, "uid") != NULL &&
@@ -662,7 +664,8 @@ commit_object(struct embedded *e, struct op *op, struct batch *b,
     json_t *cur, json_t *next, int status_only)
 {
 	const struct k8s_resource *r = op->r;
-	json_t *m = meta(next), *cm = meta(cur);
+	/* cur is shared (the writer's cache): read, never changed */
+	json_t *m = meta(next), *cm = json_object_get(cur, "metadata");
 	static const char *const owned[] = { "uid", "creationTimestamp",
 	    "generation", "namespace", "name", "deletionTimestamp" };
 	int64_t gen = json_integer_value(json_object_get(cm, "generation"));
@@ -905,7 +908,7 @@ k8s_txn_get(struct k8s_txn *tx, const struct k8s_resource *r,
 	return 0;
 }
 
-/* The stored text of one object in a transaction. */
+/* One object in a transaction, shared (see k8s.h). */
 int
 k8s_txn_peek(struct k8s_txn *tx, const struct k8s_resource *r,
     const char *ns, const char *name, json_t **out, struct k8s_status *st)
