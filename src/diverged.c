@@ -403,23 +403,31 @@ meter_done(void *arg, struct meter_reply *r)
 	    strlen(r->body));
 }
 
+/* A meter call for a pool thread, with what it needs of the headers. */
+struct meter_job {
+	int complete;
+	char *authorization;
+};
+
 static void
 meter_work(void *arg, struct http_req *req)
 {
-	int complete = arg != NULL;
+	struct meter_job *j = arg;
 	struct meter_reply r;
 	const char *body;
 	size_t len;
 
+	/* the body is the request's; headers are the connection's, gone
+	 * if it closes meanwhile: taken on the server thread */
 	body = http_req_body(req, &len);
-	if (complete)
-		meter_complete(D.meter, http_req_header(req, "Authorization"),
-		    body, len, &r);
+	if (j->complete)
+		meter_complete(D.meter, j->authorization, body, len, &r);
 	else
-		meter_charge(D.meter, http_req_header(req, "Authorization"),
-		    body, len, &r);
+		meter_charge(D.meter, j->authorization, body, len, &r);
 	meter_done(req, &r);
 	meter_reply_release(&r);
+	free(j->authorization);
+	free(j);
 }
 
 static int
@@ -445,7 +453,14 @@ h_meter(void *arg, struct http_req *req)
 		return HTTP_SUSPENDED;
 	}
 	/* the charge waits for a durable commit: off the server threads */
-	http_offload(D.pool, req, meter_work, arg);
+	{
+		struct meter_job *j = xcalloc(1, sizeof(*j));
+		const char *auth = http_req_header(req, "Authorization");
+
+		j->complete = arg != NULL;
+		j->authorization = auth != NULL ? xstrdup(auth) : NULL;
+		http_offload(D.pool, req, meter_work, j);
+	}
 	return HTTP_SUSPENDED;
 }
 

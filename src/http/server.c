@@ -36,6 +36,7 @@ struct http_server {
 	pthread_mutex_t mu;
 	pthread_cond_t idle;
 	int inflight;
+	struct http_req *susp;	/* suspended requests, to resume at stop */
 };
 
 struct reply_header {
@@ -65,6 +66,19 @@ struct http_req {
 	int replied;
 	int queued;
 	int suspended;
+	/*
+	 * Who holds the request: libmicrohttpd until the connection is done
+	 * (closed set), and the handler that will reply (replier set) from
+	 * the moment it is called until its http_reply. The last one out
+	 * frees it, so a reply that comes after the server gave up on the
+	 * connection (a stop past its timeout) finds memory, not garbage.
+	 */
+	int owners;
+	int replier;
+	int closed;
+	/* in srv->susp (under srv->mu; locked after mu, never before) */
+	struct http_req *snext, *sprev;
+	int listed;
 	pthread_mutex_t mu;
 };
 
@@ -180,6 +194,65 @@ req_free(struct http_req *r)
 	free(r);
 }
 
+/* Take r off the server's suspended list; r->mu and srv->mu held. */
+static void
+unlist(struct http_req *r)
+{
+	struct http_server *s = r->srv;
+
+	if (!r->listed)
+		return;
+	if (r->sprev != NULL)
+		r->sprev->snext = r->snext;
+	else
+		s->susp = r->snext;
+	if (r->snext != NULL)
+		r->snext->sprev = r->sprev;
+	r->snext = r->sprev = NULL;
+	r->listed = 0;
+}
+
+/* Add a reply header (r->mu held). */
+static void
+add_header(struct http_req *r, const char *name, const char *value)
+{
+	r->hdrs = xrealloc(r->hdrs, (r->nhdrs + 1) * sizeof(*r->hdrs));
+	r->hdrs[r->nhdrs].name = xstrdup(name);
+	r->hdrs[r->nhdrs].value = xstrdup(value);
+	r->nhdrs++;
+}
+
+/* Record the reply (r->mu held); the first one wins. */
+static void
+set_reply(struct http_req *r, int status, const char *content_type,
+    const char *body, size_t len)
+{
+	if (r->replied)
+		return;
+	r->status = status;
+	r->ctype = content_type ? xstrdup(content_type) : NULL;
+	r->rbody = xmalloc(len + 1);
+	memcpy(r->rbody, body, len);
+	r->rbody[len] = '\0';
+	r->rlen = len;
+	r->replied = 1;
+}
+
+/* Resume a suspended request (r->mu held) so that its reply goes out. */
+static void
+resume(struct http_req *r)
+{
+	if (r->listed) {
+		pthread_mutex_lock(&r->srv->mu);
+		unlist(r);
+		pthread_mutex_unlock(&r->srv->mu);
+	}
+	if (r->suspended && !r->closed) {
+		r->suspended = 0;
+		MHD_resume_connection(r->conn);
+	}
+}
+
 static MHD_RESULT
 queue_reply(struct http_req *r)
 {
@@ -220,6 +293,7 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 
 		r = xcalloc(1, sizeof(*r));
 		pthread_mutex_init(&r->mu, NULL);
+		r->owners = 1;
 		r->srv = s;
 		r->conn = conn;
 		r->method = xstrdup(method);
@@ -291,6 +365,10 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 	}
 	if (r->body.data == NULL)
 		buf_add(&r->body, "", 0);
+	pthread_mutex_lock(&r->mu);
+	r->owners++;
+	r->replier = 1;
+	pthread_mutex_unlock(&r->mu);
 	rc = r->route->handler(r->route->arg, r);
 	if (rc == HTTP_SUSPENDED) {
 		pthread_mutex_lock(&r->mu);
@@ -303,6 +381,14 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 			return ret;
 		}
 		r->suspended = 1;
+		pthread_mutex_lock(&s->mu);
+		r->sprev = NULL;
+		r->snext = s->susp;
+		if (s->susp != NULL)
+			s->susp->sprev = r;
+		s->susp = r;
+		r->listed = 1;
+		pthread_mutex_unlock(&s->mu);
 		MHD_suspend_connection(conn);
 		pthread_mutex_unlock(&r->mu);
 		return MHD_YES;
@@ -320,22 +406,39 @@ completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
 	struct http_req *r = *con_cls;
 	char labels[256];
 	const char *route;
+	int last, queued, status;
+	int64_t start_ms;
 
 	if (r == NULL)
 		return;
 	route = r->route != NULL ? r->route->name : "unmatched";
-	if (r->queued) {
+	/* once unlocked, r may belong to a replier still to come */
+	pthread_mutex_lock(&r->mu);
+	if (r->listed) {
+		pthread_mutex_lock(&s->mu);
+		unlist(r);
+		pthread_mutex_unlock(&s->mu);
+	}
+	r->closed = 1;
+	last = --r->owners == 0;
+	queued = r->queued;
+	status = r->status;
+	start_ms = r->start_ms;
+	pthread_mutex_unlock(&r->mu);
+	if (queued) {
 		snprintf(labels, sizeof(labels), "route=\"%s\",code=\"%d\"",
-		    route, r->status);
+		    route, status);
 		metrics_inc("diverge_http_requests_total", labels, 1);
 		snprintf(labels, sizeof(labels), "route=\"%s\"", route);
 		metrics_observe("diverge_http_request_duration_seconds",
-		    labels, (double)(now_mono_ms() - r->start_ms) / 1000.0);
+		    labels, (double)(now_mono_ms() - start_ms) / 1000.0);
 	} else {
 		snprintf(labels, sizeof(labels), "route=\"%s\"", route);
 		metrics_inc("diverge_http_requests_aborted_total", labels, 1);
 	}
-	req_free(r);
+	/* a replier still to come frees it */
+	if (last)
+		req_free(r);
 	*con_cls = NULL;
 	pthread_mutex_lock(&s->mu);
 	s->inflight--;
@@ -344,7 +447,6 @@ completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
 	pthread_mutex_unlock(&s->mu);
 }
 
-/* Start the server. */
 /*
  * epoll where libmicrohttpd has it, else poll (MHD_USE_EPOLL and
  * MHD_USE_POLL are enum values, not macros: ask at run time). Without
@@ -362,6 +464,7 @@ http_mhd_poll_flags(void)
 	return 0;
 }
 
+/* Start the server. */
 int
 http_server_start(struct http_server **out,
     const struct http_server_config *cfg, const struct http_route *routes,
@@ -485,6 +588,36 @@ http_server_stop(struct http_server *s, int64_t timeout_ms)
 		pthread_cond_timedwait(&s->idle, &s->mu, &ts);
 	}
 	pthread_mutex_unlock(&s->mu);
+	/*
+	 * libmicrohttpd aborts when stopped with suspended connections:
+	 * whatever still waits for its reply is answered 503 now (its own
+	 * reply, when it comes, finds the request answered and is dropped).
+	 * The request lock comes first elsewhere, hence the trylock.
+	 */
+	for (;;) {
+		struct http_req *r;
+
+		pthread_mutex_lock(&s->mu);
+		r = s->susp;
+		if (r == NULL) {
+			pthread_mutex_unlock(&s->mu);
+			break;
+		}
+		if (pthread_mutex_trylock(&r->mu) != 0) {
+			pthread_mutex_unlock(&s->mu);
+			sleep_ms(1);
+			continue;
+		}
+		unlist(r);
+		pthread_mutex_unlock(&s->mu);
+		if (!r->replied) {
+			set_reply(r, 503, "application/json",
+			    "{\"error\":\"shutting down\"}", 25);
+			add_header(r, "Retry-After", "5");
+		}
+		resume(r);
+		pthread_mutex_unlock(&r->mu);
+	}
 	MHD_stop_daemon(s->d);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->idle);
@@ -537,36 +670,37 @@ http_req_set_log_id(struct http_req *r, const char *id)
 void
 http_reply_header(struct http_req *r, const char *name, const char *value)
 {
-	r->hdrs = xrealloc(r->hdrs, (r->nhdrs + 1) * sizeof(*r->hdrs));
-	r->hdrs[r->nhdrs].name = xstrdup(name);
-	r->hdrs[r->nhdrs].value = xstrdup(value);
-	r->nhdrs++;
+	pthread_mutex_lock(&r->mu);
+	/* once answered (by a stop, say) the reply is no longer ours */
+	if (!r->replied)
+		add_header(r, name, value);
+	pthread_mutex_unlock(&r->mu);
 }
 
 void
 http_reply(struct http_req *r, int status, const char *content_type,
     const char *body, size_t len)
 {
+	int last = 0;
+
 	pthread_mutex_lock(&r->mu);
 	if (!r->replied) {
-		r->status = status;
-		r->ctype = content_type ? xstrdup(content_type) : NULL;
-		r->rbody = xmalloc(len + 1);
-		memcpy(r->rbody, body, len);
-		r->rbody[len] = '\0';
-		r->rlen = len;
-		r->replied = 1;
+		set_reply(r, status, content_type, body, len);
 		/*
 		 * A suspended request is resumed in the same critical
 		 * section: once the lock is released the request may be
 		 * answered and freed, so nobody may touch it after a reply.
 		 */
-		if (r->suspended) {
-			r->suspended = 0;
-			MHD_resume_connection(r->conn);
-		}
+		resume(r);
+	}
+	if (r->replier) {
+		r->replier = 0;
+		last = --r->owners == 0;
 	}
 	pthread_mutex_unlock(&r->mu);
+	/* the connection went away first: nobody else holds it */
+	if (last)
+		req_free(r);
 }
 
 void
