@@ -613,13 +613,15 @@ static void
 prune(struct shard *sh)
 {
 	static const char *const sql[] = {
-		/* the bodies first: the same ids are still selected */
+		/*
+		 * The bodies first: in one transaction, with the inbox
+		 * table unchanged between the two, the same ids (the oldest
+		 * by finished_at, its index's order) are selected twice.
+		 */
 		"DELETE FROM inbox_body WHERE id IN (SELECT id FROM inbox"
-		" WHERE state = 1 AND finished_at < ?1 ORDER BY id"
-		" LIMIT 10000)",
+		" WHERE state = 1 AND finished_at < ?1 LIMIT 10000)",
 		"DELETE FROM inbox WHERE id IN (SELECT id FROM inbox"
-		" WHERE state = 1 AND finished_at < ?1 ORDER BY id"
-		" LIMIT 10000)",
+		" WHERE state = 1 AND finished_at < ?1 LIMIT 10000)",
 	};
 	struct inbox *ib = sh->ib;
 	int64_t cutoff = now_unix_ms() - ib->cfg.retention_s * 1000;

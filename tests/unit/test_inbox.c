@@ -595,6 +595,57 @@ prune_finished(void **state)
 	free(path);
 }
 
+/*
+ * A prune takes at most 10,000 entries at a time, and takes their bodies
+ * with them: what is left keeps its body.
+ */
+static void
+prune_keeps_bodies(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+	sqlite3 *db;
+	int i;
+
+	(void)state;
+	counter_init(&c);
+	/* create the tables, then 10,050 old finished entries in shard 0 */
+	ib = open_started(path, &c, 100, 3, 3600);
+	inbox_free(ib);
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	assert_int_equal(sqlite3_exec(db, "BEGIN", NULL, NULL, NULL),
+	    SQLITE_OK);
+	for (i = 0; i < 10050; i++) {
+		char *sql = xasprintf("INSERT INTO inbox (id, key, provider,"
+		    " event, state, received_at, finished_at) VALUES (%d,"
+		    " 'github:old-%d', 'github', '', 1, 1, %d);"
+		    "INSERT INTO inbox_body (id, event) VALUES (%d, 'x');",
+		    i + 1, i, i + 1, i + 1);
+
+		assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL),
+		    SQLITE_OK);
+		free(sql);
+	}
+	assert_int_equal(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL),
+	    SQLITE_OK);
+	sqlite3_close(db);
+	/* retention 0: the writer prunes as it starts */
+	ib = open_started(path, &c, 100, 3, 0);
+	for (i = 0; i < 300; i++) {
+		if (query_int(path, "SELECT COUNT(*) FROM inbox") <= 50)
+			break;
+		sleep_ms(10);
+	}
+	inbox_free(ib);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox"), 50);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox_body"),
+	    50);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox i JOIN"
+	    " inbox_body b ON b.id = i.id"), 50);
+	free(path);
+}
+
 static void
 put_after_stop(void **state)
 {
@@ -625,6 +676,7 @@ main(void)
 		cmocka_unit_test(restart_resumes),
 		cmocka_unit_test(concurrent_group_commit),
 		cmocka_unit_test(prune_finished),
+		cmocka_unit_test(prune_keeps_bodies),
 		cmocka_unit_test(wal_stays_bounded),
 		cmocka_unit_test(put_after_stop),
 	};
