@@ -520,6 +520,14 @@ rerun(struct run *r, const char *name, struct k8s_status *st)
 		json_object_del(s, "reason");
 		json_object_del(s, "message");
 		json_object_del(s, "completedAt");
+		/*
+		 * The notifier reports this run's end again, even when it
+		 * never sees the phases in between (its reportedPhase would
+		 * still say the last run's Completed); its comment stays.
+		 */
+		if (json_is_object(json_object_get(s, "notifier")))
+			json_object_del(json_object_get(s, "notifier"),
+			    "reportedPhase");
 		rc = k8s_update_status(r->a->ac.store, &K8S_AGENTTASK, r->ns,
 		    name, t, NULL, st);
 		json_decref(t);
