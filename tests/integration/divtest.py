@@ -7,9 +7,11 @@ import hmac
 import http.client
 import json
 import os
+import select
 import signal
 import socket
 import sqlite3
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -22,6 +24,65 @@ TOP_SRCDIR = os.environ.get("top_srcdir") or os.path.abspath(
 TOP_BUILDDIR = os.environ.get("top_builddir") or TOP_SRCDIR
 DIVERGED = os.path.join(TOP_BUILDDIR, "diverged")
 DATA = os.path.join(TOP_SRCDIR, "tests", "data")
+FAKE_KUBE = os.path.join(TOP_SRCDIR, "tests", "fakes", "kube_apiserver.py")
+
+
+class FakeKube:
+    """tests/fakes/kube_apiserver.py on a loopback port: HTTPS with a test
+    CA, bearer token s3cret. info: server, port, ca_file, token."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, FAKE_KUBE, "--port", "0", "--token", "s3cret"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True)
+        r, _, _ = select.select([self.proc.stdout], [], [], 20)
+        if not r:
+            raise RuntimeError("the fake kube-apiserver did not start")
+        self.info = json.loads(self.proc.stdout.readline())
+
+    def request(self, method, path, body=None, ctype="application/json"):
+        """One API call with the token: (status, parsed body)."""
+        c = http.client.HTTPSConnection(
+            "127.0.0.1", self.info["port"], timeout=10,
+            context=ssl.create_default_context(cafile=self.info["ca_file"]))
+        h = {"Content-Type": ctype, "Accept": "application/json",
+             "Authorization": "Bearer " + self.info["token"]}
+        try:
+            c.request(method, path, body=json.dumps(body)
+                      if body is not None else None, headers=h)
+            r = c.getresponse()
+            data = r.read()
+            return r.status, json.loads(data) if data else None
+        finally:
+            c.close()
+
+    def control(self, method, path):
+        c = http.client.HTTPSConnection(
+            "127.0.0.1", self.info["port"], timeout=10,
+            context=ssl.create_default_context(cafile=self.info["ca_file"]))
+        try:
+            c.request(method, path)
+            r = c.getresponse()
+            data = r.read()
+            return json.loads(data) if data else None
+        finally:
+            c.close()
+
+    def stop(self):
+        self.proc.stdin.close()     # the fake exits at end of input
+        reap(self.proc)
+
+
+def reap(proc, timeout=10):
+    """Wait for a child that was asked to stop; kill it if it does not."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 class Tap:

@@ -43,12 +43,12 @@ import tempfile
 import threading
 import time
 
-from divtest import DATA, TOP_BUILDDIR, TOP_SRCDIR, Daemon, run_tests
+from divtest import (DATA, TOP_BUILDDIR, TOP_SRCDIR, Daemon, FakeKube,
+                     reap, run_tests)
 
 DIVERGE = os.path.join(TOP_BUILDDIR, "diverge")
 APISERVE = os.path.join(TOP_BUILDDIR, "tests", "tools", "apiserve")
 GOLDEN = os.path.join(DATA, "cli")
-FAKE = os.path.join(TOP_SRCDIR, "tests", "fakes", "kube_apiserver.py")
 AGENT_EXAMPLE = os.path.join(GOLDEN, "agent.yaml")
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks"
@@ -983,12 +983,7 @@ class ApiServe:
     def stop(self):
         if self.proc.poll() is None:
             self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
+        reap(self.proc)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -1036,39 +1031,6 @@ users:
 - name: wrong
   user: {token: "not-the-token"}
 """
-
-
-class Fake:
-    def __init__(self):
-        self.proc = subprocess.Popen(
-            [sys.executable, FAKE, "--port", "0", "--token", "s3cret"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True)
-        r, _, _ = select.select([self.proc.stdout], [], [], 20)
-        if not r:
-            raise RuntimeError("the fake kube-apiserver did not start")
-        self.info = json.loads(self.proc.stdout.readline())
-
-    def control(self, method, path):
-        c = http.client.HTTPSConnection(
-            "127.0.0.1", self.info["port"], timeout=10,
-            context=ssl.create_default_context(cafile=self.info["ca_file"]))
-        try:
-            c.request(method, path)
-            r = c.getresponse()
-            data = r.read()
-            return json.loads(data) if data else None
-        finally:
-            c.close()
-
-    def stop(self):
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc.stdout.close()
 
 
 class LogServer(http.server.BaseHTTPRequestHandler):
@@ -1125,7 +1087,7 @@ def kubernetes(t, store_items):
     if shutil.which("openssl") is None:
         t.skip("Kubernetes path (openssl not installed)")
         return
-    fake = Fake()
+    fake = FakeKube()
     logsrv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), LogServer)
     logsrv.daemon_threads = True
     threading.Thread(target=logsrv.serve_forever, daemon=True).start()

@@ -1,0 +1,185 @@
+"""diverged on a Kubernetes API server instead of its embedded store: the
+fake kube-apiserver of tests/fakes (HTTPS with a test CA, a bearer token,
+409s, watches) reached through a kubeconfig, and the fake GitHub of
+tests/fakes/scm_fake.py. The root key Secret is made on first start; a
+/diverge fix comment on a PR creates the task on the cluster; the
+reconciler gives it its token Secret and Sandbox; the test plays
+agent-sandbox (Sandbox Ready); the meter charges through
+resourceVersion-guarded status writes; the agent completes the task; the
+sticky comment on the PR follows it to Completed; SIGTERM stops the daemon
+cleanly."""
+
+import base64
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+
+from divtest import Daemon, FakeKube, run_tests
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_scm_commands import Fake as ScmFake, gh_comment, wait  # noqa: E402,E501
+
+MARKER = "<!-- diverge-agent-task -->"
+
+NS = "default"
+TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks" % NS
+SANDBOXES = "/apis/agents.x-k8s.io/v1beta1/namespaces/%s/sandboxes" % NS
+SECRETS = "/api/v1/namespaces/%s/secrets"
+
+
+
+SEED = {"github": {
+    "user": {"login": "diverge-bot", "id": 900},
+    "tokens": {"ghp_bot": "diverge-bot"},
+    "users": [{"login": "alice", "id": 1}],
+    "repos": [{"full_name": "myorg/checkout", "id": 501,
+               "default_branch": "main",
+               "collaborators": {"alice": "admin", "diverge-bot": "write"},
+               "pulls": [{"number": 42, "title": "N+1", "user": "alice",
+                          "head": {"ref": "fix-n1"},
+                          "base": {"ref": "main"}, "comments": []}]}]}}
+
+CONFIG = """log: {{level: info}}
+kubernetes: {{mode: kubeconfig, kubeconfig: "{tmp}/kc"}}
+controller: {{namespace: diverge-system}}
+github:
+  enabled: true
+  api_url: %s
+  webhook_secrets: ["file:{secret_file}"]
+  token: "file:{tmp}/gh-token"
+"""
+
+
+def main(t):
+    if shutil.which("openssl") is None:
+        t.skip_all("the fake kube-apiserver needs openssl for its CA")
+    fake = FakeKube()
+    scm = ScmFake()
+    try:
+        scm.call("POST", "/_fake/seed", SEED)
+        run(t, fake, scm)
+    finally:
+        scm.stop()
+        fake.stop()
+
+
+def stickies(scm):
+    pulls = scm.state()["github"]["repos"]["myorg/checkout"]["pulls"]
+    return [c for c in pulls["42"]["comments"] if c.get("user") ==
+            "diverge-bot" and MARKER in (c.get("body") or "")]
+
+
+def run(t, fake, scm):
+    d = Daemon(CONFIG % (scm.base + "/github"))
+    # a kubeconfig (JSON is YAML)
+    with open(os.path.join(d.tmp, "kc"), "w") as f:
+        json.dump({"apiVersion": "v1", "kind": "Config",
+                   "current-context": "main",
+                   "contexts": [{"name": "main", "context": {
+                       "cluster": "fake", "user": "me",
+                       "namespace": NS}}],
+                   "clusters": [{"name": "fake", "cluster": {
+                       "server": fake.info["server"],
+                       "certificate-authority": fake.info["ca_file"]}}],
+                   "users": [{"name": "me", "user": {
+                       "token": fake.info["token"]}}]}, f)
+    with open(os.path.join(d.tmp, "gh-token"), "w") as f:
+        f.write("ghp_bot\n")
+    d.start()
+    t.ok(any("diverged started" in l and "store=kubernetes" in l
+             for l in d.log()), "diverged starts on the cluster's API",
+         "\n".join(d.log()[-10:]))
+
+    s, sec = fake.request("GET", SECRETS % "diverge-system" +
+                          "/diverge-macaroon-root-key")
+    key = base64.b64decode((sec or {}).get("data", {}).get("root-key", ""))
+    t.ok(s == 200 and len(key.strip()) == 64,
+         "the root key Secret is created in controller.namespace", (s, sec))
+
+    s, _, _ = d.github("issue_comment", gh_comment(
+        1001, 42, "alice", "/diverge fix the N+1 queries"), str(uuid.uuid4()))
+    t.eq(s, 202, "a /diverge fix comment on PR 42: 202")
+    task = wait(lambda: (lambda r: r[1] if r[0] == 200 else None)(
+        fake.request("GET", TASKS + "/fix-pr-42")))
+    t.ok(task and task["spec"]["objective"] == "the N+1 queries",
+         "the command created the task on the cluster", task)
+
+    def provisioned():
+        s, task = fake.request("GET", TASKS + "/fix-pr-42")
+        s2, _ = fake.request("GET", SANDBOXES + "/fix-pr-42")
+        s3, _ = fake.request("GET", SECRETS % NS + "/fix-pr-42-token")
+        return task if s == 200 and s2 == 200 and s3 == 200 and \
+            task.get("status", {}).get("phase") == "Provisioning" else None
+    task = wait(provisioned)
+    t.ok(task, "the reconciler: Provisioning, a Sandbox and a token "
+         "Secret on the cluster", task)
+
+    # play agent-sandbox: the Sandbox is Ready for its generation
+    def ready():
+        s, sb = fake.request("GET", SANDBOXES + "/fix-pr-42")
+        if s != 200:
+            return None
+        ts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        gen = sb["metadata"].get("generation", 1)
+        sb["status"] = {"conditions": [
+            {"type": "Ready", "status": "True", "reason": "DependenciesReady",
+             "message": "played", "observedGeneration": gen,
+             "lastTransitionTime": ts}], "podIPs": ["10.0.0.7"]}
+        fake.request("PUT", SANDBOXES + "/fix-pr-42/status", sb)
+        s, task = fake.request("GET", TASKS + "/fix-pr-42")
+        return s == 200 and task.get("status", {}).get("phase") == "Active"
+    t.ok(wait(ready), "the Sandbox Ready: the task is Active")
+
+    s, sec = fake.request("GET", SECRETS % NS + "/fix-pr-42-token")
+    token = base64.b64decode(sec["data"]["token"]).decode()
+    hdr = {"Content-Type": "application/json",
+           "Authorization": "Bearer " + token}
+    charges = []  # (status, headers, body)
+    for rid in ("r1", "r2", "r1"):
+        charges.append(d.json("POST", "/api/v1/agenttask/meter", json.dumps(
+            {"requestId": rid, "iteration": 1, "model": "claude-3",
+             "tokensUsed": 1000, "costUSD": 0.01}), hdr))
+    t.ok([c[0] for c in charges] == [200, 200, 200] and
+         [(c[2] or {}).get("charged") for c in charges] ==
+         [True, True, False],
+         "meter: two charges and a retry, through the cluster", charges)
+    s, task = fake.request("GET", TASKS + "/fix-pr-42")
+    st = task.get("status", {})
+    t.ok(st.get("tokensConsumed") == 2000 and
+         st.get("costUSD") == "0.020000",
+         "the charges are in the task's status on the cluster", st)
+
+    s, _, body = d.json("POST", "/api/v1/agenttask/complete", json.dumps(
+        {"result": "succeeded", "message": "done", "branch": "x"}), hdr)
+    t.eq(s, 200, "complete: 200")
+    done = wait(lambda: (lambda r: r[0] == 200 and r[1].get(
+        "status", {}).get("phase") == "Completed")(
+        fake.request("GET", TASKS + "/fix-pr-42")))
+    t.ok(done, "the task is Completed on the cluster")
+    sticky = wait(lambda: [c for c in stickies(scm)
+                           if "Completed" in c.get("body", "")])
+    t.ok(sticky and len(stickies(scm)) == 1,
+         "one sticky comment on the PR, now saying Completed", stickies(scm))
+    pulls = scm.state()["github"]["repos"]["myorg/checkout"]["pulls"]
+    t.ok([c for c in pulls["42"]["comments"] if c.get("user") ==
+          "diverge-bot" and MARKER not in (c.get("body") or "") and
+          "@alice" in (c.get("body") or "")],
+         "and one new comment tells @alice the run finished",
+         pulls["42"]["comments"])
+    s, _, _ = d.json("POST", "/api/v1/agenttask/meter", json.dumps(
+        {"requestId": "r3", "iteration": 1, "model": "claude-3",
+         "tokensUsed": 1, "costUSD": 0}), hdr)
+    t.eq(s, 401, "after completion the token is refused")
+
+    s, _ = fake.request("DELETE", TASKS + "/fix-pr-42")
+    t.eq(s, 200, "the task deleted")
+    gone = wait(lambda: fake.request("GET", SANDBOXES +
+                                     "/fix-pr-42")[0] == 404)
+    t.ok(gone, "its Sandbox goes with it (owner reference)")
+    t.eq(d.stop(), 0, "SIGTERM: exit 0")
+
+
+run_tests(main)
