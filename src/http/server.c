@@ -706,7 +706,7 @@ http_reply(struct http_req *r, int status, const char *content_type,
 void
 http_reply_json(struct http_req *r, int status, json_t *body)
 {
-	char *s = json_dumps(body, JSON_COMPACT);
+	char *s = json_dump_compact(body, NULL);
 
 	if (s == NULL) {
 		json_decref(body);

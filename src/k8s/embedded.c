@@ -350,7 +350,7 @@ store(struct embedded *e, const struct k8s_resource *r, const char *ns,
 	const json_t *owners;
 	size_t i;
 	json_t *o;
-	char *body = json_dumps(obj, JSON_COMPACT);
+	char *body = json_dump_compact(obj, NULL);
 	const char *name = k8s_meta_str(obj, "name");
 	const char *uid = k8s_meta_str(obj, "uid");
 	int ok;

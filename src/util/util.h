@@ -27,6 +27,13 @@ char *xvasprintf(const char *fmt, va_list ap)
     __attribute__((format(printf, 1, 0)));
 /* Install xmalloc/free into jansson; call once at start. */
 void util_json_init(void);
+/*
+ * What json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY) writes, byte for byte,
+ * without its per-piece callbacks (util/jdump.c); NULL for a value nested
+ * deeper than 2048. *len (may be NULL) gets the length.
+ */
+struct json_t;
+char *json_dump_compact(const struct json_t *v, size_t *len);
 
 /*
  * A growable byte buffer with a hard maximum (curl's dynbuf). data is

@@ -8,6 +8,12 @@
 
 #include <cmocka.h>
 
+#include <dirent.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <jansson.h>
+
 #include "testutil.h"
 #include "util/jscan.h"
 
@@ -372,6 +378,139 @@ jscan_fields(void **state)
 	}
 }
 
+/* ---- json_dump_compact: jansson's bytes ---- */
+
+static int dumped;
+
+static void
+same_dump(const json_t *v)
+{
+	char *want = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+	size_t n = 0;
+	char *got = json_dump_compact(v, &n);
+
+	assert_non_null(want);
+	assert_non_null(got);
+	if (strcmp(want, got) != 0)
+		fprintf(stderr, "# want %.200s\n# got  %.200s\n", want, got);
+	assert_string_equal(got, want);
+	assert_int_equal(n, strlen(want));
+	free(want);
+	free(got);
+	dumped++;
+}
+
+static void
+dump_tree(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+
+	assert_non_null(d);
+	while ((e = readdir(d)) != NULL) {
+		char *path;
+		struct stat sb;
+		json_t *v;
+
+		if (e->d_name[0] == '.')
+			continue;
+		path = xasprintf("%s/%s", dir, e->d_name);
+		assert_int_equal(stat(path, &sb), 0);
+		if (S_ISDIR(sb.st_mode)) {
+			dump_tree(path);
+		} else if (strlen(e->d_name) > 5 && strcmp(e->d_name +
+		    strlen(e->d_name) - 5, ".json") == 0 &&
+		    (v = json_load_file(path, JSON_DECODE_ANY, NULL)) != NULL) {
+			same_dump(v);
+			json_decref(v);
+		}
+		free(path);
+	}
+	closedir(d);
+}
+
+/* A random value of depth at most depth (a fixed seed). */
+static json_t *
+rnd_value(unsigned *seed, int depth)
+{
+	static const char *const pieces[] = { "a", "Z", "\"", "\\", "/",
+	    "\n", "\t", "\r", "\b", "\f", "\x01", "\x1f", "\x7f", " ",
+	    "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x9a\x80", "<", "&" };
+	unsigned r = rand_r(seed) % (depth > 0 ? 9 : 6);
+	json_t *v;
+	int i, n;
+
+	switch (r) {
+	case 0: return json_null();
+	case 1: return json_boolean(rand_r(seed) & 1);
+	case 2: return json_integer((json_int_t)rand_r(seed) *
+		    (rand_r(seed) & 1 ? 1 : -1) * (json_int_t)rand_r(seed));
+	case 3: return json_real((double)rand_r(seed) / 7.0 *
+		    (rand_r(seed) & 1 ? 1e-9 : 1e12));
+	case 4:
+	case 5: {
+		struct buf sb;
+
+		buf_init(&sb, 1024);
+		buf_add(&sb, "", 0);
+		n = (int)(rand_r(seed) % 12);
+		for (i = 0; i < n; i++)
+			buf_addstr(&sb, pieces[rand_r(seed) % (sizeof(pieces) /
+			    sizeof(pieces[0]))]);
+		v = json_string(sb.data);
+		buf_release(&sb);
+		return v;
+	}
+	case 6:
+		v = json_array();
+		n = (int)(rand_r(seed) % 5);
+		for (i = 0; i < n; i++)
+			json_array_append_new(v, rnd_value(seed, depth - 1));
+		return v;
+	default:
+		v = json_object();
+		n = (int)(rand_r(seed) % 5);
+		for (i = 0; i < n; i++) {
+			char key[16];
+
+			snprintf(key, sizeof(key), "k%u\t\"%d",
+			    rand_r(seed) % 100, i);
+			json_object_set_new(v, key, rnd_value(seed, depth - 1));
+		}
+		return v;
+	}
+}
+
+static void
+dump_compact(void **state)
+{
+	const char *top = getenv("top_srcdir");
+	char *dir = xasprintf("%s/tests/data", top ? top : ".");
+	unsigned seed = 7;
+	json_t *v;
+	int i;
+
+	(void)state;
+	/* every JSON document of the test data: webhooks, API answers... */
+	dump_tree(dir);
+	free(dir);
+	assert_true(dumped >= 50);
+	/* the edges */
+	v = json_pack("{s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:[],s:{},s:s#,s:s}",
+	    "max", (json_int_t)INT64_MAX, "min", (json_int_t)INT64_MIN, "zero",
+	    (json_int_t)0, "neg", (json_int_t)-1, "one", 1.0, "big", 1e20,
+	    "small", -0.5e-7, "pi", 3.14159, "ea", "eo", "nul", "a\0b", 3,
+	    "all", "\x01\x02\x1e\x1f\x7f\"\\/\xe2\x80\xa8");
+	same_dump(v);
+	json_decref(v);
+	/* random documents */
+	for (i = 0; i < 2000; i++) {
+		v = rnd_value(&seed, 5);
+		same_dump(v);
+		json_decref(v);
+	}
+}
+
 int
 main(void)
 {
@@ -386,6 +525,7 @@ main(void)
 		cmocka_unit_test(jscan_validity),
 		cmocka_unit_test(jscan_fields),
 		cmocka_unit_test(jscan_word_runs),
+		cmocka_unit_test(dump_compact),
 	};
 
 	util_json_init();
