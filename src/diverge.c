@@ -2050,174 +2050,38 @@ out:
 /* ---- task logs ---- */
 
 /* Writes the body of a 2xx answer to stdout, keeps an error's. */
-struct log_sink {
-	CURL *h;
-	long code;
-	struct buf err;
-};
-
-static size_t
-log_write(char *data, size_t size, size_t nmemb, void *arg)
+/* A piece of the pod's log, to stdout as it comes. */
+static int
+log_out(void *arg, const char *data, size_t len)
 {
-	struct log_sink *s = arg;
-	size_t n = size * nmemb;
-
-	if (s->code == 0)
-		curl_easy_getinfo(s->h, CURLINFO_RESPONSE_CODE, &s->code);
-	if (s->code >= 200 && s->code < 300) {
-		if (fwrite(data, 1, n, stdout) != n)
-			return 0;
-		fflush(stdout);
-		return n;
-	}
-	(void)buf_add(&s->err, data, n);	/* a bounded excerpt */
-	return n;
-}
-
-/* The bearer token of the cluster, re-read from its file (a new string). */
-static char *
-cluster_token(const struct k8s_cluster *c)
-{
-	char *t = NULL;
-	size_t n = 0;
-
-	if (c->token_file != NULL && read_small(c->token_file, &t, &n) == 0) {
-		while (n > 0 && (t[n - 1] == '\n' || t[n - 1] == '\r' ||
-		    t[n - 1] == ' '))
-			t[--n] = '\0';
-		if (n > 0)
-			return t;
-		free(t);
-	}
-	return c->token != NULL ? xstrdup(c->token) : NULL;
+	(void)arg;
+	if (fwrite(data, 1, len, stdout) != len)
+		return -1;
+	fflush(stdout);
+	return 0;
 }
 
 /*
- * Stream the log of pod through the pods/log subresource, with the
- * cluster's credentials and TLS settings as the REST client uses them.
+ * Stream the log of pod through the pods/log subresource, through the
+ * REST client (its TLS, credentials and timeouts).
  */
 static int
 pod_log(const char *pod, int follow)
 {
-	const struct k8s_cluster *c = &C.cluster;
-	struct log_sink sink;
-	struct curl_slist *hdrs = NULL;
-	struct curl_blob ca, cert, key;
 	struct k8s_status st = { 0 };
-	char errbuf[CURL_ERROR_SIZE], *url = NULL, *ens = NULL, *epod = NULL;
-	char *tok = NULL, *auth = NULL;
-	const char *server = c->server;
-	size_t sl = strlen(server);
-	json_t *j = NULL;
-	CURLcode rc;
-	int ret = EXIT_REFUSED, https = strncmp(server, "https://", 8) == 0;
+	char *ens = curl_easy_escape(NULL, C.ns, 0);
+	char *epod = curl_easy_escape(NULL, pod, 0);
+	char *path = xasprintf("/api/v1/namespaces/%s/pods/%s/log%s", ens,
+	    epod, follow ? "?follow=true" : "");
+	int ret = 0;
 
-	memset(&sink, 0, sizeof(sink));
-	buf_init(&sink.err, 64 * 1024);
-	sink.h = curl_easy_init();
-	if (sink.h == NULL) {
-		errorf("cannot create a curl handle");
-		goto out;
-	}
-	while (sl > 0 && server[sl - 1] == '/')
-		sl--;
-	ens = curl_easy_escape(sink.h, C.ns, 0);
-	epod = curl_easy_escape(sink.h, pod, 0);
-	url = xasprintf("%.*s/api/v1/namespaces/%s/pods/%s/log%s", (int)sl,
-	    server, ens, epod, follow ? "?follow=true" : "");
-	curl_easy_setopt(sink.h, CURLOPT_URL, url);
-	curl_easy_setopt(sink.h, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(sink.h, CURLOPT_PROTOCOLS_STR, "http,https");
-	curl_easy_setopt(sink.h, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
-	if (!follow)
-		curl_easy_setopt(sink.h, CURLOPT_TIMEOUT_MS, 60000L);
-	curl_easy_setopt(sink.h, CURLOPT_ERRORBUFFER, errbuf);
-	curl_easy_setopt(sink.h, CURLOPT_WRITEFUNCTION, log_write);
-	curl_easy_setopt(sink.h, CURLOPT_WRITEDATA, &sink);
-	curl_easy_setopt(sink.h, CURLOPT_USERAGENT, "diverge/"
-	    PACKAGE_VERSION);
-	curl_easy_setopt(sink.h, CURLOPT_SSL_VERIFYPEER, c->insecure ? 0L :
-	    1L);
-	curl_easy_setopt(sink.h, CURLOPT_SSL_VERIFYHOST, c->insecure ? 0L :
-	    2L);
-	if (c->ca_data != NULL) {
-		ca.data = c->ca_data;
-		ca.len = strlen(c->ca_data);
-		ca.flags = CURL_BLOB_COPY;
-		curl_easy_setopt(sink.h, CURLOPT_CAINFO_BLOB, &ca);
-	} else if (c->ca_file != NULL)
-		curl_easy_setopt(sink.h, CURLOPT_CAINFO, c->ca_file);
-	if (c->cert_data != NULL) {
-		cert.data = c->cert_data;
-		cert.len = strlen(c->cert_data);
-		cert.flags = CURL_BLOB_COPY;
-		curl_easy_setopt(sink.h, CURLOPT_SSLCERT_BLOB, &cert);
-	} else if (c->cert_file != NULL)
-		curl_easy_setopt(sink.h, CURLOPT_SSLCERT, c->cert_file);
-	if (c->key_data != NULL) {
-		key.data = c->key_data;
-		key.len = strlen(c->key_data);
-		key.flags = CURL_BLOB_COPY;
-		curl_easy_setopt(sink.h, CURLOPT_SSLKEY_BLOB, &key);
-	} else if (c->key_file != NULL)
-		curl_easy_setopt(sink.h, CURLOPT_SSLKEY, c->key_file);
-	/* credentials only over https, as the REST client */
-	tok = https ? cluster_token(c) : NULL;
-	if (tok != NULL) {
-		auth = xasprintf("Authorization: Bearer %s", tok);
-		hdrs = curl_slist_append(hdrs, auth);
-	} else if (https && c->username != NULL) {
-		curl_easy_setopt(sink.h, CURLOPT_HTTPAUTH,
-		    (long)CURLAUTH_BASIC);
-		curl_easy_setopt(sink.h, CURLOPT_USERNAME, c->username);
-		curl_easy_setopt(sink.h, CURLOPT_PASSWORD,
-		    c->password != NULL ? c->password : "");
-	}
-	hdrs = curl_slist_append(hdrs, "Accept: */*");
-	curl_easy_setopt(sink.h, CURLOPT_HTTPHEADER, hdrs);
-	errbuf[0] = '\0';
-	rc = curl_easy_perform(sink.h);
-	if (sink.code == 0)
-		curl_easy_getinfo(sink.h, CURLINFO_RESPONSE_CODE, &sink.code);
-	if (rc != CURLE_OK && !(sink.code >= 300 && rc == CURLE_WRITE_ERROR)) {
-		if (sink.code >= 200 && sink.code < 300)
-			errorf("the log stream broke: %s", errbuf[0] != '\0' ?
-			    errbuf : curl_easy_strerror(rc));
-		else
-			errorf("cannot reach the API at %s: %s", server,
-			    errbuf[0] != '\0' ? errbuf :
-			    curl_easy_strerror(rc));
-		goto out;
-	}
-	if (sink.code < 200 || sink.code >= 300) {
-		if (sink.err.len > 0)
-			j = json_loadb(sink.err.data, sink.err.len, 0, NULL);
-		if (json_is_object(j) && json_string_value(json_object_get(j,
-		    "message")) != NULL) {
-			k8s_status_from_json(&st, (int)sink.code, j);
-			ret = api_fail(&st);
-		} else
-			errorf("pods/log of '%s': the server answered HTTP "
-			    "%ld", pod, sink.code);
-		goto out;
-	}
-	ret = 0;
-out:
-	if (sink.h != NULL)
-		curl_easy_cleanup(sink.h);
-	curl_slist_free_all(hdrs);
-	if (auth != NULL)
-		secure_wipe(auth, strlen(auth));
-	if (tok != NULL)
-		secure_wipe(tok, strlen(tok));
-	free(auth);
-	free(tok);
+	if (k8s_rest_stream(C.api, path, follow ? 0 : 60000, log_out, NULL,
+	    &st) < 0)
+		ret = api_fail(&st);
+	k8s_status_release(&st);
 	curl_free(ens);
 	curl_free(epod);
-	free(url);
-	buf_release(&sink.err);
-	json_decref(j);
-	k8s_status_release(&st);
+	free(path);
 	return ret;
 }
 

@@ -894,20 +894,6 @@ struct k8s_txn {
 	struct batch *b;
 };
 
-/* Read in a transaction. */
-int
-k8s_txn_get(struct k8s_txn *tx, const struct k8s_resource *r,
-    const char *ns, const char *name, json_t **out, struct k8s_status *st)
-{
-	int rc = load(tx->e, r, ns ? ns : "", name, out);
-
-	if (rc == K8S_ENOTFOUND)
-		return k8s_error_notfound(st, r, name);
-	if (rc < 0)
-		return k8s_status_set(st, rc, "store read failed", NULL);
-	return 0;
-}
-
 /* One object in a transaction, shared (see k8s.h). */
 int
 k8s_txn_peek(struct k8s_txn *tx, const struct k8s_resource *r,
@@ -919,6 +905,21 @@ k8s_txn_peek(struct k8s_txn *tx, const struct k8s_resource *r,
 		return k8s_error_notfound(st, r, name);
 	if (rc < 0)
 		return k8s_status_set(st, rc, "store read failed", NULL);
+	return 0;
+}
+
+/* Read in a transaction: a copy of its own for the caller. */
+int
+k8s_txn_get(struct k8s_txn *tx, const struct k8s_resource *r,
+    const char *ns, const char *name, json_t **out, struct k8s_status *st)
+{
+	json_t *shared;
+	int rc = k8s_txn_peek(tx, r, ns, name, &shared, st);
+
+	if (rc < 0)
+		return rc;
+	*out = json_deep_copy(shared);
+	json_decref(shared);
 	return 0;
 }
 

@@ -370,6 +370,16 @@ struct k8s_rest_config {
 /* A REST client for cluster c (copied). cfg may be NULL (defaults). */
 int k8s_rest_open(struct k8s_api **out, const struct k8s_cluster *c,
     const struct k8s_rest_config *cfg, char **cause);
+/*
+ * GET path (from the server's root, query included) on a cluster's API and
+ * hand the body to fn as it arrives (pods/log), with the client's TLS,
+ * credentials and connect timeout; timeout_ms bounds the whole transfer
+ * (0: none, for a followed log). fn returns 0 to go on. 0 on a 2xx, else
+ * the error (the answer's Status, or the way there) in st.
+ */
+typedef int (*k8s_stream_fn)(void *arg, const char *data, size_t len);
+int k8s_rest_stream(struct k8s_api *api, const char *path,
+    int64_t timeout_ms, k8s_stream_fn fn, void *arg, struct k8s_status *st);
 
 /* ---- the embedded store over HTTP (apiserver.c) ---- */
 

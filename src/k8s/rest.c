@@ -467,8 +467,9 @@ add_header(struct curl_slist *l, const char *h)
  * Options every transfer has: TLS, client certificate, credentials,
  * timeouts. Returns the header list to pass as CURLOPT_HTTPHEADER.
  */
+/* The options and headers of every call; accept is the Accept header. */
 static struct curl_slist *
-setup_common(struct rest *rs, CURL *h)
+setup_common(struct rest *rs, CURL *h, const char *accept)
 {
 	struct curl_slist *hdrs = NULL;
 	char *auth;
@@ -516,7 +517,7 @@ setup_common(struct rest *rs, CURL *h)
 		hdrs = add_header(hdrs, rs->host_hdr);
 	}
 
-	hdrs = add_header(hdrs, "Accept: application/json");
+	hdrs = add_header(hdrs, accept);
 	auth = bearer_header(rs);
 	if (auth != NULL) {
 		hdrs = add_header(hdrs, auth);
@@ -669,7 +670,7 @@ do_once(struct rest *rs, CURL *h, const struct req *rq, struct resp *rp,
 	CURLcode rc;
 
 	curl_easy_reset(h);
-	hdrs = setup_common(rs, h);
+	hdrs = setup_common(rs, h, "Accept: application/json");
 	errbuf[0] = '\0';
 	curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
 	curl_easy_setopt(h, CURLOPT_URL, url);
@@ -836,6 +837,86 @@ out:
 	buf_release(&rp.body);
 	pool_put(rs, h);
 	free(shown);
+	return ret;
+}
+
+/* ---- a raw stream (pods/log) ---- */
+
+struct stream {
+	CURL *h;
+	long code;
+	k8s_stream_fn fn;
+	void *arg;
+	struct buf err;		/* an error answer's body, bounded */
+};
+
+static size_t
+stream_write(char *data, size_t size, size_t nmemb, void *arg)
+{
+	struct stream *sm = arg;
+	size_t n = size * nmemb;
+
+	if (sm->code == 0)
+		curl_easy_getinfo(sm->h, CURLINFO_RESPONSE_CODE, &sm->code);
+	if (sm->code >= 200 && sm->code < 300)
+		return sm->fn(sm->arg, data, n) == 0 ? n : 0;
+	(void)buf_add(&sm->err, data, n);	/* a bounded excerpt */
+	return n;
+}
+
+int
+k8s_rest_stream(struct k8s_api *api, const char *path, int64_t timeout_ms,
+    k8s_stream_fn fn, void *arg, struct k8s_status *st)
+{
+	struct rest *rs = (struct rest *)api;
+	char errbuf[CURL_ERROR_SIZE], *url, *shown, *msg;
+	struct curl_slist *hdrs;
+	struct stream sm;
+	CURLcode rc;
+	int ret = 0;
+
+	if (api->ops != &rest_ops)
+		return k8s_status_set(st, K8S_EUNSUPPORTED,
+		    "k8s: streams need a cluster's API", NULL);
+	memset(&sm, 0, sizeof(sm));
+	sm.fn = fn;
+	sm.arg = arg;
+	buf_init(&sm.err, 64 * 1024);
+	sm.h = pool_get(rs);
+	if (sm.h == NULL)
+		return k8s_status_set(st, K8S_EINTERNAL,
+		    "k8s: cannot create a curl handle", NULL);
+	url = xasprintf("%s%s", rs->base, path);
+	shown = path_shown(path);
+	curl_easy_reset(sm.h);
+	/* the same TLS, credentials and timeouts as every other call */
+	hdrs = setup_common(rs, sm.h, "Accept: */*");
+	errbuf[0] = '\0';
+	curl_easy_setopt(sm.h, CURLOPT_ERRORBUFFER, errbuf);
+	curl_easy_setopt(sm.h, CURLOPT_URL, url);
+	curl_easy_setopt(sm.h, CURLOPT_HTTPGET, 1L);
+	curl_easy_setopt(sm.h, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+	curl_easy_setopt(sm.h, CURLOPT_WRITEFUNCTION, stream_write);
+	curl_easy_setopt(sm.h, CURLOPT_WRITEDATA, &sm);
+	curl_easy_setopt(sm.h, CURLOPT_HTTPHEADER, hdrs);
+	rc = curl_easy_perform(sm.h);
+	if (sm.code == 0)
+		curl_easy_getinfo(sm.h, CURLINFO_RESPONSE_CODE, &sm.code);
+	curl_easy_setopt(sm.h, CURLOPT_HTTPHEADER, NULL);
+	free_headers(hdrs);
+	if (rc != CURLE_OK && !(sm.code >= 300 && rc == CURLE_WRITE_ERROR)) {
+		msg = xasprintf("k8s: GET %s%s: %s", rs->shown, shown,
+		    errbuf[0] != '\0' ? errbuf : curl_easy_strerror(rc));
+		ret = k8s_status_set(st, rc == CURLE_OPERATION_TIMEDOUT ?
+		    K8S_ETIMEOUT : K8S_EUNAVAILABLE, msg, NULL);
+		free(msg);
+	} else if (sm.code < 200 || sm.code >= 300)
+		ret = http_error(st, "GET", shown, sm.code, sm.err.data,
+		    sm.err.len);
+	pool_put(rs, sm.h);
+	buf_release(&sm.err);
+	free(shown);
+	free(url);
 	return ret;
 }
 
@@ -1447,7 +1528,7 @@ watch_connect(struct rest_watch *w, char *errbuf)
 	}
 
 	curl_easy_reset(w->h);
-	hdrs = setup_common(rs, w->h);
+	hdrs = setup_common(rs, w->h, "Accept: application/json");
 	errbuf[0] = '\0';
 	curl_easy_setopt(w->h, CURLOPT_ERRORBUFFER, errbuf);
 	curl_easy_setopt(w->h, CURLOPT_URL, url.data);
