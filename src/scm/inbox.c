@@ -944,7 +944,12 @@ checkpointer_main(void *arg)
 	char *cause = NULL;
 	int i;
 
-	thread_background("inbox-ckpt");
+	/*
+	 * Normal priority, not background: a checkpointer starved by a
+	 * saturated CPU lets the WAL grow (measured: the largest WAL went
+	 * from about 1/6 to 2/5 of the bytes stored at nice 10).
+	 */
+	thread_name("inbox-ckpt");
 	memset(db, 0, sizeof(db));
 	for (i = 0; i < INBOX_SHARDS; i++) {
 		if (open_db(ib->shards[i].path, &db[i], &cause) < 0) {

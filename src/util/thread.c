@@ -1,8 +1,7 @@
 /*
  * Thread names and priorities. A named thread shows up as such in top -H,
- * perf and /proc/PID/task/TID/comm; a background thread (checkpoints,
- * pruning) yields the CPU and the disk to the threads that answer
- * requests.
+ * perf and /proc/PID/task/TID/comm; a background thread (pruning)
+ * yields the CPU and the disk to the threads that answer requests.
  */
 #include "config.h"
 

@@ -267,7 +267,9 @@ def threads(t):
     for want in ("inbox-writer", "inbox-worker", "inbox-ckpt",
                  "store-writer", "ctrl-worker"):
         t.ok(want in names, "a thread named %s" % want, sorted(names))
-    t.eq(nice.get("inbox-ckpt"), 10, "the checkpointer runs at nice 10")
+    t.eq(nice.get("pruner"), 10, "the pruner runs at nice 10")
+    t.eq(nice.get("inbox-ckpt"), 0, "the checkpointer at nice 0: starved, "
+         "it would let the WAL grow")
     t.eq(nice.get("inbox-writer"), 0, "the inbox writers at nice 0")
     t.eq(d.stop(), 0, "exit 0")
 
