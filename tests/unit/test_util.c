@@ -13,6 +13,10 @@
 #include <sys/stat.h>
 
 #include <jansson.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <pthread.h>
+#include <string.h>
 
 #include "testutil.h"
 #include "util/jscan.h"
@@ -109,6 +113,70 @@ hex_and_hmac(void **state)
 	assert_int_equal(hex_decode("zz", 2, back, &n), -1);
 	assert_int_equal(hex_decode("AbCd", 4, back, &n), 0);
 	assert_int_equal(back[0], 0xab);
+}
+
+/* HMAC-SHA256 against RFC 4231 and against OpenSSL's HMAC(). */
+static void *
+hmac_cross(void *arg)
+{
+	unsigned char key[200], data[300], a[32], b[32];
+	unsigned int n = 32;
+	size_t kl, dl;
+	int bad = 0;
+
+	(void)arg;
+	for (kl = 0; kl < sizeof(key); kl += 7) {
+		for (dl = 0; dl < sizeof(data); dl += 37) {
+			random_bytes(key, kl);
+			random_bytes(data, dl);
+			hmac_sha256(kl ? key : NULL, kl, dl ? data : NULL, dl,
+			    a);
+			HMAC(EVP_sha256(), key, (int)kl, data, dl, b, &n);
+			bad += memcmp(a, b, 32) != 0;
+		}
+	}
+	return (void *)(intptr_t)bad;
+}
+
+static void
+hmac_vectors(void **state)
+{
+	unsigned char key[131], mac[32];
+	char hex[65];
+	pthread_t th[4];
+	void *bad;
+	int i;
+	static const char *const data7 = "This is a test using a larger than"
+	    " block-size key and a larger than block-size data. The key needs"
+	    " to be hashed before being used by the HMAC algorithm.";
+
+	(void)state;
+	/* RFC 4231 test case 1 */
+	memset(key, 0x0b, 20);
+	hmac_sha256(key, 20, "Hi There", 8, mac);
+	hex_encode(mac, 32, hex);
+	assert_string_equal(hex, "b0344c61d8db38535ca8afceaf0bf12b881dc200c98"
+	    "33da726e9376c2e32cff7");
+	/* test cases 6 and 7: a key longer than a block is hashed first */
+	memset(key, 0xaa, sizeof(key));
+	hmac_sha256(key, sizeof(key), "Test Using Larger Than Block-Size Key"
+	    " - Hash Key First", 54, mac);
+	hex_encode(mac, 32, hex);
+	assert_string_equal(hex, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc621372"
+	    "8c5140546040f0ee37f54");
+	hmac_sha256(key, sizeof(key), data7, strlen(data7), mac);
+	hex_encode(mac, 32, hex);
+	assert_string_equal(hex, "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0"
+	    "713938a7f51535c3a35e2");
+	/* every key and data length around the block, on several threads */
+	for (i = 0; i < 4; i++)
+		assert_int_equal(pthread_create(&th[i], NULL, hmac_cross, NULL),
+		    0);
+	for (i = 0; i < 4; i++) {
+		assert_int_equal(pthread_join(th[i], &bad), 0);
+		assert_int_equal((int)(intptr_t)bad, 0);
+	}
+	assert_null(hmac_cross(NULL));
 }
 
 static void
@@ -518,6 +586,7 @@ main(void)
 		cmocka_unit_test(buf_bounds),
 		cmocka_unit_test(base64_cases),
 		cmocka_unit_test(hex_and_hmac),
+		cmocka_unit_test(hmac_vectors),
 		cmocka_unit_test(metrics_text),
 		cmocka_unit_test(time_format),
 		cmocka_unit_test(time_parse),
