@@ -1897,6 +1897,105 @@ def namespace_obj(ns, created):
 
 
 # ---------------------------------------------------------------------------
+# RBAC (rbac.authorization.k8s.io/v1), for one restricted identity
+
+
+class Rbac:
+    """The authorizer of a cluster with RBAC, over the ClusterRoles, Roles
+    and bindings of YAML files: what a user (a service account's
+    "system:serviceaccount:NS:NAME") may do. As the RBAC authorizer does:
+    the rules of every ClusterRoleBinding, and of the RoleBindings of the
+    request's namespace, whose subjects name the user or one of its groups;
+    a rule matches when its verbs, apiGroups and resources (with
+    "resource/subresource" and "*") cover the request, and its
+    resourceNames, when it has any, name the object."""
+
+    def __init__(self, paths, user):
+        import yaml
+        docs = []
+        for path in paths:
+            with open(path, encoding="utf-8") as f:
+                docs += [d for d in yaml.safe_load_all(f)
+                         if isinstance(d, dict)]
+        self.user = user
+        self.groups = {"system:authenticated"}
+        if user.startswith("system:serviceaccount:"):
+            ns = user.split(":")[2]
+            self.groups |= {"system:serviceaccounts",
+                            f"system:serviceaccounts:{ns}"}
+        self.cluster_roles, self.roles, self.bindings = {}, {}, []
+        for d in docs:
+            md = d.get("metadata") or {}
+            kind = d.get("kind")
+            if kind == "ClusterRole":
+                self.cluster_roles[md["name"]] = d.get("rules") or []
+            elif kind == "Role":
+                self.roles[(md["namespace"], md["name"])] = \
+                    d.get("rules") or []
+            elif kind in ("ClusterRoleBinding", "RoleBinding"):
+                self.bindings.append(
+                    (md.get("namespace") if kind == "RoleBinding" else None,
+                     d["roleRef"], d.get("subjects") or []))
+
+    def _subject(self, s, binding_ns):
+        kind, name = s.get("kind"), s.get("name")
+        if kind == "ServiceAccount":
+            ns = s.get("namespace") or binding_ns
+            return self.user == f"system:serviceaccount:{ns}:{name}"
+        if kind == "User":
+            return self.user == name
+        if kind == "Group":
+            return name in self.groups
+        return False
+
+    def _rules(self, ns):
+        for bns, ref, subjects in self.bindings:
+            if bns is not None and bns != ns:
+                continue
+            if not any(self._subject(s, bns) for s in subjects):
+                continue
+            if ref.get("kind") == "ClusterRole":
+                yield from self.cluster_roles.get(ref.get("name"), [])
+            elif ref.get("kind") == "Role" and bns is not None:
+                yield from self.roles.get((bns, ref.get("name")), [])
+
+    def allowed(self, verb, group, resource, sub, ns, name):
+        res = f"{resource}/{sub}" if sub else resource
+        for r in self._rules(ns):
+            verbs = r.get("verbs") or []
+            groups = r.get("apiGroups") or []
+            resources = r.get("resources") or []
+            names = r.get("resourceNames") or []
+            if "*" not in verbs and verb not in verbs:
+                continue
+            if "*" not in groups and group not in groups:
+                continue
+            if not ("*" in resources or res in resources or
+                    (sub and (f"*/{sub}" in resources or
+                              f"{resource}/*" in resources))):
+                continue
+            if names and name not in names:
+                continue
+            return True
+        return False
+
+    def forbidden(self, verb, group, resource, sub, ns, name):
+        """The 403 the apiserver answers (its message, word for word)."""
+        res = f"{resource}/{sub}" if sub else resource
+        qual = f"{resource}.{group}" if group else resource
+        what = f'{qual} "{name}"' if name else qual
+        where = (f'in the namespace "{ns}"' if ns else "at the cluster scope")
+        msg = (f'{what} is forbidden: User "{self.user}" cannot {verb} '
+               f'resource "{res}" in API group "{group}" {where}')
+        details = {"kind": resource}
+        if name:
+            details["name"] = name
+        if group:
+            details["group"] = group
+        return ApiError(403, status_body(403, "Forbidden", msg, details))
+
+
+# ---------------------------------------------------------------------------
 # Fault injection, delays and the request log (/_fake)
 
 
@@ -2029,19 +2128,32 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if path == "/_fake" or path.startswith("/_fake/"):
                 return self.control(method, path, body)
             ctype = self.headers.get("Content-Type") or ""
-            srv.control.record({
+            entry = {
                 "method": method, "path": path, "query": u.query,
                 "content_type": ctype,
                 "authorization_present": "Authorization" in self.headers,
                 "accept": self.headers.get("Accept") or "",
                 "body": body.decode("utf-8", "replace") if body else None,
-                "time": time.time()})
+                "time": time.time(),
+                "user": None,           # set below: values change, not keys
+                "forbidden": False}
+            srv.control.record(entry)
+            self.restricted = False
             if srv.token is not None:
                 auth = self.headers.get("Authorization") or ""
                 scheme, _, tok = auth.partition(" ")
-                if scheme.lower() != "bearer" or not hmac.compare_digest(
-                        tok.strip().encode(), srv.token.encode()):
+                tok = tok.strip().encode()
+                if scheme.lower() != "bearer":
                     raise err_unauthorized()
+                if srv.admin_token is not None and hmac.compare_digest(
+                        tok, srv.admin_token.encode()):
+                    pass                # cluster-admin: anything goes
+                elif hmac.compare_digest(tok, srv.token.encode()):
+                    self.restricted = srv.rbac is not None
+                else:
+                    raise err_unauthorized()
+            self.entry = entry
+            entry["user"] = srv.rbac.user if self.restricted else "admin"
             target = path + ("?" + u.query if u.query else "")
             delay = srv.control.take(srv.control.delays, method, target)
             if delay:
@@ -2135,6 +2247,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     # -- API routing --------------------------------------------------------
 
+    def authorize(self, verb, group, resource, sub, ns, name):
+        """With --rbac, the restricted token may do only what the RBAC
+        objects grant it; a refusal is marked in the request log."""
+        rbac = self.server.rbac
+        if not self.restricted or rbac.allowed(verb, group, resource, sub,
+                                               ns, name):
+            return
+        self.entry["forbidden"] = True
+        raise rbac.forbidden(verb, group, resource, sub, ns, name)
+
     def route(self, method, path, query, body):
         srv = self.server
         segs = [urllib.parse.unquote(s) for s in path.split("/") if s]
@@ -2204,6 +2326,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 raise err_route_not_found()
             if method != "GET":
                 raise err_method()
+            self.authorize("get" if len(rest) == 2 else "list", "",
+                           "namespaces", None, None,
+                           rest[1] if len(rest) == 2 else None)
             if len(rest) == 2:
                 return self.send_json(200, namespace_obj(rest[1],
                                                          srv.started))
@@ -2229,6 +2354,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if method != "GET":
                 raise err_method()
         watch = force_watch or truthy(query.get("watch", ""))
+        verb = {"GET": "watch" if watch and sub is None else (
+                    "get" if name is not None else "list"),
+                "POST": "create", "PUT": "update", "PATCH": "patch",
+                "DELETE": "delete" if name is not None
+                else "deletecollection"}.get(method)
+        if verb is not None:
+            self.authorize(verb, group, kind.plural, sub, ns, name)
         if name is None:
             if method == "GET":
                 if watch:
@@ -2572,6 +2704,15 @@ def main(argv=None):
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--token", default=None,
                     help="require 'Authorization: Bearer TOKEN'")
+    ap.add_argument("--rbac", action="append", default=[],
+                    help="YAML file of RBAC objects: the --token identity "
+                    "(--rbac-user) may then do only what they grant; "
+                    "repeatable")
+    ap.add_argument("--rbac-user",
+                    default="system:serviceaccount:diverge-system:diverged",
+                    help="the user the --token stands for under --rbac")
+    ap.add_argument("--admin-token", default=None,
+                    help="a second token, unrestricted (cluster-admin)")
     ap.add_argument("--plain-http", action="store_true",
                     help="serve http:// instead of https://")
     ap.add_argument("--history", type=int, default=1000,
@@ -2618,6 +2759,14 @@ def main(argv=None):
                                      do_handshake_on_connect=False)
     srv.port = srv.server_address[1]
     srv.token = args.token
+    srv.admin_token = args.admin_token
+    try:
+        srv.rbac = Rbac(args.rbac, args.rbac_user) if args.rbac else None
+    except Exception as e:
+        sys.stderr.write(f"fake-kube-apiserver: --rbac: {e}\n")
+        if own_dir:
+            shutil.rmtree(d, ignore_errors=True)
+        return 1
     srv.store = Store(max(0, args.history))
     srv.control = Control()
     srv.started = now_rfc3339()

@@ -989,6 +989,126 @@ def t_no_schemas():
         g.stop()
 
 
+RBAC_YAML = """
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: reader}
+rules:
+  - apiGroups: ["divergedev.com"]
+    resources: ["agenttasks"]
+    verbs: ["get", "list", "watch"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: reader}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole,
+          name: reader}
+subjects: [{kind: ServiceAccount, name: bot, namespace: sys}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: status-writer, namespace: ns1}
+rules:
+  - apiGroups: ["divergedev.com"]
+    resources: ["agenttasks/status"]
+    verbs: ["update"]
+  - apiGroups: [""]
+    resources: ["secrets"]
+    resourceNames: ["only-this"]
+    verbs: ["get"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: status-writer, namespace: ns1}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role,
+          name: status-writer}
+subjects: [{kind: ServiceAccount, name: bot, namespace: sys}]
+"""
+
+
+def t_rbac(d):
+    """--rbac: the token is held to RBAC objects, as the RBAC authorizer
+    does it; --admin-token is not."""
+    path = os.path.join(d, "rbac.yaml")
+    with open(path, "w") as fh:
+        fh.write(RBAC_YAML)
+    f = Fake("--token", TOKEN, "--admin-token", "adm", "--rbac", path,
+             "--rbac-user", "system:serviceaccount:sys:bot", "--plain-http")
+    try:
+        st, _, o = f.req("POST", AT, obj("AgentTask", "t1", spec=SPEC),
+                         token="adm")
+        check("rbac: the admin token creates", st == 201, o)
+        st, _, o = f.req("GET", AT + "/t1")
+        check("rbac: a ClusterRoleBinding grants get", st == 200, o)
+        st, _, o = f.req("GET", AT_ALL)
+        check("rbac: ... and list at the cluster scope", st == 200, o)
+        st, _, o = f.req("POST", AT, obj("AgentTask", "t2", spec=SPEC))
+        check("rbac: create is not granted: 403 Forbidden, the apiserver's "
+              "message", st == 403 and o.get("reason") == "Forbidden" and
+              o.get("code") == 403 and o.get("message") ==
+              'agenttasks.divergedev.com is forbidden: User "system:'
+              'serviceaccount:sys:bot" cannot create resource "agenttasks" '
+              'in API group "divergedev.com" in the namespace "ns1"' and
+              o.get("details") == {"kind": "agenttasks",
+                                   "group": "divergedev.com"}, o)
+        st, _, o = f.req("PATCH", AT + "/t1", {"spec": {"suspended": True}},
+                         ctype=MERGE)
+        check("rbac: patch of the object is not granted", st == 403 and
+              'cannot patch resource "agenttasks"' in o.get("message", ""),
+              o)
+        _, _, cur = f.req("GET", AT + "/t1")
+        cur["status"] = {"phase": "Pending"}
+        st, _, o = f.req("PUT", AT + "/t1/status", cur)
+        check("rbac: a RoleBinding's Role grants agenttasks/status in its "
+              "namespace", st == 200, o)
+        st, _, o = f.req("PUT", AT + "/t1", cur)
+        check("rbac: the subresource's grant is not the object's",
+              st == 403 and 'agenttasks.divergedev.com "t1" is forbidden'
+              in o.get("message", ""), o)
+        f.req("POST", "/apis/divergedev.com/v1alpha1/namespaces/ns2/"
+              "agenttasks", obj("AgentTask", "t3", spec=SPEC), token="adm")
+        _, _, cur = f.req("GET", "/apis/divergedev.com/v1alpha1/namespaces/"
+                          "ns2/agenttasks/t3")
+        st, _, o = f.req("PUT", "/apis/divergedev.com/v1alpha1/namespaces/"
+                         "ns2/agenttasks/t3/status", cur)
+        check("rbac: ... and nowhere else", st == 403 and
+              'in the namespace "ns2"' in o.get("message", ""), o)
+        for name in ("only-this", "other"):
+            f.req("POST", SEC, {"apiVersion": "v1", "kind": "Secret",
+                                "metadata": {"name": name}}, token="adm")
+        a, _, _ = f.req("GET", SEC + "/only-this")
+        b, _, o = f.req("GET", SEC + "/other")
+        c, _, _ = f.req("GET", SEC)
+        check("rbac: resourceNames limit a rule to the objects named",
+              (a, b, c) == (200, 403, 403), (a, b, c, o))
+        w = f.watch(AT + "?watch=1")
+        check("rbac: watch is its own verb, granted here", w.status == 200)
+        w.close()
+        st, _, o = f.req("DELETE", AT)
+        check("rbac: deletecollection is its own verb", st == 403 and
+              "cannot deletecollection" in o.get("message", ""), o)
+        st, _, o = f.req("GET", AT + "/t1", token="wrong")
+        check("rbac: an unknown token is still 401", st == 401, o)
+        _, _, log = f.req("GET", "/_fake/requests", token=None)
+        denied = [r for r in log if r.get("forbidden")]
+        check("rbac: the request log marks who asked and what was refused",
+              len(denied) == 7 and all(r["user"] ==
+                                       "system:serviceaccount:sys:bot"
+                                       for r in denied) and
+              any(r["user"] == "admin" for r in log),
+              [(r["method"], r["path"], r["user"]) for r in denied])
+    finally:
+        f.stop()
+    bad = os.path.join(d, "bad.yaml")
+    with open(bad, "w") as fh:
+        fh.write("kind: ClusterRoleBinding\nmetadata: {name: x}\n")
+    p = subprocess.run([sys.executable, FAKE, "--port", "0", "--token",
+                        TOKEN, "--rbac", bad], capture_output=True,
+                       text=True, timeout=30, stdin=subprocess.DEVNULL)
+    check("rbac: a binding without a roleRef stops the start, saying so",
+          p.returncode == 1 and "--rbac" in p.stderr, p.stderr)
+
+
 def run(name, fn, *args):
     try:
         fn(*args)
@@ -1018,6 +1138,7 @@ def main():
                          ("schema", t_schema)]:
             run(name, fn, f)
         run("no schemas", t_no_schemas)
+        run("rbac", t_rbac, d)
         g = Fake("--plain-http", "--history", "2")
         run("plain", t_plain, g)
         g.proc.send_signal(signal.SIGTERM)

@@ -29,25 +29,40 @@ FAKE_KUBE = os.path.join(TOP_SRCDIR, "tests", "fakes", "kube_apiserver.py")
 
 class FakeKube:
     """tests/fakes/kube_apiserver.py on a loopback port: HTTPS with a test
-    CA, bearer token s3cret. info: server, port, ca_file, token."""
+    CA, bearer token s3cret. info: server, port, ca_file, token. With rbac
+    (a list of YAML files of RBAC objects), that token is the service
+    account diverge-system/diverged and may do only what they grant, while
+    the test's own requests (request()) use an unrestricted admin token."""
 
-    def __init__(self):
+    ADMIN = "admin-s3cret"
+
+    def __init__(self, rbac=None):
+        argv = [sys.executable, FAKE_KUBE, "--port", "0", "--token", "s3cret"]
+        for path in rbac or []:
+            argv += ["--rbac", path]
+        if rbac:
+            argv += ["--admin-token", self.ADMIN]
+        self.own_token = self.ADMIN if rbac else "s3cret"
         self.proc = subprocess.Popen(
-            [sys.executable, FAKE_KUBE, "--port", "0", "--token", "s3cret"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True)
         r, _, _ = select.select([self.proc.stdout], [], [], 20)
         if not r:
             raise RuntimeError("the fake kube-apiserver did not start")
-        self.info = json.loads(self.proc.stdout.readline())
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the fake kube-apiserver did not start")
+        self.info = json.loads(line)
 
-    def request(self, method, path, body=None, ctype="application/json"):
-        """One API call with the token: (status, parsed body)."""
+    def request(self, method, path, body=None, ctype="application/json",
+                token=None):
+        """One API call with the test's token (or token): (status, parsed
+        body)."""
         c = http.client.HTTPSConnection(
             "127.0.0.1", self.info["port"], timeout=10,
             context=ssl.create_default_context(cafile=self.info["ca_file"]))
         h = {"Content-Type": ctype, "Accept": "application/json",
-             "Authorization": "Bearer " + self.info["token"]}
+             "Authorization": "Bearer " + (token or self.own_token)}
         try:
             c.request(method, path, body=json.dumps(body)
                       if body is not None else None, headers=h)

@@ -28,6 +28,8 @@ NS = "default"
 TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks" % NS
 SANDBOXES = "/apis/agents.x-k8s.io/v1beta1/namespaces/%s/sandboxes" % NS
 SECRETS = "/api/v1/namespaces/%s/secrets"
+RBAC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                    "deploy", "kubernetes", "rbac.yaml")
 
 
 
@@ -56,7 +58,8 @@ github:
 def main(t):
     if shutil.which("openssl") is None:
         t.skip_all("the fake kube-apiserver needs openssl for its CA")
-    fake = FakeKube()
+    # the daemon's token is held to the RBAC we ship for it
+    fake = FakeKube(rbac=[RBAC])
     scm = ScmFake()
     try:
         scm.call("POST", "/_fake/seed", SEED)
@@ -180,6 +183,25 @@ def run(t, fake, scm):
                                      "/fix-pr-42")[0] == 404)
     t.ok(gone, "its Sandbox goes with it (owner reference)")
     t.eq(d.stop(), 0, "SIGTERM: exit 0")
+
+    # everything above ran as the service account of deploy/kubernetes
+    reqs = fake.control("GET", "/_fake/requests")
+    mine = [r for r in reqs if r.get("user") ==
+            "system:serviceaccount:diverge-system:diverged"]
+    verbs = {(r["method"], r["path"].split("/")[-1]) for r in mine}
+    t.ok(len(mine) > 20 and ("PUT", "status") in verbs,
+         "the daemon's requests were all made as the service account",
+         (len(mine), sorted(verbs)[:20]))
+    denied = [(r["method"], r["path"], r["query"]) for r in mine
+              if r.get("forbidden")]
+    t.eq(denied, [], "deploy/kubernetes/rbac.yaml grants every request the "
+         "whole flow made")
+    s, st = fake.request("DELETE", TASKS, token=fake.info["token"])
+    t.ok(s == 403 and (st or {}).get("reason") == "Forbidden" and
+         "cannot deletecollection resource \"agenttasks\"" in
+         (st or {}).get("message", ""),
+         "and nothing more: a deletecollection it was not granted is a 403",
+         (s, st))
 
 
 run_tests(main)
