@@ -101,8 +101,16 @@ field(struct vctx *v, const json_t *o, const char *base, const char *k,
     int required, char *path, size_t pathlen)
 {
 	const json_t *f = json_object_get(o, k);
+	size_t b = strlen(base), n = strlen(k);
 
-	snprintf(path, pathlen, "%s.%s", base, k);
+	/* every write validates every field: no printf for the common case */
+	if (b + n + 2 <= pathlen) {
+		memcpy(path, base, b);
+		path[b] = '.';
+		memcpy(path + b + 1, k, n + 1);
+	} else {
+		snprintf(path, pathlen, "%s.%s", base, k);
+	}
 	if ((f == NULL || json_is_null(f)) && required) {
 		fail(v, path, "FieldValueRequired", "Required value");
 		return NULL;

@@ -581,6 +581,74 @@ completion(void **state)
 	task_release(&t);
 }
 
+/* Replace token id's entry in the index Secret with the JSON text. */
+static void
+index_write(const char *id, const char *text)
+{
+	struct k8s_status st = { 0 };
+	json_t *sec = NULL;
+	char *b64 = base64_encode((const unsigned char *)text, strlen(text),
+	    0, 1);
+
+	assert_int_equal(k8s_get(env.api, &K8S_SECRET, NS, METER_INDEX_SECRET,
+	    &sec, &st), 0);
+	json_object_set_new(json_object_get(sec, "data"), id,
+	    json_string(b64));
+	assert_int_equal(k8s_update(env.api, &K8S_SECRET, NS,
+	    METER_INDEX_SECRET, sec, NULL, &st), 0);
+	json_decref(sec);
+	free(b64);
+}
+
+/*
+ * The index entry is read as JSON is: escapes decoded, the last of
+ * duplicate keys winning (jansson's rule), the task compared whole.
+ */
+static void
+index_entries_as_written(void **state)
+{
+	/* each entry: pre, the task's name, post */
+	static const struct {
+		const char *pre, *post;
+		int status;
+	} cases[] = {
+		{ "{\"state\":\"active\",\"task\":\"", "\"}", 200 },
+		{ "{\"state\":\"\\u0061ctive\",\"task\":\"", "\"}", 200 },
+		{ "{\"task\":\"", "\",\"state\":\"active\",\"state\":"
+		    "\"revoked\"}", 401 },
+		{ "{\"state\":\"revoked\",\"state\":\"active\",\"task\":"
+		    "\"", "\"}", 200 },
+		{ "{\"state\":\"active\",\"task\":\"", "x\"}", 401 },
+		{ "{\"state\":\"active\",\"task\":\"x", "\"}", 401 },
+		{ "{\"state\":\"activ\",\"task\":\"", "\"}", 401 },
+		{ "{\"state\":true,\"task\":\"", "\"}", 401 },
+		{ "{\"state\":\"active\",\"task\":\"", "\"", 401 },
+	};
+	struct task t;
+	size_t i;
+
+	(void)state;
+	make_task(&t, "{}", 0);
+	for (i = 0; i < ARRAY_SIZE(cases); i++) {
+		char *e = xasprintf("%s%s%s", cases[i].pre, t.name,
+		    cases[i].post);
+		char *b = xasprintf("{\"requestId\":\"idx-%zu\",\"iteration\""
+		    ":1,\"tokensUsed\":1,\"costUSD\":0}", i);
+		json_t *j;
+
+		index_write(t.id, e);
+		if (charge(t.auth, b, &j) != cases[i].status) {
+			fprintf(stderr, "# entry %s: %s\n", e,
+			    json_dumps(j, JSON_COMPACT));
+			fail();
+		}
+		json_decref(j);
+		free(b);
+		free(e);
+	}
+	task_release(&t);
+}
+
 static int
 index_has(const char *id)
 {
@@ -750,6 +818,7 @@ main(void)
 		cmocka_unit_test(usd_parsing),
 		cmocka_unit_test(body_validation),
 		cmocka_unit_test(authentication),
+		cmocka_unit_test(index_entries_as_written),
 		cmocka_unit_test(not_live),
 		cmocka_unit_test(models),
 		cmocka_unit_test(ok_reply_and_ring),
