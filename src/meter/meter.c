@@ -561,7 +561,13 @@ reply_totals(struct meter_reply *out, int status, const json_t *task,
 
 	read_totals(task, &t);
 	usd_number(t.cost, cost);
-	buf_init(&b, 1 << 20);
+	/*
+	 * room for the worst case (every byte of the guidance and the URL
+	 * escaped as \u00XX): a reply is never cut short, however large the
+	 * annotation
+	 */
+	buf_init(&b, 4096 + 6 * ((guidance ? strlen(guidance) : 0) +
+	    (preview ? strlen(preview) : 0)));
 	/* "charged" is ours: whether this call was added to the totals */
 	buf_printf(&b, "{\"allowed\":%s,\"suspended\":%s,\"charged\":%s,",
 	    status == 200 ? "true" : "false",
@@ -626,9 +632,14 @@ model_allowed(const struct charge *c, const json_t *task)
 	json_t *v;
 	int ok;
 
-	/* the token's models caveat, when it has one */
-	if (macaroon_models(c->mac) != NULL &&
-	    !macaroon_allows_model(c->mac, model ? model : ""))
+	/* a call names its model (DESIGN 6, step 3) */
+	if (model == NULL || *model == '\0')
+		return 0;
+	/*
+	 * every models caveat of the token: one a holder appended to narrow
+	 * it counts too, whatever the first said (no caveat: any model)
+	 */
+	if (!macaroon_allows_model(c->mac, model))
 		return 0;
 	/* spec.capabilities, when it lists any */
 	if (json_array_size(caps) == 0)
@@ -795,6 +806,7 @@ charge_txn(struct k8s_txn *tx, void *arg, struct k8s_status *st)
 	int rc;
 
 	meter_reply_release(&c->reply);
+	c->suspended_now = 0;
 	rc = k8s_txn_peek(tx, &K8S_AGENTTASK, c->ns, c->task_name, &cur, st);
 	if (rc == 0) {
 		task = task_cow(cur);

@@ -297,7 +297,7 @@ static void
 authentication(void **state)
 {
 	const char *ok = "{\"requestId\":\"r1\",\"iteration\":1,"
-	    "\"tokensUsed\":1,\"costUSD\":0.01}";
+	    "\"model\":\"m\",\"tokensUsed\":1,\"costUSD\":0.01}";
 	unsigned char other[MACAROON_KEY_LEN];
 	struct task t, past;
 	char *forged = NULL, *auth, *cause = NULL;
@@ -344,7 +344,7 @@ static void
 not_live(void **state)
 {
 	const char *ok = "{\"requestId\":\"r1\",\"iteration\":1,"
-	    "\"tokensUsed\":1,\"costUSD\":0.01}";
+	    "\"model\":\"m\",\"tokensUsed\":1,\"costUSD\":0.01}";
 	struct k8s_status st = { 0 };
 	struct task t;
 	json_t *j, *p;
@@ -394,14 +394,114 @@ models(void **state)
 	assert_int_equal(call(&t, "m5", 1, "claude-3-7-sonnet-x", 1, "0", &j),
 	    403);
 	json_decref(j);
-	/* no capabilities anywhere: any model, or none */
+	/* no capabilities anywhere: any model, but a model */
 	make_task(&open, "{}", 0);
 	assert_int_equal(call(&open, "o1", 1, "anything", 1, "0", &j), 200);
 	json_decref(j);
-	assert_int_equal(call(&open, "o2", 1, NULL, 1, "0", &j), 200);
+	assert_int_equal(call(&open, "o2", 1, NULL, 1, "0", &j), 403);
+	assert_string_equal(jstr(j, "error"), "model required");
+	json_decref(j);
+	assert_int_equal(call(&open, "o3", 1, "", 1, "0", &j), 403);
+	assert_string_equal(jstr(j, "error"), "model required");
 	json_decref(j);
 	task_release(&t);
 	task_release(&open);
+}
+
+/*
+ * The token of t with one more caveat, as its holder would append it
+ * (the same chain as minting them all with the root key).
+ */
+static char *
+attenuate(const struct task *t, const char *caveat)
+{
+	struct macaroon *m = NULL;
+	const char *cav[MACAROON_MAX_CAVEATS + 1];
+	char *token = NULL, *auth;
+	size_t i, n, len;
+
+	assert_int_equal(macaroon_deserialize(t->token, strlen(t->token), &m,
+	    NULL), 0);
+	n = macaroon_caveat_count(m);
+	for (i = 0; i < n; i++)
+		cav[i] = macaroon_caveat(m, i, &len);
+	cav[n] = caveat;
+	assert_int_equal(macaroon_mint(key, sizeof(key),
+	    macaroon_identifier(m, &len), "http://127.0.0.1:8080", cav, n + 1,
+	    &token, NULL), 0);
+	macaroon_free(m);
+	auth = xasprintf("Bearer %s", token);
+	free(token);
+	return auth;
+}
+
+/* A charge of one token for model: its status (the reply is dropped). */
+static int
+charge_model(const char *auth, const char *rid, const char *model)
+{
+	char *b = xasprintf("{\"requestId\":\"%s\",\"iteration\":1,"
+	    "\"model\":\"%s\",\"tokensUsed\":1,\"costUSD\":0}", rid, model);
+	json_t *j;
+	int s = charge(auth, b, &j);
+
+	json_decref(j);
+	free(b);
+	return s;
+}
+
+/* A models caveat a holder appends narrows the token: all of them hold. */
+static void
+models_attenuated(void **state)
+{
+	struct task t, open;
+	char *narrow, *gem, *none;
+
+	(void)state;
+	make_task(&t, "{\"capabilities\":[\"claude-*\"]}", 0);
+	narrow = attenuate(&t, "models = claude-3-haiku");
+	assert_int_equal(charge_model(narrow, "n1", "claude-3-opus"), 403);
+	assert_int_equal(charge_model(narrow, "n2", "claude-3-haiku"), 200);
+	/* a task with no capabilities: the appended caveat alone decides */
+	make_task(&open, "{}", 0);
+	gem = attenuate(&open, "models = gemini-*");
+	assert_int_equal(charge_model(gem, "n3", "claude-3-opus"), 403);
+	assert_int_equal(charge_model(gem, "n4", "gemini-2.5-pro"), 200);
+	/* an empty list allows no model */
+	none = attenuate(&t, "models = ,");
+	assert_int_equal(charge_model(none, "n5", "claude-3-haiku"), 403);
+	free(none);
+	free(gem);
+	free(narrow);
+	task_release(&t);
+	task_release(&open);
+}
+
+/* However large the guidance annotation, the reply is whole JSON. */
+static void
+large_guidance(void **state)
+{
+	struct k8s_status st = { 0 };
+	size_t n = 300000, i;
+	char *g = xmalloc(n + 1);
+	json_t *p, *j;
+	struct task t;
+
+	(void)state;
+	for (i = 0; i < n; i++)
+		g[i] = (char)(i % 2 ? 0x01 : '"');
+	g[n] = '\0';
+	make_task(&t, "{}", 0);
+	p = json_pack("{s:{s:{s:s}}}", "metadata", "annotations",
+	    "divergedev.com/guidance", g);
+	assert_int_equal(k8s_patch(env.api, &K8S_AGENTTASK, NS, t.name, 0, p,
+	    NULL, &st), 0);
+	json_decref(p);
+	assert_int_equal(call(&t, "g1", 1, "m", 1, "0", &j), 200);
+	assert_non_null(j);
+	assert_string_equal(jstr(j, "guidance"), g);
+	json_decref(j);
+	free(g);
+	task_release(&t);
 }
 
 static void
@@ -633,7 +733,7 @@ index_entries_as_written(void **state)
 		char *e = xasprintf("%s%s%s", cases[i].pre, t.name,
 		    cases[i].post);
 		char *b = xasprintf("{\"requestId\":\"idx-%zu\",\"iteration\""
-		    ":1,\"tokensUsed\":1,\"costUSD\":0}", i);
+		    ":1,\"model\":\"m\",\"tokensUsed\":1,\"costUSD\":0}", i);
 		json_t *j;
 
 		index_write(t.id, e);
@@ -821,6 +921,8 @@ main(void)
 		cmocka_unit_test(index_entries_as_written),
 		cmocka_unit_test(not_live),
 		cmocka_unit_test(models),
+		cmocka_unit_test(models_attenuated),
+		cmocka_unit_test(large_guidance),
 		cmocka_unit_test(ok_reply_and_ring),
 		cmocka_unit_test(budgets),
 		cmocka_unit_test(iterations),
