@@ -1009,6 +1009,7 @@ main(int argc, char **argv)
 	hc.threads = D.cfg.http.threads;
 	hc.max_connections = D.cfg.http.max_connections;
 	hc.connection_timeout_s = D.cfg.http.connection_timeout_s;
+	hc.request_timeout_s = D.cfg.http.request_timeout_s;
 	hc.max_body = (size_t)D.cfg.http.max_body_bytes;
 	hc.max_header = (size_t)D.cfg.http.max_header_bytes;
 	if (http_server_start(&D.http, &hc, routes, ARRAY_SIZE(routes),

@@ -1315,6 +1315,7 @@ static const struct field http_fields[] = {
 	FR("max_connections", p_int, http.max_connections, 1, 65536),
 	FR("connection_timeout", p_duration, http.connection_timeout_s, 1,
 	    3600),
+	FR("request_timeout", p_duration, http.request_timeout_s, 1, 3600),
 	FR("threads", p_int, http.threads, 1, 256),
 	FR("max_header_bytes", p_size, http.max_header_bytes, KIB, MIB),
 	END
@@ -1523,6 +1524,7 @@ config_defaults(struct config *c)
 	c->http.max_body_bytes = 5 * MIB;
 	c->http.max_connections = 1024;
 	c->http.connection_timeout_s = 30;
+	c->http.request_timeout_s = 30;
 	c->http.threads = 4;
 	c->http.max_header_bytes = 32 * KIB;
 	c->inbox.capacity = 1000000;

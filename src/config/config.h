@@ -117,6 +117,7 @@ struct config {
 		int64_t max_body_bytes;		/* default 5 MiB */
 		int max_connections;		/* default 1024 */
 		int connection_timeout_s;	/* default 30 */
+		int request_timeout_s;		/* default 30 */
 		int threads;			/* default 4 */
 		int64_t max_header_bytes;	/* default 32 KiB */
 	} http;

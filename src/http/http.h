@@ -55,6 +55,8 @@ struct http_server_config {
 	int threads;			/* thread pool size */
 	int max_connections;
 	int connection_timeout_s;	/* idle timeout */
+	int request_timeout_s;		/* headers and body must arrive in
+					 * this time (0: no limit) */
 	size_t max_body;		/* 413 beyond */
 	size_t max_header;		/* request line + headers */
 };

@@ -1,7 +1,8 @@
 /*
  * The HTTP server: libmicrohttpd with an internal thread pool (epoll),
- * connection limit and idle timeout, bodies read into bounded buffers,
- * replies that may be produced later on another thread (suspend/resume).
+ * connection limit, idle timeout and a request deadline, bodies read into
+ * bounded buffers, replies that may be produced later on another thread
+ * (suspend/resume).
  */
 #include "config.h"
 
@@ -27,16 +28,43 @@
 #define MHD_RESULT enum MHD_Result
 #endif
 
+/*
+ * A connection, for the request deadline. libmicrohttpd's timeout is an
+ * idle timeout: a client sending a byte every few seconds keeps its
+ * connection forever, and a thousand such clients hold every connection
+ * the server allows. So each connection has request_timeout to deliver a
+ * whole request (headers and body), counted from its accept or from the
+ * end of its previous request; the reaper shuts down the socket of one
+ * that is late (shutdown(), not close(): libmicrohttpd still owns the
+ * descriptor, sees the end of the stream and closes it as usual).
+ */
+struct http_conn {
+	struct http_conn *prev, *next;
+	MHD_socket fd;
+	int64_t since_ms;	/* accepted, or its last request ended */
+	int handled;		/* its request is with a handler: no deadline */
+	int cut;		/* shut down by the reaper */
+};
+
 struct http_server {
 	struct MHD_Daemon *d;
 	const struct http_route *routes;
 	size_t nroutes;
 	size_t max_body;
+	size_t max_header;
 	int port;
 	pthread_mutex_t mu;
 	pthread_cond_t idle;
 	int inflight;
 	struct http_req *susp;	/* suspended requests, to resume at stop */
+
+	/* the request deadline (under mu) */
+	struct http_conn *conns;
+	int64_t request_timeout_ms;
+	pthread_t reaper;
+	int reaper_running;
+	int stopping;
+	pthread_cond_t rcond;
 };
 
 struct reply_header {
@@ -277,6 +305,131 @@ queue_reply(struct http_req *r)
 
 /* -------------------------------------------------------------- MHD */
 
+/* The size of the request line and header block as sent. */
+struct hsize {
+	size_t n;
+};
+
+static MHD_RESULT
+add_header_size(void *cls, enum MHD_ValueKind kind, const char *key,
+    size_t key_size, const char *value, size_t value_size)
+{
+	struct hsize *h = cls;
+
+	(void)kind;
+	(void)key;
+	(void)value;
+	h->n += key_size + value_size + 4;	/* ": " and CRLF */
+	return MHD_YES;
+}
+
+static size_t
+header_bytes(struct MHD_Connection *conn, const char *method,
+    const char *url, const char *version)
+{
+	struct hsize h = { strlen(method) + strlen(url) + strlen(version) +
+	    4 };
+
+	MHD_get_connection_values_n(conn, MHD_HEADER_KIND, add_header_size,
+	    &h);
+	return h.n;
+}
+
+/* Whether conn's request is with a handler (no deadline) or not. */
+static void
+conn_handled(struct http_server *s, struct MHD_Connection *conn,
+    int handled)
+{
+	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn,
+	    MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+	struct http_conn *c = ci != NULL ? ci->socket_context : NULL;
+
+	if (c == NULL)
+		return;
+	pthread_mutex_lock(&s->mu);
+	c->handled = handled;
+	if (!handled)
+		c->since_ms = now_mono_ms();
+	pthread_mutex_unlock(&s->mu);
+}
+
+static void
+notify_conn(void *cls, struct MHD_Connection *conn, void **socket_context,
+    enum MHD_ConnectionNotificationCode toe)
+{
+	struct http_server *s = cls;
+	struct http_conn *c = *socket_context;
+
+	if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+		const union MHD_ConnectionInfo *ci = MHD_get_connection_info(
+		    conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+
+		c = xcalloc(1, sizeof(*c));
+		c->fd = ci != NULL ? ci->connect_fd : MHD_INVALID_SOCKET;
+		c->since_ms = now_mono_ms();
+		pthread_mutex_lock(&s->mu);
+		c->next = s->conns;
+		if (s->conns != NULL)
+			s->conns->prev = c;
+		s->conns = c;
+		pthread_mutex_unlock(&s->mu);
+		*socket_context = c;
+		return;
+	}
+	if (c == NULL)
+		return;
+	/* closed: before libmicrohttpd closes the descriptor */
+	pthread_mutex_lock(&s->mu);
+	if (c->prev != NULL)
+		c->prev->next = c->next;
+	else
+		s->conns = c->next;
+	if (c->next != NULL)
+		c->next->prev = c->prev;
+	pthread_mutex_unlock(&s->mu);
+	free(c);
+	*socket_context = NULL;
+}
+
+/* Once a second: cut the connections past their request deadline. */
+static void *
+reaper_main(void *arg)
+{
+	struct http_server *s = arg;
+
+	thread_name("http-reaper");
+	pthread_mutex_lock(&s->mu);
+	while (!s->stopping) {
+		struct http_conn *c;
+		struct timespec ts;
+		int64_t now = now_mono_ms();
+		int cut = 0;
+
+		for (c = s->conns; c != NULL; c = c->next) {
+			if (c->handled || c->cut || c->fd == MHD_INVALID_SOCKET ||
+			    now - c->since_ms <= s->request_timeout_ms)
+				continue;
+			shutdown(c->fd, SHUT_RDWR);
+			c->cut = 1;
+			cut++;
+		}
+		if (cut > 0) {
+			pthread_mutex_unlock(&s->mu);
+			metrics_inc("diverge_http_connections_timed_out_total",
+			    "", (double)cut);
+			log_kv(LOG_INFO, "http: disconnected clients too slow "
+			    "to send a request", "connections", cut > 1 ?
+			    "several" : "one", NULL);
+			pthread_mutex_lock(&s->mu);
+		}
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += 1;
+		pthread_cond_timedwait(&s->rcond, &s->mu, &ts);
+	}
+	pthread_mutex_unlock(&s->mu);
+	return NULL;
+}
+
 static MHD_RESULT
 access_cb(void *cls, struct MHD_Connection *conn, const char *url,
     const char *method, const char *version, const char *upload_data,
@@ -314,6 +467,10 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 			http_reply_error(r, 405, "method not allowed");
 		}
 		buf_release(&allow);
+		if (!r->replied && header_bytes(conn, method, url, version) >
+		    s->max_header)
+			http_reply_error(r, 431,
+			    "request header fields too large");
 		cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
 		    MHD_HTTP_HEADER_CONTENT_LENGTH);
 		if (!r->replied && cl != NULL) {
@@ -336,10 +493,17 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 
 	if (*upload_data_size > 0) {
 		if (r->replied || r->too_large) {
-			/* bounded discard, then give up on the connection */
+			/*
+			 * Read to the end and answer 413 then: a reply sent
+			 * while the client is still sending is lost to the
+			 * reset that closing on unread data causes. The
+			 * request deadline bounds how long; without one, the
+			 * old bound (as much again as the limit) holds.
+			 */
 			r->discarded += *upload_data_size;
 			*upload_data_size = 0;
-			return r->discarded > s->max_body ? MHD_NO : MHD_YES;
+			return s->request_timeout_ms == 0 && r->discarded >
+			    s->max_body ? MHD_NO : MHD_YES;
 		}
 		if (buf_add(&r->body, upload_data, *upload_data_size) < 0) {
 			r->too_large = 1;
@@ -365,6 +529,7 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 	}
 	if (r->body.data == NULL)
 		buf_add(&r->body, "", 0);
+	conn_handled(s, conn, 1);
 	pthread_mutex_lock(&r->mu);
 	r->owners++;
 	r->replier = 1;
@@ -409,6 +574,7 @@ completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
 	int last, queued, status;
 	int64_t start_ms;
 
+	conn_handled(s, conn, 0);
 	if (r == NULL)
 		return;
 	route = r->route != NULL ? r->route->name : "unmatched";
@@ -486,14 +652,20 @@ http_server_start(struct http_server **out,
 	s->routes = routes;
 	s->nroutes = nroutes;
 	s->max_body = cfg->max_body;
+	s->max_header = cfg->max_header;
+	s->request_timeout_ms = (int64_t)cfg->request_timeout_s * 1000;
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->idle, NULL);
+	pthread_cond_init(&s->rcond, NULL);
 	metrics_describe("diverge_http_requests_total", METRIC_COUNTER,
 	    "HTTP requests answered, by route and status code.");
 	metrics_describe("diverge_http_request_duration_seconds",
 	    METRIC_HISTOGRAM, "HTTP request latency, by route.");
 	metrics_describe("diverge_http_requests_aborted_total", METRIC_COUNTER,
 	    "HTTP requests that ended before a reply (client gone).");
+	metrics_describe("diverge_http_connections_timed_out_total",
+	    METRIC_COUNTER, "Connections cut because their request did not "
+	    "arrive within http.request_timeout.");
 	s->d = MHD_start_daemon(flags, 0, NULL, NULL, access_cb, s,
 	    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
 	    MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)(cfg->threads > 0 ?
@@ -501,9 +673,15 @@ http_server_start(struct http_server **out,
 	    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)cfg->max_connections,
 	    MHD_OPTION_CONNECTION_TIMEOUT,
 	    (unsigned int)cfg->connection_timeout_s,
-	    MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(cfg->max_header +
+	    /*
+	     * room for twice the header limit, so that a block just over it
+	     * is read and refused with our JSON 431 (past that, libmicrohttpd
+	     * answers 431 itself)
+	     */
+	    MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(2 * cfg->max_header +
 	    16384),
 	    MHD_OPTION_NOTIFY_COMPLETED, completed_cb, s,
+	    MHD_OPTION_NOTIFY_CONNECTION, notify_conn, s,
 	    MHD_OPTION_EXTERNAL_LOGGER, http_mhd_log, "http server",
 	    MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
 	    MHD_OPTION_END);
@@ -512,9 +690,13 @@ http_server_start(struct http_server **out,
 		    errno ? strerror(errno) : "libmicrohttpd refused");
 		pthread_mutex_destroy(&s->mu);
 		pthread_cond_destroy(&s->idle);
+		pthread_cond_destroy(&s->rcond);
 		free(s);
 		return -1;
 	}
+	if (s->request_timeout_ms > 0 &&
+	    pthread_create(&s->reaper, NULL, reaper_main, s) == 0)
+		s->reaper_running = 1;
 	info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_LISTEN_FD);
 	if (info != NULL) {
 		struct sockaddr_storage b;
@@ -618,9 +800,17 @@ http_server_stop(struct http_server *s, int64_t timeout_ms)
 		resume(r);
 		pthread_mutex_unlock(&r->mu);
 	}
+	if (s->reaper_running) {
+		pthread_mutex_lock(&s->mu);
+		s->stopping = 1;
+		pthread_cond_signal(&s->rcond);
+		pthread_mutex_unlock(&s->mu);
+		pthread_join(s->reaper, NULL);
+	}
 	MHD_stop_daemon(s->d);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->idle);
+	pthread_cond_destroy(&s->rcond);
 	free(s);
 }
 

@@ -4,6 +4,7 @@ secret rotation and graceful SIGTERM/SIGINT."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -212,6 +213,46 @@ def limits(t):
     t.eq(d.stop(), 0, "exit 0")
 
 
+def slow_clients(t):
+    """Clients that trickle a byte every half second never go idle; with
+    every connection held by one, the request deadline is what lets a
+    normal client in again."""
+    d = Daemon(GITHUB_CONFIG + "http: {{request_timeout: 2s, "
+               "connection_timeout: 60s, max_connections: 8}}\n").start()
+    conns = [socket.create_connection(("127.0.0.1", d.port), timeout=5)
+             for _ in range(8)]
+    line = b"POST /webhooks/github HTTP/1.1\r\nHost: x\r\nX-Slow: " + \
+        b"a" * 40
+    cut = 0
+    start = time.time()
+    for i in range(len(line)):
+        for c in conns:
+            try:
+                c.sendall(line[i:i + 1])
+            except OSError:
+                pass
+        time.sleep(0.5)
+        if time.time() - start > 4.5:
+            break
+    for c in conns:
+        try:
+            c.settimeout(2)
+            cut += c.recv(100) == b""
+        except OSError:
+            cut += 1
+        c.close()
+    t.eq(cut, 8, "clients still trickling headers after request_timeout "
+         "are disconnected")
+    s, _, _ = d.json("GET", "/healthz")
+    t.eq(s, 200, "and the server answers others")
+    metrics = d.metrics()
+    m = re.search(r"^diverge_http_connections_timed_out_total(?:\{\})? (\d+)",
+                  metrics, re.M)
+    t.ok(m and int(m.group(1)) >= 8, "counted in "
+         "diverge_http_connections_timed_out_total", m and m.group(0))
+    t.eq(d.stop(), 0, "exit 0")
+
+
 def many_connections(t):
     """More open connections than select() can watch (FD_SETSIZE, 1024):
     the server polls with epoll, so the 1,100th is served like the first."""
@@ -282,6 +323,7 @@ def main(t):
     json_logs(t)
     graceful(t)
     limits(t)
+    slow_clients(t)
     many_connections(t)
     threads(t)
 

@@ -282,6 +282,10 @@ static const struct error_case error_cases[] = {
 	  "http: {connection_timeout: 2h}\n",
 	  "t.yaml:1: 'http.connection_timeout': expected a duration from 1s "
 	  "to 1h, got '2h'" },
+	{ "http.request_timeout zero",
+	  "http:\n  request_timeout: 0s\n",
+	  "t.yaml:2: 'http.request_timeout': expected a duration from 1s "
+	  "to 1h, got '0s'" },
 	{ "shutdown_timeout negative", "shutdown_timeout: -1\n",
 	  "t.yaml:1: 'shutdown_timeout': expected a duration like 30s, 15m, "
 	  "24h, 7d or 1h30m, got '-1'" },
@@ -585,6 +589,7 @@ check_defaults(const struct config *c)
 	assert_int_equal(c->http.max_body_bytes, 5 * 1024 * 1024);
 	assert_int_equal(c->http.max_connections, 1024);
 	assert_int_equal(c->http.connection_timeout_s, 30);
+	assert_int_equal(c->http.request_timeout_s, 30);
 	assert_int_equal(c->http.threads, 4);
 	assert_int_equal(c->http.max_header_bytes, 32 * 1024);
 	assert_int_equal(c->inbox.capacity, 1000000);
@@ -839,7 +844,7 @@ test_value_forms(void **state)
 	parse_ok(&c, "github: {enabled: on, webhook_secrets: [env:A], "
 	    "allow_forks: True}\nsandbox: {network_policy: no}\n"
 	    "http: {max_body_bytes: 512KiB, max_header_bytes: 4096, "
-	    "connection_timeout: 1m}\n"
+	    "connection_timeout: 1m, request_timeout: 10s}\n"
 	    "defaults: {budgetUSD: 0.5}\ncommands: {max_bump_usd: \"20\"}\n"
 	    "inbox: {retention: 86400}\nshutdown_timeout: 0\n");
 	assert_int_equal(c.github.enabled, 1);
@@ -848,6 +853,7 @@ test_value_forms(void **state)
 	assert_int_equal(c.http.max_body_bytes, 512 * 1024);
 	assert_int_equal(c.http.max_header_bytes, 4096);
 	assert_int_equal(c.http.connection_timeout_s, 60);
+	assert_int_equal(c.http.request_timeout_s, 10);
 	assert_int_equal(c.defaults.budget_usd_micro, 500000);
 	assert_int_equal(c.commands.max_bump_usd_micro, 20000000);
 	assert_int_equal(c.inbox.retention_s, 86400);

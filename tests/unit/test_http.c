@@ -8,6 +8,7 @@
 #include "config.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -38,9 +39,20 @@ h_hold(void *arg, struct http_req *req)
 	return HTTP_SUSPENDED;
 }
 
+static int
+h_post(void *arg, struct http_req *req)
+{
+	(void)arg;
+	http_reply(req, 200, "application/json", "{}", 2);
+	return 0;
+}
+
 static const struct http_route routes[] = {
 	{ "GET", "/hold", "/hold", h_hold, NULL },
+	{ "POST", "/post", "/post", h_post, NULL },
 };
+
+static int request_timeout_s;
 
 static struct http_server *
 start(void)
@@ -56,17 +68,18 @@ start(void)
 	c.connection_timeout_s = 10;
 	c.max_body = 1 << 20;
 	c.max_header = 8192;
-	assert_int_equal(http_server_start(&s, &c, routes, 1, &cause), 0);
+	c.request_timeout_s = request_timeout_s;
+	assert_int_equal(http_server_start(&s, &c, routes, ARRAY_SIZE(routes),
+	    &cause), 0);
 	return s;
 }
 
-/* Connect, send a GET for path; the socket, reads time out after 5 s. */
+/* A connection to the server; reads time out after 5 s. */
 static int
-send_get(int port, const char *path)
+dial(int port)
 {
 	struct sockaddr_in a;
 	struct timeval tv = { 5, 0 };
-	char req[128];
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
 
 	assert_true(fd >= 0);
@@ -76,9 +89,44 @@ send_get(int port, const char *path)
 	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path);
-	assert_int_equal(write(fd, req, strlen(req)), (ssize_t)strlen(req));
 	return fd;
+}
+
+static void
+send_all(int fd, const char *data, size_t len)
+{
+	assert_int_equal(send(fd, data, len, MSG_NOSIGNAL), (ssize_t)len);
+}
+
+static void
+send_str(int fd, const char *str)
+{
+	send_all(fd, str, strlen(str));
+}
+
+/* Connect, send a GET for path; the socket. */
+static int
+send_get(int port, const char *path)
+{
+	char req[128];
+	int fd = dial(port);
+
+	snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path);
+	send_all(fd, req, strlen(req));
+	return fd;
+}
+
+/* Read until the peer closes or buf is full; what was read. */
+static size_t
+read_all(int fd, char *buf, size_t cap)
+{
+	size_t n = 0;
+	ssize_t k;
+
+	while (n + 1 < cap && (k = read(fd, buf + n, cap - 1 - n)) > 0)
+		n += (size_t)k;
+	buf[n] = '\0';
+	return n;
 }
 
 static struct http_req *
@@ -151,12 +199,156 @@ reply_after_stop(void **state)
 	http_reply(r, 503, "application/json", "{}", 2);
 }
 
+/*
+ * A client trickling its headers a byte at a time never goes idle, so
+ * only the request deadline stops it: it is disconnected once
+ * request_timeout has passed, while other clients are served meanwhile.
+ */
+static void
+slow_client_cut(void **state)
+{
+	static const char req[] = "GET /hold HTTP/1.1\r\nHost: x\r\n"
+	    "X-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+	struct http_server *s;
+	int64_t t0;
+	size_t i;
+	int fd, closed = 0;
+	char buf[256];
+
+	(void)state;
+	request_timeout_s = 1;
+	s = start();
+	fd = dial(http_server_port(s));
+	t0 = now_mono_ms();
+	for (i = 0; i < sizeof(req) - 1 && now_mono_ms() - t0 < 6000; i++) {
+		if (send(fd, req + i, 1, MSG_NOSIGNAL) != 1) {
+			closed = 1;
+			break;
+		}
+		sleep_ms(100);
+		/* a well-behaved client is answered meanwhile */
+		if (i == 5) {
+			int g = dial(http_server_port(s));
+
+			send_str(g, "POST /post HTTP/1.1\r\nHost: x\r\n"
+			    "Content-Length: 0\r\nConnection: close\r\n\r\n");
+			assert_true(read_all(g, buf, sizeof(buf)) > 0);
+			assert_non_null(strstr(buf, "HTTP/1.1 200"));
+			close(g);
+		}
+	}
+	if (!closed) {
+		ssize_t n = read(fd, buf, sizeof(buf));
+
+		/* the end of the stream or a reset; not the 5 s read timeout */
+		closed = n == 0 || (n < 0 && errno != EAGAIN &&
+		    errno != EWOULDBLOCK);
+	}
+	assert_true(closed);
+	/* cut within the deadline and the reaper's second, not at the end */
+	assert_true(now_mono_ms() - t0 < 3500);
+	assert_true(i < sizeof(req) - 1);
+	close(fd);
+	http_server_stop(s, 1000);
+	request_timeout_s = 0;
+}
+
+/* A request that is with its handler has no deadline. */
+static void
+handled_request_kept(void **state)
+{
+	struct http_server *s;
+	struct http_req *r;
+	char buf[512];
+	int fd;
+
+	(void)state;
+	request_timeout_s = 1;
+	s = start();
+	fd = send_get(http_server_port(s), "/hold");
+	r = wait_held();
+	sleep_ms(2500);
+	http_reply(r, 202, "application/json", "{}", 2);
+	assert_true(read(fd, buf, sizeof(buf) - 1) > 0);
+	assert_non_null(strstr(buf, "HTTP/1.1 202"));
+	close(fd);
+	http_server_stop(s, 1000);
+	request_timeout_s = 0;
+}
+
+/*
+ * A chunked body past the limit (3 MiB against 1 MiB) is read to its end
+ * and answered 413; with a request deadline, past twice the limit too.
+ */
+static void
+chunked_too_large(void **state)
+{
+	static char chunk[7 + 65536 + 2];
+	struct http_server *s;
+	char buf[1024];
+	size_t sent = 0;
+	int fd;
+
+	(void)state;
+	request_timeout_s = 30;
+	s = start();
+	fd = dial(http_server_port(s));
+	send_str(fd, "POST /post HTTP/1.1\r\nHost: x\r\n"
+	    "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
+	memcpy(chunk, "10000\r\n", 7);
+	memset(chunk + 7, 'a', 65536);
+	memcpy(chunk + 7 + 65536, "\r\n", 2);
+	for (sent = 0; sent < (size_t)3 << 20; sent += 65536)
+		send_all(fd, chunk, sizeof(chunk));
+	send_str(fd, "0\r\n\r\n");
+	assert_true(read_all(fd, buf, sizeof(buf)) > 0);
+	assert_non_null(strstr(buf, "HTTP/1.1 413"));
+	assert_non_null(strstr(buf, "\"error\":\"request body too large\""));
+	close(fd);
+	http_server_stop(s, 1000);
+	request_timeout_s = 0;
+}
+
+/* Headers past max_header (8 KiB here): a JSON 431. */
+static void
+headers_too_large(void **state)
+{
+	struct http_server *s = start();
+	char big[12000], buf[1024];
+	int fd;
+
+	(void)state;
+	fd = dial(http_server_port(s));
+	memset(big, 'b', sizeof(big));
+	send_str(fd, "GET /hold HTTP/1.1\r\nHost: x\r\nX-Big: ");
+	send_all(fd, big, 10000);
+	send_str(fd, "\r\nConnection: close\r\n\r\n");
+	assert_true(read_all(fd, buf, sizeof(buf)) > 0);
+	assert_non_null(strstr(buf, "HTTP/1.1 431"));
+	assert_non_null(strstr(buf, "application/json"));
+	close(fd);
+	/* just under the limit: served */
+	fd = dial(http_server_port(s));
+	send_str(fd, "POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+	    "Connection: close\r\nX-Big: ");
+	send_all(fd, big, 7000);
+	send_str(fd, "\r\n\r\n");
+	assert_true(read_all(fd, buf, sizeof(buf)) > 0);
+	assert_non_null(strstr(buf, "HTTP/1.1 200"));
+	close(fd);
+	http_server_stop(s, 1000);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(reply_from_another_thread),
 		cmocka_unit_test(reply_after_stop),
+		cmocka_unit_test(slow_client_cut),
+		cmocka_unit_test(handled_request_kept),
+		cmocka_unit_test(chunked_too_large),
+		cmocka_unit_test(headers_too_large),
 	};
 
 	log_setup(LOG_ERROR, 0);
