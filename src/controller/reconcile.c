@@ -834,17 +834,21 @@ plan_phase(struct rctx *x, const json_t *task, const struct sbview *v,
 	    "suspended"));
 	int64_t timeout = task_timeout(x, task);
 
+	/*
+	 * p->phase is always a literal, never cur: the plan outlives the
+	 * task object cur points into (the annotation write replaces it)
+	 */
 	memset(p, 0, sizeof(*p));
-	p->phase = cur;
 	if (cur == NULL || *cur == '\0') {
 		p->phase = "Pending";
 	} else if (phase_terminal(cur)) {
+		p->phase = streq(cur, "Completed") ? "Completed" : "Failed";
 		return;
 	} else if (streq(cur, "Pending")) {
 		p->phase = susp ? "Paused" : "Provisioning";
 	} else if (susp) {
-		if (!streq(cur, "Paused"))
-			p->phase = v->stopped ? "Paused" : "Pausing";
+		p->phase = streq(cur, "Paused") || v->stopped ? "Paused" :
+		    "Pausing";
 	} else if (streq(cur, "Paused") || streq(cur, "Pausing")) {
 		p->phase = "Provisioning";
 	} else if (v->pod_failed) {
@@ -1258,7 +1262,9 @@ reconcile_once(struct rctx *x)
 		rc = write_annotations(x, &o.task, NULL, NULL);
 	if (rc < 0)
 		goto out;
+	/* both pointed into the task object the write may have replaced */
 	old = json_object_get(o.task, "status");
+	x->uid = k8s_meta_str(o.task, "uid");
 
 	/* the status */
 	status = json_object();

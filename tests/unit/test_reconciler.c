@@ -262,16 +262,23 @@ set_suspended(const char *name, int on)
 	json_decref(p);
 }
 
+/* A merge patch on the task (status: on its status subresource). */
 static void
-patch_status(const char *name, const char *json)
+patch_task(const char *name, int status, const char *json)
 {
 	struct k8s_status st = { 0 };
 	json_t *p = json_loads(json, 0, NULL);
 
 	assert_non_null(p);
-	assert_int_equal(k8s_patch(env.api, &K8S_AGENTTASK, NS, name, 1, p,
-	    NULL, &st), 0);
+	assert_int_equal(k8s_patch(env.api, &K8S_AGENTTASK, NS, name, status,
+	    p, NULL, &st), 0);
 	json_decref(p);
+}
+
+static void
+patch_status(const char *name, const char *json)
+{
+	patch_task(name, 1, json);
 }
 
 /* The token of the task's Secret (a new string). */
@@ -403,6 +410,18 @@ active(void)
 	reconcile(name);
 	assert_phase(name, "Active");
 	return name;
+}
+
+/* Pause a live task: Pausing, the Sandbox stops, Paused. */
+static void
+pause_task(const char *name)
+{
+	set_suspended(name, 1);
+	reconcile(name);
+	assert_phase(name, "Pausing");
+	play(name, "False", "SandboxSuspended", 0, NULL, 1, 0);
+	reconcile(name);
+	assert_phase(name, "Paused");
 }
 
 /* ------------------------------------------------------------- tests */
@@ -729,6 +748,40 @@ test_pause_resume(void **state)
 	free(old_tok);
 	free(new_tok);
 	free(old_id);
+	free(ename);
+	free(name);
+}
+
+/*
+ * A pass that puts back the task's preview annotations keeps an unchanged
+ * phase (Paused, Failed): the phase must not point into the task object
+ * that the annotation write replaces (ASan: heap-use-after-free).
+ */
+static void
+test_annotations_keep_phase(void **state)
+{
+	static const char *const ends[] = { "Paused", "Failed" };
+	char *name = active(), *ename = xasprintf("agent-preview-%s", name);
+	json_t *t;
+	size_t i;
+
+	(void)state;
+	pause_task(name);
+	for (i = 0; i < sizeof(ends) / sizeof(ends[0]); i++) {
+		if (strcmp(ends[i], "Failed") == 0) {
+			patch_status(name, "{\"status\":{\"phase\":"
+			    "\"Failed\",\"reason\":\"PullRequestClosed\"}}");
+			reconcile(name);
+		}
+		patch_task(name, 0, "{\"metadata\":{\"annotations\":{"
+		    "\"divergedev.com/preview-environment\":null}}}");
+		reconcile(name);
+		t = get_task(name);
+		assert_string_equal(jp(t, "status.phase"), ends[i]);
+		assert_string_equal(jp(t, "metadata.annotations."
+		    "divergedev.com/preview-environment"), ename);
+		json_decref(t);
+	}
 	free(ename);
 	free(name);
 }
@@ -1645,6 +1698,7 @@ main(void)
 		cmocka_unit_test(test_idempotent),
 		cmocka_unit_test(test_active_needs_current_generation),
 		cmocka_unit_test(test_pause_resume),
+		cmocka_unit_test(test_annotations_keep_phase),
 		cmocka_unit_test(test_pod_failed),
 		cmocka_unit_test(test_reconciler_error),
 		cmocka_unit_test(test_timeout),
