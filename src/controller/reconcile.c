@@ -1149,6 +1149,10 @@ reconcile_once(struct rctx *x)
 		}
 		rc = 0;
 	}
+	/* a token replaced by another (its Secret was lost): revoke the old */
+	if (tok_live_id != NULL && !streq(tok_live_id, jstr(old, "tokenId")) &&
+	    (rc = revoke(x, jstr(old, "tokenId"))) < 0)
+		goto out;
 	if (!live && (tok_issued || (sec_id != NULL && !streq(sec_id,
 	    jstr(old, "tokenId"))))) {
 		/* pause, completion, failure: revoke what may be live */

@@ -352,6 +352,26 @@ charge(const char *token, int64_t tokens, const char *rid)
 	return status;
 }
 
+/*
+ * The task's token was replaced: a new id active in the index, the old
+ * one revoked; the old token is refused, the new one charges.
+ */
+static void
+assert_token_replaced(const char *name, const char *old_id,
+    const char *old_tok)
+{
+	json_t *t = get_task(name);
+	char *tok = token_of(name);
+
+	assert_string_not_equal(jp(t, "status.tokenId"), old_id);
+	assert_index(jp(t, "status.tokenId"), "active");
+	assert_index(old_id, "revoked");
+	assert_int_equal(charge(old_tok, 1, "replaced-old"), 401);
+	assert_int_equal(charge(tok, 1, "replaced-new"), 200);
+	json_decref(t);
+	free(tok);
+}
+
 static uint64_t
 writes(void)
 {
@@ -686,7 +706,7 @@ test_active_needs_current_generation(void **state)
 static void
 test_pause_resume(void **state)
 {
-	char *name = active(), *ename, *old_tok, *new_tok, *old_id;
+	char *name = active(), *ename, *old_tok, *old_id;
 	json_t *t, *sb, *envo;
 
 	(void)state;
@@ -727,14 +747,7 @@ test_pause_resume(void **state)
 	set_suspended(name, 0);
 	reconcile(name);
 	assert_phase(name, "Provisioning");
-	t = get_task(name);
-	assert_string_not_equal(jp(t, "status.tokenId"), old_id);
-	assert_index(jp(t, "status.tokenId"), "active");
-	assert_index(old_id, "revoked");
-	json_decref(t);
-	new_tok = token_of(name);
-	assert_int_equal(charge(old_tok, 1, "p2"), 401);
-	assert_int_equal(charge(new_tok, 1, "p3"), 200);
+	assert_token_replaced(name, old_id, old_tok);
 	sb = get(&K8S_SANDBOX, name);
 	assert_string_equal(jp(sb, "spec.operatingMode"), "Running");
 	json_decref(sb);
@@ -746,7 +759,6 @@ test_pause_resume(void **state)
 	reconcile(name);
 	assert_phase(name, "Active");
 	free(old_tok);
-	free(new_tok);
 	free(old_id);
 	free(ename);
 	free(name);
@@ -783,6 +795,31 @@ test_annotations_keep_phase(void **state)
 		json_decref(t);
 	}
 	free(ename);
+	free(name);
+}
+
+/* A live task whose token Secret is lost: a new token, the old revoked. */
+static void
+test_token_replaced_revoked(void **state)
+{
+	char *name = active(), *sname = xasprintf("%s-token", name);
+	char *old_tok = token_of(name), *old_id;
+	struct k8s_status st = { 0 };
+	json_t *t;
+
+	(void)state;
+	t = get_task(name);
+	old_id = xstrdup(jp(t, "status.tokenId"));
+	json_decref(t);
+	assert_int_equal(k8s_delete(env.api, &K8S_SECRET, NS, sname, NULL,
+	    &st), 0);
+	k8s_status_release(&st);
+	reconcile(name);
+	assert_phase(name, "Active");
+	assert_token_replaced(name, old_id, old_tok);
+	free(old_tok);
+	free(old_id);
+	free(sname);
 	free(name);
 }
 
@@ -956,7 +993,7 @@ test_completed(void **state)
 static void
 test_meter_429(void **state)
 {
-	char *name = active(), *tok = token_of(name), *tok2, *ename, *old_id;
+	char *name = active(), *tok = token_of(name), *ename, *old_id;
 	json_t *t, *sb, *envo;
 
 	(void)state;
@@ -990,14 +1027,8 @@ test_meter_429(void **state)
 	}
 	reconcile(name);
 	assert_phase(name, "Provisioning");
-	t = get_task(name);
-	assert_string_not_equal(jp(t, "status.tokenId"), old_id);
-	json_decref(t);
-	tok2 = token_of(name);
-	assert_int_equal(charge(tok, 1, "after1"), 401);
-	assert_int_equal(charge(tok2, 1, "after2"), 200);
+	assert_token_replaced(name, old_id, tok);
 	free(tok);
-	free(tok2);
 	free(old_id);
 	free(ename);
 	free(name);
@@ -1699,6 +1730,7 @@ main(void)
 		cmocka_unit_test(test_active_needs_current_generation),
 		cmocka_unit_test(test_pause_resume),
 		cmocka_unit_test(test_annotations_keep_phase),
+		cmocka_unit_test(test_token_replaced_revoked),
 		cmocka_unit_test(test_pod_failed),
 		cmocka_unit_test(test_reconciler_error),
 		cmocka_unit_test(test_timeout),
