@@ -1040,7 +1040,7 @@ reconcile_once(struct rctx *x)
 	char *ename = NULL, *purl = NULL, *conflict = NULL, *token = NULL;
 	char *tid = NULL, shutdown[32], ts[32];
 	const char *sec_id, *mode, *tok_live_id = NULL;
-	int rc, live, children, paused, preview, has_shutdown = 0;
+	int rc, live, children, paused, asleep, preview, has_shutdown = 0;
 	int env_exists = 0, tok_issued;
 	int64_t active, open_since = 0, end;
 	const json_t *tc;
@@ -1169,12 +1169,19 @@ reconcile_once(struct rctx *x)
 		time_rfc3339(end + x->cfg->sandbox.audit_window_s, shutdown);
 		has_shutdown = 1;
 	}
-	mode = paused ? "Suspended" : "Running";
+	/*
+	 * a finished task wakes nothing: a Sandbox suspended before the end
+	 * stays so until its shutdownTime, its Environment stays hibernated
+	 */
+	asleep = paused || (phase_terminal(p.phase) && streq(jpath(
+	    o.claim.obj != NULL ? o.bound : o.sandbox.obj, "spec",
+	    "operatingMode"), "Suspended"));
+	mode = asleep ? "Suspended" : "Running";
 
 	/* the Environment */
 	if (preview && (children || o.env.obj != NULL) && !o.env.conflict) {
 		rc = apply_child(x, &K8S_ENVIRONMENT, o.env.obj,
-		    desired_env(x, o.task, paused, paused ? NULL : v.pod_ip),
+		    desired_env(x, o.task, asleep, asleep ? NULL : v.pod_ip),
 		    0, NULL);
 		if (rc < 0)
 			goto out;
@@ -1363,7 +1370,7 @@ reconcile_once(struct rctx *x)
 	else if (o.env.conflict)
 		set_cond(conds, o.task, "PreviewReady", 0, "ChildConflict",
 		    conflict, x->now);
-	else if (paused)
+	else if (asleep)
 		set_cond(conds, o.task, "PreviewReady", 0, "Hibernated", NULL,
 		    x->now);
 	else if (env_exists)

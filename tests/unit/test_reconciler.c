@@ -1187,6 +1187,42 @@ test_pr_closed(void **state)
 	free(name);
 }
 
+/*
+ * A Paused task that ends (its PR closed): the Sandbox stays Suspended
+ * until its shutdownTime and the Environment stays hibernated.
+ */
+static void
+test_paused_then_finished(void **state)
+{
+	char *name = active(), *ename = xasprintf("agent-preview-%s", name);
+	json_t *t, *sb, *envo;
+	uint64_t w0;
+
+	(void)state;
+	pause_task(name);
+	patch_status(name, "{\"status\":{\"phase\":\"Failed\","
+	    "\"reason\":\"PullRequestClosed\"}}");
+	reconcile(name);
+	assert_phase(name, "Failed");
+	sb = get(&K8S_SANDBOX, name);
+	assert_string_equal(jp(sb, "spec.operatingMode"), "Suspended");
+	assert_non_null(jp(sb, "spec.shutdownTime"));
+	json_decref(sb);
+	envo = get(&K8S_ENVIRONMENT, ename);
+	assert_string_equal(jp(envo, "metadata.annotations.divergedev.com/"
+	    "hibernated"), "true");
+	json_decref(envo);
+	t = get_task(name);
+	assert_string_equal(jp(cond(t, "PreviewReady"), "reason"),
+	    "Hibernated");
+	json_decref(t);
+	w0 = writes();
+	reconcile(name);
+	assert_int_equal(writes(), w0);
+	free(ename);
+	free(name);
+}
+
 /* Warm-pool mode: the claim's Sandbox is paused, and only ours. */
 static void
 test_warm_pool_pause(void **state)
@@ -1742,6 +1778,7 @@ main(void)
 		cmocka_unit_test(test_warm_pool),
 		cmocka_unit_test(test_warm_pool_pause),
 		cmocka_unit_test(test_pr_closed),
+		cmocka_unit_test(test_paused_then_finished),
 		cmocka_unit_test(test_netpol_disabled),
 		cmocka_unit_test(test_crash_recovery),
 		cmocka_unit_test(test_rest_pause_resume),
