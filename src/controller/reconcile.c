@@ -1041,7 +1041,7 @@ reconcile_once(struct rctx *x)
 	char *tid = NULL, shutdown[32], ts[32];
 	const char *sec_id, *mode, *tok_live_id = NULL;
 	int rc, live, children, paused, asleep, preview, has_shutdown = 0;
-	int env_exists = 0, tok_issued;
+	int env_exists = 0, tok_issued, sb_write;
 	int64_t active, open_since = 0, end;
 	const json_t *tc;
 	struct k8s_status st = { 0 };
@@ -1192,8 +1192,14 @@ reconcile_once(struct rctx *x)
 		rc = 0;
 	}
 
-	/* the Sandbox or SandboxClaim */
-	if (!x->cfg->sandbox.warm_pool && !o.sandbox.conflict &&
+	/*
+	 * the Sandbox or SandboxClaim; the Sandbox mounts <task>-token by
+	 * name, so while that Secret is not ours (a conflict, reported) the
+	 * Sandbox is not created, and an existing one only suspended or ended
+	 */
+	sb_write = !o.secret.conflict || (o.sandbox.obj != NULL && (asleep ||
+	    phase_terminal(p.phase)));
+	if (!x->cfg->sandbox.warm_pool && !o.sandbox.conflict && sb_write &&
 	    (children || o.sandbox.obj != NULL)) {
 		rc = apply_child(x, &K8S_SANDBOX, o.sandbox.obj,
 		    desired_sandbox(x, o.task, purl, mode, has_shutdown ?

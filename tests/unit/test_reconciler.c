@@ -1068,6 +1068,57 @@ test_conflict(void **state)
 	free(name);
 }
 
+/*
+ * Someone else's <task>-token Secret is never mounted: no Sandbox while it
+ * is there, the conflict reported; once it is gone the task goes on.
+ */
+static void
+test_foreign_token_secret(void **state)
+{
+	struct k8s_status st = { 0 };
+	char *name, *sname = xasprintf("t%d-token", counter + 1);
+	json_t *sec, *t, *sb;
+
+	(void)state;
+	sec = json_pack("{s:s,s:s,s:{s:s},s:{s:s}}", "apiVersion", "v1",
+	    "kind", "Secret", "metadata", "name", sname, "data", "token",
+	    "c2VjcmV0");
+	assert_int_equal(k8s_create(env.api, &K8S_SECRET, NS, sec, NULL, &st),
+	    0);
+	json_decref(sec);
+	name = provisioned(NULL, NULL);
+	assert_null(get(&K8S_SANDBOX, name));
+	t = get_task(name);
+	assert_string_equal(jp(cond(t, "Ready"), "reason"), "ChildConflict");
+	assert_string_equal(jp(cond(t, "TokenIssued"), "reason"),
+	    "ChildConflict");
+	assert_non_null(strstr(jp(t, "status.message"), sname));
+	json_decref(t);
+	sec = get(&K8S_SECRET, sname);
+	assert_null(jget(sec, "metadata.ownerReferences"));
+	assert_string_equal(jp(sec, "data.token"), "c2VjcmV0");
+	json_decref(sec);
+
+	assert_int_equal(k8s_delete(env.api, &K8S_SECRET, NS, sname, NULL,
+	    &st), 0);
+	k8s_status_release(&st);
+	reconcile(name);
+	assert_phase(name, "Provisioning");
+	sb = get(&K8S_SANDBOX, name);
+	assert_non_null(sb);
+	assert_string_equal(jp(sb, "spec.podTemplate.spec.volumes.0.secret."
+	    "secretName"), sname);
+	json_decref(sb);
+	t = get_task(name);
+	sec = get(&K8S_SECRET, sname);
+	assert_owned(sec, t);
+	assert_index(jp(t, "status.tokenId"), "active");
+	json_decref(sec);
+	json_decref(t);
+	free(sname);
+	free(name);
+}
+
 /* No Environment without a repository URL or with preview disabled. */
 static void
 test_no_preview(void **state)
@@ -1773,6 +1824,7 @@ main(void)
 		cmocka_unit_test(test_completed),
 		cmocka_unit_test(test_meter_429),
 		cmocka_unit_test(test_conflict),
+		cmocka_unit_test(test_foreign_token_secret),
 		cmocka_unit_test(test_no_preview),
 		cmocka_unit_test(test_created_suspended),
 		cmocka_unit_test(test_warm_pool),
