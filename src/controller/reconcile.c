@@ -820,6 +820,25 @@ struct plan {
 	int transition;
 };
 
+/* Whether p leaves phase cur, and why (a default reason). */
+static void
+plan_transition(struct plan *p, const char *cur)
+{
+	p->transition = !streq(p->phase, cur);
+	if (p->transition && p->reason == NULL) {
+		if (streq(p->phase, "Paused"))
+			p->reason = "Suspended";
+		else if (streq(p->phase, "Pausing"))
+			p->reason = "Suspending";
+		else if (streq(p->phase, "Active"))
+			p->reason = "SandboxReady";
+		else if (streq(p->phase, "Provisioning"))
+			p->reason = "Provisioning";
+		else
+			p->reason = "Created";
+	}
+}
+
 /*
  * The phase machine of DESIGN.md section 5 (level-based: from the current
  * phase, the spec and what the Sandbox shows). active is the live time
@@ -880,19 +899,7 @@ plan_phase(struct rctx *x, const json_t *task, const struct sbview *v,
 			want_requeue(x, (timeout - active + 1) * 1000);
 		}
 	}
-	p->transition = !streq(p->phase, cur);
-	if (p->transition && p->reason == NULL) {
-		if (streq(p->phase, "Paused"))
-			p->reason = "Suspended";
-		else if (streq(p->phase, "Pausing"))
-			p->reason = "Suspending";
-		else if (streq(p->phase, "Active"))
-			p->reason = "SandboxReady";
-		else if (streq(p->phase, "Provisioning"))
-			p->reason = "Provisioning";
-		else
-			p->reason = "Created";
-	}
+	plan_transition(p, cur);
 }
 
 /* Set a condition in conds; lastTransitionTime moves with status only. */
@@ -1243,9 +1250,18 @@ reconcile_once(struct rctx *x)
 			goto out;
 	}
 
-	/* conditions and messages describe the Sandbox as now written */
-	if (sbres != NULL)
+	/*
+	 * conditions and messages describe the Sandbox as now written; a
+	 * Ready seen before this pass replaced its generation is not Active
+	 */
+	if (sbres != NULL) {
 		view_sandbox(sbres, NULL, &v);
+		if (streq(p.phase, "Active") && !v.ready) {
+			p.phase = "Provisioning";
+			p.reason = NULL;
+			plan_transition(&p, jstr(old, "phase"));
+		}
+	}
 
 	/* the namespace's NetworkPolicy */
 	if (children && x->cfg->sandbox.network_policy && !o.netpol.conflict) {

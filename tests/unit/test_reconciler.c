@@ -702,6 +702,38 @@ test_active_needs_current_generation(void **state)
 	free(name);
 }
 
+/*
+ * The pass that sees Ready=True also rewrites the Sandbox (the objective
+ * changed): that Ready is for the generation replaced, so no Active until
+ * the Sandbox is Ready for the new one.
+ */
+static void
+test_active_not_on_replaced_generation(void **state)
+{
+	char *name = provisioned(NULL, NULL);
+	json_t *t, *sb;
+
+	(void)state;
+	play(name, "True", "DependenciesReady", 0, "10.0.0.7", 0, 0);
+	patch_task(name, 0, "{\"spec\":{\"objective\":"
+	    "\"a new objective\"}}");
+	reconcile(name);
+	assert_phase(name, "Provisioning");
+	sb = get(&K8S_SANDBOX, name);
+	assert_int_equal(k8s_meta_int(sb, "generation"), 2);
+	assert_string_equal(env_value(jget(sb, "spec.podTemplate.spec."
+	    "containers.0"), "DIVERGE_OBJECTIVE"), "a new objective");
+	json_decref(sb);
+	t = get_task(name);
+	assert_string_equal(jp(cond(t, "Ready"), "status"), "False");
+	assert_string_equal(jp(cond(t, "SandboxReady"), "status"), "False");
+	json_decref(t);
+	play(name, "True", "DependenciesReady", 0, "10.0.0.7", 0, 0);
+	reconcile(name);
+	assert_phase(name, "Active");
+	free(name);
+}
+
 /* Active -> Pausing -> Paused; Paused -> Provisioning with a new token. */
 static void
 test_pause_resume(void **state)
@@ -1815,6 +1847,7 @@ main(void)
 		cmocka_unit_test(test_provisioning_children),
 		cmocka_unit_test(test_idempotent),
 		cmocka_unit_test(test_active_needs_current_generation),
+		cmocka_unit_test(test_active_not_on_replaced_generation),
 		cmocka_unit_test(test_pause_resume),
 		cmocka_unit_test(test_annotations_keep_phase),
 		cmocka_unit_test(test_token_replaced_revoked),
