@@ -367,6 +367,23 @@ index_active(const json_t *index, const char *id, const char *task)
 	return ok;
 }
 
+/*
+ * A condition that counts: on a Sandbox only one reported for its current
+ * generation (a re-run's Sandbox still shows the last run's PodFailed); a
+ * claim's own, when there is no Sandbox, all (their observedGeneration is
+ * not reliable, agent-sandbox issue #1316).
+ */
+static const json_t *
+current_cond(const json_t *sb, const json_t *claim, const char *type)
+{
+	const json_t *c = find_cond(sb != NULL ? sb : claim, type);
+
+	if (c != NULL && sb != NULL && json_integer_value(json_object_get(c,
+	    "observedGeneration")) != k8s_meta_int(sb, "generation"))
+		return NULL;
+	return c;
+}
+
 static void
 view_sandbox(const json_t *sb, const json_t *claim, struct sbview *v)
 {
@@ -378,15 +395,11 @@ view_sandbox(const json_t *sb, const json_t *claim, struct sbview *v)
 	if (src == NULL)
 		return;
 	v->present = 1;
-	ready = find_cond(src, "Ready");
+	ready = current_cond(sb, claim, "Ready");
 	if (ready != NULL) {
-		int64_t gen = k8s_meta_int(src, "generation");
-
 		v->reason = jstr(ready, "reason");
 		v->message = jstr(ready, "message");
-		v->ready = streq(jstr(ready, "status"), "True") &&
-		    (sb == NULL || json_integer_value(json_object_get(ready,
-		    "observedGeneration")) == gen);
+		v->ready = streq(jstr(ready, "status"), "True");
 		if (streq(v->reason, "ReconcilerError") &&
 		    !streq(jstr(ready, "status"), "True"))
 			v->error_since = parse_time(jstr(ready,
@@ -394,7 +407,7 @@ view_sandbox(const json_t *sb, const json_t *claim, struct sbview *v)
 		if (streq(v->reason, "PodFailed"))
 			v->pod_failed = 1;
 	}
-	fin = find_cond(src, "Finished");
+	fin = current_cond(sb, claim, "Finished");
 	if (fin != NULL && streq(jstr(fin, "reason"), "PodFailed"))
 		v->pod_failed = 1;
 	ips = json_object_get(json_object_get(sb != NULL ? sb : claim,
@@ -408,7 +421,7 @@ view_sandbox(const json_t *sb, const json_t *claim, struct sbview *v)
 		v->pod_ip = json_is_string(ip) ? json_string_value(ip) :
 		    jstr(ip, "ip");
 	}
-	susp = find_cond(src, "Suspended");
+	susp = current_cond(sb, claim, "Suspended");
 	v->stopped = sb != NULL && streq(jpath(sb, "spec", "operatingMode"),
 	    "Suspended") && !v->ready && streq(v->reason,
 	    "SandboxSuspended") && ((susp != NULL && streq(jstr(susp,

@@ -900,6 +900,42 @@ test_pod_failed(void **state)
 	free(name);
 }
 
+/*
+ * A re-run reuses the failed run's Sandbox: its PodFailed conditions are
+ * for a generation the re-run replaced and do not fail the new run.
+ */
+static void
+test_rerun_after_pod_failed(void **state)
+{
+	char *name = active();
+	struct k8s_status st = { 0 };
+	json_t *sb;
+
+	(void)state;
+	play(name, "False", "PodFailed", 0, NULL, 0, 0);
+	sb = get(&K8S_SANDBOX, name);
+	json_array_append_new(json_object_get(json_object_get(sb, "status"),
+	    "conditions"), json_pack("{s:s,s:s,s:s,s:I}", "type", "Finished",
+	    "status", "True", "reason", "PodFailed", "observedGeneration",
+	    (json_int_t)k8s_meta_int(sb, "generation")));
+	assert_int_equal(k8s_update_status(env.api, &K8S_SANDBOX, NS, name,
+	    sb, NULL, &st), 0);
+	json_decref(sb);
+	reconcile(name);
+	assert_phase(name, "Failed");
+	/* what the re-run of scm/actions.c writes */
+	patch_status(name, "{\"status\":{\"run\":1,\"phase\":\"Pending\","
+	    "\"reason\":null,\"message\":null,\"completedAt\":null}}");
+	reconcile(name);
+	assert_phase(name, "Provisioning");
+	reconcile(name);
+	assert_phase(name, "Provisioning");
+	play(name, "True", "DependenciesReady", 0, "10.0.0.7", 0, 0);
+	reconcile(name);
+	assert_phase(name, "Active");
+	free(name);
+}
+
 /* ReconcilerError: transient under 5 minutes, Failed after. */
 static void
 test_reconciler_error(void **state)
@@ -1852,6 +1888,7 @@ main(void)
 		cmocka_unit_test(test_annotations_keep_phase),
 		cmocka_unit_test(test_token_replaced_revoked),
 		cmocka_unit_test(test_pod_failed),
+		cmocka_unit_test(test_rerun_after_pod_failed),
 		cmocka_unit_test(test_reconciler_error),
 		cmocka_unit_test(test_timeout),
 		cmocka_unit_test(test_completed),
