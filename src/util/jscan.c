@@ -309,6 +309,9 @@ type_of(char c)
 static int
 object(struct scanner *s, int depth, uint64_t mask)
 {
+	/* the fields whose path went through a key of this object */
+	uint64_t seen = 0;
+
 	s->p++;	/* { */
 	ws(s);
 	if (s->p < s->end && *s->p == '}') {
@@ -347,6 +350,16 @@ object(struct scanner *s, int depth, uint64_t mask)
 					sub |= UINT64_C(1) << i;
 			}
 		}
+		/*
+		 * A key on the way to a field, met again: a parser keeping
+		 * the last (jansson) and this scan would disagree about
+		 * everything below, so those fields count as duplicates.
+		 */
+		for (i = 0; (sub & seen) != 0 && i < s->n; i++)
+			if ((sub & seen & (UINT64_C(1) << i)) &&
+			    s->fields[i].count < 2)
+				s->fields[i].count = 2;
+		seen |= sub;
 		vs = s->p;
 		if (value(s, depth + 1, sub) < 0)
 			return -1;

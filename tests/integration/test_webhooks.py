@@ -95,6 +95,8 @@ def github_cases(t, d):
         "huge number": body.replace(b'"number":3', b'"number":' +
                                     b"9" * 40),
         "deep nesting": b'{"a":' * 10000 + b"1" + b"}" * 10000,
+        # a parser keeping the last "comment" sees no body, no author
+        "a duplicate parent key": body[:-1] + b',"comment":{}}',
     }
     for name, payload in bads.items():
         s, _, j = d.github("issue_comment", payload, did())

@@ -444,6 +444,39 @@ jscan_fields(void **state)
 		assert_int_equal(d[0].count, 2);
 		assert_int_equal(jscan_string(&d[0], &str, &n), -1);
 	}
+	/*
+	 * a duplicate key on the way to a field makes it a duplicate too,
+	 * whether or not the second object has it (jansson keeps the last)
+	 */
+	{
+		static const char *const docs[] = {
+			"{\"c\":{\"b\":\"x\",\"u\":{\"t\":\"U\"}},\"c\":{}}",
+			"{\"c\":{\"u\":{\"t\":\"Bot\"}},\"c\":{\"b\":\"x\"}}",
+			"{\"c\":{\"u\":{\"t\":1},\"u\":2,\"b\":\"x\"}}",
+			"{\"c\":\"s\",\"c\":{\"b\":\"x\",\"u\":{\"t\":1}}}",
+		};
+		size_t i;
+
+		for (i = 0; i < ARRAY_SIZE(docs); i++) {
+			struct jfield d[2] = { { .path = "c.b" },
+			    { .path = "c.u.t" } };
+
+			assert_int_equal(jscan(docs[i], strlen(docs[i]), d, 2,
+			    8, &err), 0);
+			assert_true(d[1].count > 1);
+			/* c.b: a duplicate where its own parent repeats */
+			assert_true(i == 2 ? d[0].count == 1 : d[0].count > 1);
+		}
+	}
+	/* the same key in different objects is no duplicate */
+	{
+		const char *ok = "{\"c\":{\"b\":\"x\"},\"d\":{\"c\":{\"b\":1}},"
+		    "\"e\":[{\"c\":1},{\"c\":2}]}";
+		struct jfield d[1] = { { .path = "c.b" } };
+
+		assert_int_equal(jscan(ok, strlen(ok), d, 1, 8, &err), 0);
+		assert_int_equal(d[0].count, 1);
+	}
 }
 
 /* ---- json_dump_compact: jansson's bytes ---- */
