@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <openssl/sha.h>
 
@@ -134,6 +135,24 @@ notifier_escape_inline(struct buf *b, const char *s, size_t len, size_t cap)
 			break;
 		case '@':
 			buf_addstr(b, "@" ZWSP);
+			break;
+		case ':':
+			/* no autolink: http:// and the like stay text */
+			buf_add(b, ":", 1);
+			if (clean.len - i > 2 && clean.data[i + 1] == '/' &&
+			    clean.data[i + 2] == '/')
+				buf_addstr(b, ZWSP);
+			break;
+		case 'w':
+		case 'W':
+			/* nor www.example (GFM's extended autolink) */
+			buf_add(b, &c, 1);
+			if (clean.len - i > 3 && strncasecmp(clean.data + i,
+			    "www.", 4) == 0) {
+				buf_add(b, clean.data + i + 1, 2);
+				buf_addstr(b, ZWSP);
+				i += 2;
+			}
 			break;
 		case '\\': case '`': case '*': case '_': case '[': case ']':
 		case '(': case ')': case '#': case '|': case '~': case '!':

@@ -420,6 +420,12 @@ test_escape_inline(void **state)
 	buf_reset(&b);
 	notifier_escape_inline(&b, "abcdef", 6, 3);
 	assert_string_equal(b.data, "abc\xe2\x80\xa6");
+	/* URLs stay text: no GFM autolink (scheme:// or www.) */
+	buf_reset(&b);
+	notifier_escape_inline(&b, "log in: https://evil.example/x or "
+	    "WWW.evil.example, a:b", 55, 100);
+	assert_string_equal(b.data, "log in: https:\xe2\x80\x8b//evil.example/x "
+	    "or WWW\xe2\x80\x8b.evil.example, a:b");
 	buf_release(&b);
 }
 
