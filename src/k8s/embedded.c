@@ -506,8 +506,8 @@ bad_request(struct k8s_status *st, const char *msg)
 	return k8s_status_set(st, K8S_EBADREQUEST, msg, NULL);
 }
 
-static int delete_tree(struct embedded *, struct op *, struct batch *,
-    const struct k8s_resource *, const char *, const char *, int);
+static int delete_tree(struct embedded *, struct batch *,
+    const struct k8s_resource *, const char *, const char *, json_t **);
 
 /*
  * The garbage collector's rule for dangling owners: an object whose
@@ -517,7 +517,7 @@ static int delete_tree(struct embedded *, struct op *, struct batch *,
  * deletion of its owner from leaving a child behind. 1: collected.
  */
 static int
-collect_orphan(struct embedded *e, struct op *op, struct batch *b,
+collect_orphan(struct embedded *e, struct batch *b,
     const struct k8s_resource *r, const char *ns, const json_t *obj)
 {
 	const json_t *owners = json_object_get(json_object_get(obj,
@@ -563,7 +563,7 @@ collect_orphan(struct embedded *e, struct op *op, struct batch *b,
 	}
 	if (named == 0)
 		return 0;
-	rc = delete_tree(e, op, b, r, ns, k8s_meta_str(obj, "name"), 1);
+	rc = delete_tree(e, b, r, ns, k8s_meta_str(obj, "name"), NULL);
 	return rc < 0 ? rc : 1;
 }
 
@@ -649,7 +649,7 @@ do_create(struct embedded *e, struct op *op, struct batch *b)
 	}
 	batch_event(b, K8S_ADDED, r, op->ns, obj);
 	op->out = obj;
-	rc = collect_orphan(e, op, b, r, op->ns, obj);
+	rc = collect_orphan(e, b, r, op->ns, obj);
 	if (rc < 0)
 		return k8s_status_set(&op->st, rc, "store write failed", NULL);
 	return 0;
@@ -701,7 +701,7 @@ commit_object(struct embedded *e, struct op *op, struct batch *b,
 		return k8s_status_set(&op->st, rc, "store write failed", NULL);
 	batch_event(b, K8S_MODIFIED, r, op->ns, next);
 	op->out = json_incref(next);
-	rc = collect_orphan(e, op, b, r, op->ns, next);
+	rc = collect_orphan(e, b, r, op->ns, next);
 	if (rc < 0)
 		return k8s_status_set(&op->st, rc, "store write failed", NULL);
 	return 0;
@@ -807,80 +807,132 @@ out:
 	return rc;
 }
 
-/* Delete one object and, depth first, everything it owns. */
-static int
-delete_tree(struct embedded *e, struct op *op, struct batch *b,
-    const struct k8s_resource *r, const char *ns, const char *name,
-    int depth)
+/*
+ * What one deletion reaches, each object once (by resource, namespace and
+ * name): the walk below goes through it in order and adds dependents at
+ * the end, so ownerReferences that form a cycle end it instead of looping.
+ */
+struct doomed {
+	const struct k8s_resource *r;
+	char *ns, *name;
+	char *key;		/* okey() */
+};
+
+struct doom_list {
+	struct doomed *v;
+	size_t n, cap;
+};
+
+static void
+doom_add(struct doom_list *l, const struct k8s_resource *r, const char *ns,
+    const char *name)
 {
-	json_t *cur = NULL;
+	char *key = okey(rkey(r), ns, name);
+	size_t i;
+
+	for (i = 0; i < l->n; i++)
+		if (strcmp(l->v[i].key, key) == 0) {
+			free(key);
+			return;
+		}
+	if (l->n == l->cap) {
+		l->cap = l->cap ? l->cap * 2 : 8;
+		l->v = xrealloc(l->v, l->cap * sizeof(*l->v));
+	}
+	l->v[l->n].r = r;
+	l->v[l->n].ns = xstrdup(ns);
+	l->v[l->n].name = xstrdup(name);
+	l->v[l->n].key = key;
+	l->n++;
+}
+
+static void
+doom_release(struct doom_list *l)
+{
+	size_t i;
+
+	for (i = 0; i < l->n; i++) {
+		free(l->v[i].ns);
+		free(l->v[i].name);
+		free(l->v[i].key);
+	}
+	free(l->v);
+}
+
+/* Add the objects whose ownerReferences name uid, by the owner index. */
+static int
+doom_dependents(struct embedded *e, struct doom_list *l, const char *uid)
+{
 	sqlite3_stmt *st;
 	int rc;
-	struct dep {
-		const struct k8s_resource *r;
-		char *ns, *name;
-	} *deps = NULL;
-	size_t ndeps = 0, i;
 
-	if (depth > 16)
+	if (uid == NULL)
 		return 0;
-	rc = load(e, r, ns, name, &cur);
-	if (rc < 0)
-		return rc;
-	/* dependents first, by the owner index */
 	st = db_stmt(e->wdb, "SELECT rkey, namespace, name FROM owners WHERE"
 	    " owner_uid = ?1");
-	if (st == NULL) {
-		json_decref(cur);
+	if (st == NULL)
 		return K8S_EINTERNAL;
-	}
-	sqlite3_bind_text(st, 1, k8s_meta_str(cur, "uid"), -1,
-	    SQLITE_TRANSIENT);
-	while (sqlite3_step(st) == SQLITE_ROW) {
+	sqlite3_bind_text(st, 1, uid, -1, SQLITE_TRANSIENT);
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
 		const char *rk = (const char *)sqlite3_column_text(st, 0);
 		int k;
 
 		for (k = 0; k8s_resources[k] != NULL; k++)
 			if (strcmp(rkey(k8s_resources[k]), rk) == 0)
 				break;
-		if (k8s_resources[k] == NULL)
-			continue;
-		deps = xrealloc(deps, (ndeps + 1) * sizeof(*deps));
-		deps[ndeps].r = k8s_resources[k];
-		deps[ndeps].ns = xstrdup((const char *)sqlite3_column_text(st,
-		    1));
-		deps[ndeps].name = xstrdup((const char *)sqlite3_column_text(
-		    st, 2));
-		ndeps++;
+		if (k8s_resources[k] != NULL)
+			doom_add(l, k8s_resources[k],
+			    (const char *)sqlite3_column_text(st, 1),
+			    (const char *)sqlite3_column_text(st, 2));
 	}
 	sqlite3_reset(st);
-	for (i = 0; i < ndeps; i++) {
-		if (rc == 0) {
-			rc = delete_tree(e, op, b, deps[i].r, deps[i].ns,
-			    deps[i].name, depth + 1);
-			if (rc == K8S_ENOTFOUND)
-				rc = 0;
+	return rc == SQLITE_DONE ? 0 : K8S_EINTERNAL;
+}
+
+/*
+ * Delete one object and everything it owns, the owner first, then its
+ * dependents breadth first: one DELETED event per object. *out (may be
+ * NULL) gets the object named.
+ */
+static int
+delete_tree(struct embedded *e, struct batch *b,
+    const struct k8s_resource *r, const char *ns, const char *name,
+    json_t **out)
+{
+	struct doom_list l = { NULL, 0, 0 };
+	size_t i;
+	int rc = 0;
+
+	doom_add(&l, r, ns, name);
+	for (i = 0; rc == 0 && i < l.n; i++) {
+		struct doomed *d = &l.v[i];
+		json_t *cur = NULL;
+
+		rc = load(e, d->r, d->ns, d->name, &cur);
+		if (rc == K8S_ENOTFOUND && i > 0) {
+			rc = 0;		/* a dependent already gone */
+			continue;
 		}
-		free(deps[i].ns);
-		free(deps[i].name);
+		if (rc == 0)
+			rc = doom_dependents(e, &l, k8s_meta_str(cur, "uid"));
+		if (rc == 0)
+			rc = erase(e, d->r, d->ns, d->name);
+		if (rc == 0) {
+			set_rv(cur, b);
+			batch_event(b, K8S_DELETED, d->r, d->ns, cur);
+			if (i == 0 && out != NULL)
+				*out = json_incref(cur);
+		}
+		json_decref(cur);
 	}
-	free(deps);
-	if (rc == 0)
-		rc = erase(e, r, ns, name);
-	if (rc == 0) {
-		set_rv(cur, b);
-		batch_event(b, K8S_DELETED, r, ns, cur);
-		if (depth == 0)
-			op->out = json_incref(cur);
-	}
-	json_decref(cur);
+	doom_release(&l);
 	return rc;
 }
 
 static int
 do_delete(struct embedded *e, struct op *op, struct batch *b)
 {
-	int rc = delete_tree(e, op, b, op->r, op->ns, op->name, 0);
+	int rc = delete_tree(e, b, op->r, op->ns, op->name, &op->out);
 
 	if (rc == K8S_ENOTFOUND)
 		return k8s_error_notfound(&op->st, op->r, op->name);

@@ -392,14 +392,14 @@ list_selectors(void **state)
 
 /* Poll a get until the object is gone (a real cluster's GC takes a while). */
 static int
-wait_gone(const struct k8s_resource *r, const char *name)
+wait_gone_in(const struct k8s_resource *r, const char *ns, const char *name)
 {
 	struct k8s_status st = { 0 };
 	json_t *g = NULL;
 	int i, rc = 0;
 
 	for (i = 0; i < 50; i++) {
-		rc = k8s_get(api, r, "default", name, &g, &st);
+		rc = k8s_get(api, r, ns, name, &g, &st);
 		k8s_status_release(&st);
 		if (rc == K8S_ENOTFOUND)
 			break;
@@ -408,6 +408,12 @@ wait_gone(const struct k8s_resource *r, const char *name)
 		sleep_ms(20);
 	}
 	return rc;
+}
+
+static int
+wait_gone(const struct k8s_resource *r, const char *name)
+{
+	return wait_gone_in(r, "default", name);
 }
 
 static void
@@ -482,6 +488,114 @@ dangling_owner(void **state)
 	free(kept);
 	free(orphan);
 	free(name);
+}
+
+/* An ownerReference to an AgentTask. */
+static json_t *
+task_ref(const json_t *owner)
+{
+	return json_pack("{s:s,s:s,s:s,s:s}", "apiVersion",
+	    "divergedev.com/v1alpha1", "kind", "AgentTask", "name",
+	    k8s_meta_str(owner, "name"), "uid", k8s_meta_str(owner, "uid"));
+}
+
+/* Set an object's ownerReferences (refs taken) with a merge patch. */
+static void
+set_owners(const struct k8s_resource *r, const char *ns, const char *name,
+    json_t *refs)
+{
+	struct k8s_status st = { 0 };
+	json_t *p = json_pack("{s:{s:o}}", "metadata", "ownerReferences",
+	    refs);
+
+	assert_int_equal(k8s_patch(api, r, ns, name, 0, p, NULL, &st), 0);
+	json_decref(p);
+}
+
+/* A watch of r in ns from now (the list's resourceVersion). */
+static struct k8s_watch *
+watch_from_now(const struct k8s_resource *r, const char *ns,
+    const char *label_selector)
+{
+	struct k8s_list_opts o = { label_selector, NULL, NULL };
+	struct k8s_status st = { 0 };
+	struct k8s_watch *w = NULL;
+	json_t *l = NULL;
+
+	assert_int_equal(k8s_list(api, r, ns, NULL, &l, &st), 0);
+	o.resource_version = k8s_meta_str(l, "resourceVersion");
+	assert_int_equal(k8s_watch(api, r, ns, &o, &w, &st), 0);
+	json_decref(l);
+	return w;
+}
+
+/*
+ * The events of w until it is quiet for 500 ms (then freed), as an array
+ * of {"type", "name", "object"}.
+ */
+static json_t *
+drain(struct k8s_watch *w)
+{
+	struct k8s_status st = { 0 };
+	struct k8s_event ev;
+	json_t *evs = json_array();
+
+	while (k8s_watch_next(w, 500, &ev, &st) == 1) {
+		if (ev.type != K8S_BOOKMARK)
+			json_array_append_new(evs, json_pack("{s:s,s:s,s:O}",
+			    "type", k8s_event_type_name(ev.type), "name",
+			    k8s_meta_str(ev.object, "name"), "object",
+			    ev.object));
+		json_decref(ev.object);
+	}
+	k8s_status_release(&st);
+	k8s_watch_free(w);
+	return evs;
+}
+
+/* How many events of evs have that type and name. */
+static int
+count_events(const json_t *evs, const char *type, const char *name)
+{
+	size_t i;
+	json_t *e;
+	int n = 0;
+
+	json_array_foreach((json_t *)evs, i, e)
+		n += strcmp(json_string_value(json_object_get(e, "type")),
+		    type) == 0 && strcmp(json_string_value(json_object_get(e,
+		    "name")), name) == 0;
+	return n;
+}
+
+/*
+ * Two objects that own each other: deleting one deletes both, each once,
+ * one DELETED event each.
+ */
+static void
+delete_cycle(void **state)
+{
+	char *ns = uniq("cy"), *a = uniq("ca"), *b = uniq("cb");
+	json_t *oa = create_task(ns, a), *ob = create_task(ns, b), *evs;
+	struct k8s_status st = { 0 };
+	struct k8s_watch *w;
+
+	(void)state;
+	set_owners(&K8S_AGENTTASK, ns, b, json_pack("[o]", task_ref(oa)));
+	set_owners(&K8S_AGENTTASK, ns, a, json_pack("[o]", task_ref(ob)));
+	w = watch_from_now(&K8S_AGENTTASK, ns, NULL);
+	assert_int_equal(k8s_delete(api, &K8S_AGENTTASK, ns, a, NULL, &st), 0);
+	assert_int_equal(wait_gone_in(&K8S_AGENTTASK, ns, b), K8S_ENOTFOUND);
+	evs = drain(w);
+	assert_int_equal(count_events(evs, "DELETED", a), 1);
+	assert_int_equal(count_events(evs, "DELETED", b), 1);
+	assert_int_equal(json_array_size(evs), 2);
+	json_decref(evs);
+	json_decref(oa);
+	json_decref(ob);
+	free(ns);
+	free(a);
+	free(b);
 }
 
 static int
@@ -805,6 +919,7 @@ main(void)
 		cmocka_unit_test(list_selectors),
 		cmocka_unit_test(delete_cascade),
 		cmocka_unit_test(dangling_owner),
+		cmocka_unit_test(delete_cycle),
 		cmocka_unit_test(watch_events),
 		cmocka_unit_test(watch_gone),
 		cmocka_unit_test(optimistic_race),
