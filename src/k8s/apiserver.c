@@ -2466,26 +2466,111 @@ out:
 	return ret;
 }
 
+/* A 422 about DeleteOptions.propagationPolicy, as the apiserver words it. */
+static int
+policy_invalid(struct k8s_status *st, const char *reason, const char *msg)
+{
+	char *full = xasprintf("DeleteOptions.meta.k8s.io \"\" is invalid: "
+	    "propagationPolicy: %s", msg);
+	int rc = k8s_status_set(st, K8S_EINVALID, full, json_pack("{s:s, s:s, "
+	    "s:[{s:s, s:s, s:s}]}", "group", "meta.k8s.io", "kind",
+	    "DeleteOptions", "causes", "reason", reason, "message", msg,
+	    "field", "propagationPolicy"));
+
+	free(full);
+	return rc;
+}
+
+/*
+ * The propagation policy of a DELETE, from DeleteOptions: the body's when
+ * there is one (opts), else the query's, as the apiserver decodes them;
+ * propagationPolicy, or the older orphanDependents (true: Orphan). 422 for
+ * an unknown policy or both set, 400 for a value of the wrong type.
+ */
+static int
+delete_policy(struct api_req *q, const json_t *opts,
+    enum k8s_propagation *out, struct k8s_status *st)
+{
+	const json_t *pj = json_object_get(opts, "propagationPolicy");
+	const json_t *oj = json_object_get(opts, "orphanDependents");
+	const char *pol = json_string_value(pj), *orphan = NULL;
+	char *msg;
+	int rc;
+
+	if ((pj != NULL && !json_is_null(pj) && pol == NULL) ||
+	    (oj != NULL && !json_is_null(oj) && !json_is_boolean(oj)))
+		return k8s_status_set(st, K8S_EBADREQUEST, "DeleteOptions: "
+		    "propagationPolicy must be a string and orphanDependents "
+		    "a boolean", NULL);
+	if (opts == NULL) {
+		pol = query(q, "propagationPolicy");
+		orphan = query(q, "orphanDependents");
+		if (orphan != NULL && strcmp(orphan, "true") != 0 &&
+		    strcmp(orphan, "false") != 0)
+			return k8s_status_set(st, K8S_EBADREQUEST, "invalid "
+			    "orphanDependents: want true or false", NULL);
+	} else if (json_is_boolean(oj)) {
+		orphan = json_is_true(oj) ? "true" : "false";
+	}
+	*out = K8S_PROPAGATE_DEFAULT;
+	if (pol == NULL || *pol == '\0') {
+		if (orphan != NULL && strcmp(orphan, "true") == 0)
+			*out = K8S_PROPAGATE_ORPHAN;
+		return 0;
+	}
+	if (k8s_propagation_parse(pol, out) < 0) {
+		msg = xasprintf("Unsupported value: \"%s\": supported values: "
+		    "\"Foreground\", \"Background\", \"Orphan\", \"nil\"", pol);
+		rc = policy_invalid(st, "FieldValueNotSupported", msg);
+		free(msg);
+		return rc;
+	}
+	if (orphan != NULL) {
+		msg = xasprintf("Invalid value: \"%s\": orphanDependents and "
+		    "deletionPropagation cannot be both set", pol);
+		rc = policy_invalid(st, "FieldValueInvalid", msg);
+		free(msg);
+		return rc;
+	}
+	return 0;
+}
+
+/*
+ * The DeleteOptions of a DELETE: *opts gets the body's (NULL without a
+ * JSON body: other encodings carry nothing we use) and *policy the
+ * propagation policy (delete_policy).
+ */
+static int
+delete_options(struct api_req *q, json_t **opts, enum k8s_propagation *policy,
+    struct k8s_status *st)
+{
+	char *m = media_type(header(q, "Content-Type"));
+	int rc = 0;
+
+	*opts = NULL;
+	if (q->body.len > 0 && (m[0] == '\0' || strstr(m, "json") != NULL))
+		rc = body_json(q, opts, st);
+	free(m);
+	if (rc < 0)
+		return rc;
+	return delete_policy(q, *opts, policy, st);
+}
+
 static void
 do_delete(struct api_req *q, const struct target *t)
 {
 	struct k8s_status st;
 	json_t *opts = NULL, *gone = NULL;
-	char *m = NULL;
+	enum k8s_propagation policy;
 
 	memset(&st, 0, sizeof(st));
 	if (dry_run_refused(q))
 		goto out;
-	m = media_type(header(q, "Content-Type"));
-	if (q->body.len > 0 && (m[0] == '\0' || strstr(m, "json") != NULL)) {
-		/* DeleteOptions; other encodings carry nothing we use */
-		if (body_json(q, &opts, &st) < 0)
-			goto fail;
-		if (check_preconditions(q, t, json_object_get(opts,
-		    "preconditions"), &st) < 0)
-			goto fail;
-	}
-	if (k8s_delete(q->srv->api, t->r, t->ns, t->name, &gone, &st) < 0)
+	if (delete_options(q, &opts, &policy, &st) < 0 ||
+	    check_preconditions(q, t, json_object_get(opts, "preconditions"),
+	    &st) < 0 ||
+	    k8s_delete_policy(q->srv->api, t->r, t->ns, t->name, policy, &gone,
+	    &st) < 0)
 		goto fail;
 	if (gone != NULL) {
 		ensure_typed(gone, t->r);
@@ -2500,7 +2585,6 @@ do_delete(struct api_req *q, const struct target *t)
 fail:
 	reply_st(q, &st);
 out:
-	free(m);
 	json_decref(opts);
 	k8s_status_release(&st);
 }
@@ -2510,7 +2594,8 @@ do_delete_collection(struct api_req *q, const struct target *t)
 {
 	struct k8s_list_opts opts;
 	struct k8s_status st;
-	json_t *list = NULL, *it, *gone;
+	json_t *list = NULL, *it, *gone, *dopts = NULL;
+	enum k8s_propagation policy;
 	char *fsel = NULL;
 	size_t i;
 
@@ -2522,6 +2607,7 @@ do_delete_collection(struct api_req *q, const struct target *t)
 	if (dry_run_refused(q))
 		goto out;
 	if (check_selectors(q, t, &opts, &fsel, &st) < 0 ||
+	    delete_options(q, &dopts, &policy, &st) < 0 ||
 	    k8s_list(q->srv->api, t->r, t->ns, &opts, &list, &st) < 0)
 		goto fail;
 	ensure_typed_list(list, t->r);
@@ -2531,8 +2617,8 @@ do_delete_collection(struct api_req *q, const struct target *t)
 		gone = NULL;
 		if (name == NULL)
 			continue;
-		if (k8s_delete(q->srv->api, t->r, t->ns, name, &gone,
-		    &st) < 0 && st.err != K8S_ENOTFOUND)
+		if (k8s_delete_policy(q->srv->api, t->r, t->ns, name, policy,
+		    &gone, &st) < 0 && st.err != K8S_ENOTFOUND)
 			goto fail;
 		k8s_status_release(&st);
 		memset(&st, 0, sizeof(st));
@@ -2548,6 +2634,7 @@ do_delete_collection(struct api_req *q, const struct target *t)
 fail:
 	reply_st(q, &st);
 out:
+	json_decref(dopts);
 	json_decref(list);
 	free(fsel);
 	k8s_status_release(&st);

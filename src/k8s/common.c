@@ -686,7 +686,46 @@ int
 k8s_delete(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
     const char *name, json_t **out, struct k8s_status *st)
 {
-	return api->ops->del(api, r, ns, name, out, st);
+	return api->ops->del(api, r, ns, name, K8S_PROPAGATE_DEFAULT, out, st);
+}
+
+int
+k8s_delete_policy(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, enum k8s_propagation policy,
+    json_t **out, struct k8s_status *st)
+{
+	return api->ops->del(api, r, ns, name, policy, out, st);
+}
+
+static const char *const propagation_names[] = {
+	[K8S_PROPAGATE_DEFAULT] = "Background",
+	[K8S_PROPAGATE_BACKGROUND] = "Background",
+	[K8S_PROPAGATE_FOREGROUND] = "Foreground",
+	[K8S_PROPAGATE_ORPHAN] = "Orphan",
+};
+
+/* The API's name of a propagation policy. */
+const char *
+k8s_propagation_name(enum k8s_propagation p)
+{
+	if ((size_t)p >= ARRAY_SIZE(propagation_names))
+		p = K8S_PROPAGATE_DEFAULT;
+	return propagation_names[p];
+}
+
+/* A propagation policy from its API name. */
+int
+k8s_propagation_parse(const char *s, enum k8s_propagation *out)
+{
+	size_t i;
+
+	for (i = K8S_PROPAGATE_BACKGROUND; s != NULL &&
+	    i < ARRAY_SIZE(propagation_names); i++)
+		if (strcmp(s, propagation_names[i]) == 0) {
+			*out = (enum k8s_propagation)i;
+			return 0;
+		}
+	return -1;
 }
 
 int

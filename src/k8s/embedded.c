@@ -44,6 +44,7 @@ struct op {
 	const char *ns;
 	const char *name;
 	const json_t *in;
+	enum k8s_propagation policy;	/* OP_DELETE */
 	k8s_txn_fn fn;		/* OP_TXN */
 	void *arg;
 	json_t *out;
@@ -506,8 +507,146 @@ bad_request(struct k8s_status *st, const char *msg)
 	return k8s_status_set(st, K8S_EBADREQUEST, msg, NULL);
 }
 
+/*
+ * What one deletion reaches, each object once (by resource, namespace and
+ * name): the walk below goes through it in order and adds dependents at
+ * the end, so ownerReferences that form a cycle end it instead of looping.
+ */
+struct doomed {
+	const struct k8s_resource *r;
+	char *ns, *name;
+	char *key;		/* okey() */
+};
+
+struct doom_list {
+	struct doomed *v;
+	size_t n, cap;
+};
+
+/* Whether the object of key (okey()) is in l; l may be NULL. */
+static int
+doom_has(const struct doom_list *l, const char *key)
+{
+	size_t i;
+
+	for (i = 0; l != NULL && i < l->n; i++)
+		if (strcmp(l->v[i].key, key) == 0)
+			return 1;
+	return 0;
+}
+
+static void
+doom_add(struct doom_list *l, const struct k8s_resource *r, const char *ns,
+    const char *name)
+{
+	char *key = okey(rkey(r), ns, name);
+
+	if (doom_has(l, key)) {
+		free(key);
+		return;
+	}
+	if (l->n == l->cap) {
+		l->cap = l->cap ? l->cap * 2 : 8;
+		l->v = xrealloc(l->v, l->cap * sizeof(*l->v));
+	}
+	l->v[l->n].r = r;
+	l->v[l->n].ns = xstrdup(ns);
+	l->v[l->n].name = xstrdup(name);
+	l->v[l->n].key = key;
+	l->n++;
+}
+
+static void
+doom_release(struct doom_list *l)
+{
+	size_t i;
+
+	for (i = 0; i < l->n; i++) {
+		free(l->v[i].ns);
+		free(l->v[i].name);
+		free(l->v[i].key);
+	}
+	free(l->v);
+}
+
 static int delete_tree(struct embedded *, struct batch *,
-    const struct k8s_resource *, const char *, const char *, json_t **);
+    const struct k8s_resource *, const char *, const char *,
+    enum k8s_propagation, json_t **);
+
+/*
+ * Whether the owner an ownerReference of an object in ns names exists
+ * (its uid, not only its name) and is not being deleted (in doomed, which
+ * may be NULL): 1 or 0, or K8S_EINTERNAL. An owner of a kind this store
+ * does not keep, or without a name, is not ours to judge: it lives.
+ */
+static int
+owner_live(struct embedded *e, const char *ns, const json_t *ref,
+    const struct doom_list *doomed)
+{
+	const char *ouid = json_string_value(json_object_get(ref, "uid"));
+	const char *av = json_string_value(json_object_get(ref, "apiVersion"));
+	const char *kind = json_string_value(json_object_get(ref, "kind"));
+	const char *name = json_string_value(json_object_get(ref, "name"));
+	const struct k8s_resource *owner_r = NULL;
+	json_t *owner = NULL;
+	char *key;
+	int k, rc, live;
+
+	for (k = 0; av != NULL && kind != NULL && k8s_resources[k] != NULL;
+	    k++)
+		if (strcmp(k8s_resources[k]->kind, kind) == 0 &&
+		    strcmp(k8s_api_version(k8s_resources[k]), av) == 0)
+			owner_r = k8s_resources[k];
+	if (owner_r == NULL || name == NULL)
+		return 1;
+	if (!owner_r->namespaced)
+		ns = "";
+	key = okey(rkey(owner_r), ns, name);
+	live = !doom_has(doomed, key);
+	free(key);
+	if (!live)
+		return 0;
+	/* the owner by its name, then its uid (a PK read, cached) */
+	rc = load_ref(e, owner_r, ns, name, &owner);
+	if (rc < 0 && rc != K8S_ENOTFOUND)
+		return K8S_EINTERNAL;
+	live = rc == 0 && ouid != NULL && k8s_meta_str(owner, "uid") != NULL &&
+	    strcmp(k8s_meta_str(owner, "uid"), ouid) == 0;
+	json_decref(owner);
+	return live;
+}
+
+/*
+ * Whether obj (in ns) has a live owner (owner_live) among its
+ * ownerReferences with a uid other than skip_uid (may be NULL): 1 or 0, or
+ * K8S_EINTERNAL. *named (may be NULL) gets how many were looked at.
+ */
+static int
+has_live_owner(struct embedded *e, const char *ns, const json_t *obj,
+    const char *skip_uid, const struct doom_list *doomed, size_t *named)
+{
+	const json_t *owners = json_object_get(json_object_get(obj,
+	    "metadata"), "ownerReferences");
+	size_t i, n = 0;
+	json_t *o;
+	int rc = 0;
+
+	json_array_foreach((json_t *)owners, i, o) {
+		const char *ouid = json_string_value(json_object_get(o,
+		    "uid"));
+
+		if (ouid == NULL || (skip_uid != NULL &&
+		    strcmp(ouid, skip_uid) == 0))
+			continue;
+		n++;
+		rc = owner_live(e, ns, o, doomed);
+		if (rc != 0)
+			break;
+	}
+	if (named != NULL)
+		*named = n;
+	return rc;
+}
 
 /*
  * The garbage collector's rule for dangling owners: an object whose
@@ -520,50 +659,13 @@ static int
 collect_orphan(struct embedded *e, struct batch *b,
     const struct k8s_resource *r, const char *ns, const json_t *obj)
 {
-	const json_t *owners = json_object_get(json_object_get(obj,
-	    "metadata"), "ownerReferences");
-	size_t i, named = 0;
-	json_t *o;
-	int rc;
+	size_t named;
+	int rc = has_live_owner(e, ns, obj, NULL, NULL, &named);
 
-	json_array_foreach((json_t *)owners, i, o) {
-		const char *ouid = json_string_value(json_object_get(o,
-		    "uid"));
-		const char *av = json_string_value(json_object_get(o,
-		    "apiVersion"));
-		const char *kind = json_string_value(json_object_get(o,
-		    "kind"));
-		const char *name = json_string_value(json_object_get(o,
-		    "name"));
-		const struct k8s_resource *owner_r = NULL;
-		json_t *owner = NULL;
-		int k, same;
-
-		if (ouid == NULL)
-			continue;
-		for (k = 0; av != NULL && kind != NULL &&
-		    k8s_resources[k] != NULL; k++)
-			if (strcmp(k8s_resources[k]->kind, kind) == 0 &&
-			    strcmp(k8s_api_version(k8s_resources[k]), av) == 0)
-				owner_r = k8s_resources[k];
-		/* a kind this store does not keep: not ours to judge */
-		if (owner_r == NULL || name == NULL)
-			return 0;
-		named++;
-		/* the owner by its name, then its uid (a PK read, cached) */
-		rc = load_ref(e, owner_r, owner_r->namespaced ? ns : "", name,
-		    &owner);
-		if (rc < 0 && rc != K8S_ENOTFOUND)
-			return K8S_EINTERNAL;
-		same = rc == 0 && k8s_meta_str(owner, "uid") != NULL &&
-		    strcmp(k8s_meta_str(owner, "uid"), ouid) == 0;
-		json_decref(owner);
-		if (same)
-			return 0;
-	}
-	if (named == 0)
-		return 0;
-	rc = delete_tree(e, b, r, ns, k8s_meta_str(obj, "name"), NULL);
+	if (rc != 0 || named == 0)
+		return rc < 0 ? rc : 0;
+	rc = delete_tree(e, b, r, ns, k8s_meta_str(obj, "name"),
+	    K8S_PROPAGATE_BACKGROUND, NULL);
 	return rc < 0 ? rc : 1;
 }
 
@@ -807,67 +909,13 @@ out:
 	return rc;
 }
 
-/*
- * What one deletion reaches, each object once (by resource, namespace and
- * name): the walk below goes through it in order and adds dependents at
- * the end, so ownerReferences that form a cycle end it instead of looping.
- */
-struct doomed {
-	const struct k8s_resource *r;
-	char *ns, *name;
-	char *key;		/* okey() */
-};
-
-struct doom_list {
-	struct doomed *v;
-	size_t n, cap;
-};
-
-static void
-doom_add(struct doom_list *l, const struct k8s_resource *r, const char *ns,
-    const char *name)
-{
-	char *key = okey(rkey(r), ns, name);
-	size_t i;
-
-	for (i = 0; i < l->n; i++)
-		if (strcmp(l->v[i].key, key) == 0) {
-			free(key);
-			return;
-		}
-	if (l->n == l->cap) {
-		l->cap = l->cap ? l->cap * 2 : 8;
-		l->v = xrealloc(l->v, l->cap * sizeof(*l->v));
-	}
-	l->v[l->n].r = r;
-	l->v[l->n].ns = xstrdup(ns);
-	l->v[l->n].name = xstrdup(name);
-	l->v[l->n].key = key;
-	l->n++;
-}
-
-static void
-doom_release(struct doom_list *l)
-{
-	size_t i;
-
-	for (i = 0; i < l->n; i++) {
-		free(l->v[i].ns);
-		free(l->v[i].name);
-		free(l->v[i].key);
-	}
-	free(l->v);
-}
-
-/* Add the objects whose ownerReferences name uid, by the owner index. */
+/* The objects whose ownerReferences name uid, by the owner index. */
 static int
-doom_dependents(struct embedded *e, struct doom_list *l, const char *uid)
+dependents_of(struct embedded *e, const char *uid, struct doom_list *out)
 {
 	sqlite3_stmt *st;
 	int rc;
 
-	if (uid == NULL)
-		return 0;
 	st = db_stmt(e->wdb, "SELECT rkey, namespace, name FROM owners WHERE"
 	    " owner_uid = ?1");
 	if (st == NULL)
@@ -881,7 +929,7 @@ doom_dependents(struct embedded *e, struct doom_list *l, const char *uid)
 			if (strcmp(rkey(k8s_resources[k]), rk) == 0)
 				break;
 		if (k8s_resources[k] != NULL)
-			doom_add(l, k8s_resources[k],
+			doom_add(out, k8s_resources[k],
 			    (const char *)sqlite3_column_text(st, 1),
 			    (const char *)sqlite3_column_text(st, 2));
 	}
@@ -889,15 +937,84 @@ doom_dependents(struct embedded *e, struct doom_list *l, const char *uid)
 	return rc == SQLITE_DONE ? 0 : K8S_EINTERNAL;
 }
 
+/* Rewrite dep without its ownerReferences to uid: a MODIFIED event. */
+static int
+drop_owner(struct embedded *e, struct batch *b, const struct doomed *d,
+    const json_t *dep, const char *uid)
+{
+	json_t *next = json_deep_copy(dep), *m = meta(next), *refs;
+	size_t i;
+	int rc;
+
+	refs = json_object_get(m, "ownerReferences");
+	for (i = json_array_size(refs); i-- > 0;) {
+		const char *ouid = json_string_value(json_object_get(
+		    json_array_get(refs, i), "uid"));
+
+		if (ouid != NULL && strcmp(ouid, uid) == 0)
+			json_array_remove(refs, i);
+	}
+	if (json_array_size(refs) == 0)
+		json_object_del(m, "ownerReferences");
+	set_rv(next, b);
+	rc = store(e, d->r, d->ns, next, dep);
+	if (rc == 0)
+		batch_event(b, K8S_MODIFIED, d->r, d->ns, next);
+	json_decref(next);
+	return rc;
+}
+
 /*
- * Delete one object and everything it owns, the owner first, then its
- * dependents breadth first: one DELETED event per object. *out (may be
- * NULL) gets the object named.
+ * What the garbage collector does to the dependents of a deleted owner
+ * (uid): with orphan, or when a dependent has another owner that lives
+ * (not in doomed), it drops its reference to the owner and stays;
+ * otherwise it joins doomed, to be deleted in turn.
+ */
+static int
+settle_dependents(struct embedded *e, struct batch *b,
+    struct doom_list *doomed, const char *uid, int orphan)
+{
+	struct doom_list deps = { NULL, 0, 0 };
+	size_t i;
+	int rc;
+
+	rc = dependents_of(e, uid, &deps);
+	for (i = 0; rc == 0 && i < deps.n; i++) {
+		struct doomed *d = &deps.v[i];
+		json_t *dep = NULL;
+
+		if (doom_has(doomed, d->key))
+			continue;	/* a cycle: on its way already */
+		rc = load_ref(e, d->r, d->ns, d->name, &dep);
+		if (rc == K8S_ENOTFOUND) {
+			rc = 0;
+			continue;
+		}
+		if (rc == 0 && !orphan)
+			rc = has_live_owner(e, d->ns, dep, uid, doomed, NULL);
+		if (rc == 0 && !orphan)
+			doom_add(doomed, d->r, d->ns, d->name);
+		else if (rc >= 0)
+			rc = drop_owner(e, b, d, dep, uid);
+		json_decref(dep);
+	}
+	doom_release(&deps);
+	return rc;
+}
+
+/*
+ * Delete one object, then settle its dependents as the apiserver and its
+ * garbage collector do for policy, and so on down, breadth first: each
+ * object once, one DELETED event each. Background and Foreground end in
+ * the same state here, where everything happens in one transaction; they
+ * differ on a cluster only in what is seen meanwhile. Orphan applies to
+ * the object named, whose dependents lose their reference to it. *out
+ * (may be NULL) gets the object named.
  */
 static int
 delete_tree(struct embedded *e, struct batch *b,
     const struct k8s_resource *r, const char *ns, const char *name,
-    json_t **out)
+    enum k8s_propagation policy, json_t **out)
 {
 	struct doom_list l = { NULL, 0, 0 };
 	size_t i;
@@ -914,8 +1031,6 @@ delete_tree(struct embedded *e, struct batch *b,
 			continue;
 		}
 		if (rc == 0)
-			rc = doom_dependents(e, &l, k8s_meta_str(cur, "uid"));
-		if (rc == 0)
 			rc = erase(e, d->r, d->ns, d->name);
 		if (rc == 0) {
 			set_rv(cur, b);
@@ -923,6 +1038,9 @@ delete_tree(struct embedded *e, struct batch *b,
 			if (i == 0 && out != NULL)
 				*out = json_incref(cur);
 		}
+		if (rc == 0 && k8s_meta_str(cur, "uid") != NULL)
+			rc = settle_dependents(e, b, &l, k8s_meta_str(cur,
+			    "uid"), i == 0 && policy == K8S_PROPAGATE_ORPHAN);
 		json_decref(cur);
 	}
 	doom_release(&l);
@@ -932,7 +1050,8 @@ delete_tree(struct embedded *e, struct batch *b,
 static int
 do_delete(struct embedded *e, struct op *op, struct batch *b)
 {
-	int rc = delete_tree(e, b, op->r, op->ns, op->name, &op->out);
+	int rc = delete_tree(e, b, op->r, op->ns, op->name, op->policy,
+	    &op->out);
 
 	if (rc == K8S_ENOTFOUND)
 		return k8s_error_notfound(&op->st, op->r, op->name);
@@ -1194,25 +1313,16 @@ writer_main(void *arg)
 	return NULL;
 }
 
-/* Queue an operation and wait for its commit. */
+/* Queue op (filled in, ns not NULL) and wait for its commit. */
 static int
-submit(struct embedded *e, enum op_kind kind, const struct k8s_resource *r,
-    const char *ns, const char *name, const json_t *in, json_t **out,
+submit_op(struct embedded *e, struct op *op, json_t **out,
     struct k8s_status *st)
 {
-	struct op op;
-
-	memset(&op, 0, sizeof(op));
-	op.kind = kind;
-	op.r = r;
-	op.ns = ns ? ns : "";
-	op.name = name;
-	op.in = in;
-	if (r != NULL && r->namespaced && (ns == NULL || *ns == '\0'))
+	if (op->r != NULL && op->r->namespaced && *op->ns == '\0')
 		return k8s_status_set(st, K8S_EBADREQUEST,
 		    "a namespace is required for this resource", NULL);
-	if (kind != OP_CREATE && kind != OP_TXN &&
-	    (name == NULL || *name == '\0'))
+	if (op->kind != OP_CREATE && op->kind != OP_TXN &&
+	    (op->name == NULL || *op->name == '\0'))
 		return k8s_status_set(st, K8S_EBADREQUEST,
 		    "a name is required", NULL);
 	pthread_mutex_lock(&e->mu);
@@ -1221,29 +1331,53 @@ submit(struct embedded *e, enum op_kind kind, const struct k8s_resource *r,
 		return k8s_status_set(st, K8S_EUNAVAILABLE,
 		    "the store is shutting down", NULL);
 	}
-	pthread_cond_init(&op.cv, NULL);
-	*e->ops_tail = &op;
-	e->ops_tail = &op.next;
+	pthread_cond_init(&op->cv, NULL);
+	*e->ops_tail = op;
+	e->ops_tail = &op->next;
 	pthread_cond_signal(&e->wcond);
-	while (!op.done)
-		pthread_cond_wait(&op.cv, &e->mu);
+	while (!op->done)
+		pthread_cond_wait(&op->cv, &e->mu);
 	pthread_mutex_unlock(&e->mu);
-	pthread_cond_destroy(&op.cv);
-	if (op.rc < 0) {
+	pthread_cond_destroy(&op->cv);
+	if (op->rc < 0) {
 		if (st != NULL) {
 			k8s_status_release(st);
-			*st = op.st;
+			*st = op->st;
 		} else {
-			k8s_status_release(&op.st);
+			k8s_status_release(&op->st);
 		}
-		return op.rc;
+		return op->rc;
 	}
-	k8s_status_release(&op.st);
-	/* op.out is published (watch events, the writer's cache): a copy */
+	k8s_status_release(&op->st);
+	/* op->out is published (watch events, the writer's cache): a copy */
 	if (out != NULL)
-		*out = json_deep_copy(op.out);
-	json_decref(op.out);
+		*out = json_deep_copy(op->out);
+	json_decref(op->out);
 	return 0;
+}
+
+static void
+op_init(struct op *op, enum op_kind kind, const struct k8s_resource *r,
+    const char *ns, const char *name, const json_t *in)
+{
+	memset(op, 0, sizeof(*op));
+	op->kind = kind;
+	op->r = r;
+	op->ns = ns ? ns : "";
+	op->name = name;
+	op->in = in;
+}
+
+/* Queue an operation and wait for its commit. */
+static int
+submit(struct embedded *e, enum op_kind kind, const struct k8s_resource *r,
+    const char *ns, const char *name, const json_t *in, json_t **out,
+    struct k8s_status *st)
+{
+	struct op op;
+
+	op_init(&op, kind, r, ns, name, in);
+	return submit_op(e, &op, out, st);
 }
 
 /* Run fn in one transaction of the writer. */
@@ -1365,10 +1499,14 @@ e_patch(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
 
 static int
 e_delete(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
-    const char *name, json_t **out, struct k8s_status *st)
+    const char *name, enum k8s_propagation policy, json_t **out,
+    struct k8s_status *st)
 {
-	return submit((struct embedded *)api, OP_DELETE, r, ns, name, NULL,
-	    out, st);
+	struct op op;
+
+	op_init(&op, OP_DELETE, r, ns, name, NULL);
+	op.policy = policy;
+	return submit_op((struct embedded *)api, &op, out, st);
 }
 
 /* -------------------------------------------------------------- reads */

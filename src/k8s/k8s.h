@@ -161,6 +161,26 @@ struct k8s_event {
 const char *k8s_event_type_name(enum k8s_event_type t);
 
 /*
+ * DeleteOptions.propagationPolicy: what becomes of the dependents of a
+ * deleted object (the objects whose metadata.ownerReferences name it).
+ * Background (the default) and Foreground delete a dependent unless it
+ * has another owner that still exists, which keeps it and loses only its
+ * reference to the deleted one; Orphan keeps every dependent and removes
+ * the reference.
+ */
+enum k8s_propagation {
+	K8S_PROPAGATE_DEFAULT = 0,	/* the server's: Background */
+	K8S_PROPAGATE_BACKGROUND,
+	K8S_PROPAGATE_FOREGROUND,
+	K8S_PROPAGATE_ORPHAN
+};
+
+/* "Background", "Foreground", "Orphan" ("Background" for the default). */
+const char *k8s_propagation_name(enum k8s_propagation p);
+/* The policy named s, exactly as the API spells it; -1 if none. */
+int k8s_propagation_parse(const char *s, enum k8s_propagation *out);
+
+/*
  * Options for list and watch. ns NULL = all namespaces (namespaced
  * resources). resource_version for watch: NULL or "0" = synthetic ADDED
  * for every current match, then changes; "N" = changes after N only.
@@ -204,11 +224,11 @@ struct k8s_ops {
 	int (*patch)(struct k8s_api *api, const struct k8s_resource *r,
 	    const char *ns, const char *name, int status, const json_t *patch,
 	    json_t **out, struct k8s_status *st);
-	/* Delete (dependents through ownerReferences follow); *out = the
-	 * deleted object (may be NULL-ed by passing out NULL). */
+	/* Delete, the dependents as policy says; *out = the deleted object
+	 * (may be NULL-ed by passing out NULL). */
 	int (*del)(struct k8s_api *api, const struct k8s_resource *r,
-	    const char *ns, const char *name, json_t **out,
-	    struct k8s_status *st);
+	    const char *ns, const char *name, enum k8s_propagation policy,
+	    json_t **out, struct k8s_status *st);
 	/* Start a watch; events come from k8s_watch_next. */
 	int (*watch)(struct k8s_api *api, const struct k8s_resource *r,
 	    const char *ns, const struct k8s_list_opts *opts,
@@ -252,8 +272,12 @@ int k8s_update_status(struct k8s_api *api, const struct k8s_resource *r,
 int k8s_patch(struct k8s_api *api, const struct k8s_resource *r,
     const char *ns, const char *name, int status, const json_t *patch,
     json_t **out, struct k8s_status *st);
+/* k8s_delete: the default policy (Background); k8s_delete_policy: any. */
 int k8s_delete(struct k8s_api *api, const struct k8s_resource *r,
     const char *ns, const char *name, json_t **out, struct k8s_status *st);
+int k8s_delete_policy(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, enum k8s_propagation policy,
+    json_t **out, struct k8s_status *st);
 int k8s_watch(struct k8s_api *api, const struct k8s_resource *r,
     const char *ns, const struct k8s_list_opts *opts, struct k8s_watch **out,
     struct k8s_status *st);

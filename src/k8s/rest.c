@@ -1208,7 +1208,8 @@ rest_patch(struct k8s_api *api, const struct k8s_resource *r,
 
 static int
 rest_del(struct k8s_api *api, const struct k8s_resource *r,
-    const char *ns, const char *name, json_t **out, struct k8s_status *st)
+    const char *ns, const char *name, enum k8s_propagation policy,
+    json_t **out, struct k8s_status *st)
 {
 	struct rest *rs = rest_of(api);
 	struct req rq = { .method = "DELETE", .max = MAX_BODY,
@@ -1219,7 +1220,8 @@ rest_del(struct k8s_api *api, const struct k8s_resource *r,
 		return bad_request(st, "a name is required");
 	ret = object_req(rs, &rq, r, ns, name, 0, st);
 	if (ret == 0) {
-		rq.body = xstrdup("{\"propagationPolicy\":\"Background\"}");
+		rq.body = xasprintf("{\"propagationPolicy\":\"%s\"}",
+		    k8s_propagation_name(policy));
 		rq.body_len = strlen(rq.body);
 		ret = rest_call(rs, &rq, out, st);
 	}

@@ -706,6 +706,25 @@ def json_patch(doc, ops):
 # The store
 
 
+def delete_options_invalid(reason, msg):
+    return ApiError(422, status_body(
+        422, "Invalid", 'DeleteOptions.meta.k8s.io "" is invalid: '
+        f"propagationPolicy: {msg}",
+        {"group": "meta.k8s.io", "kind": "DeleteOptions",
+         "causes": [{"reason": reason, "message": msg,
+                     "field": "propagationPolicy"}]}))
+
+
+def delete_policy(options):
+    """The propagation policy DeleteOptions ask for (validated by the
+    handler): propagationPolicy, else orphanDependents, else
+    Background."""
+    if options.get("propagationPolicy"):
+        return options["propagationPolicy"]
+    return "Orphan" if options.get("orphanDependents") is True else \
+        "Background"
+
+
 class Event:
     __slots__ = ("rv", "type", "ns", "plural", "obj", "prev", "obj_json")
 
@@ -964,14 +983,10 @@ class Store:
                     "Precondition failed: ResourceVersion in precondition: "
                     f"{pre['resourceVersion']}, ResourceVersion in object "
                     f"meta: {md['resourceVersion']}"))
-            policy = options.get("propagationPolicy")
-            if not policy:
-                orphan = options.get("orphanDependents")
-                policy = "Orphan" if orphan is True else "Background"
-            return self._delete(kind, obj, policy)
+            return self._delete(kind, obj, delete_policy(options))
 
     def delete_collection(self, kind, matcher, options):
-        policy = options.get("propagationPolicy") or "Background"
+        policy = delete_policy(options)
         with self.lock:
             victims = [o for (p, _, _), o in sorted(self.objects.items())
                        if p == kind.plural and matcher(o)]
@@ -986,14 +1001,13 @@ class Store:
                     "metadata": {"resourceVersion": str(self.rv)},
                     "items": out}
 
-    def _delete(self, kind, obj, policy):
-        """Deletes (or, with finalizers, marks) one object.  Lock held."""
+    def _delete(self, kind, obj, policy, doomed=frozenset()):
+        """Deletes (or, with finalizers, marks) one object.  Lock held.
+        doomed: the uids a Foreground deletion is deleting further up."""
         md = obj["metadata"]
         if policy == "Foreground":
-            for dkind, dep in self._dependents(md["uid"]):
-                cur = self.objects.get(self._key(dkind, dep))
-                if cur is not None:
-                    self._delete(dkind, cur, "Foreground")
+            doomed = doomed | {md["uid"]}
+            self._settle_dependents(md["uid"], policy, doomed)
         if md.get("finalizers"):
             if md.get("deletionTimestamp"):
                 return obj, False
@@ -1007,22 +1021,30 @@ class Store:
             self.objects[self._key(kind, cand)] = cand
             self._emit("MODIFIED", kind, cand, obj)
             return cand, False
-        self._remove(kind, obj, policy)
+        self._remove(kind, obj, policy, doomed)
         return obj, True
 
-    def _remove(self, kind, obj, policy="Background"):
+    def _remove(self, kind, obj, policy="Background", doomed=frozenset()):
         """Removes from storage, emits DELETED, then runs the garbage
         collector on the dependents.  Lock held."""
         self.objects.pop(self._key(kind, obj), None)
         gone = copy.deepcopy(obj)
         gone["metadata"]["resourceVersion"] = self._next_rv()
         self._emit("DELETED", kind, gone)
-        uid = obj["metadata"]["uid"]
-        live_uids = {o["metadata"]["uid"] for o in self.objects.values()}
+        self._settle_dependents(obj["metadata"]["uid"], policy, doomed)
+        return gone
+
+    def _settle_dependents(self, uid, policy, doomed):
+        """The garbage collector on the dependents of owner uid: with
+        Orphan, or when a dependent has another owner that exists (and
+        is not in doomed), it only loses its reference to uid; otherwise
+        it is deleted (Foreground: before its owner).  Lock held."""
         for dkind, dep in self._dependents(uid):
             cur = self.objects.get(self._key(dkind, dep))
-            if cur is None:
-                continue
+            if cur is None or cur["metadata"]["uid"] in doomed:
+                continue                 # gone, or a cycle on its way
+            live_uids = {o["metadata"]["uid"] for o in self.objects.values()
+                         } - set(doomed) - {uid}
             refs = cur["metadata"].get("ownerReferences") or []
             others = [r for r in refs if isinstance(r, dict)
                       and r.get("uid") != uid]
@@ -1037,8 +1059,8 @@ class Store:
                 self.objects[self._key(dkind, cand)] = cand
                 self._emit("MODIFIED", dkind, cand, cur)
             else:
-                self._delete(dkind, cur, "Background")
-        return gone
+                self._delete(dkind, cur, "Foreground" if policy ==
+                             "Foreground" else "Background", doomed)
 
     def _dependents(self, uid):
         out = []
@@ -2466,6 +2488,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         return obj
 
     def delete_options(self, body, query):
+        """DeleteOptions from the body when there is one, else from the
+        query, as the apiserver decodes them; then validated."""
         opts = {}
         if body.strip():
             try:
@@ -2474,18 +2498,20 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 raise err_bad_request(f"json parse error: {e}")
             if not isinstance(opts, dict):
                 raise err_bad_request("DeleteOptions must be an object")
-        if query.get("propagationPolicy"):
-            opts["propagationPolicy"] = query["propagationPolicy"]
+        else:
+            if query.get("propagationPolicy"):
+                opts["propagationPolicy"] = query["propagationPolicy"]
+            if query.get("orphanDependents") in ("true", "false"):
+                opts["orphanDependents"] = query["orphanDependents"] == "true"
         pol = opts.get("propagationPolicy")
         if pol not in (None, "", "Orphan", "Background", "Foreground"):
             msg = (f"Unsupported value: {json.dumps(pol)}: supported values: "
                    f'"Foreground", "Background", "Orphan", "nil"')
-            raise ApiError(422, status_body(
-                422, "Invalid", 'DeleteOptions.meta.k8s.io "" is invalid: '
-                f"propagationPolicy: {msg}",
-                {"group": "meta.k8s.io", "kind": "DeleteOptions",
-                 "causes": [{"reason": "FieldValueNotSupported",
-                             "message": msg, "field": "propagationPolicy"}]}))
+            raise delete_options_invalid("FieldValueNotSupported", msg)
+        if pol and opts.get("orphanDependents") is not None:
+            msg = (f"Invalid value: {json.dumps(pol)}: orphanDependents and "
+                   "deletionPropagation cannot be both set")
+            raise delete_options_invalid("FieldValueInvalid", msg)
         return opts
 
     def matcher(self, kind, ns, name, query):

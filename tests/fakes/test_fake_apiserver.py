@@ -566,6 +566,44 @@ def t_delete(f):
     st, _, b = f.req("GET", SB + "/sb2")
     check("Orphan: the dependent stays, without the ownerReference",
           st == 200 and "ownerReferences" not in b["metadata"], b)
+    a = f.req("POST", AT, obj("AgentTask", "fg-a", spec=SPEC))[2]
+    b2 = f.req("POST", AT, obj("AgentTask", "fg-b", spec=SPEC))[2]
+    f.req("POST", SB, obj("Sandbox", "fg-shared",
+                          api="agents.x-k8s.io/v1beta1", spec={},
+                          ownerReferences=[owner_ref(a), owner_ref(b2)]))
+    f.req("PATCH", AT + "/fg-a", {"metadata": {
+        "ownerReferences": [owner_ref(b2)]}}, MERGE)
+    f.req("PATCH", AT + "/fg-b", {"metadata": {
+        "ownerReferences": [owner_ref(a)]}}, MERGE)
+    st, _, b = f.req("DELETE", AT + "/fg-b?propagationPolicy=Orphan",
+                     {"propagationPolicy": "Foreground"})
+    gone = [f.req("GET", AT + "/fg-" + n)[0] for n in "ab"]
+    check("Foreground (the body's, not the query's) through an "
+          "ownerReference cycle: both owners deleted",
+          st == 200 and gone == [404, 404], (st, gone, b))
+    st, _, b = f.req("GET", SB + "/fg-shared")
+    check("Foreground: a dependent whose owners all go goes too",
+          st == 404, b)
+    a = f.req("POST", AT, obj("AgentTask", "fg-c", spec=SPEC))[2]
+    b2 = f.req("POST", AT, obj("AgentTask", "fg-d", spec=SPEC))[2]
+    f.req("POST", SB, obj("Sandbox", "fg-kept", api="agents.x-k8s.io/v1beta1",
+                          spec={}, ownerReferences=[owner_ref(a),
+                                                    owner_ref(b2)]))
+    f.req("DELETE", AT + "/fg-c", {"propagationPolicy": "Foreground"})
+    st, _, b = f.req("GET", SB + "/fg-kept")
+    check("Foreground: a dependent with another live owner stays",
+          st == 200 and [r["name"] for r in
+                         b["metadata"]["ownerReferences"]] == ["fg-d"], b)
+    f.req("DELETE", AT + "/fg-d?orphanDependents=true")
+    st, _, b = f.req("GET", SB + "/fg-kept")
+    check("orphanDependents=true in the query: Orphan", st == 200 and
+          "ownerReferences" not in b["metadata"], b)
+    st, _, b = f.req("DELETE", SB + "/fg-kept", {
+        "propagationPolicy": "Orphan", "orphanDependents": True})
+    check("DeleteOptions with both orphanDependents and propagationPolicy: "
+          "422", st == 422 and b["details"]["causes"][0]["field"] ==
+          "propagationPolicy", b)
+    f.req("DELETE", SB + "/fg-kept")
     st, _, b = f.req("DELETE", SB + "/sb2", {"preconditions": {
         "uid": "00000000-0000-0000-0000-000000000000"}})
     check("DELETE with a failing uid precondition: 409", st == 409, b)

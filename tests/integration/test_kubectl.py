@@ -490,6 +490,66 @@ def delete(t, k, watch_lines):
          "get -w saw DELETED", "\n".join(watch_lines))
 
 
+def cascade(t, k, srv):
+    """delete --cascade=orphan keeps the dependents; a plain delete keeps
+    a dependent that has another owner (DESIGN section 10)."""
+    def create(obj):
+        rc, out, err = k.run("create", "-o", "json", "-f", "-",
+                             stdin=json.dumps(obj))
+        if rc != 0:
+            raise RuntimeError("kubectl create: " + err)
+        return json.loads(out)
+
+    def env(name):
+        return create({"apiVersion": "divergedev.com/v1alpha1",
+                       "kind": "Environment", "metadata": {"name": name},
+                       "spec": {"branch": "main"}})
+
+    def secret(name, owners):
+        return create({"apiVersion": "v1", "kind": "Secret", "metadata": {
+            "name": name, "ownerReferences": [{
+                "apiVersion": "divergedev.com/v1alpha1",
+                "kind": "Environment", "name": o["metadata"]["name"],
+                "uid": o["metadata"]["uid"]} for o in owners]},
+            "stringData": {"k": "v"}})
+
+    def owners(name):
+        rc, out, err = k.run("get", "secret", name, "-o", "json")
+        if rc != 0:
+            return None
+        return [r["name"] for r in
+                json.loads(out)["metadata"].get("ownerReferences", [])]
+
+    o3 = env("o3")
+    secret("o3-child", [o3])
+    rc, out, err = k.run("delete", "environment", "o3", "--cascade=orphan")
+    t.ok(rc == 0 and owners("o3-child") == [],
+         "delete --cascade=orphan: the dependent stays, without the "
+         "ownerReference", out + err + repr(owners("o3-child")))
+    o1, o2 = env("o1"), env("o2")
+    secret("shared", [o1, o2])
+    rc, out, err = k.run("delete", "environment", "o1")
+    t.ok(rc == 0 and owners("shared") == ["o2"],
+         "delete: a dependent with another owner stays, its reference "
+         "to the deleted owner gone", out + err + repr(owners("shared")))
+    rc, out, err = k.run("delete", "environment", "o2")
+    t.ok(rc == 0 and owners("shared") is None,
+         "delete of the last owner deletes the dependent", out + err)
+    req = urllib.request.Request(
+        srv.url + "/apis/divergedev.com/v1alpha1/namespaces/default/"
+        "environments/nope?propagationPolicy=Sideways", method="DELETE")
+    try:
+        urllib.request.urlopen(req, timeout=10)
+        code, body = 200, {}
+    except urllib.error.HTTPError as e:
+        code, body = e.code, json.loads(e.read())
+    t.ok(code == 422 and body.get("reason") == "Invalid" and
+         body.get("details", {}).get("causes", [{}])[0].get("field") ==
+         "propagationPolicy", "an unknown propagationPolicy: 422",
+         json.dumps(body))
+    k.run("delete", "secret", "o3-child")
+
+
 KUBECONFIG = """apiVersion: v1
 kind: Config
 clusters:
@@ -598,6 +658,7 @@ def main(t):
             patches(t, k, lines)
             errors(t, k, srv.tmp)
             secrets(t, k)
+            cascade(t, k, srv)
             delete(t, k, lines)
         finally:
             watch.terminate()

@@ -598,6 +598,136 @@ delete_cycle(void **state)
 	free(b);
 }
 
+/* A Secret in ns owned by the objects of refs (taken). */
+static void
+create_owned_secret(const char *ns, const char *name, json_t *refs)
+{
+	struct k8s_status st = { 0 };
+	json_t *s = json_pack("{s:s,s:s,s:{s:s,s:o},s:{s:s}}", "apiVersion",
+	    "v1", "kind", "Secret", "metadata", "name", name,
+	    "ownerReferences", refs, "data", "k", "eHl6");
+
+	assert_int_equal(k8s_create(api, &K8S_SECRET, ns, s, NULL, &st), 0);
+	json_decref(s);
+}
+
+/*
+ * The uids of a Secret's ownerReferences, joined by spaces, once they
+ * number want (a real cluster's GC takes a while); NULL when it is gone.
+ */
+static char *
+owner_uids(const char *ns, const char *name, size_t want)
+{
+	struct k8s_status st = { 0 };
+	json_t *g = NULL, *refs, *o;
+	char *uids = NULL;
+	size_t i;
+	int n;
+
+	for (n = 0; n < 50; n++) {
+		json_decref(g);
+		g = NULL;
+		if (k8s_get(api, &K8S_SECRET, ns, name, &g, &st) < 0) {
+			k8s_status_release(&st);
+			return NULL;
+		}
+		refs = json_object_get(json_object_get(g, "metadata"),
+		    "ownerReferences");
+		if (json_array_size(refs) == want)
+			break;
+		sleep_ms(20);
+	}
+	uids = xstrdup("");
+	json_array_foreach(json_object_get(json_object_get(g, "metadata"),
+	    "ownerReferences"), i, o) {
+		char *next = xasprintf("%s%s%s", uids, i ? " " : "",
+		    json_string_value(json_object_get(o, "uid")));
+
+		free(uids);
+		uids = next;
+	}
+	json_decref(g);
+	return uids;
+}
+
+/*
+ * propagationPolicy Orphan: the dependents stay, each without its
+ * reference to the deleted owner (and with its other references).
+ */
+static void
+delete_orphan(void **state)
+{
+	char *ns = uniq("or"), *o3 = uniq("o3"), *o4 = uniq("o4");
+	json_t *t3 = create_task(ns, o3), *t4 = create_task(ns, o4);
+	struct k8s_status st = { 0 };
+	char *uids;
+
+	(void)state;
+	create_owned_secret(ns, "only", json_pack("[o]", task_ref(t3)));
+	create_owned_secret(ns, "both", json_pack("[o,o]", task_ref(t3),
+	    task_ref(t4)));
+	assert_int_equal(k8s_delete_policy(api, &K8S_AGENTTASK, ns, o3,
+	    K8S_PROPAGATE_ORPHAN, NULL, &st), 0);
+	assert_int_equal(wait_gone_in(&K8S_AGENTTASK, ns, o3), K8S_ENOTFOUND);
+	uids = owner_uids(ns, "only", 0);
+	assert_non_null(uids);
+	assert_string_equal(uids, "");
+	free(uids);
+	uids = owner_uids(ns, "both", 1);
+	assert_non_null(uids);
+	assert_string_equal(uids, k8s_meta_str(t4, "uid"));
+	free(uids);
+	json_decref(t3);
+	json_decref(t4);
+	free(ns);
+	free(o3);
+	free(o4);
+}
+
+/*
+ * Background and Foreground: a dependent with another owner that still
+ * exists stays and only loses its reference to the deleted one; once its
+ * last owner goes, it goes.
+ */
+static void
+delete_shared_dependent(void **state)
+{
+	static const enum k8s_propagation policies[] = {
+		K8S_PROPAGATE_DEFAULT, K8S_PROPAGATE_FOREGROUND
+	};
+	struct k8s_status st = { 0 };
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < ARRAY_SIZE(policies); i++) {
+		char *ns = uniq("sh"), *o1 = uniq("o1"), *o2 = uniq("o2");
+		json_t *t1 = create_task(ns, o1), *t2 = create_task(ns, o2);
+		char *uids;
+
+		create_owned_secret(ns, "shared", json_pack("[o,o]",
+		    task_ref(t1), task_ref(t2)));
+		create_owned_secret(ns, "mine", json_pack("[o]",
+		    task_ref(t1)));
+		assert_int_equal(k8s_delete_policy(api, &K8S_AGENTTASK, ns, o1,
+		    policies[i], NULL, &st), 0);
+		assert_int_equal(wait_gone_in(&K8S_SECRET, ns, "mine"),
+		    K8S_ENOTFOUND);
+		uids = owner_uids(ns, "shared", 1);
+		assert_non_null(uids);
+		assert_string_equal(uids, k8s_meta_str(t2, "uid"));
+		free(uids);
+		assert_int_equal(k8s_delete_policy(api, &K8S_AGENTTASK, ns, o2,
+		    policies[i], NULL, &st), 0);
+		assert_int_equal(wait_gone_in(&K8S_SECRET, ns, "shared"),
+		    K8S_ENOTFOUND);
+		json_decref(t1);
+		json_decref(t2);
+		free(ns);
+		free(o1);
+		free(o2);
+	}
+}
+
 static int
 next_event(struct k8s_watch *w, struct k8s_event *ev)
 {
@@ -920,6 +1050,8 @@ main(void)
 		cmocka_unit_test(delete_cascade),
 		cmocka_unit_test(dangling_owner),
 		cmocka_unit_test(delete_cycle),
+		cmocka_unit_test(delete_orphan),
+		cmocka_unit_test(delete_shared_dependent),
 		cmocka_unit_test(watch_events),
 		cmocka_unit_test(watch_gone),
 		cmocka_unit_test(optimistic_race),
