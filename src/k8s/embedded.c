@@ -64,6 +64,12 @@ struct event {
 	const struct k8s_resource *r;
 	char *ns;
 	json_t *obj;		/* shared, never modified after publish */
+	/*
+	 * MODIFIED: the version it replaced (shared, as obj), which tells
+	 * the watchers whose selection the change left or entered; else
+	 * NULL. Mostly the obj of an earlier event: it costs a reference.
+	 */
+	json_t *prev;
 };
 
 struct reader {
@@ -466,8 +472,18 @@ struct batch {
 };
 
 static void
+event_release(struct event *ev)
+{
+	free(ev->ns);
+	json_decref(ev->obj);
+	json_decref(ev->prev);
+}
+
+/* Record an event; prev: the version a MODIFIED replaces, else NULL. */
+static void
 batch_event(struct batch *b, enum k8s_event_type type,
-    const struct k8s_resource *r, const char *ns, json_t *obj)
+    const struct k8s_resource *r, const char *ns, json_t *obj,
+    const json_t *prev)
 {
 	if (b->n == b->cap) {
 		b->cap = b->cap ? b->cap * 2 : 64;
@@ -479,26 +495,30 @@ batch_event(struct batch *b, enum k8s_event_type type,
 	b->ev[b->n].r = r;
 	b->ev[b->n].ns = xstrdup(ns);
 	b->ev[b->n].obj = json_incref(obj);
+	b->ev[b->n].prev = json_incref((json_t *)prev);
 	b->n++;
 }
 
 static void
 batch_truncate(struct batch *b, size_t n)
 {
-	while (b->n > n) {
-		b->n--;
-		free(b->ev[b->n].ns);
-		json_decref(b->ev[b->n].obj);
-	}
+	while (b->n > n)
+		event_release(&b->ev[--b->n]);
+}
+
+static void
+set_rv_to(json_t *obj, int64_t v)
+{
+	char *rv = rv_string(v);
+
+	json_object_set_new(meta(obj), "resourceVersion", json_string(rv));
+	free(rv);
 }
 
 static void
 set_rv(json_t *obj, struct batch *b)
 {
-	char *rv = rv_string(++b->rv);
-
-	json_object_set_new(meta(obj), "resourceVersion", json_string(rv));
-	free(rv);
+	set_rv_to(obj, ++b->rv);
 }
 
 static int
@@ -749,7 +769,7 @@ do_create(struct embedded *e, struct op *op, struct batch *b)
 		json_decref(obj);
 		return k8s_status_set(&op->st, rc, "store write failed", NULL);
 	}
-	batch_event(b, K8S_ADDED, r, op->ns, obj);
+	batch_event(b, K8S_ADDED, r, op->ns, obj, NULL);
 	op->out = obj;
 	rc = collect_orphan(e, b, r, op->ns, obj);
 	if (rc < 0)
@@ -801,7 +821,7 @@ commit_object(struct embedded *e, struct op *op, struct batch *b,
 	rc = store(e, r, op->ns, next, cur);
 	if (rc < 0)
 		return k8s_status_set(&op->st, rc, "store write failed", NULL);
-	batch_event(b, K8S_MODIFIED, r, op->ns, next);
+	batch_event(b, K8S_MODIFIED, r, op->ns, next, cur);
 	op->out = json_incref(next);
 	rc = collect_orphan(e, b, r, op->ns, next);
 	if (rc < 0)
@@ -959,7 +979,7 @@ drop_owner(struct embedded *e, struct batch *b, const struct doomed *d,
 	set_rv(next, b);
 	rc = store(e, d->r, d->ns, next, dep);
 	if (rc == 0)
-		batch_event(b, K8S_MODIFIED, d->r, d->ns, next);
+		batch_event(b, K8S_MODIFIED, d->r, d->ns, next, dep);
 	json_decref(next);
 	return rc;
 }
@@ -1034,7 +1054,7 @@ delete_tree(struct embedded *e, struct batch *b,
 			rc = erase(e, d->r, d->ns, d->name);
 		if (rc == 0) {
 			set_rv(cur, b);
-			batch_event(b, K8S_DELETED, d->r, d->ns, cur);
+			batch_event(b, K8S_DELETED, d->r, d->ns, cur, NULL);
 			if (i == 0 && out != NULL)
 				*out = json_incref(cur);
 		}
@@ -1170,20 +1190,22 @@ apply(struct embedded *e, struct op *op, struct batch *b)
 }
 
 static void
+ring_drop_oldest(struct embedded *e)
+{
+	event_release(&e->ring[e->rhead]);
+	e->rhead = (e->rhead + 1) % e->rcap;
+	e->rlen--;
+}
+
+static void
 ring_push(struct embedded *e, struct event *ev)
 {
 	int64_t now = now_mono_ms();
 
 	/* drop what is outside the window */
 	while (e->rlen > 0 && (e->rlen == e->rcap ||
-	    now - e->ring[e->rhead].at_ms > e->cfg.watch_window_s * 1000)) {
-		struct event *old = &e->ring[e->rhead];
-
-		free(old->ns);
-		json_decref(old->obj);
-		e->rhead = (e->rhead + 1) % e->rcap;
-		e->rlen--;
-	}
+	    now - e->ring[e->rhead].at_ms > e->cfg.watch_window_s * 1000))
+		ring_drop_oldest(e);
 	e->ring[(e->rhead + e->rlen) % e->rcap] = *ev;
 	e->rlen++;
 }
@@ -1726,11 +1748,37 @@ e_watch(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
 }
 
 static int
-event_matches(const struct ewatch *w, const struct event *ev)
+selected(const struct ewatch *w, const json_t *obj)
 {
-	return ev->r == w->r && (w->ns == NULL || strcmp(ev->ns, w->ns) == 0)
-	    && k8s_selector_match(w->labels, ev->obj) &&
-	    k8s_selector_match(w->fields, ev->obj);
+	return k8s_selector_match(w->labels, obj) &&
+	    k8s_selector_match(w->fields, obj);
+}
+
+/*
+ * What w sees of ev, as kube-apiserver's watch cache decides it: 0 when
+ * nothing, else its type. A MODIFIED whose object enters the selection
+ * is ADDED for w, one that leaves it DELETED (of the version before, which
+ * *prev_out gets, at the event's resourceVersion).
+ */
+static enum k8s_event_type
+event_view(const struct ewatch *w, const struct event *ev,
+    const json_t **prev_out)
+{
+	int now, before;
+
+	*prev_out = NULL;
+	if (ev->r != w->r || (w->ns != NULL && strcmp(ev->ns, w->ns) != 0))
+		return 0;
+	now = selected(w, ev->obj);
+	if (ev->type != K8S_MODIFIED || ev->prev == NULL)
+		return now ? ev->type : 0;
+	before = selected(w, ev->prev);
+	if (now)
+		return before ? K8S_MODIFIED : K8S_ADDED;
+	if (!before)
+		return 0;
+	*prev_out = ev->prev;
+	return K8S_DELETED;
 }
 
 static int
@@ -1774,13 +1822,18 @@ e_watch_next(struct k8s_watch *kw, int timeout_ms, struct k8s_event *out,
 		i = (size_t)(w->cursor + 1 - oldest);
 		for (; i < e->rlen; i++) {
 			struct event *ev = &e->ring[(e->rhead + i) % e->rcap];
+			const json_t *left;
+			enum k8s_event_type type = event_view(w, ev, &left);
 
 			w->cursor = ev->rv;
-			if (event_matches(w, ev)) {
-				out->type = ev->type;
-				out->object = json_deep_copy(ev->obj);
+			if (type != 0) {
+				out->type = type;
+				out->object = json_deep_copy(left != NULL ?
+				    left : ev->obj);
 				out->rv = ev->rv;
 				pthread_mutex_unlock(&e->mu);
+				if (left != NULL)
+					set_rv_to(out->object, ev->rv);
 				return 1;
 			}
 		}
@@ -1842,14 +1895,8 @@ e_free(struct k8s_api *api)
 	ocache_clear(e);
 	free(e->oc);
 	db_close(e->wdb);
-	while (e->rlen > 0) {
-		struct event *ev = &e->ring[e->rhead];
-
-		free(ev->ns);
-		json_decref(ev->obj);
-		e->rhead = (e->rhead + 1) % e->rcap;
-		e->rlen--;
-	}
+	while (e->rlen > 0)
+		ring_drop_oldest(e);
 	free(e->ring);
 	free(e->path);
 	pthread_mutex_destroy(&e->mu);

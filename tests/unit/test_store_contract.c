@@ -807,6 +807,74 @@ watch_events(void **state)
 	free(other);
 }
 
+/* Patch a task's metadata.labels.team; the new resourceVersion. */
+static char *
+relabel(const char *ns, const char *name, const char *team)
+{
+	struct k8s_status st = { 0 };
+	json_t *p = json_pack("{s:{s:{s:s}}}", "metadata", "labels", "team",
+	    team), *out = NULL;
+	char *rv;
+
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, ns, name, 0, p, &out,
+	    &st), 0);
+	rv = xstrdup(k8s_meta_str(out, "resourceVersion"));
+	json_decref(out);
+	json_decref(p);
+	return rv;
+}
+
+/*
+ * A watch with a label selector, like kube-apiserver's watch cache: an
+ * object that a change takes out of the selection is DELETED for the
+ * watcher (as it was, at the change's resourceVersion), one that a change
+ * brings in is ADDED.
+ */
+static void
+watch_selector_transitions(void **state)
+{
+	char *ns = uniq("ws"), *name = uniq("wl"), *other = uniq("wn"), *rv;
+	json_t *obj = create_task(ns, name), *o2 = create_task(ns, other);
+	json_t *evs, *left, *p;
+	struct k8s_status st = { 0 };
+	struct k8s_watch *w;
+
+	(void)state;
+	free(relabel(ns, other, "z"));
+	w = watch_from_now(&K8S_AGENTTASK, ns, "team=a");
+	rv = relabel(ns, name, "b");		/* leaves */
+	free(relabel(ns, name, "a"));		/* comes back */
+	p = json_pack("{s:{s:b}}", "spec", "suspended", 1);
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, ns, name, 0, p, NULL,
+	    &st), 0);			/* stays */
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, ns, other, 0, p, NULL,
+	    &st), 0);			/* never in */
+	json_decref(p);
+	assert_int_equal(k8s_delete(api, &K8S_AGENTTASK, ns, name, NULL, &st),
+	    0);
+	evs = drain(w);
+	assert_int_equal(json_array_size(evs), 4);
+	assert_int_equal(count_events(evs, "DELETED", name), 2);
+	assert_int_equal(count_events(evs, "ADDED", name), 1);
+	assert_int_equal(count_events(evs, "MODIFIED", name), 1);
+	left = json_array_get(evs, 0);
+	assert_string_equal(json_string_value(json_object_get(left, "type")),
+	    "DELETED");
+	left = json_object_get(left, "object");
+	assert_string_equal(k8s_meta_str(left, "resourceVersion"), rv);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(
+	    json_object_get(left, "metadata"), "labels"), "team")), "a");
+	assert_string_equal(json_string_value(json_object_get(json_array_get(
+	    evs, 1), "type")), "ADDED");
+	json_decref(evs);
+	json_decref(obj);
+	json_decref(o2);
+	free(rv);
+	free(ns);
+	free(name);
+	free(other);
+}
+
 static void
 watch_gone(void **state)
 {
@@ -1053,6 +1121,7 @@ main(void)
 		cmocka_unit_test(delete_orphan),
 		cmocka_unit_test(delete_shared_dependent),
 		cmocka_unit_test(watch_events),
+		cmocka_unit_test(watch_selector_transitions),
 		cmocka_unit_test(watch_gone),
 		cmocka_unit_test(optimistic_race),
 #if STORE_MODE == 1
