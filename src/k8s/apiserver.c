@@ -270,17 +270,6 @@ media_type(const char *ctype)
 }
 
 static int
-is_builtin(const struct k8s_resource *r)
-{
-	size_t n = strlen(r->group), m = strlen(".k8s.io");
-
-	if (r->group[0] == '\0')
-		return 1;
-	return n > m && strcmp(r->group + n - m, ".k8s.io") == 0 &&
-	    strstr(r->group, "x-k8s.io") == NULL;
-}
-
-static int
 dns_label(const char *s)
 {
 	size_t i, n = strlen(s);
@@ -729,7 +718,7 @@ schema_name(const struct k8s_resource *r, const char *suffix)
 	buf_init(&b, 1024);
 	if (g[0] == '\0') {
 		buf_addstr(&b, "io.k8s.api.core");
-	} else if (is_builtin(r)) {
+	} else if (k8s_resource_builtin(r)) {
 		dot = strchr(g, '.');
 		buf_addstr(&b, "io.k8s.api.");
 		buf_add(&b, g, (size_t)(dot - g));
@@ -2377,7 +2366,8 @@ do_patch(struct api_req *q, const struct target *t)
 		kind = PATCH_MERGE;
 	} else if (strcmp(m, MT_JSONPATCH) == 0) {
 		kind = PATCH_JSON;
-	} else if (strcmp(m, MT_STRATEGIC) == 0 && is_builtin(t->r)) {
+	} else if (strcmp(m, MT_STRATEGIC) == 0 &&
+	    k8s_resource_builtin(t->r)) {
 		kind = PATCH_STRATEGIC;
 	} else if (strcmp(m, MT_APPLY) == 0 ||
 	    strcmp(m, "application/apply-patch+cbor") == 0) {
@@ -2389,8 +2379,8 @@ do_patch(struct api_req *q, const struct target *t)
 		reply_err(q, K8S_EUNSUPPORTED, 415, "UnsupportedMediaType",
 		    "the body of the request was in an unknown format - "
 		    "accepted media types include: %s%s, %s, %s",
-		    is_builtin(t->r) ? MT_STRATEGIC ", " : "", MT_JSONPATCH,
-		    MT_MERGE, MT_APPLY);
+		    k8s_resource_builtin(t->r) ? MT_STRATEGIC ", " : "",
+		    MT_JSONPATCH, MT_MERGE, MT_APPLY);
 		goto out;
 	}
 	if (dry_run_refused(q))

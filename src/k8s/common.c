@@ -101,6 +101,18 @@ k8s_qualified_plural(const struct k8s_resource *r)
 	return i >= 0 ? qualified[i] : r->plural;
 }
 
+/* Whether r is a built-in kind rather than a custom resource. */
+int
+k8s_resource_builtin(const struct k8s_resource *r)
+{
+	size_t n = strlen(r->group), m = strlen(".k8s.io");
+
+	if (r->group[0] == '\0')
+		return 1;
+	return n > m && strcmp(r->group + n - m, ".k8s.io") == 0 &&
+	    strstr(r->group, "x-k8s.io") == NULL;
+}
+
 /* ------------------------------------------------------------- errors */
 
 static const struct {
@@ -255,6 +267,26 @@ k8s_error_conflict(struct k8s_status *st, const struct k8s_resource *r,
 	    name ? name : "");
 	int ret = k8s_status_set(st, K8S_ECONFLICT, m, name_details(r, name));
 
+	free(m);
+	return ret;
+}
+
+/* 422 for an update of a custom resource without a resourceVersion. */
+int
+k8s_error_rv_required(struct k8s_status *st, const struct k8s_resource *r,
+    const char *name)
+{
+	static const char what[] = "Invalid value: 0x0: must be specified for "
+	    "an update";
+	json_t *d = name_details(r, name);
+	char *m = xasprintf("%s \"%s\" is invalid: metadata.resourceVersion: "
+	    "%s", k8s_qualified_plural(r), name ? name : "", what);
+	int ret;
+
+	json_object_set_new(d, "causes", json_pack("[{s:s,s:s,s:s}]",
+	    "reason", "FieldValueInvalid", "message", what, "field",
+	    "metadata.resourceVersion"));
+	ret = k8s_status_set(st, K8S_EINVALID, m, d);
 	free(m);
 	return ret;
 }

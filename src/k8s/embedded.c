@@ -834,20 +834,9 @@ check_rv(struct op *op, const json_t *cur, const json_t *in, int required)
 {
 	const char *want = k8s_meta_str(in, "resourceVersion");
 
-	if (want == NULL || *want == '\0') {
-		if (!required)
-			return 0;
-		{
-			char *m = xasprintf("%s.%s \"%s\" is invalid: "
-			    "metadata.resourceVersion: Invalid value: 0x0: must "
-			    "be specified for an update", op->r->kind,
-			    op->r->group[0] ? op->r->group : "core", op->name);
-			int rc = k8s_status_set(&op->st, K8S_EINVALID, m, NULL);
-
-			free(m);
-			return rc;
-		}
-	}
+	if (want == NULL || *want == '\0')
+		return required ? k8s_error_rv_required(&op->st, op->r,
+		    op->name) : 0;
 	if (strcmp(want, k8s_meta_str(cur, "resourceVersion")) != 0)
 		return k8s_error_conflict(&op->st, op->r, op->name);
 	return 0;
@@ -871,7 +860,9 @@ do_modify(struct embedded *e, struct op *op, struct batch *b)
 		return k8s_error_notfound(&op->st, r, op->name);
 	if (rc < 0)
 		return k8s_status_set(&op->st, rc, "store read failed", NULL);
-	rc = check_rv(op, cur, op->in, op->kind == OP_UPDATE);
+	/* a PUT: unconditional for built-in kinds only, as in the apiserver */
+	rc = check_rv(op, cur, op->in, (op->kind == OP_UPDATE ||
+	    op->kind == OP_UPDATE_STATUS) && !k8s_resource_builtin(r));
 	if (rc < 0)
 		goto out;
 	pname = k8s_meta_str(op->in, "name");

@@ -53,6 +53,13 @@ const struct k8s_resource *k8s_resource_find(const char *group,
 const char *k8s_api_version(const struct k8s_resource *r);
 /* "agenttasks.divergedev.com" or "secrets" (same lifetime). */
 const char *k8s_qualified_plural(const struct k8s_resource *r);
+/*
+ * Whether r is a kind compiled into kube-apiserver (the core group and
+ * *.k8s.io, but not the x-k8s.io of SIG projects' CRDs), not a custom
+ * resource: strategic merge patches, and updates without a
+ * resourceVersion (unconditional), are allowed for it.
+ */
+int k8s_resource_builtin(const struct k8s_resource *r);
 
 /* ---- errors (Kubernetes Status) ---- */
 
@@ -91,6 +98,13 @@ int k8s_error_exists(struct k8s_status *st, const struct k8s_resource *r,
     const char *name);
 int k8s_error_conflict(struct k8s_status *st, const struct k8s_resource *r,
     const char *name);
+/*
+ * 422 for an update without metadata.resourceVersion of a kind that does
+ * not allow unconditional updates (custom resources), worded as the
+ * apiserver does: details.kind is the plural, as for the others.
+ */
+int k8s_error_rv_required(struct k8s_status *st,
+    const struct k8s_resource *r, const char *name);
 /* The Status JSON object for st (new reference). */
 json_t *k8s_status_json(const struct k8s_status *st);
 /* Parse a Status object (from a REST reply) into st; http code given. */
@@ -206,13 +220,16 @@ struct k8s_ops {
 	    const char *ns, const json_t *obj, json_t **out,
 	    struct k8s_status *st);
 	/*
-	 * Replace spec and metadata (status changes ignored); obj must carry
-	 * metadata.resourceVersion (422 otherwise, 409 when stale).
+	 * Replace spec and metadata (status changes ignored); 409 when obj's
+	 * metadata.resourceVersion is stale. Without one, a custom resource
+	 * gives 422 (CRDs allow no unconditional update) and a built-in kind
+	 * (k8s_resource_builtin) is updated whatever its version.
 	 */
 	int (*update)(struct k8s_api *api, const struct k8s_resource *r,
 	    const char *ns, const char *name, const json_t *obj,
 	    json_t **out, struct k8s_status *st);
-	/* The status subresource: only .status is taken from obj. */
+	/* The status subresource: only .status is taken from obj;
+	 * resourceVersion as for update. */
 	int (*update_status)(struct k8s_api *api, const struct k8s_resource *r,
 	    const char *ns, const char *name, const json_t *obj,
 	    json_t **out, struct k8s_status *st);

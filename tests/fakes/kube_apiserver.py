@@ -866,11 +866,14 @@ class Store:
                 raise err_not_found(kind, name)
             rv = md.get("resourceVersion")
             if rv in (None, "", "0", 0):
-                raise err_invalid(kind, name, [(
-                    "FieldValueInvalid", "metadata.resourceVersion",
-                    "Invalid value: 0x0: must be specified for an update")],
-                    use_resource=True)
-            if str(rv) != old["metadata"]["resourceVersion"]:
+                # CRDs (customResourceStrategy) allow no unconditional
+                # update; Secret and NetworkPolicy strategies do
+                if not kind.builtin:
+                    raise err_invalid(kind, name, [(
+                        "FieldValueInvalid", "metadata.resourceVersion",
+                        "Invalid value: 0x0: must be specified for an "
+                        "update")], use_resource=True)
+            elif str(rv) != old["metadata"]["resourceVersion"]:
                 raise err_conflict(kind, name)
             return self._commit(kind, old, body, subresource)
 

@@ -525,6 +525,12 @@ def t_builtins(f):
           b["spec"]["policyTypes"] == ["Ingress", "Egress"] and
           b["spec"]["egress"][0]["ports"][0]["protocol"] == "TCP" and
           b["metadata"]["generation"] == 1, b)
+    cur = f.req("GET", SEC + "/s1")[2]
+    del cur["metadata"]["resourceVersion"]
+    cur["data"]["c"] = "ZQ=="
+    st, _, b = f.req("PUT", SEC + "/s1", cur)
+    check("secret: PUT without resourceVersion: unconditional update",
+          st == 200 and b["data"]["c"] == "ZQ==", b)
     st, _, b = f.req("DELETE", SEC + "/s1")
     check("secret: DELETE answers Status Success", st == 200 and
           b["kind"] == "Status" and b["status"] == "Success" and

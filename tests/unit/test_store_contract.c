@@ -197,6 +197,54 @@ update_conflicts(void **state)
 	free(name);
 }
 
+/*
+ * A PUT without metadata.resourceVersion, of the object or its /status:
+ * 422 for a custom resource (CRDs allow no unconditional update), applied
+ * for a built-in kind such as a Secret.
+ */
+static void
+unconditional_update(void **state)
+{
+	char *name = uniq("uu"), *want;
+	json_t *obj = create_task("default", name), *in, *out = NULL, *s;
+	struct k8s_status st = { 0 };
+	int status;
+
+	(void)state;
+	want = xasprintf("agenttasks.divergedev.com \"%s\" is invalid: "
+	    "metadata.resourceVersion: Invalid value: 0x0: must be specified "
+	    "for an update", name);
+	in = json_deep_copy(obj);
+	json_object_del(json_object_get(in, "metadata"), "resourceVersion");
+	json_object_set_new(in, "status", json_pack("{s:s}", "phase",
+	    "Active"));
+	for (status = 1; status >= 0; status--) {
+		assert_int_equal(status ? k8s_update_status(api, &K8S_AGENTTASK,
+		    "default", name, in, NULL, &st) : k8s_update(api,
+		    &K8S_AGENTTASK, "default", name, in, NULL, &st),
+		    K8S_EINVALID);
+		assert_int_equal(st.code, 422);
+		assert_string_equal(st.message, want);
+		k8s_status_release(&st);
+	}
+	s = json_pack("{s:s,s:s,s:{s:s},s:{s:s}}", "apiVersion", "v1", "kind",
+	    "Secret", "metadata", "name", name, "data", "k", "eHl6");
+	assert_int_equal(k8s_create(api, &K8S_SECRET, "default", s, NULL, &st),
+	    0);
+	json_object_set_new(json_object_get(s, "data"), "k",
+	    json_string("YWJj"));
+	assert_int_equal(k8s_update(api, &K8S_SECRET, "default", name, s, &out,
+	    &st), 0);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(
+	    out, "data"), "k")), "YWJj");
+	json_decref(out);
+	json_decref(s);
+	json_decref(in);
+	json_decref(obj);
+	free(want);
+	free(name);
+}
+
 static void
 status_subresource(void **state)
 {
@@ -1111,6 +1159,7 @@ main(void)
 		cmocka_unit_test(create_get),
 		cmocka_unit_test(not_found),
 		cmocka_unit_test(update_conflicts),
+		cmocka_unit_test(unconditional_update),
 		cmocka_unit_test(status_subresource),
 		cmocka_unit_test(merge_patch),
 		cmocka_unit_test(validation),
