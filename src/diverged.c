@@ -169,6 +169,46 @@ secrets_reload(const struct config *cfg, char **cause)
 	return 0;
 }
 
+/*
+ * Every other secret the configuration names can be read (the clients
+ * and the API server read them again when they start): a missing or
+ * unreadable one is a configuration error, reported before anything
+ * starts, by --check-config too.
+ */
+static int
+secrets_check(const struct config *cfg, char **cause)
+{
+	const struct {
+		const char *key;
+		const char *ref;
+		int used;
+	} refs[] = {
+		{ "api.token", cfg->api.token, cfg->kubernetes.mode ==
+		    KUBE_EMBEDDED && cfg->api.listen != NULL },
+		{ "github.token", cfg->github.token, cfg->github.enabled },
+		{ "github.app.private_key", cfg->github.app.private_key,
+		    cfg->github.enabled },
+		{ "gitlab.token", cfg->gitlab.token, cfg->gitlab.enabled },
+	};
+	size_t i, len;
+
+	for (i = 0; i < ARRAY_SIZE(refs); i++) {
+		char *v = NULL, *c = NULL;
+
+		if (!refs[i].used || refs[i].ref == NULL || *refs[i].ref == '\0')
+			continue;
+		if (config_secret_read(refs[i].ref, &v, &len, &c) < 0) {
+			*cause = xasprintf("%s: '%s': %s", cfg->file ? cfg->file :
+			    "defaults", refs[i].key, c);
+			free(c);
+			return -1;
+		}
+		secure_wipe(v, len);
+		free(v);
+	}
+	return 0;
+}
+
 /* ----------------------------------------------------------- handlers */
 
 static int
@@ -532,6 +572,36 @@ mkdir_p(const char *path, char **cause)
 	}
 	free(p);
 	return ret;
+}
+
+/*
+ * The state directory holds the databases and, in embedded mode, the
+ * root key: one anybody may write to lets anybody replace them (and forge
+ * tokens). World-writable is refused; group-writable is allowed, as a
+ * Kubernetes volume with an fsGroup is.
+ */
+static int
+state_dir_safe(char **cause)
+{
+	struct stat st;
+
+	if (stat(D.cfg.state_dir, &st) < 0) {
+		*cause = xasprintf("state_dir '%s': %s", D.cfg.state_dir,
+		    strerror(errno));
+		return -1;
+	}
+	if (!S_ISDIR(st.st_mode)) {
+		*cause = xasprintf("state_dir '%s': not a directory",
+		    D.cfg.state_dir);
+		return -1;
+	}
+	if (st.st_mode & S_IWOTH) {
+		*cause = xasprintf("state_dir '%s': permissions %04o let any "
+		    "user write to it (chmod o-w)", D.cfg.state_dir,
+		    (unsigned int)(st.st_mode & 07777));
+		return -1;
+	}
+	return 0;
 }
 
 /* The resource store: embedded in the state database, or a cluster. */
@@ -956,7 +1026,8 @@ main(int argc, char **argv)
 		    xstrdup(api_listen);
 	}
 	log_setup((enum log_level)D.cfg.log.level, D.cfg.log.json);
-	if (secrets_reload(&D.cfg, &cause) < 0) {
+	if (secrets_reload(&D.cfg, &cause) < 0 ||
+	    secrets_check(&D.cfg, &cause) < 0) {
 		fprintf(stderr, "config: %s\n", cause);
 		free(cause);
 		config_release(&D.cfg);
@@ -980,7 +1051,7 @@ main(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
-	if (mkdir_p(D.cfg.state_dir, &cause) < 0)
+	if (mkdir_p(D.cfg.state_dir, &cause) < 0 || state_dir_safe(&cause) < 0)
 		goto fail;
 	D.db_path = xasprintf("%s/diverge.db", D.cfg.state_dir);
 	ic.capacity = D.cfg.inbox.capacity;

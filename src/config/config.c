@@ -22,6 +22,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <stdarg.h>
@@ -1679,11 +1680,25 @@ secret_file(const char *path, char **out, size_t *outlen, char **cause)
 		*cause = xstrdup("secret reference 'file:' has no path");
 		goto out;
 	}
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	/*
+	 * Non-blocking, and a regular file only: SIGHUP re-reads secrets on
+	 * the thread that handles signals, and a FIFO or a device there
+	 * would hang it (SIGTERM included).
+	 */
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 	if (fd < 0) {
 		*cause = xasprintf("secret file '%s': %s", path,
 		    strerror(errno));
 		goto out;
+	}
+	{
+		struct stat sb;
+
+		if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
+			*cause = xasprintf("secret file '%s': not a regular "
+			    "file", path);
+			goto out;
+		}
 	}
 	/*
 	 * Room for the limit, a "\r\n" to drop, and one byte to tell that

@@ -1392,10 +1392,15 @@ meter_root_key_load_file(const char *path,
 	ssize_t got;
 	int fd = -1, ret = -1;
 
-	/* O_NONBLOCK: a FIFO in its place must not hang the start */
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	/*
+	 * O_NONBLOCK: a FIFO in its place must not hang the start;
+	 * O_NOFOLLOW: the key is this file, not one a link points to
+	 */
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK |
+	    O_NOFOLLOW);
 	if (fd < 0) {
-		why = xasprintf("cannot open: %s", strerror(errno));
+		why = errno == ELOOP ? xstrdup("is a symbolic link") :
+		    xasprintf("cannot open: %s", strerror(errno));
 		goto out;
 	}
 	if (fstat(fd, &st) < 0) {
@@ -1409,6 +1414,13 @@ meter_root_key_load_file(const char *path,
 	if ((st.st_mode & 077) != 0) {
 		why = xasprintf("permissions %04o are too open, expected 0600",
 		    (unsigned int)(st.st_mode & 07777));
+		goto out;
+	}
+	/* whoever owns it can change it, and forge every token */
+	if (st.st_uid != geteuid()) {
+		why = xasprintf("owned by uid %u, not by the user diverged runs "
+		    "as (uid %u)", (unsigned int)st.st_uid,
+		    (unsigned int)geteuid());
 		goto out;
 	}
 	while (len < sizeof(text)) {

@@ -14,12 +14,22 @@ static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const char *level_names[] = { "debug", "info", "warn", "error" };
 
-/* Choose level and format. */
+/*
+ * A value is cut after this many bytes (escaped, it may take six times
+ * as many): values can come from unauthenticated requests (a delivery id
+ * is logged before its signature is checked), and one huge value must not
+ * push the end of its line, or the next line, out of the line's buffer.
+ */
+#define LOG_VALUE_MAX 2048
+#define LOG_LINE_MAX (256 * 1024)
+#define TRUNCATED "\xe2\x80\xa6(truncated)"
+
+/* Choose level and format (SIGHUP may call this while others log). */
 void
 log_setup(enum log_level level, int json)
 {
-	log_min = level;
-	log_json = json;
+	__atomic_store_n(&log_min, level, __ATOMIC_RELAXED);
+	__atomic_store_n(&log_json, json, __ATOMIC_RELAXED);
 }
 
 /* Map a level name to its value. */
@@ -40,17 +50,60 @@ log_level_parse(const char *s)
 int
 log_enabled(enum log_level level)
 {
-	return level >= log_min;
+	return level >= __atomic_load_n(&log_min, __ATOMIC_RELAXED);
 }
 
+/* The length of the valid UTF-8 sequence at p (n bytes left), or 0. */
+static size_t
+utf8_len(const unsigned char *p, size_t n)
+{
+	size_t len, i;
+	unsigned cp;
+
+	if (p[0] < 0x80)
+		return 1;
+	if (p[0] >= 0xc2 && p[0] <= 0xdf) {
+		len = 2;
+		cp = p[0] & 0x1f;
+	} else if (p[0] >= 0xe0 && p[0] <= 0xef) {
+		len = 3;
+		cp = p[0] & 0x0f;
+	} else if (p[0] >= 0xf0 && p[0] <= 0xf4) {
+		len = 4;
+		cp = p[0] & 0x07;
+	} else {
+		return 0;
+	}
+	if (n < len)
+		return 0;
+	for (i = 1; i < len; i++) {
+		if ((p[i] & 0xc0) != 0x80)
+			return 0;
+		cp = cp << 6 | (p[i] & 0x3f);
+	}
+	if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+	    cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+		return 0;
+	return len;
+}
+
+/*
+ * s as a JSON string: escapes, invalid UTF-8 as U+FFFD, at most
+ * LOG_VALUE_MAX bytes of it (cut on a character boundary).
+ */
 static void
 add_json_string(struct buf *b, const char *s)
 {
-	const unsigned char *p;
+	const unsigned char *p = (const unsigned char *)s;
+	size_t n = strlen(s), i = 0, k;
 
 	buf_addstr(b, "\"");
-	for (p = (const unsigned char *)s; *p; p++) {
-		switch (*p) {
+	while (i < n) {
+		if (i >= LOG_VALUE_MAX) {
+			buf_addstr(b, TRUNCATED);
+			break;
+		}
+		switch (p[i]) {
 		case '"':
 			buf_addstr(b, "\\\"");
 			break;
@@ -67,11 +120,20 @@ add_json_string(struct buf *b, const char *s)
 			buf_addstr(b, "\\t");
 			break;
 		default:
-			if (*p < 0x20 || *p == 0x7f)
-				buf_printf(b, "\\u%04x", *p);
-			else
-				buf_add(b, p, 1);
+			if (p[i] < 0x20 || p[i] == 0x7f) {
+				buf_printf(b, "\\u%04x", p[i]);
+				break;
+			}
+			k = utf8_len(p + i, n - i);
+			if (k == 0) {
+				buf_addstr(b, "\\ufffd");
+				break;
+			}
+			buf_add(b, p + i, k);
+			i += k;
+			continue;
 		}
+		i++;
 	}
 	buf_addstr(b, "\"");
 }
@@ -80,11 +142,11 @@ static void
 add_text_value(struct buf *b, const char *s)
 {
 	const unsigned char *p;
-	int quote = *s == '\0';
+	int quote = *s == '\0' || strlen(s) > LOG_VALUE_MAX;
 
 	for (p = (const unsigned char *)s; *p && !quote; p++)
 		if (*p <= ' ' || *p == '"' || *p == '=' || *p == '\\' ||
-		    *p == 0x7f)
+		    *p >= 0x7f)
 			quote = 1;
 	if (!quote) {
 		buf_addstr(b, s);
@@ -101,15 +163,17 @@ log_vkv(enum log_level level, const char *msg, va_list ap)
 	struct buf b;
 	char ts[32];
 	int64_t ms = now_unix_ms();
+	/* one format for the whole line, whatever SIGHUP does meanwhile */
+	int json = __atomic_load_n(&log_json, __ATOMIC_RELAXED);
 	const char *k, *v;
 
-	if (level < log_min)
+	if (!log_enabled(level))
 		return;
-	buf_init(&b, 64 * 1024);
+	buf_init(&b, LOG_LINE_MAX);
 	time_rfc3339(ms / 1000, ts);
 	/* add milliseconds before the Z */
 	ts[19] = '\0';
-	if (log_json) {
+	if (json) {
 		buf_printf(&b, "{\"ts\":\"%s.%03dZ\",\"level\":\"%s\",\"msg\":",
 		    ts, (int)(ms % 1000), level_names[level]);
 		add_json_string(&b, msg);
@@ -122,17 +186,22 @@ log_vkv(enum log_level level, const char *msg, va_list ap)
 		v = va_arg(ap, const char *);
 		if (v == NULL)
 			v = "-";
-		if (log_json) {
+		/* room for this pair and the end of the line, or stop here */
+		if (b.len + 6 * (strlen(k) + LOG_VALUE_MAX) + 64 > LOG_LINE_MAX)
+			break;
+		if (json) {
 			buf_addstr(&b, ",");
 			add_json_string(&b, k);
 			buf_addstr(&b, ":");
 			add_json_string(&b, v);
 		} else {
-			buf_printf(&b, " %s=", k);
+			buf_addstr(&b, " ");
+			add_text_value(&b, k);
+			buf_addstr(&b, "=");
 			add_text_value(&b, v);
 		}
 	}
-	buf_addstr(&b, log_json ? "}\n" : "\n");
+	buf_addstr(&b, json ? "}\n" : "\n");
 	if (b.data != NULL) {
 		pthread_mutex_lock(&log_lock);
 		fwrite(b.data, 1, b.len, stderr);

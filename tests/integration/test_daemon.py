@@ -73,6 +73,24 @@ def config_errors(t):
     t.ok(rc == 2 and "github.webhook_secrets" in err and "nope" in err,
          "unreadable secret file: refuses to start, names the key and file",
          (rc, err))
+    # every secret named, not only the webhook ones, with --check-config too
+    with open(os.path.join(tmp, "hook"), "w") as f:
+        f.write("s3cret\n")
+    for key, text in (
+            ("github.token", "github:\n  enabled: true\n  webhook_secrets: "
+             "[\"file:%s/hook\"]\n  token: \"file:%s/nope\"\n"),
+            ("api.token", "api: {listen: 127.0.0.1:0, token: "
+             "\"file:%s/hook-gone\"}\n# %s\n")):
+        path = os.path.join(tmp, key + ".yaml")
+        with open(path, "w") as f:
+            f.write(text % (tmp, tmp))
+        for extra in (["--check-config"], []):
+            rc, out, err = run(["--config", path] + extra)
+            t.ok(rc == 2 and err.startswith("config: " + path) and key in
+                 err and "configuration ok" not in out,
+                 "an unreadable %s: exit 2%s" % (key, " with --check-config"
+                                                   if extra else ""),
+                 (rc, out, err))
     rc, _, err = run(["--config", os.path.join(tmp, "absent.yaml")])
     t.ok(rc == 2 and "absent.yaml" in err, "missing config file: exit 2",
          err)

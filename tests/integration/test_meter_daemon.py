@@ -135,5 +135,35 @@ def main(t):
          "a root key readable by others: refuses to start, naming the file",
          "\n".join(d2.log()[-3:]))
 
+    def refused(what, want):
+        d3 = Daemon("log: {{level: info}}\n", state_dir=d.state_dir)
+        d3.start(wait=False)
+        rc = d3.proc.wait(20)
+        time.sleep(0.1)
+        t.ok(rc != 0 and any(want in l for l in d3.log()),
+             "%s: refuses to start, saying why" % what,
+             "\n".join(d3.log()[-3:]))
+
+    # a key that is a link to a 0600 file elsewhere (someone else's)
+    os.chmod(keyfile, 0o600)
+    other = keyfile + ".real"
+    os.rename(keyfile, other)
+    os.symlink(other, keyfile)
+    refused("a root key that is a symbolic link", "is a symbolic link")
+    os.unlink(keyfile)
+    os.rename(other, keyfile)
+    # a key owned by another user (needs root to give it away)
+    if os.geteuid() == 0:
+        os.chown(keyfile, 65534, 65534)
+        refused("a root key owned by another user", "owned by uid 65534")
+        os.chown(keyfile, 0, 0)
+    else:
+        t.skip("a root key owned by another user (needs root to chown)")
+    # a state directory anyone may write to
+    mode = os.stat(d.state_dir).st_mode & 0o7777
+    os.chmod(d.state_dir, 0o777)
+    refused("a world-writable state_dir", "let any user write")
+    os.chmod(d.state_dir, mode)
+
 
 run_tests(main)

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config/config.h"
@@ -1044,7 +1045,23 @@ test_secret_file(void **state)
 	secret_err("file:/nonexistent/secret",
 	    "secret file '/nonexistent/secret': No such file or directory");
 	secret_err("file:", "secret reference 'file:' has no path");
-	secret_err("file:/", "secret file '/': Is a directory");
+	secret_err("file:/", "secret file '/': not a regular file");
+	/* a FIFO nobody writes to: refused at once, not waited on */
+	{
+		char fifo[] = "/tmp/diverge-fifo-XXXXXX";
+		int fd = mkstemp(fifo);
+
+		assert_true(fd >= 0);
+		close(fd);
+		unlink(fifo);
+		assert_int_equal(mkfifo(fifo, 0600), 0);
+		ref = xasprintf("file:%s", fifo);
+		msg = xasprintf("secret file '%s': not a regular file", fifo);
+		secret_err(ref, msg);
+		unlink(fifo);
+		free(msg);
+		free(ref);
+	}
 }
 
 static void

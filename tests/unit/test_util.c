@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 #include <openssl/evp.h>
@@ -612,6 +613,82 @@ dump_compact(void **state)
 	}
 }
 
+/*
+ * Log lines stay lines: a value of any size or bytes (a delivery id is
+ * logged before its signature is checked) is escaped and cut, the line
+ * is ended, JSON lines are valid JSON in valid UTF-8.
+ */
+static void
+log_lines(void **state)
+{
+	char path[] = "/tmp/diverge-log-XXXXXX", line[300000];
+	char *huge = xmalloc(20001);
+	int fd = mkstemp(path), saved = dup(2), json;
+	FILE *f;
+
+	(void)state;
+	assert_true(fd >= 0 && saved >= 0);
+	memset(huge, 0x7f, 20000);
+	huge[20000] = '\0';
+	assert_int_equal(dup2(fd, 2), 2);
+	for (json = 1; json >= 0; json--) {
+		log_setup(LOG_INFO, json);
+		log_kv(LOG_INFO, "first", "did", "\xff\xfe" "abc\xc3\xa9\xed\xa0\x80",
+		    NULL);
+		log_kv(LOG_INFO, "huge", "did", huge, "after", "x", NULL);
+		log_kv(LOG_INFO, "next", "did", "after", NULL);
+	}
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	log_setup(LOG_ERROR, 0);
+	f = fdopen(fd, "r");
+	assert_non_null(f);
+	rewind(f);
+	for (json = 1; json >= 0; json--) {
+		int i;
+
+		for (i = 0; i < 3; i++) {
+			size_t n;
+			json_t *j;
+
+			assert_non_null(fgets(line, sizeof(line), f));
+			n = strlen(line);
+			assert_true(n > 0 && line[n - 1] == '\n');
+			assert_true(n < 20000);
+			if (!json) {
+				assert_non_null(strstr(line, i == 0 ? "msg=first" :
+				    i == 1 ? "msg=huge" : "msg=next"));
+				continue;
+			}
+			j = json_loads(line, 0, NULL);
+			assert_non_null(j);
+			if (i == 0)
+				assert_string_equal(json_string_value(
+				    json_object_get(j, "did")), "\xef\xbf\xbd"
+				    "\xef\xbf\xbd" "abc\xc3\xa9\xef\xbf\xbd\xef\xbf\xbd"
+				    "\xef\xbf\xbd");
+			if (i == 1) {
+				const char *d = json_string_value(
+				    json_object_get(j, "did"));
+
+				assert_true(strlen(d) < 4096);
+				assert_non_null(strstr(d, "(truncated)"));
+				assert_string_equal(json_string_value(
+				    json_object_get(j, "after")), "x");
+			}
+			if (i == 2)
+				assert_string_equal(json_string_value(
+				    json_object_get(j, "msg")), "next");
+			json_decref(j);
+		}
+	}
+	assert_null(fgets(line, sizeof(line), f));
+	fclose(f);
+	unlink(path);
+	free(huge);
+}
+
 int
 main(void)
 {
@@ -628,6 +705,7 @@ main(void)
 		cmocka_unit_test(jscan_fields),
 		cmocka_unit_test(jscan_word_runs),
 		cmocka_unit_test(dump_compact),
+		cmocka_unit_test(log_lines),
 	};
 
 	util_json_init();
