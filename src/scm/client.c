@@ -52,6 +52,7 @@
 #define MAX_RL_ATTEMPTS		8	/* for rate limits */
 #define SECONDARY_WAIT_MS	60000
 #define MAX_MESSAGE		200	/* quoted from an error reply */
+#define MAX_HEADER_WAIT_S	86400	/* Retry-After, rate-limit reset */
 
 struct scm_http {
 	enum scm_provider provider;
@@ -585,7 +586,8 @@ on_header(char *data, size_t size, size_t nmemb, void *arg)
 				x = 0;
 		}
 		if (x >= 0)
-			hd->retry_after_ms = (x > 86400 ? 86400 : x) * 1000;
+			hd->retry_after_ms = (x > MAX_HEADER_WAIT_S ?
+			    MAX_HEADER_WAIT_S : x) * 1000;
 	} else if (strcmp(line, at->h->provider == SCM_GITHUB ?
 	    "x-ratelimit-remaining" : "ratelimit-remaining") == 0)
 		hd->rl_remaining = parse_num(v);
@@ -721,6 +723,21 @@ backoff_ms(int attempt)
 {
 	return backoff_jitter_ms(backoff_delay_ms(BACKOFF_BASE_MS,
 	    BACKOFF_MAX_MS, (unsigned)attempt));
+}
+
+/*
+ * The wait until a rate-limit reset (unix seconds) and one second more,
+ * clamped to [0, MAX_HEADER_WAIT_S] before it becomes milliseconds: the
+ * header is the server's to choose and must not overflow the product.
+ */
+static int64_t
+reset_wait_ms(int64_t reset)
+{
+	int64_t s = reset - now_unix() + 1;
+
+	if (s < 0)
+		s = 0;
+	return (s > MAX_HEADER_WAIT_S ? MAX_HEADER_WAIT_S : s) * 1000;
 }
 
 /* The "message" of a JSON error reply, or NULL. */
@@ -944,12 +961,9 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 			if (at.hd.retry_after_ms >= 0)
 				wait = at.hd.retry_after_ms;
 			else if (at.hd.rl_reset > 0 &&
-			    (at.hd.rl_remaining == 0 || !secondary)) {
-				wait = (at.hd.rl_reset - now_unix() + 1) *
-				    1000;
-				if (wait < 0)
-					wait = 0;
-			} else if (secondary)
+			    (at.hd.rl_remaining == 0 || !secondary))
+				wait = reset_wait_ms(at.hd.rl_reset);
+			else if (secondary)
 				wait = SECONDARY_WAIT_MS;
 			else
 				wait = backoff_ms(rl_tries);

@@ -715,6 +715,20 @@ ratelimit_beyond_bound(void **state)
 	free(cause);
 	cause = NULL;
 	free(reset);
+	/*
+	 * A reset 1e17 s away is clamped to a day like Retry-After, not
+	 * multiplied into a signed overflow (an abort under UBSan).
+	 */
+	srv_reset();
+	push(429, "{}", "x-ratelimit-remaining: 0",
+	    "x-ratelimit-reset: 100000000000000000", NULL);
+	t0 = now_mono_ms();
+	assert_int_equal(c->ops->get_pr(c, &gh_repo, 1, &pr, &cause),
+	    SCM_ERATELIMITED);
+	assert_true(now_mono_ms() - t0 < 900);
+	assert_int_equal(nrecs(), 1);
+	free(cause);
+	cause = NULL;
 	scm_client_free(c);
 
 	/* GitLab's RateLimit-Reset */
