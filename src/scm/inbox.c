@@ -407,11 +407,10 @@ inbox_put_async(struct inbox *ib, const char *key, const char *provider,
 		cb(arg, INBOX_ERROR);
 		return;
 	}
-	if (ib->pending >= ib->cfg.capacity) {
-		pthread_mutex_unlock(&ib->mu);
-		cb(arg, INBOX_FULL);
-		return;
-	}
+	/*
+	 * No capacity check here: a full inbox still answers a redelivery
+	 * of a stored entry as a duplicate, which only the writer can tell.
+	 */
 	p = xcalloc(1, sizeof(*p));
 	p->key = xstrdup(key);
 	p->provider = xstrdup(provider);
@@ -487,7 +486,7 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
     int64_t *stored_out, int64_t *finished_out)
 {
 	struct inbox *ib = sh->ib;
-	sqlite3_stmt *ins = NULL, *body = NULL, *upd = NULL;
+	sqlite3_stmt *ins = NULL, *body = NULL, *upd = NULL, *dup = NULL;
 	struct put_req *p;
 	struct done_req *d;
 	int64_t now = now_unix_ms(), stored = 0, finished = 0, pending;
@@ -507,11 +506,24 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 	upd = db_stmt(sh->wdb,
 	    "UPDATE inbox SET state = ?2, attempts = ?3, next_at = ?4,"
 	    " last_error = ?5, finished_at = ?6 WHERE id = ?1");
-	if (ins == NULL || body == NULL || upd == NULL)
+	dup = db_stmt(sh->wdb, "SELECT 1 FROM inbox WHERE key = ?1");
+	if (ins == NULL || body == NULL || upd == NULL || dup == NULL)
 		goto rollback;
 	for (p = puts; p != NULL; p = p->next) {
 		if (pending + stored >= ib->cfg.capacity) {
-			p->result = INBOX_FULL;
+			/* duplicates first: they take no room (DESIGN 6) */
+			sqlite3_reset(dup);
+			sqlite3_bind_text(dup, 1, p->key, -1, SQLITE_STATIC);
+			switch (sqlite3_step(dup)) {
+			case SQLITE_ROW:
+				p->result = INBOX_DUPLICATE;
+				break;
+			case SQLITE_DONE:
+				p->result = INBOX_FULL;
+				break;
+			default:
+				goto rollback;
+			}
 			continue;
 		}
 		sqlite3_reset(ins);
@@ -594,6 +606,8 @@ out:
 		sqlite3_reset(body);
 	if (upd != NULL)
 		sqlite3_reset(upd);
+	if (dup != NULL)
+		sqlite3_reset(dup);
 	if (!ok) {
 		for (p = puts; p != NULL; p = p->next)
 			p->result = INBOX_ERROR;

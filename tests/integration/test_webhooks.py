@@ -215,11 +215,15 @@ def main(t):
     d3 = Daemon(GITHUB_CONFIG + "inbox: {{capacity: 3}}\n",
                 env={"DIVERGE_TEST_HOLD_INBOX": "1"}).start()
     body = with_comment(PR_COMMENT, "/diverge status")
-    codes = [d3.github("issue_comment", body, did())[0] for _ in range(3)]
+    keys = [did() for _ in range(3)]
+    codes = [d3.github("issue_comment", body, k)[0] for k in keys]
     t.eq(codes, [202, 202, 202], "inbox below capacity: 202")
     s, h, j = d3.github("issue_comment", body, did())
     t.ok(s == 503 and h.get("retry-after") and j.get("error"),
          "full inbox: 503 with Retry-After", (s, h, j))
+    s, _, j = d3.github("issue_comment", body, keys[1])
+    t.eq((s, j.get("duplicate")), (200, True), "full inbox: a redelivery "
+         "of a stored delivery is still 200 duplicate, not 503")
     t.eq(d3.count("inbox"), 3,
          "full inbox stored nothing more")
     t.ok("diverge_inbox_depth 3" in d3.metrics(), "inbox depth gauge")

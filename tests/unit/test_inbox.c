@@ -283,6 +283,9 @@ capacity_refuses(void **state)
 	}
 	assert_int_equal(inbox_depth(ib), 3);
 	assert_int_equal(inbox_put(ib, "github:x", "github", EV), INBOX_FULL);
+	/* a redelivery of a stored entry is a duplicate, full or not */
+	assert_int_equal(inbox_put(ib, "github:1", "github", EV),
+	    INBOX_DUPLICATE);
 	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox"), 3);
 	/* release the handler: room again */
 	pthread_mutex_lock(&c.mu);
