@@ -444,7 +444,7 @@ task_spec(struct run *r, const struct cmd *c, const struct scm_pr *pr,
 	json_object_set_new(spec, "sandbox", json_pack("{s:s,s:i}",
 	    "provider", "agent-sandbox", "timeoutSeconds",
 	    cfg->defaults.timeout_seconds));
-	/* the repository's .diverge/agent.yaml (from the base branch) */
+	/* the repository's .diverge/agent.yaml (from the default branch) */
 	json_object_foreach((json_t *)agent, k, v) {
 		if (json_is_object(v) && json_is_object(json_object_get(spec,
 		    k)))
@@ -566,9 +566,14 @@ do_fix(struct run *r, const struct cmd *c, char **cause)
 		r->refused = 1;
 		goto out;
 	}
-	/* agent.yaml from the BASE branch: the PR author controls the head */
-	rc = r->client->ops->read_file(r->client, &r->repo, pr.base_ref,
-	    AGENT_FILE, &file, &flen, cause);
+	/*
+	 * agent.yaml from the repository's default branch (no ref): the PR
+	 * author controls the head, and picks the base too (anyone with
+	 * write access can push a branch and target the PR at it), so
+	 * neither may choose the task's budgets, models or iterations.
+	 */
+	rc = r->client->ops->read_file(r->client, &r->repo, NULL, AGENT_FILE,
+	    &file, &flen, cause);
 	if (rc == SCM_ENOTFOUND) {
 		free(*cause);
 		*cause = NULL;
@@ -577,8 +582,8 @@ do_fix(struct run *r, const struct cmd *c, char **cause)
 		goto out;
 	} else if (k8s_task_agent_yaml(AGENT_FILE, file, flen, &agent,
 	    cause) < 0) {
-		reply_line(r, "**diverge** could not read `%s` on `%s`, so "
-		    "no task was created:", AGENT_FILE, pr.base_ref);
+		reply_line(r, "**diverge** could not read `%s` on the default "
+		    "branch, so no task was created:", AGENT_FILE);
 		reply_quote(r, *cause);
 		free(*cause);
 		*cause = NULL;

@@ -355,7 +355,10 @@ struct scm_ops {
 	/* The bot's own identity (GET /user; an App: "<slug>[bot]"). */
 	int (*whoami)(struct scm_client *c, char **login_out, int64_t *id_out,
 	    char **cause);
-	/* A file at a ref; SCM_ENOTFOUND when absent. */
+	/*
+	 * A file at a ref (NULL: the default branch); SCM_ENOTFOUND when
+	 * absent.
+	 */
 	int (*read_file)(struct scm_client *c, const struct scm_repo *repo,
 	    const char *ref, const char *path, char **data, size_t *len,
 	    char **cause);

@@ -24,6 +24,9 @@ AGENT_YAML = ("version: \"1\"\nagent:\n  maxIterations: 3\n"
               "  budgetUSD: \"2.50\"\n  capabilities: [\"claude-*\"]\n")
 HEAD_AGENT_YAML = "version: \"1\"\nagent:\n  maxIterations: 99\n"
 BROKEN_AGENT_YAML = "version: \"1\"\nagent:\n  maxIterations: many\n"
+# on a branch a write-access user pushed and made the base of their PR
+OWN_BASE_AGENT_YAML = ("version: \"1\"\nagent:\n  maxIterations: 500\n"
+                       "  budgetUSD: \"900.00\"\n  capabilities: [\"*\"]\n")
 
 SEED = {
     "github": {
@@ -37,7 +40,9 @@ SEED = {
              "collaborators": {"alice": "admin", "bob": "write",
                                "carol": "read", "diverge-bot": "write"},
              "files": {"main": {".diverge/agent.yaml": AGENT_YAML},
-                       "fix-n1": {".diverge/agent.yaml": HEAD_AGENT_YAML}},
+                       "fix-n1": {".diverge/agent.yaml": HEAD_AGENT_YAML},
+                       "bob-base": {".diverge/agent.yaml":
+                                    OWN_BASE_AGENT_YAML}},
              "pulls": [
                  {"number": 42, "title": "N+1", "user": "alice",
                   "head": {"ref": "fix-n1"}, "base": {"ref": "main"}},
@@ -45,7 +50,9 @@ SEED = {
                   "head": {"ref": "other"}, "base": {"ref": "main"}},
                  {"number": 7, "title": "From a fork", "user": "mallory",
                   "head": {"ref": "evil", "repo": "mallory/checkout"},
-                  "base": {"ref": "main"}}]},
+                  "base": {"ref": "main"}},
+                 {"number": 50, "title": "own base", "user": "bob",
+                  "head": {"ref": "bob-head"}, "base": {"ref": "bob-base"}}]},
             {"full_name": "myorg/broken", "id": 502,
              "default_branch": "main",
              "collaborators": {"alice": "admin"},
@@ -74,6 +81,7 @@ GH_COMMENTS = [(1001, 42, "alice"), (1002, 43, "carol"), (1003, 43, "bob"),
                (1010, 42, "alice"), (1011, 42, "alice"), (1012, 42, "alice"),
                (1013, 42, "alice"), (1014, 42, "bob"), (1015, 42, "carol"),
                (1016, 42, "carol"), (1017, 42, "alice"), (1020, 43, "alice"),
+               (1030, 50, "bob"),
                (1021, 43, "alice"), (1022, 43, "alice")]
 GL_NOTES = [(3001, "pipin"), (3002, "guest")]
 
@@ -272,7 +280,7 @@ def main(t):
          "workingBranch is the PR's head branch")
     t.eq((spec.get("maxIterations"), spec.get("budgetUSD"),
           spec.get("capabilities")), (3, "2.50", ["claude-*"]),
-         ".diverge/agent.yaml of the BASE branch applied (not the head's "
+         ".diverge/agent.yaml of the default branch applied (not the head's "
          "maxIterations 99)")
     t.eq((ann.get("divergedev.com/provider"), ann.get(
         "divergedev.com/project"), ann.get("divergedev.com/pr-number")),
@@ -367,6 +375,18 @@ def main(t):
     t.ok(r and "fork" in r[0], "a fork PR: a reply saying why", r)
     t.ok(get_task(d, "fix-pr-7") is None, "a fork PR: no task")
 
+    # --- agent.yaml comes from the default branch, not the PR's base,
+    # which the PR's author picks (bob has write access, not maintainer)
+    d.github("issue_comment", gh_comment(1030, 50, "bob", "/diverge fix it",
+                                         uid=2), str(uuid.uuid4()))
+    spec = (wait(lambda: get_task(d, "fix-pr-50")) or {}).get("spec", {})
+    t.eq((spec.get("maxIterations"), spec.get("budgetUSD"),
+          spec.get("capabilities")), (3, "2.50", ["claude-*"]),
+         "a PR based on a branch its author pushed: agent.yaml of the "
+         "default branch, not of that base branch")
+    t.eq(spec.get("repository", {}).get("baseBranch"), "bob-base",
+         "the task's baseBranch is still the PR's")
+
     # --- guide, budget, pause, resume, status, help on PR 42
     def steer(cid, body, who="alice", uid=1):
         d.github("issue_comment", gh_comment(cid, 42, who, body, uid=uid),
@@ -444,6 +464,9 @@ def main(t):
               "workingBranch")), ("5", "2", "feature"),
          "GitLab: task fix-mr-2 with project-id, mr-iid and the source "
          "branch")
+    t.eq(((task or {}).get("spec", {}).get("maxIterations"),
+          (task or {}).get("spec", {}).get("budgetUSD")), (3, "2.50"),
+         "GitLab: .diverge/agent.yaml of the default branch applied")
 
     def awards():
         notes = fake.state()["gitlab"]["projects"]["5"]["merge_requests"][

@@ -1247,10 +1247,12 @@ read_file(void **state)
 	free(cause);
 	cause = NULL;
 	assert_int_equal(nrecs(), 0);
+	/* no ref: the default branch (the contents API without ?ref=) */
 	push(404, "{\"message\":\"Not Found\"}", NULL);
-	assert_int_equal(c->ops->read_file(c, &gh_repo, "main", "nope.yaml",
+	assert_int_equal(c->ops->read_file(c, &gh_repo, NULL, "nope.yaml",
 	    &data, &len, &cause), SCM_ENOTFOUND);
 	assert_int_equal(nrecs(), 1);
+	assert_string_equal(srv.recs[0].query, "");
 	free(cause);
 	cause = NULL;
 	scm_client_free(c);
@@ -1267,8 +1269,9 @@ read_file(void **state)
 	assert_string_equal(srv.recs[0].query, "ref=main");
 	free(data);
 	push(404, "{\"message\":\"404 File Not Found\"}", NULL);
-	assert_int_equal(c->ops->read_file(c, &gl_repo, "main", "nope",
+	assert_int_equal(c->ops->read_file(c, &gl_repo, NULL, "nope",
 	    &data, &len, &cause), SCM_ENOTFOUND);
+	assert_string_equal(srv.recs[1].query, "");
 	free(cause);
 	scm_client_free(c);
 }
