@@ -1038,7 +1038,8 @@ main(int argc, char **argv)
 		ret = 0;
 		goto out;
 	}
-	if (D.cfg.github.app.slug != NULL) {
+	/* with a token too, the token's user posts: whoami tells it */
+	if (D.cfg.github.app.slug != NULL && D.cfg.github.token == NULL) {
 		D.self_github = xasprintf("%s[bot]", D.cfg.github.app.slug);
 		D.self.github_login = D.self_github;
 	}

@@ -828,13 +828,17 @@ gh_whoami(struct scm_client *c, char **login_out, int64_t *id_out,
 	struct scm_resp rp;
 	const char *name;
 	json_t *j = NULL;
-	int ret;
+	int ret, app = g->token == NULL;
 
 	scm_resp_init(&rp);
 	rq.method = "GET";
 	rq.idempotent = 1;
 	rq.op = "whoami";
-	if (g->key != NULL) {
+	/*
+	 * Who posts where no installation id is known (the notifier's
+	 * comments): the token's user when there is a token, else the App.
+	 */
+	if (app) {
 		rq.url = "/app";
 		ret = jwt_call(g, &rq, &rp, cause);
 	} else {
@@ -846,14 +850,13 @@ gh_whoami(struct scm_client *c, char **login_out, int64_t *id_out,
 	ret = scm_json_reply(&rp, 1, "github: whoami", &j, cause);
 	if (ret != SCM_OK)
 		goto out;
-	name = json_string_value(json_object_get(j, g->key != NULL ? "slug" :
-	    "login"));
+	name = json_string_value(json_object_get(j, app ? "slug" : "login"));
 	if (name == NULL || *name == '\0') {
 		*cause = xstrdup("github: whoami: the reply has no name");
 		ret = SCM_EINTERNAL;
 		goto out;
 	}
-	if (g->key != NULL) {
+	if (app) {
 		if (g->slug != NULL && strcmp(g->slug, name) != 0)
 			log_kv(LOG_WARN, "github: 'github.app.slug' differs "
 			    "from the app's", "configured", g->slug, "app",

@@ -352,7 +352,11 @@ struct scm_ops {
 	int (*permission)(struct scm_client *c, const struct scm_repo *repo,
 	    const char *login, int64_t user_id, enum scm_permission *out,
 	    char **cause);
-	/* The bot's own identity (GET /user; an App: "<slug>[bot]"). */
+	/*
+	 * The bot's own identity as it posts where no installation id is
+	 * known (the sticky comments): GET /user with the token, else (an
+	 * App without a token) "<slug>[bot]".
+	 */
 	int (*whoami)(struct scm_client *c, char **login_out, int64_t *id_out,
 	    char **cause);
 	/*

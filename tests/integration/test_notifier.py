@@ -20,11 +20,11 @@ import urllib.request
 import uuid
 
 import divtest
-from divtest import Daemon, run_tests
+from divtest import run_tests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_scm_commands import (Fake, api, get_task, gh_comment,  # noqa
-                               gl_note, wait)
+from test_scm_commands import (Fake, api, bot_daemon, get_task,  # noqa
+                               gh_comment, gl_note, wait)
 
 if os.environ.get("DIVERGED_BIN"):
     divtest.DIVERGED = os.environ["DIVERGED_BIN"]
@@ -248,16 +248,9 @@ def gh_delete(fake, cid):
 def main(t):
     fake = Fake()
     fake.call("POST", "/_fake/seed", seed())
-    d = Daemon(CONFIG.format(gh=fake.base + "/github",
-                             gl=fake.base + "/gitlab/api/v4"),
-               env={"DIVERGE_SCM_MAX_WAIT_MS": "2000",
-                    "DIVERGE_TEST_NOTIFIER_THROTTLE_MS":
-                    str(THROTTLE_S * 1000)})
-    with open(os.path.join(d.tmp, "gh-token"), "w") as f:
-        f.write("ghp_bot\n")
-    with open(os.path.join(d.tmp, "gl-token"), "w") as f:
-        f.write("glpat-bot\n")
-    d.start()
+    d = bot_daemon(fake, CONFIG, {"DIVERGE_SCM_MAX_WAIT_MS": "2000",
+                                  "DIVERGE_TEST_NOTIFIER_THROTTLE_MS":
+                                  str(THROTTLE_S * 1000)})
     if not d.wait_log("notifier started", 5):
         d.stop()
         fake.stop()
@@ -431,6 +424,52 @@ def main(t):
     t.eq(len(gh44()), 1, "PR 44: still one sticky comment")
 
     t.eq(d.stop(), 0, "clean stop")
+    fake.stop()
+    app_and_token(t)
+
+
+def app_and_token(t):
+    """github.token and github.app both set: the notifier posts on a
+    task's PR (no installation id) with the token, so it must know its
+    comment by the token's user, not by the App's "<slug>[bot]"; else
+    each lost commentId (the task made again) posts one more comment."""
+    fake = Fake()
+    sd = seed()
+    sd["github"]["app"] = {
+        "id": 77, "slug": "diverge-app", "installations": [
+            {"id": 8, "account": "myorg"}],
+        "private_key_file": os.path.join(divtest.DATA, "api", "github",
+                                         "jwt-test-key.pem")}
+    fake.call("POST", "/_fake/seed", sd)
+    cfg = CONFIG.replace("namespace: default\n", "namespace: default\n"
+                         "controller:\n  enabled: false\n")
+    cfg = cfg.replace('  token: "file:{{tmp}}/gh-token"\n',
+                      '  token: "file:{{tmp}}/gh-token"\n  app:\n'
+                      '    id: "77"\n    private_key: "file:%s"\n' %
+                      sd["github"]["app"]["private_key_file"], 1)
+    d = bot_daemon(fake, cfg, {"DIVERGE_SCM_MAX_WAIT_MS": "2000"})
+    task = {"apiVersion": "divergedev.com/v1alpha1", "kind": "AgentTask",
+            "metadata": {"name": "fix-pr-42", "annotations": {
+                "divergedev.com/provider": "github",
+                "divergedev.com/project": "myorg/checkout",
+                "divergedev.com/pr-number": "42"}},
+            "spec": {"objective": "x"}}
+    gh42 = lambda: stickies(gh_comments(fake, 42))  # noqa: E731
+    for run in (1, 2):
+        s, _ = api(d, "POST", TASKS, task)
+        s2, _ = api(d, "PATCH", TASKS + "/fix-pr-42/status",
+                    {"status": {"phase": "Active"}},
+                    "application/merge-patch+json")
+        t.ok(s == 201 and s2 == 200 and wait(
+            lambda: get_task(d, "fix-pr-42").get("status", {}).get(
+                "notifier", {}).get("commentId"), 20),
+            "token and app: task made (%d), its comment reported" % run)
+        if run == 1:
+            api(d, "DELETE", TASKS + "/fix-pr-42")
+            wait(lambda: get_task(d, "fix-pr-42") is None)
+    t.ok(len(gh42()) == 1, "token and app: the task made again finds "
+         "the comment the token posted: still one sticky comment", gh42())
+    t.eq(d.stop(), 0, "token and app: clean stop")
     fake.stop()
 
 

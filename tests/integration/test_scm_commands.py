@@ -247,17 +247,22 @@ def handled(d, key):
     return rows[0][0] if rows else 0
 
 
-def main(t):
-    fake = Fake()
-    fake.call("POST", "/_fake/seed", seed())
-    d = Daemon(CONFIG.format(gh=fake.base + "/github",
-                             gl=fake.base + "/gitlab/api/v4"),
-               env={"DIVERGE_SCM_MAX_WAIT_MS": "2000"})
+def bot_daemon(fake, config, env):
+    """diverged started with config (its {gh} and {gl} the fake's API
+    URLs) and the bot's tokens in the files config names."""
+    d = Daemon(config.format(gh=fake.base + "/github",
+                             gl=fake.base + "/gitlab/api/v4"), env=env)
     with open(os.path.join(d.tmp, "gh-token"), "w") as f:
         f.write("ghp_bot\n")
     with open(os.path.join(d.tmp, "gl-token"), "w") as f:
         f.write("glpat-bot\n")
-    d.start()
+    return d.start()
+
+
+def main(t):
+    fake = Fake()
+    fake.call("POST", "/_fake/seed", seed())
+    d = bot_daemon(fake, CONFIG, {"DIVERGE_SCM_MAX_WAIT_MS": "2000"})
     t.ok(d.wait_log("github identity") and
          any("login=diverge-bot" in l for l in d.log()),
          "the bot's own identity comes from GET /user at start")
