@@ -9,7 +9,8 @@
  * and a comment delivered twice (an App and a repository hook, or GitLab's
  * retries) is claimed by its first delivery in a table of the state
  * database, so the second one does nothing. Outbound calls that hit a rate
- * limit ask the inbox to retry later instead of holding a worker.
+ * limit ask the inbox to retry when the limit resets instead of holding a
+ * worker.
  */
 #include "config.h"
 
@@ -204,6 +205,7 @@ struct run {
 	char *repo_hash;		/* label value: repository identity */
 	struct buf reply;		/* the one reply, if any */
 	int refused;
+	int64_t retry_at_ms;		/* a rate limit's reset, for a retry */
 };
 
 static char *
@@ -293,12 +295,22 @@ reply_quote(struct run *r, const char *text)
 	}
 }
 
+/* Whether rc is a rate limit; its reset is kept for the retry. */
+static int
+rate_limited(struct run *r, int rc)
+{
+	if (rc != SCM_ERATELIMITED)
+		return 0;
+	r->retry_at_ms = scm_ratelimit_reset_ms();
+	return 1;
+}
+
 /* Map a client error to the inbox's verdict. */
 static int
-scm_verdict(int rc)
+scm_verdict(struct run *r, int rc)
 {
-	return rc == SCM_ERATELIMITED || rc == SCM_EUNAVAILABLE ?
-	    INBOX_RETRY : INBOX_FAIL;
+	return rate_limited(r, rc) || rc == SCM_EUNAVAILABLE ? INBOX_RETRY :
+	    INBOX_FAIL;
 }
 
 enum { AUTH_OK = 0, AUTH_REFUSED, AUTH_RETRY };
@@ -324,7 +336,7 @@ authorize(struct run *r, const struct cmd_result *res, char **cause)
 	if (!authz_lookup(r->a, key, &perm)) {
 		rc = r->client->ops->permission(r->client, &r->repo,
 		    ev->author_login, ev->author_id, &perm, cause);
-		if (rc == SCM_ERATELIMITED) {
+		if (rate_limited(r, rc)) {
 			free(key);
 			return AUTH_RETRY;
 		}
@@ -552,7 +564,7 @@ do_fix(struct run *r, const struct cmd *c, char **cause)
 	rc = r->client->ops->get_pr(r->client, &r->repo, ev->number, &pr,
 	    cause);
 	if (rc < 0) {
-		ret = scm_verdict(rc);
+		ret = scm_verdict(r, rc);
 		goto out;
 	}
 	allow_forks = ev->provider == SCM_GITHUB ? cfg->github.allow_forks :
@@ -578,7 +590,7 @@ do_fix(struct run *r, const struct cmd *c, char **cause)
 		free(*cause);
 		*cause = NULL;
 	} else if (rc < 0) {
-		ret = scm_verdict(rc);
+		ret = scm_verdict(r, rc);
 		goto out;
 	} else if (k8s_task_agent_yaml(AGENT_FILE, file, flen, &agent,
 	    cause) < 0) {
@@ -907,7 +919,7 @@ on_comment(struct run *r, char **cause)
 	rc = r->client->ops->react(r->client, &r->repo, ev->number,
 	    ev->comment_id, ev->review_comment, r->refused ? "confused" :
 	    "eyes", cause);
-	if (rc == SCM_ERATELIMITED || rc == SCM_EUNAVAILABLE) {
+	if (rate_limited(r, rc) || rc == SCM_EUNAVAILABLE) {
 		ret = INBOX_RETRY;
 		goto out;
 	}
@@ -922,7 +934,7 @@ on_comment(struct run *r, char **cause)
 
 		rc = r->client->ops->create_comment(r->client, &r->repo,
 		    ev->number, r->reply.data, &id, cause);
-		if (rc == SCM_ERATELIMITED || rc == SCM_EUNAVAILABLE) {
+		if (rate_limited(r, rc) || rc == SCM_EUNAVAILABLE) {
 			ret = INBOX_RETRY;
 			goto out;
 		}
@@ -1032,6 +1044,9 @@ actions_handle(void *arg, struct inbox_item *item, char **cause)
 		ret = on_closed(&r, cause);
 	else
 		ret = INBOX_DONE;
+	/* a rate limit is retried when it resets (DESIGN 11) */
+	if (ret == INBOX_RETRY)
+		item->retry_at_ms = r.retry_at_ms;
 	buf_release(&r.reply);
 	free(r.host);
 	free(r.ns);

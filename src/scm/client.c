@@ -14,7 +14,8 @@
  *   - the waits of one call add up to at most max_wait_ms
  *     (DIVERGE_SCM_MAX_WAIT_MS, default 30 s): when the next one would
  *     not fit, a rate-limited call returns SCM_ERATELIMITED at once and
- *     the caller requeues its work instead of holding a worker;
+ *     the caller requeues its work instead of holding a worker, for the
+ *     time that wait ends (scm_ratelimit_reset_ms);
  *   - 404 is retried only when the request asks (retry_404: 1 s, 2 s).
  *
  * Every attempt counts in diverge_scm_requests_total{provider,op,code};
@@ -94,6 +95,9 @@ static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc;
 
 static pthread_once_t metrics_once = PTHREAD_ONCE_INIT;
+
+/* scm_ratelimit_reset_ms: per thread, like errno */
+static _Thread_local int64_t ratelimit_reset_ms;
 
 static void
 curl_init(void)
@@ -896,6 +900,7 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 	at.h = h;
 	at.rp = rp;
 	hdrs_reset(&at.hd);
+	ratelimit_reset_ms = 0;
 	if (rq->url[0] == '/')
 		url = xasprintf("%s%s", h->base, rq->url);
 	else if (strncmp(rq->url, h->origin, strlen(h->origin)) == 0)
@@ -992,6 +997,9 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 				ret = SCM_EUNAVAILABLE;
 			} else
 				ret = http_error(h, rq, shown, rp, rl, cause);
+			/* the wait that did not fit: the caller's to honour */
+			if (rl)
+				ratelimit_reset_ms = now_unix_ms() + wait;
 			goto out;
 		}
 		if (rl)
@@ -1023,6 +1031,13 @@ out:
 }
 
 /* ---- the public part of scm.h ---- */
+
+/* When the limit of this thread's last rate-limited call resets. */
+int64_t
+scm_ratelimit_reset_ms(void)
+{
+	return ratelimit_reset_ms;
+}
 
 /* Free what a struct scm_pr holds. */
 void

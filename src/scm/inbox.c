@@ -467,6 +467,25 @@ backoff_ms(const struct inbox *ib, int attempts)
 	    0));
 }
 
+/*
+ * When a retried entry runs again: at the time its handler named (a rate
+ * limit's reset), kept between the first backoff step and an hour from
+ * now; else after the backoff of its attempts.
+ */
+static int64_t
+next_attempt_ms(const struct inbox *ib, const struct done_req *d,
+    int64_t now)
+{
+	int64_t at = d->item.retry_at_ms;
+
+	if (at <= 0)
+		return now + backoff_ms(ib, d->attempts);
+	if (at < now + ib->cfg.backoff_base_ms)
+		return now + ib->cfg.backoff_base_ms;
+	return at > now + INBOX_RETRY_AT_MAX_MS ? now + INBOX_RETRY_AT_MAX_MS :
+	    at;
+}
+
 static void
 free_done(struct done_req *d)
 {
@@ -563,6 +582,10 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 			}
 			db_step(sh->wdb, "RELEASE effect");
 		}
+		/* waiting out a rate limit is no failure, for a day */
+		if (d->outcome == INBOX_RETRY && d->item.retry_at_ms > 0 &&
+		    now - d->received_ms < INBOX_RETRY_AT_MAX_AGE_MS)
+			d->attempts--;
 		if (d->outcome == INBOX_RETRY &&
 		    d->attempts >= ib->cfg.max_attempts)
 			d->outcome = INBOX_FAIL;
@@ -571,7 +594,7 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 		else if (d->outcome == INBOX_FAIL)
 			state = ST_DEAD;
 		else
-			next_at = now + backoff_ms(ib, d->attempts);
+			next_at = next_attempt_ms(ib, d, now);
 		sqlite3_reset(upd);
 		sqlite3_bind_int64(upd, 1, ID_ROW(d->id));
 		sqlite3_bind_int(upd, 2, state);

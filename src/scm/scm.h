@@ -193,7 +193,20 @@ struct inbox_item {
 	int (*effect)(struct sqlite3 *db, const struct inbox_item *item,
 	    void *arg);
 	void *effect_arg;
+	/*
+	 * Set by a handler that returns INBOX_RETRY because it waits for a
+	 * known time (a rate limit's reset; unix ms, 0: none): the next
+	 * attempt is then at that time, at most INBOX_RETRY_AT_MAX_MS
+	 * ahead, instead of after the backoff, and the attempt does not
+	 * count against max_attempts while the entry is younger than
+	 * INBOX_RETRY_AT_MAX_AGE_MS (a limit is not a failure of the work;
+	 * one that lasts a day is).
+	 */
+	int64_t retry_at_ms;
 };
+
+#define INBOX_RETRY_AT_MAX_MS		((int64_t)3600 * 1000)
+#define INBOX_RETRY_AT_MAX_AGE_MS	((int64_t)86400 * 1000)
 
 enum { INBOX_DONE = 0, INBOX_RETRY = 1, INBOX_FAIL = -1 };
 
@@ -280,6 +293,15 @@ enum scm_err {
 	SCM_EUNAVAILABLE = -6,	/* 5xx or transport errors after retries */
 	SCM_EINTERNAL = -7	/* a reply we cannot read */
 };
+
+/*
+ * After a client call that returned SCM_ERATELIMITED: when the server
+ * said the limit resets (Retry-After, else x-ratelimit-reset / GitLab's
+ * RateLimit-Reset, else the client's own backoff), as unix ms; 0 after
+ * any other outcome. Like errno, per thread: it describes the calling
+ * thread's last call, so read it right after the call that failed.
+ */
+int64_t scm_ratelimit_reset_ms(void);
 
 /* Which repository or project, as the webhook named it. */
 struct scm_repo {

@@ -520,9 +520,9 @@ def main(t):
     fake.call("POST", "/_fake/faults", {"status": 429, "count": 1,
                                         "retry_after": 120,
                                         "match": "/comments/1021/reactions"})
+    limited = str(uuid.uuid4())
     d.github("issue_comment", gh_comment(1021, 43, "alice",
-                                         "/diverge status"),
-             str(uuid.uuid4()))
+                                         "/diverge status"), limited)
     start = time.time()
     d.github("issue_comment", gh_comment(1022, 43, "alice",
                                          "/diverge status"),
@@ -532,6 +532,13 @@ def main(t):
          "waits for a long rate-limit reset")
     t.ok(d.wait_log("inbox entry will be retried", 10),
          "the rate-limited entry was requeued, not waited on")
+    row = wait(lambda: d.query("SELECT attempts, next_at FROM inbox WHERE "
+                               "key = ? AND next_at > 0",
+                               ("github:" + limited,)))
+    t.ok(row and row[0][0] == 0 and
+         110 <= row[0][1] / 1000.0 - time.time() <= 125,
+         "its next attempt is at the Retry-After (120 s), and a rate-limited "
+         "attempt is not counted against inbox.max_attempts", row)
 
     t.eq(d.stop(), 0, "clean stop")
     fake.stop()

@@ -23,6 +23,7 @@ struct counter {
 	int always;		/* INBOX_DONE/RETRY/FAIL forced */
 	int block;		/* hold every call until cleared */
 	int record;		/* use the record effect */
+	int64_t retry_in_ms;	/* a RETRY names its time: now + this */
 };
 
 static int
@@ -41,6 +42,8 @@ count_handle(void *arg, struct inbox_item *item, char **cause)
 		r = INBOX_RETRY;
 	pthread_cond_broadcast(&c->cv);
 	pthread_mutex_unlock(&c->mu);
+	if (r == INBOX_RETRY && c->retry_in_ms > 0)
+		item->retry_at_ms = now_unix_ms() + c->retry_in_ms;
 	if (r != INBOX_DONE)
 		*cause = xasprintf("planned failure %d", n);
 	else if (c->record)
@@ -321,6 +324,90 @@ retry_then_dead(void **state)
 	    "SELECT state FROM inbox WHERE key = 'github:r'"), 2);
 	assert_int_equal(query_int(path,
 	    "SELECT attempts FROM inbox WHERE key = 'github:r'"), 3);
+	free(path);
+}
+
+/*
+ * Run an inbox (max_attempts 2) whose handler always retries at now +
+ * retry_in_ms, with key put into it (NULL: what it holds), until the
+ * handler ran calls times and 200 ms more; the number of runs. *t0: the
+ * time of the put.
+ */
+static int
+run_limited(const char *path, const char *key, int64_t retry_in_ms,
+    int calls, int64_t *t0)
+{
+	struct counter c;
+	struct inbox *ib;
+
+	counter_init(&c);
+	c.always = INBOX_RETRY;
+	c.retry_in_ms = retry_in_ms;
+	ib = open_started(path, &c, 100, 2, 3600);
+	*t0 = now_unix_ms();
+	if (key != NULL)
+		assert_int_equal(inbox_put(ib, key, "github", EV),
+		    INBOX_STORED);
+	assert_true(wait_calls(&c, calls, 10000) >= calls);
+	sleep_ms(200);
+	inbox_free(ib);
+	return c.calls;
+}
+
+/*
+ * A retry at a time the handler names (a rate limit's reset): the next
+ * attempt waits for it, bounded by an hour, and such attempts are not
+ * failures, so they never dead-letter an entry before the reset (here
+ * max_attempts is 2 and the entry is retried more often than that).
+ */
+static void
+retry_at_reset(void **state)
+{
+	char *path = tmpdb();
+	int64_t t0;
+
+	assert_int_equal(run_limited(path, "github:far", 600000, 1, &t0), 1);
+	assert_int_equal(query_int(path,
+	    "SELECT state FROM inbox WHERE key = 'github:far'"), 0);
+	assert_int_equal(query_int(path,
+	    "SELECT attempts FROM inbox WHERE key = 'github:far'"), 0);
+	assert_in_range(query_int(path, "SELECT next_at FROM inbox"
+	    " WHERE key = 'github:far'") - t0, 599000, 605000);
+	/* a reset ten hours away: the next attempt within the hour */
+	run_limited(path, "github:later", 36000000, 1, &t0);
+	assert_in_range(query_int(path, "SELECT next_at FROM inbox"
+	    " WHERE key = 'github:later'") - t0, 3599000, 3605000);
+	/* near resets, many times over max_attempts: still pending */
+	assert_true(run_limited(path, "github:near", 20, 6, &t0) >= 6);
+	assert_int_equal(query_int(path,
+	    "SELECT state FROM inbox WHERE key = 'github:near'"), 0);
+	free(path);
+}
+
+/*
+ * A rate limit that lasts beyond a day is no longer waited out for free:
+ * an entry received that long ago counts its attempts again and dies.
+ */
+static void
+retry_at_old_entry(void **state)
+{
+	char *path = tmpdb();
+	sqlite3 *db;
+	char *sql;
+	int64_t t0;
+
+	/* the tables, then an entry stored two days ago */
+	run_limited(path, NULL, 20, 0, &t0);
+	sql = xasprintf("INSERT INTO inbox (key, provider, event,"
+	    " received_at) VALUES ('github:old', 'github', '%s', %lld);", EV,
+	    (long long)(now_unix_ms() - 2 * 86400 * 1000));
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+	free(sql);
+	sqlite3_close(db);
+	assert_int_equal(run_limited(path, NULL, 20, 2, &t0), 2);
+	assert_int_equal(query_int(path,
+	    "SELECT state FROM inbox WHERE key = 'github:old'"), 2);
 	free(path);
 }
 
@@ -674,6 +761,8 @@ main(void)
 		cmocka_unit_test(audit_body_capped),
 		cmocka_unit_test(capacity_refuses),
 		cmocka_unit_test(retry_then_dead),
+		cmocka_unit_test(retry_at_reset),
+		cmocka_unit_test(retry_at_old_entry),
 		cmocka_unit_test(retry_then_success),
 		cmocka_unit_test(permanent_failure),
 		cmocka_unit_test(restart_resumes),

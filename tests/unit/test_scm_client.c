@@ -705,6 +705,9 @@ ratelimit_beyond_bound(void **state)
 	assert_true(now_mono_ms() - t0 < 900);
 	assert_int_equal(nrecs(), 1);
 	assert_non_null(strstr(cause, "rate limit"));
+	/* the reset goes to the caller, to retry the work then */
+	assert_in_range(scm_ratelimit_reset_ms() - now_unix_ms(),
+	    3600 * 1000 - 2000, 3601 * 1000 + 1000);
 	free(cause);
 	cause = NULL;
 	/* the same with a 429 */
@@ -742,8 +745,22 @@ ratelimit_beyond_bound(void **state)
 	assert_int_equal(c->ops->create_comment(c, &gl_repo, 1, "x", NULL,
 	    &cause), SCM_ERATELIMITED);
 	assert_true(now_mono_ms() - t0 < 900);
+	assert_in_range(scm_ratelimit_reset_ms() - now_unix_ms(),
+	    3600 * 1000 - 2000, 3601 * 1000 + 1000);
 	free(cause);
 	free(reset);
+	/* Retry-After first; a call that succeeds names no reset */
+	srv_reset();
+	push(429, "{}", "Retry-After: 120", "RateLimit-Remaining: 0", NULL);
+	assert_int_equal(c->ops->create_comment(c, &gl_repo, 1, "x", NULL,
+	    &cause), SCM_ERATELIMITED);
+	assert_in_range(scm_ratelimit_reset_ms() - now_unix_ms(),
+	    120 * 1000 - 2000, 120 * 1000);
+	free(cause);
+	push(201, "{\"id\":7}", NULL);
+	assert_int_equal(c->ops->create_comment(c, &gl_repo, 1, "x", NULL,
+	    &cause), SCM_OK);
+	assert_int_equal(scm_ratelimit_reset_ms(), 0);
 	scm_client_free(c);
 
 	/* the gauge and the counter */
