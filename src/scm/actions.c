@@ -8,7 +8,11 @@
  * task name is deterministic, reactions are idempotent on both providers,
  * and a comment delivered twice (an App and a repository hook, or GitLab's
  * retries) is claimed by its first delivery in a table of the state
- * database, so the second one does nothing. Outbound calls that hit a rate
+ * database, so the second one does nothing. The same row records how many
+ * of the comment's commands have run, with the reply and verdict they
+ * built: a comment retried because its reaction or reply could not be
+ * posted (or taken over from an abandoned claim) does not run a command
+ * twice, so a budget bump is added once. Outbound calls that hit a rate
  * limit ask the inbox to retry when the limit resets instead of holding a
  * worker.
  */
@@ -51,12 +55,26 @@ struct actions {
 
 /* --------------------------------------------------------- comment claims */
 
+/* What earlier attempts at a comment did: its first done commands ran. */
+struct progress {
+	int done;
+	int refused;
+	char *reply;		/* the reply they built, NULL when none */
+};
+
+/*
+ * Claim the comment key for delivery: 1 when it is ours to handle (*pg
+ * then says what earlier attempts did), 0 when it is done or another
+ * delivery's, -1 on error.
+ */
 static int
-claim_comment(struct actions *a, const char *key, const char *delivery)
+claim_comment(struct actions *a, const char *key, const char *delivery,
+    struct progress *pg)
 {
 	sqlite3_stmt *st;
 	int rc = 1;	/* 1: ours to handle, 0: someone else's, -1: error */
 
+	memset(pg, 0, sizeof(*pg));
 	pthread_mutex_lock(&a->db_mu);
 	st = db_stmt(a->db, "INSERT OR IGNORE INTO scm_comments (key,"
 	    " delivery, state, at) VALUES (?1, ?2, 0, ?3)");
@@ -74,8 +92,8 @@ claim_comment(struct actions *a, const char *key, const char *delivery)
 	if (sqlite3_changes(a->db) == 1)
 		goto out;
 	/* claimed before: by us (a retry), done, or another delivery */
-	st = db_stmt(a->db, "SELECT delivery, state, at FROM scm_comments"
-	    " WHERE key = ?1");
+	st = db_stmt(a->db, "SELECT delivery, state, at, progress, refused,"
+	    " reply FROM scm_comments WHERE key = ?1");
 	if (st == NULL || (sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC),
 	    sqlite3_step(st)) != SQLITE_ROW) {
 		rc = -1;
@@ -91,6 +109,13 @@ claim_comment(struct actions *a, const char *key, const char *delivery)
 		rc = 2;		/* an abandoned claim: take it over */
 	else
 		rc = 0;
+	if (rc > 0) {
+		pg->done = sqlite3_column_int(st, 3);
+		pg->refused = sqlite3_column_int(st, 4);
+		if (sqlite3_column_text(st, 5) != NULL)
+			pg->reply = xstrdup((const char *)sqlite3_column_text(
+			    st, 5));
+	}
 	sqlite3_reset(st);
 	if (rc == 2) {
 		st = db_stmt(a->db, "UPDATE scm_comments SET delivery = ?2,"
@@ -107,6 +132,40 @@ claim_comment(struct actions *a, const char *key, const char *delivery)
 out:
 	pthread_mutex_unlock(&a->db_mu);
 	return rc;
+}
+
+/*
+ * Record that the first done commands of comment key ran, with the reply
+ * and verdict so far, before anything else can fail: a retry starts after
+ * them. A failed write is logged, not retried: the effects are in place,
+ * and running them again is what this avoids.
+ */
+static void
+save_progress(struct actions *a, const char *key, int done,
+    const struct buf *reply, int refused)
+{
+	sqlite3_stmt *st;
+	int rc = SQLITE_ERROR;
+
+	pthread_mutex_lock(&a->db_mu);
+	st = db_stmt(a->db, "UPDATE scm_comments SET progress = ?2,"
+	    " refused = ?3, reply = ?4 WHERE key = ?1");
+	if (st != NULL) {
+		sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+		sqlite3_bind_int(st, 2, done);
+		sqlite3_bind_int(st, 3, refused);
+		if (reply->len > 0)
+			sqlite3_bind_text(st, 4, reply->data, (int)reply->len,
+			    SQLITE_STATIC);
+		else
+			sqlite3_bind_null(st, 4);
+		rc = sqlite3_step(st);
+		sqlite3_reset(st);
+	}
+	pthread_mutex_unlock(&a->db_mu);
+	if (rc != SQLITE_DONE)
+		log_kv(LOG_WARN, "comment progress not recorded: a retry may "
+		    "run its commands again", "comment", key, NULL);
 }
 
 static void
@@ -203,6 +262,7 @@ struct run {
 	char *host;			/* github.com, gitlab.example.com */
 	char *ns;			/* the namespace of the PR's tasks */
 	char *repo_hash;		/* label value: repository identity */
+	const char *claim;		/* the comment's key in scm_comments */
 	struct buf reply;		/* the one reply, if any */
 	int refused;
 	int64_t retry_at_ms;		/* a rate limit's reset, for a retry */
@@ -824,13 +884,15 @@ do_status(struct run *r)
 	json_decref(items);
 }
 
+/* Run the commands of res from the first one not yet done. */
 static int
-run_commands(struct run *r, const struct cmd_result *res, char **cause)
+run_commands(struct run *r, const struct cmd_result *res, size_t from,
+    char **cause)
 {
 	size_t i;
 	int ret = INBOX_DONE;
 
-	for (i = 0; i < res->ncmds && ret == INBOX_DONE; i++) {
+	for (i = from; i < res->ncmds && ret == INBOX_DONE; i++) {
 		const struct cmd *c = &res->cmds[i];
 
 		switch (c->kind) {
@@ -850,6 +912,9 @@ run_commands(struct run *r, const struct cmd_result *res, char **cause)
 		default:
 			ret = do_steer(r, c, cause);
 		}
+		if (ret == INBOX_DONE)
+			save_progress(r->a, r->claim, (int)i + 1, &r->reply,
+			    r->refused);
 	}
 	return ret;
 }
@@ -861,6 +926,7 @@ on_comment(struct run *r, char **cause)
 	const struct scm_event *ev = r->ev;
 	struct cmd_limits lim;
 	struct cmd_result res;
+	struct progress pg;
 	char *claim;
 	int rc, ret = INBOX_DONE, claimed;
 
@@ -882,7 +948,8 @@ on_comment(struct run *r, char **cause)
 	/* one handling per comment, whichever delivery brought it */
 	claim = xasprintf("%s|%s|%lld|%lld", r->provider, ev->repo,
 	    (long long)ev->project_id, (long long)ev->comment_id);
-	claimed = claim_comment(r->a, claim, ev->delivery);
+	claimed = claim_comment(r->a, claim, ev->delivery, &pg);
+	r->claim = claim;
 	if (claimed <= 0) {
 		if (claimed < 0)
 			ret = INBOX_RETRY;
@@ -905,13 +972,20 @@ on_comment(struct run *r, char **cause)
 		}
 		r->refused = 1;
 	} else {
-		rc = authorize(r, &res, cause);
-		if (rc == AUTH_RETRY) {
-			ret = INBOX_RETRY;
-			goto out;
+		/* what an earlier attempt ran stays run; its reply is kept */
+		if (pg.reply != NULL)
+			buf_addstr(&r->reply, pg.reply);
+		r->refused = pg.refused;
+		if ((size_t)pg.done < res.ncmds) {
+			rc = authorize(r, &res, cause);
+			if (rc == AUTH_RETRY) {
+				ret = INBOX_RETRY;
+				goto out;
+			}
+			if (rc == AUTH_OK)
+				ret = run_commands(r, &res, (size_t)pg.done,
+				    cause);
 		}
-		if (rc == AUTH_OK)
-			ret = run_commands(r, &res, cause);
 	}
 	if (ret != INBOX_DONE)
 		goto out;
@@ -947,6 +1021,7 @@ on_comment(struct run *r, char **cause)
 	}
 	finish_comment(r->a, claim);
 out:
+	free(pg.reply);
 	free(claim);
 	commands_result_release(&res);
 	return ret;
@@ -1054,6 +1129,23 @@ actions_handle(void *arg, struct inbox_item *item, char **cause)
 	return ret;
 }
 
+/* A table from before the progress columns gets them. */
+static int
+add_progress_columns(sqlite3 *db, char **cause)
+{
+	sqlite3_stmt *st = NULL;
+	int have = sqlite3_prepare_v2(db, "SELECT progress FROM scm_comments",
+	    -1, &st, NULL) == SQLITE_OK;
+
+	sqlite3_finalize(st);
+	if (have)
+		return 0;
+	return db_exec(db, "ALTER TABLE scm_comments ADD COLUMN progress"
+	    " INTEGER NOT NULL DEFAULT 0; ALTER TABLE scm_comments ADD COLUMN"
+	    " refused INTEGER NOT NULL DEFAULT 0; ALTER TABLE scm_comments"
+	    " ADD COLUMN reply TEXT;", cause);
+}
+
 /* Start the command handler. */
 int
 actions_new(struct actions **out, const struct actions_config *ac,
@@ -1067,7 +1159,10 @@ actions_new(struct actions **out, const struct actions_config *ac,
 	if (db_open(ac->db_path, 0, &a->db, cause) < 0 ||
 	    db_exec(a->db, "CREATE TABLE IF NOT EXISTS scm_comments ("
 	    " key TEXT PRIMARY KEY, delivery TEXT NOT NULL,"
-	    " state INTEGER NOT NULL, at INTEGER NOT NULL);", cause) < 0) {
+	    " state INTEGER NOT NULL, at INTEGER NOT NULL,"
+	    " progress INTEGER NOT NULL DEFAULT 0,"
+	    " refused INTEGER NOT NULL DEFAULT 0, reply TEXT);", cause) < 0 ||
+	    add_progress_columns(a->db, cause) < 0) {
 		actions_free(a);
 		return -1;
 	}

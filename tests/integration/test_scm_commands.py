@@ -7,6 +7,7 @@ import base64
 import http.client
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -80,7 +81,8 @@ GH_COMMENTS = [(1001, 42, "alice"), (1002, 43, "carol"), (1003, 43, "bob"),
                (1006, 43, "alice"), (1007, 1, "alice"), (1008, 7, "alice"),
                (1010, 42, "alice"), (1011, 42, "alice"), (1012, 42, "alice"),
                (1013, 42, "alice"), (1014, 42, "bob"), (1015, 42, "carol"),
-               (1016, 42, "carol"), (1017, 42, "alice"), (1020, 43, "alice"),
+               (1016, 42, "carol"), (1017, 42, "alice"), (1018, 42, "alice"),
+               (1019, 42, "alice"), (1020, 43, "alice"),
                (1030, 50, "bob"),
                (1021, 43, "alice"), (1022, 43, "alice")]
 GL_NOTES = [(3001, "pipin"), (3002, "guest")]
@@ -247,22 +249,38 @@ def handled(d, key):
     return rows[0][0] if rows else 0
 
 
-def bot_daemon(fake, config, env):
+def bot_daemon(fake, config, env, prepare=None):
     """diverged started with config (its {gh} and {gl} the fake's API
-    URLs) and the bot's tokens in the files config names."""
+    URLs) and the bot's tokens in the files config names; prepare(d), if
+    given, runs just before the start."""
     d = Daemon(config.format(gh=fake.base + "/github",
                              gl=fake.base + "/gitlab/api/v4"), env=env)
     with open(os.path.join(d.tmp, "gh-token"), "w") as f:
         f.write("ghp_bot\n")
     with open(os.path.join(d.tmp, "gl-token"), "w") as f:
         f.write("glpat-bot\n")
+    if prepare is not None:
+        prepare(d)
     return d.start()
+
+
+def old_comment_table(d):
+    """A state database from before scm_comments recorded the progress
+    of a comment's commands: diverged adds the columns."""
+    os.makedirs(d.state_dir, exist_ok=True)
+    con = sqlite3.connect(d.db())
+    con.execute("CREATE TABLE scm_comments (key TEXT PRIMARY KEY,"
+                " delivery TEXT NOT NULL, state INTEGER NOT NULL,"
+                " at INTEGER NOT NULL)")
+    con.commit()
+    con.close()
 
 
 def main(t):
     fake = Fake()
     fake.call("POST", "/_fake/seed", seed())
-    d = bot_daemon(fake, CONFIG, {"DIVERGE_SCM_MAX_WAIT_MS": "2000"})
+    d = bot_daemon(fake, CONFIG, {"DIVERGE_SCM_MAX_WAIT_MS": "2000"},
+                   old_comment_table)
     t.ok(d.wait_log("github identity") and
          any("login=diverge-bot" in l for l in d.log()),
          "the bot's own identity comes from GET /user at start")
@@ -429,6 +447,30 @@ def main(t):
     t.ok("/diverge fix" in replies[-1] and not any(
         l.startswith("/diverge") for l in replies[-1].splitlines()),
         "help: the command table, every example inert")
+
+    # --- a comment retried for its reaction or reply runs its commands once
+    fake.call("POST", "/_fake/faults", {"status": 429, "count": 1,
+                                        "retry_after": 3,
+                                        "match": "/comments/1018/reactions"})
+    task = steer(1018, "/diverge budget +$1")
+    t.eq((gh_reactions(fake, 42, 1018), task["spec"].get("budgetUSD")),
+         (["eyes"], "7.00"), "a rate-limited reaction is retried, the "
+         "budget bump is not applied again (6.00 + 1)")
+    fake.call("POST", "/_fake/faults", {"status": 503, "count": 1,
+                                        "retry_after": 3, "method": "POST",
+                                        "match": "/issues/42/comments"})
+    n = len(gh_bot_replies(fake, 42))
+    steer(1019, "/diverge resume +$1\n/diverge status")
+    replies = wait(lambda: (lambda r: r if len(r) > n else None)(
+        gh_bot_replies(fake, 42)), 20) or []
+    time.sleep(1)
+    task = get_task(d, "fix-pr-42")
+    t.ok(len(gh_bot_replies(fake, 42)) == n + 1 and "| `fix-pr-42` |" in
+         replies[-1] and (task["spec"].get("budgetUSD"),
+                          task["spec"].get("suspended")) == ("8.00", False),
+         "a failed reply is posted on the retry, with the status the first "
+         "attempt took; resume +$1 applied once",
+         (task["spec"].get("budgetUSD"), replies[n:]))
 
     # --- a finished task re-runs on /diverge fix
     s, done = api(d, "PATCH", TASKS % NS + "/fix-pr-42/status",
