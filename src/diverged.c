@@ -900,6 +900,28 @@ start_apiserver(char **cause)
 	return rc;
 }
 
+/* SIGHUP: api.token again, for the embedded store's API server. */
+static int
+reload_api_token(const struct config *nc, char **cause)
+{
+	char *token = NULL, *c = NULL;
+	size_t len = 0;
+	int rc;
+
+	if (D.apiserver == NULL || nc->api.token == NULL ||
+	    *nc->api.token == '\0')
+		return 0;
+	if (config_secret_read(nc->api.token, &token, &len, &c) < 0) {
+		*cause = xasprintf("'api.token': %s", c);
+		free(c);
+		return -1;
+	}
+	rc = k8s_apiserver_set_token(D.apiserver, token, cause);
+	secure_wipe(token, len);
+	free(token);
+	return rc;
+}
+
 static void
 reload(void)
 {
@@ -929,6 +951,15 @@ reload(void)
 		free(cause);
 		config_release(&nc);
 		return;
+	}
+	/* the clients' tokens and keys, the API's bearer token */
+	if (scm_client_reload(D.github_client, &nc, &cause) < 0 ||
+	    scm_client_reload(D.gitlab_client, &nc, &cause) < 0 ||
+	    reload_api_token(&nc, &cause) < 0) {
+		log_kv(LOG_ERROR, "reload: a secret could not be replaced, "
+		    "keeping the running one", "error", cause, NULL);
+		free(cause);
+		cause = NULL;
 	}
 	log_setup((enum log_level)nc.log.level, nc.log.json);
 	config_release(&nc);

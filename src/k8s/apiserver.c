@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdarg.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,7 @@ struct k8s_apiserver {
 	int stopping;			/* read and written atomically */
 	int has_token;
 	unsigned char mac_key[32];	/* random, to compare tokens */
+	pthread_mutex_t token_lock;	/* token_mac changes on SIGHUP */
 	unsigned char token_mac[32];	/* HMAC of the configured token */
 	char *cert;
 	char *key;
@@ -3159,9 +3161,37 @@ authorized(const struct k8s_apiserver *s, struct MHD_Connection *conn)
 		return 0;
 	/* equal-length digests: the comparison leaks nothing */
 	hmac_sha256(s->mac_key, sizeof(s->mac_key), tok, strlen(tok), mac);
+	pthread_mutex_lock((pthread_mutex_t *)&s->token_lock);
 	ok = ct_equal(mac, s->token_mac, sizeof(mac));
+	pthread_mutex_unlock((pthread_mutex_t *)&s->token_lock);
 	secure_wipe(mac, sizeof(mac));
 	return ok;
+}
+
+/*
+ * Replace the bearer token (SIGHUP): requests from then on must carry the
+ * new one. Only a server started with a token has one to replace.
+ */
+int
+k8s_apiserver_set_token(struct k8s_apiserver *s, const char *token,
+    char **cause)
+{
+	unsigned char mac[32];
+
+	if (s == NULL)
+		return 0;
+	if (!s->has_token || token == NULL || *token == '\0') {
+		*cause = xstrdup("api.token: adding or removing the token "
+		    "needs a restart");
+		return -1;
+	}
+	hmac_sha256(s->mac_key, sizeof(s->mac_key), token, strlen(token),
+	    mac);
+	pthread_mutex_lock(&s->token_lock);
+	memcpy(s->token_mac, mac, sizeof(mac));
+	pthread_mutex_unlock(&s->token_lock);
+	secure_wipe(mac, sizeof(mac));
+	return 0;
 }
 
 static MHD_RESULT
@@ -3323,6 +3353,7 @@ server_free(struct k8s_apiserver *s)
 	free(s->key);
 	free(s->cert);
 	secure_wipe(s->mac_key, sizeof(s->mac_key));
+	pthread_mutex_destroy(&s->token_lock);
 	free(s);
 }
 
@@ -3364,6 +3395,7 @@ k8s_apiserver_start(struct k8s_apiserver **out, struct k8s_api *api,
 	}
 	s = xcalloc(1, sizeof(*s));
 	s->api = api;
+	pthread_mutex_init(&s->token_lock, NULL);
 	if (tls) {
 		if (read_pem(cfg->tls_cert, &s->cert, &cert_len, cause) < 0 ||
 		    read_pem(cfg->tls_key, &s->key, &s->key_len, cause) < 0)

@@ -441,6 +441,9 @@ struct k8s_apiserver_config {
 int k8s_apiserver_start(struct k8s_apiserver **out, struct k8s_api *api,
     const struct k8s_apiserver_config *cfg, char **cause);
 int k8s_apiserver_port(const struct k8s_apiserver *s);
+/* Replace the bearer token of a server started with one (SIGHUP). */
+int k8s_apiserver_set_token(struct k8s_apiserver *s, const char *token,
+    char **cause);
 void k8s_apiserver_stop(struct k8s_apiserver *s);
 
 /* ---- AgentTask operations (tasks.c) ---- */

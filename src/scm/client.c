@@ -1079,3 +1079,12 @@ scm_client_free(struct scm_client *c)
 	if (c != NULL && c->ops != NULL && c->ops->free != NULL)
 		c->ops->free(c);
 }
+
+int
+scm_client_reload(struct scm_client *c, const struct config *cfg,
+    char **cause)
+{
+	if (c == NULL || c->ops == NULL || c->ops->reload == NULL)
+		return 0;
+	return c->ops->reload(c, cfg, cause);
+}

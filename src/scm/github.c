@@ -41,6 +41,11 @@ struct inst_token {
 struct github {
 	struct scm_client c;	/* first: the ops */
 	struct scm_http *http;
+	/*
+	 * token and key are replaced on SIGHUP, under cred; whether each
+	 * is there never changes
+	 */
+	pthread_rwlock_t cred;
 	char *token;		/* github.token, or NULL */
 	char *app_id;		/* NULL: no App */
 	EVP_PKEY *key;		/* the App's private key */
@@ -195,7 +200,10 @@ jwt_call(struct github *g, struct scm_req *rq, struct scm_resp *rp,
 		skew = g->skew;
 		pthread_mutex_unlock(&g->skew_lock);
 		now = now_unix() + skew;
-		if (jwt_sign(g->key, g->app_id, now, &jwt, cause) < 0)
+		pthread_rwlock_rdlock(&g->cred);
+		ret = jwt_sign(g->key, g->app_id, now, &jwt, cause);
+		pthread_rwlock_unlock(&g->cred);
+		if (ret < 0)
 			return SCM_EINTERNAL;
 		auth = xasprintf("Authorization: Bearer %s", jwt);
 		scm_secret_free(jwt);
@@ -457,7 +465,9 @@ gh_call(struct github *g, const struct scm_repo *repo, const char *rpath,
 		if (g->key != NULL && inst > 0)
 			ret = token_header(g, inst, &auth, cause);
 		else if (g->token != NULL) {
+			pthread_rwlock_rdlock(&g->cred);
 			auth = xasprintf("Authorization: Bearer %s", g->token);
+			pthread_rwlock_unlock(&g->cred);
 			ret = SCM_OK;
 		} else {
 			*cause = xstrdup("github: no credential for this "
@@ -997,9 +1007,82 @@ gh_free(struct scm_client *c)
 	free(g->slug);
 	EVP_PKEY_free(g->key);
 	tokens_free(g->tokens);
+	pthread_rwlock_destroy(&g->cred);
 	pthread_mutex_destroy(&g->lock);
 	pthread_mutex_destroy(&g->skew_lock);
 	free(g);
+}
+
+/* The token and the App key of cfg (each NULL when not configured). */
+static int
+gh_load_creds(const struct config *cfg, char **token, EVP_PKEY **key,
+    char **cause)
+{
+	char *pem = NULL;
+
+	*token = NULL;
+	*key = NULL;
+	if (cfg->github.token != NULL && scm_secret_load("github",
+	    "github.token", cfg->github.token, token, cause) < 0)
+		return -1;
+	if (*token != NULL && strpbrk(*token, "\r\n") != NULL) {
+		*cause = xstrdup("github: 'github.token' holds a line break");
+		goto fail;
+	}
+	if (cfg->github.app.id != NULL && *cfg->github.app.id != '\0') {
+		if (cfg->github.app.private_key == NULL) {
+			*cause = xstrdup("github: 'github.app.private_key' is "
+			    "required with 'github.app.id'");
+			goto fail;
+		}
+		if (scm_secret_load("github", "github.app.private_key",
+		    cfg->github.app.private_key, &pem, cause) < 0)
+			goto fail;
+		*key = load_key(pem, strlen(pem));
+		scm_secret_free(pem);
+		if (*key == NULL) {
+			*cause = xstrdup("github: 'github.app.private_key': "
+			    "not an RSA private key in PEM");
+			goto fail;
+		}
+	}
+	return 0;
+fail:
+	scm_secret_free(*token);
+	*token = NULL;
+	return -1;
+}
+
+/*
+ * SIGHUP: the token and the App key again. Installation tokens already
+ * minted stay until they expire (a new key does not revoke them).
+ */
+static int
+gh_reload(struct scm_client *c, const struct config *cfg, char **cause)
+{
+	struct github *g = gh_of(c);
+	EVP_PKEY *key, *oldkey;
+	char *token, *old;
+
+	if (gh_load_creds(cfg, &token, &key, cause) < 0)
+		return -1;
+	if ((token != NULL) != (g->token != NULL) ||
+	    (key != NULL) != (g->key != NULL)) {
+		*cause = xstrdup("github: adding or removing 'github.token' or "
+		    "'github.app' needs a restart");
+		scm_secret_free(token);
+		EVP_PKEY_free(key);
+		return -1;
+	}
+	pthread_rwlock_wrlock(&g->cred);
+	old = g->token;
+	oldkey = g->key;
+	g->token = token;
+	g->key = key;
+	pthread_rwlock_unlock(&g->cred);
+	scm_secret_free(old);
+	EVP_PKEY_free(oldkey);
+	return 0;
 }
 
 static const struct scm_ops github_ops = {
@@ -1013,6 +1096,7 @@ static const struct scm_ops github_ops = {
 	.permission = gh_permission,
 	.whoami = gh_whoami,
 	.read_file = gh_read_file,
+	.reload = gh_reload,
 	.free = gh_free,
 };
 
@@ -1023,7 +1107,6 @@ scm_github_new(struct scm_client **out, const struct config *cfg,
 {
 	struct scm_http_config hc = { 0 };
 	struct github *g = NULL;
-	char *pem = NULL;
 	int ret = -1;
 
 	if (!cfg->github.enabled) {
@@ -1032,6 +1115,7 @@ scm_github_new(struct scm_client **out, const struct config *cfg,
 	}
 	g = xcalloc(1, sizeof(*g));
 	g->c.ops = &github_ops;
+	pthread_rwlock_init(&g->cred, NULL);
 	pthread_mutex_init(&g->lock, NULL);
 	pthread_mutex_init(&g->skew_lock, NULL);
 	hc.provider = SCM_GITHUB;
@@ -1040,28 +1124,9 @@ scm_github_new(struct scm_client **out, const struct config *cfg,
 	hc.ca_file = cfg->github.ca_file;
 	if (scm_http_new(&g->http, &hc, cause) < 0)
 		goto out;
-	if (cfg->github.token != NULL && scm_secret_load("github",
-	    "github.token", cfg->github.token, &g->token, cause) < 0)
+	if (gh_load_creds(cfg, &g->token, &g->key, cause) < 0)
 		goto out;
-	if (g->token != NULL && strpbrk(g->token, "\r\n") != NULL) {
-		*cause = xstrdup("github: 'github.token' holds a line break");
-		goto out;
-	}
-	if (cfg->github.app.id != NULL && *cfg->github.app.id != '\0') {
-		if (cfg->github.app.private_key == NULL) {
-			*cause = xstrdup("github: 'github.app.private_key' is "
-			    "required with 'github.app.id'");
-			goto out;
-		}
-		if (scm_secret_load("github", "github.app.private_key",
-		    cfg->github.app.private_key, &pem, cause) < 0)
-			goto out;
-		g->key = load_key(pem, strlen(pem));
-		if (g->key == NULL) {
-			*cause = xstrdup("github: 'github.app.private_key': "
-			    "not an RSA private key in PEM");
-			goto out;
-		}
+	if (g->key != NULL) {
 		g->app_id = xstrdup(cfg->github.app.id);
 		if (cfg->github.app.slug != NULL)
 			g->slug = xstrdup(cfg->github.app.slug);
@@ -1075,7 +1140,6 @@ scm_github_new(struct scm_client **out, const struct config *cfg,
 	g = NULL;	/* now the caller's */
 	ret = 0;
 out:
-	scm_secret_free(pem);
 	if (g != NULL)
 		gh_free(&g->c);
 	return ret;

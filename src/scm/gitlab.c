@@ -9,6 +9,7 @@
 #include "config.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@
 struct gitlab {
 	struct scm_client c;	/* first: the ops */
 	struct scm_http *http;
+	pthread_rwlock_t cred;	/* auth changes on SIGHUP */
 	char *auth;		/* "PRIVATE-TOKEN: ..." */
 };
 
@@ -30,6 +32,64 @@ static struct gitlab *
 gl_of(struct scm_client *c)
 {
 	return (struct gitlab *)c;
+}
+
+/* One HTTP call with the token as it is now (a copy: SIGHUP may swap it). */
+static int
+gl_http(struct gitlab *g, struct scm_req *rq, struct scm_resp *rp,
+    char **cause)
+{
+	char *auth;
+	int ret;
+
+	pthread_rwlock_rdlock(&g->cred);
+	auth = xstrdup(g->auth);
+	pthread_rwlock_unlock(&g->cred);
+	rq->auth = auth;
+	ret = scm_http_call(g->http, rq, rp, cause);
+	rq->auth = NULL;
+	scm_secret_free(auth);
+	return ret;
+}
+
+/* The token of gitlab.token as a header line. */
+static int
+gl_load_auth(const struct config *cfg, char **auth, char **cause)
+{
+	char *tok = NULL;
+
+	if (cfg->gitlab.token == NULL) {
+		*cause = xstrdup("gitlab: 'gitlab.token' is not configured");
+		return -1;
+	}
+	if (scm_secret_load("gitlab", "gitlab.token", cfg->gitlab.token, &tok,
+	    cause) < 0)
+		return -1;
+	if (strpbrk(tok, "\r\n") != NULL) {
+		*cause = xstrdup("gitlab: 'gitlab.token' holds a line break");
+		scm_secret_free(tok);
+		return -1;
+	}
+	*auth = xasprintf("PRIVATE-TOKEN: %s", tok);
+	scm_secret_free(tok);
+	return 0;
+}
+
+/* SIGHUP: the token again, from its file or variable. */
+static int
+gl_reload(struct scm_client *c, const struct config *cfg, char **cause)
+{
+	struct gitlab *g = gl_of(c);
+	char *auth = NULL, *old;
+
+	if (gl_load_auth(cfg, &auth, cause) < 0)
+		return -1;
+	pthread_rwlock_wrlock(&g->cred);
+	old = g->auth;
+	g->auth = auth;
+	pthread_rwlock_unlock(&g->cred);
+	scm_secret_free(old);
+	return 0;
 }
 
 /* One call with the token; body_key/body make a {"key": body} JSON. */
@@ -56,11 +116,10 @@ gl_call(struct gitlab *g, const char *op, const char *method,
 	rq.op = op;
 	rq.method = method;
 	rq.url = url;
-	rq.auth = g->auth;
 	rq.body = json;
 	rq.body_len = json != NULL ? strlen(json) : 0;
 	rq.idempotent = idempotent;
-	ret = scm_http_call(g->http, &rq, rp, cause);
+	ret = gl_http(g, &rq, rp, cause);
 	free(json);
 	return ret;
 }
@@ -127,10 +186,9 @@ gl_get_pr(struct scm_client *c, const struct scm_repo *repo, int64_t number,
 	rq.op = "get_pr";
 	rq.method = "GET";
 	rq.url = url;
-	rq.auth = g->auth;
 	rq.idempotent = 1;
 	rq.retry_404 = 2;	/* an MR just commented on exists */
-	ret = scm_http_call(g->http, &rq, &rp, cause);
+	ret = gl_http(g, &rq, &rp, cause);
 	if (ret != SCM_OK)
 		goto out;
 	ret = scm_json_reply(&rp, 1, "gitlab: get merge request", &j, cause);
@@ -484,11 +542,10 @@ gl_read_file(struct scm_client *c, const struct scm_repo *repo,
 	rq.op = "read_file";
 	rq.method = "GET";
 	rq.url = url;
-	rq.auth = g->auth;
 	rq.accept = "*/*";
 	rq.idempotent = 1;
 	rq.max = SCM_MAX_FILE;
-	ret = scm_http_call(g->http, &rq, &rp, cause);
+	ret = gl_http(g, &rq, &rp, cause);
 	if (ret != SCM_OK)
 		goto out;
 	*len = rp.body.len;
@@ -512,6 +569,7 @@ gl_free(struct scm_client *c)
 		return;
 	scm_http_free(g->http);
 	scm_secret_free(g->auth);
+	pthread_rwlock_destroy(&g->cred);
 	free(g);
 }
 
@@ -526,6 +584,7 @@ static const struct scm_ops gitlab_ops = {
 	.permission = gl_permission,
 	.whoami = gl_whoami,
 	.read_file = gl_read_file,
+	.reload = gl_reload,
 	.free = gl_free,
 };
 
@@ -536,7 +595,6 @@ scm_gitlab_new(struct scm_client **out, const struct config *cfg,
 {
 	struct scm_http_config hc = { 0 };
 	struct gitlab *g = NULL;
-	char *tok = NULL;
 	int ret = -1;
 
 	if (!cfg->gitlab.enabled) {
@@ -545,29 +603,19 @@ scm_gitlab_new(struct scm_client **out, const struct config *cfg,
 	}
 	g = xcalloc(1, sizeof(*g));
 	g->c.ops = &gitlab_ops;
+	pthread_rwlock_init(&g->cred, NULL);
 	hc.provider = SCM_GITLAB;
 	hc.api_url = cfg->gitlab.api_url != NULL ? cfg->gitlab.api_url :
 	    "https://gitlab.com/api/v4";
 	hc.ca_file = cfg->gitlab.ca_file;
 	if (scm_http_new(&g->http, &hc, cause) < 0)
 		goto out;
-	if (cfg->gitlab.token == NULL) {
-		*cause = xstrdup("gitlab: 'gitlab.token' is not configured");
+	if (gl_load_auth(cfg, &g->auth, cause) < 0)
 		goto out;
-	}
-	if (scm_secret_load("gitlab", "gitlab.token", cfg->gitlab.token, &tok,
-	    cause) < 0)
-		goto out;
-	if (strpbrk(tok, "\r\n") != NULL) {
-		*cause = xstrdup("gitlab: 'gitlab.token' holds a line break");
-		goto out;
-	}
-	g->auth = xasprintf("PRIVATE-TOKEN: %s", tok);
 	*out = &g->c;
 	g = NULL;	/* now the caller's */
 	ret = 0;
 out:
-	scm_secret_free(tok);
 	if (g != NULL)
 		gl_free(&g->c);
 	return ret;

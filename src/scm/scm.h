@@ -388,6 +388,13 @@ struct scm_ops {
 	int (*read_file)(struct scm_client *c, const struct scm_repo *repo,
 	    const char *ref, const char *path, char **data, size_t *len,
 	    char **cause);
+	/*
+	 * SIGHUP: read the client's secrets again (same references, new
+	 * values); -1 with *cause keeps the old ones. Adding or removing a
+	 * credential needs a restart.
+	 */
+	int (*reload)(struct scm_client *c, const struct config *cfg,
+	    char **cause);
 	void (*free)(struct scm_client *c);
 };
 
@@ -405,6 +412,9 @@ int scm_github_new(struct scm_client **out, const struct config *cfg,
 int scm_gitlab_new(struct scm_client **out, const struct config *cfg,
     char **cause);
 void scm_client_free(struct scm_client *c);
+/* Read the client's secrets again (NULL: nothing to do). */
+int scm_client_reload(struct scm_client *c, const struct config *cfg,
+    char **cause);
 
 /* ---- running the commands (actions.c) ---- */
 

@@ -160,6 +160,44 @@ def operations(t):
     t.ok(any("stopped" in l for l in d.log()), "stop logged")
 
 
+def api_token_rotation(t):
+    """SIGHUP re-reads api.token: the old token stops working, the new one
+    works (a revoked token must not live until the next restart)."""
+    d = Daemon("log: {{level: info}}\napi: {{token: \"file:{tmp}/api-token\"}}\n")
+    path = os.path.join(d.tmp, "api-token")
+    with open(path, "w") as f:
+        f.write("token-a\n")
+    d.start()
+
+    def get(tok):
+        c = __import__("http.client").client.HTTPConnection(
+            "127.0.0.1", d.api_port, timeout=10)
+        try:
+            c.request("GET", "/api/v1/namespaces/default/secrets",
+                      headers={"Authorization": "Bearer " + tok})
+            r = c.getresponse()
+            r.read()
+            return r.status
+        finally:
+            c.close()
+
+    t.eq((get("token-a"), get("token-b")), (200, 401),
+         "api.token: the configured token works, another does not")
+    with open(path, "w") as f:
+        f.write("token-b\n")
+    n = sum("reloaded secrets" in l for l in d.log())
+    d.send_signal(signal.SIGHUP)
+    end = time.time() + 10
+    while time.time() < end and sum("reloaded secrets" in l
+                                    for l in d.log()) == n:
+        time.sleep(0.05)
+    t.eq((get("token-a"), get("token-b")), (401, 200),
+         "after SIGHUP: the old api.token is refused, the new one works")
+    t.ok(not any("token-a" in l or "token-b" in l for l in d.log()),
+         "the tokens are never logged")
+    t.eq(d.stop(), 0, "exit 0")
+
+
 def json_logs(t):
     d = Daemon(GITHUB_CONFIG.replace("log: {{level: debug}}",
                                      "log: {{level: info, format: json}}"))
@@ -346,6 +384,7 @@ def main(t):
     config_errors(t)
     embedded_default(t)
     operations(t)
+    api_token_rotation(t)
     json_logs(t)
     graceful(t)
     limits(t)

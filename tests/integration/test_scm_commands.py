@@ -32,8 +32,10 @@ OWN_BASE_AGENT_YAML = ("version: \"1\"\nagent:\n  maxIterations: 500\n"
 SEED = {
     "github": {
         "user": {"login": "diverge-bot", "id": 900},
-        "tokens": {"ghp_bot": "diverge-bot"},
-        "users": [{"login": "alice", "id": 1}, {"login": "bob", "id": 2},
+        # ghp_rot: the token github.token is rotated to (SIGHUP)
+        "tokens": {"ghp_bot": "diverge-bot", "ghp_rot": "diverge-rot"},
+        "users": [{"login": "diverge-rot", "id": 901},
+                  {"login": "alice", "id": 1}, {"login": "bob", "id": 2},
                   {"login": "carol", "id": 3}, {"login": "mallory", "id": 4}],
         "repos": [
             {"full_name": "myorg/checkout", "id": 501,
@@ -84,7 +86,8 @@ GH_COMMENTS = [(1001, 42, "alice"), (1002, 43, "carol"), (1003, 43, "bob"),
                (1016, 42, "carol"), (1017, 42, "alice"), (1018, 42, "alice"),
                (1019, 42, "alice"), (1020, 43, "alice"),
                (1030, 50, "bob"),
-               (1021, 43, "alice"), (1022, 43, "alice")]
+               (1021, 43, "alice"), (1022, 43, "alice"),
+               (1023, 43, "alice")]
 GL_NOTES = [(3001, "pipin"), (3002, "guest")]
 
 
@@ -581,6 +584,26 @@ def main(t):
          110 <= row[0][1] / 1000.0 - time.time() <= 125,
          "its next attempt is at the Retry-After (120 s), and a rate-limited "
          "attempt is not counted against inbox.max_attempts", row)
+
+    # SIGHUP re-reads github.token: the bot then acts with the new one
+    with open(os.path.join(d.tmp, "gh-token"), "w") as f:
+        f.write("ghp_rot\n")
+    n = sum("reloaded secrets" in l for l in d.log())
+    d.send_signal(__import__("signal").SIGHUP)
+    t.ok(wait(lambda: sum("reloaded secrets" in l for l in d.log()) > n),
+         "SIGHUP: reloaded")
+    d.github("issue_comment", gh_comment(1023, 43, "alice",
+                                         "/diverge status"),
+             str(uuid.uuid4()))
+
+    def reactors():
+        pulls = fake.state()["github"]["repos"]["myorg/checkout"]["pulls"]
+        return [x["user"] for c in pulls["43"]["comments"]
+                if c["id"] == 1023 for x in c["reactions"]]
+    t.eq(wait(lambda: reactors()), ["diverge-rot"], "after SIGHUP the "
+         "reaction is made with the rotated github.token")
+    t.ok(not any("ghp_rot" in l or "ghp_bot" in l for l in d.log()),
+         "tokens are never logged")
 
     t.eq(d.stop(), 0, "clean stop")
     fake.stop()
