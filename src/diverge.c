@@ -387,6 +387,10 @@ api_fail(const struct k8s_status *st)
 	else
 		errorf("the API refused the request (%s)", st->reason != NULL ?
 		    st->reason : k8s_err_reason(st->err));
+	if (st->maybe_done && (st->err == K8S_ETIMEOUT ||
+	    st->err == K8S_EUNAVAILABLE || st->err == K8S_EINTERNAL))
+		errorf("the server failed to answer: the change may have been "
+		    "made all the same; check before trying again");
 	return EXIT_REFUSED;
 }
 
@@ -1246,7 +1250,12 @@ blank(const char *s)
 	return 1;
 }
 
-/* Create the task: a generated name is drawn again when taken. */
+/*
+ * Create the task: a generated name is drawn again when taken, unless the
+ * create was sent twice (an attempt answered 5xx, then AlreadyExists):
+ * the name may be taken by this very create, and a new name would make a
+ * second task.
+ */
 static int
 create_task(json_t *task, const char *given_name, json_t **out,
     struct k8s_status *st)
@@ -1272,7 +1281,8 @@ create_task(json_t *task, const char *given_name, json_t **out,
 			free(wb);
 		}
 		ret = k8s_create(C.api, &K8S_AGENTTASK, C.ns, task, out, st);
-		if (ret != K8S_EEXISTS || given_name != NULL)
+		if (ret != K8S_EEXISTS || given_name != NULL ||
+		    st->maybe_done)
 			break;
 		k8s_status_release(st);
 	}
@@ -1430,7 +1440,17 @@ cmd_task_create(const struct command *cmd, int argc, char **argv)
 	    k8s_api_version(&K8S_AGENTTASK), "kind", K8S_AGENTTASK.kind,
 	    "metadata", "spec", spec);
 	if (create_task(task, a.name, &res, &st) < 0) {
-		ret = api_fail(&st);
+		if (st.err == K8S_EEXISTS && st.maybe_done) {
+			const char *n = k8s_meta_str(task, "name");
+
+			errorf("task \"%s\" exists, but this create cannot "
+			    "tell whether it made it: the server failed to "
+			    "answer the first attempt, which may have created "
+			    "it, and the retry found the name taken; check it "
+			    "with \"diverge task status %s\"", n, n);
+			ret = EXIT_REFUSED;
+		} else
+			ret = api_fail(&st);
 		goto out;
 	}
 	if (strcmp(a.output, "json") == 0)

@@ -85,6 +85,13 @@ struct k8s_status {
 	char *reason;		/* "NotFound", "Conflict", ... */
 	char *message;		/* human-readable */
 	json_t *details;	/* Status.details or NULL */
+	/*
+	 * Set by the REST client on a failed write when an attempt of it was
+	 * answered 5xx or lost its answer: it may have taken effect anyway,
+	 * so an AlreadyExists (create) or Conflict (update) after a retry
+	 * may be the request's own doing. Never set by the embedded store.
+	 */
+	int maybe_done;
 };
 
 void k8s_status_release(struct k8s_status *st);

@@ -13,18 +13,20 @@
  *
  * Retries (k8s_rest_config.max_retries, exponential backoff from 200 ms
  * with jitter, or the server's Retry-After in seconds, each wait capped at
- * max_retry_wait_ms):
- *   - 429 and 503 answers: every method (the server did not act on them);
- *   - other 5xx answers: every method but POST (create), since a create
- *     may have happened before the 500;
- *   - transport errors before the request was sent (DNS, connect, TLS
- *     handshake): every method;
- *   - transport errors after it was sent: every method but POST, and
- *     never a timeout once sent (that already took timeout_ms);
+ * max_retry_wait_ms), as client-go's: only where the request cannot have
+ * taken effect, or taking effect twice is harmless:
+ *   - 429 answers: every method (the server refused to look at it);
+ *   - other 5xx answers (but 501): GET; any other method only when the
+ *     answer carries Retry-After (the server asks for the retry). A write
+ *     answered 500 or 504 without it may have been done (a commit whose
+ *     answer timed out): sending it again could do it twice;
+ *   - transport errors (DNS, connect, TLS handshake, a lost answer): GET
+ *     only, and never a timeout once sent (that already took timeout_ms);
  *   - other 4xx answers, TLS verification failures: never.
- * An update retried after a lost answer may see 409 Conflict (its own
- * write bumped the resourceVersion) and a delete may see 404: both are the
- * answers a controller already handles by re-reading.
+ * A write that fails after an attempt answered 5xx (or lost its answer)
+ * reports k8s_status.maybe_done: that attempt may have taken effect, so a
+ * retried create's AlreadyExists or a retried update's Conflict may be
+ * its own doing, and the caller must not simply do it again.
  *
  * Watches: one thread per watch drives a curl multi handle (so that
  * watch_free can wake it at once with curl_multi_wakeup), splits the
@@ -682,6 +684,16 @@ do_once(struct rest *rs, CURL *h, const struct req *rq, struct resp *rp,
 	if (strcmp(rq->method, "GET") == 0)
 		curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);
 	else {
+		/*
+		 * libcurl sends a request again by itself when a reused
+		 * connection closes before any byte of the answer ("connection
+		 * died, retrying a fresh connect"), whatever the method: a
+		 * write the server did but could not answer would be done
+		 * twice. A write therefore gets a connection of its own (the
+		 * TLS session is still resumed through the share); reads keep
+		 * reusing theirs.
+		 */
+		curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
 		if (strcmp(rq->method, "POST") != 0)
 			curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, rq->method);
 		curl_easy_setopt(h, CURLOPT_POST, 1L);
@@ -759,6 +771,23 @@ parse_ok(const struct req *rq, struct resp *rp, const char *shown,
 	return 0;
 }
 
+/* Whether the outcome of one attempt calls for another (see the top). */
+static int
+worth_retry(const struct req *rq, CURLcode rc, const struct resp *rp,
+    int sent)
+{
+	int get = strcmp(rq->method, "GET") == 0;
+
+	if (rc != CURLE_OK)
+		return get && curl_transient(rc) &&
+		    (!sent || rc != CURLE_OPERATION_TIMEDOUT);
+	if (rp->code == 429)
+		return 1;
+	if (rp->code >= 500 && rp->code != 501)
+		return get || rp->retry_after_ms >= 0;
+	return 0;
+}
+
 /* Run a request with the retry policy described at the top. */
 static int
 rest_call(struct rest *rs, const struct req *rq, json_t **out,
@@ -769,11 +798,12 @@ rest_call(struct rest *rs, const struct req *rq, json_t **out,
 	struct resp rp;
 	CURL *h = NULL;
 	CURLcode rc;
-	int attempt, retry, sent = 0, post, ret = K8S_EINTERNAL;
+	int attempt, retry, sent = 0, write, maybe_done = 0;
+	int ret = K8S_EINTERNAL;
 	int64_t wait;
 
 	resp_init(&rp, rq->max);
-	post = strcmp(rq->method, "POST") == 0;
+	write = strcmp(rq->method, "GET") != 0;
 	h = pool_get(rs);
 	if (h == NULL) {
 		ret = k8s_status_set(st, K8S_EINTERNAL,
@@ -796,12 +826,11 @@ rest_call(struct rest *rs, const struct req *rq, json_t **out,
 			free(msg);
 			goto out;
 		}
-		if (rc != CURLE_OK)
-			retry = curl_transient(rc) && (!sent || (!post &&
-			    rc != CURLE_OPERATION_TIMEDOUT));
-		else
-			retry = rp.code == 429 || rp.code == 503 ||
-			    (rp.code >= 500 && rp.code != 501 && !post);
+		/* a write answered 5xx, or sent and not answered: done? */
+		if (write && ((rc == CURLE_OK && rp.code >= 500) ||
+		    (rc != CURLE_OK && sent)))
+			maybe_done = 1;
+		retry = worth_retry(rq, rc, &rp, sent);
 		if (!retry || attempt >= rs->cfg.max_retries)
 			break;
 		wait = backoff_ms(rs, attempt, rp.retry_after_ms);
@@ -833,6 +862,8 @@ rest_call(struct rest *rs, const struct req *rq, json_t **out,
 	} else
 		ret = http_error(st, rq->method, shown, rp.code,
 		    rp.body.data, rp.body.len);
+	if (st != NULL)
+		st->maybe_done = maybe_done;
 out:
 	buf_release(&rp.body);
 	pool_put(rs, h);

@@ -800,14 +800,20 @@ refuse(struct k8s_status *st, const char *fmt, ...)
 
 /*
  * Read the task, let fn compute the change, write it conditionally on
- * the resourceVersion read; again from a fresh read on a conflict.
+ * the resourceVersion read; again from a fresh read on a conflict, unless
+ * the conflict may come from this very write: a patch whose first attempt
+ * was answered 5xx and that the client sent again may have been applied
+ * then, and applying the change on top of that would do it twice (a bump
+ * of $5 becoming $10).
  */
 static int
 task_edit(struct k8s_api *api, const char *ns, const char *name,
     task_edit_fn fn, const void *arg, json_t **out, struct k8s_status *st)
 {
+	struct k8s_status pst = { 0 };
 	json_t *task = NULL, *patch = NULL, *res = NULL;
 	const char *rv;
+	char *msg;
 	int attempt, ret = K8S_EINTERNAL;
 
 	for (attempt = 1;; attempt++) {
@@ -836,15 +842,35 @@ task_edit(struct k8s_api *api, const char *ns, const char *name,
 		}
 		json_object_set_new(child(patch, "metadata"),
 		    "resourceVersion", json_string(rv));
+		k8s_status_release(&pst);
 		ret = k8s_patch(api, &K8S_AGENTTASK, ns, name, 0, patch, &res,
-		    st);
-		if (ret != K8S_ECONFLICT || attempt >= K8S_TASK_MAX_ATTEMPTS)
+		    &pst);
+		if (ret == K8S_ECONFLICT && pst.maybe_done) {
+			msg = xasprintf("task \"%s\": the change may have been "
+			    "applied already (the server failed to answer the "
+			    "first attempt, and the retry found the task "
+			    "changed); check the task before trying again",
+			    name);
+			ret = k8s_status_set(st, K8S_ECONFLICT, msg, NULL);
+			if (st != NULL)
+				st->maybe_done = 1;
+			free(msg);
 			goto out;
+		}
+		if (ret != K8S_ECONFLICT || attempt >= K8S_TASK_MAX_ATTEMPTS) {
+			if (ret < 0 && st != NULL) {
+				k8s_status_release(st);
+				*st = pst;	/* now the caller's */
+				memset(&pst, 0, sizeof(pst));
+			}
+			goto out;
+		}
 		/* lost a race: start again from what won it */
 		json_decref(res);
 		res = NULL;
 	}
 out:
+	k8s_status_release(&pst);
 	if (ret == 0 && out != NULL)
 		*out = res;
 	else

@@ -2095,6 +2095,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         sys.stderr.flush()
 
     def send_bytes(self, code, data, ctype="application/json", headers=None):
+        if getattr(self, "swallow", False):
+            return                      # an "after" fault answers instead
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
@@ -2184,6 +2186,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if delay:
                 time.sleep(delay.get("ms", 0) / 1000.0)
             fault = srv.control.take(srv.control.faults, method, target)
+            if fault and fault.get("after"):
+                # the request takes effect, then its answer is lost
+                self.swallow = True
+                try:
+                    self.route(method, path, query, body)
+                except ApiError:
+                    pass
+                finally:
+                    self.swallow = False
+            if fault and fault.get("close"):
+                self.close_connection = True
+                self.log_line("closed")
+                return
             if fault:
                 raise fault_error(int(fault["status"]),
                                   fault.get("retry_after"))
@@ -2212,10 +2227,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if method == "POST":
                 rules = arg if isinstance(arg, list) else [arg]
                 for r in rules:
-                    if not isinstance(r, dict) or not isinstance(
-                            r.get("status"), int):
+                    if not isinstance(r, dict) or not (isinstance(
+                            r.get("status"), int) or r.get("close")):
                         raise err_bad_request("a fault needs an integer "
-                                              "'status'")
+                                              "'status' or 'close'")
                     r.setdefault("count", 1)
                 with ctl.lock:
                     ctl.faults.extend(rules)

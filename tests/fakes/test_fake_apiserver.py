@@ -743,6 +743,22 @@ def t_watch(f):
           (n0, n1, n2) == (0, 1, 0), (n0, n1, n2))
 
 
+def unanswered(f, method, path, body=None, ctype=None):
+    """Whether a request got its connection closed without an answer."""
+    c = f.conn()
+    h = {"Authorization": "Bearer " + TOKEN}
+    if ctype:
+        h["Content-Type"] = ctype
+    c.request(method, path, body=body, headers=h)
+    try:
+        c.getresponse().read()
+        return False
+    except (http.client.HTTPException, OSError):
+        return True
+    finally:
+        c.close()
+
+
 def t_faults(f):
     f.req("DELETE", "/_fake/requests", token=None)
     st, _, b = f.req("POST", "/_fake/faults", {
@@ -792,6 +808,30 @@ def t_faults(f):
     _, _, reqs = f.req("GET", "/_fake/requests", token=None)
     check("request log cleared; unauthenticated requests recorded",
           len(reqs) == 1 and reqs[0]["authorization_present"] is False, reqs)
+
+    # a lost answer: the write happens, the client hears 504 or nothing
+    f.req("POST", "/_fake/faults", {"status": 504, "after": True,
+                                    "method": "POST"}, token=None)
+    a = f.req("POST", AT, obj("AgentTask", "tafter", spec=SPEC))
+    b = f.req("GET", AT + "/tafter")[0]
+    check("fault after: the create happened, the answer is a 504 Status",
+          a[0] == 504 and a[2]["reason"] == "Timeout" and b == 200,
+          (a[0], a[2], b))
+    f.req("POST", "/_fake/faults", {"close": True, "after": True,
+                                    "method": "PATCH"}, token=None)
+    closed = unanswered(f, "PATCH", AT + "/tafter", json.dumps(
+        {"spec": {"objective": "patched"}}), "application/merge-patch+json")
+    _, _, got = f.req("GET", AT + "/tafter")
+    check("fault close after: the patch happened, the connection closed "
+          "without an answer", closed and
+          got["spec"]["objective"] == "patched", (closed, got))
+    f.req("POST", "/_fake/faults", {"close": True, "method": "DELETE"},
+          token=None)
+    closed = unanswered(f, "DELETE", AT + "/tafter")
+    check("fault close: the connection closed, nothing done",
+          closed and f.req("GET", AT + "/tafter")[0] == 200, closed)
+    st, _, b = f.req("POST", "/_fake/faults", {"count": 1}, token=None)
+    check("a fault needs a status or close", st == 400, b)
 
 
 def t_plain(g):

@@ -72,12 +72,14 @@ class FakeKube:
         finally:
             c.close()
 
-    def control(self, method, path):
+    def control(self, method, path, body=None):
+        """A /_fake control call (faults, delays, requests), body as JSON."""
         c = http.client.HTTPSConnection(
             "127.0.0.1", self.info["port"], timeout=10,
             context=ssl.create_default_context(cafile=self.info["ca_file"]))
         try:
-            c.request(method, path)
+            c.request(method, path, body=json.dumps(body)
+                      if body is not None else None)
             r = c.getresponse()
             data = r.read()
             return json.loads(data) if data else None

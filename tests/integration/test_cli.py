@@ -1114,6 +1114,7 @@ def kubernetes(t, store_items):
                  "store's (but uids, versions, times)")
         operations(t, cli, api, "kubernetes")
         concurrency(t, cli, api, "kubernetes")
+        lost_answers(t, cli, api, fake)
 
         rc, out, err = run(["--kubeconfig", kc, "--context", "team-a",
                             "task", "list"])
@@ -1220,6 +1221,56 @@ def kubernetes(t, store_items):
         logsrv.server_close()
         fake.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def lost_answers(t, cli, api, fake):
+    """A write the API did but whose answer was lost is not done again:
+    a bump is made once, a create makes one task."""
+    name = "lost-bump"
+    rc, out, err = cli("task", "create", "Bump me once", "--name", name,
+                       "--budget", "5")
+    before = api.task(name)["spec"]["budgetUSD"]
+    fake.control("DELETE", "/_fake/requests")
+    fake.control("POST", "/_fake/faults", {
+        "status": 504, "after": True, "method": "PATCH",
+        "match": "/agenttasks/" + name})
+    rc, out, err = cli("task", "budget", name, "--budget", "5")
+    after = api.task(name)["spec"]["budgetUSD"]
+    patches = [r for r in fake.control("GET", "/_fake/requests")
+               if r["method"] == "PATCH"]
+    t.ok(rc == 1 and "may have been made" in err and len(patches) == 1 and
+         float(after) == float(before) + 5,
+         "kubernetes: a bump applied but answered 504: not sent again, "
+         "made once, exit 1 saying it may have been made",
+         (rc, err, before, after, len(patches)))
+
+    def tasks_with(objective):
+        s, lst = api.request("GET", TASKS % "default")
+        return [i["metadata"]["name"] for i in lst["items"]
+                if i["spec"]["objective"] == objective]
+
+    fake.control("POST", "/_fake/faults", {
+        "status": 503, "after": True, "method": "POST",
+        "match": "/agenttasks"})
+    rc, out, err = cli("task", "create", "Lost answer one")
+    made = tasks_with("Lost answer one")
+    t.ok(rc == 1 and out == "" and "may have been made" in err and
+         len(made) == 1,
+         "kubernetes: a create done but answered 503: not sent again, one "
+         "task, exit 1", (rc, out, err, made))
+    fake.control("POST", "/_fake/faults", {
+        "status": 503, "retry_after": 1, "after": True, "method": "POST",
+        "match": "/agenttasks"})
+    rc, out, err = cli("task", "create", "Lost answer two")
+    made = tasks_with("Lost answer two")
+    t.ok(rc == 1 and out == "" and len(made) == 1 and
+         ('task "%s" exists, but this create cannot tell' % made[0]) in err,
+         "kubernetes: a create done, answered 503 with Retry-After, sent "
+         "again: AlreadyExists is not taken for a name clash (no second "
+         "task under a new name), exit 1 naming the task",
+         (rc, out, err, made))
+    for n in [name] + made + tasks_with("Lost answer one"):
+        api.delete(n)
 
 
 def main(t):

@@ -15,6 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <curl/curl.h>
+
 #include "k8s/k8s.h"
 #include "util/util.h"
 
@@ -24,6 +26,8 @@ struct storeenv {
 	struct k8s_apiserver *server;	/* mode 2 */
 	pid_t fake_pid;			/* mode 3 */
 	FILE *fake_in;
+	char *fake_server;		/* mode 3: its URL and CA */
+	char *fake_ca;
 	char *dir;
 };
 
@@ -89,8 +93,78 @@ storeenv_start_fake(struct storeenv *env, size_t history,
 	    "ca_file")));
 	c->token = xstrdup("contract-token");
 	c->namespace = xstrdup("default");
+	env->fake_server = xstrdup(c->server);
+	env->fake_ca = xstrdup(c->ca_file);
 	json_decref(j);
 	return 0;
+}
+
+static inline size_t
+storeenv_fake_write(char *data, size_t size, size_t nmemb, void *arg)
+{
+	return buf_add(arg, data, size * nmemb) < 0 ? 0 : size * nmemb;
+}
+
+/*
+ * Mode 3: one call to the fake's /_fake control endpoints (faults,
+ * delays, the request log) with body (a JSON text or NULL); the parsed
+ * answer (to json_decref) or NULL.
+ */
+static inline json_t *
+storeenv_fake(struct storeenv *env, const char *method, const char *path,
+    const char *body)
+{
+	CURL *h = curl_easy_init();
+	struct curl_slist *hdrs = NULL;
+	struct buf b;
+	char *url = xasprintf("%s%s", env->fake_server, path);
+	json_t *j = NULL;
+
+	buf_init(&b, 64 * 1024 * 1024);
+	hdrs = curl_slist_append(hdrs, "Content-Type: application/json");
+	curl_easy_setopt(h, CURLOPT_URL, url);
+	curl_easy_setopt(h, CURLOPT_CAINFO, env->fake_ca);
+	curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+	curl_easy_setopt(h, CURLOPT_TIMEOUT, 20L);
+	if (body != NULL)
+		curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, storeenv_fake_write);
+	curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+	if (curl_easy_perform(h) == CURLE_OK && b.len > 0)
+		j = json_loadb(b.data, b.len, 0, NULL);
+	curl_slist_free_all(hdrs);
+	curl_easy_cleanup(h);
+	buf_release(&b);
+	free(url);
+	return j;
+}
+
+/*
+ * Mode 3: how many requests of method whose path ends with suffix the
+ * fake has seen since its request log was last cleared.
+ */
+static inline int
+storeenv_fake_count(struct storeenv *env, const char *method,
+    const char *suffix)
+{
+	json_t *reqs = storeenv_fake(env, "GET", "/_fake/requests", NULL);
+	json_t *r;
+	size_t i, sl = strlen(suffix), pl;
+	const char *m, *p;
+	int n = 0;
+
+	json_array_foreach(reqs, i, r) {
+		m = json_string_value(json_object_get(r, "method"));
+		p = json_string_value(json_object_get(r, "path"));
+		if (m == NULL || p == NULL || strcmp(m, method) != 0)
+			continue;
+		pl = strlen(p);
+		if (pl >= sl && strcmp(p + pl - sl, suffix) == 0)
+			n++;
+	}
+	json_decref(reqs);
+	return n;
 }
 
 /* Open the store of mode; history bounds every backend's watch window. */
@@ -158,6 +232,8 @@ storeenv_close(struct storeenv *env)
 		kill(env->fake_pid, SIGTERM);
 		waitpid(env->fake_pid, NULL, 0);
 	}
+	free(env->fake_server);
+	free(env->fake_ca);
 	free(env->dir);
 	memset(env, 0, sizeof(*env));
 }

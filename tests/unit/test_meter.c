@@ -911,6 +911,59 @@ concurrent(void **state)
 	task_release(&t);
 }
 
+#if STORE_MODE == 3
+/*
+ * The status write of a charge is done, but its answer is lost (a 504, a
+ * dropped connection): the client does not send it again; the charge is
+ * answered 503, and the agent's retry with the same requestId finds it in
+ * the ring: charged once.
+ */
+static void
+lost_answer(void **state)
+{
+	static const char *const rules[] = {
+	    "{\"status\":504,\"after\":true,\"method\":\"PUT\","
+	    "\"match\":\"/status\"}",
+	    "{\"close\":true,\"after\":true,\"method\":\"PUT\","
+	    "\"match\":\"/status\"}" };
+	struct task t;
+	json_t *j, *task, *ring;
+	char rid[16];
+	size_t i, k, seen;
+	int s;
+
+	make_task(&t, "{}", 0);
+	for (i = 0; i < ARRAY_SIZE(rules); i++) {
+		snprintf(rid, sizeof(rid), "lost-%zu", i);
+		json_decref(storeenv_fake(&env, "POST", "/_fake/faults",
+		    rules[i]));
+		s = call(&t, rid, 1, "m", 100, "0.01", &j);
+		json_decref(j);
+		assert_int_equal(s, 503);
+		assert_int_equal(call(&t, rid, 1, "m", 100, "0.01", &j), 200);
+		assert_true(json_is_false(json_object_get(j, "charged")));
+		assert_int_equal(jint(j, "totalTokensUsed"), 100 * (i + 1));
+		json_decref(j);
+	}
+	task = get_task(t.name);
+	assert_int_equal(jint(json_object_get(task, "status"),
+	    "tokensConsumed"), 200);
+	assert_string_equal(jstr(json_object_get(task, "status"), "costUSD"),
+	    "0.020000");
+	ring = json_object_get(json_object_get(task, "status"),
+	    "lastMeterRequestIds");
+	for (i = 0; i < ARRAY_SIZE(rules); i++) {
+		snprintf(rid, sizeof(rid), "lost-%zu", i);
+		for (k = 0, seen = 0; k < json_array_size(ring); k++)
+			seen += strcmp(json_string_value(json_array_get(ring,
+			    k)), rid) == 0;
+		assert_int_equal(seen, 1);
+	}
+	json_decref(task);
+	task_release(&t);
+}
+#endif
+
 int
 main(void)
 {
@@ -929,6 +982,9 @@ main(void)
 		cmocka_unit_test(completion),
 		cmocka_unit_test(pruning),
 		cmocka_unit_test(concurrent),
+#if STORE_MODE == 3
+		cmocka_unit_test(lost_answer),
+#endif
 	};
 
 	return cmocka_run_group_tests_name(STORE_MODE == 1 ? "meter-embedded" :

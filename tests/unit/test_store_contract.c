@@ -1152,6 +1152,217 @@ transactions(void **state)
 }
 #endif
 
+#if STORE_MODE == 3
+/*
+ * ---- the REST client's retries, on the fake's injected faults ----
+ * A write is sent again only where it cannot have taken effect (429, or
+ * a 5xx with Retry-After); a write whose answer was lost (a 5xx without
+ * Retry-After, a dropped connection) is not, and says it may have been
+ * done (st.maybe_done) so that its callers do not repeat it.
+ */
+
+static void
+fault(const char *rule)
+{
+	json_t *j = storeenv_fake(&env, "POST", "/_fake/faults", rule);
+
+	assert_non_null(j);
+	json_decref(j);
+}
+
+static void
+requests_clear(void)
+{
+	json_decref(storeenv_fake(&env, "DELETE", "/_fake/requests", NULL));
+	json_decref(storeenv_fake(&env, "DELETE", "/_fake/faults", NULL));
+}
+
+static const char *
+budget_of(const char *name)
+{
+	static char money[32];
+	struct k8s_status st = { 0 };
+	json_t *o = NULL;
+
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", name, &o,
+	    &st), 0);
+	snprintf(money, sizeof(money), "%s", spec_str(o, "budgetUSD"));
+	json_decref(o);
+	return money;
+}
+
+/*
+ * Bump the USD budget of task name by $5 with a fault (the members of a
+ * rule, or NULL) set on its PATCH; check the answer, the PATCHes the fake
+ * saw and the budget after.
+ */
+static void
+bump_with_fault(const char *name, const char *what, int want_ret,
+    int want_patches, const char *want_budget)
+{
+	struct k8s_task_bump bump = { .usd_micro = 5000000 };
+	struct k8s_status st = { 0 };
+	json_t *out = NULL;
+	char *rule;
+
+	requests_clear();
+	if (what != NULL) {
+		rule = xasprintf("{%s,\"method\":\"PATCH\",\"match\":"
+		    "\"/%s\"}", what, name);
+		fault(rule);
+		free(rule);
+	}
+	assert_int_equal(k8s_task_budget(api, "default", name, &bump, &out,
+	    &st), want_ret);
+	if (want_ret < 0) {
+		assert_null(out);
+		assert_true(st.maybe_done);
+		if (want_ret == K8S_ECONFLICT)
+			assert_non_null(strstr(st.message,
+			    "may have been applied"));
+	}
+	k8s_status_release(&st);
+	json_decref(out);
+	assert_int_equal(storeenv_fake_count(&env, "PATCH", name),
+	    want_patches);
+	assert_string_equal(budget_of(name), want_budget);
+}
+
+/* A bump whose PATCH took effect but lost its answer is made once. */
+static void
+retry_lost_patch(void **state)
+{
+	char *name = uniq("lost");
+	json_t *obj = create_task("default", name);
+
+	/* committed, then answered 504 (no Retry-After) */
+	bump_with_fault(name, "\"status\":504,\"after\":true",
+	    K8S_ETIMEOUT, 1, "10.00");
+	/* committed, then the connection dropped without an answer */
+	bump_with_fault(name, "\"close\":true,\"after\":true",
+	    K8S_EUNAVAILABLE, 1, "15.00");
+	/*
+	 * committed, then 503 with Retry-After (the server asks for the
+	 * retry): sent again, the retry meets a Conflict of its own making
+	 * and the edit stops there instead of bumping again
+	 */
+	bump_with_fault(name, "\"status\":503,\"retry_after\":1,"
+	    "\"after\":true", K8S_ECONFLICT, 2, "20.00");
+	/* and without faults, one bump is one PATCH */
+	bump_with_fault(name, NULL, 0, 1, "25.00");
+	json_decref(obj);
+	free(name);
+}
+
+/* A create that took effect but lost its answer is not made twice. */
+static void
+retry_lost_create(void **state)
+{
+	struct k8s_status st = { 0 };
+	char *name = uniq("lostc");
+	json_t *in = task(name, "once"), *out = NULL;
+
+	requests_clear();
+	fault("{\"status\":503,\"after\":true,\"method\":\"POST\","
+	    "\"match\":\"/agenttasks\"}");
+	assert_int_equal(k8s_create(api, &K8S_AGENTTASK, "default", in, &out,
+	    &st), K8S_EUNAVAILABLE);
+	assert_null(out);
+	assert_int_equal(st.code, 503);
+	assert_true(st.maybe_done);
+	k8s_status_release(&st);
+	assert_int_equal(storeenv_fake_count(&env, "POST", "/agenttasks"), 1);
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", name, &out,
+	    &st), 0);
+	json_decref(out);
+	out = NULL;
+
+	/* with Retry-After it is sent again: AlreadyExists, maybe its own */
+	free(name);
+	name = uniq("lostc");
+	json_decref(in);
+	in = task(name, "once");
+	requests_clear();
+	fault("{\"status\":503,\"retry_after\":1,\"after\":true,"
+	    "\"method\":\"POST\",\"match\":\"/agenttasks\"}");
+	assert_int_equal(k8s_create(api, &K8S_AGENTTASK, "default", in, &out,
+	    &st), K8S_EEXISTS);
+	assert_true(st.maybe_done);
+	k8s_status_release(&st);
+	assert_int_equal(storeenv_fake_count(&env, "POST", "/agenttasks"), 2);
+
+	/* a plain AlreadyExists is not one */
+	assert_int_equal(k8s_create(api, &K8S_AGENTTASK, "default", in, &out,
+	    &st), K8S_EEXISTS);
+	assert_false(st.maybe_done);
+	k8s_status_release(&st);
+	json_decref(in);
+	free(name);
+}
+
+/* What is still retried: reads, 429s, 5xx with Retry-After. */
+static void
+retry_policy(void **state)
+{
+	struct k8s_status st = { 0 };
+	char *name = uniq("pol");
+	json_t *obj = create_task("default", name), *out = NULL, *patch;
+
+	patch = json_pack("{s:{s:s}}", "spec", "objective", "patched");
+	/* a GET: on a 503 without Retry-After, and on a dropped connection */
+	requests_clear();
+	fault("{\"status\":503,\"count\":2,\"method\":\"GET\"}");
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", name, &out,
+	    &st), 0);
+	json_decref(out);
+	out = NULL;
+	assert_int_equal(storeenv_fake_count(&env, "GET", name), 3);
+	requests_clear();
+	fault("{\"close\":true,\"method\":\"GET\"}");
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", name, &out,
+	    &st), 0);
+	json_decref(out);
+	out = NULL;
+	assert_int_equal(storeenv_fake_count(&env, "GET", name), 2);
+
+	/* a write: on a 429, on a 503 with Retry-After */
+	requests_clear();
+	fault("{\"status\":429,\"method\":\"PATCH\"}");
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, "default", name, 0,
+	    patch, NULL, &st), 0);
+	assert_int_equal(storeenv_fake_count(&env, "PATCH", name), 2);
+	requests_clear();
+	fault("{\"status\":503,\"retry_after\":1,\"method\":\"PUT\"}");
+	assert_int_equal(k8s_update(api, &K8S_AGENTTASK, "default", name, obj,
+	    NULL, &st), K8S_ECONFLICT);	/* the patch moved it on */
+	assert_true(st.maybe_done);
+	k8s_status_release(&st);
+	assert_int_equal(storeenv_fake_count(&env, "PUT", name), 2);
+
+	/* not on a 500 without Retry-After, nor a dropped connection */
+	requests_clear();
+	fault("{\"status\":500,\"method\":\"PATCH\"}");
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, "default", name, 0,
+	    patch, NULL, &st), K8S_EINTERNAL);
+	assert_int_equal(st.code, 500);
+	k8s_status_release(&st);
+	assert_int_equal(storeenv_fake_count(&env, "PATCH", name), 1);
+	requests_clear();
+	fault("{\"close\":true,\"method\":\"DELETE\"}");
+	assert_int_equal(k8s_delete(api, &K8S_AGENTTASK, "default", name,
+	    NULL, &st), K8S_EUNAVAILABLE);
+	k8s_status_release(&st);
+	assert_int_equal(storeenv_fake_count(&env, "DELETE", name), 1);
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", name, &out,
+	    &st), 0);
+	json_decref(out);
+	requests_clear();
+	json_decref(patch);
+	json_decref(obj);
+	free(name);
+}
+#endif
+
 int
 main(void)
 {
@@ -1175,6 +1386,11 @@ main(void)
 		cmocka_unit_test(optimistic_race),
 #if STORE_MODE == 1
 		cmocka_unit_test(transactions),
+#endif
+#if STORE_MODE == 3
+		cmocka_unit_test(retry_lost_patch),
+		cmocka_unit_test(retry_lost_create),
+		cmocka_unit_test(retry_policy),
 #endif
 	};
 
