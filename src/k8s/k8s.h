@@ -389,6 +389,12 @@ struct k8s_cluster {
 };
 
 void k8s_cluster_release(struct k8s_cluster *c);
+/*
+ * Whether s is a host name (letters, digits, '-' in labels of at most 63
+ * between dots) or an IPv4 address: what tls-server-name may be. No port,
+ * path, userinfo or space.
+ */
+int k8s_host_name_ok(const char *s);
 
 /*
  * Load a kubeconfig: paths is a ':'-separated list (KUBECONFIG syntax;

@@ -116,6 +116,31 @@ k8s_cluster_release(struct k8s_cluster *c)
 	memset(c, 0, sizeof(*c));
 }
 
+/* Whether s is a DNS host name or an IPv4 address, and nothing more. */
+int
+k8s_host_name_ok(const char *s)
+{
+	size_t i, label = 0, n = s != NULL ? strlen(s) : 0;
+
+	if (n == 0 || n > 253)
+		return 0;
+	for (i = 0; i < n; i++) {
+		if (s[i] == '.') {
+			/* no empty label, none ending with '-' */
+			if (label == 0 || s[i - 1] == '-')
+				return 0;
+			label = 0;
+			continue;
+		}
+		if (!((s[i] >= 'a' && s[i] <= 'z') ||
+		    (s[i] >= 'A' && s[i] <= 'Z') ||
+		    (s[i] >= '0' && s[i] <= '9') ||
+		    (s[i] == '-' && label > 0)) || ++label > 63)
+			return 0;
+	}
+	return label > 0 && s[n - 1] != '-';
+}
+
 /*
  * Read at most max bytes of path into a new NUL-terminated buffer. -1
  * with errno set (EFBIG when the file is larger).
@@ -657,6 +682,12 @@ load_cluster(struct kc *kc, const char *name, struct k8s_cluster *c,
 	}
 	if (check_server(&e, &c->server, cause) < 0)
 		return -1;
+	if (c->tls_server_name != NULL &&
+	    !k8s_host_name_ok(c->tls_server_name)) {
+		fail(cause, "cluster '%s' in '%s': tls-server-name '%s' is not "
+		    "a host name", name, e.file->path, c->tls_server_name);
+		return -1;
+	}
 	if (c->insecure && (c->ca_file != NULL || c->ca_data != NULL)) {
 		fail(cause, "cluster '%s' in '%s': specifying a root "
 		    "certificates file with the insecure flag is not allowed",

@@ -2057,15 +2057,23 @@ k8s_rest_open(struct k8s_api **out, const struct k8s_cluster *c,
 	while (plen > 0 && path[plen - 1] == '/')
 		path[--plen] = '\0';
 	rs->shown = xasprintf("%s://%s:%s%s", scheme, host, port, path);
+	if (rs->c.tls_server_name != NULL &&
+	    !k8s_host_name_ok(rs->c.tls_server_name)) {
+		/* it goes into the URL: "h:1/" or "u@h" would change where */
+		*cause = xasprintf("k8s: tls-server-name '%s' is not a host "
+		    "name", rs->c.tls_server_name);
+		goto out;
+	}
 	if (https && rs->c.tls_server_name != NULL) {
 		/*
 		 * Verify (and send SNI for) tls-server-name while connecting
-		 * to the server's own address, as client-go's ServerName.
+		 * to the server's own address, as client-go's ServerName:
+		 * the URL names tls-server-name, and every connection, for
+		 * any host and port, goes to the server's host and port.
 		 */
 		rs->base = xasprintf("https://%s:%s%s",
 		    rs->c.tls_server_name, port, path);
-		ct = xasprintf("%s:%s:%s:%s", rs->c.tls_server_name, port,
-		    host, port);
+		ct = xasprintf("::%s:%s", host, port);
 		rs->connect_to = add_header(NULL, ct);
 		free(ct);
 		rs->host_hdr = xasprintf("Host: %s:%s", host, port);

@@ -13,7 +13,11 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <sys/socket.h>
 #include <sys/stat.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <errno.h>
 #include <limits.h>
@@ -563,6 +567,9 @@ static const struct err_case error_cases[] = {
 	{ "err_server_userinfo", "server-userinfo.yaml", NULL,
 	    "cluster 'c1' in '%s': server URL must not carry credentials",
 	    "TOPSECRET" },
+	{ "err_server_name_port", "server-name-port.yaml", NULL,
+	    "cluster 'c1' in '%s': tls-server-name 'localhost:19444/' is not "
+	    "a host name", "TOPSECRET" },
 	{ "err_bad_bool", "bad-bool.yaml", NULL,
 	    "cluster 'c1' in '%s': 'insecure-skip-tls-verify' is not a "
 	    "boolean", NULL },
@@ -846,6 +853,110 @@ test_rest_refused(void **state)
 	k8s_api_free(api);
 }
 
+/* A listening socket on loopback that never answers; its port in *port. */
+static int
+silent_listener(int *port)
+{
+	struct sockaddr_in a;
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+
+	assert_true(fd >= 0);
+	memset(&a, 0, sizeof(a));
+	a.sin_family = AF_INET;
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(listen(fd, 8), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	*port = ntohs(a.sin_port);
+	return fd;
+}
+
+/* Whether a connection is waiting on the listener (taken and closed). */
+static int
+connected(int fd)
+{
+	int c = accept(fd, NULL, NULL);
+
+	if (c < 0)
+		return 0;
+	close(c);
+	return 1;
+}
+
+/*
+ * tls-server-name names what is verified, never where to connect: one
+ * that is not a host name is refused (it would have been pasted into the
+ * URL: "localhost:PORT/" sent the token to another listener), and a good
+ * one still connects to the server's own host and port.
+ */
+static void
+test_rest_tls_server_name(void **state)
+{
+	static const char *const bad[] = { "localhost:%s/", "localhost:%s",
+	    "user@localhost", "localhost/x", "local host", "::1", "[::1]",
+	    "-lead.example", "trail-.example", "a..b", "localhost#x" };
+	static const char *const good[] = { "localhost", "kubernetes.default",
+	    "10.0.0.1", "API.Example.com" };
+	struct k8s_rest_config cfg = { .connect_timeout_ms = 1000,
+	    .timeout_ms = 1000, .max_retries = -1 };
+	struct k8s_cluster c;
+	struct k8s_status st = { 0 };
+	struct k8s_api *api = NULL;
+	char *cause = NULL, *name, *server, *want, port[16];
+	int other, srv, other_port, srv_port;
+	size_t i;
+
+	(void)state;
+	other = silent_listener(&other_port);
+	srv = silent_listener(&srv_port);
+	server = xasprintf("https://127.0.0.1:%d", srv_port);
+	snprintf(port, sizeof(port), "%d", other_port);
+	memset(&c, 0, sizeof(c));
+	c.server = server;
+	c.token = (char *)"sekrit-token";
+	c.insecure = 1;
+	for (i = 0; i < ARRAY_SIZE(bad); i++) {
+		name = strchr(bad[i], '%') ? subst(bad[i], port) :
+		    xstrdup(bad[i]);
+		c.tls_server_name = name;
+		if (k8s_rest_open(&api, &c, &cfg, &cause) == 0) {
+			/* what the bug did: show where it went */
+			(void)k8s_get(api, &K8S_AGENTTASK, "ns1", "t1", NULL,
+			    &st);
+			k8s_status_release(&st);
+			k8s_api_free(api);
+			fail_msg("tls-server-name '%s' accepted (the other "
+			    "listener %s a connection)", name,
+			    connected(other) ? "got" : "did not get");
+		}
+		want = xasprintf("k8s: tls-server-name '%s' is not a host "
+		    "name", name);
+		assert_string_equal(cause, want);
+		free(want);
+		free(cause);
+		cause = NULL;
+		free(name);
+	}
+	for (i = 0; i < ARRAY_SIZE(good); i++) {
+		c.tls_server_name = (char *)good[i];
+		assert_int_equal(k8s_rest_open(&api, &c, &cfg, &cause), 0);
+		k8s_api_free(api);
+	}
+	/* a name that resolves nowhere: still the server's address */
+	c.tls_server_name = (char *)"kubernetes.default.svc.invalid";
+	assert_int_equal(k8s_rest_open(&api, &c, &cfg, &cause), 0);
+	assert_int_not_equal(k8s_get(api, &K8S_AGENTTASK, "ns1", "t1", NULL,
+	    &st), 0);
+	k8s_status_release(&st);
+	k8s_api_free(api);
+	assert_true(connected(srv));
+	assert_false(connected(other));
+	close(other);
+	close(srv);
+	free(server);
+}
+
 static void
 test_watch_lines(void **state)
 {
@@ -936,6 +1047,7 @@ main(void)
 		cmocka_unit_test(test_incluster_errors),
 		cmocka_unit_test(test_rest_open_errors),
 		cmocka_unit_test(test_rest_refused),
+		cmocka_unit_test(test_rest_tls_server_name),
 		cmocka_unit_test(test_watch_lines),
 	};
 	size_t nfixed = ARRAY_SIZE(fixed), nerr = ARRAY_SIZE(error_cases);
