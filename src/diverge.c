@@ -448,14 +448,24 @@ conn_open(void)
 		free(C.cluster.token_file);
 		C.cluster.token_file = xstrdup(O.token_file);
 	}
-	if (O.ca_file != NULL) {
+	/*
+	 * As kubectl: a CA given turns verification back on, and
+	 * --insecure-skip-tls-verify drops the kubeconfig's CA; both at once
+	 * contradict each other.
+	 */
+	if (O.ca_file != NULL && O.insecure) {
+		errorf("--certificate-authority and --insecure-skip-tls-verify "
+		    "exclude each other");
+		return EXIT_USAGE;
+	}
+	if (O.ca_file != NULL || O.insecure) {
 		free(C.cluster.ca_file);
 		free(C.cluster.ca_data);
 		C.cluster.ca_data = NULL;
-		C.cluster.ca_file = xstrdup(O.ca_file);
+		C.cluster.ca_file = O.ca_file != NULL ? xstrdup(O.ca_file) :
+		    NULL;
+		C.cluster.insecure = O.insecure;
 	}
-	if (O.insecure)
-		C.cluster.insecure = 1;
 	if (O.namespace != NULL && O.namespace[0] != '\0')
 		C.ns = O.namespace;
 	else if (C.cluster.namespace != NULL && C.cluster.namespace[0] != '\0')

@@ -2080,6 +2080,13 @@ k8s_rest_open(struct k8s_api **out, const struct k8s_cluster *c,
 	} else
 		rs->base = xstrdup(rs->shown);
 
+	if (rs->c.insecure && (rs->c.ca_file != NULL ||
+	    rs->c.ca_data != NULL)) {
+		/* as the kubeconfig loader and client-go: which one is meant? */
+		*cause = xstrdup("k8s: specifying a root certificates file "
+		    "with the insecure flag is not allowed");
+		goto out;
+	}
 	rs->creds = https;
 	if (!https && (rs->c.token != NULL || rs->c.token_file != NULL ||
 	    rs->c.username != NULL || rs->c.cert_file != NULL ||

@@ -1020,9 +1020,13 @@ contexts:
   context: {cluster: fake, user: me, namespace: team-a}
 - name: intruder
   context: {cluster: fake, user: wrong}
+- name: unverified
+  context: {cluster: fake-insecure, user: me, namespace: default}
 clusters:
 - name: fake
   cluster: {server: "%(server)s", certificate-authority: "%(ca)s"}
+- name: fake-insecure
+  cluster: {server: "%(server)s", insecure-skip-tls-verify: true}
 - name: plain
   cluster: {server: "%(plain)s"}
 users:
@@ -1138,6 +1142,37 @@ def kubernetes(t, store_items):
                            os.path.join(tmp, "absent"))
         t.ok(rc == 1 and "absent" in err, "kubernetes: a missing "
              "kubeconfig: exit 1", (rc, err))
+
+        # a CA on the command line turns verification back on (kubectl)
+        rc, out, err = run(["--kubeconfig", kc, "--context", "unverified",
+                            "task", "list"])
+        t.ok(rc == 0 and "fix-checkout-latency" in out,
+             "kubernetes: insecure-skip-tls-verify in the kubeconfig",
+             (rc, err))
+        other_ca = os.path.join(DATA, "kubeconfig", "certs", "ca.crt")
+        rc, out, err = run(["--kubeconfig", kc, "--context", "unverified",
+                            "--certificate-authority", other_ca, "task",
+                            "list"])
+        t.ok(rc == 1 and out == "" and "certificate" in err.lower(),
+             "kubernetes: --certificate-authority over an insecure "
+             "kubeconfig verifies the server again (another CA: refused)",
+             (rc, out, err))
+        rc, out, err = run(["--kubeconfig", kc, "--context", "unverified",
+                            "--certificate-authority", fake.info["ca_file"],
+                            "task", "list"])
+        t.ok(rc == 0 and "fix-checkout-latency" in out,
+             "kubernetes: ... and its own CA: verified, fine", (rc, err))
+        rc, out, err = run(["--kubeconfig", kc, "--insecure-skip-tls-verify",
+                            "task", "list"])
+        t.ok(rc == 0 and "fix-checkout-latency" in out,
+             "kubernetes: --insecure-skip-tls-verify drops the "
+             "kubeconfig's CA", (rc, err))
+        rc, out, err = run(["--kubeconfig", kc, "--insecure-skip-tls-verify",
+                            "--certificate-authority", fake.info["ca_file"],
+                            "task", "list"])
+        t.ok(rc == 2 and "exclude each other" in err,
+             "kubernetes: both --certificate-authority and "
+             "--insecure-skip-tls-verify: usage error, exit 2", (rc, err))
 
         # history mode through --server, --token-file and
         # --certificate-authority, after the watch history was forgotten

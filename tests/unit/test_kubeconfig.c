@@ -800,7 +800,18 @@ test_rest_open_errors(void **state)
 	free(cause);
 	cause = NULL;
 
+	/* a CA and insecure: refused, as by the kubeconfig loader */
 	c.server = (char *)"https://example.com:6443";
+	c.ca_data = (char *)"-----BEGIN CERTIFICATE-----\n";
+	c.insecure = 1;
+	assert_int_equal(k8s_rest_open(&api, &c, NULL, &cause), -1);
+	assert_string_equal(cause, "k8s: specifying a root certificates file "
+	    "with the insecure flag is not allowed");
+	free(cause);
+	cause = NULL;
+	c.ca_data = NULL;
+	c.insecure = 0;
+
 	c.ca_file = (char *)"/nonexistent/ca.crt";
 	assert_int_equal(k8s_rest_open(&api, &c, NULL, &cause), -1);
 	assert_string_equal(cause, "k8s: certificate-authority "
