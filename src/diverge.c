@@ -1008,6 +1008,40 @@ out:
 	return url;
 }
 
+/*
+ * url without the credentials of its userinfo (a new string): all of it
+ * ("https://alice:ghp_x@host/..." and "https://ghp_x@host/..." become
+ * "https://host/..."), but for ssh, whose user name ("ssh://git@host/")
+ * is no secret and says who to log in as: only its ":password" goes.
+ * The scp-like form ("git@host:org/repo") has no password and is kept.
+ * *stripped says whether anything was removed.
+ */
+static char *
+url_without_credentials(const char *url, int *stripped)
+{
+	const char *sep = strstr(url, "://"), *auth, *end, *at, *colon;
+	int ssh;
+
+	*stripped = 0;
+	if (sep == NULL)
+		return xstrdup(url);
+	auth = sep + 3;
+	end = auth + strcspn(auth, "/?#");
+	for (at = NULL, colon = auth; colon < end; colon++)
+		if (*colon == '@')
+			at = colon;	/* the last one ends the userinfo */
+	if (at == NULL)
+		return xstrdup(url);
+	ssh = (size_t)(sep - url) >= 3 && strncasecmp(sep - 3, "ssh", 3) == 0;
+	colon = memchr(auth, ':', (size_t)(at - auth));
+	if (ssh && colon == NULL)
+		return xstrdup(url);
+	*stripped = 1;
+	if (ssh)
+		return xasprintf("%.*s%s", (int)(colon - url), url, at);
+	return xasprintf("%.*s%s", (int)(auth - url), url, at + 1);
+}
+
 /* The scaffold of "diverge task init": the spec's example, explained. */
 static const char agent_yaml_scaffold[] =
     "# .diverge/agent.yaml: defaults for the agent tasks of this "
@@ -1347,7 +1381,7 @@ cmd_task_create(const struct command *cmd, int argc, char **argv)
 	const char *objective;
 	int64_t v;
 	long long iters;
-	int ret, done;
+	int ret, done, stripped;
 
 	memset(&a, 0, sizeof(a));
 	a.output = "name";
@@ -1430,9 +1464,19 @@ cmd_task_create(const struct command *cmd, int argc, char **argv)
 		url = origin_url(root);
 	else if (a.repo[0] != '\0')
 		url = xstrdup(a.repo);
-	if (url != NULL)
+	if (url != NULL) {
+		/* a token in the task's spec is readable by all who list it */
+		char *clean = url_without_credentials(url, &stripped);
+
+		if (stripped)
+			fprintf(stderr, "diverge: warning: the repository "
+			    "URL's credentials are left out of the task\n");
+		secure_wipe(url, strlen(url));
+		free(url);
+		url = clean;
 		json_object_set_new(obj_child(spec, "repository"), "url",
 		    json_string(url));
+	}
 	repo = json_object_get(spec, "repository");
 	if (json_is_object(repo) && json_object_get(repo, "url") == NULL)
 		/* a branch means nothing without a repository */

@@ -299,6 +299,31 @@ def init_and_agent_yaml(t, server):
              "baseBranch": "develop", "workingBranch": "agent/flags-win"},
          "task create: flags override the file; the repository is "
          "origin's", (rc, out, err))
+    with open(os.path.join(tmp, ".git", "config"), "w") as f:
+        f.write('[remote "origin"]\n\turl = https://alice:ghp_x1@'
+                'github.com/myorg/checkout-service.git\n')
+    rc, out, err = run(["task", "create", "No token", "-o", "json"],
+                       cwd=tmp, env=env)
+    t.ok(rc == 0 and json.loads(out)["spec"]["repository"]["url"] ==
+         "https://github.com/myorg/checkout-service.git" and
+         "ghp_x1" not in out + err and "credentials" in err,
+         "task create: the origin's credentials are not stored in the "
+         "task (a warning says so)", (rc, out, err))
+    for given, want in (
+            ("https://ghp_x2@github.com/o/r", "https://github.com/o/r"),
+            ("https://u:p%40ss@gitlab.example:8443/o/r.git?x=@",
+             "https://gitlab.example:8443/o/r.git?x=@"),
+            ("ssh://git:pw@github.com/o/r.git", "ssh://git@github.com/o/r.git"),
+            ("ssh://git@github.com/o/r.git", "ssh://git@github.com/o/r.git"),
+            ("git@github.com:o/r.git", "git@github.com:o/r.git"),
+            ("https://github.com/o/r@v1", "https://github.com/o/r@v1")):
+        rc, out, err = run(["task", "create", "Repo given", "--repo", given,
+                            "-o", "json"], cwd=tmp, env=env)
+        url = json.loads(out)["spec"]["repository"]["url"] if rc == 0 else ""
+        t.ok(rc == 0 and url == want and
+             ("credentials" in err) == (given != want),
+             "task create --repo %s: stored as %s" % (given, want),
+             (rc, url, err))
     rc, out, err = run(["task", "create", "No repo", "--repo", ""],
                        cwd=tmp, env=env)
     rc2, out2, _ = run(["task", "status", out.strip(), "-o", "json"],
