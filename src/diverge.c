@@ -411,6 +411,7 @@ conn_open(void)
 	rc.timeout_ms = 30000;
 	rc.max_retries = 2;
 	rc.max_retry_wait_ms = 5000;
+	rc.deadline_ms = 60000;
 	if (O.verbose)
 		log_setup(LOG_INFO, 0);
 	C.kube = O.kubeconfig != NULL || O.context != NULL || O.in_cluster;

@@ -416,9 +416,17 @@ int k8s_incluster_load(struct k8s_cluster *out, const char *root,
 
 struct k8s_rest_config {
 	int connect_timeout_ms;		/* default 5000 */
-	int timeout_ms;			/* per call, default 30000 */
+	int timeout_ms;			/* per attempt, default 30000 */
 	int max_retries;		/* on 429/5xx/transport, default 4 */
 	int64_t max_retry_wait_ms;	/* cap on one Retry-After wait */
+	/*
+	 * One call in all, its attempts and the waits between them, default
+	 * 60000: an attempt gets at most what is left, no wait is begun that
+	 * would not leave time for another attempt, and a Retry-After longer
+	 * than what is left ends the call with the answer's error at once,
+	 * for the caller to requeue.
+	 */
+	int64_t deadline_ms;
 };
 
 /* A REST client for cluster c (copied). cfg may be NULL (defaults). */

@@ -13,8 +13,12 @@
  *
  * Retries (k8s_rest_config.max_retries, exponential backoff from 200 ms
  * with jitter, or the server's Retry-After in seconds, each wait capped at
- * max_retry_wait_ms), as client-go's: only where the request cannot have
- * taken effect, or taking effect twice is harmless:
+ * max_retry_wait_ms), all within deadline_ms for the whole call: each
+ * attempt gets at most what is left of it, a wait that would not leave
+ * MIN_ATTEMPT_MS for another attempt, or a Retry-After longer than what is
+ * left, ends the call with the last error (the caller requeues rather than
+ * holding a worker). Retried, as client-go's, only where the request
+ * cannot have taken effect, or taking effect twice is harmless:
  *   - 429 answers: every method (the server refused to look at it);
  *   - other 5xx answers (but 501): GET; any other method only when the
  *     answer carries Retry-After (the server asks for the retry). A write
@@ -80,6 +84,8 @@
 #define DEF_TIMEOUT_MS		30000
 #define DEF_RETRIES		4
 #define DEF_RETRY_WAIT_MS	10000
+#define DEF_DEADLINE_MS		60000
+#define MIN_ATTEMPT_MS		1000	/* worth starting an attempt */
 
 struct rest {
 	struct k8s_api api;		/* first: the ops */
@@ -661,10 +667,13 @@ resp_init(struct resp *rp, size_t max)
 	rp->retry_after_ms = -1;
 }
 
-/* One attempt; *sent says whether any of the request went out. */
+/*
+ * One attempt of at most timeout_ms; *sent says whether any of the
+ * request went out.
+ */
 static CURLcode
-do_once(struct rest *rs, CURL *h, const struct req *rq, struct resp *rp,
-    char *errbuf, int *sent)
+do_once(struct rest *rs, CURL *h, const struct req *rq, int64_t timeout_ms,
+    struct resp *rp, char *errbuf, int *sent)
 {
 	struct curl_slist *hdrs;
 	char *url = xasprintf("%s%s", rs->base, rq->path);
@@ -676,7 +685,10 @@ do_once(struct rest *rs, CURL *h, const struct req *rq, struct resp *rp,
 	errbuf[0] = '\0';
 	curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
 	curl_easy_setopt(h, CURLOPT_URL, url);
-	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)rs->cfg.timeout_ms);
+	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+	if (timeout_ms < rs->cfg.connect_timeout_ms)
+		curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
+		    (long)timeout_ms);
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, resp_write);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, rp);
 	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, resp_header);
@@ -800,7 +812,7 @@ rest_call(struct rest *rs, const struct req *rq, json_t **out,
 	CURLcode rc;
 	int attempt, retry, sent = 0, write, maybe_done = 0;
 	int ret = K8S_EINTERNAL;
-	int64_t wait;
+	int64_t wait, left, deadline = now_mono_ms() + rs->cfg.deadline_ms;
 
 	resp_init(&rp, rq->max);
 	write = strcmp(rq->method, "GET") != 0;
@@ -813,7 +825,10 @@ rest_call(struct rest *rs, const struct req *rq, json_t **out,
 	for (attempt = 0;; attempt++) {
 		buf_release(&rp.body);
 		resp_init(&rp, rq->max);
-		rc = do_once(rs, h, rq, &rp, errbuf, &sent);
+		left = deadline - now_mono_ms();
+		rc = do_once(rs, h, rq, left < rs->cfg.timeout_ms ?
+		    (left > 1 ? left : 1) : rs->cfg.timeout_ms, &rp, errbuf,
+		    &sent);
 		if (rc == CURLE_OK && rp.code >= 200 && rp.code < 300) {
 			ret = parse_ok(rq, &rp, shown, out, st);
 			goto out;
@@ -834,6 +849,21 @@ rest_call(struct rest *rs, const struct req *rq, json_t **out,
 		if (!retry || attempt >= rs->cfg.max_retries)
 			break;
 		wait = backoff_ms(rs, attempt, rp.retry_after_ms);
+		left = deadline - now_mono_ms();
+		if (rp.retry_after_ms > left || wait + MIN_ATTEMPT_MS > left) {
+			/* no time for another try: the caller requeues */
+			if (log_enabled(LOG_INFO)) {
+				char ms[32];
+
+				snprintf(ms, sizeof(ms), "%" PRId64,
+				    rp.retry_after_ms >= 0 ?
+				    rp.retry_after_ms : wait);
+				log_kv(LOG_INFO, "k8s: no time left to retry",
+				    "method", rq->method, "path", shown,
+				    "wait_ms", ms, NULL);
+			}
+			break;
+		}
 		if (log_enabled(LOG_INFO)) {
 			char what[64], ms[32];
 
@@ -2040,6 +2070,7 @@ k8s_rest_open(struct k8s_api **out, const struct k8s_cluster *c,
 	rs->cfg.timeout_ms = DEF_TIMEOUT_MS;
 	rs->cfg.max_retries = DEF_RETRIES;
 	rs->cfg.max_retry_wait_ms = DEF_RETRY_WAIT_MS;
+	rs->cfg.deadline_ms = DEF_DEADLINE_MS;
 	if (cfg != NULL) {
 		if (cfg->connect_timeout_ms > 0)
 			rs->cfg.connect_timeout_ms = cfg->connect_timeout_ms;
@@ -2051,6 +2082,8 @@ k8s_rest_open(struct k8s_api **out, const struct k8s_cluster *c,
 			    cfg->max_retries : 0;
 		if (cfg->max_retry_wait_ms > 0)
 			rs->cfg.max_retry_wait_ms = cfg->max_retry_wait_ms;
+		if (cfg->deadline_ms > 0)
+			rs->cfg.deadline_ms = cfg->deadline_ms;
 	}
 
 	plen = strlen(path);

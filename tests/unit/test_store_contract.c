@@ -1175,6 +1175,7 @@ requests_clear(void)
 {
 	json_decref(storeenv_fake(&env, "DELETE", "/_fake/requests", NULL));
 	json_decref(storeenv_fake(&env, "DELETE", "/_fake/faults", NULL));
+	json_decref(storeenv_fake(&env, "DELETE", "/_fake/delay", NULL));
 }
 
 static const char *
@@ -1361,6 +1362,92 @@ retry_policy(void **state)
 	json_decref(obj);
 	free(name);
 }
+
+/*
+ * A call ends within its deadline, attempts and waits included, and a
+ * Retry-After longer than what is left ends it at once with the error.
+ */
+static void
+retry_deadline(void **state)
+{
+	struct k8s_rest_config cfg = { .connect_timeout_ms = 1000,
+	    .timeout_ms = 5000, .max_retries = 10,
+	    .max_retry_wait_ms = 10000, .deadline_ms = 2500 };
+	struct k8s_cluster c;
+	struct k8s_status st = { 0 };
+	struct k8s_api *short_api = NULL;
+	char *name = uniq("late"), *cause = NULL, *rule;
+	json_t *obj = create_task("default", name), *out = NULL;
+	int64_t t0, took;
+
+	/* the defaults (60 s): a Retry-After of 120 s is not waited for */
+	requests_clear();
+	fault("{\"status\":503,\"retry_after\":120,\"method\":\"GET\"}");
+	t0 = now_mono_ms();
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", name, &out,
+	    &st), K8S_EUNAVAILABLE);
+	took = now_mono_ms() - t0;
+	assert_null(out);
+	assert_int_equal(st.code, 503);
+	k8s_status_release(&st);
+	assert_true(took < 2000);
+	assert_int_equal(storeenv_fake_count(&env, "GET", name), 1);
+
+	memset(&c, 0, sizeof(c));
+	c.server = env.fake_server;
+	c.ca_file = env.fake_ca;
+	c.token = (char *)"contract-token";
+	assert_int_equal(k8s_rest_open(&short_api, &c, &cfg, &cause), 0);
+
+	/* an answer slower than the deadline: the attempt is cut there */
+	requests_clear();
+	rule = xasprintf("{\"ms\":4000,\"match\":\"/%s\"}", name);
+	json_decref(storeenv_fake(&env, "POST", "/_fake/delay", rule));
+	free(rule);
+	t0 = now_mono_ms();
+	assert_int_equal(k8s_get(short_api, &K8S_AGENTTASK, "default", name,
+	    &out, &st), K8S_ETIMEOUT);
+	took = now_mono_ms() - t0;
+	k8s_status_release(&st);
+	assert_true(took >= 2400 && took < 3500);
+
+	/* slow 503s without end: retried until the deadline, not 11 times */
+	requests_clear();
+	rule = xasprintf("{\"ms\":900,\"count\":20,\"match\":\"/%s\"}",
+	    name);
+	json_decref(storeenv_fake(&env, "POST", "/_fake/delay", rule));
+	free(rule);
+	fault("{\"status\":503,\"count\":20,\"method\":\"GET\"}");
+	t0 = now_mono_ms();
+	assert_int_equal(k8s_get(short_api, &K8S_AGENTTASK, "default", name,
+	    &out, &st), K8S_EUNAVAILABLE);
+	took = now_mono_ms() - t0;
+	k8s_status_release(&st);
+	assert_true(took < 3500);
+	assert_true(storeenv_fake_count(&env, "GET", name) >= 2);
+
+	/* a Retry-After of 2 s with 2.5 s left: no time for an attempt */
+	requests_clear();
+	fault("{\"status\":429,\"retry_after\":2,\"method\":\"GET\"}");
+	t0 = now_mono_ms();
+	assert_int_equal(k8s_get(short_api, &K8S_AGENTTASK, "default", name,
+	    &out, &st), K8S_EUNAVAILABLE);
+	took = now_mono_ms() - t0;
+	assert_int_equal(st.code, 429);
+	k8s_status_release(&st);
+	assert_true(took < 1500);
+	/* one of 1 s is waited for */
+	requests_clear();
+	fault("{\"status\":429,\"retry_after\":1,\"method\":\"GET\"}");
+	assert_int_equal(k8s_get(short_api, &K8S_AGENTTASK, "default", name,
+	    &out, &st), 0);
+	json_decref(out);
+	assert_int_equal(storeenv_fake_count(&env, "GET", name), 2);
+	requests_clear();
+	k8s_api_free(short_api);
+	json_decref(obj);
+	free(name);
+}
 #endif
 
 int
@@ -1391,6 +1478,7 @@ main(void)
 		cmocka_unit_test(retry_lost_patch),
 		cmocka_unit_test(retry_lost_create),
 		cmocka_unit_test(retry_policy),
+		cmocka_unit_test(retry_deadline),
 #endif
 	};
 
