@@ -395,6 +395,18 @@ api_fail(const struct k8s_status *st)
 }
 
 /*
+ * Whether s can name an object or a namespace in a request path: what
+ * the API server's path segment rule allows (not empty, not "." or "..",
+ * no '/' or '%'). Anything else is a usage error, not a question for it.
+ */
+static int
+segment_ok(const char *s)
+{
+	return s[0] != '\0' && strcmp(s, ".") != 0 && strcmp(s, "..") != 0 &&
+	    strpbrk(s, "/%") == NULL;
+}
+
+/*
  * Open the connection the options describe. Returns 0, or an exit
  * status after a message.
  */
@@ -417,6 +429,11 @@ conn_open(void)
 	C.kube = O.kubeconfig != NULL || O.context != NULL || O.in_cluster;
 	if (O.in_cluster && (O.kubeconfig != NULL || O.context != NULL)) {
 		errorf("--in-cluster excludes --kubeconfig and --context");
+		return EXIT_USAGE;
+	}
+	if (O.namespace != NULL && O.namespace[0] != '\0' &&
+	    !segment_ok(O.namespace)) {
+		errorf("-n '%s': a valid namespace is required", O.namespace);
 		return EXIT_USAGE;
 	}
 	if (O.in_cluster) {
@@ -2081,6 +2098,9 @@ one_name(const struct command *cmd, int argc, char **argv, int extra)
 		    argv[optind + 1 + extra]);
 	if (n < 1 + extra)
 		return usage_error(cmd, "%s", "a hint is required");
+	if (!segment_ok(argv[optind]))
+		return usage_error(cmd, "'%s': a valid task name is required",
+		    argv[optind]);
 	return 0;
 }
 

@@ -216,7 +216,15 @@ def usage(t):
                  ["task", "create", "x", "--name", "Bad_Name"],
                  ["task", "create", "x", "--max-iterations", "-1"],
                  ["task", "create", "x", "--budget"],
-                 ["task", "list", "--server", "ftp://x"]):
+                 ["task", "list", "--server", "ftp://x"],
+                 ["task", "status", ""], ["task", "status", ".."],
+                 ["task", "status", "."], ["task", "logs", "a/b"],
+                 ["task", "pause", "50%"], ["task", "guide", "..", "hint"],
+                 ["task", "budget", "", "--budget", "1"],
+                 ["-n", "..", "task", "list"],
+                 ["task", "list", "-n", "."],
+                 ["task", "status", "x", "-n", "a/b"],
+                 ["-n", "..", "task", "create", "x"]):
         rc, out, err = run(args)
         t.ok(rc == 2 and out == "" and err.startswith("diverge") or
              (rc == 2 and err.startswith("usage")),
