@@ -24,8 +24,9 @@
  *     answer carries Retry-After (the server asks for the retry). A write
  *     answered 500 or 504 without it may have been done (a commit whose
  *     answer timed out): sending it again could do it twice;
- *   - transport errors (DNS, connect, TLS handshake, a lost answer): GET
- *     only, and never a timeout once sent (that already took timeout_ms);
+ *   - transport errors before anything was sent (DNS, connect): every
+ *     method; after (TLS handshake, a lost answer): GET only, and never a
+ *     timeout once sent (that already took timeout_ms);
  *   - other 4xx answers, TLS verification failures: never.
  * A write that fails after an attempt answered 5xx (or lost its answer)
  * reports k8s_status.maybe_done: that attempt may have taken effect, so a
@@ -790,9 +791,10 @@ worth_retry(const struct req *rq, CURLcode rc, const struct resp *rp,
 {
 	int get = strcmp(rq->method, "GET") == 0;
 
+	/* nothing sent (no connection): any method; else GET, untimed */
 	if (rc != CURLE_OK)
-		return get && curl_transient(rc) &&
-		    (!sent || rc != CURLE_OPERATION_TIMEDOUT);
+		return curl_transient(rc) && (!sent ||
+		    (get && rc != CURLE_OPERATION_TIMEDOUT));
 	if (rp->code == 429)
 		return 1;
 	if (rp->code >= 500 && rp->code != 501)
