@@ -1188,15 +1188,29 @@ ring_drop_oldest(struct embedded *e)
 	e->rlen--;
 }
 
+/*
+ * Append ev to the watch window. What falls out of it goes to *dead, for
+ * the caller to free once it has let go of the lock: freeing an event
+ * (its object and the version before) under the lock made watchers and
+ * callers queueing ops wait for it.
+ */
 static void
-ring_push(struct embedded *e, struct event *ev)
+ring_push(struct embedded *e, struct event *ev, struct batch *dead)
 {
 	int64_t now = now_mono_ms();
 
 	/* drop what is outside the window */
 	while (e->rlen > 0 && (e->rlen == e->rcap ||
-	    now - e->ring[e->rhead].at_ms > e->cfg.watch_window_s * 1000))
-		ring_drop_oldest(e);
+	    now - e->ring[e->rhead].at_ms > e->cfg.watch_window_s * 1000)) {
+		if (dead->n == dead->cap) {
+			dead->cap = dead->cap ? dead->cap * 2 : 64;
+			dead->ev = xrealloc(dead->ev, dead->cap *
+			    sizeof(*dead->ev));
+		}
+		dead->ev[dead->n++] = e->ring[e->rhead];
+		e->rhead = (e->rhead + 1) % e->rcap;
+		e->rlen--;
+	}
 	e->ring[(e->rhead + e->rlen) % e->rcap] = *ev;
 	e->rlen++;
 }
@@ -1214,7 +1228,7 @@ async_finish(struct op *op)
 static void
 run_batch(struct embedded *e, struct op *ops)
 {
-	struct batch b;
+	struct batch b, dead;
 	struct op *op, *next, *async = NULL, **atail = &async;
 	size_t i, mark;
 	int ok = 0;
@@ -1261,11 +1275,12 @@ rollback:
 	db_step(e->wdb, "ROLLBACK");
 	ocache_clear(e);
 done:
+	memset(&dead, 0, sizeof(dead));
 	pthread_mutex_lock(&e->mu);
 	if (ok) {
 		e->rv = b.rv;
 		for (i = 0; i < b.n; i++) {
-			ring_push(e, &b.ev[i]);
+			ring_push(e, &b.ev[i], &dead);
 			e->writes++;
 		}
 		b.n = 0;
@@ -1296,6 +1311,8 @@ done:
 	}
 	batch_truncate(&b, 0);
 	free(b.ev);
+	batch_truncate(&dead, 0);
+	free(dead.ev);
 	if (!ok)
 		log_kv(LOG_ERROR, "store commit failed", "error",
 		    sqlite3_errmsg(e->wdb), NULL);
@@ -1818,13 +1835,23 @@ e_watch_next(struct k8s_watch *kw, int timeout_ms, struct k8s_event *out,
 
 			w->cursor = ev->rv;
 			if (type != 0) {
-				out->type = type;
-				out->object = json_deep_copy(left != NULL ?
-				    left : ev->obj);
-				out->rv = ev->rv;
+				/*
+				 * the object is never changed once published:
+				 * hold it, and copy it for the caller outside
+				 * the lock (the writer and the other watchers
+				 * need it meanwhile)
+				 */
+				json_t *shared = json_incref((json_t *)(
+				    left != NULL ? left : ev->obj));
+				int64_t rv = ev->rv;
+
 				pthread_mutex_unlock(&e->mu);
+				out->type = type;
+				out->object = json_deep_copy(shared);
+				out->rv = rv;
+				json_decref(shared);
 				if (left != NULL)
-					set_rv_to(out->object, ev->rv);
+					set_rv_to(out->object, rv);
 				return 1;
 			}
 		}
