@@ -64,8 +64,10 @@ SEED = {
                         "head": {"ref": "x"}, "base": {"ref": "main"}}]}]},
     "gitlab": {
         "user": {"username": "diverge-bot", "id": 950},
-        "tokens": ["glpat-bot"],
-        "users": [{"username": "pipin", "id": 11},
+        # glpat-rot: the token gitlab.token is rotated to (SIGHUP)
+        "tokens": {"glpat-bot": "diverge-bot", "glpat-rot": "diverge-rot"},
+        "users": [{"username": "diverge-rot", "id": 951},
+                  {"username": "pipin", "id": 11},
                   {"username": "guest", "id": 12}],
         "projects": [
             {"id": 5, "path_with_namespace": "myorg/diaspora",
@@ -88,7 +90,7 @@ GH_COMMENTS = [(1001, 42, "alice"), (1002, 43, "carol"), (1003, 43, "bob"),
                (1030, 50, "bob"),
                (1021, 43, "alice"), (1022, 43, "alice"),
                (1023, 43, "alice")]
-GL_NOTES = [(3001, "pipin"), (3002, "guest")]
+GL_NOTES = [(3001, "pipin"), (3002, "guest"), (3003, "pipin")]
 
 
 def seed():
@@ -585,9 +587,12 @@ def main(t):
          "its next attempt is at the Retry-After (120 s), and a rate-limited "
          "attempt is not counted against inbox.max_attempts", row)
 
-    # SIGHUP re-reads github.token: the bot then acts with the new one
+    # SIGHUP re-reads github.token and gitlab.token: the bot then acts with
+    # the new ones
     with open(os.path.join(d.tmp, "gh-token"), "w") as f:
         f.write("ghp_rot\n")
+    with open(os.path.join(d.tmp, "gl-token"), "w") as f:
+        f.write("glpat-rot\n")
     n = sum("reloaded secrets" in l for l in d.log())
     d.send_signal(__import__("signal").SIGHUP)
     t.ok(wait(lambda: sum("reloaded secrets" in l for l in d.log()) > n),
@@ -602,7 +607,18 @@ def main(t):
                 if c["id"] == 1023 for x in c["reactions"]]
     t.eq(wait(lambda: reactors()), ["diverge-rot"], "after SIGHUP the "
          "reaction is made with the rotated github.token")
-    t.ok(not any("ghp_rot" in l or "ghp_bot" in l for l in d.log()),
+    d.gitlab("Note Hook", gl_note(3003, 2, "pipin", 11, "/diverge status"),
+             str(uuid.uuid4()))
+
+    def gl_awarders():
+        notes = fake.state()["gitlab"]["projects"]["5"]["merge_requests"][
+            "2"]["notes"]
+        return [a["user"] for n in notes if n["id"] == 3003
+                for a in n["award_emoji"]]
+    t.eq(wait(lambda: gl_awarders()), ["diverge-rot"], "and the GitLab "
+         "award with the rotated gitlab.token")
+    t.ok(not any("ghp_rot" in l or "ghp_bot" in l or "glpat-" in l
+                 for l in d.log()),
          "tokens are never logged")
 
     t.eq(d.stop(), 0, "clean stop")
