@@ -113,8 +113,15 @@ subset(const json_t *d, const json_t *o)
 
 	if (json_is_null(d))
 		return o == NULL || json_is_null(o);
+	/*
+	 * An empty list or map we ask for is absent when a Kubernetes API
+	 * server reads it back (Go's omitempty: a NetworkPolicy's
+	 * "ingress": [] comes back without "ingress"); asking again would
+	 * rewrite the object on every pass.
+	 */
 	if (o == NULL)
-		return 0;
+		return (json_is_array(d) && json_array_size(d) == 0) ||
+		    (json_is_object(d) && json_object_size(d) == 0);
 	if (json_is_object(d)) {
 		if (!json_is_object(o))
 			return 0;

@@ -669,6 +669,34 @@ test_idempotent(void **state)
 	free(name);
 }
 
+/*
+ * A NetworkPolicy read back from a real API server has no "ingress" when
+ * it was written with "ingress": [] (omitempty): that is no difference to
+ * repair, or every reconcile would rewrite it.
+ */
+static void
+test_netpol_omitempty(void **state)
+{
+	struct k8s_status st = { 0 };
+	char *name = provisioned(NULL, NULL);
+	json_t *np, *p;
+	uint64_t w0;
+
+	(void)state;
+	p = json_pack("{s:{s:n}}", "spec", "ingress");
+	assert_int_equal(k8s_patch(env.api, &K8S_NETWORKPOLICY, NS,
+	    CONTROLLER_NETPOL, 0, p, NULL, &st), 0);
+	json_decref(p);
+	np = get(&K8S_NETWORKPOLICY, CONTROLLER_NETPOL);
+	assert_null(jget(np, "spec.ingress"));
+	json_decref(np);
+	w0 = writes();
+	reconcile(name);
+	reconcile(name);
+	assert_int_equal(writes(), w0);
+	free(name);
+}
+
 /* Provisioning -> Active only for Ready=True of the current generation. */
 static void
 test_active_needs_current_generation(void **state)
@@ -1882,6 +1910,7 @@ main(void)
 		cmocka_unit_test(test_new_pending),
 		cmocka_unit_test(test_provisioning_children),
 		cmocka_unit_test(test_idempotent),
+		cmocka_unit_test(test_netpol_omitempty),
 		cmocka_unit_test(test_active_needs_current_generation),
 		cmocka_unit_test(test_active_not_on_replaced_generation),
 		cmocka_unit_test(test_pause_resume),
