@@ -48,6 +48,9 @@
 #define WATCH_SLICE_MS		200
 #define WATCH_BOOKMARK_MS	5000
 #define WATCH_DEFAULT_S		1800
+#define WATCH_MAX_S		86400	/* timeoutSeconds beyond: a day */
+/* A patched document may nest as deep as a parsed one (jansson's limit). */
+#define PATCH_MAX_DEPTH		2048
 #define PATCH_RETRIES		5
 
 #define MT_JSON		"application/json"
@@ -1517,6 +1520,28 @@ pointer_remove(json_t *doc, char **toks, size_t n)
 	return -1;
 }
 
+/* Whether v nests deeper than max levels (it looks no deeper than that). */
+static int
+too_deep(const json_t *v, int max)
+{
+	const char *k;
+	json_t *c;
+	size_t i;
+
+	if (max < 0)
+		return 1;
+	if (json_is_object(v)) {
+		json_object_foreach((json_t *)v, k, c)
+			if (too_deep(c, max - 1))
+				return 1;
+	} else if (json_is_array(v)) {
+		json_array_foreach((json_t *)v, i, c)
+			if (too_deep(c, max - 1))
+				return 1;
+	}
+	return 0;
+}
+
 /*
  * Apply an RFC 6902 patch to *doc in place. K8S_EBADREQUEST for a
  * malformed patch, K8S_EINVALID when an operation does not apply.
@@ -1609,6 +1634,14 @@ json_patch_apply(json_t **doc, const json_t *patch, struct k8s_status *st)
 			free(msg);
 			goto out;
 		}
+		/*
+		 * copy can double the depth at each step: past the parser's
+		 * own limit, stop before anything recursive (a deep copy, an
+		 * equal) runs out of stack
+		 */
+		if (msg == NULL && too_deep(*doc, PATCH_MAX_DEPTH))
+			msg = xasprintf("the patched object nests deeper than "
+			    "%d levels", PATCH_MAX_DEPTH);
 		if (msg != NULL) {
 			ret = k8s_status_set(st, K8S_EINVALID, msg, NULL);
 			free(msg);
@@ -2847,6 +2880,8 @@ do_watch(struct api_req *q, const struct target *t)
 			jitter = 0;
 		secs = WATCH_DEFAULT_S + jitter % (WATCH_DEFAULT_S / 10);
 	}
+	if (secs > WATCH_MAX_S)
+		secs = WATCH_MAX_S;
 	ws->deadline_ms = now_mono_ms() + secs * 1000;
 	if (opts.resource_version != NULL) {
 		rv = strtoll(opts.resource_version, &end, 10);

@@ -550,6 +550,57 @@ def cascade(t, k, srv):
     k.run("delete", "secret", "o3-child")
 
 
+def hostile(t, srv):
+    """Requests that must be refused, not take the server down: a JSON
+    Patch whose copy ops double the nesting each time (a stack overflow in
+    the recursive copy), a watch with an absurd timeoutSeconds."""
+    base = srv.url + "/apis/agents.x-k8s.io/v1beta1/namespaces/default/" \
+        "sandboxes"
+
+    def call(method, url, body=None, ctype="application/json"):
+        data = body if isinstance(body, bytes) else (
+            json.dumps(body).encode() if body is not None else None)
+        req = urllib.request.Request(url, method=method, data=data,
+                                     headers={"Content-Type": ctype})
+        def parsed(raw):
+            try:
+                return json.loads(raw or b"{}")
+            except ValueError:
+                return {"text": raw.decode("utf-8", "replace")}
+        try:
+            with urllib.request.urlopen(req, timeout=20) as r:
+                return r.status, parsed(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, parsed(e.read())
+
+    call("POST", base, {"apiVersion": "agents.x-k8s.io/v1beta1",
+                        "kind": "Sandbox", "metadata": {"name": "deep"},
+                        "spec": {"podTemplate": {"spec": {"containers": [
+                            {"name": "c", "image": "x"}]}}}})
+    # 1,000 levels (as text: too deep for Python's own encoder)
+    ops = ['{"op":"add","path":"/spec/x","value":%s0%s}' %
+           ("[" * 1000, "]" * 1000)]
+    for i in range(8):
+        ops.append(json.dumps({"op": "copy", "from": "/spec/x",
+                               "path": "/spec/x" + "/0" * 999 + "/-"}))
+    code, body = call("PATCH", base + "/deep",
+                      ("[" + ",".join(ops) + "]").encode(),
+                      "application/json-patch+json")
+    t.ok(code == 422 and "deeper" in body.get("message", ""),
+         "a JSON Patch nesting past the limit: 422, the server stays up",
+         (code, body.get("message")))
+    code, _ = call("GET", srv.url + "/healthz")
+    t.eq(code, 200, "and answers after it")
+    req = urllib.request.Request(
+        srv.url + "/api/v1/namespaces/default/secrets?watch=1&"
+        "timeoutSeconds=9223372036854775807")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        t.eq(r.status, 200, "a watch with a huge timeoutSeconds opens")
+    code, _ = call("GET", srv.url + "/healthz")
+    t.eq(code, 200, "and the server is still up")
+    call("DELETE", base + "/deep")
+
+
 KUBECONFIG = """apiVersion: v1
 kind: Config
 clusters:
@@ -659,6 +710,7 @@ def main(t):
             errors(t, k, srv.tmp)
             secrets(t, k)
             cascade(t, k, srv)
+            hostile(t, srv)
             delete(t, k, lines)
         finally:
             watch.terminate()
