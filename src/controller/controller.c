@@ -291,6 +291,7 @@ struct controller {
 	pthread_t *workers;
 	int nworkers;
 	pthread_mutex_t mu;
+	pthread_cond_t stop_cv;	/* broadcast when stop is set */
 	int stop;
 	uint64_t reconciles, errors, relists;
 };
@@ -304,6 +305,30 @@ stopping(struct controller *c)
 	s = c->stop;
 	pthread_mutex_unlock(&c->mu);
 	return s;
+}
+
+/*
+ * Wait ms, or less if the controller is stopped meanwhile: a watcher
+ * backing off from an unreachable API server (up to minutes) must not
+ * hold up a stop.
+ */
+static void
+pause_unless_stopped(struct controller *c, int64_t ms)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ts.tv_sec += ms / 1000;
+	ts.tv_nsec += (ms % 1000) * 1000000;
+	if (ts.tv_nsec >= 1000000000) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000;
+	}
+	pthread_mutex_lock(&c->mu);
+	while (!c->stop && pthread_cond_timedwait(&c->stop_cv, &c->mu,
+	    &ts) == 0)
+		;
+	pthread_mutex_unlock(&c->mu);
 }
 
 static void
@@ -405,8 +430,8 @@ watch_main(void *arg)
 			}
 			k8s_status_release(&st);
 			random_bytes(&rnd, sizeof(rnd));
-			sleep_ms(controller_backoff_ms(++failures < 12 ?
-			    failures + 6 : 18, rnd));
+			pause_unless_stopped(c, controller_backoff_ms(
+			    ++failures < 12 ? failures + 6 : 18, rnd));
 			continue;
 		}
 		for (;;) {
@@ -529,6 +554,14 @@ controller_start(struct controller **out,
 	if (c->cfg.resync_ms <= 0)
 		c->cfg.resync_ms = DEFAULT_RESYNC_MS;
 	pthread_mutex_init(&c->mu, NULL);
+	{
+		pthread_condattr_t ca;
+
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&c->stop_cv, &ca);
+		pthread_condattr_destroy(&ca);
+	}
 	c->q = controller_queue_new();
 	c->workers = xcalloc((size_t)n, sizeof(*c->workers));
 	for (i = 0; i < ARRAY_SIZE(kinds); i++) {
@@ -569,6 +602,7 @@ controller_stop(struct controller *c)
 		return;
 	pthread_mutex_lock(&c->mu);
 	c->stop = 1;
+	pthread_cond_broadcast(&c->stop_cv);
 	pthread_mutex_unlock(&c->mu);
 	for (i = 0; i < c->nwatchers; i++)
 		pthread_join(c->watchers[i].thread, NULL);
@@ -577,6 +611,7 @@ controller_stop(struct controller *c)
 		pthread_join(c->workers[k], NULL);
 	controller_queue_free(c->q);
 	free(c->workers);
+	pthread_cond_destroy(&c->stop_cv);
 	pthread_mutex_destroy(&c->mu);
 	free(c);
 }
