@@ -430,6 +430,14 @@ field_is(const struct jfield *f, const char *s)
 	    memcmp(f->start, s, n) == 0;
 }
 
+/* Whether a scanned string holds an escape (an absent field holds none). */
+static int
+escaped(const struct jfield *f)
+{
+	return f->start != NULL && f->len > 0 &&
+	    memchr(f->start, '\\', f->len) != NULL;
+}
+
 /*
  * Whether the index names token id as active for task. Every charge asks,
  * so the entry is scanned in place (jscan on the decoded text, no tree);
@@ -437,11 +445,15 @@ field_is(const struct jfield *f, const char *s)
  * parsing path, which is the reference.
  */
 static int
-token_active(const json_t *index, const char *id, const char *task)
+token_active(const json_t *index, const char *id, const char *task,
+    const json_t *obj)
 {
 	const char *v = json_string_value(json_object_get(json_object_get(
 	    index, "data"), id));
-	struct jfield f[2] = { { .path = "state" }, { .path = "task" } };
+	const char *uid = json_string_value(json_object_get(json_object_get(
+	    obj, "metadata"), "uid"));
+	struct jfield f[3] = { { .path = "state" }, { .path = "task" },
+	    { .path = "taskUid" } };
 	unsigned char *raw = NULL;
 	const char *err;
 	json_t *e;
@@ -450,14 +462,16 @@ token_active(const json_t *index, const char *id, const char *task)
 
 	if (v == NULL || base64_decode(v, strlen(v), &raw, &n) < 0)
 		return 0;
-	if (jscan((const char *)raw, n, f, 2, 8, &err) < 0) {
+	if (jscan((const char *)raw, n, f, 3, 8, &err) < 0) {
 		free(raw);
 		return 0;
 	}
-	if (memchr(f[0].start, '\\', f[0].len) == NULL &&
-	    memchr(f[1].start, '\\', f[1].len) == NULL &&
-	    f[0].count <= 1 && f[1].count <= 1) {
-		ok = field_is(&f[0], "active") && field_is(&f[1], task);
+	/* an entry that names the task's uid names this very task */
+	if (!escaped(&f[0]) && !escaped(&f[1]) && !escaped(&f[2]) &&
+	    f[0].count <= 1 && f[1].count <= 1 && f[2].count <= 1) {
+		ok = field_is(&f[0], "active") && field_is(&f[1], task) &&
+		    (f[2].type == JT_ABSENT || uid == NULL ||
+		    field_is(&f[2], uid));
 		free(raw);
 		return ok;
 	}
@@ -467,7 +481,10 @@ token_active(const json_t *index, const char *id, const char *task)
 	    strcmp(json_string_value(json_object_get(e, "state")),
 	    "active") == 0 && json_string_value(json_object_get(e, "task")) !=
 	    NULL && strcmp(json_string_value(json_object_get(e, "task")),
-	    task) == 0;
+	    task) == 0 && (json_object_get(e, "taskUid") == NULL ||
+	    uid == NULL || (json_is_string(json_object_get(e, "taskUid")) &&
+	    strcmp(json_string_value(json_object_get(e, "taskUid")), uid) ==
+	    0));
 	json_decref(e);
 	return ok;
 }
@@ -830,7 +847,7 @@ charge_txn(struct k8s_txn *tx, void *arg, struct k8s_status *st)
 		return rc;
 	}
 	c->token_ok = index != NULL && token_active(index, c->id,
-	    c->task_name);
+	    c->task_name, task);
 	if (charge_apply(c, task)) {
 		/* the put takes task */
 		rc = k8s_txn_put(tx, &K8S_AGENTTASK, c->ns, task, NULL, st);
@@ -906,7 +923,7 @@ charge_round(struct meter *m, struct charge **cs, size_t n,
 			meter_reply_release(&cs[i]->reply);
 			cs[i]->suspended_now = 0;
 			cs[i]->token_ok = token_active(index, cs[i]->id,
-			    cs[i]->task_name);
+			    cs[i]->task_name, task);
 			write |= charge_apply(cs[i], task);
 			suspended |= cs[i]->suspended_now;
 			/* later charges of this round see the revocation */
@@ -1186,7 +1203,8 @@ complete_apply(struct completion *c, json_t *task, json_t *index)
 		    "\"%s\"}", phase);
 		return changed ? 2 : 0;
 	}
-	if (!token_active(index, c->id, c->task_name) || !task_live(task)) {
+	if (!token_active(index, c->id, c->task_name, task) ||
+	    !task_live(task)) {
 		reply_error(&c->reply, 401, !task_live(task) ? "task not live" :
 		    "revoked", NULL);
 		return 0;
@@ -1459,6 +1477,7 @@ index_update(struct meter *m, const char *ns,
 struct issue_arg {
 	const char *id;
 	const char *task;
+	const char *uid;	/* the task's metadata.uid, or NULL */
 	int64_t expires;
 };
 
@@ -1473,6 +1492,9 @@ edit_issue(json_t *index, void *arg)
 	time_rfc3339(a->expires, ex);
 	e = json_pack("{s:s,s:s,s:s,s:s}", "task", a->task, "state", "active",
 	    "issuedAt", ts, "expiresAt", ex);
+	/* the task, not only its name: one re-created under it is another */
+	if (a->uid != NULL)
+		json_object_set_new(e, "taskUid", json_string(a->uid));
 	index_set(index, a->id, e);
 	json_decref(e);
 	return 1;
@@ -1568,6 +1590,8 @@ meter_issue_token(struct meter *m, const json_t *task, int64_t expires,
 		return -1;
 	ia.id = id;
 	ia.task = name;
+	ia.uid = json_string_value(json_object_get(json_object_get(task,
+	    "metadata"), "uid"));
 	ia.expires = expires;
 	if (index_update(m, ns, edit_issue, &ia, cause) < 0) {
 		free(token);

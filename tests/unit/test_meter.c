@@ -749,6 +749,42 @@ index_entries_as_written(void **state)
 	task_release(&t);
 }
 
+/*
+ * A token is the task's, not its name's: a task deleted and created again
+ * under the same name (its token's revocation missed, say a watch that
+ * fell behind) does not take the old token.
+ */
+static void
+recreated_task(void **state)
+{
+	struct k8s_status st = { 0 };
+	struct task t;
+	json_t *old, *obj, *out = NULL;
+
+	(void)state;
+	make_task(&t, "{}", 0);
+	assert_int_equal(charge_model(t.auth, "u1", "m"), 200);
+	old = get_task(t.name);
+	assert_int_equal(k8s_delete(env.api, &K8S_AGENTTASK, NS, t.name, NULL,
+	    &st), 0);
+	obj = json_pack("{s:s,s:s,s:{s:s},s:{s:s}}", "apiVersion",
+	    "divergedev.com/v1alpha1", "kind", "AgentTask", "metadata", "name",
+	    t.name, "spec", "objective", "again");
+	assert_int_equal(k8s_create(env.api, &K8S_AGENTTASK, NS, obj, &out,
+	    &st), 0);
+	json_decref(obj);
+	assert_string_not_equal(jstr(json_object_get(out, "metadata"), "uid"),
+	    jstr(json_object_get(old, "metadata"), "uid"));
+	json_object_set_new(out, "status", json_pack("{s:s}", "phase",
+	    "Active"));
+	assert_int_equal(k8s_update_status(env.api, &K8S_AGENTTASK, NS,
+	    t.name, out, NULL, &st), 0);
+	json_decref(out);
+	json_decref(old);
+	assert_int_equal(charge_model(t.auth, "u2", "m"), 401);
+	task_release(&t);
+}
+
 static int
 index_has(const char *id)
 {
@@ -972,6 +1008,7 @@ main(void)
 		cmocka_unit_test(body_validation),
 		cmocka_unit_test(authentication),
 		cmocka_unit_test(index_entries_as_written),
+		cmocka_unit_test(recreated_task),
 		cmocka_unit_test(not_live),
 		cmocka_unit_test(models),
 		cmocka_unit_test(models_attenuated),
