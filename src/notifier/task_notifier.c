@@ -352,6 +352,35 @@ out:
  * re-reading the task on 409. A negative enum k8s_err on failure
  * (K8S_ENOTFOUND: the task is gone).
  */
+/*
+ * Whether fields, worked out from task, no longer fit fresh (the task as
+ * read again after a 409): another task under the name (uid), someone
+ * else changed what the notifier last reported (a re-run drops it), or
+ * the phase to record as reported is not the task's phase any more.
+ * Writing them then would mark a run reported that was not.
+ */
+static int
+stale(const json_t *task, const json_t *fresh, const json_t *fields)
+{
+	const char *u0 = k8s_meta_str(task, "uid"), *u1 = k8s_meta_str(fresh,
+	    "uid");
+	const json_t *s0 = json_object_get(task, "status");
+	const json_t *s1 = json_object_get(fresh, "status");
+	const char *r0 = json_string_value(json_object_get(json_object_get(s0,
+	    "notifier"), "reportedPhase"));
+	const char *r1 = json_string_value(json_object_get(json_object_get(s1,
+	    "notifier"), "reportedPhase"));
+	const char *want = json_string_value(json_object_get(fields,
+	    "reportedPhase"));
+	const char *phase = json_string_value(json_object_get(s1, "phase"));
+
+	if ((u0 != NULL) != (u1 != NULL) || (u0 != NULL && strcmp(u0, u1)))
+		return 1;
+	if ((r0 != NULL) != (r1 != NULL) || (r0 != NULL && strcmp(r0, r1)))
+		return 1;
+	return want != NULL && (phase == NULL || strcmp(want, phase) != 0);
+}
+
 static int
 write_notifier(struct notifier *n, const char *ns, const char *name,
     json_t *task, json_t *fields, char **cause)
@@ -370,6 +399,13 @@ write_notifier(struct notifier *n, const char *ns, const char *name,
 			    &cur, &st);
 			if (rc < 0)
 				break;
+			if (stale(task, cur, fields)) {
+				/* the next pass starts from the task as it is */
+				rc = k8s_status_set(&st, K8S_ECONFLICT, "the task "
+				    "changed meanwhile; it is looked at again",
+				    NULL);
+				break;
+			}
 		}
 		patch = json_pack("{s:{s:s},s:{s:O}}", "metadata",
 		    "resourceVersion", k8s_meta_str(cur, "resourceVersion") ?

@@ -11,11 +11,14 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <sys/stat.h>
 
 #include "config/config.h"
 #include "controller/controller.h"
 #include "meter/meter.h"
+#include "notifier/notifier.h"
+#include "scm/scm.h"
 #include "storeenv.h"
 
 #define NS "rec"
@@ -694,6 +697,137 @@ test_netpol_omitempty(void **state)
 	reconcile(name);
 	reconcile(name);
 	assert_int_equal(writes(), w0);
+	free(name);
+}
+
+static pthread_mutex_t mmu = PTHREAD_MUTEX_INITIALIZER;
+static struct { int64_t id; char *body; } cm[64];
+static int ncm, nfinal, nupdates;
+static int64_t nextid = 100;
+static void (*in_update)(void);
+
+static int m_list(struct scm_client *c, const struct scm_repo *r, int64_t n,
+    struct scm_comment **out, size_t *nout, char **cause)
+{
+	int i;
+	pthread_mutex_lock(&mmu);
+	*out = xcalloc((size_t)ncm + 1, sizeof(**out));
+	for (i = 0; i < ncm; i++) {
+		(*out)[i].id = cm[i].id;
+		(*out)[i].author = xstrdup("diverge-bot");
+		(*out)[i].body = xstrdup(cm[i].body);
+	}
+	*nout = (size_t)ncm;
+	pthread_mutex_unlock(&mmu);
+	return SCM_OK;
+}
+static int m_create(struct scm_client *c, const struct scm_repo *r, int64_t n,
+    const char *body, int64_t *id, char **cause)
+{
+	pthread_mutex_lock(&mmu);
+	cm[ncm].id = *id = nextid++;
+	cm[ncm].body = xstrdup(body);
+	if (strstr(body, NOTIFIER_MARKER) == NULL)
+		nfinal++;
+	ncm++;
+	pthread_mutex_unlock(&mmu);
+	return SCM_OK;
+}
+static int m_update(struct scm_client *c, const struct scm_repo *r, int64_t n,
+    int64_t id, const char *body, char **cause)
+{
+	int i;
+	if (in_update != NULL) { void (*f)(void) = in_update; in_update = NULL; f(); }
+	pthread_mutex_lock(&mmu);
+	nupdates++;
+	for (i = 0; i < ncm; i++)
+		if (cm[i].id == id) { free(cm[i].body); cm[i].body = xstrdup(body); }
+	pthread_mutex_unlock(&mmu);
+	return SCM_OK;
+}
+static int m_delete(struct scm_client *c, const struct scm_repo *r, int64_t n,
+    int64_t id, char **cause) { return SCM_OK; }
+static int m_whoami(struct scm_client *c, char **login, int64_t *id, char **cause)
+{ *login = xstrdup("diverge-bot"); *id = 900; return SCM_OK; }
+
+static struct scm_ops mops;
+static struct scm_client mcl;
+static const char *tname;
+
+static int
+wait_reported(const char *name, const char *phase, int64_t ms)
+{
+	int64_t end = now_mono_ms() + ms;
+	while (now_mono_ms() < end) {
+		json_t *t = get(&K8S_AGENTTASK, name);
+		int ok = t && streq_safe(jp(t, "status.notifier.reportedPhase"), phase);
+		json_decref(t);
+		if (ok) return 1;
+		sleep_ms(10);
+	}
+	return 0;
+}
+
+/* /diverge fix (as actions.c writes it), and the new run fails at once */
+static void
+rerun_and_fail(void)
+{
+	struct k8s_status st = { 0 };
+	json_t *t = get_task(tname), *s = json_object_get(t, "status");
+
+	json_object_set_new(s, "run", json_integer(json_integer_value(json_object_get(s, "run")) + 1));
+	json_object_set_new(s, "phase", json_string("Pending"));
+	json_object_del(json_object_get(s, "notifier"), "reportedPhase");
+	assert_int_equal(k8s_update_status(env.api, &K8S_AGENTTASK, NS, tname, t, NULL, &st), 0);
+	json_decref(t);
+	patch_status(tname, "{\"status\":{\"phase\":\"Failed\",\"reason\":\"PullRequestClosed\"}}");
+}
+
+/*
+ * The notifier's status write, retried after a 409, must not put the
+ * finished run's reportedPhase onto a task that was re-run meanwhile (a
+ * re-run drops it so that the next end is reported): here run 2 fails
+ * at once, during the notifier's comment update for run 1, and still gets
+ * its own final comment. Mock SCM client: comments in memory.
+ */
+static void
+test_rerun_race(void **state)
+{
+	struct notifier *n = NULL;
+	struct notifier_config nc;
+	char *cause = NULL, *name;
+	json_t *t;
+
+	(void)state;
+	mops.name = "github"; mops.list_comments = m_list; mops.create_comment = m_create;
+	mops.update_comment = m_update; mops.delete_comment = m_delete; mops.whoami = m_whoami;
+	mcl.ops = &mops;
+	name = new_task(NULL, ",\"divergedev.com/provider\":\"github\","
+	    "\"divergedev.com/project\":\"o/r\",\"divergedev.com/pr-number\":\"7\","
+	    "\"divergedev.com/requested-by\":\"alice\"");
+	tname = name;
+	patch_status(name, "{\"status\":{\"phase\":\"Active\",\"run\":1}}");
+	memset(&nc, 0, sizeof(nc));
+	nc.store = env.api; nc.github = &mcl; nc.cfg = &cfg; nc.throttle_ms = 200;
+	assert_int_equal(notifier_start(&n, &nc, &cause), 0);
+	assert_true(wait_reported(name, "Active", 5000));
+	patch_status(name, "{\"status\":{\"phase\":\"Failed\",\"reason\":\"SandboxFailed\"}}");
+	assert_true(wait_reported(name, "Failed", 5000));
+	assert_int_equal(nfinal, 1);
+	/* more spend reported on run 1: a content update, during which the rerun happens */
+	in_update = rerun_and_fail;
+	patch_status(name, "{\"status\":{\"iteration\":3}}");
+	sleep_ms(3000);
+	t = get_task(name);
+	assert_string_equal(jp(t, "status.phase"), "Failed");
+	json_decref(t);
+	/* the second run's end is reported too: its own final comment */
+	assert_true(wait_reported(name, "Failed", 5000));
+	for (int64_t end = now_mono_ms() + 5000; nfinal < 2 &&
+	    now_mono_ms() < end;)
+		sleep_ms(20);
+	assert_int_equal(nfinal, 2);
+	notifier_stop(n);
 	free(name);
 }
 
@@ -1911,6 +2045,7 @@ main(void)
 		cmocka_unit_test(test_provisioning_children),
 		cmocka_unit_test(test_idempotent),
 		cmocka_unit_test(test_netpol_omitempty),
+		cmocka_unit_test(test_rerun_race),
 		cmocka_unit_test(test_active_needs_current_generation),
 		cmocka_unit_test(test_active_not_on_replaced_generation),
 		cmocka_unit_test(test_pause_resume),
