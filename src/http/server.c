@@ -42,7 +42,8 @@ struct http_conn {
 	struct http_conn *prev, *next;
 	MHD_socket fd;
 	int64_t since_ms;	/* accepted, or its last request ended */
-	int handled;		/* its request is with a handler: no deadline */
+	int handled;		/* its request is with a handler: no deadline
+				 * (these two: atomic; the rest under mu) */
 	int cut;		/* shut down by the reaper */
 };
 
@@ -346,11 +347,11 @@ conn_handled(struct http_server *s, struct MHD_Connection *conn,
 
 	if (c == NULL)
 		return;
-	pthread_mutex_lock(&s->mu);
-	c->handled = handled;
+	/* twice a request: atomics, not the server lock (the reaper reads) */
+	(void)s;
 	if (!handled)
-		c->since_ms = now_mono_ms();
-	pthread_mutex_unlock(&s->mu);
+		__atomic_store_n(&c->since_ms, now_mono_ms(), __ATOMIC_RELAXED);
+	__atomic_store_n(&c->handled, handled, __ATOMIC_RELEASE);
 }
 
 static void
@@ -406,8 +407,10 @@ reaper_main(void *arg)
 		int cut = 0;
 
 		for (c = s->conns; c != NULL; c = c->next) {
-			if (c->handled || c->cut || c->fd == MHD_INVALID_SOCKET ||
-			    now - c->since_ms <= s->request_timeout_ms)
+			if (__atomic_load_n(&c->handled, __ATOMIC_ACQUIRE) ||
+			    c->cut || c->fd == MHD_INVALID_SOCKET || now -
+			    __atomic_load_n(&c->since_ms, __ATOMIC_RELAXED) <=
+			    s->request_timeout_ms)
 				continue;
 			shutdown(c->fd, SHUT_RDWR);
 			c->cut = 1;
