@@ -317,13 +317,7 @@ pause_unless_stopped(struct controller *c, int64_t ms)
 {
 	struct timespec ts;
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	ts.tv_sec += ms / 1000;
-	ts.tv_nsec += (ms % 1000) * 1000000;
-	if (ts.tv_nsec >= 1000000000) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000;
-	}
+	time_deadline(CLOCK_MONOTONIC, ms, &ts);
 	pthread_mutex_lock(&c->mu);
 	while (!c->stop && pthread_cond_timedwait(&c->stop_cv, &c->mu,
 	    &ts) == 0)

@@ -338,8 +338,7 @@ header_bytes(struct MHD_Connection *conn, const char *method,
 
 /* Whether conn's request is with a handler (no deadline) or not. */
 static void
-conn_handled(struct http_server *s, struct MHD_Connection *conn,
-    int handled)
+conn_handled(struct MHD_Connection *conn, int handled)
 {
 	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn,
 	    MHD_CONNECTION_INFO_SOCKET_CONTEXT);
@@ -348,7 +347,6 @@ conn_handled(struct http_server *s, struct MHD_Connection *conn,
 	if (c == NULL)
 		return;
 	/* twice a request: atomics, not the server lock (the reaper reads) */
-	(void)s;
 	if (!handled)
 		__atomic_store_n(&c->since_ms, now_mono_ms(), __ATOMIC_RELAXED);
 	__atomic_store_n(&c->handled, handled, __ATOMIC_RELEASE);
@@ -417,12 +415,14 @@ reaper_main(void *arg)
 			cut++;
 		}
 		if (cut > 0) {
+			char n[16];
+
 			pthread_mutex_unlock(&s->mu);
 			metrics_inc("diverge_http_connections_timed_out_total",
 			    "", (double)cut);
+			snprintf(n, sizeof(n), "%d", cut);
 			log_kv(LOG_INFO, "http: disconnected clients too slow "
-			    "to send a request", "connections", cut > 1 ?
-			    "several" : "one", NULL);
+			    "to send a request", "connections", n, NULL);
 			pthread_mutex_lock(&s->mu);
 		}
 		clock_gettime(CLOCK_REALTIME, &ts);
@@ -532,7 +532,7 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 	}
 	if (r->body.data == NULL)
 		buf_add(&r->body, "", 0);
-	conn_handled(s, conn, 1);
+	conn_handled(conn, 1);
 	pthread_mutex_lock(&r->mu);
 	r->owners++;
 	r->replier = 1;
@@ -577,7 +577,7 @@ completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
 	int last, queued, status;
 	int64_t start_ms;
 
-	conn_handled(s, conn, 0);
+	conn_handled(conn, 0);
 	if (r == NULL)
 		return;
 	route = r->route != NULL ? r->route->name : "unmatched";

@@ -1868,13 +1868,7 @@ e_watch_next(struct k8s_watch *kw, int timeout_ms, struct k8s_event *out,
 				pthread_mutex_unlock(&e->mu);
 				return 0;
 			}
-			clock_gettime(CLOCK_REALTIME, &ts);
-			ts.tv_sec += left / 1000;
-			ts.tv_nsec += (left % 1000) * 1000000;
-			if (ts.tv_nsec >= 1000000000) {
-				ts.tv_sec++;
-				ts.tv_nsec -= 1000000000;
-			}
+			time_deadline(CLOCK_REALTIME, left, &ts);
 			pthread_cond_timedwait(&e->econd, &e->mu, &ts);
 		}
 	}

@@ -227,13 +227,7 @@ timed_wait(pthread_cond_t *c, pthread_mutex_t *m, int64_t ms)
 {
 	struct timespec ts;
 
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += ms / 1000;
-	ts.tv_nsec += (ms % 1000) * 1000000;
-	if (ts.tv_nsec >= 1000000000) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000;
-	}
+	time_deadline(CLOCK_REALTIME, ms, &ts);
 	pthread_cond_timedwait(c, m, &ts);
 }
 

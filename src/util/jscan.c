@@ -59,41 +59,6 @@ hex4(const char *p, unsigned *out)
 	return 0;
 }
 
-/* Length of a valid UTF-8 sequence at p, or 0. */
-static size_t
-utf8_seq(const unsigned char *p, const unsigned char *end)
-{
-	unsigned c = p[0];
-	size_t n, i;
-	unsigned cp;
-
-	if (c < 0x80)
-		return 1;
-	if (c >= 0xc2 && c <= 0xdf) {
-		n = 2;
-		cp = c & 0x1f;
-	} else if (c >= 0xe0 && c <= 0xef) {
-		n = 3;
-		cp = c & 0x0f;
-	} else if (c >= 0xf0 && c <= 0xf4) {
-		n = 4;
-		cp = c & 0x07;
-	} else {
-		return 0;
-	}
-	if ((size_t)(end - p) < n)
-		return 0;
-	for (i = 1; i < n; i++) {
-		if ((p[i] & 0xc0) != 0x80)
-			return 0;
-		cp = cp << 6 | (p[i] & 0x3f);
-	}
-	if ((n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
-	    cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-		return 0;
-	return n;
-}
-
 /* Scan a string; s->p is at the opening quote. */
 /* A byte that ends a plain run: a quote, a backslash, a control. */
 static int
@@ -189,8 +154,8 @@ string(struct scanner *s, const char **start, size_t *len)
 		if (c < 0x80) {
 			p++;
 		} else {
-			size_t n = utf8_seq((const unsigned char *)p,
-			    (const unsigned char *)s->end);
+			size_t n = utf8_valid_len((const unsigned char *)p,
+			    (size_t)(s->end - p));
 
 			if (n == 0)
 				return fail(s, "invalid UTF-8 in string");

@@ -53,40 +53,6 @@ log_enabled(enum log_level level)
 	return level >= __atomic_load_n(&log_min, __ATOMIC_RELAXED);
 }
 
-/* The length of the valid UTF-8 sequence at p (n bytes left), or 0. */
-static size_t
-utf8_len(const unsigned char *p, size_t n)
-{
-	size_t len, i;
-	unsigned cp;
-
-	if (p[0] < 0x80)
-		return 1;
-	if (p[0] >= 0xc2 && p[0] <= 0xdf) {
-		len = 2;
-		cp = p[0] & 0x1f;
-	} else if (p[0] >= 0xe0 && p[0] <= 0xef) {
-		len = 3;
-		cp = p[0] & 0x0f;
-	} else if (p[0] >= 0xf0 && p[0] <= 0xf4) {
-		len = 4;
-		cp = p[0] & 0x07;
-	} else {
-		return 0;
-	}
-	if (n < len)
-		return 0;
-	for (i = 1; i < len; i++) {
-		if ((p[i] & 0xc0) != 0x80)
-			return 0;
-		cp = cp << 6 | (p[i] & 0x3f);
-	}
-	if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-	    cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-		return 0;
-	return len;
-}
-
 /*
  * s as a JSON string: escapes, invalid UTF-8 as U+FFFD, at most
  * LOG_VALUE_MAX bytes of it (cut on a character boundary).
@@ -124,7 +90,7 @@ add_json_string(struct buf *b, const char *s)
 				buf_printf(b, "\\u%04x", p[i]);
 				break;
 			}
-			k = utf8_len(p + i, n - i);
+			k = utf8_valid_len(p + i, n - i);
 			if (k == 0) {
 				buf_addstr(b, "\\ufffd");
 				break;

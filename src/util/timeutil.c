@@ -9,6 +9,19 @@
 
 #include "util/util.h"
 
+/* The time ms from now on clock clk, for pthread_cond_timedwait. */
+void
+time_deadline(clockid_t clk, int64_t ms, struct timespec *ts)
+{
+	clock_gettime(clk, ts);
+	ts->tv_sec += ms / 1000;
+	ts->tv_nsec += (ms % 1000) * 1000000;
+	if (ts->tv_nsec >= 1000000000) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000;
+	}
+}
+
 /* Monotonic clock in milliseconds. */
 int64_t
 now_mono_ms(void)

@@ -23,6 +23,7 @@ char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The longest prefix of s[0..len) of at most max bytes ending on a UTF-8
  * character boundary. */
 size_t utf8_cut(const char *s, size_t len, size_t max);
+size_t utf8_valid_len(const unsigned char *p, size_t n);
 char *xvasprintf(const char *fmt, va_list ap)
     __attribute__((format(printf, 1, 0)));
 /* Install xmalloc/free into jansson; call once at start. */
@@ -107,6 +108,8 @@ int random_bytes(void *buf, size_t n);
 /* ---- time ---- */
 /* Monotonic milliseconds. */
 int64_t now_mono_ms(void);
+struct timespec;
+void time_deadline(clockid_t clk, int64_t ms, struct timespec *ts);
 /* Wall clock seconds since the epoch (overridable in tests). */
 int64_t now_unix(void);
 /* Wall clock milliseconds since the epoch. */
