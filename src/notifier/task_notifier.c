@@ -31,7 +31,8 @@
 #define DEFAULT_RESYNC_MS (5 * 60 * 1000)
 #define BACKOFF_BASE_MS 1000
 #define BACKOFF_MAX_MS (5 * 60 * 1000)
-#define RATELIMIT_MIN_MS 60000
+#define RATELIMIT_FLOOR_MS 1000	/* least wait after a rate limit */
+#define RATELIMIT_MAX_MS (60 * 60 * 1000)	/* a reset further away: look again */
 #define MAX_CONFLICTS 20
 
 /* One known task: which PR/MR it reports to, and its throttle clock. */
@@ -449,13 +450,28 @@ scm_retryable(int rc)
 }
 
 /*
+ * After a failed call: 0, or for a rate limit the time it resets (unix
+ * ms), read right after the call as scm_ratelimit_reset_ms() requires.
+ */
+static int64_t
+ratelimit_until(int rc)
+{
+	int64_t at;
+
+	if (scm_retryable(rc) != 2)
+		return 0;
+	at = scm_ratelimit_reset_ms();
+	return at > 0 ? at : now_unix_ms() + BACKOFF_MAX_MS;
+}
+
+/*
  * Bring task tkey's comment in line. 0 when done (*delay_ms > 0: look
- * again after that long), a negative value on failure (*ratelimited set
- * for rate limits), with *cause.
+ * again after that long), a negative value on failure, with *cause; after
+ * a rate limit, *rl_until is when the provider said it resets (unix ms).
  */
 static int
 process(struct notifier *n, const char *tkey, int64_t *delay_ms,
-    int *ratelimited, char **cause)
+    int64_t *rl_until, char **cause)
 {
 	struct k8s_status st = { 0 };
 	struct notifier_render_opts ro;
@@ -543,7 +559,7 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 		body = notifier_render(task, &ro, NULL);
 		rc = ensure_comment(n, cl, &t, cid, body, &newcid, cause);
 		if (rc != SCM_OK) {
-			*ratelimited = scm_retryable(rc) == 2;
+			*rl_until = ratelimit_until(rc);
 			goto out;
 		}
 		pthread_mutex_lock(&n->mu);
@@ -569,7 +585,7 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 			rc = cl->ops->create_comment(cl, &repo, t.number, fin,
 			    &fid, cause);
 			if (rc != SCM_OK) {
-				*ratelimited = scm_retryable(rc) == 2;
+				*rl_until = ratelimit_until(rc);
 				/* keep the comment id: the retry updates it */
 				fields = json_pack("{s:s}", "commentId", idbuf);
 				write_notifier(n, ns, name, task, fields, &c2);
@@ -601,15 +617,25 @@ out:
 	return ret;
 }
 
+/*
+ * The wait before the next try. After a rate limit, the provider's reset
+ * decides (Retry-After, x-ratelimit-reset): asking before it only prolongs
+ * a secondary limit, and a fixed wait either comes too early or idles past
+ * a reset seconds away.
+ */
 static int64_t
-backoff_ms(unsigned failures, int ratelimited)
+backoff_ms(unsigned failures, int64_t rl_until)
 {
-	int64_t d = backoff_delay_ms(BACKOFF_BASE_MS, BACKOFF_MAX_MS,
-	    failures > 1 ? failures - 1 : 0);
+	int64_t d;
 
-	if (ratelimited && d < RATELIMIT_MIN_MS)
-		d = RATELIMIT_MIN_MS;
-	return d;
+	if (rl_until > 0) {
+		d = rl_until - now_unix_ms();
+		if (d < RATELIMIT_FLOOR_MS)
+			d = RATELIMIT_FLOOR_MS;
+		return d > RATELIMIT_MAX_MS ? RATELIMIT_MAX_MS : d;
+	}
+	return backoff_delay_ms(BACKOFF_BASE_MS, BACKOFF_MAX_MS,
+	    failures > 1 ? failures - 1 : 0);
 }
 
 /* The tasks of PR/MR key pkey (a new NULL-terminated array). */
@@ -705,15 +731,15 @@ worker_main(void *arg)
 		tasks = tasks_of(n, key);
 		keep_primary(n, tasks);
 		for (i = 0; tasks[i] != NULL; i++) {
-			int64_t d = -1;
-			int rl = 0;
+			int64_t d = -1, rl = 0;
+			char in[32];
 			char *cause = NULL;
 			struct entry *e;
 			unsigned f = 0;
 
 			if (process(n, tasks[i], &d, &rl, &cause) < 0) {
 				metrics_inc("diverge_notifier_updates_total",
-				    rl ? "result=\"rate_limited\"" :
+				    rl > 0 ? "result=\"rate_limited\"" :
 				    "result=\"error\"", 1);
 				pthread_mutex_lock(&n->mu);
 				n->failures++;
@@ -722,9 +748,10 @@ worker_main(void *arg)
 					f = ++e->failures;
 				pthread_mutex_unlock(&n->mu);
 				d = backoff_ms(f ? f : 1, rl);
+				snprintf(in, sizeof(in), "%" PRId64 "ms", d);
 				log_kv(LOG_WARN, "notifier: update failed, "
-				    "will retry", "task", tasks[i], "error",
-				    cause ? cause : "unknown", NULL);
+				    "will retry", "task", tasks[i], "retry_in",
+				    in, "error", cause ? cause : "unknown", NULL);
 				if (fdelay < 0 || d < fdelay)
 					fdelay = d;
 			} else {

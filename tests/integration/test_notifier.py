@@ -73,7 +73,10 @@ def seed():
                     {"number": 44, "title": "crash", "user": "alice",
                      "head": {"ref": "crash"}, "base": {"ref": "main"},
                      "comments": [{"id": 1101, "user": "alice",
-                                   "body": "(c)"}]}]}]},
+                                   "body": "(c)"}]},
+                    {"number": 46, "title": "limits", "user": "alice",
+                     "head": {"ref": "limits"}, "base": {"ref": "main"},
+                     "comments": []}]}]},
         "gitlab": {
             "user": {"username": "diverge-bot", "id": 950},
             "tokens": ["glpat-bot"],
@@ -326,6 +329,39 @@ def main(t):
          "updates are rate limited")
     t.ok(d.wait_log("notifier: update failed, will retry", 15),
          "PR 42: the rate-limited update is requeued, not waited on")
+
+    # ---- the requeue follows the provider's reset (PR 46): not before
+    # Retry-After, and not a fixed minute after it either
+    gh_send(46)("/diverge fix rate limits")
+    gh46 = lambda: stickies(gh_comments(fake, 46))  # noqa: E731
+    t.ok(wait(lambda: len(gh46()) == 1, 20), "PR 46: one sticky comment",
+         gh46())
+    cid46 = (gh46() or [{"id": 0}])[0]["id"]
+
+    def patches46():
+        return [r for r in fake.requests() if r.get("method") == "PATCH"
+                and r.get("path", "").endswith("/comments/%d" % cid46)]
+    fake.call("POST", "/_fake/faults", {"status": 429, "count": 1,
+                                        "retry_after": 5, "method": "PATCH",
+                                        "match": "/issues/comments/%d" %
+                                        cid46})
+    t.ok(play_ready(d, "fix-pr-46"), "PR 46: Active")
+
+    def retried46():
+        p = patches46()
+        lim = [r for r in p if r.get("status") == 429]
+        ok = [r for r in p if lim and r.get("status") == 200 and
+              r["seq"] > lim[0]["seq"]]
+        return (lim[0], ok[0]) if ok else None
+    got = wait(retried46, 25)
+    t.ok(got, "PR 46: the update refused with 429 and Retry-After: 5 is "
+         "sent again within seconds of the reset, not a minute later",
+         "\n".join([str([(r.get("status"), r["time"]) for r in
+                         patches46()])] +
+                    [ln for ln in d.log() if "fix-pr-46" in ln][-5:]))
+    t.ok(got and got[1]["time"] - got[0]["time"] >= 4.5,
+         "PR 46: ... and not before Retry-After has passed",
+         got and got[1]["time"] - got[0]["time"])
 
     # ---- pages, a race's duplicate, a look-alike by another user (PR 43)
     s, _ = api(d, "POST", TASKS, {
