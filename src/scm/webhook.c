@@ -1022,8 +1022,8 @@ handle_gitlab(const struct webhook_keys *keys,
     const char *body, size_t len, int64_t now, struct scm_event *out,
     const char **reason)
 {
-	const char *event, *delivery;
-	char hex[65];
+	const char *event, *delivery, *uuid;
+	char hex[65], key[MAX_DELIVERY_KEY + 2];
 
 	if (!media_type_is(header(arg, "Content-Type"), "application/json")) {
 		*reason = "content type must be application/json";
@@ -1050,18 +1050,28 @@ handle_gitlab(const struct webhook_keys *keys,
 		return WH_BAD_REQUEST;
 	}
 	delivery = header(arg, "Idempotency-Key");
-	if (delivery == NULL || *delivery == '\0')
-		delivery = header(arg, "X-Gitlab-Event-UUID");
 	if (delivery == NULL || *delivery == '\0') {
 		/*
-		 * GitLab before 14.8 sends no delivery id: the body's digest
-		 * keys it, so an identical resend is still a duplicate.
+		 * GitLab before 17.4 sends no Idempotency-Key: the body's
+		 * digest keys the delivery, so an identical resend is still a
+		 * duplicate. From 14.8 X-Gitlab-Event-UUID goes before it, but
+		 * not alone: when a webhook's call to GitLab triggered the
+		 * events, every event of that call and of the chain after it
+		 * carries its UUID (a note with a /close quick action brings a
+		 * Note Hook and a Merge Request Hook), and the second would be
+		 * answered "duplicate" and lost.
 		 */
 		unsigned char h[32];
 
 		hmac_sha256("diverge-delivery", 16, body, len, h);
 		hex_encode(h, 32, hex);
 		delivery = hex;
+		uuid = header(arg, "X-Gitlab-Event-UUID");
+		if (uuid != NULL && *uuid != '\0') {
+			/* one too long is cut, then refused as too long */
+			snprintf(key, sizeof(key), "%s.%s", uuid, hex);
+			delivery = key;
+		}
 	}
 	if (!delivery_ok(delivery)) {
 		*reason = "invalid delivery id";

@@ -343,6 +343,8 @@ class Daemon:
              "User-Agent": "GitLab/18.0.0"}
         if token is None:
             del h["X-Gitlab-Token"]
+        if delivery is None:    # GitLab before 17.4
+            del h["Idempotency-Key"]
         if extra:
             h.update(extra)
         return self.json("POST", "/webhooks/gitlab", body, h)

@@ -16,6 +16,8 @@ SIGNING = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 PR_COMMENT = fixture("github/go-playground--pull-request-issue-comment.json")
 MR_NOTE = fixture("gitlab/gitlab-docs--comment-on-a-merge-request.json")
+MR_CLOSE = fixture("gitlab/go-gitlab--merge_request.json")
+MR_CLOSE["object_attributes"]["action"] = "close"
 
 
 def did():
@@ -167,6 +169,19 @@ def gitlab_cases(t, d, signing=False):
     s, _, j = d.gitlab("Push Hook", fixture("gitlab/go-gitlab--push.json"),
                        did(), extra=extra)
     t.ok(s in (200, 401), "gitlab push: never 4xx other than auth", s)
+    if not signing:
+        # GitLab 14.8 to 17.3: no Idempotency-Key, and X-Gitlab-Event-UUID
+        # is the originating request's, on every event it triggers
+        same = {"X-Gitlab-Event-UUID": did()}
+        both = compact(with_comment(MR_NOTE, "/diverge status\n/close"))
+        s, _, j = d.gitlab("Note Hook", both, None, extra=same)
+        t.eq(s, 202, "gitlab note keyed by X-Gitlab-Event-UUID: 202")
+        s, _, j = d.gitlab("Note Hook", both, None, extra=same)
+        t.eq((s, j.get("duplicate")), (200, True),
+             "the same note with the same X-Gitlab-Event-UUID: duplicate")
+        s, _, j = d.gitlab("Merge Request Hook", MR_CLOSE, None, extra=same)
+        t.eq(s, 202, "the merge request it closed, same X-Gitlab-Event-UUID:"
+             " 202, not a duplicate")
     if signing:
         stale = dict(extra, **{"webhook-timestamp": str(int(time.time())
                                                         - 600)})

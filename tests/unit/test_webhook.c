@@ -599,6 +599,24 @@ bad_shapes(void **state)
 	    &ev, &reason), WH_BAD_REQUEST);
 }
 
+/* A GitLab fixture with one object_attributes field replaced, compact. */
+static char *
+gitlab_edited(const char *file, const char *field, const char *value)
+{
+	size_t len;
+	char *text = fixture(file, &len);
+	json_t *root = json_loads(text, 0, NULL);
+	char *out;
+
+	assert_non_null(root);
+	json_object_set_new(json_object_get(root, "object_attributes"), field,
+	    json_string(value));
+	out = json_dumps(root, JSON_COMPACT);
+	json_decref(root);
+	free(text);
+	return out;
+}
+
 static void
 handle_requests(void **state)
 {
@@ -615,8 +633,7 @@ handle_requests(void **state)
 	    "X-GitHub-Event", "X-GitHub-Delivery" }, { "application/json",
 	    sig, "ping", "abc-1" } };
 	struct hdrs g;
-	char *gl, *gl2;
-	size_t gllen;
+	char *gl2;
 
 	one_key(&k, s, l, "sekrit");
 	memset(&ev, 0, sizeof(ev));
@@ -670,16 +687,9 @@ handle_requests(void **state)
 	free(sig);
 
 	/* GitLab without any delivery id: keyed by the body's digest */
-	gl = fixture("gitlab/gitlab-docs--comment-on-a-merge-request.json",
-	    &gllen);
-	{
-		json_t *root = json_loads(gl, 0, NULL);
-
-		json_object_set_new(json_object_get(root, "object_attributes"),
-		    "note", json_string("/diverge status"));
-		gl2 = json_dumps(root, JSON_COMPACT);
-		json_decref(root);
-	}
+	gl2 = gitlab_edited(
+	    "gitlab/gitlab-docs--comment-on-a-merge-request.json", "note",
+	    "/diverge status");
 	memset(&g, 0, sizeof(g));
 	g.k[0] = "Content-Type";
 	g.v[0] = "application/json";
@@ -706,7 +716,68 @@ handle_requests(void **state)
 	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, gl2,
 	    strlen(gl2), 0, &ev, &reason), WH_UNAUTHORIZED);
 	free(gl2);
-	free(gl);
+}
+
+/* The key webhook_handle gives a GitLab delivery (it must accept it). */
+static char *
+gitlab_key(const struct webhook_keys *k, struct hdrs *g, const char *body,
+    int64_t now)
+{
+	struct scm_event ev;
+	const char *reason;
+	char *key;
+
+	memset(&ev, 0, sizeof(ev));
+	assert_int_equal(webhook_handle(SCM_GITLAB, k, NULL, hget, g, body,
+	    strlen(body), now, &ev, &reason), WH_ACCEPT);
+	key = ev.delivery;
+	ev.delivery = NULL;	/* now ours */
+	scm_event_release(&ev);
+	return key;
+}
+
+/*
+ * GitLab 14.8 to 17.3 sends X-Gitlab-Event-UUID and no Idempotency-Key.
+ * That UUID is the originating request's: every event the request triggers
+ * carries it (a note with a /close quick action brings a Note Hook and a
+ * Merge Request Hook), so it must not be the whole key.
+ */
+static void
+gitlab_event_uuid(void **state)
+{
+	struct webhook_keys k;
+	const char *s[1];
+	size_t l[1];
+	char *note = gitlab_edited(
+	    "gitlab/gitlab-docs--comment-on-a-merge-request.json", "note",
+	    "/diverge status\n/close");
+	char *closed = gitlab_edited("gitlab/go-gitlab--merge_request.json",
+	    "action", "close");
+	struct hdrs g = { { "Content-Type", "X-Gitlab-Token",
+	    "X-Gitlab-Event", "X-Gitlab-Event-UUID" }, { "application/json",
+	    "sekrit", "Note Hook", "3b4c1f0e-8d2a-4e3b-9f61-0c5d7a2e9b14" } };
+	char *a, *b;
+
+	one_key(&k, s, l, "sekrit");
+	a = gitlab_key(&k, &g, note, 0);
+	/* the same event again (a retry, a second hook): a duplicate */
+	b = gitlab_key(&k, &g, note, 0);
+	assert_string_equal(a, b);
+	free(b);
+	/* another event of the same request: not a duplicate */
+	g.v[2] = "Merge Request Hook";
+	b = gitlab_key(&k, &g, closed, 0);
+	assert_string_not_equal(a, b);
+	free(b);
+	/* the same body from another request is another delivery too */
+	g.v[2] = "Note Hook";
+	g.v[3] = "0f8e2d6c-1a4b-4c7d-8e9f-a1b2c3d4e5f6";
+	b = gitlab_key(&k, &g, note, 0);
+	assert_string_not_equal(a, b);
+	free(b);
+	free(a);
+	free(closed);
+	free(note);
 }
 
 static void
@@ -766,6 +837,7 @@ main(void)
 		cmocka_unit_test(closed_and_merged),
 		cmocka_unit_test(bad_shapes),
 		cmocka_unit_test(handle_requests),
+		cmocka_unit_test(gitlab_event_uuid),
 		cmocka_unit_test(event_roundtrip),
 	};
 
