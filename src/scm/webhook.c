@@ -1049,8 +1049,17 @@ handle_gitlab(const struct webhook_keys *keys,
 		*reason = "missing X-Gitlab-Event";
 		return WH_BAD_REQUEST;
 	}
-	delivery = header(arg, "Idempotency-Key");
-	if (delivery == NULL || *delivery == '\0') {
+	/*
+	 * With a signing token the signed webhook-id (GitLab sends its
+	 * Idempotency-Key there) keys the delivery: the Idempotency-Key header
+	 * is not signed, and a delivery captured and replayed within its 5
+	 * minutes under a new one would be stored again. An empty one is
+	 * refused below.
+	 */
+	delivery = header(arg, keys->signing_key != NULL ? "webhook-id" :
+	    "Idempotency-Key");
+	if (keys->signing_key == NULL &&
+	    (delivery == NULL || *delivery == '\0')) {
 		/*
 		 * GitLab before 17.4 sends no Idempotency-Key: the body's
 		 * digest keys the delivery, so an identical resend is still a

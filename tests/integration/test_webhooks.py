@@ -183,6 +183,12 @@ def gitlab_cases(t, d, signing=False):
         t.eq(s, 202, "the merge request it closed, same X-Gitlab-Event-UUID:"
              " 202, not a duplicate")
     if signing:
+        # the same signed delivery replayed under another Idempotency-Key
+        # (not signed): the signed webhook-id keys it, a duplicate
+        s, _, j = d.gitlab("Note Hook", body, did(), extra=extra)
+        t.eq((s, j), (200, {"duplicate": True, "delivery": key}),
+             "gitlab signed delivery replayed under a new Idempotency-Key: "
+             "200 duplicate of its webhook-id")
         stale = dict(extra, **{"webhook-timestamp": str(int(time.time())
                                                         - 600)})
         s, _, j = d.gitlab("Note Hook", body, did(), extra=stale)

@@ -736,6 +736,17 @@ gitlab_key(const struct webhook_keys *k, struct hdrs *g, const char *body,
 	return key;
 }
 
+/* Assert the key webhook_handle gives a GitLab delivery. */
+static void
+assert_gitlab_key(const struct webhook_keys *k, struct hdrs *g,
+    const char *body, int64_t now, const char *want)
+{
+	char *got = gitlab_key(k, g, body, now);
+
+	assert_string_equal(got, want);
+	free(got);
+}
+
 /*
  * GitLab 14.8 to 17.3 sends X-Gitlab-Event-UUID and no Idempotency-Key.
  * That UUID is the originating request's: every event the request triggers
@@ -761,9 +772,7 @@ gitlab_event_uuid(void **state)
 	one_key(&k, s, l, "sekrit");
 	a = gitlab_key(&k, &g, note, 0);
 	/* the same event again (a retry, a second hook): a duplicate */
-	b = gitlab_key(&k, &g, note, 0);
-	assert_string_equal(a, b);
-	free(b);
+	assert_gitlab_key(&k, &g, note, 0, a);
 	/* another event of the same request: not a duplicate */
 	g.v[2] = "Merge Request Hook";
 	b = gitlab_key(&k, &g, closed, 0);
@@ -777,6 +786,82 @@ gitlab_event_uuid(void **state)
 	free(b);
 	free(a);
 	free(closed);
+	free(note);
+}
+
+/* A Standard Webhooks signature header for one delivery. */
+static char *
+sign_standard(const unsigned char *key, size_t klen, const char *id,
+    const char *ts, const char *body)
+{
+	unsigned char mac[32];
+	char *msg = xasprintf("%s.%s.%s", id, ts, body);
+	char *b64, *sig;
+
+	hmac_sha256(key, klen, msg, strlen(msg), mac);
+	b64 = base64_encode(mac, 32, 0, 1);
+	sig = xasprintf("v1,%s", b64);
+	free(b64);
+	free(msg);
+	return sig;
+}
+
+/*
+ * With a signing token the delivery is keyed by the signed webhook-id, never
+ * by Idempotency-Key, which the signature does not cover: a captured
+ * delivery replayed in its 5 minutes under a new Idempotency-Key is a
+ * duplicate, not a second delivery.
+ */
+static void
+gitlab_signed_key(void **state)
+{
+	struct webhook_keys k;
+	const char *s[1];
+	size_t l[1];
+	unsigned char *key = NULL;
+	size_t klen;
+	char *note = gitlab_edited(
+	    "gitlab/gitlab-docs--comment-on-a-merge-request.json", "note",
+	    "/diverge status");
+	const char *id = "5b2a8f4e-7c1d-4e9a-b3f6-2d8c0a1e4f7b";
+	struct scm_event ev;
+	const char *reason;
+	char *sig;
+	struct hdrs g = { { "Content-Type", "X-Gitlab-Token",
+	    "X-Gitlab-Event", "webhook-id", "webhook-timestamp",
+	    "webhook-signature", "Idempotency-Key" }, { "application/json",
+	    "sekrit", "Note Hook", id, "1614265330", NULL, id } };
+
+	one_key(&k, s, l, "sekrit");
+	assert_int_equal(webhook_signing_key_decode(
+	    "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", &key, &klen), 0);
+	k.signing_key = key;
+	k.signing_key_len = klen;
+	sig = sign_standard(key, klen, id, "1614265330", note);
+	g.v[5] = sig;
+	assert_gitlab_key(&k, &g, note, 1614265330, id);
+	/* replayed under another Idempotency-Key: the same key */
+	g.v[6] = "9d0e3c7a-2b4f-4a1e-8c6d-5f7e9a0b1c2d";
+	assert_gitlab_key(&k, &g, note, 1614265330, id);
+	/* or under none */
+	g.k[6] = "X-Gitlab-Event-UUID";
+	assert_gitlab_key(&k, &g, note, 1614265330, id);
+	/* without a signing token, Idempotency-Key as before */
+	k.signing_key = NULL;
+	g.k[6] = "Idempotency-Key";
+	assert_gitlab_key(&k, &g, note, 1614265330,
+	    "9d0e3c7a-2b4f-4a1e-8c6d-5f7e9a0b1c2d");
+	/* an empty webhook-id, signed: refused, not keyed by unsigned ones */
+	k.signing_key = key;
+	free(sig);
+	sig = sign_standard(key, klen, "", "1614265330", note);
+	g.v[3] = "";
+	g.v[5] = sig;
+	memset(&ev, 0, sizeof(ev));
+	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, note,
+	    strlen(note), 1614265330, &ev, &reason), WH_BAD_REQUEST);
+	free(sig);
+	free(key);
 	free(note);
 }
 
@@ -838,6 +923,7 @@ main(void)
 		cmocka_unit_test(bad_shapes),
 		cmocka_unit_test(handle_requests),
 		cmocka_unit_test(gitlab_event_uuid),
+		cmocka_unit_test(gitlab_signed_key),
 		cmocka_unit_test(event_roundtrip),
 	};
 
