@@ -35,6 +35,7 @@
 #define AUTHZ_TTL_S 300
 #define AUTHZ_MAX 10000
 #define CLAIM_STALE_MS (10 * 60 * 1000)
+#define UNFINISHED_KEEP_MS (30 * 86400 * 1000LL)	/* claims never finished */
 #define AGENT_FILE ".diverge/agent.yaml"
 
 struct authz_entry {
@@ -51,6 +52,7 @@ struct actions {
 	pthread_mutex_t authz_mu;
 	struct authz_entry *authz;
 	size_t nauthz;
+	int64_t last_prune_ms;	/* under db_mu */
 };
 
 /* --------------------------------------------------------- comment claims */
@@ -61,6 +63,46 @@ struct progress {
 	int refused;
 	char *reply;		/* the reply they built, NULL when none */
 };
+
+/*
+ * Forget comments finished longer than inbox.retention ago (claims never
+ * finished: after 30 days at least), at most once a minute (db_mu held):
+ * the inbox forgets their deliveries then too, and without this the table
+ * grew by a row per comment forever.
+ * The claim table keeps a comment from running twice when it comes again
+ * under another delivery id; past the retention its deliveries are gone
+ * from the inbox as well, so a resend would run either way.
+ */
+static void
+prune_comments_locked(struct actions *a)
+{
+	sqlite3_stmt *st;
+	int64_t now = now_unix_ms(), keep_ms;
+
+	if (a->last_prune_ms != 0 && now - a->last_prune_ms < 60000)
+		return;
+	a->last_prune_ms = now;
+	keep_ms = a->ac.cfg != NULL ? a->ac.cfg->inbox.retention_s * 1000 :
+	    7 * 86400 * 1000LL;
+	/* a claim still in progress is kept longer: its retries need it */
+	st = db_stmt(a->db, "DELETE FROM scm_comments WHERE (state = 1 AND"
+	    " at < ?1) OR at < ?2");
+	if (st == NULL)
+		return;
+	sqlite3_bind_int64(st, 1, now - keep_ms);
+	sqlite3_bind_int64(st, 2, now - (keep_ms > UNFINISHED_KEEP_MS ?
+	    keep_ms : UNFINISHED_KEEP_MS));
+	if (sqlite3_step(st) != SQLITE_DONE)
+		log_kv(LOG_WARN, "comment claims not pruned", "error",
+		    sqlite3_errmsg(a->db), NULL);
+	else if (sqlite3_changes(a->db) > 0) {
+		char num[32];
+
+		snprintf(num, sizeof(num), "%d", sqlite3_changes(a->db));
+		log_kv(LOG_INFO, "comment claims pruned", "count", num, NULL);
+	}
+	sqlite3_reset(st);
+}
 
 /*
  * Claim the comment key for delivery: 1 when it is ours to handle (*pg
@@ -76,6 +118,7 @@ claim_comment(struct actions *a, const char *key, const char *delivery,
 
 	memset(pg, 0, sizeof(*pg));
 	pthread_mutex_lock(&a->db_mu);
+	prune_comments_locked(a);
 	st = db_stmt(a->db, "INSERT OR IGNORE INTO scm_comments (key,"
 	    " delivery, state, at) VALUES (?1, ?2, 0, ?3)");
 	if (st == NULL) {

@@ -622,7 +622,54 @@ def main(t):
          "tokens are never logged")
 
     t.eq(d.stop(), 0, "clean stop")
+    claims_pruned(t, fake)
     fake.stop()
+
+
+def claims_pruned(t, fake):
+    """scm_comments, the claims that keep a comment from running twice,
+    is pruned with the inbox's retention (a claim in progress: 30 days)."""
+    d = bot_daemon(fake, CONFIG + "inbox:\n  retention: 2s\n",
+                   {"DIVERGE_SCM_MAX_WAIT_MS": "2000"})
+
+    def claims():
+        """{comment id: state} (keys end with the comment id)"""
+        con = sqlite3.connect(d.db(), timeout=10)
+        try:
+            return {int(k.rsplit("|", 1)[1]): v for k, v in con.execute(
+                "SELECT key, state FROM scm_comments")}
+        finally:
+            con.close()
+
+    def comment(cid):
+        key = str(uuid.uuid4())
+        d.github("issue_comment", gh_comment(cid, 42, "alice",
+                                             "/diverge status"), key)
+        return wait(lambda: handled(d, key))
+    t.ok(comment(4001), "retention 2s: a comment is handled")
+    t.eq(claims().get(4001), 1, "its claim is recorded, finished")
+    now_ms = int(time.time() * 1000)
+    con = sqlite3.connect(d.db(), timeout=10)
+    con.executemany("INSERT INTO scm_comments (key, delivery, state, at)"
+                    " VALUES (?, 'x', 0, ?)",
+                    [("github|myorg/checkout|0|4002", now_ms - 10000),
+                     ("github|myorg/checkout|0|4003",
+                      now_ms - 31 * 86400 * 1000)])
+    con.commit()
+    con.close()
+    t.eq(d.stop(), 0, "stopped")
+    time.sleep(2.5)
+    d.start()
+    t.ok(comment(4004), "after the retention: another comment is handled")
+    c = claims()
+    t.ok(4001 not in c and c.get(4004) == 1,
+         "the finished claim older than the retention is pruned, the new "
+         "one kept", c)
+    t.ok(4002 in c and 4003 not in c, "a claim in progress "
+         "is kept past the retention, and pruned after 30 days", c)
+    t.ok(any("comment claims pruned" in ln and "count=2" in ln
+             for ln in d.log()), "the prune is logged with its count")
+    t.eq(d.stop(), 0, "clean stop")
 
 
 if __name__ == "__main__":
