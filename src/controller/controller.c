@@ -59,6 +59,9 @@ controller_queue_new(void)
 	struct controller_queue *q = xcalloc(1, sizeof(*q));
 	pthread_condattr_t ca;
 
+	metrics_describe("diverge_workqueue_depth", METRIC_GAUGE,
+	    "Keys waiting in a work queue (reconciler, notifier), as its "
+	    "workers last saw it.");
 	pthread_mutex_init(&q->mu, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -480,7 +483,7 @@ worker_main(void *arg)
 	thread_name("ctrl-worker");
 	for (;;) {
 		char *slash, *cause = NULL;
-		int64_t requeue = -1;
+		int64_t requeue = -1, t0;
 		int rc;
 
 		key = controller_queue_get(c->q, 1000);
@@ -489,6 +492,8 @@ worker_main(void *arg)
 				break;
 			continue;
 		}
+		metrics_set("diverge_workqueue_depth", "queue=\"reconciler\"",
+		    (double)controller_queue_len(c->q));
 		slash = strchr(key, '/');
 		if (slash == NULL) {
 			controller_queue_done(c->q, key);
@@ -496,8 +501,14 @@ worker_main(void *arg)
 			continue;
 		}
 		*slash = '\0';
+		t0 = now_mono_ms();
 		rc = controller_reconcile(&c->cfg, key, slash + 1, &requeue,
 		    &cause);
+		metrics_observe("diverge_reconcile_duration_seconds", "",
+		    (double)(now_mono_ms() - t0) / 1000.0);
+		metrics_inc("diverge_reconciles_total", rc < 0 ?
+		    "result=\"error\"" : requeue >= 0 ?
+		    "result=\"requeue\"" : "result=\"success\"", 1);
 		*slash = '/';
 		pthread_mutex_lock(&c->mu);
 		c->reconciles++;
@@ -543,6 +554,14 @@ controller_start(struct controller **out,
 		n = 1;
 	if (n > MAX_WORKERS)
 		n = MAX_WORKERS;
+	metrics_describe("diverge_reconciles_total", METRIC_COUNTER,
+	    "AgentTask reconciles, by result (success, requeue: success with "
+	    "a later look asked for, error: retried with back-off).");
+	metrics_describe("diverge_reconcile_duration_seconds",
+	    METRIC_HISTOGRAM, "Duration of one AgentTask reconcile.");
+	metrics_describe("diverge_agenttask_phase_transitions_total",
+	    METRIC_COUNTER, "AgentTask phase changes made by the reconciler, "
+	    "by the phase entered.");
 	c = xcalloc(1, sizeof(*c));
 	c->cfg = *cfg;
 	if (c->cfg.resync_ms <= 0)

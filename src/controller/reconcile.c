@@ -1423,9 +1423,16 @@ reconcile_once(struct rctx *x)
 		    x->now);
 	json_object_set_new(status, "conditions", conds);
 	rc = write_status(x, o.task, status);
-	if (rc == 0 && p.transition)
+	if (rc == 0 && p.transition) {
+		char labels[64];
+
 		log_kv(LOG_INFO, "task phase", "task", x->name, "namespace",
 		    x->ns, "phase", p.phase, "reason", p.reason, NULL);
+		/* p.phase is one of ours: Pending, Provisioning, Active... */
+		snprintf(labels, sizeof(labels), "phase=\"%s\"", p.phase);
+		metrics_inc("diverge_agenttask_phase_transitions_total",
+		    labels, 1);
+	}
 	if (rc == 0 && p.transition && streq(p.phase, "Pending"))
 		want_requeue(x, 0);
 out:

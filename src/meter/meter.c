@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,6 +191,7 @@ meter_reply_release(struct meter_reply *r)
 {
 	free(r->body);
 	r->body = NULL;
+	r->reason = NULL;
 }
 
 static void
@@ -208,6 +210,83 @@ reply_error(struct meter_reply *out, int status, const char *error,
 	buf_addstr(&b, "}");
 	out->status = status;
 	out->body = buf_detach(&b, NULL);
+	/* one reason for every malformed body: a label, not a message */
+	out->reason = status == 400 ? "invalid body" : error;
+}
+
+/* ------------------------------------------------------------ metrics */
+
+/*
+ * Charges are counted with atomics read when /metrics is scraped: the
+ * store's writer answers them, and it is the meter's bottleneck. The rest
+ * (refusals, suspensions, completions) are rare and go to the registry.
+ */
+static atomic_uint_fast64_t n_charges, n_tokens, n_micro_usd, n_duplicates;
+
+static double
+read_counter(void *arg)
+{
+	return (double)atomic_load_explicit((atomic_uint_fast64_t *)arg,
+	    memory_order_relaxed);
+}
+
+static double
+read_usd(void *arg)
+{
+	return read_counter(arg) / 1e6;
+}
+
+/* Declare the meter's metrics (idempotent: every meter_new). */
+static void
+metrics_init(void)
+{
+	static const struct {
+		const char *name, *help;
+		double (*fn)(void *);
+		atomic_uint_fast64_t *v;
+	} counters[] = {
+		{ "diverge_meter_charges_total", "LLM calls charged to their "
+		  "task.", read_counter, &n_charges },
+		{ "diverge_meter_charged_tokens_total", "Tokens charged, all "
+		  "tasks.", read_counter, &n_tokens },
+		{ "diverge_meter_charged_usd_total", "US dollars charged, all "
+		  "tasks.", read_usd, &n_micro_usd },
+		{ "diverge_meter_duplicates_total", "Retried calls answered "
+		  "from the requestId ring, not charged again.", read_counter,
+		  &n_duplicates },
+	};
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(counters); i++) {
+		metrics_describe(counters[i].name, METRIC_COUNTER,
+		    counters[i].help);
+		metrics_gauge_fn(counters[i].name, "", counters[i].fn,
+		    (void *)counters[i].v);
+	}
+	metrics_describe("diverge_meter_refusals_total", METRIC_COUNTER,
+	    "Meter and complete calls refused, by endpoint, status code and "
+	    "reason.");
+	metrics_describe("diverge_meter_suspensions_total", METRIC_COUNTER,
+	    "Tasks suspended by the meter, by reason.");
+	metrics_describe("diverge_meter_completions_total", METRIC_COUNTER,
+	    "Task ends reported by agents (complete), by result.");
+}
+
+/* The outcome of one call to endpoint, once its reply is final. */
+static void
+count_reply(const char *endpoint, const struct meter_reply *r)
+{
+	char *why;
+	char labels[256];
+
+	if (r->status == 200)
+		return;
+	why = metrics_label_escape(r->reason != NULL ? r->reason :
+	    "unknown");
+	snprintf(labels, sizeof(labels), "endpoint=\"%s\",code=\"%d\","
+	    "reason=\"%s\"", endpoint, r->status, why);
+	free(why);
+	metrics_inc("diverge_meter_refusals_total", labels, 1);
 }
 
 /* ------------------------------------------------------------ request */
@@ -538,6 +617,8 @@ struct charge {
 	int token_ok;		/* active in the index, for this task */
 	/* results */
 	int suspended_now;	/* this call suspended the task */
+	int charged;		/* this call was added to the totals */
+	const char *suspend_reason;	/* static, when suspended_now */
 	struct meter_reply reply;
 	int done;		/* REST lanes */
 	int rc;
@@ -610,6 +691,7 @@ reply_totals(struct meter_reply *out, int status, const json_t *task,
 	buf_addstr(&b, "}");
 	out->status = status;
 	out->body = buf_detach(&b, NULL);
+	out->reason = reason;
 }
 
 static int
@@ -694,6 +776,7 @@ charge_apply(struct charge *c, json_t *task)
 	const char *reason = NULL;
 	char cost[32];
 
+	c->charged = 0;
 	/* 2: revoked or not live (but the retry of the suspending call) */
 	if (!c->token_ok || !task_live(task)) {
 		const char *phase = task_phase(task);
@@ -706,9 +789,10 @@ charge_apply(struct charge *c, json_t *task)
 			const char *msg = json_string_value(json_object_get(
 			    json_object_get(task, "status"), "message"));
 
+			/* a literal: the reply outlives the task (reason) */
 			reply_totals(&c->reply, 429, task, msg != NULL &&
 			    strcmp(msg, "max iterations exceeded") == 0 ?
-			    msg : "budget exceeded", 0);
+			    "max iterations exceeded" : "budget exceeded", 0);
 			return 0;
 		}
 		reply_error(&c->reply, 401, !task_live(task) ?
@@ -781,10 +865,13 @@ charge_apply(struct charge *c, json_t *task)
 		/* the caller revokes the token with the same write */
 		c->token_ok = 0;
 		c->suspended_now = 1;
+		c->suspend_reason = reason;
+		c->charged = 1;
 		reply_totals(&c->reply, 429, task, reason, 1);
 		return 1;
 	}
 	/* 7 */
+	c->charged = 1;
 	reply_totals(&c->reply, 200, task, NULL, 1);
 	return 1;
 }
@@ -1101,10 +1188,26 @@ charge_reply(struct charge_job *j, int rc, const struct k8s_status *st,
 		reply_error(out, 503, "the store is unavailable, retry", NULL);
 		return;
 	}
-	if (c->suspended_now)
+	if (c->suspended_now) {
+		char labels[64];
+
 		log_kv(LOG_INFO, "task suspended by the meter", "task",
 		    c->task_name, "namespace", c->ns, "request",
 		    j->req.request_id, NULL);
+		snprintf(labels, sizeof(labels), "reason=\"%s\"",
+		    c->suspend_reason);
+		metrics_inc("diverge_meter_suspensions_total", labels, 1);
+	}
+	if (c->charged) {
+		atomic_fetch_add_explicit(&n_charges, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&n_tokens,
+		    (uint_fast64_t)j->req.tokens, memory_order_relaxed);
+		atomic_fetch_add_explicit(&n_micro_usd,
+		    (uint_fast64_t)j->req.cost, memory_order_relaxed);
+	} else if (c->reply.status == 200) {
+		atomic_fetch_add_explicit(&n_duplicates, 1,
+		    memory_order_relaxed);
+	}
 	*out = c->reply;
 	memset(&c->reply, 0, sizeof(c->reply));
 }
@@ -1135,6 +1238,7 @@ meter_charge(struct meter *m, const char *authorization, const char *body,
 			rc = charge_rest(m, &j->c, &st);
 		charge_reply(j, rc, &st, out);
 	}
+	count_reply("meter", out);
 	k8s_status_release(&st);
 	charge_job_free(j);
 }
@@ -1146,6 +1250,7 @@ charge_async_done(void *arg, int rc, struct k8s_status *st)
 	struct meter_reply out;
 
 	charge_reply(j, rc, st, &out);
+	count_reply("meter", &out);
 	j->done(j->done_arg, &out);
 	meter_reply_release(&out);
 	charge_job_free(j);
@@ -1167,6 +1272,7 @@ meter_charge_async(struct meter *m, const char *authorization,
 	j->done = done;
 	j->done_arg = done_arg;
 	if (charge_prepare(m, authorization, body, len, j, &out) < 0) {
+		count_reply("meter", &out);
 		done(done_arg, &out);
 		meter_reply_release(&out);
 		charge_job_free(j);
@@ -1362,6 +1468,7 @@ meter_complete(struct meter *m, const char *authorization, const char *body,
 	if (jscan(body, len, f, ARRAY_SIZE(f), 16, &err) < 0 || i == len ||
 	    body[i] != '{') {
 		reply_error(out, 400, "body is not a JSON object", NULL);
+		count_reply("complete", out);
 		return;
 	}
 	if (opt_string(&f[0], &result, 16) < 0 || result == NULL ||
@@ -1370,6 +1477,7 @@ meter_complete(struct meter *m, const char *authorization, const char *body,
 		free(result);
 		reply_error(out, 400, "result must be \"succeeded\" or "
 		    "\"failed\"", "result");
+		count_reply("complete", out);
 		return;
 	}
 	c.succeeded = strcmp(result, "succeeded") == 0;
@@ -1412,7 +1520,11 @@ meter_complete(struct meter *m, const char *authorization, const char *body,
 	log_kv(LOG_INFO, "task completion reported", "task", c.task_name,
 	    "namespace", c.ns, "result", c.succeeded ? "succeeded" : "failed",
 	    NULL);
+	if (out->status == 200)
+		metrics_inc("diverge_meter_completions_total", c.succeeded ?
+		    "result=\"succeeded\"" : "result=\"failed\"", 1);
 out:
+	count_reply("complete", out);
 	k8s_status_release(&st);
 	macaroon_free(mac);
 	meter_reply_release(&c.reply);
@@ -1720,6 +1832,7 @@ meter_new(struct meter **out, const struct meter_config *cfg, char **cause)
 		m->cfg.max_conflict_retries = 200;
 	pthread_mutex_init(&m->mu, NULL);
 	pthread_cond_init(&m->cv, NULL);
+	metrics_init();
 	*out = m;
 	return 0;
 }

@@ -315,6 +315,7 @@ struct meter_config {
 struct meter_reply {
 	int status;
 	char *body;
+	const char *reason;	/* a refusal's reason, static, for metrics */
 };
 
 void meter_reply_release(struct meter_reply *r);

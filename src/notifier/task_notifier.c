@@ -728,6 +728,8 @@ worker_main(void *arg)
 				break;
 			continue;
 		}
+		metrics_set("diverge_workqueue_depth", "queue=\"notifier\"",
+		    (double)controller_queue_len(n->q));
 		tasks = tasks_of(n, key);
 		keep_primary(n, tasks);
 		for (i = 0; tasks[i] != NULL; i++) {

@@ -37,6 +37,14 @@ def meter(d, token, body, path="/api/v1/agenttask/meter"):
     return d.json("POST", path, json.dumps(body), h)
 
 
+def metric(text, series):
+    """The value of one series (name and labels, as rendered), or None."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line[len(series) + 1:])
+    return None
+
+
 def main(t):
     if not os.access(TOOL, os.X_OK):
         t.skip_all("tests/tools/macaroon_tool is not built")
@@ -120,8 +128,43 @@ def main(t):
     s, _, j = d.json("POST", "/api/v1/agenttask/meter", "{}",
                      {"Content-Type": "text/plain"})
     t.eq(s, 415, "meter with a wrong content type: 415")
+    m = d.metrics()
     t.ok("diverge_http_requests_total{route=\"/api/v1/agenttask/meter\","
-         "code=\"429\"}" in d.metrics(), "meter requests in the metrics")
+         "code=\"429\"}" in m, "meter requests in the metrics")
+    # what the meter did, in its own metrics: two charges (a, b) of 10
+    # tokens, $0.0525 in all, one retry, one suspension, the refusals
+    want = {
+        "diverge_meter_charges_total": 2,
+        "diverge_meter_charged_tokens_total": 20,
+        "diverge_meter_charged_usd_total": 0.0525,
+        "diverge_meter_duplicates_total": 1,
+        'diverge_meter_suspensions_total{reason="budget exceeded"}': 1,
+        'diverge_meter_refusals_total{endpoint="meter",code="401",'
+        'reason="missing token"}': 1,
+        'diverge_meter_refusals_total{endpoint="meter",code="400",'
+        'reason="invalid body"}': 1,
+        'diverge_meter_refusals_total{endpoint="meter",code="429",'
+        'reason="budget exceeded"}': 1,
+        'diverge_meter_refusals_total{endpoint="meter",code="401",'
+        'reason="task not live"}': 1,
+        'diverge_meter_refusals_total{endpoint="complete",code="401",'
+        'reason="task not live"}': 1,
+    }
+    got = {k: metric(m, k) for k in want}
+    t.ok(all(got[k] is not None and abs(got[k] - v) < 1e-9
+             for k, v in want.items()), "meter metrics: charges, tokens, "
+         "dollars, retries, suspensions and refusals counted exactly", got)
+    t.ok((metric(m, 'diverge_agenttask_phase_transitions_total'
+                    '{phase="Provisioning"}') or 0) >= 1 and
+         (metric(m, 'diverge_reconciles_total{result="success"}') or 0) +
+         (metric(m, 'diverge_reconciles_total{result="requeue"}') or 0)
+         >= 1 and
+         (metric(m, "diverge_reconcile_duration_seconds_count") or 0) >= 1
+         and metric(m, 'diverge_workqueue_depth{queue="reconciler"}')
+         is not None, "reconciler metrics: phase changes, reconciles by "
+         "result, their duration, the queue's depth",
+         [ln for ln in m.splitlines() if "reconcil" in ln or "phase" in ln
+          or "workqueue" in ln])
     t.eq(d.stop(), 0, "clean stop")
 
     # a key file with loose permissions: refuse to start
