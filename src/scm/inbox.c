@@ -115,6 +115,7 @@ struct inbox {
 	size_t ndelayed, cdelayed;
 
 	int64_t pending;	/* entries stored and not finished */
+	int64_t reserved;	/* room taken by puts not yet committed */
 	int accepting;
 	int stopping;
 	int workers_done;
@@ -480,6 +481,33 @@ next_attempt_ms(const struct inbox *ib, const struct done_req *d,
 	    at;
 }
 
+/*
+ * The capacity is shared by the shards, whose writers commit in parallel:
+ * a put takes its room before its insert and holds it until its commit
+ * turns it into a pending entry (or gives it back), so that the shards
+ * together never store more than the capacity.
+ */
+static int
+room_take(struct inbox *ib)
+{
+	int ok;
+
+	pthread_mutex_lock(&ib->mu);
+	ok = ib->pending + ib->reserved < ib->cfg.capacity;
+	if (ok)
+		ib->reserved++;
+	pthread_mutex_unlock(&ib->mu);
+	return ok;
+}
+
+static void
+room_give(struct inbox *ib, int64_t n)
+{
+	pthread_mutex_lock(&ib->mu);
+	ib->reserved -= n;
+	pthread_mutex_unlock(&ib->mu);
+}
+
 static void
 free_done(struct done_req *d)
 {
@@ -502,12 +530,8 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 	sqlite3_stmt *ins = NULL, *body = NULL, *upd = NULL, *dup = NULL;
 	struct put_req *p;
 	struct done_req *d;
-	int64_t now = now_unix_ms(), stored = 0, finished = 0, pending;
+	int64_t now = now_unix_ms(), stored = 0, finished = 0;
 	int ok = 0;
-
-	pthread_mutex_lock(&ib->mu);
-	pending = ib->pending;
-	pthread_mutex_unlock(&ib->mu);
 
 	if (db_step(sh->wdb, "BEGIN IMMEDIATE") < 0)
 		goto out;
@@ -523,7 +547,7 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 	if (ins == NULL || body == NULL || upd == NULL || dup == NULL)
 		goto rollback;
 	for (p = puts; p != NULL; p = p->next) {
-		if (pending + stored >= ib->cfg.capacity) {
+		if (!room_take(ib)) {
 			/* duplicates first: they take no room (DESIGN 6) */
 			sqlite3_reset(dup);
 			sqlite3_bind_text(dup, 1, p->key, -1, SQLITE_STATIC);
@@ -543,8 +567,10 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 		sqlite3_bind_text(ins, 1, p->key, -1, SQLITE_STATIC);
 		sqlite3_bind_text(ins, 2, p->provider, -1, SQLITE_STATIC);
 		sqlite3_bind_int64(ins, 3, now);
-		if (sqlite3_step(ins) != SQLITE_DONE)
+		if (sqlite3_step(ins) != SQLITE_DONE) {
+			room_give(ib, 1);
 			goto rollback;
+		}
 		if (sqlite3_changes(sh->wdb) == 1) {
 			int64_t row = sqlite3_last_insert_rowid(sh->wdb);
 
@@ -553,12 +579,15 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 			sqlite3_bind_int64(body, 1, row);
 			sqlite3_bind_text(body, 2, p->event, -1,
 			    SQLITE_STATIC);
-			if (sqlite3_step(body) != SQLITE_DONE)
+			if (sqlite3_step(body) != SQLITE_DONE) {
+				room_give(ib, 1);
 				goto rollback;
+			}
 			p->result = INBOX_STORED;
 			p->id = ID_MAKE(row, sh->idx);
 			stored++;
 		} else {
+			room_give(ib, 1);
 			p->result = INBOX_DUPLICATE;
 		}
 	}
@@ -628,6 +657,7 @@ out:
 	if (!ok) {
 		for (p = puts; p != NULL; p = p->next)
 			p->result = INBOX_ERROR;
+		room_give(ib, stored);
 		stored = 0;
 		finished = 0;
 		/* completions are retried from the queue a second later */
@@ -759,6 +789,8 @@ writer_main(void *arg)
 		now = now_mono_ms();
 
 		pthread_mutex_lock(&ib->mu);
+		/* the room the stored puts held is theirs now */
+		ib->reserved -= stored;
 		ib->pending += stored - finished;
 		for (p = puts; p != NULL; p = p->next)
 			if (p->result == INBOX_STORED)

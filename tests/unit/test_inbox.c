@@ -304,6 +304,85 @@ capacity_refuses(void **state)
 	free(path);
 }
 
+struct settled {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int n;
+	int by[INBOX_ERROR + 1];
+};
+
+static void
+settled_cb(void *arg, enum inbox_put_result r)
+{
+	struct settled *s = arg;
+
+	pthread_mutex_lock(&s->mu);
+	s->by[r]++;
+	s->n++;
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+}
+
+/*
+ * The shards commit in parallel, so the room left is shared between
+ * them: here every shard's writer takes its first puts while the inbox
+ * is empty (the test holds all their write locks meanwhile), and the
+ * four commits together must still store no more than the capacity.
+ */
+static void
+capacity_across_shards(void **state)
+{
+	char *path = tmpdb();
+	struct inbox_config cfg = {
+		.capacity = 3, .workers = 1, .max_attempts = 3,
+		.retention_s = 3600, .hold = 1,
+	};
+	struct counter c;
+	struct inbox_handler h = { count_handle, &c };
+	struct inbox *ib = NULL;
+	struct settled s;
+	sqlite3 *lock[INBOX_SHARDS];
+	char *cause = NULL, key[32];
+	int i;
+
+	(void)state;
+	counter_init(&c);
+	memset(&s, 0, sizeof(s));
+	pthread_mutex_init(&s.mu, NULL);
+	pthread_cond_init(&s.cv, NULL);
+	assert_int_equal(inbox_open(&ib, path, &cfg, &cause), 0);
+	assert_int_equal(inbox_start(ib, &h, &cause), 0);
+	for (i = 0; i < INBOX_SHARDS; i++) {
+		char *sp = inbox_shard_path(path, i);
+
+		assert_int_equal(sqlite3_open(sp, &lock[i]), SQLITE_OK);
+		assert_int_equal(sqlite3_exec(lock[i], "BEGIN IMMEDIATE", NULL,
+		    NULL, NULL), SQLITE_OK);
+		free(sp);
+	}
+	/* 40 keys: every shard gets some (FNV-1a spreads them) */
+	for (i = 0; i < 40; i++) {
+		snprintf(key, sizeof(key), "github:cap-%d", i);
+		inbox_put_async(ib, key, "github", EV, settled_cb, &s);
+	}
+	sleep_ms(200);		/* the writers wait on the locks */
+	for (i = 0; i < INBOX_SHARDS; i++) {
+		assert_int_equal(sqlite3_exec(lock[i], "COMMIT", NULL, NULL,
+		    NULL), SQLITE_OK);
+		sqlite3_close(lock[i]);
+	}
+	pthread_mutex_lock(&s.mu);
+	while (s.n < 40)
+		pthread_cond_wait(&s.cv, &s.mu);
+	pthread_mutex_unlock(&s.mu);
+	assert_int_equal(s.by[INBOX_STORED], 3);
+	assert_int_equal(s.by[INBOX_FULL], 37);
+	assert_int_equal(inbox_depth(ib), 3);
+	inbox_free(ib);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox"), 3);
+	free(path);
+}
+
 static void
 retry_then_dead(void **state)
 {
@@ -760,6 +839,7 @@ main(void)
 		cmocka_unit_test(legacy_row),
 		cmocka_unit_test(audit_body_capped),
 		cmocka_unit_test(capacity_refuses),
+		cmocka_unit_test(capacity_across_shards),
 		cmocka_unit_test(retry_then_dead),
 		cmocka_unit_test(retry_at_reset),
 		cmocka_unit_test(retry_at_old_entry),
