@@ -376,8 +376,8 @@ inbox_running(struct inbox *ib)
 /* ---------------------------------------------------------------- put */
 
 /* FNV-1a: the same key always lands in the same shard. */
-static int
-key_shard(const char *key)
+int
+inbox_key_shard(const char *key)
 {
 	uint32_t h = 2166136261u;
 
@@ -412,7 +412,7 @@ inbox_put_async(struct inbox *ib, const char *key, const char *provider,
 	p->event = xstrdup(event_json);
 	p->cb = cb;
 	p->arg = arg;
-	sh = &ib->shards[key_shard(key)];
+	sh = &ib->shards[inbox_key_shard(key)];
 	*sh->puts_tail = p;
 	sh->puts_tail = &p->next;
 	pthread_cond_signal(&sh->wcond);
@@ -596,14 +596,28 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 		int64_t next_at = 0;
 
 		if (d->outcome == INBOX_DONE && d->effect != NULL) {
-			db_step(sh->wdb, "SAVEPOINT effect");
+			if (db_step(sh->wdb, "SAVEPOINT effect") < 0)
+				goto rollback;
 			if (d->effect(sh->wdb, &d->item, d->effect_arg) < 0) {
+				/*
+				 * Some errors (a full disk, I/O) roll the
+				 * whole transaction back, not only the
+				 * savepoint: what follows would then be
+				 * written outside it, statement by statement.
+				 */
+				if (sqlite3_get_autocommit(sh->wdb)) {
+					log_kv(LOG_ERROR, "inbox effect ended "
+					    "the transaction", "delivery",
+					    d->key, NULL);
+					goto rollback;
+				}
 				db_step(sh->wdb, "ROLLBACK TO effect");
 				d->outcome = INBOX_RETRY;
 				if (d->cause == NULL)
 					d->cause = xstrdup("effect failed");
 			}
-			db_step(sh->wdb, "RELEASE effect");
+			if (db_step(sh->wdb, "RELEASE effect") < 0)
+				goto rollback;
 		}
 		/* waiting out a rate limit is no failure, for a day */
 		if (d->outcome == INBOX_RETRY && d->item.retry_at_ms > 0 &&

@@ -164,6 +164,8 @@ struct sqlite3;
 
 /* The database file of shard i for the state database at path. */
 char *inbox_shard_path(const char *path, int i);
+/* The shard of a delivery key. */
+int inbox_key_shard(const char *key);
 
 struct inbox_config {
 	int64_t capacity;	/* pending entries; beyond: INBOX_FULL */

@@ -383,6 +383,120 @@ capacity_across_shards(void **state)
 	free(path);
 }
 
+static int full_effect_calls;
+
+/*
+ * An effect that finds the disk full the first time (SQLite then rolls
+ * back the whole transaction, not only the effect's savepoint), and
+ * records the event after that.
+ */
+static int
+full_effect(struct sqlite3 *db, const struct inbox_item *item, void *arg)
+{
+	sqlite3_stmt *st;
+	int rc;
+
+	if (__atomic_fetch_add(&full_effect_calls, 1, __ATOMIC_SEQ_CST) > 0)
+		return inbox_record_effect(db, item, arg);
+	assert_int_equal(sqlite3_exec(db, "PRAGMA max_page_count = 1", NULL,
+	    NULL, NULL), SQLITE_OK);
+	assert_int_equal(sqlite3_prepare_v2(db, "INSERT INTO handled_events"
+	    " (key, provider, kind, body, count, handled_at) VALUES"
+	    " ('full', 'github', 'comment', zeroblob(100000), 1, 1)", -1,
+	    &st, NULL), SQLITE_OK);
+	rc = sqlite3_step(st);
+	sqlite3_finalize(st);
+	assert_int_equal(rc, SQLITE_FULL);
+	/* room again for whatever comes next */
+	assert_int_equal(sqlite3_exec(db, "PRAGMA max_page_count = 1000000",
+	    NULL, NULL, NULL), SQLITE_OK);
+	return -1;
+}
+
+static int
+full_handle(void *arg, struct inbox_item *item, char **cause)
+{
+	int r = count_handle(arg, item, cause);
+
+	item->effect = full_effect;
+	return r;
+}
+
+/*
+ * An effect that fails on a full disk takes the whole transaction with
+ * it: the completions after it in the batch must not be written one by
+ * one outside any transaction while the inbox counts them as retried
+ * (their entries were then done on disk and pending forever in the
+ * inbox's depth). Six completions of one shard are held back behind a
+ * commit the test blocks, so that they share the next one.
+ */
+static void
+effect_disk_full(void **state)
+{
+	char *path = tmpdb(), *sp, key[32];
+	struct counter c;
+	struct inbox_handler h = { full_handle, &c };
+	struct inbox_config cfg = {
+		.capacity = 100, .workers = 2, .max_attempts = 3,
+		.retention_s = 3600, .backoff_base_ms = 10,
+		.backoff_max_ms = 40,
+	};
+	struct inbox *ib = NULL;
+	struct settled s;
+	sqlite3 *lock;
+	char *cause = NULL;
+	int i, n = 0, shard = inbox_key_shard("github:full-0");
+
+	(void)state;
+	counter_init(&c);
+	c.block = 1;
+	memset(&s, 0, sizeof(s));
+	pthread_mutex_init(&s.mu, NULL);
+	pthread_cond_init(&s.cv, NULL);
+	assert_int_equal(inbox_open(&ib, path, &cfg, &cause), 0);
+	assert_int_equal(inbox_start(ib, &h, &cause), 0);
+	/* six keys of one shard, stored; the workers wait */
+	for (i = 0; n < 7; i++) {
+		snprintf(key, sizeof(key), "github:full-%d", i);
+		if (inbox_key_shard(key) != shard)
+			continue;
+		if (n++ < 6)
+			assert_int_equal(inbox_put(ib, key, "github", EV),
+			    INBOX_STORED);
+	}
+	/* the shard's writer takes a 7th put and waits for the lock */
+	sp = inbox_shard_path(path, shard);
+	assert_int_equal(sqlite3_open(sp, &lock), SQLITE_OK);
+	assert_int_equal(sqlite3_exec(lock, "BEGIN IMMEDIATE", NULL, NULL,
+	    NULL), SQLITE_OK);
+	inbox_put_async(ib, key, "github", EV, settled_cb, &s);
+	sleep_ms(100);
+	/* the six are handled; their completions queue behind it */
+	pthread_mutex_lock(&c.mu);
+	c.block = 0;
+	pthread_cond_broadcast(&c.cv);
+	pthread_mutex_unlock(&c.mu);
+	assert_int_equal(wait_calls(&c, 6, 5000), 6);
+	sleep_ms(100);
+	assert_int_equal(sqlite3_exec(lock, "COMMIT", NULL, NULL, NULL),
+	    SQLITE_OK);
+	sqlite3_close(lock);
+	/* the failed batch is retried a second later: all done, once */
+	for (i = 0; i < 1000 && inbox_depth(ib) > 0; i++)
+		sleep_ms(10);
+	assert_int_equal(inbox_depth(ib), 0);
+	inbox_free(ib);
+	assert_true(full_effect_calls > 1);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM inbox WHERE state = 1"), 7);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM handled_events"), 7);
+	assert_int_equal(query_int(path,
+	    "SELECT MAX(count) FROM handled_events"), 1);
+	free(sp);
+	free(path);
+}
+
 static void
 retry_then_dead(void **state)
 {
@@ -840,6 +954,7 @@ main(void)
 		cmocka_unit_test(audit_body_capped),
 		cmocka_unit_test(capacity_refuses),
 		cmocka_unit_test(capacity_across_shards),
+		cmocka_unit_test(effect_disk_full),
 		cmocka_unit_test(retry_then_dead),
 		cmocka_unit_test(retry_at_reset),
 		cmocka_unit_test(retry_at_old_entry),
