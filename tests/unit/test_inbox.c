@@ -139,9 +139,8 @@ query_int(const char *path, const char *sql)
 	return v;
 }
 
-static struct inbox *
-open_started(const char *path, struct counter *c, int64_t capacity,
-    int max_attempts, int64_t retention)
+static struct inbox_config
+test_config(int64_t capacity, int max_attempts, int64_t retention)
 {
 	struct inbox_config cfg = {
 		.capacity = capacity,
@@ -151,13 +150,32 @@ open_started(const char *path, struct counter *c, int64_t capacity,
 		.backoff_base_ms = 10,
 		.backoff_max_ms = 40,
 	};
-	struct inbox_handler h = { count_handle, c };
+
+	return cfg;
+}
+
+/* An inbox started with cfg and handle(c). */
+static struct inbox *
+open_cfg(const char *path, const struct inbox_config *cfg,
+    int (*handle)(void *, struct inbox_item *, char **), struct counter *c)
+{
+	struct inbox_handler h = { handle, c };
 	struct inbox *ib = NULL;
 	char *cause = NULL;
 
-	assert_int_equal(inbox_open(&ib, path, &cfg, &cause), 0);
+	assert_int_equal(inbox_open(&ib, path, cfg, &cause), 0);
 	assert_int_equal(inbox_start(ib, &h, &cause), 0);
 	return ib;
+}
+
+static struct inbox *
+open_started(const char *path, struct counter *c, int64_t capacity,
+    int max_attempts, int64_t retention)
+{
+	struct inbox_config cfg = test_config(capacity, max_attempts,
+	    retention);
+
+	return open_cfg(path, &cfg, count_handle, c);
 }
 
 static const char *EV = "{\"provider\":\"github\",\"kind\":\"comment\","
@@ -312,6 +330,14 @@ struct settled {
 };
 
 static void
+settled_init(struct settled *s)
+{
+	memset(s, 0, sizeof(*s));
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->cv, NULL);
+}
+
+static void
 settled_cb(void *arg, enum inbox_put_result r)
 {
 	struct settled *s = arg;
@@ -333,25 +359,19 @@ static void
 capacity_across_shards(void **state)
 {
 	char *path = tmpdb();
-	struct inbox_config cfg = {
-		.capacity = 3, .workers = 1, .max_attempts = 3,
-		.retention_s = 3600, .hold = 1,
-	};
+	struct inbox_config cfg = test_config(3, 3, 3600);
 	struct counter c;
-	struct inbox_handler h = { count_handle, &c };
-	struct inbox *ib = NULL;
+	struct inbox *ib;
 	struct settled s;
 	sqlite3 *lock[INBOX_SHARDS];
-	char *cause = NULL, key[32];
+	char key[32];
 	int i;
 
 	(void)state;
 	counter_init(&c);
-	memset(&s, 0, sizeof(s));
-	pthread_mutex_init(&s.mu, NULL);
-	pthread_cond_init(&s.cv, NULL);
-	assert_int_equal(inbox_open(&ib, path, &cfg, &cause), 0);
-	assert_int_equal(inbox_start(ib, &h, &cause), 0);
+	settled_init(&s);
+	cfg.hold = 1;
+	ib = open_cfg(path, &cfg, count_handle, &c);
 	for (i = 0; i < INBOX_SHARDS; i++) {
 		char *sp = inbox_shard_path(path, i);
 
@@ -435,26 +455,17 @@ effect_disk_full(void **state)
 {
 	char *path = tmpdb(), *sp, key[32];
 	struct counter c;
-	struct inbox_handler h = { full_handle, &c };
-	struct inbox_config cfg = {
-		.capacity = 100, .workers = 2, .max_attempts = 3,
-		.retention_s = 3600, .backoff_base_ms = 10,
-		.backoff_max_ms = 40,
-	};
-	struct inbox *ib = NULL;
+	struct inbox_config cfg = test_config(100, 3, 3600);
+	struct inbox *ib;
 	struct settled s;
 	sqlite3 *lock;
-	char *cause = NULL;
 	int i, n = 0, shard = inbox_key_shard("github:full-0");
 
 	(void)state;
 	counter_init(&c);
 	c.block = 1;
-	memset(&s, 0, sizeof(s));
-	pthread_mutex_init(&s.mu, NULL);
-	pthread_cond_init(&s.cv, NULL);
-	assert_int_equal(inbox_open(&ib, path, &cfg, &cause), 0);
-	assert_int_equal(inbox_start(ib, &h, &cause), 0);
+	settled_init(&s);
+	ib = open_cfg(path, &cfg, full_handle, &c);
 	/* six keys of one shard, stored; the workers wait */
 	for (i = 0; n < 7; i++) {
 		snprintf(key, sizeof(key), "github:full-%d", i);
