@@ -98,6 +98,7 @@ struct shard {
 	size_t ndones;
 	int64_t dones_since_ms;
 	int64_t last_prune_ms;
+	int ckpt_hold;		/* the checkpointer rewinds the WAL: wait */
 };
 
 struct inbox {
@@ -762,6 +763,10 @@ writer_main(void *arg)
 		for (;;) {
 			int64_t t = now_mono_ms(), wait = 1000;
 
+			if (sh->ckpt_hold && !ib->workers_done) {
+				pthread_cond_wait(&sh->wcond, &ib->mu);
+				continue;
+			}
 			if (sh->puts != NULL || ib->workers_done ||
 			    t - sh->last_prune_ms >= 60000)
 				break;
@@ -993,10 +998,41 @@ worker_main(void *arg)
 #define CKPT_CAUGHT_UP_MS 3
 #define CKPT_MAX_PASSES 16
 
-static void
-checkpoint_shard(struct inbox *ib, sqlite3 *db)
+/*
+ * A RESTART holds the shard's write lock while it waits for the readers
+ * still on the old WAL. A worker reads for well under a millisecond; a
+ * reader that keeps an old snapshot for longer (a backup, a replicator, a
+ * sqlite3 shell left in a transaction) is not waited for beyond this,
+ * and the rewind is tried again after a back-off (1 s, doubling up to a
+ * minute), instead of every put to the shard waiting out the 10 s of the
+ * writers' own busy handler at each pass.
+ */
+#define CKPT_RESTART_WAIT_MS 100
+#define CKPT_RESTART_BACKOFF_MS 1000
+#define CKPT_RESTART_BACKOFF_MAX_MS 60000
+
+struct ckpt_conn {
+	sqlite3 *db;
+	int64_t deadline;	/* mono ms: the busy handler gives up */
+	int64_t restart_at;	/* mono ms: no RESTART before */
+	int failed;		/* RESTARTs refused in a row */
+};
+
+static int
+ckpt_busy(void *arg, int tries)
 {
-	int pass;
+	struct ckpt_conn *c = arg;
+
+	if (now_mono_ms() >= c->deadline)
+		return 0;
+	return busy_wait(NULL, tries);
+}
+
+static void
+checkpoint_shard(struct inbox *ib, struct shard *sh, struct ckpt_conn *c)
+{
+	sqlite3 *db = c->db;
+	int pass, rc;
 
 	for (pass = 0; pass < CKPT_MAX_PASSES; pass++) {
 		int nlog = 0, nckpt = 0;
@@ -1009,15 +1045,36 @@ checkpoint_shard(struct inbox *ib, sqlite3 *db)
 		if (now_mono_ms() - t0 <= CKPT_CAUGHT_UP_MS)
 			break;
 	}
-	sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_RESTART, NULL,
-	    NULL);
+	if (now_mono_ms() < c->restart_at)
+		return;
+	/*
+	 * The shard's own writer stands aside meanwhile, so that the wait is
+	 * for the readers, not a race with it for the write lock.
+	 */
+	pthread_mutex_lock(&ib->mu);
+	sh->ckpt_hold = 1;
+	pthread_mutex_unlock(&ib->mu);
+	c->deadline = now_mono_ms() + CKPT_RESTART_WAIT_MS;
+	rc = sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_RESTART,
+	    NULL, NULL);
+	pthread_mutex_lock(&ib->mu);
+	sh->ckpt_hold = 0;
+	pthread_cond_signal(&sh->wcond);
+	pthread_mutex_unlock(&ib->mu);
+	if (rc == SQLITE_BUSY) {
+		c->restart_at = now_mono_ms() + backoff_delay_ms(
+		    CKPT_RESTART_BACKOFF_MS, CKPT_RESTART_BACKOFF_MAX_MS,
+		    (unsigned)c->failed++);
+	} else {
+		c->failed = 0;
+	}
 }
 
 static void *
 checkpointer_main(void *arg)
 {
 	struct inbox *ib = arg;
-	sqlite3 *db[INBOX_SHARDS];
+	struct ckpt_conn c[INBOX_SHARDS];
 	char *cause = NULL;
 	int i;
 
@@ -1027,28 +1084,30 @@ checkpointer_main(void *arg)
 	 * from about 1/6 to 2/5 of the bytes stored at nice 10).
 	 */
 	thread_name("inbox-ckpt");
-	memset(db, 0, sizeof(db));
+	memset(c, 0, sizeof(c));
 	for (i = 0; i < INBOX_SHARDS; i++) {
-		if (open_db(ib->shards[i].path, &db[i], &cause) < 0) {
+		if (open_db(ib->shards[i].path, &c[i].db, &cause) < 0) {
 			log_kv(LOG_ERROR, "inbox checkpointer", "error", cause,
 			    NULL);
 			free(cause);
 			cause = NULL;
+			continue;
 		}
+		sqlite3_busy_handler(c[i].db, ckpt_busy, &c[i]);
 	}
 	pthread_mutex_lock(&ib->mu);
 	while (!ib->workers_done) {
 		timed_wait(&ib->ccond, &ib->mu, 500);
 		pthread_mutex_unlock(&ib->mu);
 		for (i = 0; i < INBOX_SHARDS; i++)
-			if (db[i] != NULL)
-				checkpoint_shard(ib, db[i]);
+			if (c[i].db != NULL)
+				checkpoint_shard(ib, &ib->shards[i], &c[i]);
 		pthread_mutex_lock(&ib->mu);
 	}
 	pthread_mutex_unlock(&ib->mu);
 	for (i = 0; i < INBOX_SHARDS; i++)
-		if (db[i] != NULL)
-			db_close(db[i]);
+		if (c[i].db != NULL)
+			db_close(c[i].db);
 	return NULL;
 }
 

@@ -865,6 +865,67 @@ wal_stays_bounded(void **state)
 	free(path);
 }
 
+/*
+ * A reader that keeps an old snapshot of a shard (a backup, a replicator,
+ * someone's sqlite3 shell) keeps its WAL from being rewound; the
+ * checkpointer must then give up on the rewind, not hold the shard's
+ * writer back while it waits for the reader (each put to the shard
+ * waited up to 10 s for every try).
+ */
+static void
+reader_holds_wal(void **state)
+{
+	char *path = tmpdb(), *sp, key[32];
+	struct inbox_config cfg = test_config(1000000, 3, 3600);
+	struct counter c;
+	struct inbox *ib;
+	sqlite3 *rd;
+	sqlite3_stmt *st;
+	int64_t worst = 0;
+	int i, n = 0, slow = 0, shard = inbox_key_shard("github:rd-0");
+
+	(void)state;
+	counter_init(&c);
+	cfg.wal_restart_frames = 16;
+	ib = open_cfg(path, &cfg, count_handle, &c);
+	sp = inbox_shard_path(path, shard);
+	assert_int_equal(sqlite3_open(sp, &rd), SQLITE_OK);
+	/* the reader's snapshot: at the head of the WAL */
+	assert_int_equal(sqlite3_exec(rd, "BEGIN", NULL, NULL, NULL),
+	    SQLITE_OK);
+	assert_int_equal(sqlite3_prepare_v2(rd, "SELECT COUNT(*) FROM inbox",
+	    -1, &st, NULL), SQLITE_OK);
+	assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+	sqlite3_finalize(st);
+	/* puts to the reader's shard, the WAL long, for three seconds */
+	for (i = 0; n < 60; i++) {
+		int64_t t0;
+
+		snprintf(key, sizeof(key), "github:rd-%d", i);
+		if (inbox_key_shard(key) != shard)
+			continue;
+		t0 = now_mono_ms();
+		assert_int_equal(inbox_put(ib, key, "github", EV),
+		    INBOX_STORED);
+		if (now_mono_ms() - t0 > worst)
+			worst = now_mono_ms() - t0;
+		if (now_mono_ms() - t0 >= 50)
+			slow++;
+		n++;
+		sleep_ms(50);
+	}
+	assert_int_equal(sqlite3_exec(rd, "COMMIT", NULL, NULL, NULL),
+	    SQLITE_OK);
+	sqlite3_close(rd);
+	inbox_free(ib);
+	fprintf(stderr, "# slowest put %lld ms, %d of %d over 50 ms\n",
+	    (long long)worst, slow, n);
+	/* a put is a commit, in milliseconds; seconds mean a wait */
+	assert_true(worst < 2000);
+	free(sp);
+	free(path);
+}
+
 static void
 prune_finished(void **state)
 {
@@ -976,6 +1037,7 @@ main(void)
 		cmocka_unit_test(prune_finished),
 		cmocka_unit_test(prune_keeps_bodies),
 		cmocka_unit_test(wal_stays_bounded),
+		cmocka_unit_test(reader_holds_wal),
 		cmocka_unit_test(put_after_stop),
 	};
 
