@@ -1275,10 +1275,23 @@ inbox_stop(struct inbox *ib)
 			pthread_join(ib->shards[i].writer, NULL);
 	if (ib->checkpointer_running)
 		pthread_join(ib->checkpointer, NULL);
-	/* leave small files behind: fold the WALs in */
-	for (i = 0; i < INBOX_SHARDS; i++)
-		sqlite3_wal_checkpoint_v2(ib->shards[i].wdb, NULL,
+	/*
+	 * Leave small files behind: fold the WALs in, but wait for a reader
+	 * of an old snapshot no longer than the checkpointer does (the 10 s
+	 * of the writers' busy handler, for each shard, held a SIGTERM up);
+	 * a WAL left behind is checkpointed after the next start.
+	 */
+	for (i = 0; i < INBOX_SHARDS; i++) {
+		struct ckpt_conn c;
+
+		memset(&c, 0, sizeof(c));
+		c.db = ib->shards[i].wdb;
+		c.deadline = now_mono_ms() + CKPT_RESTART_WAIT_MS;
+		sqlite3_busy_handler(c.db, ckpt_busy, &c);
+		sqlite3_wal_checkpoint_v2(c.db, NULL,
 		    SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
+		sqlite3_busy_handler(c.db, busy_wait, NULL);
+	}
 }
 
 /* Free the inbox (stopping it first). */

@@ -926,6 +926,54 @@ reader_holds_wal(void **state)
 	free(path);
 }
 
+/*
+ * A stop folds the WALs in before it returns; readers that keep old
+ * snapshots of the shards (as above) must not hold it back for long: a
+ * SIGTERM has to end within a bounded time, well under the grace period
+ * a supervisor gives (it waited 10 s for each shard).
+ */
+static void
+stop_beside_readers(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+	sqlite3 *rd[INBOX_SHARDS];
+	char key[32];
+	int64_t t0;
+	int i;
+
+	(void)state;
+	counter_init(&c);
+	ib = open_started(path, &c, 1000, 3, 3600);
+	for (i = 0; i < INBOX_SHARDS; i++) {
+		char *sp = inbox_shard_path(path, i);
+
+		assert_int_equal(sqlite3_open(sp, &rd[i]), SQLITE_OK);
+		assert_int_equal(sqlite3_exec(rd[i], "BEGIN; SELECT COUNT(*)"
+		    " FROM inbox", NULL, NULL, NULL), SQLITE_OK);
+		free(sp);
+	}
+	for (i = 0; i < 40; i++) {
+		snprintf(key, sizeof(key), "github:stop-%d", i);
+		assert_int_equal(inbox_put(ib, key, "github", EV),
+		    INBOX_STORED);
+	}
+	assert_int_equal(wait_calls(&c, 40, 5000), 40);
+	t0 = now_mono_ms();
+	inbox_free(ib);
+	t0 = now_mono_ms() - t0;
+	fprintf(stderr, "# stop took %lld ms\n", (long long)t0);
+	for (i = 0; i < INBOX_SHARDS; i++) {
+		sqlite3_exec(rd[i], "COMMIT", NULL, NULL, NULL);
+		sqlite3_close(rd[i]);
+	}
+	assert_true(t0 < 5000);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM inbox WHERE state = 1"), 40);
+	free(path);
+}
+
 static void
 prune_finished(void **state)
 {
@@ -1038,6 +1086,7 @@ main(void)
 		cmocka_unit_test(prune_keeps_bodies),
 		cmocka_unit_test(wal_stays_bounded),
 		cmocka_unit_test(reader_holds_wal),
+		cmocka_unit_test(stop_beside_readers),
 		cmocka_unit_test(put_after_stop),
 	};
 
