@@ -18,12 +18,14 @@
  *
  * Names (one per task T): Secret "T-token" (data.token = the macaroon,
  * annotation divergedev.com/token-id), Sandbox "T" (agents.x-k8s.io
- * v1beta1; its workspace PVC is "workspace-T"), or in warm-pool mode a
- * SandboxClaim "T" (extensions.agents.x-k8s.io v1beta1, pool
- * CONTROLLER_WARM_POOL); Environment "agent-preview-T"; and per namespace
- * the NetworkPolicy "diverge-sandbox-isolation" (shared by the tasks of
- * the namespace, so it carries no owner reference; it is labelled
- * app.kubernetes.io/managed-by=diverged and never taken over otherwise).
+ * v1beta1; its workspace PVC is "workspace-T"; the same annotation names
+ * the token its pod was started with, and another live token restarts
+ * it), or in warm-pool mode a SandboxClaim "T" (extensions.agents.x-k8s.io
+ * v1beta1, pool CONTROLLER_WARM_POOL); Environment "agent-preview-T"; and
+ * per namespace the NetworkPolicy "diverge-sandbox-isolation" (shared by
+ * the tasks of the namespace, so it carries no owner reference; it is
+ * labelled app.kubernetes.io/managed-by=diverged and never taken over
+ * otherwise).
  *
  * status.activeSeconds holds the seconds of the closed Provisioning/Active
  * periods; the open one started at the lastTransitionTime of the

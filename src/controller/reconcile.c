@@ -375,6 +375,19 @@ index_active(const json_t *index, const char *id, const char *task)
 }
 
 /*
+ * The token id a Sandbox's pod was started with (the Sandbox's
+ * annotation); none recorded: dflt.
+ */
+static const char *
+sandbox_token(const json_t *sb, const char *dflt)
+{
+	const char *id = jpath(json_object_get(sb, "metadata"),
+	    "annotations", CONTROLLER_ANN_TOKEN_ID);
+
+	return id != NULL ? id : dflt;
+}
+
+/*
  * A condition that counts: on a Sandbox only one reported for its current
  * generation (a re-run's Sandbox still shows the last run's PodFailed); a
  * claim's own, when there is no Sandbox, all (their observedGeneration is
@@ -552,10 +565,13 @@ security_container(int64_t uid)
 	    "seccompProfile", "type", "RuntimeDefault");
 }
 
-/* The Sandbox of the task, whole (DESIGN.md section 4). */
+/*
+ * The Sandbox of the task, whole (DESIGN.md section 4). token_id, when
+ * not NULL, is recorded as the token its next or running pod mounts.
+ */
 static json_t *
 desired_sandbox(struct rctx *x, const json_t *task, const char *purl,
-    const char *mode, const char *shutdown)
+    const char *mode, const char *shutdown, const char *token_id)
 {
 	const json_t *spec = json_object_get(task, "spec");
 	const char *image = jpath(spec, "sandbox", "image");
@@ -593,6 +609,10 @@ desired_sandbox(struct rctx *x, const json_t *task, const char *purl,
 	    "name", "workspace", "spec", "accessModes", "ReadWriteOnce",
 	    "resources", "requests", "storage",
 	    x->cfg->sandbox.workspace_size);
+	if (token_id != NULL)
+		json_object_set_new(json_object_get(sb, "metadata"),
+		    "annotations", json_pack("{s:s}", CONTROLLER_ANN_TOKEN_ID,
+		    token_id));
 	free(sec);
 	return sb;
 }
@@ -1068,7 +1088,7 @@ reconcile_once(struct rctx *x)
 	char *tid = NULL, shutdown[32], ts[32];
 	const char *sec_id, *mode, *tok_live_id = NULL;
 	int rc, live, children, paused, asleep, preview, has_shutdown = 0;
-	int env_exists = 0, tok_issued, sb_write;
+	int env_exists = 0, tok_issued, sb_write, roll;
 	int64_t active, open_since = 0, end;
 	const json_t *tc;
 	struct k8s_status st = { 0 };
@@ -1203,7 +1223,25 @@ reconcile_once(struct rctx *x)
 	asleep = paused || (phase_terminal(p.phase) && streq(jpath(
 	    o.claim.obj != NULL ? o.bound : o.sandbox.obj, "spec",
 	    "operatingMode"), "Suspended"));
-	mode = asleep ? "Suspended" : "Running";
+	/*
+	 * A token replaced while the Sandbox's pod may still run (its Secret
+	 * was lost, a resume before the pod stopped, a re-run) is not the
+	 * one that pod holds: that one is revoked, so every meter call of
+	 * the agent would be a 401 (the reference runner reads its token
+	 * once, at start; agent-sandbox never restarts a running pod). The
+	 * Sandbox records the token its pod was started with; until that is
+	 * the live one it is rolled: Suspended until its pod is gone, then
+	 * Running, and the new pod mounts the new token. A Sandbox that
+	 * records none (made by an older diverged) is taken as current.
+	 */
+	roll = live && tok_live_id != NULL && !v.stopped &&
+	    o.sandbox.obj != NULL && !streq(tok_live_id, sandbox_token(
+	    o.sandbox.obj, tok_live_id));
+	if (roll && !streq(jpath(o.sandbox.obj, "spec", "operatingMode"),
+	    "Suspended"))
+		log_kv(LOG_INFO, "sandbox restart", "task", x->name,
+		    "namespace", x->ns, "reason", "token replaced", NULL);
+	mode = asleep || roll ? "Suspended" : "Running";
 
 	/* the Environment */
 	if (preview && (children || o.env.obj != NULL) && !o.env.conflict) {
@@ -1230,7 +1268,8 @@ reconcile_once(struct rctx *x)
 	    (children || o.sandbox.obj != NULL)) {
 		rc = apply_child(x, &K8S_SANDBOX, o.sandbox.obj,
 		    desired_sandbox(x, o.task, purl, mode, has_shutdown ?
-		    shutdown : NULL), 0, &sbres);
+		    shutdown : NULL, asleep || roll ? NULL : tok_live_id), 0,
+		    &sbres);
 		if (rc < 0)
 			goto out;
 		if (rc == 1)
@@ -1272,15 +1311,15 @@ reconcile_once(struct rctx *x)
 
 	/*
 	 * conditions and messages describe the Sandbox as now written; a
-	 * Ready seen before this pass replaced its generation is not Active
+	 * Ready seen before this pass replaced its generation is not Active,
+	 * nor is a pod that holds a revoked token
 	 */
-	if (sbres != NULL) {
+	if (sbres != NULL)
 		view_sandbox(sbres, NULL, &v);
-		if (streq(p.phase, "Active") && !v.ready) {
-			p.phase = "Provisioning";
-			p.reason = NULL;
-			plan_transition(&p, jstr(old, "phase"));
-		}
+	if (streq(p.phase, "Active") && (!v.ready || roll)) {
+		p.phase = "Provisioning";
+		p.reason = NULL;
+		plan_transition(&p, jstr(old, "phase"));
 	}
 
 	/* the namespace's NetworkPolicy */
@@ -1340,6 +1379,9 @@ reconcile_once(struct rctx *x)
 			m = xstrdup("waiting for the sandbox to stop");
 		else if (streq(p.phase, "Pending"))
 			m = xstrdup("waiting to provision");
+		else if (roll)
+			m = xstrdup("restarting the sandbox with the new "
+			    "token");
 		else
 			m = xasprintf("waiting for the sandbox: %s",
 			    v.message != NULL ? v.message : "not ready");

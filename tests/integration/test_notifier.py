@@ -141,21 +141,26 @@ def phase(d, name):
 
 def play_ready(d, name):
     """The agent-sandbox controller: the Sandbox is Ready for its
-    current generation."""
+    current generation; while it is Suspended (the reconciler restarts it
+    when its pod holds a replaced token) its pod is gone first."""
     def once():
         s, sb = api(d, "GET", SANDBOXES + "/" + name)
         if s != 200:
             return False
         ts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         gen = sb["metadata"].get("generation", 1)
+        up = sb["spec"].get("operatingMode") != "Suspended"
         sb["status"] = {"conditions": [
-            {"type": "Ready", "status": "True",
-             "reason": "DependenciesReady", "message": "played",
+            {"type": "Ready", "status": "True" if up else "False",
+             "reason": "DependenciesReady" if up else "SandboxSuspended",
+             "message": "played",
              "observedGeneration": gen, "lastTransitionTime": ts},
-            {"type": "Suspended", "status": "False",
-             "reason": "NotSuspended", "message": "",
-             "observedGeneration": gen, "lastTransitionTime": ts}],
-            "podIPs": ["10.0.0.7"]}
+            {"type": "Suspended", "status": "False" if up else "True",
+             "reason": "NotSuspended" if up else "PodTerminated",
+             "message": "",
+             "observedGeneration": gen, "lastTransitionTime": ts}]}
+        if up:
+            sb["status"]["podIPs"] = ["10.0.0.7"]
         s, _ = api(d, "PUT", SANDBOXES + "/" + name + "/status", sb)
         return s == 200
     return wait(lambda: once() and phase(d, name) == "Active", 20)

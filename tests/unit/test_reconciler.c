@@ -447,6 +447,74 @@ pause_task(const char *name)
 	assert_phase(name, "Paused");
 }
 
+/* The task's status.tokenId (a new string). */
+static char *
+task_token_id(const char *name)
+{
+	json_t *t = get_task(name);
+	char *id;
+
+	assert_non_null(jp(t, "status.tokenId"));
+	id = xstrdup(jp(t, "status.tokenId"));
+	json_decref(t);
+	return id;
+}
+
+/*
+ * The task's Sandbox has operatingMode mode and records token_id (when
+ * not NULL) as the token its pod was started with.
+ */
+static void
+assert_sandbox(const char *name, const char *mode, const char *token_id)
+{
+	json_t *sb = get(&K8S_SANDBOX, name);
+	const char *id = jp(sb, "metadata.annotations.divergedev.com/"
+	    "token-id");
+
+	assert_non_null(sb);
+	assert_string_equal(jp(sb, "spec.operatingMode"), mode);
+	if (token_id != NULL) {
+		assert_non_null(id);
+		assert_string_equal(id, token_id);
+	}
+	json_decref(sb);
+}
+
+/*
+ * The task's token was replaced while the Sandbox's pod (started with
+ * old_id) may still run: no Active, the Sandbox Suspended until its pod
+ * is gone, then Running, recording the new token (which its new pod
+ * mounts), and Active once Ready.
+ */
+static void
+assert_sandbox_rolled(const char *name, const char *old_id)
+{
+	json_t *t = get_task(name);
+	char *id;
+
+	assert_phase(name, "Provisioning");
+	assert_sandbox(name, "Suspended", old_id);
+	assert_string_equal(jp(t, "status.message"),
+	    "restarting the sandbox with the new token");
+	json_decref(t);
+	/* a Ready of the old pod counts for nothing */
+	play(name, "True", "DependenciesReady", 0, "10.0.0.7", 0, 0);
+	reconcile(name);
+	assert_phase(name, "Provisioning");
+	assert_sandbox(name, "Suspended", old_id);
+	/* the pod is gone: Running, with the live token */
+	play(name, "False", "SandboxSuspended", 0, NULL, 1, 0);
+	reconcile(name);
+	assert_phase(name, "Provisioning");
+	id = task_token_id(name);
+	assert_string_not_equal(id, old_id);
+	assert_sandbox(name, "Running", id);
+	free(id);
+	play(name, "True", "DependenciesReady", 0, "10.0.0.8", 0, 0);
+	reconcile(name);
+	assert_phase(name, "Active");
+}
+
 /* ------------------------------------------------------------- tests */
 
 /* (new) -> Pending, nothing else written. */
@@ -942,9 +1010,10 @@ test_pause_resume(void **state)
 	reconcile(name);
 	assert_phase(name, "Provisioning");
 	assert_token_replaced(name, old_id, old_tok);
-	sb = get(&K8S_SANDBOX, name);
-	assert_string_equal(jp(sb, "spec.operatingMode"), "Running");
-	json_decref(sb);
+	/* the pod is gone: the next one mounts the new token, no restart */
+	free(old_id);
+	old_id = task_token_id(name);
+	assert_sandbox(name, "Running", old_id);
 	envo = get(&K8S_ENVIRONMENT, ename);
 	assert_null(jget(envo, "metadata.annotations.divergedev.com/"
 	    "hibernated"));
@@ -955,6 +1024,31 @@ test_pause_resume(void **state)
 	free(old_tok);
 	free(old_id);
 	free(ename);
+	free(name);
+}
+
+/*
+ * Resumed before the Sandbox stopped (Pausing -> Provisioning): the pod
+ * that may still run holds the token the pause revoked, so the Sandbox
+ * stays Suspended until it is gone and only then runs, with the new one.
+ */
+static void
+test_resume_before_stopped(void **state)
+{
+	char *name = active(), *old_id = task_token_id(name);
+	json_t *sb;
+
+	(void)state;
+	set_suspended(name, 1);
+	reconcile(name);
+	assert_phase(name, "Pausing");
+	set_suspended(name, 0);
+	reconcile(name);
+	sb = get(&K8S_SANDBOX, name);
+	assert_string_equal(jp(sb, "spec.operatingMode"), "Suspended");
+	json_decref(sb);
+	assert_sandbox_rolled(name, old_id);
+	free(old_id);
 	free(name);
 }
 
@@ -992,7 +1086,10 @@ test_annotations_keep_phase(void **state)
 	free(name);
 }
 
-/* A live task whose token Secret is lost: a new token, the old revoked. */
+/*
+ * A live task whose token Secret is lost: a new token, the old revoked;
+ * the running pod holds the old one, so the Sandbox is restarted.
+ */
 static void
 test_token_replaced_revoked(void **state)
 {
@@ -1009,8 +1106,8 @@ test_token_replaced_revoked(void **state)
 	    &st), 0);
 	k8s_status_release(&st);
 	reconcile(name);
-	assert_phase(name, "Active");
 	assert_token_replaced(name, old_id, old_tok);
+	assert_sandbox_rolled(name, old_id);
 	free(old_tok);
 	free(old_id);
 	free(sname);
@@ -1064,12 +1161,13 @@ test_pod_failed(void **state)
 
 /*
  * A re-run reuses the failed run's Sandbox: its PodFailed conditions are
- * for a generation the re-run replaced and do not fail the new run.
+ * for a generation the re-run replaced and do not fail the new run, and
+ * its pod is replaced by one with the new run's token.
  */
 static void
 test_rerun_after_pod_failed(void **state)
 {
-	char *name = active();
+	char *name = active(), *old_id = task_token_id(name);
 	struct k8s_status st = { 0 };
 	json_t *sb;
 
@@ -1089,12 +1187,8 @@ test_rerun_after_pod_failed(void **state)
 	patch_status(name, "{\"status\":{\"run\":1,\"phase\":\"Pending\","
 	    "\"reason\":null,\"message\":null,\"completedAt\":null}}");
 	reconcile(name);
-	assert_phase(name, "Provisioning");
-	reconcile(name);
-	assert_phase(name, "Provisioning");
-	play(name, "True", "DependenciesReady", 0, "10.0.0.7", 0, 0);
-	reconcile(name);
-	assert_phase(name, "Active");
+	assert_sandbox_rolled(name, old_id);
+	free(old_id);
 	free(name);
 }
 
@@ -1172,7 +1266,7 @@ test_timeout(void **state)
 static void
 test_completed(void **state)
 {
-	char *name = active(), *tok = token_of(name), *auth, ts[32];
+	char *name = active(), *tok = token_of(name), *auth, ts[32], *old_id;
 	const char *body = "{\"result\":\"succeeded\",\"message\":\"done\"}";
 	struct meter_reply r = { 0 };
 	json_t *t, *sb;
@@ -1198,18 +1292,20 @@ test_completed(void **state)
 	reconcile(name);
 	assert_int_equal(writes(), w0);
 
-	/* /diverge fix again: Pending, then a fresh run */
+	/* /diverge fix again: Pending, then a fresh run in a fresh pod */
+	old_id = task_token_id(name);
 	patch_status(name, "{\"status\":{\"phase\":\"Pending\",\"run\":1,"
 	    "\"completedAt\":null}}");
 	reconcile(name);
 	assert_phase(name, "Provisioning");
 	sb = get(&K8S_SANDBOX, name);
 	assert_null(jget(sb, "spec.shutdownTime"));
-	assert_string_equal(jp(sb, "spec.operatingMode"), "Running");
 	json_decref(sb);
 	t = get_task(name);
 	assert_index(jp(t, "status.tokenId"), "active");
 	json_decref(t);
+	assert_sandbox_rolled(name, old_id);
+	free(old_id);
 	free(auth);
 	free(tok);
 	free(name);
@@ -2049,6 +2145,7 @@ main(void)
 		cmocka_unit_test(test_active_needs_current_generation),
 		cmocka_unit_test(test_active_not_on_replaced_generation),
 		cmocka_unit_test(test_pause_resume),
+		cmocka_unit_test(test_resume_before_stopped),
 		cmocka_unit_test(test_annotations_keep_phase),
 		cmocka_unit_test(test_token_replaced_revoked),
 		cmocka_unit_test(test_pod_failed),
