@@ -37,13 +37,15 @@ streq_safe(const char *a, const char *b)
 	return a != NULL && b != NULL && strcmp(a, b) == 0;
 }
 
-static void
-open_history(int mode, size_t history)
+/* Open the store of mode (see storeenv.h) and the meter on it; 0 or -1. */
+static int
+open_store(int mode, size_t history)
 {
 	struct meter_config mc;
 	char *cause = NULL;
 
-	assert_int_equal(storeenv_open(&env, mode, history), 0);
+	if (storeenv_open(&env, mode, history) < 0)
+		return -1;
 	store = mode == 1 ? env.api : env.backing;
 	memset(&mc, 0, sizeof(mc));
 	mc.store = env.api;
@@ -56,6 +58,13 @@ open_history(int mode, size_t history)
 	cc.store = env.api;
 	cc.meter = meter;
 	cc.cfg = &cfg;
+	return 0;
+}
+
+static void
+open_history(int mode, size_t history)
+{
+	assert_int_equal(open_store(mode, history), 0);
 }
 
 static void
@@ -2038,6 +2047,55 @@ stop_running(void **state)
 	return 0;
 }
 
+/*
+ * A stop during an API server outage does not wait for the watchers'
+ * back-off, which doubles with each failed watch up to 5 minutes. The
+ * fake kube-apiserver refuses every watch with a 403: the REST client
+ * does not retry that, so each refusal is one request and one back-off of
+ * the watcher (an outage ends there too, after the client's own retries,
+ * only more slowly). After the tasks' watcher was refused 8 times it waits
+ * 20 to 41 s; the stop must be done within 10 s.
+ */
+static void
+test_stop_during_watch_backoff(void **state)
+{
+	struct controller *c = NULL;
+	char *cause = NULL;
+	int64_t t0, end, took;
+	json_t *j;
+
+	(void)state;
+	close_all();
+	if (open_store(3, 1000) < 0) {
+		fprintf(stderr, "# skip: the fake kube-apiserver does not "
+		    "start (python3, openssl)\n");
+		storeenv_close(&env);
+		open_all(1);
+		skip();
+	}
+	j = storeenv_fake(&env, "POST", "/_fake/faults", "{\"status\":403,"
+	    "\"count\":100000,\"method\":\"GET\",\"match\":"
+	    "\"watch=true\"}");
+	assert_non_null(j);
+	json_decref(j);
+	cc.workers = 1;
+	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	running = c;
+	end = now_mono_ms() + 120000;
+	while (storeenv_fake_count(&env, "GET", "/agenttasks") < 8 &&
+	    now_mono_ms() < end)
+		sleep_ms(100);
+	assert_int_equal(storeenv_fake_count(&env, "GET", "/agenttasks"), 8);
+	t0 = now_mono_ms();
+	stop_running(NULL);
+	took = now_mono_ms() - t0;
+	fprintf(stderr, "# stopped in %lld ms during the back-off\n",
+	    (long long)took);
+	assert_true(took < 10000);
+	close_all();
+	open_all(1);
+}
+
 /* Happy path and pause/resume with the watches and workers. */
 static void
 run_controller(int mode)
@@ -2170,6 +2228,8 @@ main(void)
 		cmocka_unit_test_teardown(test_controller_rest, stop_running),
 		cmocka_unit_test(test_status_conflict),
 		cmocka_unit_test(test_watch_relist),
+		cmocka_unit_test_teardown(test_stop_during_watch_backoff,
+		    stop_running),
 		cmocka_unit_test(test_dump),
 	};
 
