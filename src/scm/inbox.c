@@ -78,6 +78,7 @@ struct done_req {
 	struct inbox_item item;	/* for the effect; event owned below */
 	struct scm_event ev;
 	int have_ev;
+	int recovered;		/* left by an unfinished run (recovered_busy) */
 };
 
 struct delayed {
@@ -99,6 +100,14 @@ struct shard {
 	int64_t dones_since_ms;
 	int64_t last_prune_ms;
 	int ckpt_hold;		/* the checkpointer rewinds the WAL: wait */
+	/*
+	 * After a stop that did not finish (a crash, kill -9): the rows
+	 * pending at start, ascending; each one's first take counts as an
+	 * attempt before its handling (under ib->mu)
+	 */
+	int64_t *recovered;
+	unsigned char *recovered_taken;
+	size_t nrecovered;
 };
 
 struct inbox {
@@ -117,6 +126,12 @@ struct inbox {
 
 	int64_t pending;	/* entries stored and not finished */
 	int64_t reserved;	/* room taken by puts not yet committed */
+	/*
+	 * An entry left by an unfinished run is being handled and its
+	 * outcome not yet written: the next such entry waits for it, so
+	 * that a crash is counted against the entry that caused it alone
+	 */
+	int recovered_busy;
 	int accepting;
 	int stopping;
 	int workers_done;
@@ -269,7 +284,10 @@ static const char schema[] =
     " comment_id INTEGER,"
     " body TEXT,"
     " count INTEGER NOT NULL,"
-    " handled_at INTEGER NOT NULL);";
+    " handled_at INTEGER NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS inbox_meta ("
+    " k TEXT PRIMARY KEY,"
+    " v INTEGER NOT NULL);";
 
 /* The file of shard i: the state database itself, or inbox-i.db beside. */
 char *
@@ -814,10 +832,13 @@ writer_main(void *arg)
 		for (p = puts; p != NULL; p = p->next)
 			if (p->result == INBOX_STORED)
 				ready_push(ib, p->id);
-		for (d = dones; d != NULL; d = d->next)
+		for (d = dones; d != NULL; d = d->next) {
 			if (d->outcome == INBOX_RETRY && !ib->stopping)
 				delayed_push(ib, d->id, now +
 				    (d->retry_at_ms - now_unix_ms()));
+			if (d->recovered)
+				ib->recovered_busy = 0;
+		}
 		if (stored > 0 || dones != NULL)
 			pthread_cond_broadcast(&ib->qcond);
 		if (now - sh->last_prune_ms >= 60000) {
@@ -887,16 +908,106 @@ worker_free(struct worker *w)
 	free(w);
 }
 
+/* The shard's "clean" mark: 1 when its last run stopped with all done. */
+static int
+clean_get(struct shard *sh)
+{
+	sqlite3_stmt *st = NULL;
+	int v = 0;
+
+	if (sqlite3_prepare_v2(sh->wdb, "SELECT v FROM inbox_meta WHERE"
+	    " k = 'clean'", -1, &st, NULL) == SQLITE_OK &&
+	    sqlite3_step(st) == SQLITE_ROW)
+		v = sqlite3_column_int(st, 0);
+	sqlite3_finalize(st);
+	return v;
+}
+
+static int
+clean_set(struct shard *sh, int v, char **cause)
+{
+	return db_exec(sh->wdb, v ? "INSERT INTO inbox_meta (k, v) VALUES"
+	    " ('clean', 1) ON CONFLICT (k) DO UPDATE SET v = 1" :
+	    "INSERT INTO inbox_meta (k, v) VALUES ('clean', 0) ON CONFLICT"
+	    " (k) DO UPDATE SET v = 0", cause);
+}
+
+/*
+ * Where row is among those left pending by an unfinished run and not yet
+ * taken in this one, else -1 (ib->mu held). Such an entry's attempt is
+ * counted before it is handled, so that one whose handling kills the
+ * daemon is dead-lettered after inbox.max_attempts restarts instead of
+ * crashing every one of them.
+ */
+static ssize_t
+recovered_find(const struct shard *sh, int64_t row)
+{
+	size_t lo = 0, hi = sh->nrecovered, mid;
+
+	while (lo < hi) {
+		mid = lo + (hi - lo) / 2;
+		if (sh->recovered[mid] < row)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo < sh->nrecovered && sh->recovered[lo] == row &&
+	    !sh->recovered_taken[lo])
+		return (ssize_t)lo;
+	return -1;
+}
+
+/* Count an attempt of row before its handling (synchronous, durable). */
+static int
+count_attempt(sqlite3 *db, int64_t row)
+{
+	sqlite3_stmt *st = NULL;
+	int ok;
+
+	ok = sqlite3_prepare_v2(db, "UPDATE inbox SET attempts = attempts + 1"
+	    " WHERE id = ?1 AND state = 0", -1, &st, NULL) == SQLITE_OK;
+	if (ok) {
+		sqlite3_bind_int64(st, 1, row);
+		ok = sqlite3_step(st) == SQLITE_DONE;
+	}
+	sqlite3_finalize(st);
+	return ok ? 0 : -1;
+}
+
+/* The recovered entry rec (index + 1) is no longer being handled. */
 static void
-process(struct worker *w, int64_t id)
+recovered_release(struct inbox *ib, struct shard *sh, size_t rec,
+    int untake)
+{
+	pthread_mutex_lock(&ib->mu);
+	if (untake)
+		sh->recovered_taken[rec - 1] = 0;
+	ib->recovered_busy = 0;
+	pthread_cond_broadcast(&ib->qcond);
+	pthread_mutex_unlock(&ib->mu);
+}
+
+/* Handle entry id; rec: its index + 1 among the recovered, else 0. */
+static void
+process(struct worker *w, int64_t id, size_t rec)
 {
 	struct inbox *ib = w->ib;
 	struct shard *sh = &ib->shards[ID_SHARD(id)];
 	sqlite3_stmt *get = w->get[ID_SHARD(id)];
 	struct done_req *d;
 	const char *ev;
-	int rc;
+	int rc, counted = rec > 0;
 
+	if (counted && count_attempt(w->db[ID_SHARD(id)], ID_ROW(id)) < 0) {
+		log_kv(LOG_ERROR, "inbox write failed", "error",
+		    sqlite3_errmsg(w->db[ID_SHARD(id)]), NULL);
+		/* the next try counts it */
+		recovered_release(ib, sh, rec, 1);
+		pthread_mutex_lock(&ib->mu);
+		delayed_push(ib, id, now_mono_ms() + 1000);
+		pthread_mutex_unlock(&ib->mu);
+		return;
+	}
 	sqlite3_reset(get);
 	sqlite3_bind_int64(get, 1, ID_ROW(id));
 	rc = sqlite3_step(get);
@@ -910,13 +1021,16 @@ process(struct worker *w, int64_t id)
 			pthread_mutex_unlock(&ib->mu);
 		}
 		sqlite3_reset(get);
+		if (counted)
+			recovered_release(ib, sh, rec, 0);
 		return;
 	}
 	d = xcalloc(1, sizeof(*d));
+	d->recovered = counted;
 	d->id = id;
 	d->shard = sh->idx;
 	d->key = xstrdup((const char *)sqlite3_column_text(get, 0));
-	d->attempts = sqlite3_column_int(get, 3) + 1;
+	d->attempts = sqlite3_column_int(get, 3) + (counted ? 0 : 1);
 	d->received_ms = sqlite3_column_int64(get, 4);
 	ev = (const char *)sqlite3_column_text(get, 2);
 	d->have_ev = ev != NULL && scm_event_decode(&d->ev, ev,
@@ -929,7 +1043,15 @@ process(struct worker *w, int64_t id)
 	d->item.event = d->have_ev ? &d->ev : NULL;
 	d->item.attempts = d->attempts - 1;
 	d->item.received_ms = d->received_ms;
-	if (!d->have_ev) {
+	if (counted && d->attempts > ib->cfg.max_attempts) {
+		/* its earlier attempts never finished: the daemon died */
+		d->outcome = INBOX_FAIL;
+		d->cause = xasprintf("not handled again after %d attempts, "
+		    "the last ones cut short: the daemon stopped (crashed?) "
+		    "while handling it", d->attempts - 1);
+		log_kv(LOG_ERROR, "inbox entry dead-lettered: its handling "
+		    "never finished", "delivery", d->key, NULL);
+	} else if (!d->have_ev) {
 		d->outcome = INBOX_FAIL;
 		d->cause = xstrdup("stored event cannot be decoded");
 	} else {
@@ -965,10 +1087,23 @@ worker_main(void *arg)
 		int64_t wait = delayed_release(ib, now_mono_ms());
 
 		if (ib->rlen > 0) {
-			int64_t id = ready_pop(ib);
+			int64_t id = ib->ready[ib->rhead];
+			struct shard *sh = &ib->shards[ID_SHARD(id)];
+			ssize_t at = sh->nrecovered > 0 ?
+			    recovered_find(sh, ID_ROW(id)) : -1;
 
+			/* entries left by a crash: one at a time */
+			if (at >= 0 && ib->recovered_busy) {
+				timed_wait(&ib->qcond, &ib->mu, 100);
+				continue;
+			}
+			(void)ready_pop(ib);
+			if (at >= 0) {
+				sh->recovered_taken[at] = 1;
+				ib->recovered_busy = 1;
+			}
 			pthread_mutex_unlock(&ib->mu);
-			process(w, id);
+			process(w, id, at >= 0 ? (size_t)at + 1 : 0);
 			pthread_mutex_lock(&ib->mu);
 			continue;
 		}
@@ -1116,6 +1251,8 @@ load_pending(struct shard *sh, int64_t now, int64_t now_wall, char **cause)
 {
 	struct inbox *ib = sh->ib;
 	sqlite3_stmt *st = NULL;
+	int clean = clean_get(sh);
+	size_t cap = 0;
 
 	if (sqlite3_prepare_v2(sh->wdb,
 	    "SELECT id, next_at FROM inbox WHERE state = 0 ORDER BY id", -1,
@@ -1133,12 +1270,23 @@ load_pending(struct shard *sh, int64_t now, int64_t now_wall, char **cause)
 			delayed_push(ib, id, now + (at - now_wall));
 		else
 			ready_push(ib, id);
+		if (clean)
+			continue;
+		if (sh->nrecovered == cap) {
+			cap = cap ? cap * 2 : 64;
+			sh->recovered = xrealloc(sh->recovered, cap *
+			    sizeof(*sh->recovered));
+		}
+		sh->recovered[sh->nrecovered++] = ID_ROW(id);
 	}
+	if (sh->nrecovered > 0)
+		sh->recovered_taken = xcalloc(sh->nrecovered, 1);
 	/* the first prune runs a second after start, then every minute */
 	sh->last_prune_ms = now - 59000 + sh->idx * 250;
 	pthread_mutex_unlock(&ib->mu);
 	sqlite3_finalize(st);
-	return 0;
+	/* until inbox_stop says otherwise, this run has not finished */
+	return clean_set(sh, 0, cause);
 }
 
 static struct worker *
@@ -1275,6 +1423,16 @@ inbox_stop(struct inbox *ib)
 			pthread_join(ib->shards[i].writer, NULL);
 	if (ib->checkpointer_running)
 		pthread_join(ib->checkpointer, NULL);
+	/* every handling this run began has finished and been written */
+	for (i = 0; i < INBOX_SHARDS; i++) {
+		char *cause = NULL;
+
+		if (clean_set(&ib->shards[i], 1, &cause) < 0) {
+			log_kv(LOG_WARN, "inbox: cannot record the clean stop",
+			    "error", cause, NULL);
+			free(cause);
+		}
+	}
 	/*
 	 * Leave small files behind: fold the WALs in, but wait for a reader
 	 * of an old snapshot no longer than the checkpointer does (the 10 s
@@ -1311,6 +1469,8 @@ inbox_free(struct inbox *ib)
 		if (sh->path != NULL)
 			pthread_cond_destroy(&sh->wcond);
 		free(sh->path);
+		free(sh->recovered);
+		free(sh->recovered_taken);
 	}
 	pthread_mutex_destroy(&ib->mu);
 	pthread_cond_destroy(&ib->qcond);

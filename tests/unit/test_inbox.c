@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <unistd.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <cmocka.h>
 #include <sqlite3.h>
@@ -19,6 +20,7 @@ struct counter {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	int calls;
+	int entered;		/* calls begun, held or not */
 	int fail_first;		/* fail this many calls with RETRY */
 	int always;		/* INBOX_DONE/RETRY/FAIL forced */
 	int block;		/* hold every call until cleared */
@@ -33,6 +35,8 @@ count_handle(void *arg, struct inbox_item *item, char **cause)
 	int n, r = INBOX_DONE;
 
 	pthread_mutex_lock(&c->mu);
+	c->entered++;
+	pthread_cond_broadcast(&c->cv);
 	while (c->block)
 		pthread_cond_wait(&c->cv, &c->mu);
 	n = ++c->calls;
@@ -698,6 +702,147 @@ restart_resumes(void **state)
 	free(path);
 }
 
+/* A handler that kills the process on the poison entry, like a crash. */
+static int
+crash_handle(void *arg, struct inbox_item *item, char **cause)
+{
+	(void)arg;
+	(void)cause;
+	if (strcmp(item->key, "github:poison") == 0)
+		_exit(3);
+	return inbox_record_handler.handle(NULL, item, cause);
+}
+
+/*
+ * One run of a daemon in a child process. store: with the workers held,
+ * store the poison entry and a good one, and stop. Else start the inbox,
+ * wait for every entry to end, stop. The exit status: 0 when it ended
+ * cleanly, 3 when the handler "crashed".
+ */
+static int
+crash_run(const char *path, int store, int max_attempts)
+{
+	pid_t pid = fork();
+	int status;
+
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		struct inbox_config cfg = test_config(100, max_attempts,
+		    3600);
+		struct inbox *ib;
+		int64_t depth;
+		int i;
+
+		cfg.hold = store;
+		ib = open_cfg(path, &cfg, crash_handle, NULL);
+		if (store) {
+			if (inbox_put(ib, "github:poison", "github", EV) !=
+			    INBOX_STORED || inbox_put(ib, "github:good",
+			    "github", EV) != INBOX_STORED)
+				_exit(1);
+			inbox_free(ib);
+			_exit(0);
+		}
+		for (i = 0; i < 500 && inbox_depth(ib) > 0; i++)
+			sleep_ms(10);
+		depth = inbox_depth(ib);
+		inbox_free(ib);
+		_exit(depth == 0 ? 0 : 2);
+	}
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	return WEXITSTATUS(status);
+}
+
+/*
+ * An entry whose handling kills the daemon is not handled for ever: each
+ * restart after an unfinished run counts the attempt before handling it,
+ * and past inbox.max_attempts it is dead-lettered without being handled,
+ * while the other entries are handled as usual. A clean stop counts
+ * nothing.
+ */
+static void
+crash_loop_dead_letters(void **state)
+{
+	char *path = tmpdb();
+	int crashes = 0, rc;
+
+	(void)state;
+	assert_int_equal(crash_run(path, 1, 3), 0);
+	do {
+		rc = crash_run(path, 0, 3);
+		crashes += rc == 3;
+	} while (rc == 3 && crashes < 10);
+	/*
+	 * the first attempt (after a clean stop: not counted), then three
+	 * counted ones: four crashes, and the next run dead-letters it
+	 */
+	assert_int_equal(rc, 0);
+	assert_int_equal(crashes, 4);
+	assert_int_equal(query_int(path, "SELECT state FROM inbox WHERE"
+	    " key = 'github:poison'"), 2);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox WHERE"
+	    " key = 'github:poison' AND last_error LIKE '%cut short%'"), 1);
+	assert_int_equal(query_int(path, "SELECT state FROM inbox WHERE"
+	    " key = 'github:good'"), 1);
+	assert_int_equal(query_int(path, "SELECT count FROM handled_events"
+	    " WHERE key = 'github:good'"), 1);
+	/*
+	 * entries left by a crash are handled one at a time: the good one
+	 * was never in flight beside the poison after the first crash
+	 */
+	assert_int_equal(query_int(path, "SELECT attempts FROM inbox WHERE"
+	    " key = 'github:good'"), 1);
+	/* a clean run leaves the shards marked clean: nothing recounted */
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox_meta"
+	    " WHERE k = 'clean' AND v = 1"), INBOX_SHARDS);
+	free(path);
+}
+
+/*
+ * After a clean stop nothing is counted ahead or handled one at a time:
+ * the entries left pending are handled side by side, as usual.
+ */
+static void
+clean_stop_counts_nothing(void **state)
+{
+	char *path = tmpdb();
+	struct inbox_config cfg = test_config(100, 5, 3600);
+	struct counter c;
+	struct inbox *ib;
+	int64_t end;
+	int entered;
+
+	(void)state;
+	counter_init(&c);
+	cfg.hold = 1;
+	ib = open_cfg(path, &cfg, count_handle, &c);
+	assert_int_equal(inbox_put(ib, "github:a", "github", EV),
+	    INBOX_STORED);
+	assert_int_equal(inbox_put(ib, "github:b", "github", EV),
+	    INBOX_STORED);
+	inbox_free(ib);
+	c.block = 1;
+	ib = open_started(path, &c, 100, 5, 3600);
+	end = now_mono_ms() + 5000;
+	pthread_mutex_lock(&c.mu);
+	while (c.entered < 2 && now_mono_ms() < end) {
+		pthread_mutex_unlock(&c.mu);
+		sleep_ms(5);
+		pthread_mutex_lock(&c.mu);
+	}
+	entered = c.entered;
+	c.block = 0;
+	pthread_cond_broadcast(&c.cv);
+	pthread_mutex_unlock(&c.mu);
+	assert_int_equal(entered, 2);
+	assert_int_equal(wait_calls(&c, 2, 5000), 2);
+	inbox_free(ib);
+	assert_int_equal(query_int(path, "SELECT SUM(attempts) FROM inbox"),
+	    2);
+	free(path);
+}
+
 struct putter {
 	struct inbox *ib;
 	int base;
@@ -1081,6 +1226,8 @@ main(void)
 		cmocka_unit_test(retry_then_success),
 		cmocka_unit_test(permanent_failure),
 		cmocka_unit_test(restart_resumes),
+		cmocka_unit_test(crash_loop_dead_letters),
+		cmocka_unit_test(clean_stop_counts_nothing),
 		cmocka_unit_test(concurrent_group_commit),
 		cmocka_unit_test(prune_finished),
 		cmocka_unit_test(prune_keeps_bodies),
