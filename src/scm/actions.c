@@ -309,6 +309,7 @@ struct run {
 	struct buf reply;		/* the one reply, if any */
 	int refused;
 	int64_t retry_at_ms;		/* a rate limit's reset, for a retry */
+	int transient;			/* a retry for a service's outage */
 };
 
 static char *
@@ -408,12 +409,35 @@ rate_limited(struct run *r, int rc)
 	return 1;
 }
 
+/*
+ * Whether a client error is retried: a rate limit (at its reset), or the
+ * service unavailable (5xx, transport) beyond the client's own retries,
+ * an outage the inbox waits out (transient) rather than dead-letters.
+ */
+static int
+scm_retry(struct run *r, int rc)
+{
+	if (rc == SCM_EUNAVAILABLE) {
+		r->transient = 1;
+		return 1;
+	}
+	return rate_limited(r, rc);
+}
+
+/* Whether a store error is an outage (a retry then waits it out). */
+static void
+store_retry(struct run *r, int rc)
+{
+	if (rc == K8S_EUNAVAILABLE || rc == K8S_ETIMEOUT ||
+	    rc == K8S_EINTERNAL || rc == K8S_ECONFLICT)
+		r->transient = 1;
+}
+
 /* Map a client error to the inbox's verdict. */
 static int
 scm_verdict(struct run *r, int rc)
 {
-	return rate_limited(r, rc) || rc == SCM_EUNAVAILABLE ? INBOX_RETRY :
-	    INBOX_FAIL;
+	return scm_retry(r, rc) ? INBOX_RETRY : INBOX_FAIL;
 }
 
 enum { AUTH_OK = 0, AUTH_REFUSED, AUTH_RETRY };
@@ -773,6 +797,7 @@ do_fix(struct run *r, const struct cmd *c, char **cause)
 		*cause = xasprintf("task '%s/%s': %s", r->ns, name,
 		    st.message ? st.message : "write failed");
 		ret = rc == K8S_EINVALID ? INBOX_FAIL : INBOX_RETRY;
+		store_retry(r, rc);
 		if (rc == K8S_EINVALID) {
 			reply_line(r, "**diverge** could not create the task:");
 			reply_quote(r, st.message ? st.message : "invalid");
@@ -853,6 +878,7 @@ do_steer(struct run *r, const struct cmd *c, char **cause)
 	} else if (rc < 0) {
 		*cause = xasprintf("task '%s/%s': %s", r->ns, name,
 		    st.message ? st.message : "write failed");
+		store_retry(r, rc);
 	} else {
 		log_kv(LOG_INFO, "task steered", "delivery", r->ev->delivery,
 		    "task", name, "command", commands_kind_name(c->kind), NULL);
@@ -994,8 +1020,11 @@ on_comment(struct run *r, char **cause)
 	claimed = claim_comment(r->a, claim, ev->delivery, &pg);
 	r->claim = claim;
 	if (claimed <= 0) {
-		if (claimed < 0)
+		if (claimed < 0) {
+			/* the state database, busy or failing for now */
+			r->transient = 1;
 			ret = INBOX_RETRY;
+		}
 		else
 			log_kv(LOG_INFO, "comment already handled", "delivery",
 			    ev->delivery, "comment", claim, NULL);
@@ -1036,7 +1065,7 @@ on_comment(struct run *r, char **cause)
 	rc = r->client->ops->react(r->client, &r->repo, ev->number,
 	    ev->comment_id, ev->review_comment, r->refused ? "confused" :
 	    "eyes", cause);
-	if (rate_limited(r, rc) || rc == SCM_EUNAVAILABLE) {
+	if (scm_retry(r, rc)) {
 		ret = INBOX_RETRY;
 		goto out;
 	}
@@ -1051,7 +1080,7 @@ on_comment(struct run *r, char **cause)
 
 		rc = r->client->ops->create_comment(r->client, &r->repo,
 		    ev->number, r->reply.data, &id, cause);
-		if (rate_limited(r, rc) || rc == SCM_EUNAVAILABLE) {
+		if (scm_retry(r, rc)) {
 			ret = INBOX_RETRY;
 			goto out;
 		}
@@ -1077,18 +1106,18 @@ on_closed(struct run *r, char **cause)
 	struct k8s_status st = { 0 };
 	json_t *items = NULL, *t;
 	size_t i;
-	int ret = INBOX_DONE;
+	int ret = INBOX_DONE, rc;
 
-	if (pr_tasks(r, &items, &st) < 0) {
+	if ((rc = pr_tasks(r, &items, &st)) < 0) {
 		*cause = xasprintf("listing the tasks: %s", st.message ?
 		    st.message : "failed");
 		k8s_status_release(&st);
+		store_retry(r, rc);
 		return INBOX_RETRY;
 	}
 	json_array_foreach(items, i, t) {
 		const char *name = k8s_meta_str(t, "name");
 		json_t *patch;
-		int rc;
 
 		if (task_finished(t))
 			continue;
@@ -1107,6 +1136,7 @@ on_closed(struct run *r, char **cause)
 		if (rc < 0 && rc != K8S_ENOTFOUND) {
 			*cause = xasprintf("ending task '%s': %s", name,
 			    st.message ? st.message : "failed");
+			store_retry(r, rc);
 			ret = INBOX_RETRY;
 		} else {
 			log_kv(LOG_INFO, "task ended: pull request closed",
@@ -1163,8 +1193,10 @@ actions_handle(void *arg, struct inbox_item *item, char **cause)
 	else
 		ret = INBOX_DONE;
 	/* a rate limit is retried when it resets (DESIGN 11) */
-	if (ret == INBOX_RETRY)
+	if (ret == INBOX_RETRY) {
 		item->retry_at_ms = r.retry_at_ms;
+		item->transient = r.transient;
+	}
 	buf_release(&r.reply);
 	free(r.host);
 	free(r.ns);

@@ -643,8 +643,14 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 		    now - d->received_ms < INBOX_RETRY_AT_MAX_AGE_MS)
 			d->attempts--;
 		if (d->outcome == INBOX_RETRY &&
-		    d->attempts >= ib->cfg.max_attempts)
-			d->outcome = INBOX_FAIL;
+		    d->attempts >= ib->cfg.max_attempts) {
+			/* an outage is waited out, at the longest backoff */
+			if (d->item.transient &&
+			    now - d->received_ms < INBOX_RETRY_AT_MAX_AGE_MS)
+				d->attempts = ib->cfg.max_attempts - 1;
+			else
+				d->outcome = INBOX_FAIL;
+		}
 		if (d->outcome == INBOX_DONE)
 			state = ST_DONE;
 		else if (d->outcome == INBOX_FAIL)

@@ -205,6 +205,15 @@ struct inbox_item {
 	 * one that lasts a day is).
 	 */
 	int64_t retry_at_ms;
+	/*
+	 * Set by a handler that returns INBOX_RETRY because a service it
+	 * needs is unavailable for now (5xx, timeouts, transport): once the
+	 * attempts reach max_attempts the entry is not dead-lettered but
+	 * retried at the longest backoff, while it is younger than
+	 * INBOX_RETRY_AT_MAX_AGE_MS (an outage is waited out; one that
+	 * lasts a day is a failure).
+	 */
+	int transient;
 };
 
 #define INBOX_RETRY_AT_MAX_MS		((int64_t)3600 * 1000)

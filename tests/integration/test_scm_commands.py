@@ -89,7 +89,7 @@ GH_COMMENTS = [(1001, 42, "alice"), (1002, 43, "carol"), (1003, 43, "bob"),
                (1019, 42, "alice"), (1020, 43, "alice"),
                (1030, 50, "bob"),
                (1021, 43, "alice"), (1022, 43, "alice"),
-               (1023, 43, "alice")]
+               (1023, 43, "alice"), (4101, 42, "alice")]
 GL_NOTES = [(3001, "pipin"), (3002, "guest"), (3003, "pipin")]
 
 
@@ -623,7 +623,30 @@ def main(t):
 
     t.eq(d.stop(), 0, "clean stop")
     claims_pruned(t, fake)
+    outage_waited_out(t, fake)
     fake.stop()
+
+
+def outage_waited_out(t, fake):
+    """An SCM outage longer than the client's retries and every attempt
+    the inbox allows (inbox.max_attempts: 1) is waited out: the comment
+    is handled when the API is back, not dead-lettered."""
+    d = bot_daemon(fake, CONFIG + "inbox:\n  max_attempts: 1\n",
+                   {"DIVERGE_SCM_MAX_WAIT_MS": "2000"})
+    fake.call("POST", "/_fake/faults", {"status": 503, "count": 7,
+                                        "method": "POST",
+                                        "match": "/comments/4101/reactions"})
+    key = str(uuid.uuid4())
+    d.github("issue_comment", gh_comment(4101, 42, "alice",
+                                         "/diverge status"), key)
+    t.ok(wait(lambda: gh_reactions(fake, 42, 4101) == ["eyes"], 40),
+         "reactions API down (503) beyond the client's retries: the "
+         "comment is handled once it is back, not dead-lettered",
+         [ln for ln in d.log() if "inbox" in ln][-4:])
+    t.eq(sum(r[0] for r in d.query(
+        "SELECT COUNT(*) FROM inbox WHERE state = 2")), 0, "no dead letter")
+    fake.call("DELETE", "/_fake/faults")
+    t.eq(d.stop(), 0, "clean stop")
 
 
 def claims_pruned(t, fake):

@@ -26,6 +26,7 @@ struct counter {
 	int block;		/* hold every call until cleared */
 	int record;		/* use the record effect */
 	int64_t retry_in_ms;	/* a RETRY names its time: now + this */
+	int transient;		/* a RETRY is for an outage */
 };
 
 static int
@@ -48,6 +49,8 @@ count_handle(void *arg, struct inbox_item *item, char **cause)
 	pthread_mutex_unlock(&c->mu);
 	if (r == INBOX_RETRY && c->retry_in_ms > 0)
 		item->retry_at_ms = now_unix_ms() + c->retry_in_ms;
+	if (r == INBOX_RETRY)
+		item->transient = c->transient;
 	if (r != INBOX_DONE)
 		*cause = xasprintf("planned failure %d", n);
 	else if (c->record)
@@ -532,6 +535,78 @@ retry_then_dead(void **state)
 	    "SELECT state FROM inbox WHERE key = 'github:r'"), 2);
 	assert_int_equal(query_int(path,
 	    "SELECT attempts FROM inbox WHERE key = 'github:r'"), 3);
+	free(path);
+}
+
+/*
+ * A retry for an outage (a service unavailable) is not dead-lettered when
+ * the attempts run out: it goes on at the longest backoff until the
+ * service is back, for up to a day from its receipt; after that it is.
+ */
+/* An inbox (max_attempts 2) whose handler retries for an outage. */
+static struct inbox *
+open_outage(const char *path, struct counter *c)
+{
+	counter_init(c);
+	c->always = INBOX_RETRY;
+	c->transient = 1;
+	return open_started(path, c, 100, 2, 3600);
+}
+
+static void
+transient_waits_out_outage(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+
+	(void)state;
+	ib = open_outage(path, &c);
+	assert_int_equal(inbox_put(ib, "github:o", "github", EV),
+	    INBOX_STORED);
+	assert_int_equal(wait_calls(&c, 6, 5000), 6);
+	assert_int_equal(query_int(path,
+	    "SELECT state FROM inbox WHERE key = 'github:o'"), 0);
+	assert_true(query_int(path,
+	    "SELECT attempts FROM inbox WHERE key = 'github:o'") <= 1);
+	/* the service is back */
+	pthread_mutex_lock(&c.mu);
+	c.always = INBOX_DONE;
+	pthread_mutex_unlock(&c.mu);
+	assert_true(wait_calls(&c, 7, 5000) >= 7);
+	sleep_ms(200);
+	inbox_free(ib);
+	assert_int_equal(query_int(path,
+	    "SELECT state FROM inbox WHERE key = 'github:o'"), 1);
+
+	/* received two days ago: the outage is a failure now */
+	ib = open_outage(path, &c);
+	assert_int_equal(inbox_put(ib, "github:old", "github", EV),
+	    INBOX_STORED);
+	assert_true(wait_calls(&c, 1, 5000) >= 1);
+	inbox_free(ib);
+	{
+		int i;
+
+		for (i = 0; i < INBOX_SHARDS; i++) {
+			char *sp = inbox_shard_path(path, i);
+			sqlite3 *db;
+
+			assert_int_equal(sqlite3_open(sp, &db), SQLITE_OK);
+			assert_int_equal(sqlite3_exec(db, "UPDATE inbox SET"
+			    " received_at = received_at - 2 * 86400000,"
+			    " next_at = 0 WHERE key = 'github:old'", NULL,
+			    NULL, NULL), SQLITE_OK);
+			sqlite3_close(db);
+			free(sp);
+		}
+	}
+	ib = open_outage(path, &c);
+	assert_true(wait_calls(&c, 1, 5000) >= 1);
+	sleep_ms(300);
+	inbox_free(ib);
+	assert_int_equal(query_int(path,
+	    "SELECT state FROM inbox WHERE key = 'github:old'"), 2);
 	free(path);
 }
 
@@ -1221,6 +1296,7 @@ main(void)
 		cmocka_unit_test(capacity_across_shards),
 		cmocka_unit_test(effect_disk_full),
 		cmocka_unit_test(retry_then_dead),
+		cmocka_unit_test(transient_waits_out_outage),
 		cmocka_unit_test(retry_at_reset),
 		cmocka_unit_test(retry_at_old_entry),
 		cmocka_unit_test(retry_then_success),
