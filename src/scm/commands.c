@@ -416,6 +416,53 @@ fence_open(const char *s, size_t p, size_t le, char *fc)
 	return r;
 }
 
+/*
+ * If GitLab's multi-line blockquote opens at p (">>>" or more '>', then
+ * only blanks), return the number of '>'.
+ */
+static size_t
+quote_fence_open(const char *s, size_t p, size_t le)
+{
+	size_t r = 0;
+
+	while (p + r < le && s[p + r] == '>')
+		r++;
+	if (r < 3)
+		return 0;
+	for (p += r; p < le; p++)
+		if (!is_blank(s[p]))
+			return 0;
+	return r;
+}
+
+/*
+ * Does the quote line whose first '>' is at q leave a paragraph open? Its
+ * text (after the nested '>' and list markers) is neither blank nor a
+ * fence. The next lines then continue that paragraph "lazily" (CommonMark)
+ * and are shown inside the quote, '>' or not. Other blocks (a heading, a
+ * rule, HTML) count as paragraphs: stripping too much is the safe side.
+ */
+static int
+quote_para(const char *s, size_t q, size_t le)
+{
+	size_t m;
+	char fc;
+
+	for (;;) {
+		while (q < le && is_blank(s[q]))
+			q++;
+		if (q < le && s[q] == '>') {
+			q++;
+			continue;
+		}
+		m = list_marker(s, q, le);
+		if (m == 0)
+			break;
+		q += m;
+	}
+	return q < le && fence_open(s, q, le, &fc) == 0;
+}
+
 /* Does the line [ls, le) close a fence of r characters c? */
 static int
 fence_closes(const char *s, size_t ls, size_t le, char c, size_t r,
@@ -512,7 +559,8 @@ strip_inline(struct strip *st, size_t i, int *content)
 /*
  * Mark what is stripped before matching. Block structure is recognized
  * line by line: fences (also inside list items), blockquote lines (also
- * nested or inside list items), indented code (4 columns, not inside a
+ * nested or inside list items) and the lines continuing a quote's text,
+ * GitLab's ">>>" blockquotes, indented code (4 columns, not inside a
  * paragraph: an indented line right after text continues that text, as in
  * CommonMark). The rest goes through strip_inline().
  */
@@ -521,7 +569,7 @@ strip_body(struct strip *st)
 {
 	const char *s = st->s;
 	size_t n = st->n, pos = 0, ls, le, p, q, col, m, r, max_indent;
-	int in_para = 0, content;
+	int in_para = 0, in_quote = 0, content;
 	char fc = 0;
 
 	while (pos < n) {
@@ -530,11 +578,11 @@ strip_body(struct strip *st)
 		for (p = ls, col = 0; p < le && is_blank(s[p]); p++)
 			col = s[p] == '\t' ? (col + 4) & ~(size_t)3 : col + 1;
 		if (p == le) {
-			in_para = 0;
+			in_para = in_quote = 0;
 			pos = le + 1;
 			continue;
 		}
-		if (col >= 4 && !in_para) {
+		if (col >= 4 && !in_para && !in_quote) {
 			/* indented code */
 			mask_set(st, ls, le, M_BLOCK);
 			pos = le + 1;
@@ -549,20 +597,28 @@ strip_body(struct strip *st)
 					break;
 				q += m;
 			}
-			if (q < le && s[q] == '>') {
+			if (q == p && (r = quote_fence_open(s, p, le)) > 0) {
+				/*
+				 * GitLab's multi-line blockquote, ">>>" to
+				 * ">>>": a fence of '>' for what follows.
+				 */
+				fc = '>';
+				max_indent = 3;
+			} else if (q < le && s[q] == '>') {
 				/* a quote line, whatever it holds */
 				mask_set(st, ls, le, M_BLOCK);
 				in_para = 0;
+				in_quote = quote_para(s, q, le);
 				pos = le + 1;
 				continue;
-			}
-			r = fence_open(s, q, le, &fc);
-			if (r > 0) {
+			} else if ((r = fence_open(s, q, le, &fc)) > 0) {
 				/*
 				 * Inside a list item the closer may be indented
 				 * like the item's content.
 				 */
 				max_indent = q == p ? 3 : (q - ls) + 3;
+			}
+			if (r > 0) {
 				for (pos = le + 1; pos < n; pos = le + 1) {
 					le = line_end(s, n, pos);
 					if (fence_closes(s, pos, le, fc, r,
@@ -571,12 +627,20 @@ strip_body(struct strip *st)
 				}
 				/* an unclosed fence runs to the end */
 				mask_set(st, ls, le, M_BLOCK);
-				in_para = 0;
+				in_para = in_quote = 0;
 				pos = le + 1;
 				continue;
 			}
 		}
 		le = strip_inline(st, ls, &content);
+		if (in_quote) {
+			/*
+			 * A lazy continuation line of the quote's paragraph
+			 * (with the code spans and comments it opens) is
+			 * shown inside the quote: stripped.
+			 */
+			mask_set(st, ls, le, M_BLOCK);
+		}
 		in_para = content;
 		pos = le + 1;
 	}

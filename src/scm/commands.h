@@ -10,9 +10,12 @@
  * The grammar, in short:
  *
  *  - Before matching, fenced code blocks (``` and ~~~), indented code
- *    blocks, inline code spans, blockquote lines and HTML comments are
- *    stripped; CRLF and lone CR count as one line break. Stripping keeps
- *    the line structure, so line numbers are those of the original body.
+ *    blocks, inline code spans, blockquotes and HTML comments are
+ *    stripped; CRLF and lone CR count as one line break. A blockquote is
+ *    its '>' lines, the lines that continue its text up to a blank line
+ *    (shown inside the quote, '>' or not), and GitLab's ">>>" to ">>>"
+ *    blocks. Stripping keeps the line structure, so line numbers are
+ *    those of the original body.
  *  - A command line starts with "/diverge" after at most 3 spaces, in any
  *    case, followed by a space, a tab or the end of the line. Anything
  *    else before it (a tab, a no-break space, a zero-width character, a
