@@ -597,13 +597,12 @@ strip_body(struct strip *st)
 					break;
 				q += m;
 			}
-			if (q == p && (r = quote_fence_open(s, p, le)) > 0) {
-				/*
-				 * GitLab's multi-line blockquote, ">>>" to
-				 * ">>>": a fence of '>' for what follows.
-				 */
+			/*
+			 * GitLab's multi-line blockquote, ">>>" to ">>>", is
+			 * a fence of '>'.
+			 */
+			if ((r = quote_fence_open(s, q, le)) > 0) {
 				fc = '>';
-				max_indent = 3;
 			} else if (q < le && s[q] == '>') {
 				/* a quote line, whatever it holds */
 				mask_set(st, ls, le, M_BLOCK);
@@ -611,14 +610,15 @@ strip_body(struct strip *st)
 				in_quote = quote_para(s, q, le);
 				pos = le + 1;
 				continue;
-			} else if ((r = fence_open(s, q, le, &fc)) > 0) {
+			} else {
+				r = fence_open(s, q, le, &fc);
+			}
+			if (r > 0) {
 				/*
 				 * Inside a list item the closer may be indented
 				 * like the item's content.
 				 */
 				max_indent = q == p ? 3 : (q - ls) + 3;
-			}
-			if (r > 0) {
 				for (pos = le + 1; pos < n; pos = le + 1) {
 					le = line_end(s, n, pos);
 					if (fence_closes(s, pos, le, fc, r,

@@ -401,6 +401,8 @@ static const struct tcase cases[] = {
 	    "", 0, NULL, { 0, 0, 0 } },
 	{ "gitlab quote block unclosed", "a\n\n  >>>  \n/diverge pause", "",
 	    0, NULL, { 0, 0, 0 } },
+	{ "gitlab quote block in list", "- >>>\n  /diverge pause\n  >>>\n"
+	    "/diverge status", "4:status", 0, NULL, { 0, 0, 0 } },
 	{ "gitlab quote block text", ">>> a\n\n/diverge pause", "3:pause", 0,
 	    NULL, { 0, 0, 0 } },
 	/* HTML comments */
