@@ -776,9 +776,9 @@ gh_permission(struct scm_client *c, const struct scm_repo *repo,
 	const char *perm, *role;
 	json_t *j = NULL;
 	enum scm_permission p;
+	json_int_t uid;
 	int ret;
 
-	(void)user_id;
 	scm_resp_init(&rp);
 	if (login == NULL || *login == '\0') {
 		*cause = xstrdup("github: permission: no login");
@@ -804,6 +804,19 @@ gh_permission(struct scm_client *c, const struct scm_repo *repo,
 		goto out;
 	perm = json_string_value(json_object_get(j, "permission"));
 	role = json_string_value(json_object_get(j, "role_name"));
+	uid = json_integer_value(json_object_get(json_object_get(j, "user"),
+	    "id"));
+	if (user_id > 0 && uid > 0 && uid != user_id) {
+		/*
+		 * The permission is looked up by login, and the login now
+		 * names another account (renamed since the comment, and
+		 * taken): not the author's access, so none.
+		 */
+		log_kv(LOG_WARN, "github: permission: the login names another "
+		    "account now: no access", "login", login, NULL);
+		*out = SCM_PERM_NONE;
+		goto out;
+	}
 	if (perm == NULL) {
 		*cause = xstrdup("github: permission: the reply has no "
 		    "permission");

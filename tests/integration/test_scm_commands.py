@@ -89,7 +89,8 @@ GH_COMMENTS = [(1001, 42, "alice"), (1002, 43, "carol"), (1003, 43, "bob"),
                (1019, 42, "alice"), (1020, 43, "alice"),
                (1030, 50, "bob"),
                (1021, 43, "alice"), (1022, 43, "alice"),
-               (1023, 43, "alice"), (4101, 42, "alice")]
+               (1023, 43, "alice"), (4101, 42, "alice"),
+               (1009, 42, "alice")]
 GL_NOTES = [(3001, "pipin"), (3002, "guest"), (3003, "pipin")]
 
 
@@ -355,6 +356,16 @@ def main(t):
     t.ok(get_task(d, "fix-pr-43") is None, "permission API failing: "
          "nothing created")
     fake.call("DELETE", "/_fake/faults")
+
+    # --- the author's login names another account by the time of the
+    # check (renamed, and taken by alice): alice's access is not theirs
+    s, _, _ = d.github("issue_comment", gh_comment(
+        1009, 42, "alice", "/diverge pause", uid=4), str(uuid.uuid4()))
+    t.ok(wait(lambda: gh_reactions(fake, 42, 1009) == ["confused"], 20),
+         "a login that is another account's now: refused (confused)",
+         gh_reactions(fake, 42, 1009))
+    t.ok(not (get_task(d, "fix-pr-42") or {}).get("spec", {}).get(
+        "suspended"), "... and the task is not paused")
 
     # --- the bot's own comments, other bots, our help text: nothing
     n_before = len(fake.requests())
