@@ -703,27 +703,112 @@ load_root_key(unsigned char key[MACAROON_KEY_LEN], char **cause)
 	return rc;
 }
 
-/* Every 10 minutes: drop index entries of deleted tasks, expired tokens. */
+/* Whether the bot's identity on a provider it can call is unknown. */
+static int
+identity_unknown(void)
+{
+	int u;
+
+	pthread_rwlock_rdlock(&D.github.lock);
+	u = D.github_client != NULL && D.self.github_login == NULL;
+	pthread_rwlock_unlock(&D.github.lock);
+	pthread_rwlock_rdlock(&D.gitlab.lock);
+	u |= D.gitlab_client != NULL && D.self.gitlab_username == NULL;
+	pthread_rwlock_unlock(&D.gitlab.lock);
+	return u;
+}
+
+/*
+ * Learn the bot's own identity (so that its comments are ignored) where
+ * it is not known yet: at start, and after a failure (an API outage at
+ * start) on SIGHUP and every minute, from the pruner, until it is. The
+ * webhook handlers read it under their provider's lock.
+ */
+static void
+learn_identity(void)
+{
+	char *login = NULL, *c = NULL;
+	int64_t id = 0;
+	int want, failed = 0;
+
+	pthread_rwlock_rdlock(&D.github.lock);
+	want = D.github_client != NULL && D.self.github_login == NULL;
+	pthread_rwlock_unlock(&D.github.lock);
+	if (want && D.github_client->ops->whoami(D.github_client, &login, &id,
+	    &c) == 0) {
+		pthread_rwlock_wrlock(&D.github.lock);
+		free(D.self_github);
+		D.self_github = login;
+		D.self.github_login = D.self_github;
+		pthread_rwlock_unlock(&D.github.lock);
+		log_kv(LOG_INFO, "github identity", "login", login, NULL);
+	} else if (want) {
+		log_kv(LOG_WARN, "github identity unknown, tried again in a "
+		    "minute: comments by other bots are still ignored",
+		    "error", c, NULL);
+		free(c);
+		failed = 1;
+	}
+	login = c = NULL;
+	pthread_rwlock_rdlock(&D.gitlab.lock);
+	want = D.gitlab_client != NULL && D.self.gitlab_username == NULL;
+	pthread_rwlock_unlock(&D.gitlab.lock);
+	if (want && D.gitlab_client->ops->whoami(D.gitlab_client, &login, &id,
+	    &c) == 0) {
+		pthread_rwlock_wrlock(&D.gitlab.lock);
+		free(D.self_gitlab);
+		D.self_gitlab = login;
+		D.self.gitlab_username = login;
+		D.self.gitlab_user_id = id;
+		pthread_rwlock_unlock(&D.gitlab.lock);
+		log_kv(LOG_INFO, "gitlab identity", "username", login, NULL);
+	} else if (want) {
+		log_kv(LOG_WARN, "gitlab identity unknown, tried again in a "
+		    "minute", "error", c, NULL);
+		free(c);
+		failed = 1;
+	}
+	if (failed) {
+		/* the pruner may be waiting out its ten minutes: a minute */
+		pthread_mutex_lock(&D.prune_mu);
+		pthread_cond_signal(&D.prune_cv);
+		pthread_mutex_unlock(&D.prune_mu);
+	}
+}
+
+/*
+ * Every 10 minutes: drop index entries of deleted tasks, expired tokens;
+ * every minute while the bot's identity is unknown: learn it.
+ */
 static void *
 pruner_main(void *arg)
 {
 	struct timespec ts;
+	int64_t last_prune = now_mono_ms();
 
 	thread_background("pruner");
 	pthread_mutex_lock(&D.prune_mu);
 	while (!D.stopping) {
 		char *cause = NULL;
+		int unknown;
 
+		pthread_mutex_unlock(&D.prune_mu);
+		unknown = identity_unknown();
+		pthread_mutex_lock(&D.prune_mu);
 		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_sec += 600;
+		ts.tv_sec += unknown ? 60 : 600;
 		pthread_cond_timedwait(&D.prune_cv, &D.prune_mu, &ts);
 		if (D.stopping)
 			break;
 		pthread_mutex_unlock(&D.prune_mu);
-		if (meter_prune_all(D.meter, &cause) < 0) {
-			log_kv(LOG_WARN, "token index pruning failed", "error",
-			    cause, NULL);
-			free(cause);
+		learn_identity();
+		if (now_mono_ms() - last_prune >= 600 * 1000) {
+			last_prune = now_mono_ms();
+			if (meter_prune_all(D.meter, &cause) < 0) {
+				log_kv(LOG_WARN, "token index pruning failed",
+				    "error", cause, NULL);
+				free(cause);
+			}
 		}
 		pthread_mutex_lock(&D.prune_mu);
 	}
@@ -764,51 +849,23 @@ static int
 start_scm(char **cause)
 {
 	struct actions_config ac;
-	char *login = NULL, *c = NULL;
-	int64_t id = 0;
 
 	if (D.cfg.github.enabled && (D.cfg.github.token != NULL ||
 	    D.cfg.github.app.id != NULL)) {
 		if (scm_github_new(&D.github_client, &D.cfg, cause) < 0)
 			return -1;
-		if (D.github_client->ops->whoami(D.github_client, &login, &id,
-		    &c) == 0) {
-			free(D.self_github);
-			D.self_github = login;
-			D.self.github_login = D.self_github;
-			log_kv(LOG_INFO, "github identity", "login", login,
-			    NULL);
-		} else {
-			log_kv(LOG_WARN, "github identity unknown: comments "
-			    "by other bots are still ignored", "error", c,
-			    NULL);
-			free(c);
-		}
 	} else if (D.cfg.github.enabled) {
 		log_kv(LOG_WARN, "github: no API token (github.token or "
 		    "github.app): its events are recorded, not run", NULL);
 	}
 	if (D.cfg.gitlab.enabled && D.cfg.gitlab.token != NULL) {
-		c = NULL;
-		login = NULL;
 		if (scm_gitlab_new(&D.gitlab_client, &D.cfg, cause) < 0)
 			return -1;
-		if (D.gitlab_client->ops->whoami(D.gitlab_client, &login, &id,
-		    &c) == 0) {
-			D.self_gitlab = login;
-			D.self.gitlab_username = login;
-			D.self.gitlab_user_id = id;
-			log_kv(LOG_INFO, "gitlab identity", "username", login,
-			    NULL);
-		} else {
-			log_kv(LOG_WARN, "gitlab identity unknown", "error", c,
-			    NULL);
-			free(c);
-		}
 	} else if (D.cfg.gitlab.enabled) {
 		log_kv(LOG_WARN, "gitlab: no API token (gitlab.token): "
 		    "its events are recorded, not run", NULL);
 	}
+	learn_identity();
 	memset(&ac, 0, sizeof(ac));
 	ac.cfg = &D.cfg;
 	ac.store = D.store;
@@ -964,6 +1021,8 @@ reload(void)
 	log_setup((enum log_level)nc.log.level, nc.log.json);
 	config_release(&nc);
 	log_kv(LOG_INFO, "reloaded secrets and log settings", NULL);
+	/* a rotated token, or an API back: who the bot is, if unknown */
+	learn_identity();
 }
 
 int

@@ -7,6 +7,7 @@ import base64
 import http.client
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -635,7 +636,31 @@ def main(t):
     t.eq(d.stop(), 0, "clean stop")
     claims_pruned(t, fake)
     outage_waited_out(t, fake)
+    identity_learned_later(t, fake)
     fake.stop()
+
+
+def identity_learned_later(t, fake):
+    """GitHub down when the daemon starts: its own identity is learned
+    later (SIGHUP, or the minute's retry), and from then on its own
+    comments are ignored at the door."""
+    fake.call("POST", "/_fake/faults", {"provider": "github", "status": 500,
+                                        "count": 1000, "method": "GET",
+                                        "match": "/user"})
+    d = bot_daemon(fake, CONFIG, {"DIVERGE_SCM_MAX_WAIT_MS": "2000"})
+    t.ok(d.wait_log("github identity unknown", 20), "GitHub down at the "
+         "start: the bot's identity is unknown")
+    fake.call("DELETE", "/_fake/faults")
+    d.send_signal(signal.SIGHUP)
+    t.ok(d.wait_log('msg="github identity" login=diverge-bot', 20),
+         "learned once GitHub is back (SIGHUP)",
+         [ln for ln in d.log() if "identity" in ln])
+    s, _, j = d.github("issue_comment", gh_comment(
+        1005, 43, "diverge-bot", "/diverge fix loop", uid=900),
+        str(uuid.uuid4()))
+    t.eq((s, j.get("ignored")), (200, "comment by diverge itself"),
+         "then its own comment is ignored at the door")
+    t.eq(d.stop(), 0, "clean stop")
 
 
 def outage_waited_out(t, fake):
