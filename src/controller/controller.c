@@ -562,6 +562,12 @@ controller_start(struct controller **out,
 	metrics_describe("diverge_agenttask_phase_transitions_total",
 	    METRIC_COUNTER, "AgentTask phase changes made by the reconciler, "
 	    "by the phase entered.");
+	{
+		static const char *const results[] = { "result=\"success\"",
+		    "result=\"requeue\"", "result=\"error\"", NULL };
+
+		metrics_zero("diverge_reconciles_total", results);
+	}
 	c = xcalloc(1, sizeof(*c));
 	c->cfg = *cfg;
 	if (c->cfg.resync_ms <= 0)

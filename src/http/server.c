@@ -669,6 +669,11 @@ http_server_start(struct http_server **out,
 	metrics_describe("diverge_http_connections_timed_out_total",
 	    METRIC_COUNTER, "Connections cut because their request did not "
 	    "arrive within http.request_timeout.");
+	{
+		static const char *const none[] = { "", NULL };
+
+		metrics_zero("diverge_http_connections_timed_out_total", none);
+	}
 	s->d = MHD_start_daemon(flags, 0, NULL, NULL, access_cb, s,
 	    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
 	    MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)(cfg->threads > 0 ?

@@ -270,6 +270,16 @@ metrics_init(void)
 	    "Tasks suspended by the meter, by reason.");
 	metrics_describe("diverge_meter_completions_total", METRIC_COUNTER,
 	    "Task ends reported by agents (complete), by result.");
+	{
+		static const char *const reasons[] = {
+		    "reason=\"budget exceeded\"",
+		    "reason=\"max iterations exceeded\"", NULL };
+		static const char *const results[] = {
+		    "result=\"succeeded\"", "result=\"failed\"", NULL };
+
+		metrics_zero("diverge_meter_suspensions_total", reasons);
+		metrics_zero("diverge_meter_completions_total", results);
+	}
 }
 
 /* The outcome of one call to endpoint, once its reply is final. */

@@ -923,6 +923,14 @@ notifier_start(struct notifier **out, const struct notifier_config *cfg,
 	    "error).");
 	metrics_describe("diverge_notifier_notifications_total",
 	    METRIC_COUNTER, "Finished-run notification comments posted.");
+	{
+		static const char *const results[] = { "result=\"updated\"",
+		    "result=\"rate_limited\"", "result=\"error\"", NULL };
+		static const char *const none[] = { "", NULL };
+
+		metrics_zero("diverge_notifier_updates_total", results);
+		metrics_zero("diverge_notifier_notifications_total", none);
+	}
 	n->q = controller_queue_new();
 	n->workers = xcalloc((size_t)n->c.workers, sizeof(*n->workers));
 	for (i = 0; i < n->c.workers; i++) {

@@ -1358,6 +1358,15 @@ inbox_start(struct inbox *ib, const struct inbox_handler *h, char **cause)
 	    METRIC_COUNTER, "Puts and completions written by group commits "
 	    "(divided by commits: the mean batch size).");
 	metrics_gauge_fn("diverge_inbox_depth", "", depth_gauge, ib);
+	{
+		static const char *const outcomes[] = { "outcome=\"done\"",
+		    "outcome=\"retry\"", "outcome=\"dead\"", NULL };
+		static const char *const none[] = { "", NULL };
+
+		metrics_zero("diverge_inbox_processed_total", outcomes);
+		metrics_zero("diverge_inbox_commits_total", none);
+		metrics_zero("diverge_inbox_committed_entries_total", none);
+	}
 
 	ib->started = 1;
 	for (i = 0; i < INBOX_SHARDS; i++) {

@@ -103,6 +103,14 @@ metrics_inc(const char *name, const char *labels, double v)
 	pthread_mutex_unlock(&lock);
 }
 
+/* Start counters at 0 (see util.h). */
+void
+metrics_zero(const char *name, const char *const *labelsets)
+{
+	for (; *labelsets != NULL; labelsets++)
+		metrics_inc(name, *labelsets, 0);
+}
+
 /* Set a gauge. */
 void
 metrics_set(const char *name, const char *labels, double v)

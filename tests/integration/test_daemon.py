@@ -136,6 +136,15 @@ def operations(t):
                  "diverge_http_request_duration_seconds_bucket",
                  "# TYPE diverge_inbox_processing_seconds histogram"):
         t.ok(name in m, "metrics: %s" % name)
+    # counters whose events have not happened yet are there, at 0
+    zero = ["diverge_http_connections_timed_out_total 0",
+            'diverge_inbox_processed_total{outcome="dead"} 0',
+            'diverge_meter_suspensions_total{reason="budget exceeded"} 0',
+            'diverge_meter_completions_total{result="failed"} 0',
+            'diverge_reconciles_total{result="error"} 0']
+    t.ok(all(z in m.splitlines() for z in zero), "metrics: counters "
+         "start at 0 before their first event",
+         [z for z in zero if z not in m.splitlines()])
 
     # SIGHUP: rotate the secret file
     with open(d.secret_file, "w") as f:
