@@ -422,7 +422,7 @@ gl_permission(struct scm_client *c, const struct scm_repo *repo,
 {
 	struct scm_resp rp;
 	char url[96];
-	const char *state;
+	const char *state, *mstate;
 	json_t *j = NULL;
 	int64_t level;
 	int ret;
@@ -462,8 +462,14 @@ gl_permission(struct scm_client *c, const struct scm_repo *repo,
 	}
 	level = scm_json_int(j, "access_level");
 	state = json_string_value(json_object_get(j, "state"));
-	if (state != NULL && strcmp(state, "active") != 0)
-		*out = SCM_PERM_NONE;	/* blocked or awaiting */
+	mstate = json_string_value(json_object_get(j, "membership_state"));
+	/*
+	 * the account blocked, or the membership awaiting an owner's
+	 * approval (a user cap): no access yet
+	 */
+	if ((state != NULL && strcmp(state, "active") != 0) ||
+	    (mstate != NULL && strcmp(mstate, "active") != 0))
+		*out = SCM_PERM_NONE;
 	else if (level >= 40)
 		*out = SCM_PERM_MAINTAIN;
 	else if (level >= 30)

@@ -970,6 +970,13 @@ permissions(void **state)
 	assert_int_equal(c->ops->permission(c, &gl_repo, "u", 1, &p, &cause),
 	    SCM_OK);
 	assert_int_equal(p, SCM_PERM_NONE);
+	/* a membership awaiting approval (user cap) gives nothing yet */
+	push(200, "{\"id\":1,\"access_level\":40,\"state\":\"active\","
+	    "\"membership_state\":\"awaiting\"}", NULL);
+	p = 99;
+	assert_int_equal(c->ops->permission(c, &gl_repo, "u", 1, &p, &cause),
+	    SCM_OK);
+	assert_int_equal(p, SCM_PERM_NONE);
 	push(404, "{\"message\":\"404 Not found\"}", NULL);
 	assert_int_equal(c->ops->permission(c, &gl_repo, "u", 1, &p, &cause),
 	    SCM_OK);
