@@ -46,6 +46,7 @@ enum { ST_PENDING = 0, ST_DONE = 1, ST_DEAD = 2 };
 
 /* handled_events keeps at most this many bytes of a comment. */
 #define INBOX_AUDIT_BODY_MAX 1024
+#define DEAD_KEEP_MS (30 * 86400 * 1000LL)	/* dead letters: at least */
 
 /* Queue ids carry their shard in the low bits. */
 #define ID_MAKE(rowid, shard) ((rowid) * INBOX_SHARDS + (shard))
@@ -272,6 +273,8 @@ static const char schema[] =
     " WHERE state = 0;"
     "CREATE INDEX IF NOT EXISTS inbox_finished ON inbox(finished_at)"
     " WHERE state = 1;"
+    "CREATE INDEX IF NOT EXISTS inbox_dead ON inbox(finished_at)"
+    " WHERE state = 2;"
     "CREATE TABLE IF NOT EXISTS inbox_body ("
     " id INTEGER PRIMARY KEY,"
     " event TEXT NOT NULL);"
@@ -722,12 +725,21 @@ prune(struct shard *sh)
 		" WHERE state = 1 AND finished_at < ?1 LIMIT 10000)",
 		"DELETE FROM inbox WHERE id IN (SELECT id FROM inbox"
 		" WHERE state = 1 AND finished_at < ?1 LIMIT 10000)",
+		/* dead letters: kept for inspection, 30 days at least */
+		"DELETE FROM inbox_body WHERE id IN (SELECT id FROM inbox"
+		" WHERE state = 2 AND finished_at < ?1 LIMIT 10000)",
+		"DELETE FROM inbox WHERE id IN (SELECT id FROM inbox"
+		" WHERE state = 2 AND finished_at < ?1 LIMIT 10000)",
 	};
 	struct inbox *ib = sh->ib;
-	int64_t cutoff = now_unix_ms() - ib->cfg.retention_s * 1000;
+	int64_t keep = ib->cfg.retention_s * 1000, now = now_unix_ms();
+	int64_t cutoff[ARRAY_SIZE(sql)];
 	int n = 0;
 	size_t i;
 
+	cutoff[0] = cutoff[1] = now - keep;
+	cutoff[2] = cutoff[3] = now - (keep > DEAD_KEEP_MS ? keep :
+	    DEAD_KEEP_MS);
 	if (db_step(sh->wdb, "BEGIN IMMEDIATE") < 0)
 		return;
 	for (i = 0; i < ARRAY_SIZE(sql); i++) {
@@ -735,13 +747,15 @@ prune(struct shard *sh)
 
 		if (st == NULL)
 			goto fail;
-		sqlite3_bind_int64(st, 1, cutoff);
+		sqlite3_bind_int64(st, 1, cutoff[i]);
 		if (sqlite3_step(st) != SQLITE_DONE) {
 			sqlite3_reset(st);
 			goto fail;
 		}
 		sqlite3_reset(st);
-		n = sqlite3_changes(sh->wdb);
+		/* the rows, not the bodies, are counted */
+		if (i % 2 == 1)
+			n += sqlite3_changes(sh->wdb);
 	}
 	if (db_step(sh->wdb, "COMMIT") < 0)
 		goto fail;
@@ -749,8 +763,8 @@ prune(struct shard *sh)
 		char num[32];
 
 		snprintf(num, sizeof(num), "%d", n);
-		log_kv(LOG_INFO, "inbox pruned finished entries", "count", num,
-		    NULL);
+		log_kv(LOG_INFO, "inbox pruned finished entries and old dead "
+		    "letters", "count", num, NULL);
 	}
 	return;
 fail:

@@ -1219,6 +1219,58 @@ prune_finished(void **state)
 }
 
 /*
+ * Dead letters are kept for inspection, but not for ever: 30 days (or
+ * the retention, when longer) after they died, they are pruned too.
+ */
+static void
+prune_dead_letters(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+	char *sp;
+	sqlite3 *db;
+	int i;
+
+	(void)state;
+	counter_init(&c);
+	c.always = INBOX_FAIL;
+	ib = open_started(path, &c, 100, 3, 0);
+	assert_int_equal(inbox_put(ib, "github:d1", "github", EV),
+	    INBOX_STORED);
+	assert_int_equal(inbox_put(ib, "github:d2", "github", EV),
+	    INBOX_STORED);
+	assert_int_equal(wait_calls(&c, 2, 5000), 2);
+	inbox_free(ib);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM inbox WHERE state = 2"), 2);
+	/* d1 died 31 days ago, d2 29 days ago */
+	for (i = 0; i < INBOX_SHARDS; i++) {
+		sp = inbox_shard_path(path, i);
+		assert_int_equal(sqlite3_open(sp, &db), SQLITE_OK);
+		assert_int_equal(sqlite3_exec(db, "UPDATE inbox SET finished_at"
+		    " = finished_at - 31 * 86400000 WHERE key = 'github:d1';"
+		    "UPDATE inbox SET finished_at = finished_at - 29 * 86400000"
+		    " WHERE key = 'github:d2'", NULL, NULL, NULL), SQLITE_OK);
+		sqlite3_close(db);
+		free(sp);
+	}
+	counter_init(&c);
+	ib = open_started(path, &c, 100, 3, 0);
+	for (i = 0; i < 300 && query_int(path,
+	    "SELECT COUNT(*) FROM inbox") > 1; i++)
+		sleep_ms(10);
+	inbox_free(ib);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM inbox WHERE key = 'github:d1'"), 0);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM inbox WHERE key = 'github:d2'"), 1);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox_body"),
+	    1);
+	free(path);
+}
+
+/*
  * A prune takes at most 10,000 entries at a time, and takes their bodies
  * with them: what is left keeps its body.
  */
@@ -1307,6 +1359,7 @@ main(void)
 		cmocka_unit_test(concurrent_group_commit),
 		cmocka_unit_test(prune_finished),
 		cmocka_unit_test(prune_keeps_bodies),
+		cmocka_unit_test(prune_dead_letters),
 		cmocka_unit_test(wal_stays_bounded),
 		cmocka_unit_test(reader_holds_wal),
 		cmocka_unit_test(stop_beside_readers),
