@@ -146,6 +146,24 @@ query_int(const char *path, const char *sql)
 	return v;
 }
 
+/* Run sql on every shard (the inbox closed). */
+static void
+exec_shards(const char *path, const char *sql)
+{
+	int i;
+
+	for (i = 0; i < INBOX_SHARDS; i++) {
+		char *sp = inbox_shard_path(path, i);
+		sqlite3 *db;
+
+		assert_int_equal(sqlite3_open(sp, &db), SQLITE_OK);
+		assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL),
+		    SQLITE_OK);
+		sqlite3_close(db);
+		free(sp);
+	}
+}
+
 static struct inbox_config
 test_config(int64_t capacity, int max_attempts, int64_t retention)
 {
@@ -585,22 +603,8 @@ transient_waits_out_outage(void **state)
 	    INBOX_STORED);
 	assert_true(wait_calls(&c, 1, 5000) >= 1);
 	inbox_free(ib);
-	{
-		int i;
-
-		for (i = 0; i < INBOX_SHARDS; i++) {
-			char *sp = inbox_shard_path(path, i);
-			sqlite3 *db;
-
-			assert_int_equal(sqlite3_open(sp, &db), SQLITE_OK);
-			assert_int_equal(sqlite3_exec(db, "UPDATE inbox SET"
-			    " received_at = received_at - 2 * 86400000,"
-			    " next_at = 0 WHERE key = 'github:old'", NULL,
-			    NULL, NULL), SQLITE_OK);
-			sqlite3_close(db);
-			free(sp);
-		}
-	}
+	exec_shards(path, "UPDATE inbox SET received_at = received_at -"
+	    " 2 * 86400000, next_at = 0 WHERE key = 'github:old'");
 	ib = open_outage(path, &c);
 	assert_true(wait_calls(&c, 1, 5000) >= 1);
 	sleep_ms(300);
@@ -1228,8 +1232,6 @@ prune_dead_letters(void **state)
 	char *path = tmpdb();
 	struct counter c;
 	struct inbox *ib;
-	char *sp;
-	sqlite3 *db;
 	int i;
 
 	(void)state;
@@ -1245,16 +1247,10 @@ prune_dead_letters(void **state)
 	assert_int_equal(query_int(path,
 	    "SELECT COUNT(*) FROM inbox WHERE state = 2"), 2);
 	/* d1 died 31 days ago, d2 29 days ago */
-	for (i = 0; i < INBOX_SHARDS; i++) {
-		sp = inbox_shard_path(path, i);
-		assert_int_equal(sqlite3_open(sp, &db), SQLITE_OK);
-		assert_int_equal(sqlite3_exec(db, "UPDATE inbox SET finished_at"
-		    " = finished_at - 31 * 86400000 WHERE key = 'github:d1';"
-		    "UPDATE inbox SET finished_at = finished_at - 29 * 86400000"
-		    " WHERE key = 'github:d2'", NULL, NULL, NULL), SQLITE_OK);
-		sqlite3_close(db);
-		free(sp);
-	}
+	exec_shards(path, "UPDATE inbox SET finished_at = finished_at -"
+	    " 31 * 86400000 WHERE key = 'github:d1'; UPDATE inbox SET"
+	    " finished_at = finished_at - 29 * 86400000 WHERE key ="
+	    " 'github:d2'");
 	counter_init(&c);
 	ib = open_started(path, &c, 100, 3, 0);
 	for (i = 0; i < 300 && query_int(path,
