@@ -92,13 +92,31 @@ keys_release(struct provider_keys *k)
 	memset(k, 0, sizeof(*k));
 }
 
+/*
+ * The error of a secret-valued key, "FILE:LINE: 'KEY': what" like the
+ * parser's when the configuration file says where the key was written.
+ */
+static char *
+secret_error(const struct config *cfg, const char *key, const char *what)
+{
+	int line = config_key_line(cfg, key);
+
+	if (cfg->file != NULL && line > 0)
+		return xasprintf("%s:%d: '%s': %s", cfg->file, line, key,
+		    what);
+	if (cfg->file != NULL)
+		return xasprintf("%s: '%s': %s", cfg->file, key, what);
+	return xasprintf("'%s': %s", key, what);
+}
+
 static int
-keys_load(struct provider_keys *out, const char *what,
-    const struct config_strlist *refs, const char *signing_ref, char **cause)
+keys_load(struct provider_keys *out, const struct config *cfg,
+    const char *what, const struct config_strlist *refs,
+    const char *signing_ref, char **cause)
 {
 	struct provider_keys k;
 	size_t i;
-	char *c = NULL;
+	char *c = NULL, *key;
 
 	memset(&k, 0, sizeof(k));
 	k.vals = xcalloc(refs->n + 1, sizeof(char *));
@@ -106,7 +124,9 @@ keys_load(struct provider_keys *out, const char *what,
 	for (i = 0; i < refs->n; i++) {
 		if (config_secret_read(refs->v[i], &k.vals[i], &k.lens[i],
 		    &c) < 0) {
-			*cause = xasprintf("'%s': %s", what, c);
+			key = xasprintf("%s[%zu]", what, i);
+			*cause = secret_error(cfg, key, c);
+			free(key);
 			free(c);
 			keys_release(&k);
 			return -1;
@@ -119,7 +139,7 @@ keys_load(struct provider_keys *out, const char *what,
 		int r;
 
 		if (config_secret_read(signing_ref, &tok, &tlen, &c) < 0) {
-			*cause = xasprintf("'gitlab.signing_token': %s", c);
+			*cause = secret_error(cfg, "gitlab.signing_token", c);
 			free(c);
 			keys_release(&k);
 			return -1;
@@ -129,8 +149,8 @@ keys_load(struct provider_keys *out, const char *what,
 		secure_wipe(tok, tlen);
 		free(tok);
 		if (r < 0) {
-			*cause = xstrdup("'gitlab.signing_token': not a "
-			    "whsec_<base64> signing token");
+			*cause = secret_error(cfg, "gitlab.signing_token",
+			    "not a whsec_<base64> signing token");
 			keys_release(&k);
 			return -1;
 		}
@@ -147,12 +167,13 @@ secrets_reload(const struct config *cfg, char **cause)
 
 	memset(&gh, 0, sizeof(gh));
 	memset(&gl, 0, sizeof(gl));
-	if (cfg->github.enabled && keys_load(&gh, "github.webhook_secrets",
-	    &cfg->github.webhook_secrets, NULL, cause) < 0)
+	if (cfg->github.enabled && keys_load(&gh, cfg,
+	    "github.webhook_secrets", &cfg->github.webhook_secrets, NULL,
+	    cause) < 0)
 		return -1;
-	if (cfg->gitlab.enabled && keys_load(&gl, "gitlab.webhook_tokens",
-	    &cfg->gitlab.webhook_tokens, cfg->gitlab.signing_token,
-	    cause) < 0) {
+	if (cfg->gitlab.enabled && keys_load(&gl, cfg,
+	    "gitlab.webhook_tokens", &cfg->gitlab.webhook_tokens,
+	    cfg->gitlab.signing_token, cause) < 0) {
 		keys_release(&gh);
 		return -1;
 	}
@@ -198,8 +219,7 @@ secrets_check(const struct config *cfg, char **cause)
 		if (!refs[i].used || refs[i].ref == NULL || *refs[i].ref == '\0')
 			continue;
 		if (config_secret_read(refs[i].ref, &v, &len, &c) < 0) {
-			*cause = xasprintf("%s: '%s': %s", cfg->file ? cfg->file :
-			    "defaults", refs[i].key, c);
+			*cause = secret_error(cfg, refs[i].key, c);
 			free(c);
 			return -1;
 		}

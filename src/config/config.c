@@ -886,6 +886,20 @@ check_secret(struct ctx *c, const char *s)
 	return -1;
 }
 
+/* Remember the line of the secret reference at the current key. */
+static void
+secret_line(struct ctx *c)
+{
+	struct config *g = c->cfg;
+	struct config_keyline *kl;
+
+	g->secret_lines = xrealloc(g->secret_lines,
+	    (g->nsecret_lines + 1) * sizeof(*g->secret_lines));
+	kl = &g->secret_lines[g->nsecret_lines++];
+	kl->key = xstrdup(c->path);
+	kl->line = (int)ev_line(c);
+}
+
 /* A secret reference; "" unsets it. */
 static int
 p_secret(struct ctx *c, const struct field *f, void *base)
@@ -901,6 +915,7 @@ p_secret(struct ctx *c, const struct field *f, void *base)
 	if (check_secret(c, sval(c)) < 0)
 		return -1;
 	set_str(dst(base, f), sval(c));
+	secret_line(c);
 	return 0;
 }
 
@@ -949,6 +964,7 @@ secret_item(struct ctx *c, const struct field *f, void *base, size_t i)
 	if (check_secret(c, sval(c)) < 0)
 		return -1;
 	list_add(dst(base, f), sval(c));
+	secret_line(c);
 	return 0;
 }
 
@@ -1664,7 +1680,21 @@ config_release(struct config *c)
 	free(c->sandbox.runtime_class);
 	free(c->sandbox.workspace_size);
 	free(c->preview.url_template);
+	for (i = 0; i < c->nsecret_lines; i++)
+		free(c->secret_lines[i].key);
+	free(c->secret_lines);
 	memset(c, 0, sizeof(*c));
+}
+
+int
+config_key_line(const struct config *c, const char *key)
+{
+	size_t i;
+
+	for (i = 0; i < c->nsecret_lines; i++)
+		if (strcmp(c->secret_lines[i].key, key) == 0)
+			return c->secret_lines[i].line;
+	return 0;
 }
 
 /* Read a whole secret file, at most MAX_SECRET bytes. */

@@ -27,6 +27,12 @@ struct config_strlist {
 	size_t n;
 };
 
+/* Where a key was written: "github.token", "github.webhook_secrets[0]". */
+struct config_keyline {
+	char *key;
+	int line;
+};
+
 struct config {
 	char *file;		/* path it was read from, NULL for defaults */
 
@@ -136,6 +142,13 @@ struct config {
 	} commands;
 
 	int shutdown_timeout_s;			/* default 30 */
+
+	/*
+	 * The line of each secret reference, so that the errors of its
+	 * resolution (at start, on SIGHUP) say FILE:LINE like the parser's.
+	 */
+	struct config_keyline *secret_lines;
+	size_t nsecret_lines;
 };
 
 /* Fill c with the defaults (embedded mode, no providers). */
@@ -155,6 +168,12 @@ int config_load(struct config *out, const char *path, char **cause);
  */
 int config_parse(struct config *out, const char *name, const char *text,
     size_t len, char **cause);
+
+/*
+ * The 1-based line of the file where key was written ("github.token",
+ * "github.webhook_secrets[0]"); 0 when unknown (secret-valued keys only).
+ */
+int config_key_line(const struct config *c, const char *key);
 
 /* Free everything c owns; c is then invalid until config_defaults. */
 void config_release(struct config *c);

@@ -73,6 +73,19 @@ def config_errors(t):
     t.ok(rc == 2 and "github.webhook_secrets" in err and "nope" in err,
          "unreadable secret file: refuses to start, names the key and file",
          (rc, err))
+    # a secret that cannot be resolved is a bad value: config: FILE:LINE
+    t.ok(err.startswith("config: %s:3: 'github.webhook_secrets[0]': "
+                        % path), "unreadable secret: config: FILE:LINE",
+         err)
+    path = os.path.join(tmp, "signing.yaml")
+    with open(path, "w") as f:
+        f.write("gitlab:\n  enabled: true\n"
+                "  signing_token: env:DIVERGE_TEST_SIGNING\n")
+    rc, _, err = run(["--config", path, "--check-config"],
+                     env=dict(os.environ, DIVERGE_TEST_SIGNING="plain"))
+    t.ok(rc == 2 and err.startswith(
+        "config: %s:3: 'gitlab.signing_token': not a whsec_" % path),
+        "a signing token not whsec_<base64>: config: FILE:LINE", (rc, err))
     # every secret named, not only the webhook ones, with --check-config too
     with open(os.path.join(tmp, "hook"), "w") as f:
         f.write("s3cret\n")
@@ -84,10 +97,12 @@ def config_errors(t):
         path = os.path.join(tmp, key + ".yaml")
         with open(path, "w") as f:
             f.write(text % (tmp, tmp))
+        line = 4 if key == "github.token" else 1
         for extra in (["--check-config"], []):
             rc, out, err = run(["--config", path] + extra)
-            t.ok(rc == 2 and err.startswith("config: " + path) and key in
-                 err and "configuration ok" not in out,
+            t.ok(rc == 2 and err.startswith("config: %s:%d: '%s'" %
+                                            (path, line, key)) and
+                 "configuration ok" not in out,
                  "an unreadable %s: exit 2%s" % (key, " with --check-config"
                                                    if extra else ""),
                  (rc, out, err))
@@ -97,6 +112,7 @@ def config_errors(t):
     d = Daemon(GITHUB_CONFIG)
     rc, out, err = run(["--config", d.config_file, "--check-config"])
     t.ok(rc == 0, "--check-config on a valid file: exit 0", err)
+
 
 
 def embedded_default(t):

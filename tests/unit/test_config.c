@@ -950,6 +950,38 @@ test_providers(void **state)
 	config_release(&c);
 }
 
+/*
+ * The line of every secret reference is kept, so that an error resolving
+ * it (a missing file, an unset variable) says FILE:LINE like the parser.
+ */
+static void
+test_secret_lines(void **state)
+{
+	struct config c;
+
+	(void)state;
+	parse_ok(&c, "api: {token: env:API}\n"
+	    "github:\n"
+	    "  enabled: true\n"
+	    "  webhook_secrets:\n"
+	    "    - env:W0\n"
+	    "    - file:/w1\n"
+	    "  token: \"\"\n"
+	    "  app: {id: 1, private_key: env:PEM}\n"
+	    "gitlab: {signing_token: env:SIGN, webhook_tokens: [env:T0],\n"
+	    "  token: env:GL}\n");
+	assert_int_equal(config_key_line(&c, "api.token"), 1);
+	assert_int_equal(config_key_line(&c, "github.webhook_secrets[0]"), 5);
+	assert_int_equal(config_key_line(&c, "github.webhook_secrets[1]"), 6);
+	assert_int_equal(config_key_line(&c, "github.token"), 0);	/* "" */
+	assert_int_equal(config_key_line(&c, "github.app.private_key"), 8);
+	assert_int_equal(config_key_line(&c, "gitlab.signing_token"), 9);
+	assert_int_equal(config_key_line(&c, "gitlab.webhook_tokens[0]"), 9);
+	assert_int_equal(config_key_line(&c, "gitlab.token"), 10);
+	assert_int_equal(config_key_line(&c, "listen"), 0);
+	config_release(&c);
+}
+
 /* A successful parse replaces *out; the caller releases the old one. */
 static void
 test_reparse(void **state)
@@ -1265,6 +1297,7 @@ main(void)
 		cmocka_unit_test(test_listen_forms),
 		cmocka_unit_test(test_api_listen),
 		cmocka_unit_test(test_providers),
+		cmocka_unit_test(test_secret_lines),
 		cmocka_unit_test(test_reparse),
 		cmocka_unit_test(test_bound_sequence),
 		cmocka_unit_test(test_bound_mapping),
