@@ -1122,18 +1122,13 @@ main(int argc, char **argv)
 	} else {
 		config_defaults(&D.cfg);
 	}
-	if (listen != NULL) {
-		free(D.cfg.listen);
-		D.cfg.listen = xstrdup(listen);
-	}
-	if (state_dir != NULL) {
-		free(D.cfg.state_dir);
-		D.cfg.state_dir = xstrdup(state_dir);
-	}
-	if (api_listen != NULL) {
-		free(D.cfg.api.listen);
-		D.cfg.api.listen = strcmp(api_listen, "off") == 0 ? NULL :
-		    xstrdup(api_listen);
+	/* checked like the keys they replace, by --check-config too */
+	if (config_override(&D.cfg, listen, api_listen, state_dir,
+	    &cause) < 0) {
+		fprintf(stderr, "diverged: %s\n", cause);
+		free(cause);
+		config_release(&D.cfg);
+		return 2;
 	}
 	log_setup((enum log_level)D.cfg.log.level, D.cfg.log.json);
 	if (secrets_reload(&D.cfg, &cause) < 0 ||

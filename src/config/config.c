@@ -1697,6 +1697,54 @@ config_key_line(const struct config *c, const char *key)
 	return 0;
 }
 
+int
+config_override(struct config *c, const char *listen, const char *api_listen,
+    const char *state_dir, char **cause)
+{
+	const char *api = c->api.listen;
+	int loopback;
+
+	if (listen != NULL && parse_listen(listen, &loopback) < 0) {
+		*cause = xasprintf("--listen '%s': expected host:port or "
+		    "[v6]:port", listen);
+		return -1;
+	}
+	if (api_listen != NULL) {
+		api = strcmp(api_listen, "off") == 0 ? NULL : api_listen;
+		if (api != NULL && parse_listen(api, &loopback) < 0) {
+			*cause = xasprintf("--api-listen '%s': expected "
+			    "host:port, [v6]:port or off", api_listen);
+			return -1;
+		}
+		/* the rule check_rules applies to api.listen in a file */
+		if (api != NULL && !loopback && (c->api.tls_cert == NULL ||
+		    c->api.token == NULL)) {
+			*cause = xasprintf("--api-listen '%s': not a loopback "
+			    "address but '%s' is not set", api_listen,
+			    c->api.tls_cert == NULL ? "api.tls_cert" :
+			    "api.token");
+			return -1;
+		}
+	}
+	if (state_dir != NULL && *state_dir == '\0') {
+		*cause = xstrdup("--state-dir '': must not be empty");
+		return -1;
+	}
+	if (listen != NULL) {
+		free(c->listen);
+		c->listen = xstrdup(listen);
+	}
+	if (api_listen != NULL) {
+		free(c->api.listen);
+		c->api.listen = api != NULL ? xstrdup(api) : NULL;
+	}
+	if (state_dir != NULL) {
+		free(c->state_dir);
+		c->state_dir = xstrdup(state_dir);
+	}
+	return 0;
+}
+
 /* Read a whole secret file, at most MAX_SECRET bytes. */
 static int
 secret_file(const char *path, char **out, size_t *outlen, char **cause)

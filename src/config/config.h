@@ -175,6 +175,16 @@ int config_parse(struct config *out, const char *name, const char *text,
  */
 int config_key_line(const struct config *c, const char *key);
 
+/*
+ * Apply diverged's command-line overrides of listen, api.listen ("off":
+ * no API listener, NULL) and state_dir (NULL: not given) with the checks
+ * the same keys get in a file, the rule of a non-loopback api.listen
+ * included. On error returns -1, sets *cause to "--OPTION 'VALUE': what"
+ * (caller frees) and leaves c untouched.
+ */
+int config_override(struct config *c, const char *listen,
+    const char *api_listen, const char *state_dir, char **cause);
+
 /* Free everything c owns; c is then invalid until config_defaults. */
 void config_release(struct config *c);
 

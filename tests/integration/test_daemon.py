@@ -112,7 +112,26 @@ def config_errors(t):
     d = Daemon(GITHUB_CONFIG)
     rc, out, err = run(["--config", d.config_file, "--check-config"])
     t.ok(rc == 0, "--check-config on a valid file: exit 0", err)
-
+    # the options that override keys are checked like them, by
+    # --check-config too (it said "configuration ok", and the start then
+    # failed with exit status 1)
+    for args, want in (
+            (["--listen", "bogus"], "--listen 'bogus'"),
+            (["--listen", "127.0.0.1:0", "--api-listen", "127.0.0.1"],
+             "--api-listen '127.0.0.1'"),
+            (["--listen", "127.0.0.1:0", "--api-listen", "0.0.0.0:8081"],
+             "not a loopback address"),
+            (["--listen", "127.0.0.1:0", "--state-dir", ""],
+             "--state-dir ''")):
+        for extra in (["--check-config"], []):
+            rc, out, err = run(args + extra, cwd=tmp)
+            t.ok(rc == 2 and want in err and "configuration ok" not in out,
+                 "%s%s: exit 2" % (" ".join(args), " --check-config"
+                                   if extra else ""), (rc, out, err))
+    rc, out, err = run(["--api-listen", "off", "--listen", "127.0.0.1:0",
+                        "--check-config"])
+    t.ok(rc == 0 and "configuration ok" in out,
+         "--api-listen off --check-config: exit 0", (rc, err))
 
 
 def embedded_default(t):

@@ -982,6 +982,57 @@ test_secret_lines(void **state)
 	config_release(&c);
 }
 
+/*
+ * diverged's --listen, --api-listen and --state-dir get the checks of the
+ * keys they replace: --check-config said "configuration ok" for any value
+ * and the start then failed with exit status 1.
+ */
+static void
+test_override(void **state)
+{
+	struct config c;
+	char *cause = NULL;
+
+	(void)state;
+	config_defaults(&c);
+	assert_int_equal(config_override(&c, "bogus", NULL, NULL, &cause), -1);
+	assert_string_equal(cause, "--listen 'bogus': expected host:port or "
+	    "[v6]:port");
+	free(cause);
+	assert_int_equal(config_override(&c, NULL, "127.0.0.1", NULL,
+	    &cause), -1);
+	assert_string_equal(cause, "--api-listen '127.0.0.1': expected "
+	    "host:port, [v6]:port or off");
+	free(cause);
+	assert_int_equal(config_override(&c, NULL, "0.0.0.0:8081", NULL,
+	    &cause), -1);
+	assert_string_equal(cause, "--api-listen '0.0.0.0:8081': not a "
+	    "loopback address but 'api.tls_cert' is not set");
+	free(cause);
+	assert_int_equal(config_override(&c, NULL, NULL, "", &cause), -1);
+	assert_string_equal(cause, "--state-dir '': must not be empty");
+	free(cause);
+	/* nothing was changed by the refusals */
+	assert_string_equal(c.listen, "127.0.0.1:8080");
+	assert_string_equal(c.api.listen, "127.0.0.1:8081");
+	assert_string_equal(c.state_dir, "./diverge-state");
+	assert_int_equal(config_override(&c, "[::1]:0", "off", "/var/x",
+	    &cause), 0);
+	assert_string_equal(c.listen, "[::1]:0");
+	assert_null(c.api.listen);
+	assert_string_equal(c.state_dir, "/var/x");
+	assert_int_equal(config_override(&c, NULL, "localhost:0", NULL,
+	    &cause), 0);
+	assert_string_equal(c.api.listen, "localhost:0");
+	config_release(&c);
+	/* off loopback with the TLS files and the token of the file */
+	parse_ok(&c, "api: {tls_cert: /c, tls_key: /k, token: env:T}\n");
+	assert_int_equal(config_override(&c, NULL, "0.0.0.0:8081", NULL,
+	    &cause), 0);
+	assert_string_equal(c.api.listen, "0.0.0.0:8081");
+	config_release(&c);
+}
+
 /* A successful parse replaces *out; the caller releases the old one. */
 static void
 test_reparse(void **state)
@@ -1298,6 +1349,7 @@ main(void)
 		cmocka_unit_test(test_api_listen),
 		cmocka_unit_test(test_providers),
 		cmocka_unit_test(test_secret_lines),
+		cmocka_unit_test(test_override),
 		cmocka_unit_test(test_reparse),
 		cmocka_unit_test(test_bound_sequence),
 		cmocka_unit_test(test_bound_mapping),
