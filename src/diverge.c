@@ -2841,7 +2841,8 @@ static const struct command commands[] = {
 	    task_init_options, 0, cmd_task_init },
 	{ "task", "create", "\"OBJECTIVE\" [--name NAME] [--budget USD] "
 	    "[--tokens N] [--max-iterations N] [--base-branch B] [--repo URL] "
-	    "[--capability MODEL]... [-o name|json|yaml]",
+	    "[--capability MODEL]... [--tool TOOL]... [--draft] "
+	    "[-o name|json|yaml]",
 	    "Create a task; its name is printed.",
 	    task_create_options, 1, cmd_task_create },
 	{ "task", "list", "[-n NS | -A] [-o table|json|yaml]",
@@ -2879,9 +2880,10 @@ main_usage(FILE *f)
 
 	fprintf(f, "usage: diverge [CONNECTION OPTIONS] COMMAND [ARGS]\n"
 	    "       diverge --version | --help\n\nCommands:\n");
+	/* "token inspect" is one longer than the "task" lines */
 	for (cmd = commands; cmd->group != NULL; cmd++)
-		fprintf(f, "  %s %-8s %s\n", cmd->group, cmd->name,
-		    cmd->about);
+		fprintf(f, "  %s %-*s %s\n", cmd->group,
+		    (int)(13 - strlen(cmd->group)), cmd->name, cmd->about);
 	fprintf(f, "\n%s\nRun 'diverge GROUP COMMAND --help' for a "
 	    "command's options; see diverge(1).\n", connection_help);
 }

@@ -237,6 +237,24 @@ def usage(t):
              "task %s --help" % v, (rc, out, err))
     rc, out, _ = run(["task", "--help"])
     t.ok(rc == 0 and all(v in out for v in VERBS), "task --help", out)
+    # the usage line names every option of the Options list (task create
+    # left out --tool and --draft), and the command list is one column
+    # ("token inspect" was one to the right)
+    for v in VERBS:
+        _, out, _ = run(["task", v, "--help"])
+        opts = out.split("\nOptions:\n", 1)[1].split("\n\n", 1)[0]
+        line = out.splitlines()[0].split()
+        missing = sorted(
+            lo for short, lo in re.findall(r"^ +(?:(-\w), )?(--[\w-]+)",
+                                           opts, re.M)
+            if lo != "--help" and not any(w.strip("[]").startswith(
+                (lo, short or lo)) for w in line))
+        t.ok(missing == [], "task %s --help: the usage line names every "
+             "option" % v, missing)
+    _, out, _ = run(["--help"])
+    cols = set(len(m.group(1)) for m in re.finditer(
+        r"^  (task \w+ +|token \w+ +)\S", out, re.M))
+    t.ok(len(cols) == 1, "--help: the commands' descriptions line up", out)
 
 
 # ---- init and agent.yaml ----
