@@ -691,7 +691,12 @@ http_server_start(struct http_server **out,
 	    MHD_OPTION_NOTIFY_COMPLETED, completed_cb, s,
 	    MHD_OPTION_NOTIFY_CONNECTION, notify_conn, s,
 	    MHD_OPTION_EXTERNAL_LOGGER, http_mhd_log, "http server",
-	    MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
+	    /*
+	     * not MHD_OPTION_LISTENING_ADDRESS_REUSE: it sets SO_REUSEPORT,
+	     * and a second diverged on the same address then started and
+	     * took half the connections; the default (SO_REUSEADDR) still
+	     * lets a restart bind at once
+	     */
 	    MHD_OPTION_END);
 	if (s->d == NULL) {
 		*cause = xasprintf("cannot listen on '%s': %s", cfg->listen,

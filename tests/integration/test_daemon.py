@@ -276,6 +276,39 @@ def graceful(t):
     s.close()
 
 
+def address_in_use(t):
+    """A second diverged on a listen address that one already serves
+    cannot start (exit 1): with SO_REUSEPORT it started and the kernel
+    gave it half of the connections, webhooks included."""
+    d = Daemon(GITHUB_CONFIG).start()
+    tmp = tempfile.mkdtemp(prefix="diverge-busy-")
+    p = subprocess.Popen([DIVERGED, "--listen", "127.0.0.1:%d" % d.port,
+                          "--api-listen", "off", "--state-dir",
+                          os.path.join(tmp, "state")], cwd=tmp,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        _, err = p.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        p.terminate()
+        _, err = p.communicate(timeout=20)
+        err = "still running after 15 s: " + err
+    t.ok(p.returncode == 1 and "Address already in use" in err,
+         "a second daemon on a busy listen address: exit 1",
+         (p.returncode, err[-400:]))
+    s, _, _ = d.json("GET", "/healthz")
+    t.eq(s, 200, "the first daemon still serves")
+    t.eq(d.stop(), 0, "exit 0")
+    # a restart on the same address binds at once (SO_REUSEADDR)
+    d2 = Daemon(GITHUB_CONFIG, args=["--listen", "127.0.0.1:%d" % d.port,
+                                     "--api-listen", "127.0.0.1:0",
+                                     "--state-dir", d.state_dir])
+    d2.start()
+    s, _, _ = d2.json("GET", "/healthz")
+    t.eq(s, 200, "a restart on the same address serves at once")
+    t.eq(d2.stop(), 0, "exit 0 after the restart")
+
+
 def limits(t):
     """Slow clients time out; connections beyond the limit are refused."""
     d = Daemon(GITHUB_CONFIG + "http: {{connection_timeout: 1s, "
@@ -433,6 +466,7 @@ def main(t):
     api_token_rotation(t)
     json_logs(t)
     graceful(t)
+    address_in_use(t)
     limits(t)
     slow_clients(t)
     many_connections(t)
