@@ -553,6 +553,8 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 	struct put_req *p;
 	struct done_req *d;
 	int64_t now = now_unix_ms(), stored = 0, finished = 0;
+	int64_t outage_min = ib->cfg.backoff_max_ms < INBOX_OUTAGE_RETRY_MIN_MS ?
+	    ib->cfg.backoff_max_ms : INBOX_OUTAGE_RETRY_MIN_MS;
 	int ok = 0;
 
 	if (db_step(sh->wdb, "BEGIN IMMEDIATE") < 0)
@@ -614,7 +616,7 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 		}
 	}
 	for (d = dones; d != NULL; d = d->next) {
-		int state = ST_PENDING;
+		int state = ST_PENDING, outage;
 		int64_t next_at = 0;
 
 		if (d->outcome == INBOX_DONE && d->effect != NULL) {
@@ -645,11 +647,13 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 		if (d->outcome == INBOX_RETRY && d->item.retry_at_ms > 0 &&
 		    now - d->received_ms < INBOX_RETRY_AT_MAX_AGE_MS)
 			d->attempts--;
+		outage = 0;
 		if (d->outcome == INBOX_RETRY &&
 		    d->attempts >= ib->cfg.max_attempts) {
 			/* an outage is waited out, at the longest backoff */
-			if (d->item.transient &&
-			    now - d->received_ms < INBOX_RETRY_AT_MAX_AGE_MS)
+			outage = d->item.transient &&
+			    now - d->received_ms < INBOX_RETRY_AT_MAX_AGE_MS;
+			if (outage)
 				d->attempts = ib->cfg.max_attempts - 1;
 			else
 				d->outcome = INBOX_FAIL;
@@ -660,6 +664,12 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 			state = ST_DEAD;
 		else
 			next_at = next_attempt_ms(ib, d, now);
+		/*
+		 * however few the attempts, an outage is not hammered: 15 s
+		 * at least (or the longest backoff, when shorter)
+		 */
+		if (outage && next_at < now + outage_min)
+			next_at = now + outage_min;
 		sqlite3_reset(upd);
 		sqlite3_bind_int64(upd, 1, ID_ROW(d->id));
 		sqlite3_bind_int(upd, 2, state);

@@ -218,6 +218,8 @@ struct inbox_item {
 
 #define INBOX_RETRY_AT_MAX_MS		((int64_t)3600 * 1000)
 #define INBOX_RETRY_AT_MAX_AGE_MS	((int64_t)86400 * 1000)
+/* the least wait between retries of an entry waiting out an outage */
+#define INBOX_OUTAGE_RETRY_MIN_MS	((int64_t)15 * 1000)
 
 enum { INBOX_DONE = 0, INBOX_RETRY = 1, INBOX_FAIL = -1 };
 

@@ -615,6 +615,38 @@ transient_waits_out_outage(void **state)
 }
 
 /*
+ * An entry waiting out an outage is tried again 15 s later at the
+ * soonest, however few attempts inbox.max_attempts allows.
+ */
+static void
+outage_not_hammered(void **state)
+{
+	char *path = tmpdb();
+	struct inbox_config cfg = test_config(100, 1, 3600);
+	struct counter c;
+	struct inbox *ib;
+	int64_t t0 = now_unix_ms();
+
+	(void)state;
+	counter_init(&c);
+	c.always = INBOX_RETRY;
+	c.transient = 1;
+	cfg.backoff_max_ms = 60000;
+	ib = open_cfg(path, &cfg, count_handle, &c);
+	assert_int_equal(inbox_put(ib, "github:h", "github", EV),
+	    INBOX_STORED);
+	assert_int_equal(wait_calls(&c, 1, 5000), 1);
+	sleep_ms(300);
+	inbox_free(ib);
+	assert_int_equal(c.calls, 1);
+	assert_int_equal(query_int(path,
+	    "SELECT state FROM inbox WHERE key = 'github:h'"), 0);
+	assert_true(query_int(path, "SELECT next_at FROM inbox WHERE"
+	    " key = 'github:h'") >= t0 + INBOX_OUTAGE_RETRY_MIN_MS);
+	free(path);
+}
+
+/*
  * Run an inbox (max_attempts 2) whose handler always retries at now +
  * retry_in_ms, with key put into it (NULL: what it holds), until the
  * handler ran calls times and 200 ms more; the number of runs. *t0: the
@@ -1345,6 +1377,7 @@ main(void)
 		cmocka_unit_test(effect_disk_full),
 		cmocka_unit_test(retry_then_dead),
 		cmocka_unit_test(transient_waits_out_outage),
+		cmocka_unit_test(outage_not_hammered),
 		cmocka_unit_test(retry_at_reset),
 		cmocka_unit_test(retry_at_old_entry),
 		cmocka_unit_test(retry_then_success),
