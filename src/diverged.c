@@ -872,15 +872,26 @@ start_scm(char **cause)
 
 	if (D.cfg.github.enabled && (D.cfg.github.token != NULL ||
 	    D.cfg.github.app.id != NULL)) {
-		if (scm_github_new(&D.github_client, &D.cfg, cause) < 0)
+		struct scm_client *cl;
+
+		if (scm_github_new(&cl, &D.cfg, cause) < 0)
 			return -1;
+		/* the pruner reads it (learn_identity) */
+		pthread_rwlock_wrlock(&D.github.lock);
+		D.github_client = cl;
+		pthread_rwlock_unlock(&D.github.lock);
 	} else if (D.cfg.github.enabled) {
 		log_kv(LOG_WARN, "github: no API token (github.token or "
 		    "github.app): its events are recorded, not run", NULL);
 	}
 	if (D.cfg.gitlab.enabled && D.cfg.gitlab.token != NULL) {
-		if (scm_gitlab_new(&D.gitlab_client, &D.cfg, cause) < 0)
+		struct scm_client *cl;
+
+		if (scm_gitlab_new(&cl, &D.cfg, cause) < 0)
 			return -1;
+		pthread_rwlock_wrlock(&D.gitlab.lock);
+		D.gitlab_client = cl;
+		pthread_rwlock_unlock(&D.gitlab.lock);
 	} else if (D.cfg.gitlab.enabled) {
 		log_kv(LOG_WARN, "gitlab: no API token (gitlab.token): "
 		    "its events are recorded, not run", NULL);
