@@ -207,37 +207,67 @@ ready_pop(struct inbox *ib)
 	return id;
 }
 
+/*
+ * The retries waiting for their time: a binary heap on at_ms, so that a
+ * worker's look at them costs O(log n) per entry due instead of a scan
+ * of them all (under the inbox lock, for every entry taken: a backlog of
+ * retries, during an outage, slowed every take and put).
+ */
 static void
 delayed_push(struct inbox *ib, int64_t id, int64_t at_ms)
 {
+	struct delayed *h;
+	size_t i, up;
+
 	if (ib->ndelayed == ib->cdelayed) {
 		ib->cdelayed = ib->cdelayed ? ib->cdelayed * 2 : 64;
 		ib->delayed = xrealloc(ib->delayed,
 		    ib->cdelayed * sizeof(*ib->delayed));
 	}
-	ib->delayed[ib->ndelayed].id = id;
-	ib->delayed[ib->ndelayed].at_ms = at_ms;
-	ib->ndelayed++;
+	h = ib->delayed;
+	for (i = ib->ndelayed++; i > 0; i = up) {
+		up = (i - 1) / 2;
+		if (h[up].at_ms <= at_ms)
+			break;
+		h[i] = h[up];
+	}
+	h[i].id = id;
+	h[i].at_ms = at_ms;
+}
+
+/* Take the earliest retry off the heap (it has one). */
+static struct delayed
+delayed_pop(struct inbox *ib)
+{
+	struct delayed *h = ib->delayed, top = h[0], last;
+	size_t i = 0, c, n = --ib->ndelayed;
+
+	last = h[n];
+	for (;;) {
+		c = 2 * i + 1;
+		if (c >= n)
+			break;
+		if (c + 1 < n && h[c + 1].at_ms < h[c].at_ms)
+			c++;
+		if (last.at_ms <= h[c].at_ms)
+			break;
+		h[i] = h[c];
+		i = c;
+	}
+	if (n > 0)
+		h[i] = last;
+	return top;
 }
 
 /* Move due retries to the ready queue; returns ms until the next one. */
 static int64_t
 delayed_release(struct inbox *ib, int64_t now)
 {
-	int64_t next = 1000;
-	size_t i = 0;
-
-	while (i < ib->ndelayed) {
-		if (ib->delayed[i].at_ms <= now) {
-			ready_push(ib, ib->delayed[i].id);
-			ib->delayed[i] = ib->delayed[--ib->ndelayed];
-			continue;
-		}
-		if (ib->delayed[i].at_ms - now < next)
-			next = ib->delayed[i].at_ms - now;
-		i++;
-	}
-	return next;
+	while (ib->ndelayed > 0 && ib->delayed[0].at_ms <= now)
+		ready_push(ib, delayed_pop(ib).id);
+	if (ib->ndelayed > 0 && ib->delayed[0].at_ms - now < 1000)
+		return ib->delayed[0].at_ms - now;
+	return 1000;
 }
 
 static void

@@ -614,6 +614,90 @@ transient_waits_out_outage(void **state)
 	free(path);
 }
 
+/* Retries at many different times: each entry's own, none lost. */
+#define SPREAD_N 300
+
+struct spread {
+	pthread_mutex_t mu;
+	int calls[SPREAD_N];
+	int64_t due[SPREAD_N];	/* wall ms the retry asked for */
+	int64_t early;		/* the most a retry came before its time */
+	int64_t late;		/* the most one came after it */
+	int done;
+};
+
+static int
+spread_handle(void *arg, struct inbox_item *item, char **cause)
+{
+	struct spread *sp = arg;
+	int k = (int)strtol(strchr(item->key, ':') + 1, NULL, 10);
+	int r = INBOX_DONE;
+	int64_t now = now_unix_ms();
+
+	pthread_mutex_lock(&sp->mu);
+	if (sp->calls[k]++ == 0) {
+		/* a spread of times, not in the order of the puts */
+		sp->due[k] = now + 20 + (k * 7919) % 3000;
+		item->retry_at_ms = sp->due[k];
+		*cause = xstrdup("later");
+		r = INBOX_RETRY;
+	} else {
+		if (sp->due[k] - now > sp->early)
+			sp->early = sp->due[k] - now;
+		if (now - sp->due[k] > sp->late)
+			sp->late = now - sp->due[k];
+		sp->done++;
+	}
+	pthread_mutex_unlock(&sp->mu);
+	return r;
+}
+
+static void
+retries_spread(void **state)
+{
+	char *path = tmpdb();
+	struct inbox_config cfg = test_config(1000, 5, 3600);
+	struct inbox_handler h;
+	struct inbox *ib = NULL;
+	struct spread *sp = xcalloc(1, sizeof(*sp));
+	char *cause = NULL, key[32];
+	int i, done = 0;
+
+	(void)state;
+	pthread_mutex_init(&sp->mu, NULL);
+	h.handle = spread_handle;
+	h.arg = sp;
+	assert_int_equal(inbox_open(&ib, path, &cfg, &cause), 0);
+	assert_int_equal(inbox_start(ib, &h, &cause), 0);
+	for (i = 0; i < SPREAD_N; i++) {
+		snprintf(key, sizeof(key), "github:%d", i);
+		assert_int_equal(inbox_put(ib, key, "github", EV),
+		    INBOX_STORED);
+	}
+	for (i = 0; i < 1500 && done < SPREAD_N; i++) {
+		sleep_ms(10);
+		pthread_mutex_lock(&sp->mu);
+		done = sp->done;
+		pthread_mutex_unlock(&sp->mu);
+	}
+	inbox_free(ib);
+	assert_int_equal(done, SPREAD_N);
+	for (i = 0; i < SPREAD_N; i++)
+		assert_int_equal(sp->calls[i], 2);
+	/*
+	 * none before its time (the clock's milliseconds aside), none long
+	 * after it (the times spread over 3 s: an entry stuck behind a later
+	 * one would wait seconds)
+	 */
+	assert_true(sp->early <= 2);
+	assert_true(sp->late < 1000);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM inbox WHERE state = 1"), SPREAD_N);
+	pthread_mutex_destroy(&sp->mu);
+	free(sp);
+	free(path);
+}
+
 /*
  * An entry waiting out an outage is tried again 15 s later at the
  * soonest, however few attempts inbox.max_attempts allows.
@@ -1378,6 +1462,7 @@ main(void)
 		cmocka_unit_test(retry_then_dead),
 		cmocka_unit_test(transient_waits_out_outage),
 		cmocka_unit_test(outage_not_hammered),
+		cmocka_unit_test(retries_spread),
 		cmocka_unit_test(retry_at_reset),
 		cmocka_unit_test(retry_at_old_entry),
 		cmocka_unit_test(retry_then_success),
