@@ -47,6 +47,9 @@ enum { ST_PENDING = 0, ST_DONE = 1, ST_DEAD = 2 };
 /* handled_events keeps at most this many bytes of a comment. */
 #define INBOX_AUDIT_BODY_MAX 1024
 #define DEAD_KEEP_MS (30 * 86400 * 1000LL)	/* dead letters: at least */
+/* entries pruned in one transaction, at most (a short hold of the writer) */
+#define PRUNE_BATCH 10000
+#define PRUNE_BATCH_S "10000"
 
 /* Queue ids carry their shard in the low bits. */
 #define ID_MAKE(rowid, shard) ((rowid) * INBOX_SHARDS + (shard))
@@ -752,7 +755,8 @@ out:
 	*finished_out = finished;
 }
 
-static void
+/* Returns 1 when a batch was full: there is more to prune, soon. */
+static int
 prune(struct shard *sh)
 {
 	static const char *const sql[] = {
@@ -762,26 +766,26 @@ prune(struct shard *sh)
 		 * by finished_at, its index's order) are selected twice.
 		 */
 		"DELETE FROM inbox_body WHERE id IN (SELECT id FROM inbox"
-		" WHERE state = 1 AND finished_at < ?1 LIMIT 10000)",
+		" WHERE state = 1 AND finished_at < ?1 LIMIT " PRUNE_BATCH_S ")",
 		"DELETE FROM inbox WHERE id IN (SELECT id FROM inbox"
-		" WHERE state = 1 AND finished_at < ?1 LIMIT 10000)",
+		" WHERE state = 1 AND finished_at < ?1 LIMIT " PRUNE_BATCH_S ")",
 		/* dead letters: kept for inspection, 30 days at least */
 		"DELETE FROM inbox_body WHERE id IN (SELECT id FROM inbox"
-		" WHERE state = 2 AND finished_at < ?1 LIMIT 10000)",
+		" WHERE state = 2 AND finished_at < ?1 LIMIT " PRUNE_BATCH_S ")",
 		"DELETE FROM inbox WHERE id IN (SELECT id FROM inbox"
-		" WHERE state = 2 AND finished_at < ?1 LIMIT 10000)",
+		" WHERE state = 2 AND finished_at < ?1 LIMIT " PRUNE_BATCH_S ")",
 	};
 	struct inbox *ib = sh->ib;
 	int64_t keep = ib->cfg.retention_s * 1000, now = now_unix_ms();
 	int64_t cutoff[ARRAY_SIZE(sql)];
-	int n = 0;
+	int n = 0, full = 0;
 	size_t i;
 
 	cutoff[0] = cutoff[1] = now - keep;
 	cutoff[2] = cutoff[3] = now - (keep > DEAD_KEEP_MS ? keep :
 	    DEAD_KEEP_MS);
 	if (db_step(sh->wdb, "BEGIN IMMEDIATE") < 0)
-		return;
+		return 0;
 	for (i = 0; i < ARRAY_SIZE(sql); i++) {
 		sqlite3_stmt *st = db_stmt(sh->wdb, sql[i]);
 
@@ -794,8 +798,10 @@ prune(struct shard *sh)
 		}
 		sqlite3_reset(st);
 		/* the rows, not the bodies, are counted */
-		if (i % 2 == 1)
+		if (i % 2 == 1) {
 			n += sqlite3_changes(sh->wdb);
+			full |= sqlite3_changes(sh->wdb) >= PRUNE_BATCH;
+		}
 	}
 	if (db_step(sh->wdb, "COMMIT") < 0)
 		goto fail;
@@ -806,11 +812,12 @@ prune(struct shard *sh)
 		log_kv(LOG_INFO, "inbox pruned finished entries and old dead "
 		    "letters", "count", num, NULL);
 	}
-	return;
+	return full;
 fail:
 	log_kv(LOG_ERROR, "inbox prune failed", "error",
 	    sqlite3_errmsg(sh->wdb), NULL);
 	db_step(sh->wdb, "ROLLBACK");
+	return 0;
 }
 
 static const char *
@@ -902,10 +909,15 @@ writer_main(void *arg)
 		if (stored > 0 || dones != NULL)
 			pthread_cond_broadcast(&ib->qcond);
 		if (now - sh->last_prune_ms >= 60000) {
+			int more;
+
 			sh->last_prune_ms = now;
 			pthread_mutex_unlock(&ib->mu);
-			prune(sh);
+			more = prune(sh);
 			pthread_mutex_lock(&ib->mu);
+			/* a full batch: the next one in a second, not a minute */
+			if (more)
+				sh->last_prune_ms = now - 59000;
 		}
 		pthread_mutex_unlock(&ib->mu);
 

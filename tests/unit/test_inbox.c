@@ -1382,28 +1382,23 @@ prune_dead_letters(void **state)
 	free(path);
 }
 
-/*
- * A prune takes at most 10,000 entries at a time, and takes their bodies
- * with them: what is left keeps its body.
- */
+/* n old finished entries in shard 0, with their bodies. */
 static void
-prune_keeps_bodies(void **state)
+old_finished(const char *path, int n)
 {
-	char *path = tmpdb();
 	struct counter c;
 	struct inbox *ib;
 	sqlite3 *db;
 	int i;
 
-	(void)state;
 	counter_init(&c);
-	/* create the tables, then 10,050 old finished entries in shard 0 */
+	/* create the tables */
 	ib = open_started(path, &c, 100, 3, 3600);
 	inbox_free(ib);
 	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
 	assert_int_equal(sqlite3_exec(db, "BEGIN", NULL, NULL, NULL),
 	    SQLITE_OK);
-	for (i = 0; i < 10050; i++) {
+	for (i = 0; i < n; i++) {
 		char *sql = xasprintf("INSERT INTO inbox (id, key, provider,"
 		    " event, state, received_at, finished_at) VALUES (%d,"
 		    " 'github:old-%d', 'github', '', 1, 1, %d);"
@@ -1417,6 +1412,23 @@ prune_keeps_bodies(void **state)
 	assert_int_equal(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL),
 	    SQLITE_OK);
 	sqlite3_close(db);
+}
+
+/*
+ * A prune takes at most 10,000 entries at a time, and takes their bodies
+ * with them: what is left keeps its body.
+ */
+static void
+prune_keeps_bodies(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+	int i;
+
+	(void)state;
+	counter_init(&c);
+	old_finished(path, 10050);
 	/* retention 0: the writer prunes as it starts */
 	ib = open_started(path, &c, 100, 3, 0);
 	for (i = 0; i < 300; i++) {
@@ -1430,6 +1442,34 @@ prune_keeps_bodies(void **state)
 	    50);
 	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox i JOIN"
 	    " inbox_body b ON b.id = i.id"), 50);
+	free(path);
+}
+
+/*
+ * A full batch is followed by the next one a second later, not a minute:
+ * entries finishing faster than a batch a minute are not left to pile up.
+ */
+static void
+prune_catches_up(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+	int i;
+
+	(void)state;
+	old_finished(path, 20050);
+	counter_init(&c);
+	ib = open_started(path, &c, 100, 3, 0);
+	for (i = 0; i < 500; i++) {
+		if (query_int(path, "SELECT COUNT(*) FROM inbox") == 0)
+			break;
+		sleep_ms(10);
+	}
+	inbox_free(ib);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox"), 0);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox_body"),
+	    0);
 	free(path);
 }
 
@@ -1473,6 +1513,7 @@ main(void)
 		cmocka_unit_test(concurrent_group_commit),
 		cmocka_unit_test(prune_finished),
 		cmocka_unit_test(prune_keeps_bodies),
+		cmocka_unit_test(prune_catches_up),
 		cmocka_unit_test(prune_dead_letters),
 		cmocka_unit_test(wal_stays_bounded),
 		cmocka_unit_test(reader_holds_wal),
