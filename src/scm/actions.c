@@ -463,7 +463,12 @@ authorize(struct run *r, const struct cmd_result *res, char **cause)
 	if (!authz_lookup(r->a, key, &perm)) {
 		rc = r->client->ops->permission(r->client, &r->repo,
 		    ev->author_login, ev->author_id, &perm, cause);
-		if (rate_limited(r, rc)) {
+		/*
+		 * a rate limit or an outage: nothing runs now, and the check
+		 * is made again when the API is back (still closed: nothing
+		 * runs unchecked); any other failure refuses the comment
+		 */
+		if (scm_retry(r, rc)) {
 			free(key);
 			return AUTH_RETRY;
 		}

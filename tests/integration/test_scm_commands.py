@@ -346,8 +346,8 @@ def main(t):
          "read-only author: one reply explaining why", replies)
     t.ok(get_task(d, "fix-pr-43") is None, "read-only author: no task")
 
-    # --- the permission API failing: fail closed
-    fake.call("POST", "/_fake/faults", {"status": 500, "count": 20,
+    # --- the permission API refusing the bot (403): fail closed
+    fake.call("POST", "/_fake/faults", {"status": 403, "count": 20,
                                         "match": "/collaborators/bob"})
     s, _, _ = d.github("issue_comment", gh_comment(
         1003, 43, "bob", "/diverge fix something", uid=2),
@@ -681,6 +681,21 @@ def outage_waited_out(t, fake):
          [ln for ln in d.log() if "inbox" in ln][-4:])
     t.eq(sum(r[0] for r in d.query(
         "SELECT COUNT(*) FROM inbox WHERE state = 2")), 0, "no dead letter")
+    fake.call("DELETE", "/_fake/faults")
+    # the permission API down: nothing runs unchecked, and the command
+    # runs once the check can be made (not refused for the outage)
+    fake.call("POST", "/_fake/faults", {"status": 503, "count": 7,
+                                        "match": "/collaborators/alice"})
+    d.github("issue_comment", gh_comment(4102, 42, "alice",
+                                         "/diverge fix through an outage"),
+             str(uuid.uuid4()))
+    t.ok(wait(lambda: get_task(d, "fix-pr-42"), 40), "the permission API "
+         "down beyond the client's retries: the command runs once it is "
+         "back", [ln for ln in d.log() if "inbox" in ln or "permission"
+                  in ln][-4:])
+    t.ok(any(r.get("status") == 503 and "/collaborators/alice" in
+             r.get("path", "") for r in fake.requests()),
+         "... and the check did fail meanwhile")
     fake.call("DELETE", "/_fake/faults")
     t.eq(d.stop(), 0, "clean stop")
 
