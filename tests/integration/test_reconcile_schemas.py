@@ -86,7 +86,85 @@ const validators = {
     "divergedev.com_environments.yaml"), "v1alpha1")),
 };
 
+/*
+ * What the API server checks of every object's metadata, CRs included
+ * (apimachinery ValidateObjectMeta): the schemas above leave metadata
+ * alone, and kubernetes-models does not check these rules either.
+ */
+const SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
+const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
+const QUALIFIED = /^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$/;
+const LABEL_VALUE = /^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$/;
+
+function subdomain(s) {
+  return typeof s === "string" && s.length <= 253 && SUBDOMAIN.test(s);
+}
+
+function keyOk(k) {
+  const i = k.lastIndexOf("/");
+  const prefix = i < 0 ? null : k.slice(0, i), name = k.slice(i + 1);
+  return (prefix === null || subdomain(prefix)) && name.length <= 63 &&
+    QUALIFIED.test(name);
+}
+
+function mapErrors(where, labels, annotations) {
+  const errs = [];
+  for (const [k, v] of Object.entries(labels || {})) {
+    if (!keyOk(k))
+      errs.push(`${where}.labels key ${JSON.stringify(k)} is not valid`);
+    if (typeof v !== "string" || v.length > 63 || !LABEL_VALUE.test(v))
+      errs.push(`${where}.labels[${k}] value ` +
+        `${JSON.stringify(v)} (${String(v).length}) is not a label value`);
+  }
+  let size = 0;
+  for (const [k, v] of Object.entries(annotations || {})) {
+    if (!keyOk(k))
+      errs.push(`${where}.annotations key ${JSON.stringify(k)} is not valid`);
+    size += Buffer.byteLength(k) + Buffer.byteLength(String(v));
+  }
+  if (size > 256 * 1024)
+    errs.push(`${where}.annotations total ${size} bytes > 256 KiB`);
+  return errs;
+}
+
+function metaErrors(obj) {
+  const md = obj.metadata || {}, errs = [];
+  if (!subdomain(md.name))
+    errs.push(`metadata.name ${JSON.stringify(md.name)} ` +
+      `(${String(md.name).length}) is not a DNS-1123 subdomain`);
+  errs.push(...mapErrors("metadata", md.labels, md.annotations));
+  const refs = md.ownerReferences || [];
+  for (const r of refs)
+    for (const f of ["apiVersion", "kind", "name", "uid"])
+      if (typeof r[f] !== "string" || r[f] === "")
+        errs.push(`metadata.ownerReferences ${f} is missing`);
+  if (refs.filter((r) => r.controller === true).length > 1)
+    errs.push("metadata.ownerReferences: more than one controller");
+  if (obj.kind === "Sandbox") {
+    /* what agent-sandbox makes of it: a Pod and PVCs named after it */
+    const pt = (obj.spec || {}).podTemplate || {};
+    const pm = pt.metadata || {};
+    errs.push(...mapErrors("spec.podTemplate.metadata", pm.labels,
+      pm.annotations));
+    for (const v of (obj.spec || {}).volumeClaimTemplates || []) {
+      const n = (v.metadata || {}).name;
+      if (!DNS_LABEL.test(n || "") || !subdomain(`${n}-${md.name}`))
+        errs.push(`volumeClaimTemplates ${n}: PVC ${n}-${md.name} ` +
+          "is not a valid name");
+    }
+    for (const v of (pt.spec || {}).volumes || [])
+      if (v.secret && !subdomain(v.secret.secretName))
+        errs.push(`volume ${v.name}: secretName is not a valid name`);
+  }
+  return errs;
+}
+
 function check(obj) {
+  const meta = metaErrors(obj);
+  return meta.concat(schemaErrors(obj));
+}
+
+function schemaErrors(obj) {
   if (obj.kind === "Secret" || obj.kind === "NetworkPolicy") {
     const M = obj.kind === "Secret" ? Secret : NetworkPolicy;
     try {
@@ -185,6 +263,11 @@ def main():
         del bad["spec"]["replicas"]
         bad["spec"]["operatingMode"] = "Paused"
         with open(os.path.join(bad_dir, "sandbox-enum.json"), "w") as f:
+            json.dump(bad, f)
+        del bad["spec"]["operatingMode"]
+        # a label value the API server refuses (64 characters)
+        bad["metadata"]["labels"]["divergedev.com/task"] = "t" * 64
+        with open(os.path.join(bad_dir, "sandbox-label.json"), "w") as f:
             json.dump(bad, f)
         with open(os.path.join(dump, "secret-token.json")) as f:
             bads = json.load(f)
