@@ -48,6 +48,11 @@ struct meter;
 #define CONTROLLER_ANN_TOKEN_ID "divergedev.com/token-id"
 #define CONTROLLER_NETPOL "diverge-sandbox-isolation"
 #define CONTROLLER_WARM_POOL "diverge-agent-pool"
+/*
+ * The longest task name: every child carries it as the value of
+ * CONTROLLER_LABEL_TASK, and a label value holds at most 63 characters.
+ */
+#define CONTROLLER_NAME_MAX 63
 /* A ReconcilerError of the Sandbox lasting this long fails the task. */
 #define CONTROLLER_ERROR_GRACE_S 300
 /* Added to the task timeout for the token's expires caveat. */

@@ -898,11 +898,19 @@ plan_phase(struct rctx *x, const json_t *task, const struct sbview *v,
 	 * task object cur points into (the annotation write replaces it)
 	 */
 	memset(p, 0, sizeof(*p));
-	if (cur == NULL || *cur == '\0') {
-		p->phase = "Pending";
-	} else if (phase_terminal(cur)) {
+	if (phase_terminal(cur)) {
 		p->phase = streq(cur, "Completed") ? "Completed" : "Failed";
 		return;
+	} else if (strlen(x->name) > CONTROLLER_NAME_MAX) {
+		/* not valid: no child of it would be accepted */
+		p->phase = "Failed";
+		p->reason = "InvalidName";
+		p->message = xasprintf("the task name has %zu characters, at "
+		    "most %d fit the %s label of its children",
+		    strlen(x->name), CONTROLLER_NAME_MAX,
+		    CONTROLLER_LABEL_TASK);
+	} else if (cur == NULL || *cur == '\0') {
+		p->phase = "Pending";
 	} else if (streq(cur, "Pending")) {
 		p->phase = susp ? "Paused" : "Provisioning";
 	} else if (susp) {

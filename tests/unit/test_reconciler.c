@@ -106,11 +106,11 @@ teardown(void **state)
 
 /* ---------------------------------------------------------- fixtures */
 
+/* Create task name (taken) in NS; returns name. */
 static char *
-new_task(const char *spec_extra, const char *ann_extra)
+new_task_named(char *name, const char *spec_extra, const char *ann_extra)
 {
 	struct k8s_status st = { 0 };
-	char *name = xasprintf("t%d", ++counter);
 	char *text = xasprintf("{\"apiVersion\":\"divergedev.com/v1alpha1\","
 	    "\"kind\":\"AgentTask\",\"metadata\":{\"name\":\"%s\","
 	    "\"annotations\":{\"divergedev.com/preview-service\":\"web\","
@@ -131,6 +131,13 @@ new_task(const char *spec_extra, const char *ann_extra)
 	json_decref(o);
 	free(text);
 	return name;
+}
+
+static char *
+new_task(const char *spec_extra, const char *ann_extra)
+{
+	return new_task_named(xasprintf("t%d", ++counter), spec_extra,
+	    ann_extra);
 }
 
 static json_t *
@@ -420,17 +427,22 @@ assert_owned(const json_t *child, const json_t *task)
 	    k8s_meta_str(task, "name"));
 }
 
-/* Create a task and bring it to Provisioning (two passes). */
+/* Bring a new task to Provisioning (two passes); returns name. */
 static char *
-provisioned(const char *spec_extra, const char *ann_extra)
+provision(char *name)
 {
-	char *name = new_task(spec_extra, ann_extra);
-
 	reconcile(name);
 	assert_phase(name, "Pending");
 	reconcile(name);
 	assert_phase(name, "Provisioning");
 	return name;
+}
+
+/* Create a task and bring it to Provisioning. */
+static char *
+provisioned(const char *spec_extra, const char *ann_extra)
+{
+	return provision(new_task(spec_extra, ann_extra));
 }
 
 static char *
@@ -1455,6 +1467,46 @@ test_foreign_token_secret(void **state)
 }
 
 /* No Environment without a repository URL or with preview disabled. */
+/*
+ * Every child carries the task's name as a label value (at most 63
+ * characters): a longer name (a valid AgentTask name, up to 253) fails
+ * the task at once, with no token and no child; 63 is fine.
+ */
+static void
+test_long_name(void **state)
+{
+	char *name = xasprintf("%0*d", CONTROLLER_NAME_MAX + 1, ++counter);
+	char *sname = xasprintf("%s-token", name);
+	char *ename = xasprintf("agent-preview-%s", name);
+	json_t *t;
+
+	(void)state;
+	new_task_named(name, NULL, NULL);
+	reconcile(name);
+	reconcile(name);
+	t = get_task(name);
+	assert_string_equal(jp(t, "status.phase"), "Failed");
+	assert_string_equal(jp(t, "status.reason"), "InvalidName");
+	assert_non_null(strstr(jp(t, "status.message"), "64 characters"));
+	assert_null(jp(t, "status.tokenId"));
+	assert_null(get(&K8S_SECRET, sname));
+	assert_null(get(&K8S_SANDBOX, name));
+	assert_null(get(&K8S_SANDBOXCLAIM, name));
+	assert_null(get(&K8S_ENVIRONMENT, ename));
+	json_decref(t);
+	free(name);
+	free(sname);
+	free(ename);
+	name = provision(new_task_named(xasprintf("%0*d",
+	    CONTROLLER_NAME_MAX, ++counter), NULL, NULL));
+	sname = xasprintf("%s-token", name);
+	t = get(&K8S_SECRET, sname);
+	assert_non_null(t);
+	json_decref(t);
+	free(sname);
+	free(name);
+}
+
 static void
 test_no_preview(void **state)
 {
@@ -1774,13 +1826,85 @@ dump_get(const char *dir, const char *label, const struct k8s_resource *r,
 	json_decref(o);
 }
 
+/* Dump the task and what it has of each child (label-kind.json). */
+static void
+dump_task(const char *dir, const char *label, const char *name)
+{
+	const struct {
+		const char *kind, *pre, *suf;
+		const struct k8s_resource *r;
+	} c[] = {
+		{ "agenttask", "", "", &K8S_AGENTTASK },
+		{ "sandbox", "", "", &K8S_SANDBOX },
+		{ "sandboxclaim", "", "", &K8S_SANDBOXCLAIM },
+		{ "secret-token", "", "-token", &K8S_SECRET },
+		{ "environment", "agent-preview-", "", &K8S_ENVIRONMENT },
+	};
+	size_t i;
+
+	for (i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		char *n = xasprintf("%s%s%s", c[i].pre, name, c[i].suf);
+		char *l = xasprintf("%s-%s", label, c[i].kind);
+		json_t *o = get(c[i].r, n);
+
+		if (o != NULL)
+			dump(dir, l, o);
+		json_decref(o);
+		free(l);
+		free(n);
+	}
+}
+
+/*
+ * A task named n characters long (a DNS-1123 subdomain with dots), with
+ * a repository, branches and objective that are not names at all, one
+ * pass past Provisioning (Active when it has a Sandbox).
+ */
+static char *
+odd_task(int n)
+{
+	char *name = xasprintf("fix-pr-42.my-org.checkout-service.%0*d",
+	    n - 34, 7);
+	json_t *sb;
+
+	assert_int_equal((int)strlen(name), n);
+	new_task_named(name, NULL, NULL);
+	patch_task(name, 0, "{\"spec\":{\"objective\":\"\\u4fee\\u590d "
+	    "N+1 \\u2014 \\u00fcn\\u00efc\\u00f6d\\u00e9 \\ud83d\\ude80\","
+	    "\"repository\":{\"url\":\"https://github.com/My_Org/"
+	    "Checkout.Service_V2.git\",\"baseBranch\":\"Release/2026.11_RC\","
+	    "\"workingBranch\":\"diverge/Fix_N+1.Queries-in-Checkout_"
+	    "Service-for-the-2026.11-release-candidate-and-everything-that-"
+	    "depends-on-it-including-the-payment-and-shipping-services-"
+	    "which-are-also-affected-by-the-regression-introduced-in-pr-"
+	    "41-of-the-monorepo\"}}}");
+	reconcile(name);
+	reconcile(name);
+	sb = get(&K8S_SANDBOX, name);
+	if (sb != NULL) {
+		play(name, "True", "DependenciesReady", 0, "10.0.0.9", 0, 0);
+		reconcile(name);
+	}
+	json_decref(sb);
+	return name;
+}
+
 static void
 test_dump(void **state)
 {
+
 	const char *dir = getenv("RECONCILER_DUMP_DIR");
 	char *name, *sname, *ename, *tok, *auth;
 	const char *body = "{\"result\":\"succeeded\"}";
 	struct meter_reply r = { 0 };
+	const struct {
+		int len, warm;
+		const char *label;
+	} odd[] = {
+		{ 63, 0, "odd63" }, { 100, 0, "odd100" },
+		{ 62, 2, "odd62-warm" }, { 120, 2, "odd120-warm" },
+	};
+	size_t i;
 
 	(void)state;
 	/* not cmocka's skip(): its "not ok # SKIP" fails automake's TAP */
@@ -1824,6 +1948,14 @@ test_dump(void **state)
 	dump_get(dir, "sandboxclaim-failed", &K8S_SANDBOXCLAIM, name);
 	cfg.sandbox.warm_pool = 0;
 	free(name);
+	/* names at and over the label limit, in both modes */
+	for (i = 0; i < sizeof(odd) / sizeof(odd[0]); i++) {
+		cfg.sandbox.warm_pool = odd[i].warm;
+		name = odd_task(odd[i].len);
+		dump_task(dir, odd[i].label, name);
+		free(name);
+	}
+	cfg.sandbox.warm_pool = 0;
 }
 
 /* ------------------------------------------------------------ queue */
@@ -2214,6 +2346,7 @@ main(void)
 		cmocka_unit_test(test_meter_429),
 		cmocka_unit_test(test_conflict),
 		cmocka_unit_test(test_foreign_token_secret),
+		cmocka_unit_test(test_long_name),
 		cmocka_unit_test(test_no_preview),
 		cmocka_unit_test(test_created_suspended),
 		cmocka_unit_test(test_warm_pool),
