@@ -404,6 +404,20 @@ current_cond(const json_t *sb, const json_t *claim, const char *type)
 	return c;
 }
 
+/*
+ * The most of a Sandbox's condition message status.message quotes: the
+ * Sandbox CRD allows 32768 characters, as many as the AgentTask's whole
+ * status.message may hold (k8s/validate.c), with our words around it.
+ */
+#define QUOTE_MAX 4096
+
+/* printf's precision for quoting s: at most QUOTE_MAX bytes, whole chars. */
+static int
+quote_len(const char *s)
+{
+	return (int)utf8_cut(s, strlen(s), QUOTE_MAX);
+}
+
 static void
 view_sandbox(const json_t *sb, const json_t *claim, struct sbview *v)
 {
@@ -924,11 +938,14 @@ plan_phase(struct rctx *x, const json_t *task, const struct sbview *v,
 		p->message = xstrdup("the sandbox pod failed");
 	} else if (v->error_since > 0 && x->now - v->error_since >
 	    CONTROLLER_ERROR_GRACE_S) {
+		const char *m = v->message != NULL ? v->message :
+		    "ReconcilerError";
+
 		p->phase = "Failed";
 		p->reason = "SandboxFailed";
 		p->message = xasprintf("the sandbox reports errors since %lld "
-		    "s: %s", (long long)(x->now - v->error_since),
-		    v->message != NULL ? v->message : "ReconcilerError");
+		    "s: %.*s", (long long)(x->now - v->error_since),
+		    quote_len(m), m);
 	} else {
 		if (v->error_since > 0)
 			want_requeue(x, (v->error_since +
@@ -1390,9 +1407,11 @@ reconcile_once(struct rctx *x)
 		else if (roll)
 			m = xstrdup("restarting the sandbox with the new "
 			    "token");
+		else if (v.message != NULL)
+			m = xasprintf("waiting for the sandbox: %.*s",
+			    quote_len(v.message), v.message);
 		else
-			m = xasprintf("waiting for the sandbox: %s",
-			    v.message != NULL ? v.message : "not ready");
+			m = xstrdup("waiting for the sandbox: not ready");
 		json_object_set_new(status, "message", json_string(m));
 		free(m);
 	} else if (p.transition && streq(p.phase, "Paused") &&

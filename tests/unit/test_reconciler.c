@@ -244,8 +244,9 @@ cond(const json_t *obj, const char *type)
  * Suspended condition.
  */
 static void
-play(const char *name, const char *ready, const char *reason, int gen_delta,
-    const char *ip, int suspended, int64_t ltt)
+play_msg(const char *name, const char *ready, const char *reason,
+    const char *message, int gen_delta, const char *ip, int suspended,
+    int64_t ltt)
 {
 	struct k8s_status st = { 0 };
 	json_t *sb = get(&K8S_SANDBOX, name), *status;
@@ -255,7 +256,7 @@ play(const char *name, const char *ready, const char *reason, int gen_delta,
 	time_rfc3339(ltt ? ltt : now_unix(), ts);
 	status = json_pack("{s:[{s:s,s:s,s:s,s:s,s:I,s:s},{s:s,s:s,s:s,s:s,"
 	    "s:I,s:s}]}", "conditions", "type", "Ready", "status", ready,
-	    "reason", reason, "message", "played", "observedGeneration",
+	    "reason", reason, "message", message, "observedGeneration",
 	    (json_int_t)(k8s_meta_int(sb, "generation") + gen_delta),
 	    "lastTransitionTime", ts, "type", "Suspended", "status",
 	    suspended ? "True" : "False", "reason", suspended ?
@@ -268,6 +269,14 @@ play(const char *name, const char *ready, const char *reason, int gen_delta,
 	assert_int_equal(k8s_update_status(env.api, &K8S_SANDBOX, NS, name,
 	    sb, NULL, &st), 0);
 	json_decref(sb);
+}
+
+static void
+play(const char *name, const char *ready, const char *reason, int gen_delta,
+    const char *ip, int suspended, int64_t ltt)
+{
+	play_msg(name, ready, reason, "played", gen_delta, ip, suspended,
+	    ltt);
 }
 
 static void
@@ -1507,6 +1516,44 @@ test_long_name(void **state)
 	free(name);
 }
 
+/*
+ * A Sandbox condition message may have 32768 characters, as many as the
+ * task's whole status.message: quoted there, it is cut (on a character
+ * boundary), not a status write the API refuses on every pass.
+ */
+static void
+test_sandbox_long_message(void **state)
+{
+	char *name = provisioned(NULL, NULL), *m = xmalloc(32769);
+	const char *sm;
+	json_t *t;
+
+	(void)state;
+	/* 32767 characters in 32768 bytes, U+00E9 across byte 4096 */
+	memset(m, 'x', 32768);
+	memcpy(m + 4095, "\xc3\xa9", 2);
+	m[32768] = '\0';
+	play_msg(name, "False", "DependenciesNotReady", m, 0, NULL, 0, 0);
+	reconcile(name);
+	t = get_task(name);
+	sm = jp(t, "status.message");
+	assert_non_null(sm);
+	assert_true(strncmp(sm, "waiting for the sandbox: xxx", 28) == 0);
+	assert_true(strlen(sm) <= 32768);
+	json_decref(t);
+	/* the same message as a ReconcilerError for over 5 minutes */
+	play_msg(name, "False", "ReconcilerError", m, 0, NULL, 0,
+	    now_unix() - CONTROLLER_ERROR_GRACE_S - 10);
+	reconcile(name);
+	assert_phase(name, "Failed");
+	t = get_task(name);
+	assert_string_equal(jp(t, "status.reason"), "SandboxFailed");
+	assert_true(strlen(jp(t, "status.message")) <= 32768);
+	json_decref(t);
+	free(m);
+	free(name);
+}
+
 static void
 test_no_preview(void **state)
 {
@@ -2347,6 +2394,7 @@ main(void)
 		cmocka_unit_test(test_conflict),
 		cmocka_unit_test(test_foreign_token_secret),
 		cmocka_unit_test(test_long_name),
+		cmocka_unit_test(test_sandbox_long_message),
 		cmocka_unit_test(test_no_preview),
 		cmocka_unit_test(test_created_suspended),
 		cmocka_unit_test(test_warm_pool),
