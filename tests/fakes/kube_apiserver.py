@@ -2297,6 +2297,49 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.entry["forbidden"] = True
         raise rbac.forbidden(verb, group, resource, sub, ns, name)
 
+    def admit_owner_references(self, kind, ns, name, body):
+        """With --rbac, the OwnerReferencesPermissionEnforcement admission
+        plugin (on in OpenShift, for one): an ownerReference with
+        blockOwnerDeletion, new on the object, needs "update" on its
+        owner's finalizers subresource."""
+        rbac = self.server.rbac
+        if not self.restricted:
+            return
+        try:
+            obj = json.loads(body or b"{}")
+        except ValueError:
+            return                  # the write itself reports it
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        refs = (meta or {}).get("ownerReferences") or []
+        old = []
+        if name is not None:
+            try:
+                old = self.server.store.get(kind, ns, name)["metadata"].get(
+                    "ownerReferences") or []
+            except ApiError:
+                old = []
+        for r in refs:
+            if not isinstance(r, dict) or not r.get("blockOwnerDeletion") \
+                    or r in old:
+                continue
+            owner = next((k for k in KINDS
+                          if k.api_version == r.get("apiVersion") and
+                          k.kind == r.get("kind")), None)
+            if owner is not None and rbac.allowed(
+                    "update", owner.group, owner.plural, "finalizers", ns,
+                    r.get("name")):
+                continue
+            self.entry["forbidden"] = True
+            qual = f"{kind.plural}.{kind.group}" if kind.group else \
+                kind.plural
+            oname = name or (meta or {}).get("name") or ""
+            raise ApiError(403, status_body(
+                403, "Forbidden",
+                f'{qual} "{oname}" is forbidden: cannot set '
+                "blockOwnerDeletion if an ownerReference refers to a "
+                "resource you can't set finalizers on: , <nil>",
+                {"name": oname, "group": kind.group, "kind": kind.plural}))
+
     def route(self, method, path, query, body):
         srv = self.server
         segs = [urllib.parse.unquote(s) for s in path.split("/") if s]
@@ -2401,6 +2444,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 else "deletecollection"}.get(method)
         if verb is not None:
             self.authorize(verb, group, kind.plural, sub, ns, name)
+        if method in ("POST", "PUT") and sub is None:
+            self.admit_owner_references(kind, ns, name, body)
         if name is None:
             if method == "GET":
                 if watch:
@@ -2750,8 +2795,9 @@ def main(argv=None):
                     help="require 'Authorization: Bearer TOKEN'")
     ap.add_argument("--rbac", action="append", default=[],
                     help="YAML file of RBAC objects: the --token identity "
-                    "(--rbac-user) may then do only what they grant; "
-                    "repeatable")
+                    "(--rbac-user) may then do only what they grant, and "
+                    "the OwnerReferencesPermissionEnforcement admission "
+                    "plugin applies to it; repeatable")
     ap.add_argument("--rbac-user",
                     default="system:serviceaccount:diverge-system:diverged",
                     help="the user the --token stands for under --rbac")

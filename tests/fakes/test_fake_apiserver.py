@@ -1100,6 +1100,13 @@ rules:
     resources: ["secrets"]
     resourceNames: ["only-this"]
     verbs: ["get"]
+  - apiGroups: [""]
+    resources: ["secrets"]
+    verbs: ["create"]
+  - apiGroups: ["divergedev.com"]
+    resources: ["agenttasks/finalizers"]
+    resourceNames: ["t1"]
+    verbs: ["update"]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
@@ -1173,10 +1180,28 @@ def t_rbac(d):
               "cannot deletecollection" in o.get("message", ""), o)
         st, _, o = f.req("GET", AT + "/t1", token="wrong")
         check("rbac: an unknown token is still 401", st == 401, o)
+
+        def child(name, owner, block):
+            ref = {"apiVersion": "divergedev.com/v1alpha1",
+                   "kind": "AgentTask", "name": owner, "uid": "u-" + owner}
+            if block:
+                ref["blockOwnerDeletion"] = True
+            return f.req("POST", SEC, {
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": name, "ownerReferences": [ref]}})
+        a, _, _ = child("c1", "t1", True)
+        b, _, o = child("c2", "t9", True)
+        c, _, _ = child("c3", "t9", False)
+        check("rbac: blockOwnerDeletion needs update on the owner's "
+              "finalizers (OwnerReferencesPermissionEnforcement)",
+              (a, b, c) == (201, 403, 201) and o.get("message") ==
+              'secrets "c2" is forbidden: cannot set blockOwnerDeletion if '
+              "an ownerReference refers to a resource you can't set "
+              "finalizers on: , <nil>", (a, b, c, o))
         _, _, log = f.req("GET", "/_fake/requests", token=None)
         denied = [r for r in log if r.get("forbidden")]
         check("rbac: the request log marks who asked and what was refused",
-              len(denied) == 7 and all(r["user"] ==
+              len(denied) == 8 and all(r["user"] ==
                                        "system:serviceaccount:sys:bot"
                                        for r in denied) and
               any(r["user"] == "admin" for r in log),
