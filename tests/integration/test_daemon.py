@@ -136,8 +136,9 @@ def config_errors(t):
 
 def embedded_default(t):
     """No config at all: ./diverge-state and 127.0.0.1:8080."""
-    if not port_free(8080):
-        t.skip("embedded default on 127.0.0.1:8080: the port is busy")
+    if not port_free(8080) or not port_free(8081):
+        t.skip("embedded default on 127.0.0.1:8080 (API 8081): a port is "
+               "busy")
         return
     cwd = tempfile.mkdtemp(prefix="diverge-cwd-")
     d = Daemon(config=None, args=[], cwd=cwd).start()
