@@ -589,9 +589,10 @@ doom_release(struct doom_list *l)
 	free(l->v);
 }
 
+static int has_finalizers(const json_t *);
 static int delete_tree(struct embedded *, struct batch *,
     const struct k8s_resource *, const char *, const char *,
-    enum k8s_propagation, json_t **);
+    enum k8s_propagation, const json_t *, json_t **);
 
 /*
  * Whether the owner an ownerReference of an object in ns names exists
@@ -685,7 +686,7 @@ collect_orphan(struct embedded *e, struct batch *b,
 	if (rc != 0 || named == 0)
 		return rc < 0 ? rc : 0;
 	rc = delete_tree(e, b, r, ns, k8s_meta_str(obj, "name"),
-	    K8S_PROPAGATE_BACKGROUND, NULL);
+	    K8S_PROPAGATE_BACKGROUND, NULL, NULL);
 	return rc < 0 ? rc : 1;
 }
 
@@ -789,7 +790,8 @@ commit_object(struct embedded *e, struct op *op, struct batch *b,
 	/* cur is shared (the writer's cache): read, never changed */
 	json_t *m = meta(next), *cm = json_object_get(cur, "metadata");
 	static const char *const owned[] = { "uid", "creationTimestamp",
-	    "generation", "namespace", "name", "deletionTimestamp" };
+	    "generation", "namespace", "name", "deletionTimestamp",
+	    "deletionGracePeriodSeconds" };
 	int64_t gen = json_integer_value(json_object_get(cm, "generation"));
 	size_t i;
 	int rc;
@@ -815,6 +817,16 @@ commit_object(struct embedded *e, struct op *op, struct batch *b,
 	    "resourceVersion"));
 	if (json_equal(cur, next)) {
 		op->out = json_incref(next);
+		return 0;
+	}
+	if (json_object_get(m, "deletionTimestamp") != NULL &&
+	    !has_finalizers(next)) {
+		/* the last finalizer is done: the deletion ends */
+		rc = delete_tree(e, b, r, op->ns, op->name,
+		    K8S_PROPAGATE_BACKGROUND, next, &op->out);
+		if (rc < 0)
+			return k8s_status_set(&op->st, rc, "store write "
+			    "failed", NULL);
 		return 0;
 	}
 	set_rv(next, b);
@@ -1013,43 +1025,98 @@ settle_dependents(struct embedded *e, struct batch *b,
 	return rc;
 }
 
+/* Whether obj has finalizers: a deletion only marks it then. */
+static int
+has_finalizers(const json_t *obj)
+{
+	return json_array_size(json_object_get(json_object_get(obj,
+	    "metadata"), "finalizers")) > 0;
+}
+
+/*
+ * What a deletion does to an object with finalizers, as the apiserver
+ * does: it sets deletionTimestamp (once; generation goes up) and keeps the
+ * object, a MODIFIED event. The update that removes the last finalizer
+ * removes it (commit_object). *cur becomes the marked object.
+ */
+static int
+mark_deleted(struct embedded *e, struct batch *b, const struct doomed *d,
+    json_t **cur)
+{
+	json_t *next, *m;
+	char ts[32];
+	int rc;
+
+	if (json_object_get(json_object_get(*cur, "metadata"),
+	    "deletionTimestamp") != NULL)
+		return 0;
+	next = json_deep_copy(*cur);
+	m = meta(next);
+	time_rfc3339(now_unix(), ts);
+	json_object_set_new(m, "deletionTimestamp", json_string(ts));
+	json_object_set_new(m, "deletionGracePeriodSeconds", json_integer(0));
+	if (json_integer_value(json_object_get(m, "generation")) > 0)
+		json_object_set_new(m, "generation", json_integer(
+		    json_integer_value(json_object_get(m, "generation")) + 1));
+	set_rv(next, b);
+	rc = store(e, d->r, d->ns, next, *cur);
+	if (rc == 0)
+		batch_event(b, K8S_MODIFIED, d->r, d->ns, next, *cur);
+	json_decref(*cur);
+	*cur = next;
+	return rc;
+}
+
 /*
  * Delete one object, then settle its dependents as the apiserver and its
  * garbage collector do for policy, and so on down, breadth first: each
  * object once, one DELETED event each. Background and Foreground end in
  * the same state here, where everything happens in one transaction; they
  * differ on a cluster only in what is seen meanwhile. Orphan applies to
- * the object named, whose dependents lose their reference to it. *out
- * (may be NULL) gets the object named.
+ * the object named, whose dependents lose their reference to it. An
+ * object with finalizers is only marked (mark_deleted), and its
+ * dependents wait for it to go, except with Foreground and Orphan, which
+ * settle them at once. final (may be NULL) is the last state of the
+ * object named, whose finalizers are done: it goes whatever the store
+ * holds. *out (may be NULL) gets the object named.
  */
 static int
 delete_tree(struct embedded *e, struct batch *b,
     const struct k8s_resource *r, const char *ns, const char *name,
-    enum k8s_propagation policy, json_t **out)
+    enum k8s_propagation policy, const json_t *final, json_t **out)
 {
 	struct doom_list l = { NULL, 0, 0 };
 	size_t i;
-	int rc = 0;
+	int rc = 0, gone;
 
 	doom_add(&l, r, ns, name);
 	for (i = 0; rc == 0 && i < l.n; i++) {
 		struct doomed *d = &l.v[i];
 		json_t *cur = NULL;
 
-		rc = load(e, d->r, d->ns, d->name, &cur);
+		if (i == 0 && final != NULL)
+			cur = json_deep_copy(final);
+		else
+			rc = load(e, d->r, d->ns, d->name, &cur);
 		if (rc == K8S_ENOTFOUND && i > 0) {
 			rc = 0;		/* a dependent already gone */
 			continue;
 		}
-		if (rc == 0)
+		gone = rc == 0 && ((i == 0 && final != NULL) ||
+		    !has_finalizers(cur));
+		if (rc == 0 && !gone)
+			rc = mark_deleted(e, b, d, &cur);
+		else if (rc == 0)
 			rc = erase(e, d->r, d->ns, d->name);
-		if (rc == 0) {
+		if (rc == 0 && gone) {
 			set_rv(cur, b);
 			batch_event(b, K8S_DELETED, d->r, d->ns, cur, NULL);
-			if (i == 0 && out != NULL)
-				*out = json_incref(cur);
 		}
-		if (rc == 0 && k8s_meta_str(cur, "uid") != NULL)
+		if (rc == 0 && i == 0 && out != NULL)
+			*out = json_incref(cur);
+		if (rc == 0 && k8s_meta_str(cur, "uid") != NULL && (gone ||
+		    (i == 0 && (policy == K8S_PROPAGATE_FOREGROUND ||
+		    policy == K8S_PROPAGATE_ORPHAN))))
 			rc = settle_dependents(e, b, &l, k8s_meta_str(cur,
 			    "uid"), i == 0 && policy == K8S_PROPAGATE_ORPHAN);
 		json_decref(cur);
@@ -1062,7 +1129,7 @@ static int
 do_delete(struct embedded *e, struct op *op, struct batch *b)
 {
 	int rc = delete_tree(e, b, op->r, op->ns, op->name, op->policy,
-	    &op->out);
+	    NULL, &op->out);
 
 	if (rc == K8S_ENOTFOUND)
 		return k8s_error_notfound(&op->st, op->r, op->name);

@@ -617,6 +617,72 @@ count_events(const json_t *evs, const char *type, const char *name)
 }
 
 /*
+ * Finalizers hold a deletion, as in the apiserver: DELETE of an object
+ * with finalizers only sets metadata.deletionTimestamp (a MODIFIED
+ * event, the object still readable and writable); the update that removes
+ * the last finalizer removes it (one DELETED event), and its dependents
+ * go then.
+ */
+static void
+delete_finalizers(void **state)
+{
+	char *ns = uniq("fz"), *name = uniq("f");
+	char *cname = xasprintf("%s-token", name);
+	json_t *in = task(name, "fix it"), *owner = NULL, *out = NULL, *got;
+	json_t *p, *evs, *child;
+	struct k8s_status st = { 0 };
+	struct k8s_watch *w;
+
+	(void)state;
+	json_object_set_new(json_object_get(in, "metadata"), "finalizers",
+	    json_pack("[s]", "example.com/hold"));
+	assert_int_equal(k8s_create(api, &K8S_AGENTTASK, ns, in, &owner, &st),
+	    0);
+	child = json_pack("{s:s,s:s,s:{s:s,s:[o]},s:{s:s}}", "apiVersion",
+	    "v1", "kind", "Secret", "metadata", "name", cname,
+	    "ownerReferences", task_ref(owner), "data", "token", "eHl6");
+	assert_int_equal(k8s_create(api, &K8S_SECRET, ns, child, NULL, &st),
+	    0);
+	w = watch_from_now(&K8S_AGENTTASK, ns, NULL);
+	assert_int_equal(k8s_delete(api, &K8S_AGENTTASK, ns, name, &out, &st),
+	    0);
+	json_decref(out);
+	got = NULL;
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, ns, name, &got, &st), 0);
+	assert_non_null(k8s_meta_str(got, "deletionTimestamp"));
+	json_decref(got);
+	/* a second DELETE changes nothing */
+	out = NULL;
+	assert_int_equal(k8s_delete(api, &K8S_AGENTTASK, ns, name, &out, &st),
+	    0);
+	json_decref(out);
+	/* the owner is still there: so is its dependent */
+	got = NULL;
+	assert_int_equal(k8s_get(api, &K8S_SECRET, ns, cname, &got, &st), 0);
+	json_decref(got);
+	/* the last finalizer goes: so does the object */
+	p = json_pack("{s:{s:n}}", "metadata", "finalizers");
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, ns, name, 0, p, NULL,
+	    &st), 0);
+	json_decref(p);
+	assert_int_equal(wait_gone_in(&K8S_AGENTTASK, ns, name),
+	    K8S_ENOTFOUND);
+	assert_int_equal(wait_gone_in(&K8S_SECRET, ns, cname), K8S_ENOTFOUND);
+	evs = drain(w);
+	assert_int_equal(count_events(evs, "MODIFIED", name), 1);
+	assert_int_equal(count_events(evs, "DELETED", name), 1);
+	assert_int_equal(json_array_size(evs), 2);
+	k8s_status_release(&st);
+	json_decref(evs);
+	json_decref(child);
+	json_decref(owner);
+	json_decref(in);
+	free(cname);
+	free(name);
+	free(ns);
+}
+
+/*
  * Two objects that own each other: deleting one deletes both, each once,
  * one DELETED event each.
  */
@@ -1463,6 +1529,7 @@ main(void)
 		cmocka_unit_test(validation),
 		cmocka_unit_test(list_selectors),
 		cmocka_unit_test(delete_cascade),
+		cmocka_unit_test(delete_finalizers),
 		cmocka_unit_test(dangling_owner),
 		cmocka_unit_test(delete_cycle),
 		cmocka_unit_test(delete_orphan),
