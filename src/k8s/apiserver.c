@@ -2759,25 +2759,21 @@ watch_step(struct watch_stream *ws)
 		if (ev.type == K8S_ERROR) {
 			stream_event(ws, "ERROR", ev.object);
 			ws->done = 1;
-		} else if (ev.type == K8S_BOOKMARK) {
-			if (ws->bookmarks && rv > 0) {
-				if (rv > ws->rv)
-					ws->rv = rv;
-				stream_bookmark(ws);
-			}
-		} else if (ev.object != NULL) {
+		} else if (ev.type != K8S_BOOKMARK && ev.object != NULL) {
 			ensure_typed(ev.object, ws->r);
 			stream_event(ws, k8s_event_type_name(ev.type),
 			    ev.object);
 		}
+		/* a store's BOOKMARK (how far it went) waits for the timer */
 		if (rv > ws->rv)
 			ws->rv = rv;
 		json_decref(ev.object);
-	} else if (rc == 0) {
+	}
+	if (rc >= 0 && !ws->done) {
 		if (ws->bookmarks && ws->rv > 0 &&
 		    now_mono_ms() - ws->last_send_ms >= WATCH_BOOKMARK_MS)
 			stream_bookmark(ws);
-	} else {
+	} else if (rc < 0) {
 		sj = k8s_status_json(&st);
 		stream_event(ws, "ERROR", sj);
 		json_decref(sj);

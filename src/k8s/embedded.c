@@ -127,7 +127,8 @@ struct ewatch {
 	char *ns;
 	struct k8s_selector *labels;
 	struct k8s_selector *fields;
-	int64_t cursor;		/* last rv delivered */
+	int64_t cursor;		/* last rv looked at */
+	int64_t told;		/* last rv handed out (event or bookmark) */
 	json_t *initial;	/* synthetic ADDED objects, in order */
 	size_t initial_next;
 };
@@ -1800,6 +1801,9 @@ e_watch(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
 		return rc;
 	}
 	if (rvs == NULL || *rvs == '\0' || strcmp(rvs, "0") == 0) {
+		size_t i;
+		json_t *o;
+
 		rc = snapshot(e, r, w->ns, w->labels, w->fields, &w->initial,
 		    &w->cursor);
 		if (rc < 0) {
@@ -1807,6 +1811,10 @@ e_watch(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
 			return k8s_status_set(st, rc, "store read failed",
 			    NULL);
 		}
+		/* the ADDED events tell their own versions */
+		json_array_foreach(w->initial, i, o)
+			if (k8s_resource_version(o) > w->told)
+				w->told = k8s_resource_version(o);
 	} else {
 		char *end;
 		long long v = strtoll(rvs, &end, 10);
@@ -1816,7 +1824,7 @@ e_watch(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
 			return k8s_status_set(st, K8S_EBADREQUEST,
 			    "invalid resourceVersion", NULL);
 		}
-		w->cursor = v;
+		w->cursor = w->told = v;
 	}
 	*out = &w->w;
 	return 0;
@@ -1902,6 +1910,7 @@ e_watch_next(struct k8s_watch *kw, int timeout_ms, struct k8s_event *out,
 
 			w->cursor = ev->rv;
 			if (type != 0) {
+				w->told = ev->rv;
 				/*
 				 * the object is never changed once published:
 				 * hold it, and copy it for the caller outside
@@ -1931,6 +1940,18 @@ e_watch_next(struct k8s_watch *kw, int timeout_ms, struct k8s_event *out,
 			int64_t left = deadline - now_mono_ms();
 			struct timespec ts;
 
+			if (left <= 0 && w->cursor > w->told) {
+				/*
+				 * a quiet slice after events the selection
+				 * skipped: a BOOKMARK says how far it went
+				 */
+				w->told = w->cursor;
+				pthread_mutex_unlock(&e->mu);
+				out->type = K8S_BOOKMARK;
+				out->object = NULL;
+				out->rv = w->told;
+				return 1;
+			}
 			if (left <= 0) {
 				pthread_mutex_unlock(&e->mu);
 				return 0;
