@@ -2720,8 +2720,12 @@ stream_event(struct watch_stream *ws, const char *type, json_t *obj)
 	ws->last_send_ms = now_mono_ms();
 }
 
+/*
+ * A BOOKMARK at ws->rv; initial_end: the one that ends the initial events
+ * of a watch with sendInitialEvents=true (annotated as the apiserver does).
+ */
 static void
-stream_bookmark(struct watch_stream *ws)
+stream_bookmark(struct watch_stream *ws, int initial_end)
 {
 	char rv[32];
 	json_t *o;
@@ -2730,6 +2734,10 @@ stream_bookmark(struct watch_stream *ws)
 	o = json_pack("{s:s, s:s, s:{s:s}}", "kind", ws->r->kind,
 	    "apiVersion", k8s_api_version(ws->r), "metadata",
 	    "resourceVersion", rv);
+	if (initial_end)
+		json_object_set_new(json_object_get(o, "metadata"),
+		    "annotations", json_pack("{s:s}",
+		    "k8s.io/initial-events-end", "true"));
 	stream_event(ws, "BOOKMARK", o);
 	json_decref(o);
 }
@@ -2772,7 +2780,7 @@ watch_step(struct watch_stream *ws)
 	if (rc >= 0 && !ws->done) {
 		if (ws->bookmarks && ws->rv > 0 &&
 		    now_mono_ms() - ws->last_send_ms >= WATCH_BOOKMARK_MS)
-			stream_bookmark(ws);
+			stream_bookmark(ws, 0);
 	} else if (rc < 0) {
 		sj = k8s_status_json(&st);
 		stream_event(ws, "ERROR", sj);
@@ -2821,6 +2829,40 @@ watch_free(void *cls)
 	free(ws);
 }
 
+/*
+ * The apiserver's checks of a watch's sendInitialEvents (the streaming
+ * list of client-go's WatchListClient) and resourceVersionMatch: 1 and a
+ * 422 Invalid sent when they do not go together.
+ */
+static int
+watch_list_refused(struct api_req *q)
+{
+	const char *sie = query(q, "sendInitialEvents");
+	const char *match = query(q, "resourceVersionMatch");
+	const char *field = "resourceVersionMatch", *why = NULL;
+
+	if (sie != NULL && sie[0] == '\0')
+		sie = NULL;
+	if (match != NULL && match[0] == '\0')
+		match = NULL;
+	if (sie != NULL && (match == NULL ||
+	    strcmp(match, "NotOlderThan") != 0))
+		why = "sendInitialEvents requires setting "
+		    "resourceVersionMatch to NotOlderThan";
+	else if (sie != NULL && !query_bool(q, "allowWatchBookmarks")) {
+		field = "allowWatchBookmarks";
+		why = "sendInitialEvents requires setting allowWatchBookmarks "
+		    "to true";
+	} else if (sie == NULL && match != NULL)
+		why = "resourceVersionMatch is forbidden for watch unless "
+		    "sendInitialEvents is provided";
+	if (why == NULL)
+		return 0;
+	reply_err(q, K8S_EINVALID, 422, "Invalid", "ListOptions.meta.k8s.io "
+	    "\"\" is invalid: %s: Forbidden: %s", field, why);
+	return 1;
+}
+
 static void
 do_watch(struct api_req *q, const struct target *t)
 {
@@ -2833,7 +2875,8 @@ do_watch(struct api_req *q, const struct target *t)
 	char *fsel = NULL, *end;
 	long long secs = 0, rv;
 	unsigned int jitter = 0;
-	json_t *sj;
+	json_t *sj, *initial = NULL;
+	char list_rv[32];
 	int rc;
 
 	memset(&st, 0, sizeof(st));
@@ -2843,6 +2886,30 @@ do_watch(struct api_req *q, const struct target *t)
 	}
 	v = query(q, "resourceVersion");
 	opts.resource_version = v != NULL && v[0] != '\0' ? v : NULL;
+	if (watch_list_refused(q))
+		goto out;
+	v = query(q, "sendInitialEvents");
+	if (v != NULL && v[0] != '\0' && (query_bool(q, "sendInitialEvents") ||
+	    opts.resource_version == NULL)) {
+		/*
+		 * the state as a list, then the watch from its version: with
+		 * true, the list goes out first as ADDED events; with false
+		 * and no resourceVersion, the watch starts at the newest
+		 */
+		if (k8s_list(q->srv->api, t->r, t->ns, &opts, &initial,
+		    &st) < 0) {
+			reply_st(q, &st);
+			goto out;
+		}
+		snprintf(list_rv, sizeof(list_rv), "%s", k8s_meta_str(initial,
+		    "resourceVersion") != NULL ? k8s_meta_str(initial,
+		    "resourceVersion") : "");
+		opts.resource_version = list_rv[0] != '\0' ? list_rv : NULL;
+		if (!query_bool(q, "sendInitialEvents")) {
+			json_decref(initial);
+			initial = NULL;
+		}
+	}
 	v = query(q, "timeoutSeconds");
 	if (v != NULL && v[0] != '\0') {
 		errno = 0;
@@ -2890,6 +2957,15 @@ do_watch(struct api_req *q, const struct target *t)
 		stream_event(ws, "ERROR", sj);
 		json_decref(sj);
 		ws->done = 1;
+	} else if (initial != NULL) {
+		json_t *it;
+		size_t i;
+
+		json_array_foreach(json_object_get(initial, "items"), i, it) {
+			ensure_typed(it, t->r);
+			stream_event(ws, "ADDED", it);
+		}
+		stream_bookmark(ws, 1);
 	}
 	q->stream = ws;
 	q->code = 200;
@@ -2897,6 +2973,7 @@ do_watch(struct api_req *q, const struct target *t)
 	/* a quiet watch is not an idle connection */
 	MHD_set_connection_option(q->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
 out:
+	json_decref(initial);
 	free(fsel);
 	k8s_status_release(&st);
 }

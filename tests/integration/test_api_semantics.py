@@ -1,0 +1,117 @@
+"""Kubernetes API semantics of the embedded store served over HTTP
+(src/k8s/apiserver.c) that kubectl does not exercise but client-go
+does, checked with plain HTTP requests on loopback; no kubectl needed.
+The server is the one of test_kubectl.py (diverged --api-listen)."""
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from divtest import run_tests
+from test_kubectl import ApiServer
+
+TASKS = "/apis/divergedev.com/v1alpha1/namespaces/sem/agenttasks"
+
+
+def call(srv, method, path, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(srv.url + path, method=method, data=data,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            text = r.read()
+            try:
+                return r.status, json.loads(text or b"{}")
+            except ValueError:          # a watch stream
+                return r.status, {"text": text.decode()}
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def task(name):
+    return {"apiVersion": "divergedev.com/v1alpha1", "kind": "AgentTask",
+            "metadata": {"name": name}, "spec": {"objective": "x"}}
+
+
+def watch_events(srv, query, until, limit_s=20):
+    """The events of a watch on TASKS with query (a dict), read until
+    until(event) is true or limit_s passes; then closed."""
+    url = srv.url + TASKS + "?" + urllib.parse.urlencode(
+        dict(query, watch="true"))
+    out = []
+    end = time.time() + limit_s
+    with urllib.request.urlopen(url, timeout=limit_s) as r:
+        while time.time() < end:
+            line = r.readline()
+            if not line:
+                break
+            ev = json.loads(line)
+            out.append(ev)
+            if until(ev):
+                break
+    return out
+
+
+def initial_end(ev):
+    return ev["type"] == "BOOKMARK" and (
+        ev["object"]["metadata"].get("annotations") or {}).get(
+            "k8s.io/initial-events-end") == "true"
+
+
+def watch_list(t, srv):
+    """sendInitialEvents=true (client-go's WatchListClient, the streaming
+    list): one ADDED per object, then a BOOKMARK annotated
+    k8s.io/initial-events-end, then the changes; also from an explicit
+    resourceVersion (NotOlderThan). Without the bookmark a reflector
+    waits for it until its watch times out."""
+    for n in ("wl-a", "wl-b"):
+        t.eq(call(srv, "POST", TASKS, task(n))[0], 201, "create " + n)
+    _, lst = call(srv, "GET", TASKS)
+    rv = lst["metadata"]["resourceVersion"]
+    for start in ("", rv):
+        q = {"sendInitialEvents": "true",
+             "resourceVersionMatch": "NotOlderThan",
+             "allowWatchBookmarks": "true", "timeoutSeconds": "30"}
+        if start:
+            q["resourceVersion"] = start
+        evs = watch_events(srv, q, initial_end)
+        names = sorted(e["object"]["metadata"]["name"] for e in evs
+                       if e["type"] == "ADDED")
+        t.eq(names, ["wl-a", "wl-b"],
+             "sendInitialEvents (resourceVersion %r): an ADDED for each "
+             "object" % start)
+        t.ok(evs and initial_end(evs[-1]) and int(
+            evs[-1]["object"]["metadata"]["resourceVersion"]) >= int(rv),
+             "then the initial-events-end BOOKMARK at the list's version",
+             evs[-1:] if evs else evs)
+    # the apiserver's validation of the watch-list options: 422 Invalid
+    for q, what in (
+            ({"sendInitialEvents": "true", "allowWatchBookmarks": "true"},
+             "without resourceVersionMatch=NotOlderThan"),
+            ({"sendInitialEvents": "true",
+              "resourceVersionMatch": "NotOlderThan"},
+             "without allowWatchBookmarks"),
+            ({"resourceVersionMatch": "NotOlderThan",
+              "allowWatchBookmarks": "true"},
+             "resourceVersionMatch without sendInitialEvents")):
+        code, body = call(srv, "GET", TASKS + "?" + urllib.parse.urlencode(
+            dict(q, watch="true", timeoutSeconds="1")))
+        t.ok(code == 422 and body.get("reason") == "Invalid",
+             "a watch %s: 422 Invalid" % what, (code, body))
+
+
+def main(t):
+    srv = ApiServer()
+    try:
+        if srv.start() is None:
+            t.skip_all("diverged --api-listen is not available")
+        watch_list(t, srv)
+        t.eq(srv.stop(), 0, "the server stops cleanly on SIGTERM")
+    finally:
+        srv.cleanup()
+
+
+if __name__ == "__main__":
+    run_tests(main)
