@@ -2158,6 +2158,36 @@ bad:
 	return ret;
 }
 
+/*
+ * A list's resourceVersionMatch, checked as ValidateListOptions does: 1
+ * and a 422 Invalid sent when it is not allowed with resourceVersion.
+ */
+static int
+list_match_refused(struct api_req *q, const char *rv, const char *match)
+{
+	if (match == NULL)
+		return 0;
+	if (rv == NULL)
+		reply_err(q, K8S_EINVALID, 422, "Invalid", "ListOptions.meta."
+		    "k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: "
+		    "resourceVersionMatch is forbidden unless resourceVersion "
+		    "is provided");
+	else if (strcmp(match, "Exact") != 0 &&
+	    strcmp(match, "NotOlderThan") != 0)
+		reply_err(q, K8S_EINVALID, 422, "Invalid", "ListOptions.meta."
+		    "k8s.io \"\" is invalid: resourceVersionMatch: Unsupported "
+		    "value: \"%s\": supported values: \"Exact\", "
+		    "\"NotOlderThan\"", match);
+	else if (strcmp(match, "Exact") == 0 && strcmp(rv, "0") == 0)
+		reply_err(q, K8S_EINVALID, 422, "Invalid", "ListOptions.meta."
+		    "k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: "
+		    "resourceVersionMatch \"exact\" is forbidden for "
+		    "resourceVersion \"0\"");
+	else
+		return 0;
+	return 1;
+}
+
 static void
 do_list(struct api_req *q, const struct target *t)
 {
@@ -2165,11 +2195,37 @@ do_list(struct api_req *q, const struct target *t)
 	struct k8s_status st;
 	json_t *list = NULL;
 	char *fsel = NULL;
+	const char *rv = query(q, "resourceVersion");
+	const char *match = query(q, "resourceVersionMatch");
 
 	memset(&st, 0, sizeof(st));
+	if (rv != NULL && rv[0] == '\0')
+		rv = NULL;
+	if (match != NULL && match[0] == '\0')
+		match = NULL;
+	if (list_match_refused(q, rv, match))
+		goto out;
 	if (check_selectors(q, t, &opts, &fsel, &st) < 0 ||
 	    k8s_list(q->srv->api, t->r, t->ns, &opts, &list, &st) < 0) {
 		reply_st(q, &st);
+		goto out;
+	}
+	/*
+	 * the store lists its newest state only: Exact gets that, or 410
+	 * for an older version (relist), or the apiserver's 504 for one
+	 * it has not reached
+	 */
+	if (match != NULL && strcmp(match, "Exact") == 0 &&
+	    strtoll(rv, NULL, 10) != k8s_resource_version(list)) {
+		if (strtoll(rv, NULL, 10) > k8s_resource_version(list))
+			reply_err(q, K8S_ETIMEOUT, 504, "Timeout", "Too large "
+			    "resource version: %s, current: %lld", rv,
+			    (long long)k8s_resource_version(list));
+		else
+			reply_err(q, K8S_EGONE, 410, "Expired", "The "
+			    "resourceVersion for the provided list is too "
+			    "old.");
+		json_decref(list);
 		goto out;
 	}
 	ensure_typed_list(list, t->r);

@@ -102,12 +102,52 @@ def watch_list(t, srv):
              "a watch %s: 422 Invalid" % what, (code, body))
 
 
+def list_versions(t, srv):
+    """resourceVersion and resourceVersionMatch on a list, as the
+    apiserver has them: Exact is the state at exactly that version (one
+    this store no longer has is 410 Expired, a relist; never the newest
+    state in its place); the combinations ValidateListOptions forbids
+    are 422 Invalid."""
+    t.eq(call(srv, "POST", TASKS, task("lv-a"))[0], 201, "create lv-a")
+    _, lst = call(srv, "GET", TASKS)
+    old = lst["metadata"]["resourceVersion"]
+    t.eq(call(srv, "POST", TASKS, task("lv-b"))[0], 201, "create lv-b")
+    _, lst = call(srv, "GET", TASKS)
+    now = lst["metadata"]["resourceVersion"]
+    code, body = call(srv, "GET", TASKS + "?resourceVersion=%s&"
+                      "resourceVersionMatch=Exact" % now)
+    t.ok(code == 200 and body["metadata"]["resourceVersion"] == now,
+         "Exact at the newest version: that list", (code, body.get(
+             "metadata")))
+    code, body = call(srv, "GET", TASKS + "?resourceVersion=%s&"
+                      "resourceVersionMatch=Exact" % old)
+    t.ok(code == 410 and body.get("reason") == "Expired",
+         "Exact at an older version the store cannot give: 410 Expired",
+         (code, body.get("metadata"), body.get("message")))
+    code, body = call(srv, "GET", TASKS + "?resourceVersion=%s&"
+                      "resourceVersionMatch=NotOlderThan" % old)
+    t.ok(code == 200 and int(body["metadata"]["resourceVersion"]) >=
+         int(old), "NotOlderThan an older version: the newest list",
+         (code, body.get("metadata")))
+    for q, what in (("resourceVersionMatch=NotOlderThan",
+                     "resourceVersionMatch without resourceVersion"),
+                    ("resourceVersion=0&resourceVersionMatch=Exact",
+                     "Exact with resourceVersion 0"),
+                    ("resourceVersion=%s&resourceVersionMatch=Newest" % now,
+                     "an unknown resourceVersionMatch")):
+        code, body = call(srv, "GET", TASKS + "?" + q)
+        t.ok(code == 422 and body.get("reason") == "Invalid",
+             "a list with %s: 422 Invalid" % what, (code, body.get(
+                 "message")))
+
+
 def main(t):
     srv = ApiServer()
     try:
         if srv.start() is None:
             t.skip_all("diverged --api-listen is not available")
         watch_list(t, srv)
+        list_versions(t, srv)
         t.eq(srv.stop(), 0, "the server stops cleanly on SIGTERM")
     finally:
         srv.cleanup()
