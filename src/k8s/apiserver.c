@@ -84,6 +84,7 @@ struct watch_stream;
 /* One HTTP request: its body, then the reply or a watch stream. */
 struct api_req {
 	struct k8s_apiserver *srv;
+	struct k8s_api *api;		/* writes: srv's, or its dry run */
 	struct MHD_Connection *conn;
 	const char *method;		/* owned by MHD */
 	char *url;
@@ -1661,15 +1662,29 @@ out:
 
 /* ------------------------------------------------------------ objects */
 
+/*
+ * dryRun, in the query or in DeleteOptions (opts, may be NULL): "All"
+ * sends the writes of q to the store's dry-run view (checked and
+ * answered, nothing kept), as the apiserver does. 1 and a 400 sent for
+ * another value, or when the store has no dry run.
+ */
 static int
-dry_run_refused(struct api_req *q)
+dry_run_refused(struct api_req *q, const json_t *opts)
 {
 	const char *v = query(q, "dryRun");
+	const json_t *dr = json_object_get(opts, "dryRun");
 
-	if (v == NULL || v[0] == '\0')
+	if ((v == NULL || v[0] == '\0') && json_array_size(dr) > 0)
+		v = json_string_value(json_array_get(dr, 0));
+	if ((v == NULL || v[0] == '\0') && json_array_size(dr) == 0)
 		return 0;
+	if (v != NULL && strcmp(v, "All") == 0 &&
+	    k8s_embedded_dry_run(q->srv->api) != NULL) {
+		q->api = k8s_embedded_dry_run(q->srv->api);
+		return 0;
+	}
 	reply_err(q, K8S_EBADREQUEST, 400, "BadRequest", "dryRun=%s is not "
-	    "supported by this server", v);
+	    "supported by this server", v != NULL ? v : "");
 	return 1;
 }
 
@@ -2262,7 +2277,7 @@ do_create(struct api_req *q, const struct target *t)
 		reply_method(q);
 		goto out;
 	}
-	if (dry_run_refused(q))
+	if (dry_run_refused(q, NULL))
 		goto out;
 	if (body_object(q, t, 0, &obj, &st) < 0)
 		goto fail;
@@ -2272,7 +2287,7 @@ do_create(struct api_req *q, const struct target *t)
 			json_object_set_new(obj, "type", json_string("Opaque"));
 	}
 	if (check_fields(q, t, obj, &st) < 0 ||
-	    k8s_create(q->srv->api, t->r, t->ns, obj, &created, &st) < 0)
+	    k8s_create(q->api, t->r, t->ns, obj, &created, &st) < 0)
 		goto fail;
 	ensure_typed(created, t->r);
 	reply_json(q, 201, created);
@@ -2292,7 +2307,7 @@ do_update(struct api_req *q, const struct target *t)
 	int rc;
 
 	memset(&st, 0, sizeof(st));
-	if (dry_run_refused(q))
+	if (dry_run_refused(q, NULL))
 		goto out;
 	if (body_object(q, t, 1, &obj, &st) < 0)
 		goto fail;
@@ -2301,10 +2316,10 @@ do_update(struct api_req *q, const struct target *t)
 	if (check_fields(q, t, obj, &st) < 0)
 		goto fail;
 	if (t->status)
-		rc = k8s_update_status(q->srv->api, t->r, t->ns, t->name, obj,
+		rc = k8s_update_status(q->api, t->r, t->ns, t->name, obj,
 		    &updated, &st);
 	else
-		rc = k8s_update(q->srv->api, t->r, t->ns, t->name, obj,
+		rc = k8s_update(q->api, t->r, t->ns, t->name, obj,
 		    &updated, &st);
 	if (rc < 0)
 		goto fail;
@@ -2370,7 +2385,7 @@ patch_locally(struct api_req *q, const struct target *t,
     enum patch_kind kind, const json_t *patch, json_t **out,
     struct k8s_status *st)
 {
-	struct k8s_api *api = q->srv->api;
+	struct k8s_api *api = q->api;
 	json_t *cur = NULL, *doc = NULL;
 	const char *name, *nrv;
 	char *rv = NULL, *msg;
@@ -2474,7 +2489,7 @@ do_patch(struct api_req *q, const struct target *t)
 		    MT_JSONPATCH, MT_MERGE, MT_APPLY);
 		goto out;
 	}
-	if (dry_run_refused(q))
+	if (dry_run_refused(q, NULL))
 		goto out;
 	if (body_json(q, &patch, &st) < 0)
 		goto fail;
@@ -2494,7 +2509,7 @@ do_patch(struct api_req *q, const struct target *t)
 	    json_object_get(patch, "stringData") != NULL))
 		rc = patch_locally(q, t, kind, patch, &patched, &st);
 	else
-		rc = k8s_patch(q->srv->api, t->r, t->ns, t->name, t->status,
+		rc = k8s_patch(q->api, t->r, t->ns, t->name, t->status,
 		    patch, &patched, &st);
 	if (rc < 0)
 		goto fail;
@@ -2645,12 +2660,13 @@ do_delete(struct api_req *q, const struct target *t)
 	enum k8s_propagation policy;
 
 	memset(&st, 0, sizeof(st));
-	if (dry_run_refused(q))
+	if (delete_options(q, &opts, &policy, &st) < 0)
+		goto fail;
+	if (dry_run_refused(q, opts))
 		goto out;
-	if (delete_options(q, &opts, &policy, &st) < 0 ||
-	    check_preconditions(q, t, json_object_get(opts, "preconditions"),
+	if (check_preconditions(q, t, json_object_get(opts, "preconditions"),
 	    &st) < 0 ||
-	    k8s_delete_policy(q->srv->api, t->r, t->ns, t->name, policy, &gone,
+	    k8s_delete_policy(q->api, t->r, t->ns, t->name, policy, &gone,
 	    &st) < 0)
 		goto fail;
 	if (gone != NULL) {
@@ -2685,11 +2701,12 @@ do_delete_collection(struct api_req *q, const struct target *t)
 		reply_method(q);
 		goto out;
 	}
-	if (dry_run_refused(q))
-		goto out;
 	if (check_selectors(q, t, &opts, &fsel, &st) < 0 ||
-	    delete_options(q, &dopts, &policy, &st) < 0 ||
-	    k8s_list(q->srv->api, t->r, t->ns, &opts, &list, &st) < 0)
+	    delete_options(q, &dopts, &policy, &st) < 0)
+		goto fail;
+	if (dry_run_refused(q, dopts))
+		goto out;
+	if (k8s_list(q->srv->api, t->r, t->ns, &opts, &list, &st) < 0)
 		goto fail;
 	ensure_typed_list(list, t->r);
 	json_array_foreach(json_object_get(list, "items"), i, it) {
@@ -2698,7 +2715,7 @@ do_delete_collection(struct api_req *q, const struct target *t)
 		gone = NULL;
 		if (name == NULL)
 			continue;
-		if (k8s_delete_policy(q->srv->api, t->r, t->ns, name, policy,
+		if (k8s_delete_policy(q->api, t->r, t->ns, name, policy,
 		    &gone, &st) < 0 && st.err != K8S_ENOTFOUND)
 			goto fail;
 		k8s_status_release(&st);
@@ -3423,6 +3440,7 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 	if (q == NULL) {
 		q = xcalloc(1, sizeof(*q));
 		q->srv = s;
+		q->api = s->api;
 		q->conn = conn;
 		q->method = method;
 		q->url = xstrdup(url);

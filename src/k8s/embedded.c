@@ -17,6 +17,7 @@
 #include "config.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +46,7 @@ struct op {
 	const char *name;
 	const json_t *in;
 	enum k8s_propagation policy;	/* OP_DELETE */
+	int dry;		/* checked and answered, then rolled back */
 	k8s_txn_fn fn;		/* OP_TXN */
 	void *arg;
 	json_t *out;
@@ -79,6 +81,7 @@ struct reader {
 
 struct embedded {
 	struct k8s_api api;	/* first: the ops pointer */
+	struct k8s_api dry;	/* k8s_embedded_dry_run(): the dry-run view */
 	struct k8s_embedded_config cfg;
 	char *path;
 	sqlite3 *wdb;
@@ -134,6 +137,19 @@ struct ewatch {
 };
 
 static const struct k8s_ops embedded_ops;
+static struct k8s_ops embedded_dry_ops;
+
+/* The store of api, its own or its dry-run view (then *dry = 1). */
+static struct embedded *
+emb(struct k8s_api *api, int *dry)
+{
+	int is_dry = api->ops == &embedded_dry_ops;
+
+	if (dry != NULL)
+		*dry = is_dry;
+	return is_dry ? (struct embedded *)(void *)((char *)api -
+	    offsetof(struct embedded, dry)) : (struct embedded *)api;
+}
 
 /* ------------------------------------------------------------ helpers */
 
@@ -1293,6 +1309,28 @@ async_finish(struct op *op)
 	free(op);
 }
 
+/*
+ * What a dry run answers once its writes are rolled back, as the
+ * apiserver's dry-run storage does: the object as it would have been
+ * written, with no resourceVersion when it would have been created,
+ * else with the version it has.
+ */
+static void
+dry_answer(struct embedded *e, struct op *op)
+{
+	json_t *cur = NULL;
+
+	if (op->out == NULL)
+		return;
+	json_object_del(meta(op->out), "resourceVersion");
+	if (op->kind != OP_CREATE && load_ref(e, op->r, op->ns, op->name,
+	    &cur) == 0)
+		json_object_set(meta(op->out), "resourceVersion",
+		    json_object_get(json_object_get(cur, "metadata"),
+		    "resourceVersion"));
+	json_decref(cur);
+}
+
 static void
 run_batch(struct embedded *e, struct op *ops)
 {
@@ -1311,14 +1349,18 @@ run_batch(struct embedded *e, struct op *ops)
 		mark = b.n;
 		db_step(e->wdb, "SAVEPOINT op");
 		op->rc = apply(e, op, &b);
-		if (op->rc < 0) {
+		if (op->rc < 0 || op->dry) {
 			db_step(e->wdb, "ROLLBACK TO op");
 			/* what the op stored is not what is committed */
 			ocache_clear(e);
 			batch_truncate(&b, mark);
 			b.rv = rv_mark;
-			json_decref(op->out);
-			op->out = NULL;
+			if (op->rc == 0)
+				dry_answer(e, op);
+			else {
+				json_decref(op->out);
+				op->out = NULL;
+			}
 		}
 		db_step(e->wdb, "RELEASE op");
 	}
@@ -1468,13 +1510,15 @@ op_init(struct op *op, enum op_kind kind, const struct k8s_resource *r,
 
 /* Queue an operation and wait for its commit. */
 static int
-submit(struct embedded *e, enum op_kind kind, const struct k8s_resource *r,
+submit(struct k8s_api *api, enum op_kind kind, const struct k8s_resource *r,
     const char *ns, const char *name, const json_t *in, json_t **out,
     struct k8s_status *st)
 {
 	struct op op;
+	struct embedded *e;
 
 	op_init(&op, kind, r, ns, name, in);
+	e = emb(api, &op.dry);
 	return submit_op(e, &op, out, st);
 }
 
@@ -1565,7 +1609,7 @@ static int
 e_create(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
     const json_t *obj, json_t **out, struct k8s_status *st)
 {
-	return submit((struct embedded *)api, OP_CREATE, r, ns, NULL, obj,
+	return submit(api, OP_CREATE, r, ns, NULL, obj,
 	    out, st);
 }
 
@@ -1573,7 +1617,7 @@ static int
 e_update(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
     const char *name, const json_t *obj, json_t **out, struct k8s_status *st)
 {
-	return submit((struct embedded *)api, OP_UPDATE, r, ns, name, obj, out,
+	return submit(api, OP_UPDATE, r, ns, name, obj, out,
 	    st);
 }
 
@@ -1582,7 +1626,7 @@ e_update_status(struct k8s_api *api, const struct k8s_resource *r,
     const char *ns, const char *name, const json_t *obj, json_t **out,
     struct k8s_status *st)
 {
-	return submit((struct embedded *)api, OP_UPDATE_STATUS, r, ns, name,
+	return submit(api, OP_UPDATE_STATUS, r, ns, name,
 	    obj, out, st);
 }
 
@@ -1591,7 +1635,7 @@ e_patch(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
     const char *name, int status, const json_t *patch, json_t **out,
     struct k8s_status *st)
 {
-	return submit((struct embedded *)api, status ? OP_PATCH_STATUS :
+	return submit(api, status ? OP_PATCH_STATUS :
 	    OP_PATCH, r, ns, name, patch, out, st);
 }
 
@@ -1602,9 +1646,12 @@ e_delete(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
 {
 	struct op op;
 
+	struct embedded *e;
+
 	op_init(&op, OP_DELETE, r, ns, name, NULL);
 	op.policy = policy;
-	return submit_op((struct embedded *)api, &op, out, st);
+	e = emb(api, &op.dry);
+	return submit_op(e, &op, out, st);
 }
 
 /* -------------------------------------------------------------- reads */
@@ -1639,7 +1686,7 @@ static int
 e_get(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
     const char *name, json_t **out, struct k8s_status *st)
 {
-	struct embedded *e = (struct embedded *)api;
+	struct embedded *e = emb(api, NULL);
 	struct reader *rd = reader_take(e);
 	sqlite3_stmt *s = db_stmt(rd->db, "SELECT body FROM objects WHERE"
 	    " rkey = ?1 AND namespace = ?2 AND name = ?3");
@@ -1752,7 +1799,7 @@ static int
 e_list(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
     const struct k8s_list_opts *opts, json_t **out, struct k8s_status *st)
 {
-	struct embedded *e = (struct embedded *)api;
+	struct embedded *e = emb(api, NULL);
 	struct k8s_selector *ls, *fs;
 	json_t *items;
 	int64_t rv = 0;
@@ -1784,7 +1831,7 @@ e_watch(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
     const struct k8s_list_opts *opts, struct k8s_watch **out,
     struct k8s_status *st)
 {
-	struct embedded *e = (struct embedded *)api;
+	struct embedded *e = emb(api, NULL);
 	struct ewatch *w;
 	const char *rvs = opts ? opts->resource_version : NULL;
 	int rc;
@@ -2016,6 +2063,7 @@ k8s_embedded_open(struct k8s_api **out, const char *path,
 	int i;
 
 	e->api.ops = &embedded_ops;
+	e->dry.ops = &embedded_dry_ops;	/* filled by k8s_embedded_dry_run */
 	e->path = xstrdup(path);
 	if (cfg != NULL)
 		e->cfg = *cfg;
@@ -2102,3 +2150,26 @@ static const struct k8s_ops embedded_ops = {
 	.watch_free = e_watch_free,
 	.free = e_free,
 };
+
+/*
+ * The dry-run view's: the same functions (which tell the view by these
+ * ops, emb()), and no free of its own. Filled once, from embedded_ops.
+ */
+static struct k8s_ops embedded_dry_ops;
+static pthread_once_t embedded_dry_once = PTHREAD_ONCE_INIT;
+
+static void
+embedded_dry_init(void)
+{
+	embedded_dry_ops = embedded_ops;
+	embedded_dry_ops.name = "embedded-dry-run";
+	embedded_dry_ops.free = NULL;
+}
+
+/* See k8s.h. */
+struct k8s_api *
+k8s_embedded_dry_run(struct k8s_api *api)
+{
+	pthread_once(&embedded_dry_once, embedded_dry_init);
+	return k8s_is_embedded(api) ? &((struct embedded *)api)->dry : NULL;
+}

@@ -351,6 +351,12 @@ void k8s_embedded_transact_async(struct k8s_api *api, k8s_txn_fn fn,
     void *arg, k8s_txn_done_fn done, void *done_arg);
 /* Whether api is the embedded backend. */
 int k8s_is_embedded(const struct k8s_api *api);
+/*
+ * The embedded store's dry-run view (dryRun=All): reads as api; a write is
+ * validated and answered as it would be, then rolled back (no event, no
+ * new resourceVersion). It lives as long as api. NULL for another backend.
+ */
+struct k8s_api *k8s_embedded_dry_run(struct k8s_api *api);
 /* Read one object in the transaction. */
 int k8s_txn_get(struct k8s_txn *tx, const struct k8s_resource *r,
     const char *ns, const char *name, json_t **out, struct k8s_status *st);

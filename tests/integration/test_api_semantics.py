@@ -15,10 +15,10 @@ from test_kubectl import ApiServer
 TASKS = "/apis/divergedev.com/v1alpha1/namespaces/sem/agenttasks"
 
 
-def call(srv, method, path, body=None):
+def call(srv, method, path, body=None, ctype="application/json"):
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(srv.url + path, method=method, data=data,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": ctype})
     try:
         with urllib.request.urlopen(req, timeout=20) as r:
             text = r.read()
@@ -141,6 +141,47 @@ def list_versions(t, srv):
                  "message")))
 
 
+def dry_run(t, srv):
+    """dryRun=All (kubectl --dry-run=server): the write is checked and
+    answered as it would be, and nothing is kept: no object, no change,
+    no new resourceVersion. kubectl delete sends it in DeleteOptions, in
+    the body: that DELETE deleted the object."""
+    t.eq(call(srv, "POST", TASKS, task("dr-a"))[0], 201, "create dr-a")
+    rv = call(srv, "GET", TASKS)[1]["metadata"]["resourceVersion"]
+    code, body = call(srv, "POST", TASKS + "?dryRun=All", task("dr-b"))
+    t.ok(code == 201 and body["metadata"]["name"] == "dr-b" and
+         "resourceVersion" not in body["metadata"],
+         "a dry-run create answers the object, without resourceVersion",
+         (code, body))
+    t.eq(call(srv, "GET", TASKS + "/dr-b")[0], 404, "and creates nothing")
+    bad = task("dr-c")
+    bad["spec"] = {}
+    t.eq(call(srv, "POST", TASKS + "?dryRun=All", bad)[0], 422,
+         "a dry-run create of an invalid object: 422")
+    code, body = call(srv, "PATCH", TASKS + "/dr-a?dryRun=All",
+                      {"spec": {"objective": "dry"}},
+                      "application/merge-patch+json")
+    t.ok(code == 200 and body["spec"]["objective"] == "dry" and
+         body["metadata"]["generation"] == 2,
+         "a dry-run patch answers the patched object", (code, body))
+    t.eq(call(srv, "GET", TASKS + "/dr-a")[1]["spec"]["objective"], "x",
+         "and changes nothing")
+    opts = {"kind": "DeleteOptions", "apiVersion": "v1",
+            "propagationPolicy": "Background", "dryRun": ["All"]}
+    code, body = call(srv, "DELETE", TASKS + "/dr-a", opts)
+    t.ok(code == 200 and body.get("metadata", {}).get("name") == "dr-a",
+         "DELETE with dryRun in DeleteOptions answers the object",
+         (code, body))
+    t.eq(call(srv, "GET", TASKS + "/dr-a")[0], 200, "dr-a is still there")
+    call(srv, "DELETE", TASKS, opts)
+    t.eq(call(srv, "GET", TASKS + "/dr-a")[0], 200,
+         "and after a deletecollection with dryRun in DeleteOptions")
+    t.eq(call(srv, "GET", TASKS)[1]["metadata"]["resourceVersion"], rv,
+         "no dry run made a new resourceVersion")
+    t.eq(call(srv, "POST", TASKS + "?dryRun=Some", task("dr-d"))[0], 400,
+         "dryRun other than All: 400")
+
+
 def main(t):
     srv = ApiServer()
     try:
@@ -148,6 +189,7 @@ def main(t):
             t.skip_all("diverged --api-listen is not available")
         watch_list(t, srv)
         list_versions(t, srv)
+        dry_run(t, srv)
         t.eq(srv.stop(), 0, "the server stops cleanly on SIGTERM")
     finally:
         srv.cleanup()
