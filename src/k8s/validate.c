@@ -266,6 +266,44 @@ only_keys(struct vctx *v, const json_t *o, const char *base,
 	return 0;
 }
 
+/*
+ * A label value, or the name part of a qualified name (allow_empty 0):
+ * at most 63 of [A-Za-z0-9_.-], alphanumeric at both ends.
+ */
+static int
+label_part(const char *s, size_t n, int allow_empty)
+{
+	size_t i;
+
+	if (n == 0)
+		return allow_empty;
+	if (n > 63 || !isalnum((unsigned char)s[0]) ||
+	    !isalnum((unsigned char)s[n - 1]))
+		return 0;
+	for (i = 0; i < n; i++)
+		if (!isalnum((unsigned char)s[i]) && s[i] != '-' &&
+		    s[i] != '_' && s[i] != '.')
+			return 0;
+	return 1;
+}
+
+/* A label or annotation key: [DNS-1123 subdomain "/"] name part. */
+static int
+qualified_name(const char *k)
+{
+	const char *slash = strchr(k, '/');
+	char *prefix;
+	int ok;
+
+	if (slash == NULL)
+		return label_part(k, strlen(k), 0);
+	prefix = xstrndup(k, (size_t)(slash - k));
+	ok = dns_subdomain(prefix) && label_part(slash + 1,
+	    strlen(slash + 1), 0);
+	free(prefix);
+	return ok;
+}
+
 static int
 string_map(struct vctx *v, const json_t *meta, const char *k)
 {
@@ -287,6 +325,25 @@ string_map(struct vctx *v, const json_t *meta, const char *k)
 			return fail(v, p2, "FieldValueTypeInvalid",
 			    "Invalid value: must be of type string");
 		}
+		/* the apiserver's ObjectMeta validation, in its words */
+		if (!qualified_name(key))
+			return fail(v, path, "FieldValueInvalid",
+			    "Invalid value: \"%.100s\": name part must consist "
+			    "of alphanumeric characters, '-', '_' or '.', and "
+			    "must start and end with an alphanumeric character "
+			    "(e.g. 'MyName',  or 'my.name',  or '123-abc', "
+			    "regex used for validation is "
+			    "'([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')", key);
+		if (strcmp(k, "labels") == 0 && !label_part(
+		    json_string_value(val), json_string_length(val), 1))
+			return fail(v, path, "FieldValueInvalid",
+			    "Invalid value: \"%.100s\": a valid label must be "
+			    "an empty string or consist of alphanumeric "
+			    "characters, '-', '_' or '.', and must start and end "
+			    "with an alphanumeric character (e.g. 'MyValue',  or "
+			    "'my_value',  or '12345', regex used for validation "
+			    "is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')",
+			    json_string_value(val));
 	}
 	return 0;
 }

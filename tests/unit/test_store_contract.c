@@ -380,6 +380,59 @@ validation(void **state)
 	json_decref(bad);
 }
 
+/*
+ * Label keys and values, and annotation keys, are validated as the
+ * apiserver's ObjectMeta validation does (a value a selector cannot
+ * name is a 422, not a label nobody can select on).
+ */
+static void
+label_validation(void **state)
+{
+	static const char *const bad[][3] = {
+		{ "labels", "team", "b c" },
+		{ "labels", "team", "-x" },
+		{ "labels", "team",
+		  "0123456789012345678901234567890123456789012345678901234567890123" },
+		{ "labels", "a b", "x" },
+		{ "labels", "Bad_Prefix/x", "x" },
+		{ "labels", "a/b/c", "x" },
+		{ "labels", "example.com/", "x" },
+		{ "annotations", "not ok", "anything goes here" },
+	};
+	struct k8s_status st = { 0 };
+	json_t *t, *out = NULL;
+	char *name;
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < ARRAY_SIZE(bad); i++) {
+		name = uniq("lv");
+		t = task(name, "x");
+		json_object_set_new(json_object_get(t, "metadata"), bad[i][0],
+		    json_pack("{s:s}", bad[i][1], bad[i][2]));
+		assert_int_equal(k8s_create(api, &K8S_AGENTTASK, "default", t,
+		    NULL, &st), K8S_EINVALID);
+		assert_int_equal(st.code, 422);
+		assert_non_null(strstr(st.message, bad[i][0]));
+		k8s_status_release(&st);
+		json_decref(t);
+		free(name);
+	}
+	/* what is fine: a prefixed key, an empty value, any annotation */
+	name = uniq("lv");
+	t = task(name, "x");
+	json_object_set_new(json_object_get(t, "metadata"), "labels",
+	    json_pack("{s:s,s:s,s:s}", "divergedev.com/repo", "a1_b.c-D",
+	    "empty", "", "team", "a"));
+	json_object_set_new(json_object_get(t, "metadata"), "annotations",
+	    json_pack("{s:s}", "example.com/note", "any text, even / and :"));
+	assert_int_equal(k8s_create(api, &K8S_AGENTTASK, "default", t, &out,
+	    &st), 0);
+	json_decref(out);
+	json_decref(t);
+	free(name);
+}
+
 static int
 count_items(const char *ns, const char *sel)
 {
@@ -1572,6 +1625,7 @@ main(void)
 		cmocka_unit_test(status_subresource),
 		cmocka_unit_test(merge_patch),
 		cmocka_unit_test(validation),
+		cmocka_unit_test(label_validation),
 		cmocka_unit_test(list_selectors),
 		cmocka_unit_test(delete_cascade),
 		cmocka_unit_test(delete_finalizers),
