@@ -813,6 +813,9 @@ commit_object(struct embedded *e, struct op *op, struct batch *b,
 	size_t i;
 	int rc;
 
+	rc = k8s_validate_update(r, cur, next, &op->st);
+	if (rc < 0)
+		return rc;
 	for (i = 0; i < ARRAY_SIZE(owned); i++) {
 		json_t *v = json_object_get(cm, owned[i]);
 

@@ -159,6 +159,14 @@ int64_t k8s_resource_version(const json_t *obj);
  */
 int k8s_validate(const struct k8s_resource *r, const json_t *obj,
     struct k8s_status *st);
+/*
+ * What an update of old into obj may not change, as the apiserver's
+ * ObjectMeta update validation says: metadata.uid (when obj names one),
+ * and no new finalizer on an object being deleted. 0, or K8S_EINVALID
+ * with the 422 Status.
+ */
+int k8s_validate_update(const struct k8s_resource *r, const json_t *old,
+    const json_t *obj, struct k8s_status *st);
 
 /* ---- the API ---- */
 

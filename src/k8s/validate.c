@@ -550,6 +550,25 @@ check_secret(struct vctx *v, const json_t *obj)
 }
 
 /* Validate obj as the CRD schema of its kind would. */
+/* The 422 of v's first error, as the apiserver words it. */
+static int
+invalid(struct vctx *v, struct k8s_status *st)
+{
+	const struct k8s_resource *r = v->r;
+	char *msg = xasprintf("%s.%s \"%s\" is invalid: %s: %s", r->kind,
+	    r->group[0] ? r->group : "core", v->name ? v->name : "", v->path,
+	    v->detail);
+	json_t *details = json_pack("{s:s,s:s,s:s,s:[{s:s,s:s,s:s}]}",
+	    "name", v->name ? v->name : "", "group", r->group, "kind",
+	    r->kind, "causes", "reason", v->reason, "message", v->detail,
+	    "field", v->path);
+	int rc = k8s_status_set(st, K8S_EINVALID, msg, details);
+
+	free(msg);
+	free(v->detail);
+	return rc;
+}
+
 int
 k8s_validate(const struct k8s_resource *r, const json_t *obj,
     struct k8s_status *st)
@@ -570,20 +589,51 @@ k8s_validate(const struct k8s_resource *r, const json_t *obj,
 		rc = check_environment(&v, obj);
 	else if (rc == 0 && r == &K8S_SECRET)
 		rc = check_secret(&v, obj);
-	if (rc == 0)
-		return 0;
-	{
-		char *msg = xasprintf("%s.%s \"%s\" is invalid: %s: %s",
-		    r->kind, r->group[0] ? r->group : "core",
-		    v.name ? v.name : "", v.path, v.detail);
-		json_t *details = json_pack("{s:s,s:s,s:s,s:[{s:s,s:s,s:s}]}",
-		    "name", v.name ? v.name : "", "group", r->group, "kind",
-		    r->kind, "causes", "reason", v.reason, "message", v.detail,
-		    "field", v.path);
+	return rc == 0 ? 0 : invalid(&v, st);
+}
 
-		rc = k8s_status_set(st, K8S_EINVALID, msg, details);
-		free(msg);
-	}
-	free(v.detail);
-	return rc;
+/* Whether the string array a holds s. */
+static int
+has_string(const json_t *a, const char *s)
+{
+	size_t i;
+	json_t *e;
+
+	json_array_foreach((json_t *)a, i, e)
+		if (json_is_string(e) && strcmp(json_string_value(e), s) == 0)
+			return 1;
+	return 0;
+}
+
+int
+k8s_validate_update(const struct k8s_resource *r, const json_t *old,
+    const json_t *obj, struct k8s_status *st)
+{
+	const json_t *om = json_object_get(old, "metadata");
+	const json_t *nm = json_object_get(obj, "metadata");
+	const char *ouid = json_string_value(json_object_get(om, "uid"));
+	const char *nuid = json_string_value(json_object_get(nm, "uid"));
+	const json_t *fins = json_object_get(nm, "finalizers"), *f;
+	struct vctx v;
+	size_t i;
+
+	memset(&v, 0, sizeof(v));
+	v.r = r;
+	v.name = k8s_meta_str(old, "name");
+	if (nuid != NULL && nuid[0] != '\0' && ouid != NULL &&
+	    strcmp(nuid, ouid) != 0)
+		fail(&v, "metadata.uid", "FieldValueInvalid", "Invalid value: "
+		    "\"%.64s\": field is immutable", nuid);
+	else if (json_object_get(om, "deletionTimestamp") != NULL)
+		json_array_foreach((json_t *)fins, i, f)
+			if (json_is_string(f) && !has_string(json_object_get(
+			    om, "finalizers"), json_string_value(f))) {
+				fail(&v, "metadata.finalizers",
+				    "FieldValueForbidden", "Forbidden: no new "
+				    "finalizers can be added if the object is "
+				    "being deleted, found new finalizers "
+				    "[]string{\"%.200s\"}", json_string_value(f));
+				break;
+			}
+	return v.detail == NULL ? 0 : invalid(&v, st);
 }

@@ -182,6 +182,35 @@ def dry_run(t, srv):
          "dryRun other than All: 400")
 
 
+def immutable_meta(t, srv):
+    """ValidateObjectMetaUpdate: metadata.uid cannot change (an update
+    naming another object's uid is a 422, not silently applied to this
+    one), and no finalizer can be added to an object being deleted."""
+    t.eq(call(srv, "POST", TASKS, task("im-a"))[0], 201, "create im-a")
+    code, cur = call(srv, "GET", TASKS + "/im-a")
+    cur["metadata"]["uid"] = "00000000-0000-4000-8000-000000000000"
+    cur["spec"]["objective"] = "changed"
+    code, body = call(srv, "PUT", TASKS + "/im-a", cur)
+    t.ok(code == 422 and "metadata.uid" in body.get("message", ""),
+         "a PUT with another uid: 422 on metadata.uid", (code, body))
+    t.eq(call(srv, "GET", TASKS + "/im-a")[1]["spec"]["objective"], "x",
+         "and nothing changed")
+    fin = task("im-f")
+    fin["metadata"]["finalizers"] = ["example.com/hold"]
+    t.eq(call(srv, "POST", TASKS, fin)[0], 201, "create im-f")
+    t.eq(call(srv, "DELETE", TASKS + "/im-f")[0], 200, "delete im-f")
+    code, body = call(srv, "PATCH", TASKS + "/im-f", {"metadata": {
+        "finalizers": ["example.com/hold", "example.com/more"]}},
+                      "application/merge-patch+json")
+    t.ok(code == 422 and "metadata.finalizers" in body.get("message", "")
+         and "no new finalizers" in body.get("message", ""),
+         "a finalizer added while being deleted: 422", (code, body))
+    code, body = call(srv, "PATCH", TASKS + "/im-f", {"metadata": {
+        "finalizers": None}}, "application/merge-patch+json")
+    t.eq(code, 200, "removing the finalizers is fine")
+    t.eq(call(srv, "GET", TASKS + "/im-f")[0], 404, "and ends the deletion")
+
+
 def main(t):
     srv = ApiServer()
     try:
@@ -190,6 +219,7 @@ def main(t):
         watch_list(t, srv)
         list_versions(t, srv)
         dry_run(t, srv)
+        immutable_meta(t, srv)
         t.eq(srv.stop(), 0, "the server stops cleanly on SIGTERM")
     finally:
         srv.cleanup()
