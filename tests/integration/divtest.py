@@ -2,12 +2,14 @@
 diverged on an OS-chosen loopback port, signed webhook deliveries and raw
 HTTP. Only loopback addresses are ever contacted."""
 
+import atexit
 import hashlib
 import hmac
 import http.client
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import sqlite3
@@ -25,6 +27,22 @@ TOP_BUILDDIR = os.environ.get("top_builddir") or TOP_SRCDIR
 DIVERGED = os.path.join(TOP_BUILDDIR, "diverged")
 DATA = os.path.join(TOP_SRCDIR, "tests", "data")
 FAKE_KUBE = os.path.join(TOP_SRCDIR, "tests", "fakes", "kube_apiserver.py")
+
+# Every temporary file and directory of a test program (its own, its
+# daemons' and its fakes') goes under one directory, removed when the
+# program exits (kept with DIVERGE_KEEP_TMP set): state databases reach
+# megabytes each, and a suite run must not leave them behind.
+_TMP = tempfile.mkdtemp(prefix="diverge-test-")
+tempfile.tempdir = _TMP
+os.environ["TMPDIR"] = _TMP
+
+
+def _remove_tmp(pid=os.getpid()):
+    if os.getpid() == pid and not os.environ.get("DIVERGE_KEEP_TMP"):
+        shutil.rmtree(_TMP, ignore_errors=True)
+
+
+atexit.register(_remove_tmp)
 
 
 class FakeKube:

@@ -19,6 +19,7 @@
 
 #include "k8s/k8s.h"
 #include "util/util.h"
+#include "testutil.h"
 
 struct storeenv {
 	struct k8s_api *api;		/* what the test uses */
@@ -34,10 +35,7 @@ struct storeenv {
 static inline char *
 storeenv_tmpdir(void)
 {
-	char tmpl[] = "/tmp/diverge-store-XXXXXX";
-	char *d = mkdtemp(tmpl);
-
-	return d != NULL ? xstrdup(d) : NULL;
+	return test_tmpdir("store");
 }
 
 /* Start tests/fakes/kube_apiserver.py and read its one JSON line. */

@@ -85,11 +85,10 @@ wait_calls(struct counter *c, int n, int ms)
 static char *
 tmpdb(void)
 {
-	char tmpl[] = "/tmp/diverge-inbox-XXXXXX";
-	char *d = mkdtemp(tmpl);
+	char *d = test_tmpdir("inbox"), *p = xasprintf("%s/diverge.db", d);
 
-	assert_non_null(d);
-	return xasprintf("%s/diverge.db", d);
+	free(d);
+	return p;
 }
 
 static int64_t

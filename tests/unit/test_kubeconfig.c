@@ -28,6 +28,7 @@
 
 #include "k8s/k8s.h"
 #include "util/util.h"
+#include "testutil.h"
 
 /* Not in the header: exported for the fuzz target and these tests. */
 int k8s_kubeconfig_parse_mem(struct k8s_cluster *out, const char *name,
@@ -125,10 +126,7 @@ write_file(const char *path, const char *text)
 static char *
 make_tmpdir(void)
 {
-	char tmpl[] = "/tmp/test-kubeconfig-XXXXXX";
-
-	assert_non_null(mkdtemp(tmpl));
-	return xstrdup(tmpl);
+	return test_tmpdir("kubeconfig");
 }
 
 /* rm -r of the small trees the tests make. */

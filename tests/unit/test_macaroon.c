@@ -1662,10 +1662,7 @@ strerror_texts(void **state)
 static char *
 tmpdir(void)
 {
-	char *d = xstrdup("/tmp/test_macaroon.XXXXXX");
-
-	assert_non_null(mkdtemp(d));
-	return d;
+	return test_tmpdir("macaroon");
 }
 
 static char *
