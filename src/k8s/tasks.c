@@ -229,45 +229,6 @@ trim(const char *s, size_t *start, size_t *len)
 	*len = b - a;
 }
 
-/*
- * Length of the UTF-8 sequence at p (n bytes left) and its code point,
- * or 0 when it is not valid (overlong, surrogate, beyond U+10FFFF).
- */
-static size_t
-utf8_next(const unsigned char *p, size_t n, uint32_t *cp)
-{
-	size_t len, i;
-	uint32_t c;
-
-	if (p[0] < 0x80) {
-		*cp = p[0];
-		return 1;
-	}
-	if (p[0] >= 0xc2 && p[0] <= 0xdf) {
-		len = 2;
-		c = p[0] & 0x1f;
-	} else if (p[0] >= 0xe0 && p[0] <= 0xef) {
-		len = 3;
-		c = p[0] & 0x0f;
-	} else if (p[0] >= 0xf0 && p[0] <= 0xf4) {
-		len = 4;
-		c = p[0] & 0x07;
-	} else
-		return 0;
-	if (len > n)
-		return 0;
-	for (i = 1; i < len; i++) {
-		if ((p[i] & 0xc0) != 0x80)
-			return 0;
-		c = (c << 6) | (p[i] & 0x3f);
-	}
-	if ((len == 3 && c < 0x800) || (len == 4 && c < 0x10000) ||
-	    c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
-		return 0;
-	*cp = c;
-	return len;
-}
-
 /* Check a guidance hint (the rules of /diverge guide). */
 int
 k8s_task_check_hint(const char *hint, char **cause)

@@ -113,27 +113,31 @@ utf8_cut(const char *s, size_t len, size_t max)
 }
 
 /*
- * The length of the valid UTF-8 sequence at p (n > 0 bytes left): 1 for
- * ASCII, 0 when the bytes there are not UTF-8 (overlong, surrogate, past
- * U+10FFFF, cut short).
+ * The length of the valid UTF-8 sequence at p (n bytes left) and its code
+ * point in *cp: 1 for ASCII, 0 when the bytes there are not UTF-8
+ * (overlong, surrogate, past U+10FFFF, cut short) or n is 0.
  */
 size_t
-utf8_valid_len(const unsigned char *p, size_t n)
+utf8_next(const unsigned char *p, size_t n, uint32_t *cp)
 {
 	size_t len, i;
-	unsigned cp;
+	uint32_t c;
 
-	if (p[0] < 0x80)
+	if (n == 0)
+		return 0;
+	if (p[0] < 0x80) {
+		*cp = p[0];
 		return 1;
+	}
 	if (p[0] >= 0xc2 && p[0] <= 0xdf) {
 		len = 2;
-		cp = p[0] & 0x1f;
+		c = p[0] & 0x1f;
 	} else if (p[0] >= 0xe0 && p[0] <= 0xef) {
 		len = 3;
-		cp = p[0] & 0x0f;
+		c = p[0] & 0x0f;
 	} else if (p[0] >= 0xf0 && p[0] <= 0xf4) {
 		len = 4;
-		cp = p[0] & 0x07;
+		c = p[0] & 0x07;
 	} else {
 		return 0;
 	}
@@ -142,10 +146,20 @@ utf8_valid_len(const unsigned char *p, size_t n)
 	for (i = 1; i < len; i++) {
 		if ((p[i] & 0xc0) != 0x80)
 			return 0;
-		cp = cp << 6 | (p[i] & 0x3f);
+		c = c << 6 | (p[i] & 0x3f);
 	}
-	if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-	    cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+	if ((len == 3 && c < 0x800) || (len == 4 && c < 0x10000) ||
+	    c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
 		return 0;
+	*cp = c;
 	return len;
+}
+
+/* utf8_next without the code point. */
+size_t
+utf8_valid_len(const unsigned char *p, size_t n)
+{
+	uint32_t cp;
+
+	return utf8_next(p, n, &cp);
 }
