@@ -41,6 +41,8 @@ struct entry {
 	char *pkey;		/* "github|owner/repo|42|0" */
 	int64_t last_sent_ms;	/* monotonic, 0: never */
 	unsigned failures;
+	/* after a rate limit: its reset (unix ms); no update before it */
+	int64_t rl_until;
 	struct entry *next;
 };
 
@@ -464,6 +466,21 @@ ratelimit_until(int rc)
 	return at > 0 ? at : now_unix_ms() + BACKOFF_MAX_MS;
 }
 
+/* ratelimit_until, kept on task tkey's entry: its next update waits. */
+static int64_t
+limited(struct notifier *n, const char *tkey, int rc)
+{
+	int64_t until = ratelimit_until(rc);
+	struct entry *e;
+
+	pthread_mutex_lock(&n->mu);
+	e = find_entry(n, tkey);
+	if (e != NULL)
+		e->rl_until = until;
+	pthread_mutex_unlock(&n->mu);
+	return until;
+}
+
 /*
  * Bring task tkey's comment in line. 0 when done (*delay_ms > 0: look
  * again after that long), a negative value on failure, with *cause; after
@@ -482,7 +499,8 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 	char *ns = NULL, *body = NULL, *content = NULL, *fin = NULL;
 	const char *name, *phase, *reported, *hash_old, *cid_s;
 	char hash[65], idbuf[32];
-	int64_t cid, newcid = 0, now_ms;
+	int64_t cid, newcid = 0, now_ms, wait_ms;
+	struct entry *e;
 	size_t clen = 0;
 	int ret = -1, rc;
 
@@ -514,6 +532,19 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 		ret = 0;
 		goto out;
 	}
+	pthread_mutex_lock(&n->mu);
+	e = find_entry(n, tkey);
+	wait_ms = e != NULL ? e->rl_until - now_unix_ms() : 0;
+	pthread_mutex_unlock(&n->mu);
+	if (wait_ms > 0) {
+		/*
+		 * rate limited until its reset: a watch event queued it
+		 * again, but the update waits for the reset all the same
+		 */
+		*delay_ms = wait_ms;
+		ret = 0;
+		goto out;
+	}
 	phase = status_str(task, "phase", NULL);
 	if (phase == NULL) {
 		/* not reconciled yet (or no reconciler): nothing to report */
@@ -541,7 +572,6 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 	if (reported == NULL || strcmp(reported, phase) != 0 ||
 	    hash_old == NULL || strcmp(hash_old, hash) != 0 || cid <= 0) {
 		int64_t last;
-		struct entry *e;
 
 		now_ms = now_mono_ms();
 		pthread_mutex_lock(&n->mu);
@@ -559,7 +589,7 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 		body = notifier_render(task, &ro, NULL);
 		rc = ensure_comment(n, cl, &t, cid, body, &newcid, cause);
 		if (rc != SCM_OK) {
-			*rl_until = ratelimit_until(rc);
+			*rl_until = limited(n, tkey, rc);
 			goto out;
 		}
 		pthread_mutex_lock(&n->mu);
@@ -585,7 +615,7 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 			rc = cl->ops->create_comment(cl, &repo, t.number, fin,
 			    &fid, cause);
 			if (rc != SCM_OK) {
-				*rl_until = ratelimit_until(rc);
+				*rl_until = limited(n, tkey, rc);
 				/* keep the comment id: the retry updates it */
 				fields = json_pack("{s:s}", "commentId", idbuf);
 				write_notifier(n, ns, name, task, fields, &c2);
