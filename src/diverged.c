@@ -723,19 +723,64 @@ load_root_key(unsigned char key[MACAROON_KEY_LEN], char **cause)
 	return rc;
 }
 
-/* Whether the bot's identity on a provider it can call is unknown. */
+/*
+ * The client to ask provider pv who the bot is, when it has one and the
+ * identity (*login) is unknown; else NULL. Read under pv's lock.
+ */
+static struct scm_client *
+unknown_on(struct provider *pv, struct scm_client *const *cl,
+    const char *const *login)
+{
+	struct scm_client *c;
+
+	pthread_rwlock_rdlock(&pv->lock);
+	c = *login == NULL ? *cl : NULL;
+	pthread_rwlock_unlock(&pv->lock);
+	return c;
+}
+
 static int
 identity_unknown(void)
 {
-	int u;
+	return unknown_on(&D.github, &D.github_client,
+	    &D.self.github_login) != NULL || unknown_on(&D.gitlab,
+	    &D.gitlab_client, &D.self.gitlab_username) != NULL;
+}
 
-	pthread_rwlock_rdlock(&D.github.lock);
-	u = D.github_client != NULL && D.self.github_login == NULL;
-	pthread_rwlock_unlock(&D.github.lock);
-	pthread_rwlock_rdlock(&D.gitlab.lock);
-	u |= D.gitlab_client != NULL && D.self.gitlab_username == NULL;
-	pthread_rwlock_unlock(&D.gitlab.lock);
-	return u;
+/*
+ * Ask provider pv who the bot is, when not known yet: *own (the string
+ * kept), *login (what the webhook handlers read) and *id, if given, are
+ * set under pv's lock. 1 when it is still unknown.
+ */
+static int
+learn_one(struct provider *pv, struct scm_client *const *clp, char **own,
+    const char **login, int64_t *id)
+{
+	struct scm_client *cl = unknown_on(pv, clp, login);
+	const char *name = scm_provider_name(pv->id);
+	char *got = NULL, *c = NULL, msg[64];
+	int64_t gid = 0;
+
+	if (cl == NULL)
+		return 0;
+	if (cl->ops->whoami(cl, &got, &gid, &c) != 0) {
+		snprintf(msg, sizeof(msg), "%s identity unknown, tried again in "
+		    "a minute", name);
+		log_kv(LOG_WARN, msg, "error", c, NULL);
+		free(c);
+		return 1;
+	}
+	pthread_rwlock_wrlock(&pv->lock);
+	free(*own);
+	*own = got;
+	*login = got;
+	if (id != NULL)
+		*id = gid;
+	pthread_rwlock_unlock(&pv->lock);
+	snprintf(msg, sizeof(msg), "%s identity", name);
+	log_kv(LOG_INFO, msg, pv->id == SCM_GITHUB ? "login" : "username", got,
+	    NULL);
+	return 0;
 }
 
 /*
@@ -747,47 +792,12 @@ identity_unknown(void)
 static void
 learn_identity(void)
 {
-	char *login = NULL, *c = NULL;
-	int64_t id = 0;
-	int want, failed = 0;
+	int failed;
 
-	pthread_rwlock_rdlock(&D.github.lock);
-	want = D.github_client != NULL && D.self.github_login == NULL;
-	pthread_rwlock_unlock(&D.github.lock);
-	if (want && D.github_client->ops->whoami(D.github_client, &login, &id,
-	    &c) == 0) {
-		pthread_rwlock_wrlock(&D.github.lock);
-		free(D.self_github);
-		D.self_github = login;
-		D.self.github_login = D.self_github;
-		pthread_rwlock_unlock(&D.github.lock);
-		log_kv(LOG_INFO, "github identity", "login", login, NULL);
-	} else if (want) {
-		log_kv(LOG_WARN, "github identity unknown, tried again in a "
-		    "minute: comments by other bots are still ignored",
-		    "error", c, NULL);
-		free(c);
-		failed = 1;
-	}
-	login = c = NULL;
-	pthread_rwlock_rdlock(&D.gitlab.lock);
-	want = D.gitlab_client != NULL && D.self.gitlab_username == NULL;
-	pthread_rwlock_unlock(&D.gitlab.lock);
-	if (want && D.gitlab_client->ops->whoami(D.gitlab_client, &login, &id,
-	    &c) == 0) {
-		pthread_rwlock_wrlock(&D.gitlab.lock);
-		free(D.self_gitlab);
-		D.self_gitlab = login;
-		D.self.gitlab_username = login;
-		D.self.gitlab_user_id = id;
-		pthread_rwlock_unlock(&D.gitlab.lock);
-		log_kv(LOG_INFO, "gitlab identity", "username", login, NULL);
-	} else if (want) {
-		log_kv(LOG_WARN, "gitlab identity unknown, tried again in a "
-		    "minute", "error", c, NULL);
-		free(c);
-		failed = 1;
-	}
+	failed = learn_one(&D.github, &D.github_client, &D.self_github,
+	    &D.self.github_login, NULL);
+	failed |= learn_one(&D.gitlab, &D.gitlab_client, &D.self_gitlab,
+	    &D.self.gitlab_username, &D.self.gitlab_user_id);
 	if (failed) {
 		/* the pruner may be waiting out its ten minutes: a minute */
 		pthread_mutex_lock(&D.prune_mu);
