@@ -74,7 +74,16 @@ struct k8s_apiserver {
 	json_t **schemas;		/* parsed, one per k8s_resources[] */
 };
 
-enum table_mode { TABLE_NONE = 0, TABLE_V1, TABLE_V1BETA1 };
+/*
+ * What a reply is turned into, as the Accept header's as=, g= and v= ask:
+ * the object itself, its PartialObjectMetadata(List) or a Table.
+ */
+enum out_kind { OUT_OBJECT = 0, OUT_PARTIAL, OUT_PARTIAL_LIST, OUT_TABLE };
+
+struct output {
+	enum out_kind kind;
+	int v1beta1;		/* meta.k8s.io/v1beta1 rather than v1 */
+};
 enum include_mode { INCLUDE_METADATA = 0, INCLUDE_NONE, INCLUDE_OBJECT };
 enum patch_kind { PATCH_MERGE = 1, PATCH_JSON, PATCH_STRATEGIC };
 enum field_validation { FV_WARN = 0, FV_STRICT, FV_IGNORE };
@@ -101,6 +110,7 @@ struct api_req {
 	char **warnings;
 	size_t nwarnings;
 	struct watch_stream *stream;
+	struct output form;		/* of the reply, from Accept */
 };
 
 /* What a resource path names. */
@@ -123,7 +133,7 @@ struct watch_stream {
 	struct k8s_apiserver *srv;
 	struct k8s_watch *w;
 	const struct k8s_resource *r;
-	enum table_mode table;
+	struct output form;
 	enum include_mode include;
 	int fd;
 	int bookmarks;
@@ -155,6 +165,8 @@ static const char *const object_meta_fields[] = {
 	NULL
 };
 
+int k8s_apiserver_negotiate(const char *accept, int *kind_out,
+    int *v1beta1_out);
 static void reply_err(struct api_req *q, enum k8s_err err, int code,
     const char *reason, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
@@ -1163,6 +1175,234 @@ out:
 	return ret;
 }
 
+/* -------------------------------------------------------- media types */
+
+#define ACCEPT_MAX_RANGES	64	/* more in one header are ignored */
+
+/*
+ * One media range of an Accept header, its strings in a copy of it. The
+ * parameters the apiserver reads (negotiation.acceptMediaTypeOptions):
+ * as, g and v ask for a conversion, stream and sv restrict; others are
+ * ignored.
+ */
+struct media_range {
+	const char *type;
+	const char *subtype;
+	const char *as, *g, *v, *stream, *sv;
+	double q;
+};
+
+static char *
+trim_blanks(char *s)
+{
+	char *e;
+
+	while (*s == ' ' || *s == '\t')
+		s++;
+	e = s + strlen(s);
+	while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
+		*--e = '\0';
+	return s;
+}
+
+/* Parse one media range in place; 0, or -1 when it names no type. */
+static int
+media_range_parse(char *s, struct media_range *out)
+{
+	struct media_range m;
+	char *p, *param, *eq, *key, *val, *sub;
+
+	memset(&m, 0, sizeof(m));
+	m.q = 1.0;
+	p = strchr(s, ';');
+	if (p != NULL)
+		*p++ = '\0';
+	s = trim_blanks(s);
+	sub = strchr(s, '/');
+	if (sub == NULL && strcmp(s, "*") == 0) {
+		m.type = m.subtype = "*";
+	} else if (sub != NULL && strchr(sub + 1, '/') == NULL) {
+		*sub++ = '\0';
+		m.type = trim_blanks(s);
+		m.subtype = trim_blanks(sub);
+	} else {
+		return -1;
+	}
+	while (p != NULL) {
+		param = p;
+		p = strchr(p, ';');
+		if (p != NULL)
+			*p++ = '\0';
+		eq = strchr(param, '=');
+		if (eq == NULL)
+			continue;
+		*eq = '\0';
+		key = trim_blanks(param);
+		val = trim_blanks(eq + 1);
+		if (strcmp(key, "q") == 0)
+			m.q = strtod(val, NULL);
+		else if (strcmp(key, "as") == 0)
+			m.as = val;
+		else if (strcmp(key, "g") == 0)
+			m.g = val;
+		else if (strcmp(key, "v") == 0)
+			m.v = val;
+		else if (strcmp(key, "stream") == 0)
+			m.stream = val;
+		else if (strcmp(key, "sv") == 0)
+			m.sv = val;
+	}
+	*out = m;
+	return 0;
+}
+
+/* a goes before b: a higher q, then a concrete type before a wildcard. */
+static int
+media_range_before(const struct media_range *a, const struct media_range *b)
+{
+	if (a->q != b->q)
+		return a->q > b->q;
+	if (strcmp(a->type, "*") != 0 && strcmp(b->type, "*") == 0)
+		return 1;
+	return strcmp(a->subtype, "*") != 0 && strcmp(b->subtype, "*") == 0;
+}
+
+/*
+ * What the media range m makes of a reply, when this server can write it:
+ * JSON (the only serializer here), plain or converted to one of the meta
+ * kinds the apiserver converts to (RequestScope.AllowsMediaTypeTransform).
+ */
+static int
+media_range_output(const struct media_range *m, struct output *out)
+{
+	struct output o;
+
+	memset(&o, 0, sizeof(o));
+	if (!((strcasecmp(m->type, "application") == 0 &&
+	    (strcasecmp(m->subtype, "json") == 0 ||
+	    strcmp(m->subtype, "*") == 0)) ||
+	    (strcmp(m->type, "*") == 0 && strcmp(m->subtype, "*") == 0)))
+		return -1;
+	if (m->stream != NULL && m->stream[0] != '\0' &&
+	    strcmp(m->stream, "watch") != 0)
+		return -1;
+	if (m->sv != NULL && m->sv[0] != '\0' && strcmp(m->sv, "v1") != 0)
+		return -1;
+	if (m->as != NULL || m->g != NULL || m->v != NULL) {
+		if (m->g == NULL || strcmp(m->g, "meta.k8s.io") != 0 ||
+		    m->v == NULL || m->as == NULL)
+			return -1;
+		if (strcmp(m->v, "v1beta1") == 0)
+			o.v1beta1 = 1;
+		else if (strcmp(m->v, "v1") != 0)
+			return -1;
+		if (strcmp(m->as, "PartialObjectMetadata") == 0)
+			o.kind = OUT_PARTIAL;
+		else if (strcmp(m->as, "PartialObjectMetadataList") == 0)
+			o.kind = OUT_PARTIAL_LIST;
+		else if (strcmp(m->as, "Table") == 0)
+			o.kind = OUT_TABLE;
+		else
+			return -1;
+	}
+	*out = o;
+	return 0;
+}
+
+/*
+ * Negotiate the reply's form from an Accept header, as the apiserver does
+ * (negotiation.NegotiateMediaTypeOptions): the media ranges by preference,
+ * the first one this server can write wins; none of them: -1 (406). No
+ * header means plain JSON.
+ */
+static int
+negotiate(const char *accept, struct output *out)
+{
+	struct media_range *ranges = NULL, m;
+	char *copy, *p, *range;
+	size_t n = 0, i, j;
+	int ret = -1;
+
+	if (accept == NULL || accept[0] == '\0') {
+		memset(out, 0, sizeof(*out));
+		return 0;
+	}
+	copy = xstrdup(accept);
+	for (p = copy; p != NULL && n < ACCEPT_MAX_RANGES;) {
+		range = p;
+		p = strchr(p, ',');
+		if (p != NULL)
+			*p++ = '\0';
+		if (media_range_parse(range, &m) < 0)
+			continue;
+		ranges = xrealloc(ranges, (n + 1) * sizeof(*ranges));
+		/* a stable insertion sort, as the header is short */
+		for (i = n++; i > 0 && media_range_before(&m, &ranges[i - 1]);
+		    i--)
+			ranges[i] = ranges[i - 1];
+		ranges[i] = m;
+	}
+	for (j = 0; j < n && ret < 0; j++)
+		if (media_range_output(&ranges[j], out) == 0)
+			ret = 0;
+	free(ranges);
+	free(copy);
+	return ret;
+}
+
+/*
+ * The form an Accept header asks for (*kind_out an enum out_kind,
+ * *v1beta1_out for meta.k8s.io/v1beta1), or -1 when none can be served.
+ * Not in the header: the fuzz target calls it.
+ */
+int
+k8s_apiserver_negotiate(const char *accept, int *kind_out, int *v1beta1_out)
+{
+	struct output o;
+
+	if (negotiate(accept, &o) < 0)
+		return -1;
+	*kind_out = (int)o.kind;
+	*v1beta1_out = o.v1beta1;
+	return 0;
+}
+
+static const char *
+meta_api_version(const struct output *o)
+{
+	return o->v1beta1 ? "meta.k8s.io/v1beta1" : "meta.k8s.io/v1";
+}
+
+/* The PartialObjectMetadata of obj (borrowed): its kind and metadata. */
+static json_t *
+partial_object(const json_t *obj, const struct output *o)
+{
+	json_t *meta = json_object_get(obj, "metadata");
+
+	return json_pack("{s:s, s:s, s:o}", "kind", "PartialObjectMetadata",
+	    "apiVersion", meta_api_version(o), "metadata",
+	    json_is_object(meta) ? json_incref(meta) : json_object());
+}
+
+/*
+ * The PartialObjectMetadataList of list (borrowed): the list's metadata
+ * (resourceVersion, continue), an item per item.
+ */
+static json_t *
+partial_list(const json_t *list, const struct output *o)
+{
+	json_t *items = json_array(), *meta, *it;
+	size_t i;
+
+	json_array_foreach(json_object_get(list, "items"), i, it)
+		json_array_append_new(items, partial_object(it, o));
+	meta = json_object_get(list, "metadata");
+	return json_pack("{s:s, s:s, s:o, s:o}", "kind",
+	    "PartialObjectMetadataList", "apiVersion", meta_api_version(o),
+	    "metadata", json_is_object(meta) ? json_incref(meta) :
+	    json_object(), "items", items);
+}
+
 /* -------------------------------------------------------------- tables */
 
 static const struct column agenttask_columns[] = {
@@ -1212,46 +1452,10 @@ columns_of(const struct k8s_resource *r)
 	return default_columns;
 }
 
-/* Which Table, if any, the Accept header asks for first. */
-static enum table_mode
-table_mode(const char *accept)
-{
-	char *copy, *save = NULL, *range;
-	enum table_mode mode = TABLE_NONE;
-
-	if (accept == NULL)
-		return TABLE_NONE;
-	copy = xstrdup(accept);
-	for (range = strtok_r(copy, ",", &save); range != NULL;
-	    range = strtok_r(NULL, ",", &save)) {
-		char *m = media_type(range);
-		int json = strcmp(m, MT_JSON) == 0 || strcmp(m, "*/*") == 0 ||
-		    strcmp(m, "application/*") == 0;
-
-		free(m);
-		if (!json)
-			continue;
-		if (strstr(range, "as=Table") != NULL &&
-		    strstr(range, "g=meta.k8s.io") != NULL) {
-			if (strstr(range, "v=v1beta1") != NULL)
-				mode = TABLE_V1BETA1;
-			else if (strstr(range, "v=v1") != NULL)
-				mode = TABLE_V1;
-			else
-				continue;
-			break;
-		}
-		if (strstr(range, "as=") == NULL)
-			break;	/* plain JSON comes first */
-	}
-	free(copy);
-	return mode;
-}
-
 static const char *
-table_ctype(enum table_mode mode)
+table_ctype(const struct output *o)
 {
-	return mode == TABLE_V1BETA1 ?
+	return o->v1beta1 ?
 	    "application/json;as=Table;v=v1beta1;g=meta.k8s.io" :
 	    "application/json;as=Table;v=v1;g=meta.k8s.io";
 }
@@ -1292,13 +1496,11 @@ table_cell(const struct column *c, json_t *obj, int64_t now)
  * columns; row objects as include asks (PartialObjectMetadata by default).
  */
 static json_t *
-table_json(const struct k8s_resource *r, enum table_mode mode,
+table_json(const struct k8s_resource *r, const struct output *o,
     enum include_mode include, const json_t *items, const char *rv)
 {
-	const char *av = mode == TABLE_V1BETA1 ? "meta.k8s.io/v1beta1" :
-	    "meta.k8s.io/v1";
 	const struct column *c, *cols = columns_of(r);
-	json_t *defs, *rows, *it, *cells, *row, *meta;
+	json_t *defs, *rows, *it, *cells, *row;
 	int64_t now = now_unix();
 	size_t i;
 
@@ -1323,18 +1525,15 @@ table_json(const struct k8s_resource *r, enum table_mode mode,
 		if (include == INCLUDE_OBJECT) {
 			json_object_set(row, "object", it);
 		} else if (include == INCLUDE_METADATA) {
-			meta = json_object_get(it, "metadata");
-			json_object_set_new(row, "object", json_pack(
-			    "{s:s, s:s, s:O}", "kind", "PartialObjectMetadata",
-			    "apiVersion", av, "metadata", meta ? meta :
-			    json_object()));
+			json_object_set_new(row, "object",
+			    partial_object(it, o));
 		}
 		json_array_append_new(rows, row);
 	}
 	return json_pack("{s:s, s:s, s:{s:s, s:s}, s:o, s:o}", "kind",
-	    "Table", "apiVersion", av, "metadata", "resourceVersion",
-	    rv != NULL ? rv : "", "continue", "", "columnDefinitions", defs,
-	    "rows", rows);
+	    "Table", "apiVersion", meta_api_version(o), "metadata",
+	    "resourceVersion", rv != NULL ? rv : "", "continue", "",
+	    "columnDefinitions", defs, "rows", rows);
 }
 
 static enum include_mode
@@ -1351,31 +1550,59 @@ include_mode(struct api_req *q)
 	return INCLUDE_METADATA;
 }
 
-/* Answer obj (stolen): as a Table when asked, as JSON otherwise. */
+/*
+ * Negotiate the form of the reply from the Accept header into q->form: 1,
+ * or 0 and a 406 sent when no media range can be served.
+ */
+static int
+acceptable(struct api_req *q)
+{
+	if (negotiate(header(q, "Accept"), &q->form) == 0)
+		return 1;
+	reply_err(q, K8S_EUNSUPPORTED, 406, "NotAcceptable", "only the "
+	    "following media types are accepted: %s", MT_JSON);
+	return 0;
+}
+
+/*
+ * Answer obj (stolen), one object of r or (single 0) a list of them, in
+ * the negotiated form. Like the apiserver (handlers.doTransformObject),
+ * a list asked for as PartialObjectMetadata, or an object as
+ * PartialObjectMetadataList, is a 406.
+ */
 static void
 reply_object(struct api_req *q, int code, const struct k8s_resource *r,
     json_t *obj, int single)
 {
-	enum table_mode mode = table_mode(header(q, "Accept"));
-	json_t *t, *items;
-	const char *rv;
+	const struct output *o = &q->form;
+	json_t *items;
 
-	if (mode == TABLE_NONE) {
+	switch (o->kind) {
+	case OUT_OBJECT:
 		reply_json(q, code, obj);
 		return;
+	case OUT_PARTIAL:
+	case OUT_PARTIAL_LIST:
+		if (single == (o->kind == OUT_PARTIAL))
+			reply_json(q, code, single ? partial_object(obj, o) :
+			    partial_list(obj, o));
+		else
+			reply_err(q, K8S_EUNSUPPORTED, 406, "NotAcceptable",
+			    "you requested PartialObjectMetadata%s, but the "
+			    "requested object is %sa list (%s%s)", single ?
+			    "List" : "", single ? "not " : "", r->kind,
+			    single ? "" : "List");
+		break;
+	case OUT_TABLE:
+		items = single ? json_pack("[O]", obj) :
+		    json_incref(json_object_get(obj, "items"));
+		reply_json(q, code, table_json(r, o, include_mode(q), items,
+		    k8s_meta_str(obj, "resourceVersion")));
+		q->ctype = table_ctype(o);
+		json_decref(items);
+		break;
 	}
-	if (single) {
-		items = json_pack("[O]", obj);
-		rv = k8s_meta_str(obj, "resourceVersion");
-	} else {
-		items = json_incref(json_object_get(obj, "items"));
-		rv = k8s_meta_str(obj, "resourceVersion");
-	}
-	t = table_json(r, mode, include_mode(q), items, rv);
-	json_decref(items);
 	json_decref(obj);
-	reply_json(q, code, t);
-	q->ctype = table_ctype(mode);
 }
 
 /* ---------------------------------------------- JSON Patch (RFC 6902) */
@@ -2290,7 +2517,7 @@ do_create(struct api_req *q, const struct target *t)
 	    k8s_create(q->api, t->r, t->ns, obj, &created, &st) < 0)
 		goto fail;
 	ensure_typed(created, t->r);
-	reply_json(q, 201, created);
+	reply_object(q, 201, t->r, created, 1);
 	goto out;
 fail:
 	reply_st(q, &st);
@@ -2324,7 +2551,7 @@ do_update(struct api_req *q, const struct target *t)
 	if (rc < 0)
 		goto fail;
 	ensure_typed(updated, t->r);
-	reply_json(q, 200, updated);
+	reply_object(q, 200, t->r, updated, 1);
 	goto out;
 fail:
 	reply_st(q, &st);
@@ -2514,7 +2741,7 @@ do_patch(struct api_req *q, const struct target *t)
 	if (rc < 0)
 		goto fail;
 	ensure_typed(patched, t->r);
-	reply_json(q, 200, patched);
+	reply_object(q, 200, t->r, patched, 1);
 	goto out;
 fail:
 	reply_st(q, &st);
@@ -2671,7 +2898,7 @@ do_delete(struct api_req *q, const struct target *t)
 		goto fail;
 	if (gone != NULL) {
 		ensure_typed(gone, t->r);
-		reply_json(q, 200, gone);
+		reply_object(q, 200, t->r, gone, 1);
 	} else {
 		reply_json(q, 200, json_pack("{s:s, s:s, s:{}, s:s, s:{s:s, "
 		    "s:s, s:s}}", "kind", "Status", "apiVersion", "v1",
@@ -2726,7 +2953,7 @@ do_delete_collection(struct api_req *q, const struct target *t)
 			    gone);
 		}
 	}
-	reply_json(q, 200, list);
+	reply_object(q, 200, t->r, list, 0);
 	list = NULL;	/* now the reply's */
 	goto out;
 fail:
@@ -2767,17 +2994,29 @@ peer_gone(int fd)
 	return 0;
 }
 
-/* Queue one event line; obj is borrowed. */
+/*
+ * Queue one event line; obj is borrowed. Its object is in the negotiated
+ * form, as the apiserver's watchEmbeddedEncoder has it: a Status (ERROR)
+ * as it is; PartialObjectMetadata for every other event, BOOKMARKs too
+ * (client-go's metadata client decodes nothing else); a Table row, but
+ * not for a BOOKMARK; and, since an object is not a list, the object
+ * itself for PartialObjectMetadataList (the apiserver logs the failed
+ * conversion and sends the object).
+ */
 static void
 stream_event(struct watch_stream *ws, const char *type, json_t *obj)
 {
 	json_t *ev, *o, *items;
 	char *text;
 
-	if (ws->table != TABLE_NONE && strcmp(type, "ERROR") != 0 &&
+	if (strcmp(type, "ERROR") == 0) {
+		o = json_incref(obj);
+	} else if (ws->form.kind == OUT_PARTIAL) {
+		o = partial_object(obj, &ws->form);
+	} else if (ws->form.kind == OUT_TABLE &&
 	    strcmp(type, "BOOKMARK") != 0) {
 		items = json_pack("[O]", obj);
-		o = table_json(ws->r, ws->table, ws->include, items,
+		o = table_json(ws->r, &ws->form, ws->include, items,
 		    k8s_meta_str(obj, "resourceVersion"));
 		json_decref(items);
 	} else {
@@ -3002,7 +3241,7 @@ do_watch(struct api_req *q, const struct target *t)
 	ws->srv = q->srv;
 	ws->w = rc < 0 ? NULL : w;
 	ws->r = t->r;
-	ws->table = table_mode(header(q, "Accept"));
+	ws->form = q->form;
 	ws->include = include_mode(q);
 	ws->bookmarks = query_bool(q, "allowWatchBookmarks");
 	ws->last_send_ms = now_mono_ms();
@@ -3042,7 +3281,8 @@ do_watch(struct api_req *q, const struct target *t)
 	}
 	q->stream = ws;
 	q->code = 200;
-	q->ctype = ws->table != TABLE_NONE ? table_ctype(ws->table) : MT_JSON;
+	q->ctype = ws->form.kind == OUT_TABLE ? table_ctype(&ws->form) :
+	    MT_JSON;
 	/* a quiet watch is not an idle connection */
 	MHD_set_connection_option(q->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
 out:
@@ -3121,6 +3361,8 @@ do_namespace(struct api_req *q, const char *name)
 		reply_method(q);
 		return;
 	}
+	if (!acceptable(q))
+		return;
 	if (!dns_label(name)) {
 		reply_err(q, K8S_ENOTFOUND, 404, "NotFound",
 		    "namespaces \"%s\" not found", name);
@@ -3135,6 +3377,7 @@ static void
 route_objects(struct api_req *q, const char *group, const char *version,
     char **seg, size_t n)
 {
+	void (*verb)(struct api_req *, const struct target *) = NULL;
 	struct target t;
 	const char *m = q->method;
 	size_t i = 0;
@@ -3143,7 +3386,7 @@ route_objects(struct api_req *q, const char *group, const char *version,
 	if (group[0] == '\0' && n == 1 && strcmp(seg[0], "namespaces") == 0) {
 		if (strcmp(m, "GET") != 0)
 			reply_method(q);
-		else
+		else if (acceptable(q))
 			do_namespace_list(q);
 		return;
 	}
@@ -3181,29 +3424,27 @@ route_objects(struct api_req *q, const char *group, const char *version,
 	}
 	if (t.name == NULL) {
 		if (strcmp(m, "GET") == 0 && query_bool(q, "watch"))
-			do_watch(q, &t);
+			verb = do_watch;
 		else if (strcmp(m, "GET") == 0)
-			do_list(q, &t);
+			verb = do_list;
 		else if (strcmp(m, "POST") == 0)
-			do_create(q, &t);
+			verb = do_create;
 		else if (strcmp(m, "DELETE") == 0)
-			do_delete_collection(q, &t);
-		else
-			reply_method(q);
+			verb = do_delete_collection;
 	} else if (strcmp(m, "GET") == 0) {
-		if (!t.status && query_bool(q, "watch"))
-			do_watch(q, &t);
-		else
-			do_get(q, &t);
+		verb = !t.status && query_bool(q, "watch") ? do_watch : do_get;
 	} else if (strcmp(m, "PUT") == 0) {
-		do_update(q, &t);
+		verb = do_update;
 	} else if (strcmp(m, "PATCH") == 0) {
-		do_patch(q, &t);
+		verb = do_patch;
 	} else if (strcmp(m, "DELETE") == 0 && !t.status) {
-		do_delete(q, &t);
-	} else {
-		reply_method(q);
+		verb = do_delete;
 	}
+	/* the apiserver negotiates before it reads or writes anything */
+	if (verb == NULL)
+		reply_method(q);
+	else if (acceptable(q))
+		verb(q, &t);
 }
 
 static json_t *

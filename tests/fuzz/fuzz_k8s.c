@@ -1,9 +1,10 @@
 /*
  * Fuzz target of the REST backend's parsers. The input goes, whole, to
  * the kubeconfig parser (current context, then a context named "dev"),
- * and line by line, as a watch stream, to the watch event parser. Any
- * input must give either a result that frees whole or an error with a
- * one-line message; never a crash or a leak.
+ * and line by line, as a watch stream, to the watch event parser and, as
+ * an Accept header, to the API server's content negotiation. Any input
+ * must give either a result that frees whole or an error with a one-line
+ * message; never a crash or a leak.
  */
 #include "config.h"
 
@@ -21,6 +22,8 @@ int k8s_kubeconfig_parse_mem(struct k8s_cluster *out, const char *name,
     const char *text, size_t len, const char *context, char **cause);
 int k8s_rest_watch_parse_line(const char *line, size_t len,
     struct k8s_event *out, struct k8s_status *st);
+int k8s_apiserver_negotiate(const char *accept, int *kind_out,
+    int *v1beta1_out);
 
 static void
 kubeconfig(const char *text, size_t size, const char *context)
@@ -69,6 +72,22 @@ watch_line(const char *line, size_t len)
 		abort();
 }
 
+/* An Accept header: a known form (0 to 3, see apiserver.c) or -1. */
+static void
+accept_line(const char *line, size_t len)
+{
+	char *h = xstrndup(line, len);
+	int kind = -1, beta = -1;
+
+	if (k8s_apiserver_negotiate(h, &kind, &beta) == 0) {
+		if (kind < 0 || kind > 3 || (beta != 0 && beta != 1))
+			abort();
+	} else if (kind != -1 || beta != -1) {
+		abort();
+	}
+	free(h);
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -84,9 +103,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		nl = memchr(text + off, '\n', size - off);
 		if (nl == NULL) {
 			watch_line(text + off, size - off);
+			accept_line(text + off, size - off);
 			break;
 		}
 		watch_line(text + off, (size_t)(nl - (text + off)));
+		accept_line(text + off, (size_t)(nl - (text + off)));
 		off = (size_t)(nl - text) + 1;
 	}
 	return 0;

@@ -13,12 +13,28 @@ from divtest import run_tests
 from test_kubectl import ApiServer
 
 TASKS = "/apis/divergedev.com/v1alpha1/namespaces/sem/agenttasks"
+SECRETS = "/api/v1/namespaces/sem/secrets"
+SANDBOXES = "/apis/agents.x-k8s.io/v1beta1/namespaces/sem/sandboxes"
+
+# The Accept headers of client-go's metadata client (metadata.go), which
+# controller-runtime's metadata client and informers use: Get, Patch and
+# Watch ask for PartialObjectMetadata, List for the List; protobuf first.
+META_GET = ("application/vnd.kubernetes.protobuf;as=PartialObjectMetadata;"
+            "g=meta.k8s.io;v=v1,application/json;as=PartialObjectMetadata;"
+            "g=meta.k8s.io;v=v1,application/json")
+META_LIST = META_GET.replace("PartialObjectMetadata",
+                             "PartialObjectMetadataList")
+META_WATCH = META_GET
 
 
-def call(srv, method, path, body=None, ctype="application/json"):
+def call(srv, method, path, body=None, ctype="application/json",
+         accept=None):
     data = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": ctype}
+    if accept is not None:
+        headers["Accept"] = accept
     req = urllib.request.Request(srv.url + path, method=method, data=data,
-                                 headers={"Content-Type": ctype})
+                                 headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=20) as r:
             text = r.read()
@@ -35,14 +51,19 @@ def task(name):
             "metadata": {"name": name}, "spec": {"objective": "x"}}
 
 
-def watch_events(srv, query, until, limit_s=20):
+def watch_events(srv, query, until, limit_s=20, accept=None, then=None):
     """The events of a watch on TASKS with query (a dict), read until
-    until(event) is true or limit_s passes; then closed."""
+    until(event) is true or limit_s passes; then closed. then(), when
+    given, runs once the stream is open (to make the change to see)."""
     url = srv.url + TASKS + "?" + urllib.parse.urlencode(
         dict(query, watch="true"))
+    req = urllib.request.Request(
+        url, headers={"Accept": accept} if accept is not None else {})
     out = []
     end = time.time() + limit_s
-    with urllib.request.urlopen(url, timeout=limit_s) as r:
+    with urllib.request.urlopen(req, timeout=limit_s) as r:
+        if then is not None:
+            then()
         while time.time() < end:
             line = r.readline()
             if not line:
@@ -211,6 +232,204 @@ def immutable_meta(t, srv):
     t.eq(call(srv, "GET", TASKS + "/im-f")[0], 404, "and ends the deletion")
 
 
+def is_partial(obj, av="meta.k8s.io/v1"):
+    """obj is a PartialObjectMetadata: kind, apiVersion, metadata only."""
+    return (isinstance(obj, dict) and obj.get("kind") ==
+            "PartialObjectMetadata" and obj.get("apiVersion") == av and
+            sorted(obj) == ["apiVersion", "kind", "metadata"])
+
+
+def metadata_only(t, srv):
+    """Accept as=PartialObjectMetadata(List);g=meta.k8s.io;v=v1, what
+    controller-runtime's metadata client and informers send: the reply is
+    the object's metadata under kind PartialObjectMetadata (apiVersion
+    meta.k8s.io/v1), a list is a PartialObjectMetadataList with the
+    list's resourceVersion and continue, paged and selected as the full
+    list is, and a watch sends each object as its PartialObjectMetadata.
+    The full objects (a Secret's data, a task's spec) stay on the server.
+    Before, every Accept got the full object under its own kind."""
+    for n, team in (("pm-a", "x"), ("pm-b", "x"), ("pm-c", "y"),
+                    ("pm-d", "x")):
+        body = task(n)
+        body["metadata"]["labels"] = {"team": team}
+        t.eq(call(srv, "POST", TASKS, body)[0], 201, "create " + n)
+    sec = {"apiVersion": "v1", "kind": "Secret",
+           "metadata": {"name": "pm-s", "labels": {"team": "x"}},
+           "data": {"token": "c2VjcmV0"}}
+    t.eq(call(srv, "POST", SECRETS, sec)[0], 201, "create secret pm-s")
+
+    _, full = call(srv, "GET", TASKS + "/pm-a")
+    code, body = call(srv, "GET", TASKS + "/pm-a", accept=META_GET)
+    t.ok(code == 200 and is_partial(body) and
+         body["metadata"] == full["metadata"],
+         "GET with client-go's metadata Accept: a PartialObjectMetadata "
+         "with the object's whole metadata and nothing else", (code, body))
+    _, full = call(srv, "GET", SECRETS + "/pm-s")
+    code, body = call(srv, "GET", SECRETS + "/pm-s", accept=META_GET)
+    t.ok(code == 200 and is_partial(body) and
+         body["metadata"] == full["metadata"],
+         "a Secret's metadata comes without its data", (code, body))
+    code, body = call(srv, "GET", TASKS + "/pm-a", accept=(
+        "application/json;as=PartialObjectMetadata;g=meta.k8s.io;"
+        "v=v1beta1"))
+    t.ok(code == 200 and is_partial(body, "meta.k8s.io/v1beta1"),
+         "v=v1beta1: a meta.k8s.io/v1beta1 PartialObjectMetadata",
+         (code, body))
+    code, body = call(srv, "PATCH", TASKS + "/pm-a", {"metadata": {
+        "annotations": {"seen": "1"}}}, "application/merge-patch+json",
+        accept=META_GET)
+    t.ok(code == 200 and is_partial(body) and
+         body["metadata"]["annotations"] == {"seen": "1"},
+         "a PATCH from the metadata client is answered with the patched "
+         "object's PartialObjectMetadata", (code, body))
+
+    # the list, page by page (limit and continue), with a label selector
+    sel = urllib.parse.urlencode({"labelSelector": "team=x"})
+    _, full = call(srv, "GET", TASKS + "?" + sel)
+    want = sorted(i["metadata"]["name"] for i in full["items"])
+    t.eq(want, ["pm-a", "pm-b", "pm-d"], "the full list, team=x")
+    names, pages, cont, bad = [], 0, "", []
+    while pages < 10:
+        q = sel + "&limit=1" + ("&continue=" + urllib.parse.quote(cont)
+                                if cont else "")
+        code, page = call(srv, "GET", TASKS + "?" + q, accept=META_LIST)
+        pages += 1
+        if (code != 200 or page.get("kind") != "PartialObjectMetadataList"
+                or page.get("apiVersion") != "meta.k8s.io/v1" or
+                not all(is_partial(i) for i in page.get("items", []))):
+            bad.append((code, page))
+            break
+        if pages == 1:
+            t.ok(page["metadata"].get("resourceVersion") ==
+                 full["metadata"]["resourceVersion"] and
+                 "continue" in page["metadata"],
+                 "the PartialObjectMetadataList carries the list's "
+                 "resourceVersion and continue", page["metadata"])
+        names += [i["metadata"]["name"] for i in page["items"]]
+        cont = page["metadata"].get("continue") or ""
+        if not cont:
+            break
+    t.ok(not bad, "LIST with client-go's metadata Accept: a "
+         "PartialObjectMetadataList (meta.k8s.io/v1) of "
+         "PartialObjectMetadata items", bad)
+    # the store does not apply limit (legal: one page, empty continue);
+    # the loop follows continue all the same should it ever page
+    t.eq(sorted(names), want, "listed with limit=1 (following continue) "
+         "and the label selector: the same objects as the full list")
+    code, body = call(srv, "GET", SECRETS + "?" + sel, accept=META_LIST)
+    t.ok(code == 200 and [i["metadata"]["name"] for i in body["items"]]
+         == ["pm-s"] and all(is_partial(i) for i in body["items"]),
+         "a list of Secrets as metadata: no data", (code, body))
+
+    # the watch: client-go sends the PartialObjectMetadata form
+    rv = full["metadata"]["resourceVersion"]
+
+    def change():
+        call(srv, "PATCH", TASKS + "/pm-b", {"metadata": {"labels": {
+            "phase": "w"}}}, "application/merge-patch+json")
+
+    evs = watch_events(srv, {"resourceVersion": rv, "timeoutSeconds": "20",
+                             "allowWatchBookmarks": "true"},
+                       lambda e: e["type"] == "MODIFIED", accept=META_WATCH,
+                       then=change)
+    mod = [e for e in evs if e["type"] == "MODIFIED"]
+    t.ok(len(mod) == 1 and is_partial(mod[0]["object"]) and
+         mod[0]["object"]["metadata"]["name"] == "pm-b" and
+         mod[0]["object"]["metadata"]["labels"].get("phase") == "w",
+         "WATCH with client-go's metadata Accept: the MODIFIED event's "
+         "object is the PartialObjectMetadata", evs)
+    evs = watch_events(srv, {"resourceVersion": "0", "timeoutSeconds": "20",
+                             "labelSelector": "team=y"},
+                       lambda e: e["type"] == "ADDED", accept=META_WATCH)
+    t.ok(len(evs) == 1 and is_partial(evs[0]["object"]) and
+         evs[0]["object"]["metadata"]["name"] == "pm-c",
+         "and so is the synthetic ADDED of a watch from resourceVersion 0",
+         evs)
+    evs = watch_events(srv, {"sendInitialEvents": "true",
+                             "resourceVersionMatch": "NotOlderThan",
+                             "allowWatchBookmarks": "true",
+                             "labelSelector": "team=y",
+                             "timeoutSeconds": "20"},
+                       initial_end, accept=META_WATCH)
+    t.ok([e["type"] for e in evs] == ["ADDED", "BOOKMARK"] and
+         all(is_partial(e["object"]) for e in evs),
+         "and the BOOKMARK too: the metadata client decodes nothing but "
+         "the meta.k8s.io kinds", evs)
+
+
+def not_acceptable(t, srv):
+    """An Accept header none of whose media ranges this server can write
+    (only protobuf, a conversion it does not know) is answered 406
+    NotAcceptable with a Status, before anything is read or written; a
+    list asked for as PartialObjectMetadata, or an object as the List,
+    is a 406 too, as the apiserver has it. Before, these all got 200 and
+    the full JSON object (and the create was made)."""
+    t.eq(call(srv, "POST", TASKS, task("na-a"))[0], 201, "create na-a")
+    for accept, what in (
+            ("application/vnd.kubernetes.protobuf", "only protobuf"),
+            ("application/json;as=Table;g=meta.k8s.io;v=v2",
+             "a Table of an unknown version"),
+            ("application/json;as=Foo;g=meta.k8s.io;v=v1,text/html",
+             "an unknown conversion, then HTML")):
+        for method, path in (("GET", TASKS + "/na-a"), ("GET", TASKS)):
+            code, body = call(srv, method, path, accept=accept)
+            t.ok(code == 406 and body.get("kind") == "Status" and
+                 body.get("reason") == "NotAcceptable" and
+                 body.get("code") == 406 and
+                 "application/json" in body.get("message", ""),
+                 "%s %s with %s: 406 NotAcceptable naming what can be "
+                 "served" % (method, "object" if "na-a" in path else
+                             "list", what), (code, body))
+    code, body = call(srv, "POST", TASKS, task("na-b"),
+                      accept="application/vnd.kubernetes.protobuf")
+    t.ok(code == 406 and call(srv, "GET", TASKS + "/na-b")[0] == 404,
+         "a create that could not be answered is not made", (code, body))
+    code, body = call(srv, "GET", TASKS + "?watch=true&timeoutSeconds=1",
+                      accept="application/vnd.kubernetes.protobuf")
+    t.eq(code, 406, "a watch with only protobuf: 406")
+    code, body = call(srv, "GET", TASKS, accept=(
+        "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"))
+    t.ok(code == 406 and body.get("reason") == "NotAcceptable",
+         "a list asked for as PartialObjectMetadata: 406", (code, body))
+    code, body = call(srv, "GET", TASKS + "/na-a", accept=META_LIST)
+    t.ok(code == 406 and body.get("reason") == "NotAcceptable",
+         "an object asked for as PartialObjectMetadataList first: 406, "
+         "not the JSON after it", (code, body))
+    code, body = call(srv, "GET", TASKS + "/nope", accept=META_LIST)
+    t.eq(code, 404, "but a missing object is still 404")
+
+
+def preference(t, srv):
+    """Accept media ranges are taken by preference: q first, then the
+    order given; the first one the server can write wins. kubectl get's
+    Table, then the JSON fallback, gives a Table; for a kind with no
+    printer columns (Sandbox, a CRD without additionalPrinterColumns)
+    its columns are Name and Age."""
+    sb = {"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+          "metadata": {"name": "pf-s"}, "spec": {"podTemplate": {"spec": {
+              "containers": [{"name": "c", "image": "x"}]}}}}
+    t.eq(call(srv, "POST", SANDBOXES, sb)[0], 201, "create sandbox pf-s")
+    code, body = call(srv, "GET", SANDBOXES, accept=(
+        "application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io,"
+        "application/json;q=0.5,"
+        "application/json;as=Table;v=v1;g=meta.k8s.io"))
+    t.ok(code == 200 and body.get("kind") == "Table" and
+         [c["name"] for c in body.get("columnDefinitions", [])] ==
+         ["Name", "Age"] and [r["cells"][0] for r in body["rows"]] ==
+         ["pf-s"] and is_partial(body["rows"][0].get("object")),
+         "protobuf skipped, plain JSON (q=0.5) after the Table: a Table "
+         "with Name and Age, rows with PartialObjectMetadata", (code, body))
+    code, body = call(srv, "GET", SANDBOXES + "/pf-s", accept=(
+        "application/json;as=Table;v=v1;g=meta.k8s.io;q=0.1, "
+        "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"))
+    t.ok(code == 200 and is_partial(body),
+         "a higher q wins over the order", (code, body))
+    code, body = call(srv, "GET", SANDBOXES + "/pf-s",
+                      accept="text/html, */*;q=0.8")
+    t.ok(code == 200 and body.get("kind") == "Sandbox",
+         "*/* is plain JSON", (code, body))
+
+
 def main(t):
     srv = ApiServer()
     try:
@@ -220,6 +439,9 @@ def main(t):
         list_versions(t, srv)
         dry_run(t, srv)
         immutable_meta(t, srv)
+        metadata_only(t, srv)
+        not_acceptable(t, srv)
+        preference(t, srv)
         t.eq(srv.stop(), 0, "the server stops cleanly on SIGTERM")
     finally:
         srv.cleanup()
