@@ -38,10 +38,15 @@
 #define UNFINISHED_KEEP_MS (30 * 86400 * 1000LL)	/* claims never finished */
 #define AGENT_FILE ".diverge/agent.yaml"
 
+/*
+ * What the provider said of an author, for AUTHZ_TTL_S: an enum
+ * scm_permission under "<provider>|<repo>|<login>|<id>", whether the
+ * account is a bot (0 or 1) under "bot|<provider>|<id>".
+ */
 struct authz_entry {
 	struct authz_entry *next;
 	char *key;
-	enum scm_permission perm;
+	int value;
 	int64_t expires;
 };
 
@@ -231,7 +236,7 @@ finish_comment(struct actions *a, const char *key)
 /* ------------------------------------------------------- authorization */
 
 static int
-authz_lookup(struct actions *a, const char *key, enum scm_permission *out)
+authz_lookup(struct actions *a, const char *key, int *out)
 {
 	struct authz_entry *e;
 	int64_t now = now_unix();
@@ -240,7 +245,7 @@ authz_lookup(struct actions *a, const char *key, enum scm_permission *out)
 	pthread_mutex_lock(&a->authz_mu);
 	for (e = a->authz; e != NULL; e = e->next)
 		if (strcmp(e->key, key) == 0 && e->expires > now) {
-			*out = e->perm;
+			*out = e->value;
 			found = 1;
 			break;
 		}
@@ -249,7 +254,7 @@ authz_lookup(struct actions *a, const char *key, enum scm_permission *out)
 }
 
 static void
-authz_store(struct actions *a, const char *key, enum scm_permission perm)
+authz_store(struct actions *a, const char *key, int value)
 {
 	struct authz_entry *e, **pe;
 	int64_t now = now_unix();
@@ -270,7 +275,7 @@ authz_store(struct actions *a, const char *key, enum scm_permission perm)
 	}
 	e = xcalloc(1, sizeof(*e));
 	e->key = xstrdup(key);
-	e->perm = perm;
+	e->value = value;
 	e->expires = now + AUTHZ_TTL_S;
 	e->next = a->authz;
 	a->authz = e;
@@ -440,7 +445,62 @@ scm_verdict(struct run *r, int rc)
 	return scm_retry(r, rc) ? INBOX_RETRY : INBOX_FAIL;
 }
 
-enum { AUTH_OK = 0, AUTH_REFUSED, AUTH_RETRY };
+/* AUTH_IGNORED: the author is a bot; nothing is run, posted or reacted */
+enum { AUTH_OK = 0, AUTH_REFUSED, AUTH_RETRY, AUTH_IGNORED };
+
+/*
+ * A check of the author that failed for another reason than a rate limit
+ * or an outage refuses the comment (fail closed): what names the check
+ * ("the permissions of").
+ */
+static int
+refuse_unchecked(struct run *r, const char *what, char **cause)
+{
+	const struct scm_event *ev = r->ev;
+
+	log_kv(LOG_WARN, "author check failed: refusing", "delivery",
+	    ev->delivery, "author", ev->author_login, "check", what, "error",
+	    *cause, NULL);
+	free(*cause);
+	*cause = NULL;
+	reply_line(r, "**diverge** could not check %s @%s, so nothing was "
+	    "run. Try again later.", what, ev->author_login);
+	r->refused = 1;
+	return AUTH_REFUSED;
+}
+
+/*
+ * Comments by bots are ignored (DESIGN section 8). GitHub's webhook says
+ * who is one (user.type), and intake ignored them; GitLab's does not, and
+ * intake only knows GitLab's reserved names, so the provider is asked
+ * (once per author for AUTHZ_TTL_S). AUTH_OK, AUTH_IGNORED, AUTH_REFUSED
+ * (the check failed: the reply says so) or AUTH_RETRY (a rate limit or
+ * an outage: checked again when the API is back).
+ */
+static int
+screen_bots(struct run *r, char **cause)
+{
+	const struct scm_event *ev = r->ev;
+	char *key;
+	int bot = 0, rc;
+
+	if (r->client->ops->is_bot == NULL)
+		return AUTH_OK;
+	key = xasprintf("bot|%s|%lld", r->provider, (long long)ev->author_id);
+	if (!authz_lookup(r->a, key, &bot)) {
+		rc = r->client->ops->is_bot(r->client, ev->author_login,
+		    ev->author_id, &bot, cause);
+		if (rc < 0) {
+			free(key);
+			if (scm_retry(r, rc))
+				return AUTH_RETRY;
+			return refuse_unchecked(r, "the account of", cause);
+		}
+		authz_store(r->a, key, bot);
+	}
+	free(key);
+	return bot ? AUTH_IGNORED : AUTH_OK;
+}
 
 /* AUTH_OK, AUTH_REFUSED (the reply says why) or AUTH_RETRY. */
 static int
@@ -451,7 +511,7 @@ authorize(struct run *r, const struct cmd_result *res, char **cause)
 	enum cmd_role need = CMD_ROLE_ANYONE;
 	char *key;
 	size_t i;
-	int rc;
+	int rc, cached;
 
 	for (i = 0; i < res->ncmds; i++)
 		if (commands_required_role(&res->cmds[i]) > need)
@@ -460,7 +520,9 @@ authorize(struct run *r, const struct cmd_result *res, char **cause)
 		return AUTH_OK;
 	key = xasprintf("%s|%s|%s|%lld", r->provider, ev->repo,
 	    ev->author_login, (long long)ev->author_id);
-	if (!authz_lookup(r->a, key, &perm)) {
+	if (authz_lookup(r->a, key, &cached)) {
+		perm = (enum scm_permission)cached;
+	} else {
 		rc = r->client->ops->permission(r->client, &r->repo,
 		    ev->author_login, ev->author_id, &perm, cause);
 		/*
@@ -468,25 +530,13 @@ authorize(struct run *r, const struct cmd_result *res, char **cause)
 		 * is made again when the API is back (still closed: nothing
 		 * runs unchecked); any other failure refuses the comment
 		 */
-		if (scm_retry(r, rc)) {
-			free(key);
-			return AUTH_RETRY;
-		}
 		if (rc < 0) {
-			/* fail closed */
-			log_kv(LOG_WARN, "permission check failed: refusing",
-			    "delivery", ev->delivery, "author",
-			    ev->author_login, "error", *cause, NULL);
-			free(*cause);
-			*cause = NULL;
-			reply_line(r, "**diverge** could not check the "
-			    "permissions of @%s, so nothing was run. Try again "
-			    "later.", ev->author_login);
-			r->refused = 1;
 			free(key);
-			return AUTH_REFUSED;
+			if (scm_retry(r, rc))
+				return AUTH_RETRY;
+			return refuse_unchecked(r, "the permissions of", cause);
 		}
-		authz_store(r->a, key, perm);
+		authz_store(r->a, key, (int)perm);
 	}
 	free(key);
 	if ((need == CMD_ROLE_WRITE && perm >= SCM_PERM_WRITE) ||
@@ -1035,7 +1085,24 @@ on_comment(struct run *r, char **cause)
 			    ev->delivery, "comment", claim, NULL);
 		goto out;
 	}
-	if (res.error != NULL) {
+	/*
+	 * a bot's comment is ignored whatever it asks, even help (one whose
+	 * commands began to run in an earlier attempt was screened then)
+	 */
+	rc = pg.done > 0 ? AUTH_OK : screen_bots(r, cause);
+	if (rc == AUTH_RETRY) {
+		ret = INBOX_RETRY;
+		goto out;
+	}
+	if (rc == AUTH_IGNORED) {
+		log_kv(LOG_INFO, "comment by a bot: ignored", "delivery",
+		    ev->delivery, "author", ev->author_login, NULL);
+		finish_comment(r->a, claim);
+		goto out;
+	}
+	if (rc == AUTH_REFUSED) {
+		/* the check failed: its reply says so, nothing runs */
+	} else if (res.error != NULL) {
 		reply_line(r, res.help ? "**diverge** did not understand "
 		    "that. What it can do:\n" : "**diverge** could not run "
 		    "this comment:");

@@ -1107,6 +1107,7 @@ static const struct scm_ops github_ops = {
 	.delete_comment = gh_delete_comment,
 	.react = gh_react,
 	.permission = gh_permission,
+	.is_bot = NULL,		/* the webhook says: user.type "Bot" */
 	.whoami = gh_whoami,
 	.read_file = gh_read_file,
 	.reload = gh_reload,

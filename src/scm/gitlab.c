@@ -484,6 +484,44 @@ out:
 	return ret;
 }
 
+/* GET /users/:id: its "bot" field, whatever the username. */
+static int
+gl_is_bot(struct scm_client *c, const char *login, int64_t user_id,
+    int *out, char **cause)
+{
+	struct scm_resp rp;
+	char url[48];
+	json_t *j = NULL, *bot;
+	int ret;
+
+	(void)login;
+	scm_resp_init(&rp);
+	if (user_id <= 0) {
+		*cause = xstrdup("gitlab: user: no user id");
+		ret = SCM_EINVALID;
+		goto out;
+	}
+	snprintf(url, sizeof(url), "/users/%" PRId64, user_id);
+	ret = gl_call(gl_of(c), "user", "GET", url, NULL, NULL, 1, &rp, cause);
+	if (ret != SCM_OK)
+		goto out;
+	ret = scm_json_reply(&rp, 1, "gitlab: user", &j, cause);
+	if (ret != SCM_OK)
+		goto out;
+	/* absent only before GitLab exposed it: cannot tell, fail closed */
+	bot = json_object_get(j, "bot");
+	if (!json_is_boolean(bot)) {
+		*cause = xstrdup("gitlab: user: the reply has no bot field");
+		ret = SCM_EINTERNAL;
+		goto out;
+	}
+	*out = json_is_true(bot);
+out:
+	json_decref(j);
+	scm_resp_release(&rp);
+	return ret;
+}
+
 static int
 gl_whoami(struct scm_client *c, char **login_out, int64_t *id_out,
     char **cause)
@@ -588,6 +626,7 @@ static const struct scm_ops gitlab_ops = {
 	.delete_comment = gl_delete_comment,
 	.react = gl_react,
 	.permission = gl_permission,
+	.is_bot = gl_is_bot,
 	.whoami = gl_whoami,
 	.read_file = gl_read_file,
 	.reload = gl_reload,

@@ -388,6 +388,16 @@ struct scm_ops {
 	    const char *login, int64_t user_id, enum scm_permission *out,
 	    char **cause);
 	/*
+	 * Whether the author (GitLab: by user id) is a bot account: *out 1
+	 * or 0. NULL for a provider whose webhooks already say so (GitHub's
+	 * user.type), so that no call is made. GitLab: GET /users/:id,
+	 * its "bot" field (true for access token bots and service
+	 * accounts, whatever their name); SCM_ENOTFOUND for an unknown
+	 * id, SCM_EINTERNAL for a reply without the field.
+	 */
+	int (*is_bot)(struct scm_client *c, const char *login,
+	    int64_t user_id, int *out, char **cause);
+	/*
 	 * The bot's own identity as it posts where no installation id is
 	 * known (the sticky comments): GET /user with the token, else (an
 	 * App without a token) "<slug>[bot]".

@@ -674,14 +674,22 @@ github_normalize(const char *event, struct scan *sc,
 }
 
 /*
- * GitLab project access token and group access token users are bots
- * named project_<id>_bot_<hex> / group_<id>_bot_<hex>.
+ * Whether a GitLab username is one GitLab gives its machine users: the
+ * bot of a project or group access token is project_<id>_bot or
+ * group_<id>_bot, then a counter (older GitLab: project_5_bot2) or "_"
+ * and a random part (project_5_bot_<hex>); a service account is
+ * service_account_<...> (instance: service_account_<hex>, group or
+ * project: service_account_group_<id>_<hex>) unless its creator chose
+ * another name. The webhook's user has no bot flag; authorization asks
+ * the Users API for the names this cannot tell (actions.c).
  */
 static int
 gitlab_bot_username(const char *u)
 {
 	const char *p;
 
+	if (strncmp(u, "service_account_", 16) == 0)
+		return 1;
 	if (strncmp(u, "project_", 8) == 0)
 		p = u + 8;
 	else if (strncmp(u, "group_", 6) == 0)
@@ -692,7 +700,14 @@ gitlab_bot_username(const char *u)
 		return 0;
 	while (isdigit((unsigned char)*p))
 		p++;
-	return strncmp(p, "_bot", 4) == 0;
+	if (strncmp(p, "_bot", 4) != 0)
+		return 0;
+	p += 4;
+	if (*p == '_')
+		return 1;
+	while (isdigit((unsigned char)*p))
+		p++;
+	return *p == '\0';	/* not project_5_botany */
 }
 
 /* GitLab: Note Hook / Confidential Note Hook on a merge request. */

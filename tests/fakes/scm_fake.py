@@ -262,6 +262,7 @@ class Templates:
         self.gl_award = gl("award-emoji-on-note.json")
         self.gl_member = gl("get-project-member-all.json")
         self.gl_current_user = gl("get-current-user.json")
+        self.gl_user = gl("get-user.json")
 
 
 # ---------------------------------------------------------------------------
@@ -299,7 +300,8 @@ class GitHubState:
 class GitLabState:
     def __init__(self):
         self.tokens = {}            # token -> username
-        self.users = {}             # username -> {"id","username","name","email"}
+        self.users = {}             # username -> {"id","username","name",
+        #                             "email","bot"}
         self.projects = {}          # id -> project dict
         self.next_id = 1000         # notes, award emoji, MR global ids
         self.next_user_id = 5000
@@ -312,7 +314,8 @@ class GitLabState:
         if u is None and create:
             self.next_user_id += 1
             u = {"id": self.next_user_id, "username": username,
-                 "name": username, "email": f"{username}@example.com"}
+                 "name": username, "email": f"{username}@example.com",
+                 "bot": False}
             self.users[username] = u
         return u
 
@@ -528,6 +531,8 @@ class State:
             for k in ("id", "name", "email"):
                 if k in u:
                     cur[k] = u[k]
+            if "bot" in u:
+                cur["bot"] = bool(u["bot"])
             return cur
         for u in s.get("users", []):
             upd(u)
@@ -2066,6 +2071,8 @@ class GitLabApi(Api):
             return self.get_user()
         if s == ["users"] and m == "GET":
             return self.list_users()
+        if len(s) == 2 and s[0] == "users" and m == "GET":
+            return self.get_user_by_id(s[1])
         if len(s) >= 2 and s[0] == "projects":
             proj = self.gl.project(s[1])
             if proj is None:
@@ -2122,6 +2129,27 @@ class GitLabApi(Api):
                     "email": u["email"], "name": u["name"],
                     "web_url": f"http://gitlab.example.com/{u['username']}",
                     "public_email": u["email"]})
+        self.reply(200, obj)
+
+    def get_user_by_id(self, uid):
+        """GET /users/:id: the docs' single-user example (get-user.json)
+        with the user's fields and "bot", which GitLab's API::Entities::User
+        exposes after job_title (true for access token bots and service
+        accounts). The route takes digits only, as GitLab's (requirements
+        id: /[0-9]*/); an unknown id is 404 User Not Found."""
+        if not uid.isdigit():
+            raise ApiError(404, {"error": "404 Not Found"})
+        with self.st.lock:
+            u = self.gl.user_by_id(int(uid))
+            u = dict(u) if u is not None else None
+        if u is None:
+            raise gl_error(404, "404 User Not Found")
+        obj = copy.deepcopy(self.t.gl_user)
+        obj.update({"id": u["id"], "username": u["username"],
+                    "name": u["name"],
+                    "web_url": f"http://gitlab.example.com/{u['username']}",
+                    "public_email": u["email"]})
+        obj["bot"] = u["bot"]
         self.reply(200, obj)
 
     def list_users(self):

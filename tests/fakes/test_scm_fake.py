@@ -659,6 +659,26 @@ def test_gitlab(f):
     check("GET merge request: branches", r.status == 200 and
           r.json["source_branch"] == "feature" and
           r.json["target_branch"] == "main", r.raw)
+    want = fixture("gitlab", "get-user.json")
+    r = f.gl("GET", "/gitlab/api/v4/users/3")
+    check("GET /users/:id: the user, shaped like get-user.json, with "
+          "bot false", r.status == 200 and r.json["id"] == 3 and
+          r.json["username"] == "raymond_smith" and
+          list(r.json) == list(want) + ["bot"] and r.json["bot"] is False and
+          r.h("ratelimit-remaining") is not None, r.raw)
+    f.ctl("POST", "seed", {"gitlab": {"users": [
+        {"username": "release-helper", "id": 60, "bot": True}]}})
+    r = f.gl("GET", "/gitlab/api/v4/users/60")
+    check("a user seeded with bot: true (a service account's own name)",
+          r.status == 200 and r.json["username"] == "release-helper" and
+          r.json["bot"] is True, r.raw)
+    r = f.gl("GET", "/gitlab/api/v4/users/999999")
+    r2 = f.gl("GET", "/gitlab/api/v4/users/pipin")
+    check("unknown user id: 404 User Not Found; a name: no such route",
+          r.status == 404 and r.json == {"message": "404 User Not Found"}
+          and r2.status == 404, (r.raw, r2.raw))
+    r = f.gl("GET", "/gitlab/api/v4/users/3", token=None)
+    check("GET /users/:id needs the token", r.status == 401, r.raw)
     r1 = f.gl("GET", "/gitlab/api/v4/user")
     r2 = f.gl("GET", "/gitlab/api/v4/user")
     check("GitLab RateLimit-* on every reply, decrementing",

@@ -69,14 +69,21 @@ SEED = {
         "tokens": {"glpat-bot": "diverge-bot", "glpat-rot": "diverge-rot"},
         "users": [{"username": "diverge-rot", "id": 951},
                   {"username": "pipin", "id": 11},
-                  {"username": "guest", "id": 12}],
+                  {"username": "guest", "id": 12},
+                  # a service account named like a person: only the
+                  # Users API says it is a bot
+                  {"username": "release-helper", "id": 13, "bot": True},
+                  {"username": "dana", "id": 15}],
         "projects": [
             {"id": 5, "path_with_namespace": "myorg/diaspora",
              "default_branch": "main",
-             "members": {"pipin": 40, "guest": 10},
+             "members": {"pipin": 40, "guest": 10, "release-helper": 30,
+                         "dana": 30},
              "files": {"main": {".diverge/agent.yaml": AGENT_YAML}},
              "merge_requests": [
                  {"iid": 2, "id": 2002, "source_branch": "feature",
+                  "target_branch": "main", "author": "pipin"},
+                 {"iid": 3, "id": 2003, "source_branch": "release",
                   "target_branch": "main", "author": "pipin"}]}]},
 }
 
@@ -92,7 +99,10 @@ GH_COMMENTS = [(1001, 42, "alice"), (1002, 43, "carol"), (1003, 43, "bob"),
                (1021, 43, "alice"), (1022, 43, "alice"),
                (1023, 43, "alice"), (4101, 42, "alice"),
                (1009, 42, "alice")]
-GL_NOTES = [(3001, "pipin"), (3002, "guest"), (3003, "pipin")]
+GL_NOTES = [(3001, 2, "pipin"), (3002, 2, "guest"), (3003, 2, "pipin"),
+            (3004, 2, "pipin"), (3101, 3, "release-helper"),
+            (3102, 3, "release-helper"), (3103, 3, "pipin"),
+            (3104, 3, "dana")]
 
 
 def seed():
@@ -104,9 +114,9 @@ def seed():
                 for (cid, n, who) in GH_COMMENTS
                 if n == pr["number"] and (repo["full_name"] ==
                                           "myorg/checkout") == (n != 1)]
-    mr = spec["gitlab"]["projects"][0]["merge_requests"][0]
-    mr["notes"] = [{"id": nid, "author": who, "body": "(note %d)" % nid}
-                   for (nid, who) in GL_NOTES]
+    for mr in spec["gitlab"]["projects"][0]["merge_requests"]:
+        mr["notes"] = [{"id": nid, "author": who, "body": "(note %d)" % nid}
+                       for (nid, iid, who) in GL_NOTES if iid == mr["iid"]]
     return spec
 
 
@@ -250,10 +260,31 @@ def gh_bot_replies(fake, number):
             if c["user"] == "diverge-bot"]
 
 
-def handled(d, key):
+def handled(d, key, provider="github"):
     rows = d.query("SELECT count FROM handled_events WHERE key = ?",
-                   ("github:" + key,))
+                   (provider + ":" + key,))
     return rows[0][0] if rows else 0
+
+
+def gl_mr_notes(fake, iid):
+    return fake.state()["gitlab"]["projects"]["5"]["merge_requests"][
+        str(iid)]["notes"]
+
+
+def gl_awards(fake, iid, nid, field="name"):
+    return [a[field] for n in gl_mr_notes(fake, iid) if n["id"] == nid
+            for a in n["award_emoji"]]
+
+
+def gl_bot_replies(fake, iid):
+    return [n["body"] for n in gl_mr_notes(fake, iid)
+            if n["author"] in ("diverge-bot", "diverge-rot")]
+
+
+def gl_user_lookups(fake, uid):
+    return [r["status"] for r in fake.requests()
+            if r["method"] == "GET" and
+            r["path"] == "/gitlab/api/v4/users/%d" % uid]
 
 
 def bot_daemon(fake, config, env, prepare=None):
@@ -532,24 +563,17 @@ def main(t):
           (task or {}).get("spec", {}).get("budgetUSD")), (3, "2.50"),
          "GitLab: .diverge/agent.yaml of the default branch applied")
 
-    def awards():
-        notes = fake.state()["gitlab"]["projects"]["5"]["merge_requests"][
-            "2"]["notes"]
-        return [a["name"] for n in notes if n["id"] == 3001
-                for a in n["award_emoji"]]
-    t.ok(wait(lambda: awards() == ["eyes"]), "GitLab: eyes award emoji",
-         awards())
+    t.ok(wait(lambda: gl_awards(fake, 2, 3001) == ["eyes"]),
+         "GitLab: eyes award emoji", gl_awards(fake, 2, 3001))
     s, _, _ = d.gitlab("Note Hook", gl_note(3002, 2, "guest", 12,
                                             "/diverge pause"),
                        str(uuid.uuid4()))
 
-    def gl_replies():
-        notes = fake.state()["gitlab"]["projects"]["5"]["merge_requests"][
-            "2"]["notes"]
-        return [n["body"] for n in notes if n["author"] == "diverge-bot"]
-    r = wait(gl_replies)
+    r = wait(lambda: gl_bot_replies(fake, 2))
     t.ok(r and "write access" in r[0], "GitLab guest (10): refused with a "
          "reply", r)
+
+    gitlab_bots(t, fake, d)
 
     # --- the PR closed: its live task ends
     pr = fixture("github/octokit-webhooks--pull_request.closed.payload.json")
@@ -622,12 +646,8 @@ def main(t):
     d.gitlab("Note Hook", gl_note(3003, 2, "pipin", 11, "/diverge status"),
              str(uuid.uuid4()))
 
-    def gl_awarders():
-        notes = fake.state()["gitlab"]["projects"]["5"]["merge_requests"][
-            "2"]["notes"]
-        return [a["user"] for n in notes if n["id"] == 3003
-                for a in n["award_emoji"]]
-    t.eq(wait(lambda: gl_awarders()), ["diverge-rot"], "and the GitLab "
+    t.eq(wait(lambda: gl_awards(fake, 2, 3003, "user")), ["diverge-rot"],
+         "and the GitLab "
          "award with the rotated gitlab.token")
     t.ok(not any("ghp_rot" in l or "ghp_bot" in l or "glpat-" in l
                  for l in d.log()),
@@ -638,6 +658,61 @@ def main(t):
     outage_waited_out(t, fake)
     identity_learned_later(t, fake)
     fake.stop()
+
+
+def gitlab_bots(t, fake, d):
+    """GitLab's webhook does not say who is a bot: access token bots are
+    known by their reserved names at the door, and any other author (a
+    service account may have any name) is looked up in the Users API,
+    once per author while cached; a bot's comment runs nothing."""
+    s, _, j = d.gitlab("Note Hook", gl_note(3100, 3, "project_5_bot_1a2b3c",
+                                            14, "/diverge fix loop"),
+                       str(uuid.uuid4()))
+    t.eq((s, j.get("ignored")), (200, "comment by a bot"),
+         "GitLab project access token bot: ignored at the door")
+    key = str(uuid.uuid4())
+    s, _, _ = d.gitlab("Note Hook", gl_note(3101, 3, "release-helper", 13,
+                                            "/diverge fix make it fast"), key)
+    t.eq(s, 202, "a developer with a person's name: accepted at the door")
+    t.ok(wait(lambda: handled(d, key, "gitlab")), "... and handled")
+    t.ok(get_task(d, "fix-mr-3") is None and
+         gl_awards(fake, 3, 3101) == [] and gl_bot_replies(fake, 3) == [],
+         "bot: true in the Users API: nothing runs, no award, no reply",
+         (gl_awards(fake, 3, 3101), gl_bot_replies(fake, 3)))
+    t.ok(any("comment by a bot: ignored" in ln and "author=release-helper"
+             in ln for ln in d.log()), "the bot's comment is logged as "
+         "ignored")
+    key = str(uuid.uuid4())
+    d.gitlab("Note Hook", gl_note(3102, 3, "release-helper", 13,
+                                  "/diverge help"), key)
+    t.ok(wait(lambda: handled(d, key, "gitlab")) and
+         gl_bot_replies(fake, 3) == [] and gl_awards(fake, 3, 3102) == [],
+         "its /diverge help is ignored too (no reply for bots to answer)")
+    t.eq(gl_user_lookups(fake, 13), [200], "one Users API call for both "
+         "comments: the answer is cached")
+    d.gitlab("Note Hook", gl_note(3103, 3, "pipin", 11,
+                                  "/diverge fix make it fast"),
+             str(uuid.uuid4()))
+    task = wait(lambda: get_task(d, "fix-mr-3"))
+    t.ok(task and task["spec"]["objective"] == "make it fast" and
+         wait(lambda: gl_awards(fake, 3, 3103) == ["eyes"]),
+         "a person's same command on the same MR runs", task)
+    t.ok(200 in gl_user_lookups(fake, 11), "... after the Users API said "
+         "bot: false")
+    # fail closed: the lookup refused (403) refuses the comment
+    fake.call("POST", "/_fake/faults", {"provider": "gitlab", "status": 403,
+                                        "match": "/users/15"})
+    d.gitlab("Note Hook", gl_note(3104, 3, "dana", 15,
+                                  "/diverge guide use the cache"),
+             str(uuid.uuid4()))
+    r = wait(lambda: [b for b in gl_bot_replies(fake, 3)
+                      if "could not check the account of @dana" in b])
+    t.ok(r and
+         wait(lambda: gl_awards(fake, 3, 3104) == ["confused"]) and
+         "divergedev.com/guidance" not in get_task(
+             d, "fix-mr-3")["metadata"].get("annotations", {}),
+         "the Users API refusing the lookup (403): refused with a reply, "
+         "nothing run (fail closed)", r)
 
 
 def identity_learned_later(t, fake):
@@ -696,6 +771,17 @@ def outage_waited_out(t, fake):
     t.ok(any(r.get("status") == 503 and "/collaborators/alice" in
              r.get("path", "") for r in fake.requests()),
          "... and the check did fail meanwhile")
+    fake.call("DELETE", "/_fake/faults")
+    # the same for GitLab's Users API (is the author a bot?)
+    fake.call("POST", "/_fake/faults", {"provider": "gitlab", "status": 503,
+                                        "count": 7, "match": "/users/11"})
+    d.gitlab("Note Hook", gl_note(3004, 2, "pipin", 11, "/diverge status"),
+             str(uuid.uuid4()))
+    t.ok(wait(lambda: gl_awards(fake, 2, 3004) == ["eyes"], 40),
+         "the GitLab Users API down beyond the client's retries: the "
+         "comment runs once it is back", gl_awards(fake, 2, 3004))
+    t.ok(503 in gl_user_lookups(fake, 11), "... and the lookup did fail "
+         "meanwhile")
     fake.call("DELETE", "/_fake/faults")
     t.eq(d.stop(), 0, "clean stop")
 

@@ -984,6 +984,56 @@ permissions(void **state)
 	scm_client_free(c);
 }
 
+/* GitLab's GET /users/:id "bot" field; GitHub makes no such call. */
+static void
+bots(void **state)
+{
+	struct scm_client *c;
+	char *cause = NULL;
+	int bot;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	assert_null(c->ops->is_bot);	/* the webhook's user.type says */
+	scm_client_free(c);
+
+	c = gitlab_client("/api/v4");
+	push(200, "{\"id\":7,\"username\":\"release-helper\","
+	    "\"state\":\"active\",\"bot\":true}", NULL);
+	bot = 0;
+	assert_int_equal(c->ops->is_bot(c, "release-helper", 7, &bot,
+	    &cause), SCM_OK);
+	assert_int_equal(bot, 1);
+	assert_string_equal(srv.recs[0].method, "GET");
+	assert_string_equal(srv.recs[0].path, "/api/v4/users/7");
+	assert_non_null(srv.recs[0].private_token);
+	push(200, "{\"id\":1,\"username\":\"john_smith\",\"bot\":false}",
+	    NULL);
+	bot = 1;
+	assert_int_equal(c->ops->is_bot(c, "john_smith", 1, &bot, &cause),
+	    SCM_OK);
+	assert_int_equal(bot, 0);
+	/* the docs' example predates the field: cannot tell, an error */
+	push_file(200, "gitlab/get-user.json", NULL, NULL);
+	assert_int_equal(c->ops->is_bot(c, "john_smith", 1, &bot, &cause),
+	    SCM_EINTERNAL);
+	assert_non_null(strstr(cause, "bot"));
+	free(cause);
+	cause = NULL;
+	push(404, "{\"message\":\"404 User Not Found\"}", NULL);
+	assert_int_equal(c->ops->is_bot(c, "ghost", 99, &bot, &cause),
+	    SCM_ENOTFOUND);
+	free(cause);
+	cause = NULL;
+	srv_reset();
+	assert_int_equal(c->ops->is_bot(c, "nobody", 0, &bot, &cause),
+	    SCM_EINVALID);
+	assert_int_equal(nrecs(), 0);
+	free(cause);
+	scm_client_free(c);
+}
+
 /* The payload of a JWT in an Authorization header, decoded. */
 static json_t *
 jwt_payload(const char *auth)
@@ -1520,6 +1570,7 @@ main(void)
 		cmocka_unit_test(not_found),
 		cmocka_unit_test(errors_mapping),
 		cmocka_unit_test(permissions),
+		cmocka_unit_test(bots),
 		cmocka_unit_test(app_tokens),
 		cmocka_unit_test(app_tokens_threads),
 		cmocka_unit_test(read_file),
