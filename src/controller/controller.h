@@ -20,7 +20,8 @@
  * annotation divergedev.com/token-id), Sandbox "T" (agents.x-k8s.io
  * v1beta1; its workspace PVC is "workspace-T"; the same annotation names
  * the token its pod was started with, and another live token restarts
- * it), or in warm-pool mode a SandboxClaim "T" (extensions.agents.x-k8s.io
+ * it, unless the Secret records that token as extended by the live one),
+ * or in warm-pool mode a SandboxClaim "T" (extensions.agents.x-k8s.io
  * v1beta1, pool CONTROLLER_WARM_POOL); Environment "agent-preview-T"; and
  * per namespace the NetworkPolicy "diverge-sandbox-isolation" (shared by
  * the tasks of the namespace, so it carries no owner reference; it is
@@ -46,6 +47,13 @@ struct meter;
 #define CONTROLLER_LABEL_TASK "divergedev.com/task"
 #define CONTROLLER_LABEL_MANAGED "app.kubernetes.io/managed-by"
 #define CONTROLLER_ANN_TOKEN_ID "divergedev.com/token-id"
+/*
+ * On the token Secret: the id of the live token that the one it holds
+ * extends (a later expiry for a raised timeout, written in place: the
+ * pod reads the new one from its Secret volume, neither is revoked and
+ * the Sandbox is not restarted).
+ */
+#define CONTROLLER_ANN_TOKEN_EXTENDS "divergedev.com/token-extends"
 #define CONTROLLER_NETPOL "diverge-sandbox-isolation"
 #define CONTROLLER_WARM_POOL "diverge-agent-pool"
 /*
@@ -55,7 +63,11 @@ struct meter;
 #define CONTROLLER_NAME_MAX 63
 /* A ReconcilerError of the Sandbox lasting this long fails the task. */
 #define CONTROLLER_ERROR_GRACE_S 300
-/* Added to the task timeout for the token's expires caveat. */
+/*
+ * Added to the task timeout for the token's expires caveat. A live token
+ * with less than half of it left after the time the task would time out
+ * (its timeout was raised) is extended to that time plus all of it.
+ */
 #define CONTROLLER_TOKEN_SLACK_S 3600
 
 struct controller_config {

@@ -1077,22 +1077,118 @@ write_annotations(struct rctx *x, json_t **task, const char *env,
 	return rc;
 }
 
+/* The result of a revocation: 0, or K8S_EUNAVAILABLE keeping its cause. */
+static int
+revoked(struct rctx *x, int rc, char *cause)
+{
+	if (rc == 0)
+		return 0;
+	if (x->cause == NULL)
+		x->cause = cause;
+	else
+		free(cause);
+	return K8S_EUNAVAILABLE;
+}
+
 /* Revoke id (idempotent: the meter writes nothing when it is not live). */
 static int
 revoke(struct rctx *x, const char *id)
 {
 	char *cause = NULL;
+	int rc;
 
 	if (id == NULL)
 		return 0;
-	if (meter_revoke_token(x->cc->meter, x->ns, id, &cause) < 0) {
-		if (x->cause == NULL)
-			x->cause = cause;
-		else
-			free(cause);
+	rc = meter_revoke_token(x->cc->meter, x->ns, id, &cause);
+	return revoked(x, rc, cause);
+}
+
+/*
+ * Revoke every token of the task but keep (NULL: all): besides the one
+ * status.tokenId names, those it extended may still be active.
+ */
+static int
+revoke_all(struct rctx *x, const char *keep)
+{
+	char *cause = NULL;
+	int rc;
+
+	rc = meter_revoke_task_tokens(x->cc->meter, x->ns, x->name, keep,
+	    &cause);
+	return revoked(x, rc, cause);
+}
+
+/*
+ * Mint a token for the task expiring at exp and write it into the task's
+ * Secret: created, or updated in place (a running pod sees the new one
+ * in its Secret volume). extends is the live token it extends, recorded
+ * on the Secret, or NULL for a token that replaces any other. 0, 1 when
+ * the Secret is not ours (the new token is then revoked), or an error;
+ * *token and *tid get the token and its id (new strings) but on an error.
+ */
+static int
+issue_token(struct rctx *x, struct obs *o, int64_t exp, const char *extends,
+    char **token, char **tid)
+{
+	char *cause = NULL, *sname, *b64;
+	json_t *sec;
+	int rc;
+
+	if (meter_issue_token(x->cc->meter, o->task, exp, token, tid,
+	    &cause) < 0) {
+		x->cause = xasprintf("token: %s", cause ? cause : "?");
+		free(cause);
 		return K8S_EUNAVAILABLE;
 	}
-	return 0;
+	count_write(x);
+	sname = token_secret_name(x->name);
+	b64 = base64_encode((const unsigned char *)*token, strlen(*token), 0,
+	    1);
+	sec = json_pack("{s:s,s:s,s:o,s:s,s:{s:s}}", "apiVersion", "v1",
+	    "kind", "Secret", "metadata", owner_meta(x, sname), "type",
+	    "Opaque", "data", "token", b64);
+	json_object_set_new(json_object_get(sec, "metadata"), "annotations",
+	    json_pack("{s:s,s:o}", CONTROLLER_ANN_TOKEN_ID, *tid,
+	    CONTROLLER_ANN_TOKEN_EXTENDS, extends != NULL ?
+	    json_string(extends) : json_null()));
+	secure_wipe(b64, strlen(b64));
+	free(b64);
+	free(sname);
+	rc = apply_child(x, &K8S_SECRET, o->secret.obj, sec, 0, NULL);
+	if (rc == 1) {
+		o->secret.conflict = 1;
+		revoke(x, *tid);
+	} else if (rc < 0) {
+		free(*token);
+		free(*tid);
+		*token = *tid = NULL;
+	}
+	return rc;
+}
+
+/*
+ * The expiry of the token in the task's Secret, read from the token
+ * itself (no HMAC, no store call); 0 when it has none or does not parse.
+ */
+static int64_t
+secret_expires(const json_t *sec)
+{
+	const char *t64 = jpath(sec, "data", "token");
+	unsigned char *raw = NULL;
+	struct macaroon *m = NULL;
+	int64_t exp = 0;
+	size_t n = 0;
+
+	if (t64 != NULL && base64_decode(t64, strlen(t64), &raw, &n) == 0 &&
+	    macaroon_inspect((const char *)raw, n, &m, NULL) == 0 &&
+	    macaroon_expires(m, &exp) < 0)
+		exp = 0;
+	macaroon_free(m);
+	if (raw != NULL) {
+		secure_wipe(raw, n);
+		free(raw);
+	}
+	return exp;
 }
 
 /* ---------------------------------------------------------- reconcile */
@@ -1111,10 +1207,10 @@ reconcile_once(struct rctx *x)
 	const json_t *old;
 	char *ename = NULL, *purl = NULL, *conflict = NULL, *token = NULL;
 	char *tid = NULL, shutdown[32], ts[32];
-	const char *sec_id, *mode, *tok_live_id = NULL;
+	const char *sec_id, *mode, *tok_live_id = NULL, *tok_extends = NULL;
 	int rc, live, children, paused, asleep, preview, has_shutdown = 0;
 	int env_exists = 0, tok_issued, sb_write, roll;
-	int64_t active, open_since = 0, end;
+	int64_t active, open_since = 0, end, timeout, deadline;
 	const json_t *tc;
 	struct k8s_status st = { 0 };
 
@@ -1182,54 +1278,60 @@ reconcile_once(struct rctx *x)
 	} else if (rc < 0) {
 		goto out;
 	} else if (live && !o.secret.conflict) {
-		char *cause = NULL;
-		int64_t exp = x->now + task_timeout(x, o.task) +
-		    CONTROLLER_TOKEN_SLACK_S;
-		json_t *sec;
-
-		if (meter_issue_token(x->cc->meter, o.task, exp, &token, &tid,
-		    &cause) < 0) {
-			x->cause = xasprintf("token: %s", cause ? cause : "?");
-			free(cause);
-			rc = K8S_EUNAVAILABLE;
-			goto out;
-		}
-		count_write(x);
-		{
-			char *sname = token_secret_name(x->name);
-			char *b64 = base64_encode((const unsigned char *)token,
-			    strlen(token), 0, 1);
-
-			sec = json_pack("{s:s,s:s,s:o,s:s,s:{s:s}}",
-			    "apiVersion", "v1", "kind", "Secret", "metadata",
-			    owner_meta(x, sname), "type", "Opaque", "data",
-			    "token", b64);
-			json_object_set_new(json_object_get(sec, "metadata"),
-			    "annotations", json_pack("{s:s}",
-			    CONTROLLER_ANN_TOKEN_ID, tid));
-			free(b64);
-			free(sname);
-		}
-		rc = apply_child(x, &K8S_SECRET, o.secret.obj, sec, 0, NULL);
+		rc = issue_token(x, &o, x->now + task_timeout(x, o.task) +
+		    CONTROLLER_TOKEN_SLACK_S, NULL, &token, &tid);
 		if (rc < 0)
 			goto out;
-		if (rc == 1) {
-			o.secret.conflict = 1;
-			revoke(x, tid);
-		} else {
+		if (rc == 0)
+			tok_live_id = tid;
+		rc = 0;
+	}
+	if (tok_live_id != NULL && tok_live_id == sec_id)
+		tok_extends = jpath(json_object_get(o.secret.obj, "metadata"),
+		    "annotations", CONTROLLER_ANN_TOKEN_EXTENDS);
+	/*
+	 * A live token that would expire before the task can time out (its
+	 * timeout was raised) is extended: a new token with a later expiry,
+	 * written into the Secret in place; the pod reads it from its Secret
+	 * volume, so it is not restarted, and the old one stays active until
+	 * it expires (the agent may hold either). The Secret records the
+	 * token extended, which status.tokenId and the Sandbox still name
+	 * until this pass writes them: a restart at any step finds that
+	 * record, so only a settled token (the Secret's is status.tokenId)
+	 * is extended. Not in warm-pool mode: the claim's pod has its token
+	 * in its environment for good.
+	 */
+	timeout = task_timeout(x, o.task);
+	deadline = x->now + (active < timeout ? timeout - active : 0);
+	if (tok_live_id != NULL && tok_live_id == sec_id &&
+	    streq(sec_id, jstr(old, "tokenId")) &&
+	    !x->cfg->sandbox.warm_pool && secret_expires(o.secret.obj) <
+	    deadline + CONTROLLER_TOKEN_SLACK_S / 2) {
+		rc = issue_token(x, &o, deadline + CONTROLLER_TOKEN_SLACK_S,
+		    sec_id, &token, &tid);
+		if (rc < 0)
+			goto out;
+		if (rc == 0) {
+			log_kv(LOG_INFO, "token extended", "task", x->name,
+			    "namespace", x->ns, "token", tid, "extends",
+			    sec_id, NULL);
+			tok_extends = sec_id;
 			tok_live_id = tid;
 		}
 		rc = 0;
 	}
-	/* a token replaced by another (its Secret was lost): revoke the old */
-	if (tok_live_id != NULL && !streq(tok_live_id, jstr(old, "tokenId")) &&
-	    (rc = revoke(x, jstr(old, "tokenId"))) < 0)
+	/*
+	 * a token replaced by another (its Secret was lost): revoke the old
+	 * ones; one extended stays active
+	 */
+	if (tok_live_id != NULL && jstr(old, "tokenId") != NULL &&
+	    !streq(tok_live_id, jstr(old, "tokenId")) && !streq(tok_extends,
+	    jstr(old, "tokenId")) && (rc = revoke_all(x, tok_live_id)) < 0)
 		goto out;
 	if (!live && (tok_issued || (sec_id != NULL && !streq(sec_id,
 	    jstr(old, "tokenId"))))) {
 		/* pause, completion, failure: revoke what may be live */
-		if ((rc = revoke(x, jstr(old, "tokenId"))) < 0 ||
-		    (rc = revoke(x, sec_id)) < 0)
+		if ((rc = revoke_all(x, NULL)) < 0)
 			goto out;
 	}
 
@@ -1257,11 +1359,14 @@ reconcile_once(struct rctx *x)
 	 * Sandbox records the token its pod was started with; until that is
 	 * the live one it is rolled: Suspended until its pod is gone, then
 	 * Running, and the new pod mounts the new token. A Sandbox that
-	 * records none (made by an older diverged) is taken as current.
+	 * records none (made by an older diverged) is taken as current, and
+	 * so is one that records the token the live one extends (nothing
+	 * revoked it): it records the live one from now on.
 	 */
 	roll = live && tok_live_id != NULL && !v.stopped &&
 	    o.sandbox.obj != NULL && !streq(tok_live_id, sandbox_token(
-	    o.sandbox.obj, tok_live_id));
+	    o.sandbox.obj, tok_live_id)) && !streq(tok_extends,
+	    sandbox_token(o.sandbox.obj, tok_live_id));
 	if (roll && !streq(jpath(o.sandbox.obj, "spec", "operatingMode"),
 	    "Suspended"))
 		log_kv(LOG_INFO, "sandbox restart", "task", x->name,

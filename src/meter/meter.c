@@ -1738,6 +1738,42 @@ meter_revoke_token(struct meter *m, const char *ns, const char *id,
 	return index_update(m, ns, edit_revoke, (void *)id, cause);
 }
 
+struct revoke_task_arg {
+	const char *task;
+	const char *keep;
+};
+
+static int
+edit_revoke_task(json_t *index, void *arg)
+{
+	struct revoke_task_arg *a = arg;
+	const char *k, *task;
+	json_t *v, *tmp, *e;
+	int changed = 0;
+
+	json_object_foreach_safe(json_object_get(index, "data"), tmp, k, v) {
+		if (a->keep != NULL && strcmp(k, a->keep) == 0)
+			continue;
+		e = index_entry(index, k);
+		task = json_string_value(json_object_get(e, "task"));
+		if (task != NULL && strcmp(task, a->task) == 0 &&
+		    index_revoke(index, k))
+			changed = 1;
+		json_decref(e);
+	}
+	return changed;
+}
+
+/* Revoke every token of a task but one. */
+int
+meter_revoke_task_tokens(struct meter *m, const char *ns, const char *task,
+    const char *keep, char **cause)
+{
+	struct revoke_task_arg a = { task, keep };
+
+	return index_update(m, ns, edit_revoke_task, &a, cause);
+}
+
 struct prune_arg {
 	struct meter *m;
 	const char *ns;

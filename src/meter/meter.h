@@ -367,6 +367,15 @@ int meter_revoke_token(struct meter *m, const char *ns, const char *id,
     char **cause);
 
 /*
+ * Mark every token of the task named task in the index of ns revoked,
+ * except keep (may be NULL): a task may hold several active tokens, the
+ * live one and those it extended (they stay active until they expire).
+ * Idempotent.
+ */
+int meter_revoke_task_tokens(struct meter *m, const char *ns,
+    const char *task, const char *keep, char **cause);
+
+/*
  * Remove the index entries of ns whose task no longer exists or whose
  * token expired (expires + leeway in the past, from issuedAt's record).
  */

@@ -155,6 +155,43 @@ def run(t, fake, scm):
          st.get("costUSD") == "0.020000",
          "the charges are in the task's status on the cluster", st)
 
+    # the timeout raised past the token's expiry: the token is extended in
+    # its Secret (the pod's volume), the Sandbox keeps running
+    old_id = st.get("tokenId")
+    s, _ = fake.request("PATCH", TASKS + "/fix-pr-42", {"spec": {"sandbox": {
+        "timeoutSeconds": 4 * 3600}}}, ctype="application/merge-patch+json")
+    t.eq(s, 200, "spec.sandbox.timeoutSeconds raised to 4 h")
+
+    def extended():
+        s, sec = fake.request("GET", SECRETS % NS + "/fix-pr-42-token")
+        s2, task = fake.request("GET", TASKS + "/fix-pr-42")
+        ann = (sec or {}).get("metadata", {}).get("annotations", {})
+        st = (task or {}).get("status", {})
+        if s != 200 or s2 != 200 or \
+                ann.get("divergedev.com/token-id") in (None, old_id) or \
+                st.get("tokenId") != ann.get("divergedev.com/token-id"):
+            return None
+        return sec, st
+    ext = wait(extended)
+    t.ok(ext and ext[0]["metadata"]["annotations"].get(
+        "divergedev.com/token-extends") == old_id,
+         "a new token in the Secret and status.tokenId, extending the old",
+         ext)
+    sec, st = ext or ({"data": {"token": ""}}, {})
+    s, sb = fake.request("GET", SANDBOXES + "/fix-pr-42")
+    t.ok(st.get("phase") == "Active" and sb["spec"]["operatingMode"] ==
+         "Running" and sb["metadata"]["annotations"].get(
+             "divergedev.com/token-id") == st.get("tokenId"),
+         "the task stays Active, its Sandbox Running (not restarted)",
+         (st.get("phase"), sb["spec"], sb["metadata"].get("annotations")))
+    new_hdr = dict(hdr, Authorization="Bearer " + base64.b64decode(
+        sec["data"]["token"]).decode())
+    ok = [d.json("POST", "/api/v1/agenttask/meter", json.dumps(
+        {"requestId": rid, "iteration": 1, "model": "claude-3",
+         "tokensUsed": 1, "costUSD": 0}), h)[0]
+        for rid, h in (("x1", new_hdr), ("x2", hdr))]
+    t.eq(ok, [200, 200], "both the new and the old token charge")
+
     s, _, body = d.json("POST", "/api/v1/agenttask/complete", json.dumps(
         {"result": "succeeded", "message": "done", "branch": "x"}), hdr)
     t.eq(s, 200, "complete: 200")

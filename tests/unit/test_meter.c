@@ -785,6 +785,47 @@ recreated_task(void **state)
 	task_release(&t);
 }
 
+/*
+ * A task may hold several active tokens (an extended one and the one that
+ * extends it): all of its tokens but the one kept are revoked, another
+ * task's are not.
+ */
+static void
+revoke_task_tokens(void **state)
+{
+	struct task t, other;
+	char *tok2 = NULL, *id2 = NULL, *auth2, *cause = NULL;
+	json_t *task;
+
+	(void)state;
+	make_task(&t, "{}", 0);
+	make_task(&other, "{}", 0);
+	task = get_task(t.name);
+	assert_int_equal(meter_issue_token(meter, task, now_unix() + 7200,
+	    &tok2, &id2, &cause), 0);
+	json_decref(task);
+	auth2 = xasprintf("Bearer %s", tok2);
+	assert_int_equal(charge_model(t.auth, "k1", "m"), 200);
+	assert_int_equal(charge_model(auth2, "k2", "m"), 200);
+	assert_int_equal(meter_revoke_task_tokens(meter, NS, t.name, id2,
+	    &cause), 0);
+	assert_int_equal(charge_model(t.auth, "k3", "m"), 401);
+	assert_int_equal(charge_model(auth2, "k4", "m"), 200);
+	assert_int_equal(charge_model(other.auth, "k5", "m"), 200);
+	/* again, keeping none; idempotent */
+	assert_int_equal(meter_revoke_task_tokens(meter, NS, t.name, NULL,
+	    &cause), 0);
+	assert_int_equal(meter_revoke_task_tokens(meter, NS, t.name, NULL,
+	    &cause), 0);
+	assert_int_equal(charge_model(auth2, "k6", "m"), 401);
+	assert_int_equal(charge_model(other.auth, "k7", "m"), 200);
+	free(auth2);
+	free(id2);
+	free(tok2);
+	task_release(&other);
+	task_release(&t);
+}
+
 static int
 index_has(const char *id)
 {
@@ -1009,6 +1050,7 @@ main(void)
 		cmocka_unit_test(authentication),
 		cmocka_unit_test(index_entries_as_written),
 		cmocka_unit_test(recreated_task),
+		cmocka_unit_test(revoke_task_tokens),
 		cmocka_unit_test(not_live),
 		cmocka_unit_test(models),
 		cmocka_unit_test(models_attenuated),

@@ -1144,6 +1144,147 @@ test_token_replaced_revoked(void **state)
 	free(name);
 }
 
+/* The expires caveat of a token, in unix seconds. */
+static int64_t
+token_expires(const char *tok)
+{
+	struct macaroon *m = NULL;
+	int64_t exp = 0;
+
+	assert_int_equal(macaroon_inspect(tok, strlen(tok), &m, NULL), 0);
+	assert_int_equal(macaroon_expires(m, &exp), 0);
+	macaroon_free(m);
+	return exp;
+}
+
+/* Set the task's spec.sandbox.timeoutSeconds (as a user edits it). */
+static void
+set_timeout(const char *name, int64_t seconds)
+{
+	char *p = xasprintf("{\"spec\":{\"sandbox\":{\"timeoutSeconds\":"
+	    "%lld}}}", (long long)seconds);
+
+	patch_task(name, 0, p);
+	free(p);
+}
+
+/*
+ * The task's token was extended for a timeout of timeout seconds: a new
+ * token in the Secret and status.tokenId, expiring when the task would
+ * time out plus the slack; the old one (old_id, old_tok) still active, so
+ * the pod may use either; the Sandbox not restarted but recording the
+ * new token; the task still Active.
+ */
+static void
+assert_token_extended(const char *name, const char *old_id,
+    const char *old_tok, int64_t timeout)
+{
+	char *sname = xasprintf("%s-token", name), *tok = token_of(name);
+	json_t *t = get_task(name), *sec = get(&K8S_SECRET, sname);
+	const char *id = jp(t, "status.tokenId");
+	int64_t exp = token_expires(tok);
+
+	assert_phase(name, "Active");
+	assert_non_null(id);
+	assert_string_not_equal(id, old_id);
+	assert_string_equal(jp(sec, "metadata.annotations.divergedev.com/"
+	    "token-id"), id);
+	assert_string_equal(jp(sec, "metadata.annotations.divergedev.com/"
+	    "token-extends"), old_id);
+	assert_true(exp > token_expires(old_tok));
+	assert_true(exp >= now_unix() + timeout + CONTROLLER_TOKEN_SLACK_S -
+	    10 && exp <= now_unix() + timeout + CONTROLLER_TOKEN_SLACK_S);
+	assert_index(id, "active");
+	assert_index(old_id, "active");
+	assert_sandbox(name, "Running", id);
+	assert_int_equal(charge(tok, 1, "extended-new"), 200);
+	assert_int_equal(charge(old_tok, 1, "extended-old"), 200);
+	json_decref(sec);
+	json_decref(t);
+	free(tok);
+	free(sname);
+}
+
+/*
+ * A timeout raised while the task runs, past what its token covers: the
+ * token is extended in place, once; the pod is not restarted; a pause
+ * revokes every token of the task.
+ */
+static void
+test_token_extended(void **state)
+{
+	char *name = active(), *tok0 = token_of(name);
+	char *id0 = task_token_id(name), *id1, *id2, *tok1;
+	uint64_t w;
+
+	(void)state;
+	/* a raise the slack still covers mints nothing */
+	set_timeout(name, 1800 + CONTROLLER_TOKEN_SLACK_S / 4);
+	reconcile(name);
+	id1 = task_token_id(name);
+	assert_string_equal(id1, id0);
+	free(id1);
+	/* 30 min -> 4 h: the token would expire first */
+	set_timeout(name, 4 * 3600);
+	reconcile(name);
+	assert_token_extended(name, id0, tok0, 4 * 3600);
+	w = writes();
+	reconcile(name);
+	assert_int_equal(writes(), w);
+	/* again, from the extended one */
+	id1 = task_token_id(name);
+	tok1 = token_of(name);
+	set_timeout(name, 8 * 3600);
+	reconcile(name);
+	assert_token_extended(name, id1, tok1, 8 * 3600);
+	id2 = task_token_id(name);
+	pause_task(name);
+	assert_index(id0, "revoked");
+	assert_index(id1, "revoked");
+	assert_index(id2, "revoked");
+	free(id2);
+	free(tok1);
+	free(id1);
+	free(id0);
+	free(tok0);
+	free(name);
+}
+
+/*
+ * An extended token whose Secret is then lost is replaced: the new one
+ * live, every earlier one revoked (the one it extended too), the Sandbox
+ * restarted.
+ */
+static void
+test_token_extended_lost(void **state)
+{
+	char *name = active(), *tok0 = token_of(name);
+	char *id0 = task_token_id(name), *id1, *tok1;
+	char *sname = xasprintf("%s-token", name);
+	struct k8s_status st = { 0 };
+
+	(void)state;
+	set_timeout(name, 4 * 3600);
+	reconcile(name);
+	assert_token_extended(name, id0, tok0, 4 * 3600);
+	id1 = task_token_id(name);
+	tok1 = token_of(name);
+	assert_int_equal(k8s_delete(env.api, &K8S_SECRET, NS, sname, NULL,
+	    &st), 0);
+	k8s_status_release(&st);
+	reconcile(name);
+	assert_token_replaced(name, id1, tok1);
+	assert_index(id0, "revoked");
+	assert_int_equal(charge(tok0, 1, "lost-old"), 401);
+	assert_sandbox_rolled(name, id1);
+	free(tok1);
+	free(id1);
+	free(sname);
+	free(id0);
+	free(tok0);
+	free(name);
+}
+
 /* Provisioning/Active + PodFailed -> Failed (SandboxFailed). */
 static void
 test_pod_failed(void **state)
@@ -1618,6 +1759,22 @@ test_warm_pool(void **state)
 	    "DIVERGE_MACAROON_TOKEN"), tok);
 	assert_null(env_value(json_object_get(claim, "spec"),
 	    "DIVERGE_TOKEN_FILE"));
+	json_decref(claim);
+	/*
+	 * a raised timeout does not extend the token: the claim's pod has it
+	 * in its environment, a new one would never reach it
+	 */
+	cfg.sandbox.warm_pool = 2;
+	set_timeout(name, 4 * 3600);
+	reconcile(name);
+	cfg.sandbox.warm_pool = 0;
+	claim = get(&K8S_SANDBOXCLAIM, name);
+	assert_string_equal(env_value(json_object_get(claim, "spec"),
+	    "DIVERGE_MACAROON_TOKEN"), tok);
+	free(tok);
+	tok = token_of(name);
+	assert_string_equal(env_value(json_object_get(claim, "spec"),
+	    "DIVERGE_MACAROON_TOKEN"), tok);
 	free(tok);
 	json_decref(t);
 	json_decref(claim);
@@ -1759,67 +1916,71 @@ test_warm_pool_pause(void **state)
 	free(name);
 }
 
+/*
+ * Reconcile task name in a child process killed (SIGKILL) after its
+ * crash_at-th child write, then open the store and the meter again, as a
+ * restarted diverged does.
+ */
+static void
+crash_reconcile(const char *name, int crash_at)
+{
+	struct k8s_embedded_config ec = { 1000, 3600 };
+	char *path = xasprintf("%s/diverge.db", env.dir);
+	struct meter_config mc;
+	char *cause = NULL;
+	int status;
+	pid_t pid;
+
+	meter_free(meter);
+	meter = NULL;
+	k8s_api_free(env.api);
+	env.api = NULL;
+	memset(&mc, 0, sizeof(mc));
+	mc.root_key = key;
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		if (k8s_embedded_open(&env.api, path, &ec, &cause) < 0)
+			_exit(2);
+		mc.store = env.api;
+		if (meter_new(&meter, &mc, &cause) < 0)
+			_exit(2);
+		cc.store = env.api;
+		cc.meter = meter;
+		cc.crash_after_writes = crash_at;
+		controller_reconcile(&cc, NS, name, NULL, &cause);
+		_exit(3);
+	}
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFSIGNALED(status));
+	assert_int_equal(WTERMSIG(status), SIGKILL);
+	/* restart */
+	assert_int_equal(k8s_embedded_open(&env.api, path, &ec, &cause), 0);
+	store = env.api;
+	mc.store = env.api;
+	assert_int_equal(meter_new(&meter, &mc, &cause), 0);
+	cc.store = env.api;
+	cc.meter = meter;
+	free(path);
+}
+
 /* kill -9 between two child writes; the restart finishes the job. */
 static void
 test_crash_recovery(void **state)
 {
-	char *name, *path, *dir;
-	struct k8s_embedded_config ec = { 1000, 3600 };
-	int crash_at, status;
+	char *name;
+	int crash_at;
 
 	(void)state;
 	for (crash_at = 1; crash_at <= 4; crash_at++) {
 		json_t *t, *sb;
-		pid_t pid;
 
 		close_all();
 		open_all(1);
 		name = new_task(NULL, NULL);
 		reconcile(name);
 		assert_phase(name, "Pending");
-		dir = xstrdup(env.dir);
-		path = xasprintf("%s/diverge.db", dir);
-		meter_free(meter);
-		meter = NULL;
-		k8s_api_free(env.api);
-		env.api = NULL;
-		pid = fork();
-		assert_true(pid >= 0);
-		if (pid == 0) {
-			struct meter_config mc;
-			char *cause = NULL;
-
-			if (k8s_embedded_open(&env.api, path, &ec, &cause) < 0)
-				_exit(2);
-			memset(&mc, 0, sizeof(mc));
-			mc.store = env.api;
-			mc.root_key = key;
-			if (meter_new(&meter, &mc, &cause) < 0)
-				_exit(2);
-			cc.store = env.api;
-			cc.meter = meter;
-			cc.crash_after_writes = crash_at;
-			controller_reconcile(&cc, NS, name, NULL, &cause);
-			_exit(3);
-		}
-		assert_int_equal(waitpid(pid, &status, 0), pid);
-		assert_true(WIFSIGNALED(status));
-		assert_int_equal(WTERMSIG(status), SIGKILL);
-		/* restart */
-		{
-			struct meter_config mc;
-			char *cause = NULL;
-
-			assert_int_equal(k8s_embedded_open(&env.api, path, &ec,
-			    &cause), 0);
-			store = env.api;
-			memset(&mc, 0, sizeof(mc));
-			mc.store = env.api;
-			mc.root_key = key;
-			assert_int_equal(meter_new(&meter, &mc, &cause), 0);
-			cc.store = env.api;
-			cc.meter = meter;
-		}
+		crash_reconcile(name, crash_at);
 		reconcile(name);
 		assert_phase(name, "Provisioning");
 		t = get_task(name);
@@ -1841,8 +2002,34 @@ test_crash_recovery(void **state)
 		assert_non_null(sb);
 		json_decref(sb);
 		json_decref(t);
-		free(path);
-		free(dir);
+		free(name);
+	}
+}
+
+/*
+ * kill -9 at each step of a token extension (the mint, the Secret, the
+ * Sandbox's record): the restart ends extended, with nothing revoked
+ * and no restart of the Sandbox.
+ */
+static void
+test_token_extended_crash(void **state)
+{
+	char *name, *tok0, *id0;
+	int crash_at;
+
+	(void)state;
+	for (crash_at = 1; crash_at <= 3; crash_at++) {
+		close_all();
+		open_all(1);
+		name = active();
+		tok0 = token_of(name);
+		id0 = task_token_id(name);
+		set_timeout(name, 4 * 3600);
+		crash_reconcile(name, crash_at);
+		reconcile(name);
+		assert_token_extended(name, id0, tok0, 4 * 3600);
+		free(id0);
+		free(tok0);
 		free(name);
 	}
 }
@@ -2369,6 +2556,17 @@ test_rest_pause_resume(void **state)
 	open_all(1);
 }
 
+/* A token extension through the REST client (the Secret updated in place). */
+static void
+test_rest_token_extended(void **state)
+{
+	close_all();
+	open_all(2);
+	test_token_extended(state);
+	close_all();
+	open_all(1);
+}
+
 int
 main(void)
 {
@@ -2385,6 +2583,8 @@ main(void)
 		cmocka_unit_test(test_resume_before_stopped),
 		cmocka_unit_test(test_annotations_keep_phase),
 		cmocka_unit_test(test_token_replaced_revoked),
+		cmocka_unit_test(test_token_extended),
+		cmocka_unit_test(test_token_extended_lost),
 		cmocka_unit_test(test_pod_failed),
 		cmocka_unit_test(test_rerun_after_pod_failed),
 		cmocka_unit_test(test_reconciler_error),
@@ -2403,7 +2603,9 @@ main(void)
 		cmocka_unit_test(test_paused_then_finished),
 		cmocka_unit_test(test_netpol_disabled),
 		cmocka_unit_test(test_crash_recovery),
+		cmocka_unit_test(test_token_extended_crash),
 		cmocka_unit_test(test_rest_pause_resume),
+		cmocka_unit_test(test_rest_token_extended),
 		cmocka_unit_test_teardown(test_controller_embedded,
 		    stop_running),
 		cmocka_unit_test_teardown(test_controller_rest, stop_running),
