@@ -1069,9 +1069,16 @@ on_comment(struct run *r, char **cause)
 		commands_result_release(&res);
 		return INBOX_DONE;
 	}
-	/* one handling per comment, whichever delivery brought it */
-	claim = xasprintf("%s|%s|%lld|%lld", r->provider, ev->repo,
-	    (long long)ev->project_id, (long long)ev->comment_id);
+	/*
+	 * One handling per comment, whichever delivery brought it. GitHub
+	 * numbers review comments (on the diff) apart from issue comments
+	 * (the conversation), so theirs are marked: the two never share a
+	 * key. An issue comment's key is what it always was, so the rows
+	 * stored before the marker still match their comments.
+	 */
+	claim = xasprintf("%s|%s|%lld|%s%lld", r->provider, ev->repo,
+	    (long long)ev->project_id, ev->review_comment ? "review:" : "",
+	    (long long)ev->comment_id);
 	claimed = claim_comment(r->a, claim, ev->delivery, &pg);
 	r->claim = claim;
 	if (claimed <= 0) {

@@ -504,12 +504,19 @@ class State:
                     f"{head_repo}:{pr['head_ref']}")
                 pr["base_sha"] = pr["base_sha"] or fake_sha(
                     f"{full}:{pr['base_ref']}")
-                for i, c in enumerate(p.get("comments", [])):
+                # review comments (on the diff) are numbered apart from
+                # issue comments on GitHub: the same id may name one of each
+                pr["review_comments"] = []
+                kinds = [("comments", c) for c in p.get("comments", [])]
+                if is_pr:
+                    kinds += [("review_comments", c)
+                              for c in p.get("review_comments", [])]
+                for i, (kind, c) in enumerate(kinds):
                     cid = int(c.get("id", 0)) or gh.new_id()
                     gh.next_id = max(gh.next_id, cid)
                     gh.user(c.get("user", owner))
                     ct = _ts(c.get("created_at"), t0 + 60 * (i + 1))
-                    pr["comments"].append({
+                    pr[kind].append({
                         "id": cid, "user": c.get("user", owner),
                         "body": c.get("body", ""), "created": ct,
                         "updated": _ts(c.get("updated_at"), ct),
@@ -518,6 +525,9 @@ class State:
                             {"id": gh.new_id(), "content": x["content"],
                              "user": x.get("user", owner), "created": ct}
                             for x in c.get("reactions", [])]})
+                    if kind == "review_comments":
+                        pr[kind][-1]["path"] = c.get("path", "README.md")
+                        pr[kind][-1]["line"] = int(c.get("line", 1))
                 repo["pulls"][n] = pr
 
     def seed_gitlab(self, s):
@@ -627,22 +637,25 @@ class State:
             repos = {}
             for full, r in gh.repos.items():
                 pulls = {}
+
+                def comments(cs):
+                    return [{"id": c["id"], "user": c["user"],
+                             "body": c["body"],
+                             "created_at": iso(c["created"]),
+                             "updated_at": iso(c["updated"]),
+                             "reactions": [{"id": x["id"],
+                                            "content": x["content"],
+                                            "user": x["user"]}
+                                           for x in c["reactions"]]}
+                            for c in cs]
                 for n, p in r["pulls"].items():
                     pulls[str(n)] = {
                         "is_pull_request": p["is_pr"],
                         "head": {"ref": p["head_ref"], "sha": p["head_sha"],
                                  "repo": p["head_repo"]},
                         "base": {"ref": p["base_ref"], "sha": p["base_sha"]},
-                        "comments": [{
-                            "id": c["id"], "user": c["user"],
-                            "body": c["body"],
-                            "created_at": iso(c["created"]),
-                            "updated_at": iso(c["updated"]),
-                            "reactions": [{"id": x["id"],
-                                           "content": x["content"],
-                                           "user": x["user"]}
-                                          for x in c["reactions"]]}
-                            for c in p["comments"]]}
+                        "comments": comments(p["comments"]),
+                        "review_comments": comments(p["review_comments"])}
                 repos[full] = {"pulls": pulls}
             projects = {}
             for pid, p in gl.projects.items():
@@ -1301,16 +1314,20 @@ class GitHubApi(Api):
                 "https://docs.github.com/rest/issues/comments")
         return p
 
-    def find_comment(self, repo, cid):
+    def find_comment(self, repo, cid, review=False):
+        """An issue comment, or a review comment (on a PR's diff): their
+        ids are apart, the same number may name one of each."""
         try:
             cid = int(cid)
         except ValueError:
             raise gh_not_found()
         for p in repo["pulls"].values():
-            for c in p["comments"]:
+            for c in p["review_comments" if review else "comments"]:
                 if c["id"] == cid:
                     return p, c
         raise gh_not_found(
+            "https://docs.github.com/rest/pulls/comments"
+            "#get-a-review-comment-for-a-pull-request" if review else
             "https://docs.github.com/rest/issues/comments#get-an-issue-comment")
 
     def association(self, repo, login):
@@ -1393,6 +1410,8 @@ class GitHubApi(Api):
             "unknown" if p["mergeable"] is None else "dirty")
         out["merged_by"] = self.user_obj(repo["owner"]) if merged else None
         out["comments"] = len(p["comments"])
+        if "review_comments" in out:
+            out["review_comments"] = len(p["review_comments"])
         return out
 
     # -- routing ------------------------------------------------------------
@@ -1446,6 +1465,12 @@ class GitHubApi(Api):
                 return self.create_reaction(repo, s[2])
             if m == "GET":
                 return self.list_reactions(repo, s[2])
+        if len(s) == 4 and s[:2] == ["pulls", "comments"] and \
+                s[3] == "reactions":
+            if m == "POST":
+                return self.create_reaction(repo, s[2], review=True)
+            if m == "GET":
+                return self.list_reactions(repo, s[2], review=True)
         if len(s) == 2 and s[0] == "pulls" and m == "GET":
             return self.get_pull(repo, s[1])
         if len(s) == 3 and s[0] == "collaborators" and \
@@ -1736,15 +1761,17 @@ class GitHubApi(Api):
         obj["created_at"] = iso(x["created"])
         return obj
 
-    def create_reaction(self, repo, cid):
+    def create_reaction(self, repo, cid, review=False):
         self.need(("issues", "pull_requests"), "write")
-        p, c = self.find_comment(repo, cid)
+        p, c = self.find_comment(repo, cid, review)
         req = self.json_body("content")
         if req["content"] not in GH_REACTIONS:
             raise gh_error(
                 422, "Validation Failed",
                 "https://docs.github.com/rest/reactions/reactions"
-                "#create-reaction-for-an-issue-comment",
+                "#create-reaction-for-a-pull-request-review-comment" if
+                review else "https://docs.github.com/rest/reactions/"
+                "reactions#create-reaction-for-an-issue-comment",
                 errors=[{"resource": "Reaction", "code": "invalid",
                          "field": "content"}])
         with self.st.lock:
@@ -1756,9 +1783,9 @@ class GitHubApi(Api):
             c["reactions"].append(x)
         self.reply(201, self.reaction_obj(x))
 
-    def list_reactions(self, repo, cid):
+    def list_reactions(self, repo, cid, review=False):
         self.need(("issues", "pull_requests"))
-        p, c = self.find_comment(repo, cid)
+        p, c = self.find_comment(repo, cid, review)
         items = c["reactions"]
         if "content" in self.q:
             items = [x for x in items if x["content"] == self.q["content"]]

@@ -273,6 +273,27 @@ def test_github_reactions(f):
     check("reaction outside the enum: 422", r.status == 422, r.raw)
     r = f.gh("POST", "/issues/comments/9999/reactions", {"content": "+1"})
     check("reaction on a missing comment: 404", r.status == 404)
+    # review comment 1 (on the diff) is not issue comment 1: ids apart
+    r = f.gh("POST", "/pulls/comments/1/reactions", {"content": "rocket"})
+    check("reaction on a review comment: 201, shaped like the fixture",
+          r.status == 201 and list(r.json) == list(want) and
+          r.json["content"] == "rocket", r.raw[:300])
+    r = f.gh("POST", "/pulls/comments/1/reactions", {"content": "rocket"})
+    check("same review-comment reaction again: 200", r.status == 200)
+    r = f.gh("GET", "/pulls/comments/1/reactions")
+    r2 = f.gh("GET", "/issues/comments/1/reactions")
+    check("review and issue comment 1 keep their own reactions",
+          r.status == 200 and [x["content"] for x in r.json] == ["rocket"]
+          and "rocket" not in [x["content"] for x in r2.json],
+          (r.raw[:200], r2.raw[:200]))
+    r = f.gh("POST", "/pulls/comments/9999/reactions", {"content": "+1"})
+    check("reaction on a missing review comment: 404", r.status == 404)
+    pull = f.ctl("GET", "state").json["github"]["repos"][
+        "octocat/Hello-World"]["pulls"]["1347"]
+    check("GET /_fake/state: review comments with their reactions",
+          [(c["id"], [x["content"] for x in c["reactions"]])
+           for c in pull["review_comments"]] == [(1, ["rocket"])],
+          pull.get("review_comments"))
 
 
 def test_github_permissions(f):

@@ -98,7 +98,10 @@ GH_COMMENTS = [(1001, 42, "alice"), (1002, 43, "carol"), (1003, 43, "bob"),
                (1030, 50, "bob"),
                (1021, 43, "alice"), (1022, 43, "alice"),
                (1023, 43, "alice"), (4101, 42, "alice"),
-               (1009, 42, "alice")]
+               (1009, 42, "alice"), (1040, 43, "alice")]
+# Review comments (on the diff), numbered apart from the issue comments as
+# on GitHub: 1040 is both an issue comment and a review comment on PR 43.
+GH_REVIEW_COMMENTS = [(1040, 43, "alice")]
 GL_NOTES = [(3001, 2, "pipin"), (3002, 2, "guest"), (3003, 2, "pipin"),
             (3004, 2, "pipin"), (3101, 3, "release-helper"),
             (3102, 3, "release-helper"), (3103, 3, "pipin"),
@@ -114,6 +117,12 @@ def seed():
                 for (cid, n, who) in GH_COMMENTS
                 if n == pr["number"] and (repo["full_name"] ==
                                           "myorg/checkout") == (n != 1)]
+            pr["review_comments"] = [
+                {"id": cid, "user": who, "body": "(review comment %d)" % cid,
+                 "path": "checkout.py", "line": 1}
+                for (cid, n, who) in GH_REVIEW_COMMENTS
+                if n == pr["number"] and repo["full_name"] ==
+                "myorg/checkout"]
     for mr in spec["gitlab"]["projects"][0]["merge_requests"]:
         mr["notes"] = [{"id": nid, "author": who, "body": "(note %d)" % nid}
                        for (nid, iid, who) in GL_NOTES if iid == mr["iid"]]
@@ -186,6 +195,25 @@ def gh_comment(cid, number, login, body, repo="myorg/checkout", uid=1,
     return doc
 
 
+def gh_review_comment(cid, number, login, body, repo="myorg/checkout",
+                      uid=1):
+    """A pull_request_review_comment "created" webhook (a comment on the
+    diff) of a same-repository PR."""
+    doc = with_comment(fixture("github/octokit-webhooks--pull_request_"
+                               "review_comment.created.payload.json"), body)
+    doc.pop("installation", None)
+    url = "https://github.com/%s.git" % repo
+    doc["repository"]["full_name"] = repo
+    doc["repository"]["clone_url"] = url
+    doc["pull_request"]["number"] = number
+    doc["pull_request"]["head"]["repo"]["clone_url"] = url
+    doc["pull_request"]["base"]["repo"]["clone_url"] = url
+    doc["comment"]["id"] = cid
+    doc["comment"]["user"]["login"] = login
+    doc["comment"]["user"]["id"] = uid
+    return doc
+
+
 def gl_note(nid, iid, username, uid, body):
     doc = with_comment(fixture(
         "gitlab/gitlab-docs--comment-on-a-merge-request.json"), body)
@@ -246,9 +274,11 @@ def wait(pred, timeout=15):
     return pred()
 
 
-def gh_reactions(fake, number, cid):
+def gh_reactions(fake, number, cid, kind="comments"):
+    """The reactions on issue comment cid (kind "review_comments": on
+    review comment cid) of PR number."""
     pulls = fake.state()["github"]["repos"]["myorg/checkout"]["pulls"]
-    for c in pulls[str(number)]["comments"]:
+    for c in pulls[str(number)][kind]:
         if c["id"] == cid:
             return [r["content"] for r in c["reactions"]]
     return []
@@ -654,6 +684,7 @@ def main(t):
          "tokens are never logged")
 
     t.eq(d.stop(), 0, "clean stop")
+    review_comment_apart(t, fake)
     claims_pruned(t, fake)
     outage_waited_out(t, fake)
     identity_learned_later(t, fake)
@@ -713,6 +744,45 @@ def gitlab_bots(t, fake, d):
              d, "fix-mr-3")["metadata"].get("annotations", {}),
          "the Users API refusing the lookup (403): refused with a reply, "
          "nothing run (fail closed)", r)
+
+
+def review_comment_apart(t, fake):
+    """An issue comment and a review comment with the same id are two
+    comments (GitHub numbers them apart): both run their commands."""
+    d = bot_daemon(fake, CONFIG, {"DIVERGE_SCM_MAX_WAIT_MS": "2000"})
+    key = str(uuid.uuid4())
+    d.github("issue_comment", gh_comment(1040, 43, "alice",
+                                         "/diverge fix tidy up"), key)
+    t.ok(wait(lambda: handled(d, key)) and get_task(d, "fix-pr-43"),
+         "issue comment 1040: its fix ran")
+    key = str(uuid.uuid4())
+    s, _, _ = d.github("pull_request_review_comment", gh_review_comment(
+        1040, 43, "alice", "/diverge guide mind the tests"), key)
+    t.eq(s, 202, "review comment 1040: 202")
+    wait(lambda: handled(d, key))
+    task = get_task(d, "fix-pr-43") or {}
+    t.eq(task.get("metadata", {}).get("annotations", {}).get(
+        "divergedev.com/guidance"), "mind the tests",
+        "review comment 1040: its guide ran too, not taken for the issue "
+        "comment already handled")
+
+    def both():
+        return (gh_reactions(fake, 43, 1040),
+                gh_reactions(fake, 43, 1040, "review_comments"))
+    wait(lambda: both() == (["eyes"], ["eyes"]))
+    t.eq(both(), (["eyes"], ["eyes"]), "each got its eyes, the review "
+         "comment's through pulls/comments/1040/reactions")
+    con = sqlite3.connect(d.db(), timeout=10)
+    try:
+        keys = sorted(k for (k,) in con.execute(
+            "SELECT key FROM scm_comments WHERE key LIKE '%1040'"))
+    finally:
+        con.close()
+    t.eq(keys, ["github|myorg/checkout|0|1040",
+                "github|myorg/checkout|0|review:1040"],
+         "the issue comment keeps the key it always had (rows stored "
+         "before still match), the review comment's is marked")
+    t.eq(d.stop(), 0, "clean stop")
 
 
 def identity_learned_later(t, fake):
