@@ -2539,7 +2539,7 @@ cmd_task_guide(const struct command *cmd, int argc, char **argv)
 	if (ret != 0)
 		return ret;
 	if (k8s_task_guide(C.api, C.ns, argv[optind], argv[optind + 1], NULL,
-	    &st) < 0)
+	    NULL, &st) < 0)
 		ret = api_fail(&st);
 	else
 		printf("task \"%s\": guidance set; the agent gets it on its "
@@ -2573,7 +2573,7 @@ cmd_task_pause(const struct command *cmd, int argc, char **argv)
 	ret = conn_open();
 	if (ret != 0)
 		return ret;
-	if (k8s_task_pause(C.api, C.ns, argv[optind], &task, &st) < 0)
+	if (k8s_task_pause(C.api, C.ns, argv[optind], NULL, &task, &st) < 0)
 		ret = api_fail(&st);
 	else {
 		phase = task_phase(task);
@@ -2698,7 +2698,7 @@ bump_task(const struct command *cmd, int argc, char **argv, int resume)
 	if (ret != 0)
 		goto out;
 	if ((resume ? k8s_task_resume : k8s_task_budget)(C.api, C.ns,
-	    argv[optind], &b, &task, &st) < 0) {
+	    argv[optind], &b, NULL, &task, &st) < 0) {
 		ret = api_fail(&st);
 		goto out;
 	}

@@ -493,9 +493,26 @@ void k8s_apiserver_stop(struct k8s_apiserver *s);
  * reconciler) is never lost. Each returns 0 with the task as stored in
  * *out (out may be NULL), or a negative enum k8s_err with st filled: the
  * API's Status, or one made here (K8S_EINVALID) naming what was refused.
+ *
+ * once, when not NULL, names the operation (a slash command: its comment
+ * and its place there) so that it takes effect once however often it is
+ * asked: the write that applies it also appends once to the task's
+ * K8S_TASK_ANNOTATION_APPLIED (a space-separated list of the last
+ * K8S_TASK_APPLIED_MAX ids, oldest first), and an operation whose id the
+ * task already lists is not applied again: 1 with the task as it is in
+ * *out, nothing written. An operation that changes nothing else is
+ * recorded too. A write whose answer was lost and that met a Conflict
+ * of its own making (st.maybe_done) is then read again rather than
+ * failed: the list says whether it took effect. once: 1 to
+ * K8S_TASK_MAX_ONCE printable ASCII characters, no spaces (else
+ * K8S_EINVALID).
  */
 
 #define K8S_TASK_ANNOTATION_GUIDANCE "divergedev.com/guidance"
+#define K8S_TASK_ANNOTATION_APPLIED "divergedev.com/applied-commands"
+/* Operations a task remembers as applied, and the longest id. */
+#define K8S_TASK_APPLIED_MAX 32
+#define K8S_TASK_MAX_ONCE 64
 /* Longest guidance hint, in bytes after trimming (as /diverge guide). */
 #define K8S_TASK_MAX_HINT 2000
 /* Reads and conditional writes of one operation before giving up. */
@@ -565,18 +582,19 @@ void k8s_task_budgets(struct k8s_api *api, const json_t *task,
  * the trimmed text is stored): the agent gets it on its next meter call.
  */
 int k8s_task_guide(struct k8s_api *api, const char *ns, const char *name,
-    const char *hint, json_t **out, struct k8s_status *st);
+    const char *hint, const char *once, json_t **out, struct k8s_status *st);
 
 /* spec.suspended = true; the reconciler pauses the task. Idempotent. */
 int k8s_task_pause(struct k8s_api *api, const char *ns, const char *name,
-    json_t **out, struct k8s_status *st);
+    const char *once, json_t **out, struct k8s_status *st);
 
 /*
  * Optionally bump the budgets (bump may be NULL or hold zeros), then
  * spec.suspended = false, in the same conditional write.
  */
 int k8s_task_resume(struct k8s_api *api, const char *ns, const char *name,
-    const struct k8s_task_bump *bump, json_t **out, struct k8s_status *st);
+    const struct k8s_task_bump *bump, const char *once, json_t **out,
+    struct k8s_status *st);
 
 /*
  * Add to the effective budgets and write the sums into spec.budgetUSD
@@ -586,7 +604,8 @@ int k8s_task_resume(struct k8s_api *api, const char *ns, const char *name,
  * overflow.
  */
 int k8s_task_budget(struct k8s_api *api, const char *ns, const char *name,
-    const struct k8s_task_bump *bump, json_t **out, struct k8s_status *st);
+    const struct k8s_task_bump *bump, const char *once, json_t **out,
+    struct k8s_status *st);
 
 /*
  * Amounts as written on the command line, with the slash-command rules

@@ -759,17 +759,103 @@ refuse(struct k8s_status *st, const char *fmt, ...)
 	return ret;
 }
 
+/* The next operation id of an applied-commands list, NULL at its end. */
+static const char *
+applied_next(const char *p, size_t *len)
+{
+	p += strspn(p, " ");
+	if (*p == '\0')
+		return NULL;
+	*len = strcspn(p, " ");
+	return p;
+}
+
+/* The task's applied-commands annotation ("" when it has none). */
+static const char *
+applied_list(const json_t *task)
+{
+	const char *v = json_string_value(json_object_get(json_object_get(
+	    json_object_get(task, "metadata"), "annotations"),
+	    K8S_TASK_ANNOTATION_APPLIED));
+
+	return v != NULL ? v : "";
+}
+
+/* Whether the task records operation once as applied. */
+static int
+applied(const json_t *task, const char *once)
+{
+	const char *p = applied_list(task);
+	size_t len, n = strlen(once);
+
+	for (; (p = applied_next(p, &len)) != NULL; p += len)
+		if (len == n && memcmp(p, once, n) == 0)
+			return 1;
+	return 0;
+}
+
+/*
+ * Add to patch the task's applied-commands list with once at its end,
+ * the oldest ids dropped to keep K8S_TASK_APPLIED_MAX (and any longer
+ * than an id can be: not ours).
+ */
+static void
+record_applied(const json_t *task, const char *once, json_t *patch)
+{
+	const char *list = applied_list(task), *p;
+	struct buf b;
+	size_t len, n = 0, skip;
+
+	for (p = list; (p = applied_next(p, &len)) != NULL; p += len)
+		n += len <= K8S_TASK_MAX_ONCE;
+	skip = n >= K8S_TASK_APPLIED_MAX ? n - K8S_TASK_APPLIED_MAX + 1 : 0;
+	buf_init(&b, K8S_TASK_APPLIED_MAX * (K8S_TASK_MAX_ONCE + 1));
+	for (p = list; (p = applied_next(p, &len)) != NULL; p += len) {
+		if (len > K8S_TASK_MAX_ONCE)
+			continue;
+		if (skip > 0) {
+			skip--;
+			continue;
+		}
+		buf_add(&b, p, len);
+		buf_addstr(&b, " ");
+	}
+	buf_addstr(&b, once);
+	json_object_set_new(child(child(patch, "metadata"), "annotations"),
+	    K8S_TASK_ANNOTATION_APPLIED, json_stringn(b.data, b.len));
+	buf_release(&b);
+}
+
+/* Whether once is an operation id the annotation can hold. */
+static int
+once_valid(const char *once)
+{
+	size_t i, n = strlen(once);
+
+	if (n == 0 || n > K8S_TASK_MAX_ONCE)
+		return 0;
+	for (i = 0; i < n; i++)
+		if ((unsigned char)once[i] <= ' ' ||
+		    (unsigned char)once[i] >= 0x7f)
+			return 0;
+	return 1;
+}
+
 /*
  * Read the task, let fn compute the change, write it conditionally on
  * the resourceVersion read; again from a fresh read on a conflict, unless
  * the conflict may come from this very write: a patch whose first attempt
  * was answered 5xx and that the client sent again may have been applied
  * then, and applying the change on top of that would do it twice (a bump
- * of $5 becoming $10).
+ * of $5 becoming $10). An operation with an id (once) is recorded in the
+ * same write, so that case reads again too: the record says whether that
+ * attempt took effect, and an operation found recorded is not applied
+ * again (1).
  */
 static int
 task_edit(struct k8s_api *api, const char *ns, const char *name,
-    task_edit_fn fn, const void *arg, json_t **out, struct k8s_status *st)
+    task_edit_fn fn, const void *arg, const char *once, json_t **out,
+    struct k8s_status *st)
 {
 	struct k8s_status pst = { 0 };
 	json_t *task = NULL, *patch = NULL, *res = NULL;
@@ -777,6 +863,9 @@ task_edit(struct k8s_api *api, const char *ns, const char *name,
 	char *msg;
 	int attempt, ret = K8S_EINTERNAL;
 
+	if (once != NULL && !once_valid(once))
+		return refuse(st, "operation id \"%s\": 1 to %d printable "
+		    "ASCII characters without spaces", once, K8S_TASK_MAX_ONCE);
 	for (attempt = 1;; attempt++) {
 		json_decref(task);
 		json_decref(patch);
@@ -784,10 +873,20 @@ task_edit(struct k8s_api *api, const char *ns, const char *name,
 		ret = k8s_get(api, &K8S_AGENTTASK, ns, name, &task, st);
 		if (ret < 0)
 			goto out;
+		if (once != NULL && applied(task, once)) {
+			/* an earlier attempt's write: the task as it is */
+			res = task;
+			task = NULL;
+			ret = 1;
+			goto out;
+		}
 		patch = json_object();
 		ret = fn(api, task, patch, arg, st);
 		if (ret < 0)
 			goto out;
+		/* recorded even when nothing else changes (a second pause) */
+		if (once != NULL)
+			record_applied(task, once, patch);
 		if (json_object_size(patch) == 0) {
 			/* nothing to change: the task as it is */
 			res = task;
@@ -806,7 +905,7 @@ task_edit(struct k8s_api *api, const char *ns, const char *name,
 		k8s_status_release(&pst);
 		ret = k8s_patch(api, &K8S_AGENTTASK, ns, name, 0, patch, &res,
 		    &pst);
-		if (ret == K8S_ECONFLICT && pst.maybe_done) {
+		if (ret == K8S_ECONFLICT && pst.maybe_done && once == NULL) {
 			msg = xasprintf("task \"%s\": the change may have been "
 			    "applied already (the server failed to answer the "
 			    "first attempt, and the retry found the task "
@@ -832,7 +931,7 @@ task_edit(struct k8s_api *api, const char *ns, const char *name,
 	}
 out:
 	k8s_status_release(&pst);
-	if (ret == 0 && out != NULL)
+	if (ret >= 0 && out != NULL)
 		*out = res;
 	else
 		json_decref(res);
@@ -992,7 +1091,7 @@ edit_budget(struct k8s_api *api, const json_t *task, json_t *patch,
 /* Set the task's guidance annotation. */
 int
 k8s_task_guide(struct k8s_api *api, const char *ns, const char *name,
-    const char *hint, json_t **out, struct k8s_status *st)
+    const char *hint, const char *once, json_t **out, struct k8s_status *st)
 {
 	char *cause = NULL;
 	int ret;
@@ -1003,32 +1102,34 @@ k8s_task_guide(struct k8s_api *api, const char *ns, const char *name,
 		free(cause);
 		return ret;
 	}
-	return task_edit(api, ns, name, edit_guide, hint, out, st);
+	return task_edit(api, ns, name, edit_guide, hint, once, out, st);
 }
 
 /* Ask for the task to be paused. */
 int
 k8s_task_pause(struct k8s_api *api, const char *ns, const char *name,
-    json_t **out, struct k8s_status *st)
+    const char *once, json_t **out, struct k8s_status *st)
 {
-	return task_edit(api, ns, name, edit_pause, NULL, out, st);
+	return task_edit(api, ns, name, edit_pause, NULL, once, out, st);
 }
 
 /* Bump the budgets if asked, and ask for the task to run again. */
 int
 k8s_task_resume(struct k8s_api *api, const char *ns, const char *name,
-    const struct k8s_task_bump *bump, json_t **out, struct k8s_status *st)
+    const struct k8s_task_bump *bump, const char *once, json_t **out,
+    struct k8s_status *st)
 {
 	if (bump != NULL && (bump->usd_micro < 0 || bump->tokens < 0))
 		return refuse(st, "bumps only add: a negative amount is not "
 		    "allowed");
-	return task_edit(api, ns, name, edit_resume, bump, out, st);
+	return task_edit(api, ns, name, edit_resume, bump, once, out, st);
 }
 
 /* Add to the task's budgets. */
 int
 k8s_task_budget(struct k8s_api *api, const char *ns, const char *name,
-    const struct k8s_task_bump *bump, json_t **out, struct k8s_status *st)
+    const struct k8s_task_bump *bump, const char *once, json_t **out,
+    struct k8s_status *st)
 {
 	if (bump == NULL || bump->usd_micro < 0 || bump->tokens < 0)
 		return refuse(st, "bumps only add: a negative amount is not "
@@ -1036,5 +1137,5 @@ k8s_task_budget(struct k8s_api *api, const char *ns, const char *name,
 	if (bump->usd_micro == 0 && bump->tokens == 0)
 		return refuse(st, "a budget bump needs a USD or a token "
 		    "amount");
-	return task_edit(api, ns, name, edit_budget, bump, out, st);
+	return task_edit(api, ns, name, edit_budget, bump, once, out, st);
 }

@@ -12,9 +12,12 @@
  * of the comment's commands have run, with the reply and verdict they
  * built: a comment retried because its reaction or reply could not be
  * posted (or taken over from an abandoned claim) does not run a command
- * twice, so a budget bump is added once. Outbound calls that hit a rate
- * limit ask the inbox to retry when the limit resets instead of holding a
- * worker.
+ * twice, so a budget bump is added once. That row is written after the
+ * command took effect, so a crash in between (or a failed write) loses
+ * it: a command that changes the task therefore also records itself in
+ * the task, in the write that applies it, and is not applied again when
+ * the task shows it (do_steer). Outbound calls that hit a rate limit ask
+ * the inbox to retry when the limit resets instead of holding a worker.
  */
 #include "config.h"
 
@@ -311,6 +314,7 @@ struct run {
 	char *ns;			/* the namespace of the PR's tasks */
 	char *repo_hash;		/* label value: repository identity */
 	const char *claim;		/* the comment's key in scm_comments */
+	const char *comment;		/* its id on the PR ("review:" ...) */
 	struct buf reply;		/* the one reply, if any */
 	int refused;
 	int64_t retry_at_ms;		/* a rate limit's reset, for a retry */
@@ -875,15 +879,23 @@ out:
 	return ret;
 }
 
-/* guide, pause, resume, budget: the shared task operations. */
+/*
+ * guide, pause, resume, budget: the shared task operations. The write
+ * that applies command i of the comment records it in the task
+ * (K8S_TASK_ANNOTATION_APPLIED), and a command recorded there is not
+ * applied again: a retry after the write, whose progress the state
+ * database may have missed (a crash, a failed write, a lost answer from
+ * the store), does not add a budget bump twice.
+ */
 static int
-do_steer(struct run *r, const struct cmd *c, char **cause)
+do_steer(struct run *r, const struct cmd *c, size_t i, char **cause)
 {
 	const struct config *cfg = r->a->ac.cfg;
 	struct k8s_status st = { 0 };
 	struct k8s_task_bump bump;
 	json_t *task = pr_task(r);
 	const char *name;
+	char *once;
 	int rc = 0;
 
 	if (task == NULL) {
@@ -907,23 +919,30 @@ do_steer(struct run *r, const struct cmd *c, char **cause)
 		json_decref(task);
 		return INBOX_DONE;
 	}
+	once = xasprintf("%s#%zu", r->comment, i);
 	switch (c->kind) {
 	case CMD_GUIDE:
-		rc = k8s_task_guide(r->a->ac.store, r->ns, name, c->text, NULL,
-		    &st);
+		rc = k8s_task_guide(r->a->ac.store, r->ns, name, c->text, once,
+		    NULL, &st);
 		break;
 	case CMD_PAUSE:
-		rc = k8s_task_pause(r->a->ac.store, r->ns, name, NULL, &st);
+		rc = k8s_task_pause(r->a->ac.store, r->ns, name, once, NULL,
+		    &st);
 		break;
 	case CMD_RESUME:
-		rc = k8s_task_resume(r->a->ac.store, r->ns, name, &bump, NULL,
-		    &st);
+		rc = k8s_task_resume(r->a->ac.store, r->ns, name, &bump, once,
+		    NULL, &st);
 		break;
 	default:	/* CMD_BUDGET */
-		rc = k8s_task_budget(r->a->ac.store, r->ns, name, &bump, NULL,
-		    &st);
+		rc = k8s_task_budget(r->a->ac.store, r->ns, name, &bump, once,
+		    NULL, &st);
 	}
-	if (rc == K8S_EINVALID) {
+	if (rc > 0) {
+		log_kv(LOG_INFO, "command applied already: not again",
+		    "delivery", r->ev->delivery, "task", name, "command",
+		    commands_kind_name(c->kind), "applied", once, NULL);
+		rc = 0;
+	} else if (rc == K8S_EINVALID) {
 		/* refused with an explanation (an unlimited budget, ...) */
 		reply_line(r, "**diverge**: `%s` was not applied:",
 		    commands_kind_name(c->kind));
@@ -940,6 +959,7 @@ do_steer(struct run *r, const struct cmd *c, char **cause)
 	}
 	k8s_status_release(&st);
 	json_decref(task);
+	free(once);
 	return rc < 0 ? INBOX_RETRY : INBOX_DONE;
 }
 
@@ -1034,7 +1054,7 @@ run_commands(struct run *r, const struct cmd_result *res, size_t from,
 			break;
 		}
 		default:
-			ret = do_steer(r, c, cause);
+			ret = do_steer(r, c, i, cause);
 		}
 		if (ret == INBOX_DONE)
 			save_progress(r->a, r->claim, (int)i + 1, &r->reply,
@@ -1051,7 +1071,7 @@ on_comment(struct run *r, char **cause)
 	struct cmd_limits lim;
 	struct cmd_result res;
 	struct progress pg;
-	char *claim;
+	char *claim, *comment;
 	int rc, ret = INBOX_DONE, claimed;
 
 	memset(&res, 0, sizeof(res));
@@ -1076,11 +1096,13 @@ on_comment(struct run *r, char **cause)
 	 * key. An issue comment's key is what it always was, so the rows
 	 * stored before the marker still match their comments.
 	 */
-	claim = xasprintf("%s|%s|%lld|%s%lld", r->provider, ev->repo,
-	    (long long)ev->project_id, ev->review_comment ? "review:" : "",
+	comment = xasprintf("%s%lld", ev->review_comment ? "review:" : "",
 	    (long long)ev->comment_id);
+	claim = xasprintf("%s|%s|%lld|%s", r->provider, ev->repo,
+	    (long long)ev->project_id, comment);
 	claimed = claim_comment(r->a, claim, ev->delivery, &pg);
 	r->claim = claim;
+	r->comment = comment;
 	if (claimed <= 0) {
 		if (claimed < 0) {
 			/* the state database, busy or failing for now */
@@ -1174,6 +1196,7 @@ on_comment(struct run *r, char **cause)
 out:
 	free(pg.reply);
 	free(claim);
+	free(comment);
 	commands_result_release(&res);
 	return ret;
 }

@@ -98,7 +98,9 @@ GH_COMMENTS = [(1001, 42, "alice"), (1002, 43, "carol"), (1003, 43, "bob"),
                (1030, 50, "bob"),
                (1021, 43, "alice"), (1022, 43, "alice"),
                (1023, 43, "alice"), (4101, 42, "alice"),
-               (1009, 42, "alice"), (1040, 43, "alice")]
+               (1009, 42, "alice"), (1040, 43, "alice"),
+               (1060, 43, "alice"), (1061, 43, "alice"),
+               (1062, 43, "alice"), (1063, 43, "alice")]
 # Review comments (on the diff), numbered apart from the issue comments as
 # on GitHub: 1040 is both an issue comment and a review comment on PR 43.
 GH_REVIEW_COMMENTS = [(1040, 43, "alice")]
@@ -685,6 +687,7 @@ def main(t):
 
     t.eq(d.stop(), 0, "clean stop")
     review_comment_apart(t, fake)
+    commands_applied_once(t, fake)
     claims_pruned(t, fake)
     outage_waited_out(t, fake)
     identity_learned_later(t, fake)
@@ -782,6 +785,94 @@ def review_comment_apart(t, fake):
                 "github|myorg/checkout|0|review:1040"],
          "the issue comment keeps the key it always had (rows stored "
          "before still match), the review comment's is marked")
+    t.eq(d.stop(), 0, "clean stop")
+
+
+def commands_applied_once(t, fake):
+    """A command's effect (the task, in the store) and the record that it
+    ran (the comment's progress, in the state database) are two writes:
+    when the second is lost (a failed write, a crash in between) the
+    comment runs again, on its own retry or taken over by another
+    delivery, and a budget bump must still be added once."""
+    d = bot_daemon(fake, CONFIG, {"DIVERGE_SCM_MAX_WAIT_MS": "2000"})
+
+    def budget():
+        """fix-pr-43's USD budget in cents"""
+        usd = (get_task(d, "fix-pr-43") or {}).get("spec", {}).get(
+            "budgetUSD", "0")
+        return int(round(float(usd) * 100))
+
+    def applied():
+        return (get_task(d, "fix-pr-43") or {}).get("metadata", {}).get(
+            "annotations", {}).get("divergedev.com/applied-commands", "")
+
+    def comment(cid, body):
+        key = str(uuid.uuid4())
+        d.github("issue_comment", gh_comment(cid, 43, "alice", body), key)
+        return key
+
+    key = comment(1060, "/diverge fix keep it short")
+    t.ok(wait(lambda: handled(d, key)) and budget() == 250,
+         "a task with the budget of agent.yaml ($2.50)")
+    # from now on the progress of a comment is never recorded
+    con = sqlite3.connect(d.db(), timeout=10)
+    con.execute("CREATE TRIGGER progress_lost BEFORE UPDATE OF progress"
+                " ON scm_comments BEGIN SELECT RAISE(ABORT, 'disk full');"
+                " END")
+    con.commit()
+    con.close()
+
+    # its own retry (the reaction rate limited) after a failed write
+    fake.call("POST", "/_fake/faults", {"status": 429, "count": 1,
+                                        "retry_after": 3,
+                                        "match": "/comments/1061/reactions"})
+    before = budget()
+    comment(1061, "/diverge budget +$1")
+    t.ok(wait(lambda: gh_reactions(fake, 43, 1061) == ["eyes"], 20) and
+         d.wait_log("comment progress not recorded"),
+         "budget +$1: ran, its progress not recorded, retried for its "
+         "reaction")
+    t.eq((budget() - before, "1061#0" in applied().split()), (100, True),
+         "the retry does not bump again (+100 cents in all): the task "
+         "records the command")
+    t.ok(d.wait_log("applied=1061#0"), "... and the retry says so")
+
+    # a crash (kill -9) after the bump, before the comment is finished
+    fake.call("POST", "/_fake/faults", {"delay_ms": 6000, "count": 1,
+                                        "match": "/comments/1062/reactions"})
+    before = budget()
+    key = comment(1062, "/diverge budget +$1")
+    t.ok(wait(lambda: budget() == before + 100), "budget +$1 applied, then "
+         "the daemon is killed while it waits for the reaction")
+    d.kill9()
+    d.start()
+    t.ok(wait(lambda: handled(d, key), 30) and
+         d.wait_log("applied=1062#0"), "after the restart the comment "
+         "runs again (its own delivery, its claim unfinished)")
+    t.eq(budget() - before, 100, "... and the budget is bumped once "
+         "(cents)")
+
+    # an abandoned claim taken over by another delivery of the comment
+    fake.call("POST", "/_fake/faults", {"status": 429, "count": 1,
+                                        "retry_after": 120,
+                                        "match": "/comments/1063/reactions"})
+    before = budget()
+    first = comment(1063, "/diverge budget +$1")
+    t.ok(wait(lambda: d.query("SELECT 1 FROM inbox WHERE key = ? AND"
+                              " next_at > 0", ("github:" + first,)), 20)
+         and budget() == before + 100, "budget +$1 applied, its delivery "
+         "waiting for a rate limit's reset (2 minutes)")
+    con = sqlite3.connect(d.db(), timeout=10)
+    con.execute("UPDATE scm_comments SET at = at - 11 * 60 * 1000 WHERE"
+                " key = 'github|myorg/checkout|0|1063'")
+    con.commit()
+    con.close()
+    comment(1063, "/diverge budget +$1")
+    t.ok(wait(lambda: gh_reactions(fake, 43, 1063) == ["eyes"], 20) and
+         d.wait_log("applied=1063#0"), "11 minutes on (the claim's age "
+         "set back), another delivery takes the comment over and runs it")
+    t.eq(budget() - before, 100, "... and the budget is bumped once "
+         "(cents)")
     t.eq(d.stop(), 0, "clean stop")
 
 

@@ -1178,6 +1178,97 @@ optimistic_race(void **state)
 	free(name);
 }
 
+/* The applied-commands annotation of task name, "" when it has none. */
+static const char *
+applied_of(const char *name)
+{
+	static char list[K8S_TASK_APPLIED_MAX * (K8S_TASK_MAX_ONCE + 1)];
+	struct k8s_status st = { 0 };
+	json_t *o = NULL;
+	const char *v;
+
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", name, &o,
+	    &st), 0);
+	v = json_string_value(json_object_get(json_object_get(
+	    json_object_get(o, "metadata"), "annotations"),
+	    K8S_TASK_ANNOTATION_APPLIED));
+	snprintf(list, sizeof(list), "%s", v != NULL ? v : "");
+	json_decref(o);
+	return list;
+}
+
+/* Bump task name by $5 as operation once: want_ret, and budget after. */
+static void
+bump_once(const char *name, const char *once, int want_ret,
+    const char *want_budget)
+{
+	struct k8s_task_bump bump = { .usd_micro = 5000000 };
+	struct k8s_status st = { 0 };
+	json_t *out = NULL;
+
+	assert_int_equal(k8s_task_budget(api, "default", name, &bump, once,
+	    &out, &st), want_ret);
+	if (want_ret >= 0)
+		assert_string_equal(spec_str(out, "budgetUSD"), want_budget);
+	else
+		assert_null(out);
+	k8s_status_release(&st);
+	json_decref(out);
+}
+
+/*
+ * An operation with an id (a slash command of a comment) takes effect
+ * once: its write records the id in the task, and an id the task records
+ * is not applied again; the record keeps the last K8S_TASK_APPLIED_MAX.
+ */
+static void
+task_once(void **state)
+{
+	struct k8s_task_bump bump = { .usd_micro = 5000000 };
+	struct k8s_status st = { 0 };
+	char *name = uniq("once"), id[32];
+	json_t *obj = create_task("default", name);
+	struct buf want;
+	int i;
+
+	bump_once(name, "7#0", 0, "10.00");
+	assert_string_equal(applied_of(name), "7#0");
+	/* the same command again (a retry): nothing written */
+	bump_once(name, "7#0", 1, "10.00");
+	assert_int_equal(k8s_task_resume(api, "default", name, &bump, "7#0",
+	    NULL, &st), 1);
+	/* another command (or the next one of the comment) applies */
+	bump_once(name, "7#1", 0, "15.00");
+	assert_string_equal(applied_of(name), "7#0 7#1");
+	/* without an id: applied every time, as before */
+	bump_once(name, NULL, 0, "20.00");
+	assert_string_equal(applied_of(name), "7#0 7#1");
+	/* a command that changes nothing else is recorded all the same */
+	assert_int_equal(k8s_task_pause(api, "default", name, "review:8#0",
+	    NULL, &st), 0);
+	assert_int_equal(k8s_task_pause(api, "default", name, "9#0", NULL,
+	    &st), 0);
+	assert_string_equal(applied_of(name), "7#0 7#1 review:8#0 9#0");
+	/* bounded: the oldest ids go first */
+	buf_init(&want, sizeof(id) * (K8S_TASK_APPLIED_MAX + 3));
+	for (i = 0; i < K8S_TASK_APPLIED_MAX + 3; i++) {
+		snprintf(id, sizeof(id), "%d#0", 100 + i);
+		assert_int_equal(k8s_task_guide(api, "default", name, "hint",
+		    id, NULL, &st), 0);
+		if (i >= 3)
+			buf_printf(&want, "%s%s", want.len > 0 ? " " : "", id);
+	}
+	assert_string_equal(applied_of(name), want.data);
+	buf_release(&want);
+	/* so a command out of the record would apply again */
+	bump_once(name, "7#0", 0, "25.00");
+	/* an id the list cannot hold is refused, nothing written */
+	bump_once(name, "7 0", K8S_EINVALID, NULL);
+	bump_once(name, "", K8S_EINVALID, NULL);
+	json_decref(obj);
+	free(name);
+}
+
 #if STORE_MODE == 1
 /* Embedded only: multi-object transactions. */
 struct txn_arg {
@@ -1362,8 +1453,8 @@ budget_of(const char *name)
  * saw and the budget after.
  */
 static void
-bump_with_fault(const char *name, const char *what, int want_ret,
-    int want_patches, const char *want_budget)
+bump_with_fault(const char *name, const char *what, const char *once,
+    int want_ret, int want_patches, const char *want_budget)
 {
 	struct k8s_task_bump bump = { .usd_micro = 5000000 };
 	struct k8s_status st = { 0 };
@@ -1377,8 +1468,8 @@ bump_with_fault(const char *name, const char *what, int want_ret,
 		fault(rule);
 		free(rule);
 	}
-	assert_int_equal(k8s_task_budget(api, "default", name, &bump, &out,
-	    &st), want_ret);
+	assert_int_equal(k8s_task_budget(api, "default", name, &bump, once,
+	    &out, &st), want_ret);
 	if (want_ret < 0) {
 		assert_null(out);
 		assert_true(st.maybe_done);
@@ -1401,10 +1492,10 @@ retry_lost_patch(void **state)
 	json_t *obj = create_task("default", name);
 
 	/* committed, then answered 504 (no Retry-After) */
-	bump_with_fault(name, "\"status\":504,\"after\":true",
+	bump_with_fault(name, "\"status\":504,\"after\":true", NULL,
 	    K8S_ETIMEOUT, 1, "10.00");
 	/* committed, then the connection dropped without an answer */
-	bump_with_fault(name, "\"close\":true,\"after\":true",
+	bump_with_fault(name, "\"close\":true,\"after\":true", NULL,
 	    K8S_EUNAVAILABLE, 1, "15.00");
 	/*
 	 * committed, then 503 with Retry-After (the server asks for the
@@ -1412,9 +1503,22 @@ retry_lost_patch(void **state)
 	 * and the edit stops there instead of bumping again
 	 */
 	bump_with_fault(name, "\"status\":503,\"retry_after\":1,"
-	    "\"after\":true", K8S_ECONFLICT, 2, "20.00");
+	    "\"after\":true", NULL, K8S_ECONFLICT, 2, "20.00");
 	/* and without faults, one bump is one PATCH */
-	bump_with_fault(name, NULL, 0, 1, "25.00");
+	bump_with_fault(name, NULL, NULL, 0, 1, "25.00");
+	/*
+	 * With an id the write records itself: the caller's retry of a
+	 * bump whose answer was lost finds it applied (1, no PATCH) ...
+	 */
+	bump_with_fault(name, "\"status\":504,\"after\":true", "5#0",
+	    K8S_ETIMEOUT, 1, "30.00");
+	bump_with_fault(name, NULL, "5#0", 1, 0, "30.00");
+	/*
+	 * ... and a Conflict of its own making is read again instead of
+	 * failed: the record says the first attempt took effect
+	 */
+	bump_with_fault(name, "\"status\":503,\"retry_after\":1,"
+	    "\"after\":true", "6#0", 1, 2, "35.00");
 	json_decref(obj);
 	free(name);
 }
@@ -1638,6 +1742,7 @@ main(void)
 		cmocka_unit_test(watch_selector_transitions),
 		cmocka_unit_test(watch_gone),
 		cmocka_unit_test(optimistic_race),
+		cmocka_unit_test(task_once),
 #if STORE_MODE == 1
 		cmocka_unit_test(transactions),
 #endif
