@@ -22,7 +22,11 @@
  * the token its pod was started with, and another live token restarts
  * it, unless the Secret records that token as extended by the live one),
  * or in warm-pool mode a SandboxClaim "T" (extensions.agents.x-k8s.io
- * v1beta1, pool CONTROLLER_WARM_POOL); Environment "agent-preview-T"; and
+ * v1beta1, pool CONTROLLER_WARM_POOL; its env carries the token, which
+ * its controller applies only when it makes the Sandbox, so the live one
+ * is also written into the container env of the Sandbox it bound, with
+ * the same annotation, and the same restart while a pod may hold
+ * another); Environment "agent-preview-T"; and
  * per namespace the NetworkPolicy "diverge-sandbox-isolation" (shared by
  * the tasks of the namespace, so it carries no owner reference; it is
  * labelled app.kubernetes.io/managed-by=diverged and never taken over

@@ -18,6 +18,8 @@
 #define TASK_API "divergedev.com/v1alpha1"
 #define ANN_PREFIX "divergedev.com/"
 #define MAX_TASK_RETRIES 10
+/* warm-pool mode: the agent's token, in its environment */
+#define TOKEN_ENV "DIVERGE_MACAROON_TOKEN"
 
 /* What we observed of one child. */
 struct child {
@@ -314,8 +316,14 @@ observe(struct rctx *x, struct obs *o)
 		    json_object_get(json_object_get(o->claim.obj, "status"),
 		    "sandbox"), "name"));
 
-		if (b != NULL && k8s_get(x->cc->store, &K8S_SANDBOX, x->ns, b,
-		    &o->bound, &st) < 0)
+		/*
+		 * a claim with env is cold-started: its Sandbox is named as
+		 * the claim, and may exist before the claim's status says so
+		 */
+		if (b == NULL)
+			b = x->name;
+		if (k8s_get(x->cc->store, &K8S_SANDBOX, x->ns, b, &o->bound,
+		    &st) < 0)
 			o->bound = NULL;
 		k8s_status_release(&st);
 		/* only the Sandbox our claim controls, never another's */
@@ -547,7 +555,7 @@ agent_env(struct rctx *x, const json_t *task, const char *purl,
 	add_env(env, "DIVERGE_MAX_ITERATIONS", num);
 	add_env(env, "DIVERGE_METER_URL", murl);
 	if (token != NULL)
-		add_env(env, "DIVERGE_MACAROON_TOKEN", token);
+		add_env(env, TOKEN_ENV, token);
 	else
 		add_env(env, "DIVERGE_TOKEN_FILE", "/etc/diverge/token/token");
 	if (purl != NULL) {
@@ -832,23 +840,115 @@ apply_child(struct rctx *x, const struct k8s_resource *r, json_t *cur,
 	return rc;
 }
 
-/* A merge patch on the Sandbox a claim bound (operatingMode only). */
+/* The containers of a Sandbox's pod template. */
+static json_t *
+pod_containers(const json_t *sb)
+{
+	return json_object_get(json_object_get(json_object_get(
+	    json_object_get(sb, "spec"), "podTemplate"), "spec"), "containers");
+}
+
+/*
+ * The index of the container of a claim's Sandbox that carries the
+ * agent's token in its environment (the claim's env goes to the first
+ * container when it names none), and the token (NULL when none does);
+ * -1 when the Sandbox has no container.
+ */
+static long
+bound_container(const json_t *sb, const char **token)
+{
+	const json_t *cs = pod_containers(sb);
+	json_t *c, *e;
+	size_t i, k;
+
+	*token = NULL;
+	json_array_foreach((json_t *)cs, i, c)
+		json_array_foreach(json_object_get(c, "env"), k, e)
+			if (streq(jstr(e, "name"), TOKEN_ENV)) {
+				*token = jstr(e, "value");
+				return (long)i;
+			}
+	return json_array_size(cs) > 0 ? 0 : -1;
+}
+
+/* Whether the pod template of a claim's Sandbox carries token. */
 static int
-patch_bound(struct rctx *x, const json_t *sb, const char *mode)
+bound_has_token(const json_t *sb, const char *token)
+{
+	const char *t;
+
+	bound_container(sb, &t);
+	return streq(t, token);
+}
+
+/*
+ * Make the Sandbox a claim bound run in mode and, when token is not NULL,
+ * start its next pod with token (id tid, recorded in its annotation):
+ * one merge patch, so that no pod starts from a half-written Sandbox. The
+ * claim controller applies the claim's env only when it makes the
+ * Sandbox, so the token is written into the pod template here; the patch
+ * carries the whole containers array (a merge patch replaces arrays),
+ * with the resourceVersion it was read at (K8S_ECONFLICT: start again),
+ * and never the template's metadata, which the claim controller keeps.
+ * *out gets the Sandbox as written, or as it was when nothing differed.
+ */
+static int
+apply_bound(struct rctx *x, const json_t *sb, const char *mode,
+    const char *token, const char *tid, json_t **out)
 {
 	struct k8s_status st = { 0 };
-	json_t *p;
+	json_t *p, *spec, *cs, *c, *e, *env;
+	const char *had;
+	size_t i;
+	long ci;
 	int rc;
 
-	if (sb == NULL || streq(jpath(sb, "spec", "operatingMode"), mode))
+	*out = NULL;
+	p = json_object();
+	spec = json_object();
+	if (!streq(jpath(sb, "spec", "operatingMode"), mode))
+		json_object_set_new(spec, "operatingMode", json_string(mode));
+	if (token != NULL && !bound_has_token(sb, token) &&
+	    (ci = bound_container(sb, &had)) >= 0) {
+		cs = json_deep_copy(pod_containers(sb));
+		c = json_array_get(cs, (size_t)ci);
+		if (!json_is_array(json_object_get(c, "env")))
+			json_object_set_new(c, "env", json_array());
+		env = json_object_get(c, "env");
+		json_array_foreach(env, i, e)
+			if (streq(jstr(e, "name"), TOKEN_ENV))
+				break;
+		if (i < json_array_size(env))
+			json_object_set_new(e, "value", json_string(token));
+		else
+			add_env(env, TOKEN_ENV, token);
+		json_object_set_new(spec, "podTemplate", json_pack("{s:{s:o}}",
+		    "spec", "containers", cs));
+		json_object_set_new(p, "metadata", json_pack("{s:s}",
+		    "resourceVersion", k8s_meta_str(sb, "resourceVersion")));
+	}
+	if (tid != NULL && !streq(tid, jpath(json_object_get(sb, "metadata"),
+	    "annotations", CONTROLLER_ANN_TOKEN_ID))) {
+		if (json_object_get(p, "metadata") == NULL)
+			json_object_set_new(p, "metadata", json_object());
+		json_object_set_new(json_object_get(p, "metadata"),
+		    "annotations", json_pack("{s:s}", CONTROLLER_ANN_TOKEN_ID,
+		    tid));
+	}
+	if (json_object_size(spec) > 0)
+		json_object_set(p, "spec", spec);
+	json_decref(spec);
+	if (json_object_size(p) == 0) {
+		json_decref(p);
+		*out = json_incref((json_t *)sb);
 		return 0;
-	p = json_pack("{s:{s:s}}", "spec", "operatingMode", mode);
+	}
 	rc = k8s_patch(x->cc->store, &K8S_SANDBOX, x->ns, k8s_meta_str(sb,
-	    "name"), 0, p, NULL, &st);
+	    "name"), 0, p, out, &st);
 	json_decref(p);
 	if (rc == 0)
 		count_write(x);
-	else
+	else if (rc != K8S_ECONFLICT)
 		note_cause(x, "sandbox", &st);
 	k8s_status_release(&st);
 	return rc;
@@ -1166,6 +1266,29 @@ issue_token(struct rctx *x, struct obs *o, int64_t exp, const char *extends,
 	return rc;
 }
 
+/* The token the task's Secret holds (a new string), or NULL. */
+static char *
+secret_token(const json_t *sec)
+{
+	const char *t64 = jpath(sec, "data", "token");
+	unsigned char *raw = NULL;
+	size_t n;
+
+	if (t64 == NULL || base64_decode(t64, strlen(t64), &raw, &n) < 0)
+		return NULL;
+	return (char *)raw;
+}
+
+/* Wipe and free a token. */
+static void
+token_free(char *token)
+{
+	if (token == NULL)
+		return;
+	secure_wipe(token, strlen(token));
+	free(token);
+}
+
 /*
  * The expiry of the token in the task's Secret, read from the token
  * itself (no HMAC, no store call); 0 when it has none or does not parse.
@@ -1173,21 +1296,15 @@ issue_token(struct rctx *x, struct obs *o, int64_t exp, const char *extends,
 static int64_t
 secret_expires(const json_t *sec)
 {
-	const char *t64 = jpath(sec, "data", "token");
-	unsigned char *raw = NULL;
+	char *t = secret_token(sec);
 	struct macaroon *m = NULL;
 	int64_t exp = 0;
-	size_t n = 0;
 
-	if (t64 != NULL && base64_decode(t64, strlen(t64), &raw, &n) == 0 &&
-	    macaroon_inspect((const char *)raw, n, &m, NULL) == 0 &&
+	if (t != NULL && macaroon_inspect(t, strlen(t), &m, NULL) == 0 &&
 	    macaroon_expires(m, &exp) < 0)
 		exp = 0;
 	macaroon_free(m);
-	if (raw != NULL) {
-		secure_wipe(raw, n);
-		free(raw);
-	}
+	token_free(t);
 	return exp;
 }
 
@@ -1206,8 +1323,9 @@ reconcile_once(struct rctx *x)
 	json_t *status = NULL, *conds, *sbres = NULL;
 	const json_t *old;
 	char *ename = NULL, *purl = NULL, *conflict = NULL, *token = NULL;
-	char *tid = NULL, shutdown[32], ts[32];
+	char *tid = NULL, *kept = NULL, shutdown[32], ts[32];
 	const char *sec_id, *mode, *tok_live_id = NULL, *tok_extends = NULL;
+	const char *ctok = NULL, *sb_tok;
 	int rc, live, children, paused, asleep, preview, has_shutdown = 0;
 	int env_exists = 0, tok_issued, sb_write, roll;
 	int64_t active, open_since = 0, end, timeout, deadline;
@@ -1367,8 +1485,24 @@ reconcile_once(struct rctx *x)
 	    o.sandbox.obj != NULL && !streq(tok_live_id, sandbox_token(
 	    o.sandbox.obj, tok_live_id)) && !streq(tok_extends,
 	    sandbox_token(o.sandbox.obj, tok_live_id));
-	if (roll && !streq(jpath(o.sandbox.obj, "spec", "operatingMode"),
-	    "Suspended"))
+	/*
+	 * Warm-pool mode: the token travels in the environment, which the
+	 * claim controller sets only when it makes the Sandbox, so this pass
+	 * writes it into the Sandbox's pod template (apply_bound), and the
+	 * template tells what a pod started from it holds. One that may
+	 * still run with another token is rolled in the same way.
+	 */
+	if (x->cfg->sandbox.warm_pool) {
+		/* the token the claim carries: the live one, else kept */
+		ctok = token != NULL ? token : (kept = secret_token(
+		    o.secret.obj));
+		roll = live && tok_live_id != NULL && !v.stopped &&
+		    o.bound != NULL && ctok != NULL &&
+		    bound_container(o.bound, &sb_tok) >= 0 &&
+		    !streq(sb_tok, ctok);
+	}
+	if (roll && !streq(jpath(o.claim.obj != NULL ? o.bound :
+	    o.sandbox.obj, "spec", "operatingMode"), "Suspended"))
 		log_kv(LOG_INFO, "sandbox restart", "task", x->name,
 		    "namespace", x->ns, "reason", "token replaced", NULL);
 	mode = asleep || roll ? "Suspended" : "Running";
@@ -1408,35 +1542,23 @@ reconcile_once(struct rctx *x)
 	} else if (x->cfg->sandbox.warm_pool && !o.claim.conflict &&
 	    ((children && (tok_live_id != NULL || paused)) ||
 	    o.claim.obj != NULL)) {
-		/* the token the claim carries: the live one, else keep */
-		const char *ctok = token;
-		char *kept = NULL;
-
-		if (ctok == NULL && o.secret.obj != NULL) {
-			const char *t64 = jpath(o.secret.obj, "data", "token");
-			unsigned char *raw = NULL;
-			size_t n;
-
-			if (t64 != NULL && base64_decode(t64, strlen(t64),
-			    &raw, &n) == 0)
-				kept = (char *)raw;
-			ctok = kept;
-		}
+		/* the claim carries the live token, else the one it had */
 		rc = apply_child(x, &K8S_SANDBOXCLAIM, o.claim.obj,
 		    desired_claim(x, o.task, purl, ctok, has_shutdown ?
 		    shutdown : NULL), 0, NULL);
-		if (kept != NULL) {
-			secure_wipe(kept, strlen(kept));
-			free(kept);
-		}
 		if (rc < 0)
 			goto out;
 		if (rc == 1)
 			o.claim.conflict = 1;
 		rc = 0;
-		if (o.bound != NULL && !phase_terminal(p.phase) &&
-		    (rc = patch_bound(x, o.bound, mode)) < 0)
-			goto out;
+		if (o.bound != NULL && !phase_terminal(p.phase)) {
+			int cur = live && tok_live_id != NULL && !roll;
+
+			rc = apply_bound(x, o.bound, mode, cur ? ctok : NULL,
+			    cur ? tok_live_id : NULL, &sbres);
+			if (rc < 0)
+				goto out;
+		}
 	}
 
 	/*
@@ -1445,7 +1567,7 @@ reconcile_once(struct rctx *x)
 	 * nor is a pod that holds a revoked token
 	 */
 	if (sbres != NULL)
-		view_sandbox(sbres, NULL, &v);
+		view_sandbox(sbres, o.claim.obj, &v);
 	if (streq(p.phase, "Active") && (!v.ready || roll)) {
 		p.phase = "Provisioning";
 		p.reason = NULL;
@@ -1612,11 +1734,9 @@ reconcile_once(struct rctx *x)
 out:
 	json_decref(status);
 	json_decref(sbres);
-	if (token != NULL) {
-		secure_wipe(token, strlen(token));
-		free(token);
-	}
+	token_free(token);
 	free(tid);
+	token_free(kept);
 	free(ename);
 	free(purl);
 	free(conflict);

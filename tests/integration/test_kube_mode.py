@@ -27,6 +27,8 @@ MARKER = "<!-- diverge-agent-task -->"
 NS = "default"
 TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks" % NS
 SANDBOXES = "/apis/agents.x-k8s.io/v1beta1/namespaces/%s/sandboxes" % NS
+CLAIMS = ("/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/%s/"
+          "sandboxclaims" % NS)
 SECRETS = "/api/v1/namespaces/%s/secrets"
 RBAC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                     "deploy", "kubernetes", "rbac.yaml")
@@ -42,6 +44,9 @@ SEED = {"github": {
                "collaborators": {"alice": "admin", "diverge-bot": "write"},
                "pulls": [{"number": 42, "title": "N+1", "user": "alice",
                           "head": {"ref": "fix-n1"},
+                          "base": {"ref": "main"}, "comments": []},
+                         {"number": 43, "title": "warm", "user": "alice",
+                          "head": {"ref": "fix-warm"},
                           "base": {"ref": "main"}, "comments": []}]}]}}
 
 CONFIG = """log: {{level: info}}
@@ -64,6 +69,7 @@ def main(t):
     try:
         scm.call("POST", "/_fake/seed", SEED)
         run(t, fake, scm)
+        run_warm(t, fake, scm)
     finally:
         scm.stop()
         fake.stop()
@@ -75,9 +81,8 @@ def stickies(scm):
             "diverge-bot" and MARKER in (c.get("body") or "")]
 
 
-def run(t, fake, scm):
-    d = Daemon(CONFIG % (scm.base + "/github"))
-    # a kubeconfig (JSON is YAML)
+def write_files(d, fake):
+    """The daemon's kubeconfig (JSON is YAML) and GitHub token."""
     with open(os.path.join(d.tmp, "kc"), "w") as f:
         json.dump({"apiVersion": "v1", "kind": "Config",
                    "current-context": "main",
@@ -91,6 +96,11 @@ def run(t, fake, scm):
                        "token": fake.info["token"]}}]}, f)
     with open(os.path.join(d.tmp, "gh-token"), "w") as f:
         f.write("ghp_bot\n")
+
+
+def run(t, fake, scm):
+    d = Daemon(CONFIG % (scm.base + "/github"))
+    write_files(d, fake)
     d.start()
     t.ok(any("diverged started" in l and "store=kubernetes" in l
              for l in d.log()), "diverged starts on the cluster's API",
@@ -239,6 +249,138 @@ def run(t, fake, scm):
          (st or {}).get("message", ""),
          "and nothing more: a deletecollection it was not granted is a 403",
          (s, st))
+
+
+def pod_token(sb):
+    """The DIVERGE_MACAROON_TOKEN of a Sandbox's pod template."""
+    for c in sb["spec"]["podTemplate"]["spec"]["containers"]:
+        for e in c.get("env") or []:
+            if e["name"] == "DIVERGE_MACAROON_TOKEN":
+                return e["value"]
+    return None
+
+
+def run_warm(t, fake, scm):
+    """Warm-pool mode, paused and resumed: the test plays the claim
+    controller (a claim with env is cold-started as a Sandbox named as the
+    claim, its env applied then only) and agent-sandbox."""
+    d = Daemon(CONFIG % (scm.base + "/github") +
+               "sandbox: {{warm_pool: 1}}\n")
+    write_files(d, fake)
+    fake.control("DELETE", "/_fake/requests")
+    d.start()
+    name = "fix-pr-43"
+    s, _, _ = d.github("issue_comment", gh_comment(
+        1002, 43, "alice", "/diverge fix warm it up"), str(uuid.uuid4()))
+    t.eq(s, 202, "warm pool: a /diverge fix comment on PR 43: 202")
+    claim = wait(lambda: (lambda r: r[1] if r[0] == 200 else None)(
+        fake.request("GET", CLAIMS + "/" + name)))
+    t.ok(claim and pod_token({"spec": {"podTemplate": {"spec": {
+        "containers": [claim["spec"]]}}}}),
+         "a SandboxClaim whose env carries the token", claim)
+
+    def play(ready, reason, suspended, ip):
+        s, sb = fake.request("GET", SANDBOXES + "/" + name)
+        ts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        gen = sb["metadata"].get("generation", 1)
+        cond = {"type": "Ready", "status": ready, "reason": reason,
+                "message": "played", "observedGeneration": gen,
+                "lastTransitionTime": ts}
+        sb["status"] = {"conditions": [cond, {
+            "type": "Suspended", "status": suspended and "True" or "False",
+            "reason": suspended and "PodTerminated" or "NotSuspended",
+            "message": "", "observedGeneration": gen,
+            "lastTransitionTime": ts}]}
+        if ip:
+            sb["status"]["podIPs"] = [ip]
+        fake.request("PUT", SANDBOXES + "/" + name + "/status", sb)
+        # the claim mirrors its Sandbox's Ready (diverged watches claims)
+        s, c = fake.request("GET", CLAIMS + "/" + name)
+        c["status"] = {"sandbox": {"name": name}, "conditions": [
+            dict(cond, observedGeneration=c["metadata"]["generation"])]}
+        fake.request("PUT", CLAIMS + "/" + name + "/status", c)
+
+    # the claim controller: a cold start from the pool's template
+    s, _ = fake.request("POST", SANDBOXES, {
+        "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+        "metadata": {"name": name, "labels": {
+            "agents.x-k8s.io/claim-uid": claim["metadata"]["uid"],
+            "agents.x-k8s.io/launch-type": "cold"},
+            "ownerReferences": [{
+                "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+                "kind": "SandboxClaim", "name": name,
+                "uid": claim["metadata"]["uid"], "controller": True,
+                "blockOwnerDeletion": True}]},
+        "spec": {"operatingMode": "Running", "podTemplate": {
+            "metadata": {"labels": {"app": "pool-template"}},
+            "spec": {"containers": [{"name": "runner", "image": "r:1",
+                                     "env": claim["spec"]["env"]}]}}}})
+    t.eq(s, 201, "the claim's Sandbox is cold-started")
+    play("True", "DependenciesReady", False, "10.0.0.9")
+
+    def phase(want):
+        def f():
+            s, task = fake.request("GET", TASKS + "/" + name)
+            return task if s == 200 and task.get("status", {}).get(
+                "phase") == want else None
+        return f
+    t.ok(wait(phase("Active")), "the claim's Sandbox Ready: Active")
+    s, sb = fake.request("GET", SANDBOXES + "/" + name)
+    old_tok = pod_token(sb)
+
+    fake.request("PATCH", TASKS + "/" + name, {"spec": {"suspended": True}},
+                 ctype="application/merge-patch+json")
+    t.ok(wait(lambda: fake.request("GET", SANDBOXES + "/" + name)[1][
+        "spec"]["operatingMode"] == "Suspended"),
+         "paused: the claim's Sandbox is Suspended")
+    play("False", "SandboxSuspended", True, None)
+    t.ok(wait(phase("Paused")), "its pod gone: Paused")
+
+    fake.request("PATCH", TASKS + "/" + name, {"spec": {"suspended": False}},
+                 ctype="application/merge-patch+json")
+
+    def resumed():
+        s, sb = fake.request("GET", SANDBOXES + "/" + name)
+        s2, sec = fake.request("GET", SECRETS % NS + "/" + name + "-token")
+        if s != 200 or s2 != 200 or sb["spec"]["operatingMode"] != \
+                "Running":
+            return None
+        tok = base64.b64decode(sec["data"]["token"]).decode()
+        return (sb, tok) if tok != old_tok else None
+    res = wait(resumed)
+    sb, tok = res or ({"spec": {"podTemplate": {"spec": {
+        "containers": []}}}, "metadata": {}}, "")
+    s, claim = fake.request("GET", CLAIMS + "/" + name)
+    s, task = fake.request("GET", TASKS + "/" + name)
+    t.ok(res and pod_token(sb) == tok and sb["metadata"].get(
+        "annotations", {}).get("divergedev.com/token-id") ==
+        task["status"].get("tokenId") and sb["spec"]["podTemplate"][
+            "metadata"] == {"labels": {"app": "pool-template"}},
+         "resumed: the Sandbox's pod template carries the new token (its "
+         "id recorded), its metadata untouched",
+         (sb.get("metadata", {}).get("annotations"), sb["spec"]))
+    t.ok(pod_token({"spec": {"podTemplate": {"spec": {
+        "containers": [claim["spec"]]}}}}) == tok,
+         "and so does the claim's env", claim["spec"])
+
+    def meter(token, rid):
+        return d.json("POST", "/api/v1/agenttask/meter", json.dumps(
+            {"requestId": rid, "iteration": 1, "model": "claude-3",
+             "tokensUsed": 1, "costUSD": 0}),
+            {"Content-Type": "application/json",
+             "Authorization": "Bearer " + (token or "")})[0]
+    t.eq([meter(pod_token(sb), "w1"), meter(old_tok, "w2")], [200, 401],
+         "the token the resumed pod has charges, the old one is revoked")
+    t.eq(d.stop(), 0, "warm pool: SIGTERM: exit 0")
+
+    reqs = fake.control("GET", "/_fake/requests")
+    denied = [(r["method"], r["path"], r["query"]) for r in reqs
+              if r.get("user") ==
+              "system:serviceaccount:diverge-system:diverged" and
+              r.get("forbidden")]
+    t.ok(len(reqs) > 20 and denied == [],
+         "warm pool: deploy/kubernetes/rbac.yaml grants every request",
+         (len(reqs), denied))
 
 
 run_tests(main)

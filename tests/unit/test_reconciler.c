@@ -1880,12 +1880,14 @@ test_warm_pool_pause(void **state)
 	/* the claim controller adopted a pool Sandbox and made it Ready */
 	snprintf(sbname, sizeof(sbname), "pool-%s", name);
 	sb = json_pack("{s:s,s:s,s:{s:s,s:[{s:s,s:s,s:s,s:s,s:b}]},"
-	    "s:{s:s,s:{s:{s:[]}}}}", "apiVersion", "agents.x-k8s.io/v1beta1",
-	    "kind", "Sandbox", "metadata", "name", sbname, "ownerReferences",
-	    "apiVersion", "extensions.agents.x-k8s.io/v1beta1", "kind",
-	    "SandboxClaim", "name", name, "uid", k8s_meta_str(claim, "uid"),
-	    "controller", 1, "spec", "operatingMode", "Running",
-	    "podTemplate", "spec", "containers");
+	    "s:{s:s,s:{s:{s:[{s:s,s:s,s:O}]}}}}", "apiVersion",
+	    "agents.x-k8s.io/v1beta1", "kind", "Sandbox", "metadata", "name",
+	    sbname, "ownerReferences", "apiVersion",
+	    "extensions.agents.x-k8s.io/v1beta1", "kind", "SandboxClaim",
+	    "name", name, "uid", k8s_meta_str(claim, "uid"), "controller", 1,
+	    "spec", "operatingMode", "Running", "podTemplate", "spec",
+	    "containers", "name", "runner", "image", "runner:1", "env",
+	    (json_t *)jget(claim, "spec.env"));
 	assert_int_equal(k8s_create(env.api, &K8S_SANDBOX, NS, sb, NULL, &st),
 	    0);
 	json_decref(sb);
@@ -1913,6 +1915,236 @@ test_warm_pool_pause(void **state)
 	reconcile(name);
 	assert_phase(name, "Paused");
 	cfg.sandbox.warm_pool = 0;
+	free(name);
+}
+
+/*
+ * Play the claim controller for a claim with env (reference/
+ * agent-sandbox.md section 4): a cold start, a Sandbox named as the
+ * claim, controlled by it, from the pool's template with the claim's env
+ * in its first container; then Ready, and the claim binds it.
+ */
+static void
+play_claim_cold(const char *name)
+{
+	struct k8s_status st = { 0 };
+	json_t *claim = get(&K8S_SANDBOXCLAIM, name), *sb;
+
+	assert_non_null(claim);
+	sb = json_pack("{s:s,s:s,s:{s:s,s:{s:s,s:s},s:[{s:s,s:s,s:s,s:s,"
+	    "s:b}]},s:{s:s,s:{s:{s:{s:s,s:s}},s:{s:[{s:s,s:s,s:O}]}}}}",
+	    "apiVersion", "agents.x-k8s.io/v1beta1", "kind", "Sandbox",
+	    "metadata", "name", name, "labels", "agents.x-k8s.io/claim-uid",
+	    k8s_meta_str(claim, "uid"), "agents.x-k8s.io/launch-type", "cold",
+	    "ownerReferences", "apiVersion",
+	    "extensions.agents.x-k8s.io/v1beta1", "kind", "SandboxClaim",
+	    "name", name, "uid", k8s_meta_str(claim, "uid"), "controller", 1,
+	    "spec", "operatingMode", "Running", "podTemplate", "metadata",
+	    "labels", "agents.x-k8s.io/claim-uid", k8s_meta_str(claim, "uid"),
+	    "app", "pool-template", "spec", "containers", "name", "runner",
+	    "image", "runner:1", "env", (json_t *)jget(claim, "spec.env"));
+	assert_int_equal(k8s_create(env.api, &K8S_SANDBOX, NS, sb, NULL, &st),
+	    0);
+	json_decref(sb);
+	play(name, "True", "DependenciesReady", 0, "10.0.0.5", 0, 0);
+	json_object_set_new(claim, "status", json_pack("{s:{s:s}}", "sandbox",
+	    "name", name));
+	assert_int_equal(k8s_update_status(env.api, &K8S_SANDBOXCLAIM, NS,
+	    name, claim, NULL, &st), 0);
+	json_decref(claim);
+}
+
+/*
+ * The token the pod template of the claim's Sandbox carries (the one a
+ * pod started from it holds), or NULL.
+ */
+static char *
+warm_pod_token(const char *name)
+{
+	json_t *sb = get(&K8S_SANDBOX, name);
+	const char *v;
+	char *tok;
+
+	assert_non_null(sb);
+	v = env_value(jget(sb, "spec.podTemplate.spec.containers.0"),
+	    "DIVERGE_MACAROON_TOKEN");
+	tok = v != NULL ? xstrdup(v) : NULL;
+	json_decref(sb);
+	return tok;
+}
+
+/*
+ * Warm-pool mode: the claim's Sandbox runs with the task's live token
+ * (and records its id), the claim's env carries it too, the podTemplate
+ * metadata is the claim controller's, and the token the pod has charges.
+ */
+static void
+assert_warm_current(const char *name)
+{
+	char *id = task_token_id(name), *tok = token_of(name);
+	char *ptok = warm_pod_token(name);
+	json_t *claim = get(&K8S_SANDBOXCLAIM, name);
+	json_t *sb = get(&K8S_SANDBOX, name);
+
+	assert_non_null(ptok);
+	assert_string_equal(ptok, tok);
+	assert_string_equal(env_value(json_object_get(claim, "spec"),
+	    "DIVERGE_MACAROON_TOKEN"), tok);
+	assert_index(id, "active");
+	assert_int_equal(charge(ptok, 1, id), 200);
+	assert_string_equal(jp(sb, "spec.podTemplate.spec.containers.0.name"),
+	    "runner");
+	assert_string_equal(jp(sb, "spec.podTemplate.metadata.labels.app"),
+	    "pool-template");
+	assert_null(jget(sb, "spec.podTemplate.metadata.annotations"));
+	assert_non_null(jp(sb, "metadata.annotations.divergedev.com/"
+	    "token-id"));
+	assert_string_equal(jp(sb, "metadata.annotations.divergedev.com/"
+	    "token-id"), id);
+	json_decref(claim);
+	json_decref(sb);
+	free(ptok);
+	free(tok);
+	free(id);
+}
+
+/* Back to Sandboxes after a warm-pool test, also one that failed. */
+static int
+warm_off(void **state)
+{
+	(void)state;
+	cfg.sandbox.warm_pool = 0;
+	return 0;
+}
+
+/* A warm-pool task, its claim's Sandbox cold-started and the task Active. */
+static char *
+warm_active(void)
+{
+	char *name = provisioned(NULL, NULL);
+
+	play_claim_cold(name);
+	reconcile(name);
+	assert_phase(name, "Active");
+	assert_sandbox(name, "Running", NULL);
+	assert_warm_current(name);
+	return name;
+}
+
+/*
+ * A warm-pool task, Active, then paused and resumed (no pass since);
+ * *old_id and *old_tok get its token before (new strings).
+ */
+static char *
+warm_paused_resumed(char **old_id, char **old_tok)
+{
+	char *name = warm_active();
+
+	*old_id = task_token_id(name);
+	*old_tok = warm_pod_token(name);
+	pause_task(name);
+	assert_int_equal(charge(*old_tok, 1, "w-paused"), 401);
+	set_suspended(name, 0);
+	return name;
+}
+
+/* After the resume's pass: the Sandbox runs with the new token. */
+static void
+assert_warm_resumed(const char *name, const char *old_id,
+    const char *old_tok)
+{
+	assert_phase(name, "Provisioning");
+	assert_sandbox(name, "Running", NULL);
+	assert_warm_current(name);
+	assert_index(old_id, "revoked");
+	assert_int_equal(charge(old_tok, 1, "w-old"), 401);
+}
+
+/*
+ * Warm-pool mode, paused and resumed: the resume mints a new token, and
+ * the claim controller applies a claim's env only when it makes the
+ * Sandbox, so the reconciler writes the new one into the bound Sandbox's
+ * pod template before it runs again: the resumed pod has the live token,
+ * the old one is revoked.
+ */
+static void
+test_warm_pool_resume(void **state)
+{
+	char *name, *old_id, *old_tok;
+	uint64_t w0;
+
+	(void)state;
+	cfg.sandbox.warm_pool = 2;
+	name = warm_paused_resumed(&old_id, &old_tok);
+	reconcile(name);
+	assert_warm_resumed(name, old_id, old_tok);
+	play(name, "True", "DependenciesReady", 0, "10.0.0.6", 0, 0);
+	reconcile(name);
+	assert_phase(name, "Active");
+	assert_warm_current(name);
+	if (store == env.api) {
+		w0 = writes();
+		reconcile(name);
+		assert_int_equal(writes(), w0);
+	}
+	cfg.sandbox.warm_pool = 0;
+	free(old_tok);
+	free(old_id);
+	free(name);
+}
+
+/*
+ * Warm-pool mode, the token replaced while the claim's pod may still run
+ * (resumed before it stopped, the Secret lost): the Sandbox stays or goes
+ * Suspended, its template unchanged, until the pod is gone, and then runs
+ * with the new token in its template; the task is not Active meanwhile.
+ */
+static void
+warm_rolled(const char *name, const char *old_id, const char *old_tok)
+{
+	char *ptok = warm_pod_token(name);
+
+	/* not yet written: the pod may still run with the old one */
+	assert_string_equal(ptok, old_tok);
+	free(ptok);
+	assert_sandbox_rolled(name, old_id);
+	assert_warm_current(name);
+	assert_int_equal(charge(old_tok, 1, "rolled-old"), 401);
+}
+
+static void
+test_warm_pool_roll(void **state)
+{
+	struct k8s_status st = { 0 };
+	char *name, *old_tok, *old_id, *sname;
+
+	(void)state;
+	cfg.sandbox.warm_pool = 2;
+	/* resumed before the pod stopped */
+	name = warm_active();
+	old_tok = warm_pod_token(name);
+	old_id = task_token_id(name);
+	set_suspended(name, 1);
+	reconcile(name);
+	assert_phase(name, "Pausing");
+	set_suspended(name, 0);
+	reconcile(name);
+	warm_rolled(name, old_id, old_tok);
+	free(old_tok);
+	free(old_id);
+	/* the Secret lost while Active */
+	old_tok = warm_pod_token(name);
+	old_id = task_token_id(name);
+	sname = xasprintf("%s-token", name);
+	assert_int_equal(k8s_delete(env.api, &K8S_SECRET, NS, sname, NULL,
+	    &st), 0);
+	k8s_status_release(&st);
+	reconcile(name);
+	warm_rolled(name, old_id, old_tok);
+	cfg.sandbox.warm_pool = 0;
+	free(sname);
+	free(old_tok);
+	free(old_id);
 	free(name);
 }
 
@@ -2032,6 +2264,33 @@ test_token_extended_crash(void **state)
 		free(tok0);
 		free(name);
 	}
+}
+
+/*
+ * Warm-pool mode: kill -9 at each step of a resume (the mint, the
+ * Secret, the claim, the Sandbox): the restart ends with the Sandbox
+ * running the live token, the old one revoked.
+ */
+static void
+test_warm_pool_resume_crash(void **state)
+{
+	char *name, *old_tok, *old_id;
+	int crash_at;
+
+	(void)state;
+	cfg.sandbox.warm_pool = 2;
+	for (crash_at = 1; crash_at <= 4; crash_at++) {
+		close_all();
+		open_all(1);
+		name = warm_paused_resumed(&old_id, &old_tok);
+		crash_reconcile(name, crash_at);
+		reconcile(name);
+		assert_warm_resumed(name, old_id, old_tok);
+		free(old_tok);
+		free(old_id);
+		free(name);
+	}
+	cfg.sandbox.warm_pool = 0;
 }
 
 /*
@@ -2556,6 +2815,18 @@ test_rest_pause_resume(void **state)
 	open_all(1);
 }
 
+/* Warm-pool resume and roll through the REST client. */
+static void
+test_rest_warm_pool(void **state)
+{
+	close_all();
+	open_all(2);
+	test_warm_pool_resume(state);
+	test_warm_pool_roll(state);
+	close_all();
+	open_all(1);
+}
+
 /* A token extension through the REST client (the Secret updated in place). */
 static void
 test_rest_token_extended(void **state)
@@ -2599,13 +2870,18 @@ main(void)
 		cmocka_unit_test(test_created_suspended),
 		cmocka_unit_test(test_warm_pool),
 		cmocka_unit_test(test_warm_pool_pause),
+		cmocka_unit_test_teardown(test_warm_pool_resume, warm_off),
+		cmocka_unit_test_teardown(test_warm_pool_roll, warm_off),
 		cmocka_unit_test(test_pr_closed),
 		cmocka_unit_test(test_paused_then_finished),
 		cmocka_unit_test(test_netpol_disabled),
 		cmocka_unit_test(test_crash_recovery),
 		cmocka_unit_test(test_token_extended_crash),
+		cmocka_unit_test_teardown(test_warm_pool_resume_crash,
+		    warm_off),
 		cmocka_unit_test(test_rest_pause_resume),
 		cmocka_unit_test(test_rest_token_extended),
+		cmocka_unit_test_teardown(test_rest_warm_pool, warm_off),
 		cmocka_unit_test_teardown(test_controller_embedded,
 		    stop_running),
 		cmocka_unit_test_teardown(test_controller_rest, stop_running),
