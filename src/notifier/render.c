@@ -8,6 +8,7 @@
  */
 #include <config.h>
 
+#include <ctype.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +66,22 @@ sanitize(struct buf *out, const char *s, size_t len, size_t cap, int *cut)
 	}
 }
 
+/*
+ * Whether the character after clean->data[i], a reference sigil (GitHub:
+ * #12; GitLab: #12 !12 ~label %milestone &epic $snippet, with a quoted
+ * name too), would make a reference: a letter, digit or quote.
+ */
+static int
+reference_follows(const struct buf *clean, size_t i)
+{
+	unsigned char n;
+
+	if (i + 1 >= clean->len)
+		return 0;
+	n = (unsigned char)clean->data[i + 1];
+	return isalnum(n) || n == '"';
+}
+
 void
 notifier_escape_inline(struct buf *b, const char *s, size_t len, size_t cap)
 {
@@ -90,9 +107,38 @@ notifier_escape_inline(struct buf *b, const char *s, size_t len, size_t cap)
 			break;
 		case '&':
 			buf_addstr(b, "&amp;");
+			if (reference_follows(&clean, i))
+				buf_addstr(b, ZWSP);
+			break;
+		case '$':
+			/*
+			 * An entity, not a delimiter: $...$ is math on both
+			 * hosts (\Huge, \color), and GitHub ignores \$
+			 */
+			buf_addstr(b, "&#36;");
+			if (reference_follows(&clean, i))
+				buf_addstr(b, ZWSP);
+			break;
+		case '%':
+			buf_add(b, "%", 1);
+			if (reference_follows(&clean, i))
+				buf_addstr(b, ZWSP);
 			break;
 		case '@':
 			buf_addstr(b, "@" ZWSP);
+			break;
+		case 'g':
+		case 'G':
+			/* nor GH-123, GitHub's other issue reference */
+			buf_add(b, &c, 1);
+			if ((i == 0 || !isalnum((unsigned char)
+			    clean.data[i - 1])) && clean.len - i > 3 &&
+			    strncasecmp(clean.data + i, "gh-", 3) == 0 &&
+			    isdigit((unsigned char)clean.data[i + 3])) {
+				buf_add(b, clean.data + i + 1, 1);
+				buf_addstr(b, ZWSP);
+				i++;
+			}
 			break;
 		case ':':
 			/* no autolink: http:// and the like stay text */
@@ -112,8 +158,20 @@ notifier_escape_inline(struct buf *b, const char *s, size_t len, size_t cap)
 				i += 2;
 			}
 			break;
+		case '#': case '~': case '!':
+			/*
+			 * The hosts link references in the rendered text, so
+			 * the backslash alone does not stop #12, org/repo#12,
+			 * !12 or ~label from becoming links and "mentioned
+			 * in" entries on other issues and merge requests
+			 */
+			buf_add(b, "\\", 1);
+			buf_add(b, &c, 1);
+			if (reference_follows(&clean, i))
+				buf_addstr(b, ZWSP);
+			break;
 		case '\\': case '`': case '*': case '_': case '[': case ']':
-		case '(': case ')': case '#': case '|': case '~': case '!':
+		case '(': case ')': case '|':
 			buf_add(b, "\\", 1);
 			buf_add(b, &c, 1);
 			break;

@@ -411,6 +411,7 @@ test_utf8_cut(void **state)
 static void
 test_escape_inline(void **state)
 {
+	const char *s;
 	struct buf b;
 
 	(void)state;
@@ -426,6 +427,24 @@ test_escape_inline(void **state)
 	    "WWW.evil.example, a:b", 55, 100);
 	assert_string_equal(b.data, "log in: https:\xe2\x80\x8b//evil.example/x "
 	    "or WWW\xe2\x80\x8b.evil.example, a:b");
+	/*
+	 * No math ($...$ renders LaTeX on both hosts, and GitHub does not
+	 * honour \$) and no reference: the hosts link #12, org/repo#12,
+	 * GH-12, !12, ~bug, ~"a b", %v1, &3 and $4 in the rendered text,
+	 * backslash or not, and record a "mentioned in" on the target
+	 */
+	buf_reset(&b);
+	s = "$\\Huge\\color{red}\\text{LGTM}$ $5 of $ 6";
+	notifier_escape_inline(&b, s, strlen(s), 100);
+	assert_string_equal(b.data, "&#36;\\\\Huge\\\\color{red}\\\\text{LGTM}"
+	    "&#36; &#36;\xe2\x80\x8b" "5 of &#36; 6");
+	buf_reset(&b);
+	s = "#12 o/r#3 GH-4 gh-5 !6 ~bug ~\"a b\" %v1 &7 ahGH-8 # x";
+	notifier_escape_inline(&b, s, strlen(s), 100);
+	assert_string_equal(b.data, "\\#\xe2\x80\x8b" "12 o/r\\#\xe2\x80\x8b" "3 "
+	    "GH\xe2\x80\x8b-4 gh\xe2\x80\x8b-5 \\!\xe2\x80\x8b" "6 "
+	    "\\~\xe2\x80\x8b" "bug \\~\xe2\x80\x8b\"a b\" %\xe2\x80\x8b" "v1 "
+	    "&amp;\xe2\x80\x8b" "7 ahGH-8 \\# x");
 	buf_release(&b);
 }
 
