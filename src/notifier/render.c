@@ -27,14 +27,25 @@
 #define BUF_MAX (1024 * 1024)
 #define TRUNC_NOTE "\n\n" ELLIPSIS " (truncated)\n"
 
-/* Characters that never reach the body: controls and bidi overrides. */
+/*
+ * Characters that never reach the body: controls, bidi controls (the
+ * embeddings, overrides and isolates of Trojan Source, and the marks LRM,
+ * RLM, ALM), and invisible ones that carry text a reader cannot see: the
+ * Unicode tags (U+E0000..E007F, "ASCII smuggling" that language models
+ * read, other agents among them), zero-width space, word joiner and
+ * invisible operators, BOM, Mongolian vowel separator and interlinear
+ * annotation marks. ZWNJ and ZWJ stay: scripts and emoji need them.
+ */
 static int
 dropped(uint32_t cp)
 {
 	if (cp < 0x20 && cp != '\n' && cp != '\t')
 		return 1;
-	return cp == 0x7f || (cp >= 0x80 && cp <= 0x9f) ||
-	    (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069);
+	return cp == 0x7f || (cp >= 0x80 && cp <= 0x9f) || cp == 0x61c ||
+	    cp == 0x180e || cp == 0x200b || cp == 0x200e || cp == 0x200f ||
+	    (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2060 && cp <= 0x2064) ||
+	    (cp >= 0x2066 && cp <= 0x2069) || cp == 0xfeff ||
+	    (cp >= 0xfff9 && cp <= 0xfffb) || (cp >= 0xe0000 && cp <= 0xe007f);
 }
 
 /*

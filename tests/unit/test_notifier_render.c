@@ -448,6 +448,33 @@ test_escape_inline(void **state)
 	buf_release(&b);
 }
 
+/*
+ * Invisible text never reaches the body: Unicode tags spelling "ignore"
+ * (read by language models, shown by no one), bidi marks, zero-width
+ * space, word joiner, BOM; inline and in a block. ZWJ stays (emoji).
+ */
+static void
+test_invisible(void **state)
+{
+	static const char s[] = "a\xf3\xa0\x81\xa9\xf3\xa0\x81\xa7\xf3\xa0\x81\xae"
+	    "\xf3\xa0\x81\xaf\xf3\xa0\x81\xb2\xf3\xa0\x81\xa5" "b\xe2\x80\x8e"
+	    "c\xe2\x80\x8f" "d\xd8\x9c" "e\xe2\x80\x8b" "f\xe2\x81\xa0"
+	    "g\xef\xbb\xbf" "h\xe1\xa0\x8e" "i\xef\xbf\xb9" "j "
+	    "\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x92\xbb";
+	struct buf b;
+
+	(void)state;
+	buf_init(&b, 1u << 16);
+	notifier_escape_inline(&b, s, sizeof(s) - 1, 1000);
+	assert_string_equal(b.data, "abcdefghij "
+	    "\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x92\xbb");
+	buf_reset(&b);
+	notifier_escape_block(&b, s, sizeof(s) - 1, 1000);
+	assert_string_equal(b.data, "```text\nabcdefghij "
+	    "\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x92\xbb\n```\n");
+	buf_release(&b);
+}
+
 static void
 test_fence_longer_than_content(void **state)
 {
@@ -487,6 +514,7 @@ main(void)
 		cmocka_unit_test(test_truncate),
 		cmocka_unit_test(test_utf8_cut),
 		cmocka_unit_test(test_escape_inline),
+		cmocka_unit_test(test_invisible),
 		cmocka_unit_test(test_fence_longer_than_content),
 		cmocka_unit_test(test_hash),
 	};
