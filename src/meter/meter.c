@@ -1294,6 +1294,85 @@ meter_charge_async(struct meter *m, const char *authorization,
 
 /* ----------------------------------------------------------- complete */
 
+/*
+ * The runner's report lands in status.result, where people and tools
+ * read it as a commit, a branch and a link: each must be what its name
+ * says, not text an agent chose (a javascript: link, a terminal escape).
+ */
+
+/* A commit id: 4 to 64 hex digits (short SHA-1 to full SHA-256). */
+static int
+commit_ok(const char *s)
+{
+	size_t n = strlen(s);
+
+	return n >= 4 && n <= 64 && strspn(s, "0123456789abcdefABCDEF") == n;
+}
+
+/* A branch name that git check-ref-format --branch accepts. */
+static int
+branch_ok(const char *s)
+{
+	size_t n = strlen(s), i;
+
+	if (n == 0 || s[0] == '-' || s[0] == '/' || s[n - 1] == '/' ||
+	    s[n - 1] == '.' || strcmp(s, "@") == 0 || strstr(s, "..") ||
+	    strstr(s, "//") || strstr(s, "@{") || strstr(s, "/.") ||
+	    s[0] == '.' || (n >= 5 && strcmp(s + n - 5, ".lock") == 0) ||
+	    strstr(s, ".lock/"))
+		return 0;
+	for (i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)s[i];
+
+		if (c <= ' ' || c == 0x7f || strchr("~^:?*[\\", c) != NULL)
+			return 0;
+	}
+	return 1;
+}
+
+/*
+ * The host[:port] of an http(s) URL (*len bytes at the return), or NULL
+ * when u is not one.
+ */
+static const char *
+url_host(const char *u, size_t *len)
+{
+	const char *h;
+
+	if (strncasecmp(u, "https://", 8) == 0)
+		h = u + 8;
+	else if (strncasecmp(u, "http://", 7) == 0)
+		h = u + 7;
+	else
+		return NULL;
+	*len = strcspn(h, "/?#");
+	return *len > 0 ? h : NULL;
+}
+
+/*
+ * A link to show: http(s), a host without user info, printable ASCII of
+ * RFC 3986 (no space, quote or angle bracket to break out of a link).
+ */
+static int
+pr_url_ok(const char *s)
+{
+	static const char ok[] = "-._~:/?#[]@!$&'()*+,;=%";
+	const char *h;
+	size_t n, i;
+
+	h = url_host(s, &n);
+	if (h == NULL || memchr(h, '@', n) != NULL)
+		return 0;
+	for (i = 0; s[i]; i++) {
+		unsigned char c = (unsigned char)s[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		    (c >= '0' && c <= '9') || strchr(ok, c) != NULL))
+			return 0;
+	}
+	return 1;
+}
+
 struct completion {
 	struct meter *m;
 	const char *id, *task_name, *ns;
@@ -1301,6 +1380,29 @@ struct completion {
 	char *message, *commit, *branch, *pr_url;
 	struct meter_reply reply;
 };
+
+/*
+ * Whether url is on the host of the task's spec.repository.url (true
+ * when that is no http(s) URL: nothing to compare with).
+ */
+static int
+same_host(const char *url, const json_t *task)
+{
+	const char *repo = json_string_value(json_object_get(json_object_get(
+	    json_object_get(task, "spec"), "repository"), "url"));
+	const char *a, *b, *at;
+	size_t na, nb;
+
+	if (repo == NULL || (b = url_host(repo, &nb)) == NULL)
+		return 1;
+	/* user info of the repository URL is not part of the host */
+	if ((at = memchr(b, '@', nb)) != NULL) {
+		nb -= (size_t)(at + 1 - b);
+		b = at + 1;
+	}
+	a = url_host(url, &na);
+	return a != NULL && na == nb && strncasecmp(a, b, na) == 0;
+}
 
 static int
 complete_apply(struct completion *c, json_t *task, json_t *index)
@@ -1323,6 +1425,11 @@ complete_apply(struct completion *c, json_t *task, json_t *index)
 	    !task_live(task)) {
 		reply_error(&c->reply, 401, !task_live(task) ? "task not live" :
 		    "revoked", NULL);
+		return 0;
+	}
+	if (c->pr_url != NULL && !same_host(c->pr_url, task)) {
+		reply_error(&c->reply, 400, "pullRequestUrl must be on the "
+		    "host of the task's repository", "pullRequestUrl");
 		return 0;
 	}
 	status = obj_child(task, "status");
@@ -1497,16 +1604,21 @@ meter_complete(struct meter *m, const char *authorization, const char *body,
 		    "4096 bytes", "message");
 		goto out;
 	}
-	if (opt_string(&f[2], &c.commit, 256) < 0) {
-		reply_error(out, 400, "commit must be a string", "commit");
+	if (opt_string(&f[2], &c.commit, 256) < 0 || (c.commit != NULL &&
+	    !commit_ok(c.commit))) {
+		reply_error(out, 400, "commit must be a commit id (4 to 64 "
+		    "hex digits)", "commit");
 		goto out;
 	}
-	if (opt_string(&f[3], &c.branch, 256) < 0) {
-		reply_error(out, 400, "branch must be a string", "branch");
+	if (opt_string(&f[3], &c.branch, 256) < 0 || (c.branch != NULL &&
+	    !branch_ok(c.branch))) {
+		reply_error(out, 400, "branch must be a valid branch name",
+		    "branch");
 		goto out;
 	}
-	if (opt_string(&f[4], &c.pr_url, 2048) < 0) {
-		reply_error(out, 400, "pullRequestUrl must be a string",
+	if (opt_string(&f[4], &c.pr_url, 2048) < 0 || (c.pr_url != NULL &&
+	    !pr_url_ok(c.pr_url))) {
+		reply_error(out, 400, "pullRequestUrl must be an http(s) URL",
 		    "pullRequestUrl");
 		goto out;
 	}

@@ -681,6 +681,80 @@ completion(void **state)
 	task_release(&t);
 }
 
+/*
+ * What the runner reports lands in status.result as a commit, a branch and
+ * a link: a hostile agent's script link, terminal escape, quote or other
+ * host is refused with a 400 naming the field, and the task stays live.
+ */
+static void
+completion_fields(void **state)
+{
+	static const char *const bad[][2] = {
+		{ "commit", "not a sha" },
+		{ "commit", "abc" },
+		{ "commit", "abc1234\\u001b]52;c;aGk=\\u0007" },
+		{ "branch", "a b" },
+		{ "branch", "fix/x\\n@here" },
+		{ "branch", "-x" },
+		{ "branch", "x..y" },
+		{ "branch", "x\\u001b[2J" },
+		{ "branch", "refs/heads/x.lock" },
+		{ "pullRequestUrl", "javascript:alert(1)" },
+		{ "pullRequestUrl", "data:text/html,<script>x</script>" },
+		{ "pullRequestUrl", "JaVaScRiPt:alert(1)//https://github.com/" },
+		{ "pullRequestUrl", "https://github.com/o/r/pull/1\\\")<img>" },
+		{ "pullRequestUrl", "https://github.com/o/r/pull/1 x" },
+		{ "pullRequestUrl", "https://github.com@evil.example/o/r/pull/1" },
+		{ "pullRequestUrl", "https://evil.example/o/r/pull/1" },
+		{ "pullRequestUrl", "https://github.com.evil.example/o/r" },
+	};
+	struct meter_reply r;
+	struct task t;
+	json_t *j, *task;
+	char *body;
+	size_t i;
+
+	(void)state;
+	make_task(&t, "{\"repository\":{\"url\":"
+	    "\"https://GitHub.com/o/r.git\"}}", 0);
+	for (i = 0; i < ARRAY_SIZE(bad); i++) {
+		body = xasprintf("{\"result\":\"succeeded\",\"%s\":\"%s\"}",
+		    bad[i][0], bad[i][1]);
+		meter_complete(meter, t.auth, body, strlen(body), &r);
+		if (r.status != 400)
+			fail_msg("%s: %d %s", body, r.status, r.body);
+		j = json_loads(r.body, 0, NULL);
+		assert_string_equal(jstr(j, "field"), bad[i][0]);
+		json_decref(j);
+		meter_reply_release(&r);
+		free(body);
+	}
+	task = get_task(t.name);
+	assert_string_equal(jstr(json_object_get(task, "status"), "phase"),
+	    "Active");
+	json_decref(task);
+	/* a real report is taken */
+	body = xstrdup("{\"result\":\"succeeded\",\"commit\":"
+	    "\"0123456789abcdef0123456789abcdef01234567\",\"branch\":"
+	    "\"diverge/fix-pr-42_v1.2\",\"pullRequestUrl\":"
+	    "\"https://github.com/o/r/pull/42#issuecomment-1\"}");
+	meter_complete(meter, t.auth, body, strlen(body), &r);
+	assert_int_equal(r.status, 200);
+	meter_reply_release(&r);
+	free(body);
+	task = get_task(t.name);
+	assert_string_equal(jstr(json_object_get(task, "status"), "phase"),
+	    "Completed");
+#if STORE_MODE == 1
+	/* (the CRD has no status.result: an API server prunes it) */
+	assert_string_equal(jstr(json_object_get(json_object_get(task,
+	    "status"), "result"), "pullRequestUrl"),
+	    "https://github.com/o/r/pull/42#issuecomment-1");
+#endif
+	json_decref(task);
+	task_release(&t);
+}
+
 /* Replace token id's entry in the index Secret with the JSON text. */
 static void
 index_write(const char *id, const char *text)
@@ -1059,6 +1133,7 @@ main(void)
 		cmocka_unit_test(budgets),
 		cmocka_unit_test(iterations),
 		cmocka_unit_test(completion),
+		cmocka_unit_test(completion_fields),
 		cmocka_unit_test(pruning),
 		cmocka_unit_test(concurrent),
 #if STORE_MODE == 3
