@@ -1639,6 +1639,62 @@ static const char task_list_options[] =
     "  -o, --output FORMAT       table (default), json (an array of the\n"
     "                            objects, keys sorted) or yaml\n";
 
+/*
+ * Make the strings of v (in place, recursively) safe to print on a
+ * terminal: status.message and the conditions carry what an agent or a
+ * sandbox wrote, and an escape sequence there would run in the reader's
+ * terminal (OSC 52 sets the clipboard, CSI 2J clears the screen, OSC 8
+ * dresses a link). C0 and C1 controls and DEL become U+FFFD, newlines
+ * and tabs a space (one line per field). -o json and -o yaml escape them
+ * already and are left alone.
+ */
+static void
+term_clean(json_t *v)
+{
+	const char *key;
+	json_t *child;
+	size_t i;
+
+	if (json_is_object(v)) {
+		json_object_foreach(v, key, child)
+			term_clean(child);
+	} else if (json_is_array(v)) {
+		json_array_foreach(v, i, child)
+			term_clean(child);
+	} else if (json_is_string(v)) {
+		const unsigned char *p = (const unsigned char *)
+		    json_string_value(v);
+		size_t n = json_string_length(v), k;
+		struct buf b;
+		uint32_t cp;
+		int dirty = 0;
+
+		for (i = 0; i < n; i++)
+			if (p[i] < 0x20 || p[i] == 0x7f || (p[i] == 0xc2 &&
+			    i + 1 < n && p[i + 1] >= 0x80 && p[i + 1] <= 0x9f))
+				dirty = 1;
+		if (!dirty)
+			return;
+		buf_init(&b, n * 3 + 16);
+		for (i = 0; i < n; i += k) {
+			k = utf8_next(p + i, n - i, &cp);
+			if (k == 0) {
+				k = 1;
+				cp = 0xfffd;
+			}
+			if (cp == '\n' || cp == '\t')
+				buf_add(&b, " ", 1);
+			else if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) ||
+			    cp == 0xfffd)
+				buf_addstr(&b, "\xef\xbf\xbd");
+			else
+				buf_add(&b, p + i, k);
+		}
+		json_string_setn(v, b.data, b.len);
+		buf_release(&b);
+	}
+}
+
 /* diverge task list: the tasks of a namespace or all. */
 static int
 cmd_task_list(const struct command *cmd, int argc, char **argv)
@@ -1696,6 +1752,7 @@ cmd_task_list(const struct command *cmd, int argc, char **argv)
 		print_yaml(items);
 		goto out;
 	}
+	term_clean(items);
 	if (json_array_size(items) == 0) {
 		if (a.all)
 			fprintf(stderr, "No tasks found.\n");
@@ -2135,8 +2192,10 @@ cmd_task_status(const struct command *cmd, int argc, char **argv)
 		print_json(task);
 	else if (strcmp(a.output, "yaml") == 0)
 		print_yaml(task);
-	else
+	else {
+		term_clean(task);
 		print_status(task);
+	}
 out:
 	json_decref(task);
 	return ret;
@@ -2400,6 +2459,7 @@ logs_history(const json_t *task, int follow)
 			rv = ev.rv > rv ? ev.rv : rv;
 			cur = ev.object;
 			ev.object = NULL;
+			term_clean(cur);
 			if (ev.type == K8S_DELETED) {
 				printf("deleted\n");
 				ret = 0;
@@ -2500,6 +2560,8 @@ cmd_task_logs(const struct command *cmd, int argc, char **argv)
 	ret = conn_open();
 	if (ret == 0)
 		ret = get_task(argv[optind], &task);
+	if (ret == 0 && !C.kube)
+		term_clean(task);
 	if (ret == 0)
 		ret = C.kube ? logs_pod(task, a.follow) :
 		    logs_history(task, a.follow);

