@@ -662,7 +662,13 @@ static const char agenttask_schema[] =
 	"me\"},\"notifier\":{\"description\":\"State of the sticky status com"
 	"ment.\",\"type\":\"object\",\"properties\":{\"commentId\":{\"x-kuber"
 	"netes-int-or-string\":true},\"reportedPhase\":{\"type\":\"string\"},"
-	"\"bodyHash\":{\"type\":\"string\"}}}}}}}";
+	"\"bodyHash\":{\"type\":\"string\"}}},\"result\":{\"description\":"
+	"\"What the runner reported when it completed the task (POST /api/v"
+	"1/agenttask/complete).\",\"type\":\"object\",\"properties\":{\"com"
+	"mit\":{\"description\":\"The commit it pushed, hex.\",\"type\":\"s"
+	"tring\"},\"branch\":{\"description\":\"The branch it pushed to.\","
+	"\"type\":\"string\"},\"pullRequestUrl\":{\"description\":\"The pul"
+	"l request it opened or updated.\",\"type\":\"string\"}}}}}}}";
 
 static const char environment_schema[] =
 	"{\"description\":\"A preview environment running one branch of a ser"

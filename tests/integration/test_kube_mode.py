@@ -202,13 +202,21 @@ def run(t, fake, scm):
         for rid, h in (("x1", new_hdr), ("x2", hdr))]
     t.eq(ok, [200, 200], "both the new and the old token charge")
 
+    repo_url = fake.request("GET", TASKS + "/fix-pr-42")[1]["spec"][
+        "repository"]["url"]
+    report = {"commit": "0123abcd", "branch": "x",
+              "pullRequestUrl": repo_url.rstrip("/") + "/pull/42"}
     s, _, body = d.json("POST", "/api/v1/agenttask/complete", json.dumps(
-        {"result": "succeeded", "message": "done", "branch": "x"}), hdr)
+        dict(report, result="succeeded", message="done")), hdr)
     t.eq(s, 200, "complete: 200")
     done = wait(lambda: (lambda r: r[0] == 200 and r[1].get(
         "status", {}).get("phase") == "Completed")(
         fake.request("GET", TASKS + "/fix-pr-42")))
     t.ok(done, "the task is Completed on the cluster")
+    # the API server prunes what the CRD's schema does not know
+    t.eq(fake.request("GET", TASKS + "/fix-pr-42")[1]["status"].get(
+        "result"), report, "the runner's report (commit, branch, pull "
+        "request) is kept in status.result on the cluster")
     sticky = wait(lambda: [c for c in stickies(scm)
                            if "Completed" in c.get("body", "")])
     t.ok(sticky and len(stickies(scm)) == 1,
