@@ -960,6 +960,10 @@ start_notifier(char **cause)
 	if (getenv("DIVERGE_TEST_NOTIFIER_THROTTLE_MS") != NULL)
 		nc.throttle_ms = strtoll(getenv(
 		    "DIVERGE_TEST_NOTIFIER_THROTTLE_MS"), NULL, 10);
+	/* and a shorter wait after the provider refused a write */
+	if (getenv("DIVERGE_TEST_NOTIFIER_REFUSED_MS") != NULL)
+		nc.refused_ms = strtoll(getenv(
+		    "DIVERGE_TEST_NOTIFIER_REFUSED_MS"), NULL, 10);
 	return notifier_start(&D.notifier, &nc, cause);
 }
 

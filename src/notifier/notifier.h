@@ -122,6 +122,12 @@ struct notifier_config {
 	int workers;			/* 0: 3 */
 	int64_t throttle_ms;	/* 0: 30 s between content updates */
 	int64_t resync_ms;		/* 0: 5 minutes */
+	/*
+	 * The wait before trying again a PR/MR whose provider refused the
+	 * bot's writes (403, 401, 404: archived, locked, access lost); 0:
+	 * 10 minutes. Status changes meanwhile do not shorten it.
+	 */
+	int64_t refused_ms;
 };
 
 struct notifier;

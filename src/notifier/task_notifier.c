@@ -34,6 +34,7 @@
 #define RATELIMIT_FLOOR_MS 1000	/* least wait after a rate limit */
 #define RATELIMIT_MAX_MS (60 * 60 * 1000)	/* a reset further away: look again */
 #define MAX_CONFLICTS 20
+#define DEFAULT_REFUSED_MS (10 * 60 * 1000)
 
 /* One known task: which PR/MR it reports to, and its throttle clock. */
 struct entry {
@@ -41,8 +42,14 @@ struct entry {
 	char *pkey;		/* "github|owner/repo|42|0" */
 	int64_t last_sent_ms;	/* monotonic, 0: never */
 	unsigned failures;
-	/* after a rate limit: its reset (unix ms); no update before it */
-	int64_t rl_until;
+	/*
+	 * After a failure: no update before this time (unix ms), whoever
+	 * queues the task: a rate limit's reset, the backoff, or the wait
+	 * of a PR/MR that refuses the bot's writes. A busy task changes its
+	 * status many times a minute; each change must not be a new call.
+	 */
+	int64_t retry_at;
+	int refused;	/* the provider refuses the bot's writes (logged) */
 	struct entry *next;
 };
 
@@ -466,29 +473,49 @@ ratelimit_until(int rc)
 	return at > 0 ? at : now_unix_ms() + BACKOFF_MAX_MS;
 }
 
-/* ratelimit_until, kept on task tkey's entry: its next update waits. */
-static int64_t
-limited(struct notifier *n, const char *tkey, int rc)
+/*
+ * Whether rc says the provider refuses the bot's writes on the PR/MR, so
+ * that trying again soon would fail the same way: 403 (an archived
+ * repository, a locked conversation or discussion, a permission taken
+ * away), 401, or 404/410 (no access any more, the PR/MR or repository
+ * gone; a comment deleted by a person is not one: ensure_comment makes
+ * it again).
+ */
+static int
+refused_write(int rc)
 {
-	int64_t until = ratelimit_until(rc);
+	return rc == SCM_EFORBIDDEN || rc == SCM_EUNAUTHORIZED ||
+	    rc == SCM_ENOTFOUND;
+}
+
+/* The provider took a write for task tkey again: say so, once. */
+static void
+accepted(struct notifier *n, const char *tkey)
+{
 	struct entry *e;
+	int was = 0;
 
 	pthread_mutex_lock(&n->mu);
 	e = find_entry(n, tkey);
-	if (e != NULL)
-		e->rl_until = until;
+	if (e != NULL) {
+		was = e->refused;
+		e->refused = 0;
+	}
 	pthread_mutex_unlock(&n->mu);
-	return until;
+	if (was)
+		log_kv(LOG_INFO, "notifier: the provider accepts writes again",
+		    "task", tkey, NULL);
 }
 
 /*
  * Bring task tkey's comment in line. 0 when done (*delay_ms > 0: look
  * again after that long), a negative value on failure, with *cause; after
- * a rate limit, *rl_until is when the provider said it resets (unix ms).
+ * a rate limit, *rl_until is when the provider said it resets (unix ms);
+ * *refused is set when the provider refuses the bot's writes.
  */
 static int
 process(struct notifier *n, const char *tkey, int64_t *delay_ms,
-    int64_t *rl_until, char **cause)
+    int64_t *rl_until, int *refused, char **cause)
 {
 	struct k8s_status st = { 0 };
 	struct notifier_render_opts ro;
@@ -534,12 +561,13 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 	}
 	pthread_mutex_lock(&n->mu);
 	e = find_entry(n, tkey);
-	wait_ms = e != NULL ? e->rl_until - now_unix_ms() : 0;
+	wait_ms = e != NULL ? e->retry_at - now_unix_ms() : 0;
 	pthread_mutex_unlock(&n->mu);
 	if (wait_ms > 0) {
 		/*
-		 * rate limited until its reset: a watch event queued it
-		 * again, but the update waits for the reset all the same
+		 * failed before (rate limited until its reset, refused, or
+		 * backing off): a watch event queued it again, but the
+		 * update waits all the same
 		 */
 		*delay_ms = wait_ms;
 		ret = 0;
@@ -589,9 +617,11 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 		body = notifier_render(task, &ro, NULL);
 		rc = ensure_comment(n, cl, &t, cid, body, &newcid, cause);
 		if (rc != SCM_OK) {
-			*rl_until = limited(n, tkey, rc);
+			*rl_until = ratelimit_until(rc);
+			*refused = refused_write(rc);
 			goto out;
 		}
+		accepted(n, tkey);
 		pthread_mutex_lock(&n->mu);
 		n->updates++;
 		e = find_entry(n, tkey);
@@ -615,7 +645,8 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 			rc = cl->ops->create_comment(cl, &repo, t.number, fin,
 			    &fid, cause);
 			if (rc != SCM_OK) {
-				*rl_until = limited(n, tkey, rc);
+				*rl_until = ratelimit_until(rc);
+				*refused = refused_write(rc);
 				/* keep the comment id: the retry updates it */
 				fields = json_pack("{s:s}", "commentId", idbuf);
 				write_notifier(n, ns, name, task, fields, &c2);
@@ -768,10 +799,13 @@ worker_main(void *arg)
 			char *cause = NULL;
 			struct entry *e;
 			unsigned f = 0;
+			int refused = 0, first = 0;
 
-			if (process(n, tasks[i], &d, &rl, &cause) < 0) {
+			if (process(n, tasks[i], &d, &rl, &refused, &cause) <
+			    0) {
 				metrics_inc("diverge_notifier_updates_total",
 				    rl > 0 ? "result=\"rate_limited\"" :
+				    refused ? "result=\"refused\"" :
 				    "result=\"error\"", 1);
 				pthread_mutex_lock(&n->mu);
 				n->failures++;
@@ -779,11 +813,28 @@ worker_main(void *arg)
 				if (e != NULL)
 					f = ++e->failures;
 				pthread_mutex_unlock(&n->mu);
-				d = backoff_ms(f ? f : 1, rl);
+				d = refused && rl == 0 ? n->c.refused_ms :
+				    backoff_ms(f ? f : 1, rl);
+				pthread_mutex_lock(&n->mu);
+				e = find_entry(n, tasks[i]);
+				if (e != NULL) {
+					e->retry_at = now_unix_ms() + d;
+					first = refused && !e->refused;
+					if (refused)
+						e->refused = 1;
+				}
+				pthread_mutex_unlock(&n->mu);
 				snprintf(in, sizeof(in), "%" PRId64 "ms", d);
-				log_kv(LOG_WARN, "notifier: update failed, "
-				    "will retry", "task", tasks[i], "retry_in",
-				    in, "error", cause ? cause : "unknown", NULL);
+				/*
+				 * A refusal lasts (a locked PR stays locked):
+				 * one line when it starts, then quiet tries
+				 */
+				log_kv(!refused ? LOG_WARN : first ? LOG_WARN :
+				    LOG_DEBUG, refused ? "notifier: the provider "
+				    "refuses the bot's writes, will try again" :
+				    "notifier: update failed, will retry",
+				    "task", tasks[i], "retry_in", in, "error",
+				    cause ? cause : "unknown", NULL);
 				if (fdelay < 0 || d < fdelay)
 					fdelay = d;
 			} else {
@@ -941,6 +992,8 @@ notifier_start(struct notifier **out, const struct notifier_config *cfg,
 		n->c.throttle_ms = DEFAULT_THROTTLE_MS;
 	if (n->c.resync_ms <= 0)
 		n->c.resync_ms = DEFAULT_RESYNC_MS;
+	if (n->c.refused_ms <= 0)
+		n->c.refused_ms = DEFAULT_REFUSED_MS;
 	if (cfg->github_login != NULL)
 		n->gh_login = xstrdup(cfg->github_login);
 	if (cfg->gitlab_username != NULL)
@@ -950,12 +1003,13 @@ notifier_start(struct notifier **out, const struct notifier_config *cfg,
 	n->c.gitlab_username = NULL;
 	metrics_describe("diverge_notifier_updates_total", METRIC_COUNTER,
 	    "Status comment syncs, by result (updated, rate_limited, "
-	    "error).");
+	    "refused, error).");
 	metrics_describe("diverge_notifier_notifications_total",
 	    METRIC_COUNTER, "Finished-run notification comments posted.");
 	{
 		static const char *const results[] = { "result=\"updated\"",
-		    "result=\"rate_limited\"", "result=\"error\"", NULL };
+		    "result=\"rate_limited\"", "result=\"refused\"",
+		    "result=\"error\"", NULL };
 		static const char *const none[] = { "", NULL };
 
 		metrics_zero("diverge_notifier_updates_total", results);

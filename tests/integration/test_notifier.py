@@ -6,7 +6,8 @@ Active, Paused (budget), Active again (/diverge resume +5) and Completed,
 plus one notification that mentions who started the task; the same on
 GitLab; a restart between a phase change and the comment update; a
 comment deleted by a person; duplicates from a race; a look-alike by
-another user; the comment found on page 3.
+another user; the comment found on page 3; a PR/MR that refuses the
+bot's writes (archived, locked, access lost).
 
 DIVERGED_BIN runs another diverged binary (a private build)."""
 
@@ -467,6 +468,7 @@ def main(t):
     t.eq(d.stop(), 0, "clean stop")
     fake.stop()
     app_and_token(t)
+    refused(t)
 
 
 def app_and_token(t):
@@ -511,6 +513,107 @@ def app_and_token(t):
     t.ok(len(gh42()) == 1, "token and app: the task made again finds "
          "the comment the token posted: still one sticky comment", gh42())
     t.eq(d.stop(), 0, "token and app: clean stop")
+    fake.stop()
+
+
+REFUSED_WAIT_S = 6     # DIVERGE_TEST_NOTIFIER_REFUSED_MS
+
+
+def refused(t):
+    """The PR/MR refuses the bot's writes (GitHub: an archived repository,
+    a locked conversation, a revoked permission; GitLab: a locked
+    discussion): the notifier gives up on the PR/MR with one log line and
+    a metric, does not try again on every status change of a busy task,
+    and picks up again once writes are allowed."""
+    fake = Fake()
+    fake.call("POST", "/_fake/seed", seed())
+    cfg = CONFIG.replace("namespace: default\n", "namespace: default\n"
+                         "controller:\n  enabled: false\n")
+    d = bot_daemon(fake, cfg, {
+        "DIVERGE_SCM_MAX_WAIT_MS": "2000",
+        "DIVERGE_TEST_NOTIFIER_THROTTLE_MS": "100",
+        "DIVERGE_TEST_NOTIFIER_REFUSED_MS": str(REFUSED_WAIT_S * 1000)})
+    cases = [
+        ("github", "fix-pr-42", {"divergedev.com/pr-number": "42"},
+         "/issues/comments/",
+         "Repository was archived so is read-only.",
+         lambda: stickies(gh_comments(fake, 42))),
+        ("gitlab", "fix-mr-2", {"divergedev.com/mr-iid": "2",
+                                "divergedev.com/project-id": "5"},
+         "/notes", None,
+         lambda: stickies(gl_notes(fake), key="author"))]
+    for prov, name, anns, match, msg, list_fn in cases:
+        anns = dict(anns)
+        anns["divergedev.com/provider"] = prov
+        anns["divergedev.com/project"] = ("myorg/checkout" if
+                                          prov == "github" else
+                                          "myorg/diaspora")
+        s, _ = api(d, "POST", TASKS, {
+            "apiVersion": "divergedev.com/v1alpha1", "kind": "AgentTask",
+            "metadata": {"name": name, "annotations": anns},
+            "spec": {"objective": "x"}})
+
+        def status(**kw):
+            return api(d, "PATCH", TASKS + "/%s/status" % name,
+                       {"status": kw}, "application/merge-patch+json")[0]
+        t.ok(s == 201 and status(phase="Active", iteration=1) == 200 and
+             one_with(list_fn, "**Iteration:** 1"),
+             "%s refused: the task's comment is posted" % prov, list_fn())
+
+        def writes(code):
+            return [r for r in fake.requests() if r.get("method") in
+                    ("PATCH", "PUT", "POST") and match in r.get("path", "")
+                    and r.get("status") == code]
+        fault = {"status": 403, "count": 100000, "provider": prov,
+                 "match": match}
+        if msg:
+            fault["message"] = msg
+        fake.call("POST", "/_fake/faults", fault)
+        # a busy task: its status changes every 100 ms for 3 s
+        for i in range(30):
+            status(iteration=2 + i)
+            time.sleep(0.1)
+        refused_n = len(writes(403))
+        warns = [ln for ln in d.log() if name in ln and
+                 "update failed" in ln]
+        t.ok(1 <= refused_n <= 2, "%s refused: one write refused with 403, "
+             "not one for each of 30 status changes" % prov, refused_n)
+        t.ok(len(warns) == 0 and len([
+            ln for ln in d.log() if name in ln and
+            "notifier: the provider refuses" in ln]) == 1,
+             "%s refused: one log line says so" % prov,
+             [ln for ln in d.log() if name in ln][-6:])
+        mt = d.metrics()
+        m = re.search(r'^diverge_notifier_updates_total\{result='
+                      r'"refused"\} (\d+)', mt, re.M)
+        t.ok(m is not None and int(m.group(1)) >= 1,
+             "%s refused: counted as refused" % prov, m and m.group(0))
+        fake.call("DELETE", "/_fake/faults")
+        t.ok(one_with(list_fn, "**Iteration:** 31", REFUSED_WAIT_S + 15),
+             "%s refused: writes allowed again: the comment is brought up "
+             "to date, no second one" % prov, list_fn())
+        t.ok(wait(lambda: [ln for ln in d.log() if name in ln and
+                           "notifier: the provider accepts writes again"
+                           in ln], 5),
+             "%s refused: ... and a log line says so" % prov)
+    # any failure backs off the same way: a 422 ("Validation failed, or
+    # the endpoint has been spammed") is not tried again on every change
+    fake.call("POST", "/_fake/faults", {
+        "status": 422, "count": 100000, "provider": "github",
+        "method": "PATCH", "match": "/issues/comments/"})
+    before = len([r for r in fake.requests() if r.get("status") == 422])
+    for i in range(30):
+        api(d, "PATCH", TASKS + "/fix-pr-42/status",
+            {"status": {"iteration": 40 + i}}, "application/merge-patch+json")
+        time.sleep(0.1)
+    failed = len([r for r in fake.requests() if r.get("status") == 422])
+    t.ok(1 <= failed - before <= 5, "a failing update backs off: a few "
+         "tries, not one for each of 30 status changes", failed - before)
+    fake.call("DELETE", "/_fake/faults")
+    t.ok(one_with(lambda: stickies(gh_comments(fake, 42)),
+                  "**Iteration:** 69", 20),
+         "... and the comment is brought up to date after it")
+    t.eq(d.stop(), 0, "refused: clean stop")
     fake.stop()
 
 
