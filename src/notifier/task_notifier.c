@@ -249,15 +249,19 @@ self_known(struct notifier *n, struct scm_client *cl, enum scm_provider p)
 	return 1;
 }
 
-/* Whether comment c is the bot's own sticky comment. */
+/*
+ * Whether comment c is the bot's own sticky comment: the bot's, and
+ * opened by the marker (render puts it first). Anywhere else it may be a
+ * reply of the bot's that quotes text with the marker in it.
+ */
 static int
 is_sticky(struct notifier *n, enum scm_provider p,
     const struct scm_comment *c)
 {
 	int mine = 0;
 
-	if (c->body == NULL || strstr(c->body, NOTIFIER_MARKER) == NULL ||
-	    c->system)
+	if (c->body == NULL || strncmp(c->body, NOTIFIER_MARKER,
+	    strlen(NOTIFIER_MARKER)) != 0 || c->system)
 		return 0;
 	pthread_mutex_lock(&n->mu);
 	if (p == SCM_GITHUB)

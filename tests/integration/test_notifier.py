@@ -41,6 +41,8 @@ AGENT_YAML = ("version: \"1\"\nagent:\n  maxIterations: 50\n"
 
 THROTTLE_S = 3     # DIVERGE_TEST_NOTIFIER_THROTTLE_MS: 30 s otherwise
 FILLER = 250        # comments before the sticky one on PR 43: page 3
+QUOTED_MARKER = ("**diverge** could not run this comment:\n> agent.yaml: "
+                 "bad key near '" + MARKER + "'")
 
 
 def seed():
@@ -49,6 +51,8 @@ def seed():
     pr43 += [
         {"id": 5900, "user": "mallory",
          "body": MARKER + "\nlooks like the bot's"},
+        # a reply of the bot's that quotes the marker (an error echoed)
+        {"id": 5899, "user": "diverge-bot", "body": QUOTED_MARKER},
         {"id": 5901, "user": "diverge-bot", "body": MARKER + "\nold run"},
         {"id": 5902, "user": "diverge-bot", "body": MARKER + "\nraced"}]
     return {
@@ -126,7 +130,7 @@ def gl_notes(fake):
 
 def stickies(comments, bot="diverge-bot", key="user"):
     return [c for c in comments if c.get(key) == bot and
-            MARKER in (c.get("body") or "")]
+            (c.get("body") or "").startswith(MARKER)]
 
 
 def mentions(comments, who, bot="diverge-bot", key="user"):
@@ -391,6 +395,10 @@ def main(t):
     other = [c for c in gh_comments(fake, 43) if c["id"] == 5900]
     t.ok(other and other[0]["body"] == MARKER + "\nlooks like the bot's",
          "a comment with the marker by another user is left alone")
+    reply = [c for c in gh_comments(fake, 43) if c["id"] == 5899]
+    t.ok(reply and reply[0]["body"] == QUOTED_MARKER,
+         "an older reply of the bot's quoting the marker is not taken for "
+         "the sticky comment (the marker opens it)", reply)
     body = (pr43_settled() or [{}])[0].get("body", "")
     t.ok(body.count(MARKER) == 1 and "@everyone" not in body and
          "<b>" not in body.split("```")[0] and
