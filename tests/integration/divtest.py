@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 import traceback
+import urllib.request
 
 TOP_SRCDIR = os.environ.get("top_srcdir") or os.path.abspath(
     os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -107,6 +108,40 @@ class FakeKube:
     def stop(self):
         self.proc.stdin.close()     # the fake exits at end of input
         reap(self.proc)
+
+
+class ScmFake:
+    """tests/fakes/scm_fake.py (GitHub and GitLab) on a loopback port:
+    info is its start-up line (github and gitlab: the api_url values),
+    base its address; call() reaches its API and /_fake control."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(TOP_SRCDIR, "tests", "fakes",
+                                          "scm_fake.py"), "--port", "0"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL)
+        self.info = info = json.loads(self.proc.stdout.readline())
+        self.port = info["port"]
+        self.base = "http://127.0.0.1:%d" % self.port
+
+    def call(self, method, path, body=None):
+        req = urllib.request.Request(
+            self.base + path, method=method,
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read() or b"null")
+
+    def state(self):
+        return self.call("GET", "/_fake/state")
+
+    def requests(self):
+        return self.call("GET", "/_fake/requests")
+
+    def stop(self):
+        self.proc.stdin.close()
+        self.proc.wait(10)
 
 
 def reap(proc, timeout=10):

@@ -17,10 +17,10 @@ import sys
 import time
 import uuid
 
-from divtest import Daemon, FakeKube, run_tests
+from divtest import Daemon, FakeKube, ScmFake, run_tests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_scm_commands import Fake as ScmFake, gh_comment, wait  # noqa: E402,E501
+from test_scm_commands import gh_comment, wait  # noqa: E402
 
 MARKER = "<!-- diverge-agent-task -->"
 

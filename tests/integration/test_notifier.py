@@ -21,10 +21,10 @@ import urllib.request
 import uuid
 
 import divtest
-from divtest import run_tests
+from divtest import ScmFake, run_tests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_scm_commands import (Fake, api, bot_daemon, get_task,  # noqa
+from test_scm_commands import (api, bot_daemon, get_task,  # noqa
                                gh_comment, gl_note, wait)
 
 if os.environ.get("DIVERGED_BIN"):
@@ -259,7 +259,7 @@ def gh_delete(fake, cid):
 
 
 def main(t):
-    fake = Fake()
+    fake = ScmFake()
     fake.call("POST", "/_fake/seed", seed())
     d = bot_daemon(fake, CONFIG, {"DIVERGE_SCM_MAX_WAIT_MS": "2000",
                                   "DIVERGE_TEST_NOTIFIER_THROTTLE_MS":
@@ -484,7 +484,7 @@ def app_and_token(t):
     task's PR (no installation id) with the token, so it must know its
     comment by the token's user, not by the App's "<slug>[bot]"; else
     each lost commentId (the task made again) posts one more comment."""
-    fake = Fake()
+    fake = ScmFake()
     sd = seed()
     sd["github"]["app"] = {
         "id": 77, "slug": "diverge-app", "installations": [
@@ -533,7 +533,7 @@ def refused(t):
     discussion): the notifier gives up on the PR/MR with one log line and
     a metric, does not try again on every status change of a busy task,
     and picks up again once writes are allowed."""
-    fake = Fake()
+    fake = ScmFake()
     fake.call("POST", "/_fake/seed", seed())
     cfg = CONFIG.replace("namespace: default\n", "namespace: default\n"
                          "controller:\n  enabled: false\n")

@@ -9,14 +9,11 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 import uuid
 
-from divtest import (TOP_SRCDIR, Daemon, compact, fixture, run_tests,
+from divtest import (Daemon, ScmFake, compact, fixture, run_tests,
                      with_comment)
 
 NS = "team-a"
@@ -151,36 +148,6 @@ gitlab:
   webhook_tokens: ["file:{{gitlab_token_file}}"]
   token: "file:{{tmp}}/gl-token"
 """
-
-
-class Fake:
-    def __init__(self):
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(TOP_SRCDIR, "tests", "fakes",
-                                          "scm_fake.py"), "--port", "0"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL)
-        info = json.loads(self.proc.stdout.readline())
-        self.port = info["port"]
-        self.base = "http://127.0.0.1:%d" % self.port
-
-    def call(self, method, path, body=None):
-        req = urllib.request.Request(
-            self.base + path, method=method,
-            data=json.dumps(body).encode() if body is not None else None,
-            headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read() or b"null")
-
-    def state(self):
-        return self.call("GET", "/_fake/state")
-
-    def requests(self):
-        return self.call("GET", "/_fake/requests")
-
-    def stop(self):
-        self.proc.stdin.close()
-        self.proc.wait(10)
 
 
 def gh_comment(cid, number, login, body, repo="myorg/checkout", uid=1,
@@ -347,7 +314,7 @@ def old_comment_table(d):
 
 
 def main(t):
-    fake = Fake()
+    fake = ScmFake()
     fake.call("POST", "/_fake/seed", seed())
     d = bot_daemon(fake, CONFIG, {"DIVERGE_SCM_MAX_WAIT_MS": "2000"},
                    old_comment_table)

@@ -1,0 +1,182 @@
+"""README.md and the reference pages say what the code does, checked by
+machine where that is cheap: every YAML block of README.md and
+doc/config.md, and the EXAMPLE of diverged.yaml(5), passes diverged
+--check-config; the metric table of README.md names exactly the metrics a
+running daemon (both providers, with API tokens, against the fake SCM
+APIs) exports, with their types; the options of diverged --help are those
+of the README's and diverged(8)'s synopses; the diverge commands the
+README shows are in diverge --help."""
+
+import os
+import re
+import subprocess
+import tempfile
+
+from divtest import (DIVERGED, TOP_BUILDDIR, TOP_SRCDIR, Daemon, ScmFake,
+                     run_tests)
+
+DIVERGE = os.path.join(TOP_BUILDDIR, "diverge")
+
+
+def read(*rel):
+    with open(os.path.join(TOP_SRCDIR, *rel), encoding="utf-8") as f:
+        return f.read()
+
+
+def yaml_blocks(markdown):
+    """(first line, text) of each ```yaml block."""
+    out = []
+    lines = markdown.split("\n")
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() == "```yaml":
+            start = i + 1
+            j = start
+            while j < len(lines) and lines[j].strip() != "```":
+                j += 1
+            out.append((start + 1, "\n".join(lines[start:j]) + "\n"))
+            i = j
+        i += 1
+    return out
+
+
+def man_example(roff):
+    """The .EX block of the EXAMPLE section of a man page, unescaped."""
+    m = re.search(r"^\.SH EXAMPLE\n\.EX\n(.*?)^\.EE", roff, re.M | re.S)
+    if not m:
+        return None
+    return m.group(1).replace("\\-", "-").replace("\\e", "\\")
+
+
+def check_config(text, tmp, name):
+    """diverged --check-config on text, with the files its file: secrets
+    name made under tmp and its env: secrets set: (status, stderr)."""
+    env = dict(os.environ)
+    for path in sorted(set(re.findall(r"file:(/[^\"'\]\s,}]+)", text))):
+        local = os.path.join(tmp, name + ".d", path.lstrip("/"))
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        with open(local, "w") as f:
+            f.write("not-a-real-secret\n")
+        text = text.replace("file:" + path, "file:" + local)
+    for var in re.findall(r"env:([A-Za-z_][A-Za-z0-9_]*)", text):
+        env[var] = "not-a-real-secret"
+    cfg = os.path.join(tmp, name + ".yaml")
+    with open(cfg, "w") as f:
+        f.write(text)
+    p = subprocess.run([DIVERGED, "--config", cfg, "--check-config"],
+                       capture_output=True, text=True, timeout=30, env=env)
+    return p.returncode, p.stderr
+
+
+def configs(t, tmp):
+    blocks = [("README.md", line, text)
+              for line, text in yaml_blocks(read("README.md"))]
+    blocks += [("doc/config.md", line, text)
+               for line, text in yaml_blocks(read("doc", "config.md"))]
+    t.ok(len(blocks) >= 3, "README.md and doc/config.md have YAML blocks",
+         len(blocks))
+    for i, (where, line, text) in enumerate(blocks):
+        rc, err = check_config(text, tmp, "block%d" % i)
+        t.ok(rc == 0, "%s:%d passes diverged --check-config" % (where, line),
+             err)
+    ex = man_example(read("doc", "diverged.yaml.5"))
+    t.ok(ex is not None, "diverged.yaml(5) has an EXAMPLE")
+    if ex is not None:
+        rc, err = check_config(ex, tmp, "man5")
+        t.ok(rc == 0, "the EXAMPLE of diverged.yaml(5) passes "
+             "diverged --check-config", err)
+
+
+def readme_metrics():
+    """{name: type} of the metric table of README.md."""
+    text = read("README.md")
+    section = text.split("### Metrics", 1)[1].split("\n### ", 1)[0]
+    return dict(re.findall(r"^\| `(diverge_[a-z_]+)` \| (\w+) \|", section,
+                           re.M))
+
+
+def metrics(t):
+    documented = readme_metrics()
+    t.ok(len(documented) >= 20, "README.md has a metric table",
+         documented)
+    fake = ScmFake()
+    try:
+        d = Daemon("""
+github:
+  enabled: true
+  api_url: %s
+  webhook_secrets: ["file:{secret_file}"]
+  token: "file:{tmp}/gh-token"
+gitlab:
+  enabled: true
+  api_url: %s
+  webhook_tokens: ["file:{gitlab_token_file}"]
+  token: "file:{tmp}/gl-token"
+""" % (fake.info["github"], fake.info["gitlab"]))
+        for name in ("gh-token", "gl-token"):
+            with open(os.path.join(d.tmp, name), "w") as f:
+                f.write("not-a-real-token\n")
+        d.start()
+        text = d.metrics()
+        d.stop()
+    finally:
+        fake.stop()
+    exported = dict(re.findall(r"^# TYPE (diverge_[a-z_]+) (\w+)$", text,
+                               re.M))
+    t.eq(sorted(set(documented) - set(exported)), [],
+         "every metric of the README's table is exported")
+    t.eq(sorted(set(exported) - set(documented)), [],
+         "every exported metric is in the README's table")
+    t.eq(sorted(n for n in documented if n in exported and
+                documented[n] != exported[n]), [],
+         "the README gives each metric its exported type")
+
+
+def long_options(text):
+    return set(re.findall(r"(--[a-z][a-z-]+)", text))
+
+
+def options(t):
+    p = subprocess.run([DIVERGED, "--help"], capture_output=True, text=True,
+                       timeout=10)
+    t.eq(p.returncode, 0, "diverged --help exits 0")
+    helped = long_options(p.stdout)
+    readme = read("README.md")
+    m = re.search(r"^    diverged \[.*?(?=\n\n)", readme, re.M | re.S)
+    t.ok(m is not None, "README.md has the synopsis of diverged")
+    synopsis = long_options(m.group(0)) if m else set()
+    t.eq(sorted(synopsis), sorted(helped),
+         "the README's synopsis has the options of diverged --help")
+    bullets = readme.split("## Running it", 1)[1].split("```yaml", 1)[0]
+    described = long_options(bullets.split("\n*", 1)[1])
+    t.eq(sorted(helped - described - {"--help", "--version"}), [],
+         "the README describes every option of diverged --help")
+    man = read("doc", "diverged.8").replace("\\-", "-")
+    syn = man.split(".SH SYNOPSIS", 1)[1].split(".SH", 1)[0]
+    t.eq(sorted(long_options(syn)), sorted(helped),
+         "diverged(8)'s synopsis has the options of diverged --help")
+    opts = man.split(".SH OPTIONS", 1)[1].split(".SH", 1)[0]
+    t.eq(sorted(helped - long_options(opts)), [],
+         "diverged(8) describes every option of diverged --help")
+
+    p = subprocess.run([DIVERGE, "--help"], capture_output=True, text=True,
+                       timeout=10)
+    commands = set(re.findall(r"^  (task \w+|token \w+)", p.stdout, re.M))
+    shown = set()
+    for line in re.findall(r"^    diverge (task|token) (\S+)", readme, re.M):
+        for sub in line[1].split("|"):
+            shown.add("%s %s" % (line[0], sub))
+    t.eq(sorted(shown - commands), [],
+         "every diverge command the README shows is in diverge --help")
+    t.eq(sorted(commands - shown), [],
+         "the README shows every command of diverge --help")
+
+
+def main(t):
+    tmp = tempfile.mkdtemp(prefix="diverge-readme-")
+    configs(t, tmp)
+    options(t)
+    metrics(t)
+
+
+run_tests(main)
