@@ -565,7 +565,7 @@ usage(FILE *f)
 	    "  -h, --help          print this help and exit\n"
 	    "\n"
 	    "Signals: SIGHUP re-reads the configuration's secrets and log\n"
-	    "level; SIGTERM and SIGINT stop gracefully.\n");
+	    "settings (level, format); SIGTERM and SIGINT stop gracefully.\n");
 }
 
 static int
