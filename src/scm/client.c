@@ -16,10 +16,21 @@
  *     not fit, a rate-limited call returns SCM_ERATELIMITED at once and
  *     the caller requeues its work instead of holding a worker, for the
  *     time that wait ends (scm_ratelimit_reset_ms);
- *   - 404 is retried only when the request asks (retry_404: 1 s, 2 s).
+ *   - 404 is retried only when the request asks (retry_404: 1 s, 2 s);
+ *   - a rate limit belongs to the credential, not to the call that met
+ *     it (GitHub counts per token or App installation, GitLab per user,
+ *     and asks clients to stop while limited): the transport remembers,
+ *     per credential (scm_req.cred), until when it is limited, from a
+ *     rate-limited reply's wait or a reply whose remaining budget is 0
+ *     (until its reset), and a call with that credential before then
+ *     sends nothing and returns SCM_ERATELIMITED with that time, as if
+ *     it had met the limit beyond its bounded wait.
  *
  * Every attempt counts in diverge_scm_requests_total{provider,op,code};
- * the remaining rate-limit budget goes to diverge_scm_ratelimit_remaining.
+ * the remaining rate-limit budget goes to diverge_scm_ratelimit_remaining,
+ * the time the latest known limit of a provider's credentials ends to
+ * diverge_scm_ratelimited_until_seconds, and the calls held back by one to
+ * diverge_scm_ratelimit_held_total.
  * Credentials travel in one header line that is wiped after use and never
  * logged; errors quote the API's "message" only for replies that cannot
  * carry a secret.
@@ -54,6 +65,14 @@
 #define SECONDARY_WAIT_MS	60000
 #define MAX_MESSAGE		200	/* quoted from an error reply */
 #define MAX_HEADER_WAIT_S	86400	/* Retry-After, rate-limit reset */
+#define MAX_HOLDS		1024	/* limited credentials remembered */
+
+/* A credential limited until a time. */
+struct hold {
+	struct hold *next;
+	char *cred;		/* scm_req.cred */
+	int64_t until_ms;	/* unix ms */
+};
 
 struct scm_http {
 	enum scm_provider provider;
@@ -71,6 +90,10 @@ struct scm_http {
 	pthread_mutex_t pool_lock;
 	CURL *pool[POOL_MAX];
 	size_t npool;
+
+	pthread_mutex_t hold_lock;
+	struct hold *holds;	/* credentials rate limited, or were */
+	size_t nholds;
 };
 
 /* Headers of one attempt. */
@@ -112,6 +135,12 @@ metrics_init(void)
 	    "SCM API requests by provider, operation and HTTP code");
 	metrics_describe("diverge_scm_ratelimit_remaining", METRIC_GAUGE,
 	    "Requests left in the SCM API rate-limit window");
+	metrics_describe("diverge_scm_ratelimited_until_seconds", METRIC_GAUGE,
+	    "Unix time until which a credential of the SCM provider is rate "
+	    "limited (the latest known reset)");
+	metrics_describe("diverge_scm_ratelimit_held_total", METRIC_COUNTER,
+	    "SCM API calls not sent because their credential was rate "
+	    "limited");
 }
 
 /* ---- small helpers ---- */
@@ -283,6 +312,101 @@ share_unlock(CURL *c, curl_lock_data data, void *arg)
 		pthread_mutex_unlock(&h->share_lock[data]);
 }
 
+/* ---- rate limits per credential ---- */
+
+static void
+holds_free(struct hold *p)
+{
+	struct hold *next;
+
+	for (; p != NULL; p = next) {
+		next = p->next;
+		free(p->cred);
+		free(p);
+	}
+}
+
+static const char *
+cred_of(const struct scm_req *rq)
+{
+	return rq->cred != NULL ? rq->cred : "token";
+}
+
+/* Until when cred is limited (unix ms), 0 when it is not. */
+static int64_t
+hold_until(struct scm_http *h, const char *cred)
+{
+	struct hold *p;
+	int64_t until = 0;
+
+	pthread_mutex_lock(&h->hold_lock);
+	for (p = h->holds; p != NULL; p = p->next)
+		if (strcmp(p->cred, cred) == 0) {
+			until = p->until_ms;
+			break;
+		}
+	pthread_mutex_unlock(&h->hold_lock);
+	return until > now_unix_ms() ? until : 0;
+}
+
+/*
+ * Remember that cred is limited until until_ms (a later limit already
+ * known stands), forgetting the holds that ended, and publish the latest
+ * end among the provider's credentials.
+ */
+static void
+hold_set(struct scm_http *h, const char *cred, int64_t until_ms)
+{
+	struct hold **pp, *p, *found = NULL;
+	int64_t now = now_unix_ms(), latest = 0;
+	char labels[64];
+
+	pthread_mutex_lock(&h->hold_lock);
+	for (pp = &h->holds; (p = *pp) != NULL;) {
+		if (strcmp(p->cred, cred) == 0)
+			found = p;
+		else if (p->until_ms <= now) {
+			*pp = p->next;
+			p->next = NULL;
+			holds_free(p);
+			h->nholds--;
+			continue;
+		}
+		pp = &p->next;
+	}
+	if (found == NULL && h->nholds < MAX_HOLDS) {
+		found = xcalloc(1, sizeof(*found));
+		found->cred = xstrdup(cred);
+		found->next = h->holds;
+		h->holds = found;
+		h->nholds++;
+	}
+	if (found != NULL && found->until_ms < until_ms)
+		found->until_ms = until_ms;
+	for (p = h->holds; p != NULL; p = p->next)
+		if (p->until_ms > latest)
+			latest = p->until_ms;
+	pthread_mutex_unlock(&h->hold_lock);
+	snprintf(labels, sizeof(labels), "provider=\"%s\"", scm_http_name(h));
+	metrics_set("diverge_scm_ratelimited_until_seconds", labels,
+	    (double)latest / 1000.0);
+}
+
+static int64_t reset_wait_ms(int64_t reset);
+
+/*
+ * A reply that is not a rate limit but leaves no budget: the credential
+ * is limited until the reset. (A rate-limited reply waits as the retry
+ * policy says, Retry-After first.)
+ */
+static void
+spent(struct scm_http *h, const struct scm_req *rq, const struct hdrs *hd)
+{
+	if (hd->rl_remaining == 0 && hd->rl_reset > 0)
+		hold_set(h, cred_of(rq), now_unix_ms() +
+		    reset_wait_ms(hd->rl_reset));
+}
+
 /* DIVERGE_SCM_MAX_WAIT_MS, or the default when unset or bad. */
 static int64_t
 max_wait_from_env(void)
@@ -329,6 +453,7 @@ scm_http_new(struct scm_http **out, const struct scm_http_config *cfg,
 	for (i = 0; i < CURL_LOCK_DATA_LAST; i++)
 		pthread_mutex_init(&h->share_lock[i], NULL);
 	pthread_mutex_init(&h->pool_lock, NULL);
+	pthread_mutex_init(&h->hold_lock, NULL);
 	if (strncasecmp(url, "https://", 8) == 0)
 		host = url + 8;
 	else if (strncasecmp(url, "http://", 7) == 0) {
@@ -406,6 +531,8 @@ scm_http_free(struct scm_http *h)
 	for (i = 0; i < CURL_LOCK_DATA_LAST; i++)
 		pthread_mutex_destroy(&h->share_lock[i]);
 	pthread_mutex_destroy(&h->pool_lock);
+	holds_free(h->holds);
+	pthread_mutex_destroy(&h->hold_lock);
 	free(h->base);
 	free(h->origin);
 	free(h->ca_file);
@@ -892,7 +1019,7 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 	struct attempt at;
 	CURL *c = NULL;
 	CURLcode rc = CURLE_OK;
-	int64_t waited = 0, wait;
+	int64_t waited = 0, wait, until;
 	int tries = 0, rl_tries = 0, n404 = 0, sent, retry, rl, secondary;
 	int ret = SCM_EINTERNAL;
 
@@ -923,6 +1050,21 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 		scm_resp_init(rp);
 		if (rq->max > 0)
 			rp->body.max = rq->max;
+		until = hold_until(h, cred_of(rq));
+		if (until > 0) {
+			/* limited: another request now would only prolong it */
+			snprintf(labels, sizeof(labels), "provider=\"%s\"",
+			    scm_http_name(h));
+			metrics_inc("diverge_scm_ratelimit_held_total", labels,
+			    1);
+			*cause = xasprintf("%s: %s %s: not sent: the credential "
+			    "is rate limited for %" PRId64 " ms more",
+			    scm_http_name(h), rq->method, shown,
+			    until - now_unix_ms());
+			ratelimit_reset_ms = until;
+			ret = SCM_ERATELIMITED;
+			goto out;
+		}
 		hdrs_reset(&at.hd);
 		at.overflow = 0;
 		sent = 0;
@@ -943,6 +1085,7 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 			goto out;
 		}
 		if (rc == CURLE_OK && rp->code >= 200 && rp->code < 300) {
+			spent(h, rq, &at.hd);
 			rp->link_next = at.hd.link_next;
 			at.hd.link_next = NULL;	/* now the reply's */
 			rp->next_page = at.hd.next_page;
@@ -988,6 +1131,11 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 			/* the wait does not fit: give up now, not later */
 			retry = 0;
 		}
+		/* the limit is the credential's: every call of it waits */
+		if (rl)
+			hold_set(h, cred_of(rq), now_unix_ms() + wait);
+		else if (rc == CURLE_OK)
+			spent(h, rq, &at.hd);
 		if (!retry) {
 			if (rc != CURLE_OK) {
 				*cause = xasprintf("%s: %s %s: %s",

@@ -61,6 +61,13 @@ struct scm_req {
 	 * x", "PRIVATE-TOKEN: x"), or NULL. Never logged, wiped after use.
 	 */
 	const char *auth;
+	/*
+	 * Whose rate limits the call spends: the credential in auth, by
+	 * name ("token", "installation:8", "app"; NULL: "token"). A limit
+	 * met by one call holds every call of that credential on this
+	 * transport until it resets (see scm_http_call).
+	 */
+	const char *cred;
 	const char *body;	/* JSON, or NULL */
 	size_t body_len;
 	const char *accept;	/* NULL: the provider's default */
@@ -87,7 +94,11 @@ void scm_resp_release(struct scm_resp *rp);
  * Run rq with the retry policy (client.c) and fill rp (released first).
  * Returns SCM_OK for a 2xx, or an enum scm_err with *cause (no secret in
  * it, no reply body of a secret_reply request); rp->code then holds the
- * last HTTP status so that callers can tell a 404 from a 409.
+ * last HTTP status so that callers can tell a 404 from a 409. While
+ * rq->cred is rate limited (a limit an earlier call of any thread met,
+ * or a reply that left none of its budget), nothing is sent: the call
+ * returns SCM_ERATELIMITED at once, rp->code 0, with the reset in
+ * scm_ratelimit_reset_ms().
  */
 int scm_http_call(struct scm_http *h, const struct scm_req *rq,
     struct scm_resp *rp, char **cause);

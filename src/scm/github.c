@@ -209,6 +209,7 @@ jwt_call(struct github *g, struct scm_req *rq, struct scm_resp *rp,
 		scm_secret_free(jwt);
 		jwt = NULL;
 		rq->auth = auth;
+		rq->cred = "app";	/* the App's own limits */
 		ret = scm_http_call(g->http, rq, rp, cause);
 		rq->auth = NULL;
 		scm_secret_free(auth);
@@ -451,7 +452,7 @@ static int
 gh_call(struct github *g, const struct scm_repo *repo, const char *rpath,
     struct scm_req *rq, struct scm_resp *rp, char **cause)
 {
-	char *auth = NULL;
+	char *auth = NULL, cred[48];
 	int64_t inst = repo != NULL ? repo->installation_id : 0;
 	int ret, again = 0;
 
@@ -462,9 +463,12 @@ gh_call(struct github *g, const struct scm_repo *repo, const char *rpath,
 			return ret;
 	}
 	for (;;) {
+		/* GitHub limits each installation apart from the token */
+		snprintf(cred, sizeof(cred), "installation:%" PRId64, inst);
 		if (g->key != NULL && inst > 0)
 			ret = token_header(g, inst, &auth, cause);
 		else if (g->token != NULL) {
+			snprintf(cred, sizeof(cred), "token");
 			pthread_rwlock_rdlock(&g->cred);
 			auth = xasprintf("Authorization: Bearer %s", g->token);
 			pthread_rwlock_unlock(&g->cred);
@@ -477,8 +481,10 @@ gh_call(struct github *g, const struct scm_repo *repo, const char *rpath,
 		if (ret != SCM_OK)
 			break;
 		rq->auth = auth;
+		rq->cred = cred;
 		ret = scm_http_call(g->http, rq, rp, cause);
 		rq->auth = NULL;
+		rq->cred = NULL;
 		scm_secret_free(auth);
 		auth = NULL;
 		if (ret != SCM_EUNAUTHORIZED || g->key == NULL || inst <= 0 ||

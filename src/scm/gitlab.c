@@ -46,6 +46,7 @@ gl_http(struct gitlab *g, struct scm_req *rq, struct scm_resp *rp,
 	auth = xstrdup(g->auth);
 	pthread_rwlock_unlock(&g->cred);
 	rq->auth = auth;
+	rq->cred = "token";	/* GitLab limits per user: the token's */
 	ret = scm_http_call(g->http, rq, rp, cause);
 	rq->auth = NULL;
 	scm_secret_free(auth);

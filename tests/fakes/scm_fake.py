@@ -373,6 +373,10 @@ class State:
             self.gl = GitLabState()
             self.requests = []
             self.faults = []
+            # credential -> {"until", "fault"}: a rate limit a fault
+            # started holds its credential (GitHub: the user or the
+            # installation; GitLab: the user) until it ends (§5, §8)
+            self.limited = {}
             self.seq = 0
 
     # -- seeding ------------------------------------------------------------
@@ -628,6 +632,31 @@ class State:
                 self.faults = [x for x in self.faults if x["count"] > 0]
                 return dict(f)
         return None
+
+    def limit_credential(self, key, until, fault):
+        """A rate-limit answer: the credential stays limited until then."""
+        if key is None or fault.get("held"):
+            return
+        with self.lock:
+            w = self.limited.get(key)
+            if w is None or w["until"] < until:
+                self.limited[key] = {"until": until, "fault": dict(fault)}
+
+    def held(self, key):
+        """The fault to answer with while key is limited, else None."""
+        with self.lock:
+            w = self.limited.get(key) if key is not None else None
+            if w is None or w["until"] <= now():
+                return None
+            f = dict(w["fault"])
+            left = w["until"] - now()
+        f["count"] = 0
+        if f.get("retry_after") is not None:
+            f["retry_after"] = max(1, int(left + 0.999))
+        if f.get("ratelimit_reset_in") is not None:
+            f["ratelimit_reset_in"] = left
+        f["held"] = True
+        return f
 
     # -- state dump ---------------------------------------------------------
 
@@ -885,6 +914,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                "query": query,
                "authorization": scheme,
                "credential": None,
+               "user": None, "installation": None,
                "private_token": "PRIVATE-TOKEN" in h,
                "accept": h.get("Accept"),
                "api_version": h.get("X-GitHub-Api-Version"),
@@ -952,6 +982,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if method == "DELETE":
                 with st.lock:
                     st.faults = []
+                    st.limited = {}
                 return self.send(200, {"ok": True})
         if path == "/_fake/state" and method == "GET":
             return self.send(200, st.dump())
@@ -1029,10 +1060,17 @@ class Api:
         return (f"http://{host}{prefix}{self.raw_path}?" +
                 urllib.parse.urlencode(q))
 
+    def cred_key(self):
+        """Whose rate limits the request spends (None: nobody known)."""
+        return None
+
     def run(self):
         try:
-            if self.fault and self.fault.get("status"):
-                raise self.fault_error(self.fault)
+            f = self.fault
+            if not (f and f.get("status")):
+                f = self.st.held(self.cred_key())
+            if f and f.get("status"):
+                raise self.fault_error(f)
             self.route()
         except ApiError as e:
             self.reply(e.status, e.body, e.ctype, e.headers)
@@ -1107,6 +1145,16 @@ class GitHubApi(Api):
             override["remaining"] = 0
         self.rate_override = override or None
         self.auth(required=False)       # the rate headers name the user
+        if f.get("secondary") or primary:
+            # limited until Retry-After, else the reset (primary), else
+            # the minute GitHub asks for after a secondary limit
+            if f.get("retry_after") is not None:
+                until = now() + int(f["retry_after"])
+            elif primary:
+                until = override.get("reset", self.gh.rate_reset)
+            else:
+                until = now() + 60
+            self.st.limit_credential(self.cred_key(), until, f)
         if "body" in f:
             return ApiError(status, f["body"], hs)
         msg = f.get("message")
@@ -1134,6 +1182,22 @@ class GitHubApi(Api):
             status, "Error")).body, hs)
 
     # -- auth ---------------------------------------------------------------
+
+    def cred_key(self):
+        """GitHub counts per user (tokens), per installation, per App."""
+        _, tok = self.credential()
+        if tok is None:
+            return None
+        gh = self.gh
+        with self.st.lock:
+            if tok in gh.tokens:
+                return ("github", "user", gh.tokens[tok])
+            if tok in gh.inst_tokens:
+                return ("github", "installation",
+                        gh.inst_tokens[tok]["installation"])
+        if tok.count(".") == 2 and gh.app is not None:
+            return ("github", "app")
+        return None
 
     def credential(self):
         auth = self.h.headers.get("Authorization") or ""
@@ -1169,9 +1233,11 @@ class GitHubApi(Api):
             if tok in gh.tokens:
                 rec["credential"] = "token"
                 self.login = gh.tokens[tok]
+                rec["user"] = self.login
             elif tok in gh.inst_tokens:
                 it = gh.inst_tokens[tok]
                 rec["credential"] = "installation-token"
+                rec["installation"] = it["installation"]
                 if it["expires"] <= now():
                     if required:
                         raise gh_error(401, "Bad credentials")
@@ -1962,6 +2028,7 @@ class GitLabApi(Api):
             ra = f.get("retry_after", 60)
             override.setdefault("reset", int(now() + ra))
             hs.append(("Retry-After", int(ra)))
+            self.st.limit_credential(self.cred_key(), now() + int(ra), f)
         elif f.get("retry_after") is not None:
             hs.append(("Retry-After", int(f["retry_after"])))
         self.rate_override = override or None
@@ -1981,7 +2048,7 @@ class GitLabApi(Api):
         return ApiError(status, {"message": msg or texts.get(
             status, f"{status} Error")}, hs)
 
-    def auth(self):
+    def token(self):
         h = self.h.headers
         tok = h.get("PRIVATE-TOKEN")
         if tok is None:
@@ -1989,11 +2056,23 @@ class GitLabApi(Api):
             scheme, _, t = auth.partition(" ")
             if scheme.lower() == "bearer":
                 tok = t.strip()
+        return tok
+
+    def cred_key(self):
+        """GitLab counts per user."""
+        tok = self.token()
+        with self.st.lock:
+            name = self.gl.tokens.get(tok) if tok else None
+        return ("gitlab", "user", name) if name else None
+
+    def auth(self):
+        tok = self.token()
         rec = self.h.rec
         with self.st.lock:
             name = self.gl.tokens.get(tok) if tok else None
         rec["credential"] = None if tok is None else (
             "token" if name else "unknown")
+        rec["user"] = name
         if name is None:
             raise gl_error(401, "401 Unauthorized")
         self.user = self.gl.user(name)

@@ -529,11 +529,17 @@ def test_github_faults(f):
           abs(int(r.h("x-ratelimit-reset")) - time.time() - 30) < 3 and
           "API rate limit exceeded for user ID 77" in r.json["message"],
           (r.headers, r.raw))
+    r = f.gh("GET", "/issues/1347/comments")
+    check("... and the user stays limited until the reset, whatever the "
+          "request", r.status == 429 and
+          r.h("x-ratelimit-remaining") == "0", r.raw)
+    f.ctl("DELETE", "faults")       # and the limits they started
     f.ctl("POST", "faults", {"status": 403, "ratelimit_remaining": 0})
     r = f.gh("GET", "/pulls/1347")
     check("403 primary limit with x-ratelimit-remaining: 0",
           r.status == 403 and r.h("x-ratelimit-remaining") == "0" and
           "rate limit exceeded" in r.json["message"], r.raw)
+    f.ctl("DELETE", "faults")
     f.ctl("POST", "faults", {"status": 403, "secondary": True,
                              "retry_after": 3, "method": "POST"})
     r0 = f.gh("GET", "/pulls/1347")
@@ -543,6 +549,14 @@ def test_github_faults(f):
           r0.status == 200 and r.status == 403 and r.h("retry-after") == "3"
           and r.h("x-ratelimit-remaining") != "0" and
           "secondary rate limit" in r.json["message"], r.raw)
+    r1 = f.gh("GET", "/pulls/1347")
+    r2 = f.gh("GET", "/pulls/1347", token="ghp_alice_token")
+    check("a secondary limit holds the user's token for Retry-After, on "
+          "every request; another user's token is served",
+          r1.status == 403 and "secondary rate limit" in
+          r1.json["message"] and 1 <= int(r1.h("retry-after") or 0) <= 3
+          and r2.status == 200, (r1.raw, r2.status))
+    f.ctl("DELETE", "faults")
     f.ctl("POST", "faults", {"status": 401})
     r = f.gh("GET", "/pulls/1347")
     check("401 fault: Bad credentials", r.status == 401 and
@@ -749,6 +763,10 @@ def test_gitlab_faults(f):
           r.status == 429 and r.h("retry-after") == "9" and
           r.h("ratelimit-remaining") == "0" and r.raw == b"Retry later\n",
           (r.headers, r.raw))
+    r = f.gl("GET", "/gitlab/api/v4/user")
+    check("GitLab: the user stays limited for Retry-After",
+          r.status == 429 and 1 <= int(r.h("retry-after") or 0) <= 9, r.raw)
+    f.ctl("DELETE", "faults")       # and the limit it started
     f.ctl("POST", "faults", {"status": 429, "provider": "gitlab",
                              "message": "This endpoint has been requested "
                              "too many times. Try again later."})
@@ -756,6 +774,7 @@ def test_gitlab_faults(f):
     check("GitLab 429 with the application limiter message",
           r.status == 429 and "too many times" in r.json["message"]["error"],
           r.raw)
+    f.ctl("DELETE", "faults")
     f.ctl("POST", "faults", {"status": 500, "count": 3,
                              "provider": "gitlab"})
     codes = [f.gl("GET", "/gitlab/api/v4/user").status for _ in range(4)]

@@ -25,7 +25,8 @@ from divtest import ScmFake, run_tests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_scm_commands import (api, bot_daemon, get_task,  # noqa
-                               gh_comment, gl_note, wait)
+                               gh_comment, gh_reactions, gl_awards, gl_note,
+                               wait)
 
 if os.environ.get("DIVERGED_BIN"):
     divtest.DIVERGED = os.environ["DIVERGED_BIN"]
@@ -81,7 +82,8 @@ def seed():
                                    "body": "(c)"}]},
                     {"number": 46, "title": "limits", "user": "alice",
                      "head": {"ref": "limits"}, "base": {"ref": "main"},
-                     "comments": []}]}]},
+                     "comments": [{"id": 1460, "user": "alice",
+                                   "body": "/diverge status"}]}]}]},
         "gitlab": {
             "user": {"username": "diverge-bot", "id": 950},
             "tokens": ["glpat-bot"],
@@ -94,7 +96,9 @@ def seed():
                     "iid": 2, "id": 2002, "source_branch": "feature",
                     "target_branch": "main", "author": "pipin",
                     "notes": [{"id": 3000 + i, "author": "pipin",
-                               "body": "(n)"} for i in range(1, 10)]}]}]},
+                               "body": "(n)"} for i in range(1, 10)] +
+                    [{"id": 3460, "author": "pipin",
+                      "body": "/diverge status"}]}]}]},
     }
 
 
@@ -328,50 +332,72 @@ def main(t):
     time.sleep(1.5)
     t.eq(len(gh42()), 1, "still one sticky comment on PR 42")
 
-    # ---- a rate limit beyond the bounded wait requeues the PR's update
-    # and holds up neither the reconciler nor the other PRs below
-    fake.call("POST", "/_fake/faults", {"status": 429, "count": 3,
-                                        "retry_after": 120,
-                                        "method": "PATCH",
-                                        "match": "/issues/comments/%d" %
-                                        gh42()[0]["id"]})
-    t.ok(play_ready(d, "fix-pr-42"), "PR 42: Active while its comment "
-         "updates are rate limited")
-    t.ok(d.wait_log("notifier: update failed, will retry", 15),
-         "PR 42: the rate-limited update is requeued, not waited on")
-
-    # ---- the requeue follows the provider's reset (PR 46): not before
-    # Retry-After, and not a fixed minute after it either
+    # ---- a rate limit is the credential's, not the PR's: GitHub counts
+    # per token (or App installation) and asks clients to stop while
+    # limited. PR 42's comment update meets a secondary limit with
+    # Retry-After: 5; until it ends no request with that token goes out
+    # (PR 46's update and a command's reaction wait, requeued to the
+    # reset rather than a fixed minute), then both go through; GitLab's
+    # token is another credential and is not held
     gh_send(46)("/diverge fix rate limits")
     gh46 = lambda: stickies(gh_comments(fake, 46))  # noqa: E731
     t.ok(wait(lambda: len(gh46()) == 1, 20), "PR 46: one sticky comment",
          gh46())
+    cid42 = (gh42() or [{"id": 0}])[0]["id"]
     cid46 = (gh46() or [{"id": 0}])[0]["id"]
-
-    def patches46():
-        return [r for r in fake.requests() if r.get("method") == "PATCH"
-                and r.get("path", "").endswith("/comments/%d" % cid46)]
-    fake.call("POST", "/_fake/faults", {"status": 429, "count": 1,
-                                        "retry_after": 5, "method": "PATCH",
+    fake.call("POST", "/_fake/faults", {"status": 403, "count": 1,
+                                        "secondary": True, "retry_after": 5,
+                                        "method": "PATCH",
                                         "match": "/issues/comments/%d" %
-                                        cid46})
-    t.ok(play_ready(d, "fix-pr-46"), "PR 46: Active")
+                                        cid42})
 
-    def retried46():
-        p = patches46()
-        lim = [r for r in p if r.get("status") == 429]
-        ok = [r for r in p if lim and r.get("status") == 200 and
-              r["seq"] > lim[0]["seq"]]
-        return (lim[0], ok[0]) if ok else None
-    got = wait(retried46, 25)
-    t.ok(got, "PR 46: the update refused with 429 and Retry-After: 5 is "
-         "sent again within seconds of the reset, not a minute later",
-         "\n".join([str([(r.get("status"), r["time"]) for r in
-                         patches46()])] +
-                    [ln for ln in d.log() if "fix-pr-46" in ln][-5:]))
-    t.ok(got and got[1]["time"] - got[0]["time"] >= 4.5,
-         "PR 46: ... and not before Retry-After has passed",
-         got and got[1]["time"] - got[0]["time"])
+    def limited():
+        return [r for r in fake.requests() if r.get("status") == 403 and
+                r.get("path", "").endswith("/comments/%d" % cid42)]
+    t.ok(play_ready(d, "fix-pr-42"), "PR 42: Active")
+    hit = wait(lambda: limited(), 15)
+    t.ok(hit, "PR 42: its comment update meets a secondary limit (403, "
+         "Retry-After: 5)")
+    t0 = hit[0]["time"] if hit else time.time()
+    seq0 = hit[0]["seq"] if hit else 0
+    t.ok(play_ready(d, "fix-pr-46"), "PR 46: Active while the token is "
+         "limited")
+    d.github("issue_comment", gh_comment(1460, 46, "alice",
+                                         "/diverge status"),
+             str(uuid.uuid4()))
+    d.gitlab("Note Hook", gl_note(3460, 2, "pipin", 11, "/diverge status"),
+             str(uuid.uuid4()))
+    t.ok(wait(lambda: gl_awards(fake, 2, 3460) == ["eyes"], 10) and
+         time.time() < t0 + 5,
+         "GitLab (another credential) is not held: its reaction is posted "
+         "while GitHub's token is limited", time.time() - t0)
+    s46 = one_with(gh46, "Running", 25)
+    t.ok(s46 and wait(lambda: gh_reactions(fake, 46, 1460) == ["eyes"],
+                      15),
+         "PR 46: the comment update and the command's reaction go through "
+         "once the limit ends", [ln for ln in d.log() if "fix-pr-46" in
+                                 ln][-5:])
+    reqs = [r for r in fake.requests() if r.get("provider") == "github"
+            and r.get("user") == "diverge-bot" and r["seq"] > seq0]
+    early = [(r["method"], r["path"], r["status"], round(r["time"] - t0, 2))
+             for r in reqs if r["time"] < t0 + 4.9]
+    t.ok(not early, "no request with the limited token goes out before "
+         "Retry-After has passed (not PR 46's update, not the reaction)",
+         early)
+    p46 = [r for r in reqs if r.get("method") == "PATCH" and
+           r.get("path", "").endswith("/comments/%d" % cid46) and
+           r.get("status") == 200]
+    react = [r for r in reqs if r.get("path", "").endswith(
+        "/comments/1460/reactions")]
+    t.ok(p46 and react and p46[0]["time"] - t0 < 12 and
+         react[0]["time"] - t0 < 12,
+         "... and they are sent within seconds of the reset, not a minute "
+         "later", [(r["path"], round(r["time"] - t0, 2)) for r in
+                   (p46[:1] + react[:1])])
+    t.ok(not [r for r in reqs if r.get("status") in (403, 429)],
+         "no request is refused for the limit after the first",
+         [(r["path"], r["status"]) for r in reqs
+          if r.get("status") in (403, 429)])
 
     # ---- pages, a race's duplicate, a look-alike by another user (PR 43)
     s, _ = api(d, "POST", TASKS, {

@@ -710,7 +710,9 @@ ratelimit_beyond_bound(void **state)
 	    3600 * 1000 - 2000, 3601 * 1000 + 1000);
 	free(cause);
 	cause = NULL;
-	/* the same with a 429 */
+	/* the same with a 429 (a new client: the token is limited now) */
+	scm_client_free(c);
+	c = github_client(GH_TOKEN_MODE, "");
 	srv_reset();
 	push(429, "{}", "x-ratelimit-remaining: 0", reset, NULL);
 	assert_int_equal(c->ops->get_pr(c, &gh_repo, 1, &pr, &cause),
@@ -722,6 +724,8 @@ ratelimit_beyond_bound(void **state)
 	 * A reset 1e17 s away is clamped to a day like Retry-After, not
 	 * multiplied into a signed overflow (an abort under UBSan).
 	 */
+	scm_client_free(c);
+	c = github_client(GH_TOKEN_MODE, "");
 	srv_reset();
 	push(429, "{}", "x-ratelimit-remaining: 0",
 	    "x-ratelimit-reset: 100000000000000000", NULL);
@@ -750,6 +754,8 @@ ratelimit_beyond_bound(void **state)
 	free(cause);
 	free(reset);
 	/* Retry-After first; a call that succeeds names no reset */
+	scm_client_free(c);
+	c = gitlab_client("/api/v4");
 	srv_reset();
 	push(429, "{}", "Retry-After: 120", "RateLimit-Remaining: 0", NULL);
 	assert_int_equal(c->ops->create_comment(c, &gl_repo, 1, "x", NULL,
@@ -757,6 +763,8 @@ ratelimit_beyond_bound(void **state)
 	assert_in_range(scm_ratelimit_reset_ms() - now_unix_ms(),
 	    120 * 1000 - 2000, 120 * 1000);
 	free(cause);
+	scm_client_free(c);
+	c = gitlab_client("/api/v4");
 	push(201, "{\"id\":7}", NULL);
 	assert_int_equal(c->ops->create_comment(c, &gl_repo, 1, "x", NULL,
 	    &cause), SCM_OK);
@@ -773,6 +781,140 @@ ratelimit_beyond_bound(void **state)
 	    "\"github\",op=\"get_pr\",code=\"403\"} 1"));
 	assert_non_null(strstr(m.data, "# TYPE diverge_scm_requests_total "
 	    "counter"));
+	buf_release(&m);
+}
+
+static char *token_reply(int64_t expires);
+
+/*
+ * A comment update meets the limit queued for it, then a reaction with
+ * the same credential is not sent: recs requests in all.
+ */
+static void
+limited_twice(struct scm_client *c, const struct scm_repo *repo,
+    size_t recs)
+{
+	char *cause = NULL;
+
+	assert_int_equal(c->ops->update_comment(c, repo, 42, 5, "a", &cause),
+	    SCM_ERATELIMITED);
+	free(cause);
+	cause = NULL;
+	assert_int_equal(c->ops->react(c, repo, 42, 11, 0, "eyes", &cause),
+	    SCM_ERATELIMITED);
+	free(cause);
+	assert_int_equal(nrecs(), recs);
+}
+
+/*
+ * A limit is the credential's: once one call met it, no call with that
+ * credential is sent before it resets (they fail fast with the reset),
+ * while other credentials (another installation, the other provider) go
+ * on.
+ */
+static void
+ratelimit_held(void **state)
+{
+	struct scm_repo r7 = { "octocat/Hello-World", 0, 7 };
+	struct scm_repo r8 = { "octocat/Hello-World", 0, 8 };
+	struct scm_client *c, *app, *gl;
+	struct scm_pr pr;
+	struct buf m;
+	char *cause = NULL, *body, *reset;
+	int64_t at, t0, now = now_unix();
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	gl = gitlab_client("/api/v4");
+	push(403, "{\"message\":\"You have exceeded a secondary rate limit. "
+	    "Please wait a few minutes before you try again.\",\"documentation"
+	    "_url\":\"https://docs.github.com/free-pro-team@latest/rest/"
+	    "overview/rate-limits-for-the-rest-api#about-secondary-rate-"
+	    "limits\"}", "Retry-After: 60", "x-ratelimit-remaining: 4990",
+	    NULL);
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 42, 5, "a",
+	    &cause), SCM_ERATELIMITED);
+	at = scm_ratelimit_reset_ms();
+	assert_in_range(at - now_unix_ms(), 58 * 1000, 60 * 1000);
+	free(cause);
+	cause = NULL;
+	assert_int_equal(nrecs(), 1);
+	/* another PR's comment, a reaction: not sent, the same reset */
+	t0 = now_mono_ms();
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 46, 6, "b",
+	    &cause), SCM_ERATELIMITED);
+	assert_int_equal(scm_ratelimit_reset_ms(), at);
+	assert_non_null(strstr(cause, "not sent"));
+	free(cause);
+	cause = NULL;
+	assert_int_equal(c->ops->react(c, &gh_repo, 46, 11, 0, "eyes",
+	    &cause), SCM_ERATELIMITED);
+	assert_int_equal(scm_ratelimit_reset_ms(), at);
+	free(cause);
+	cause = NULL;
+	assert_true(now_mono_ms() - t0 < 500);
+	assert_int_equal(nrecs(), 1);
+	/* GitLab's token is another credential */
+	push(201, "{\"id\":7}", NULL);
+	assert_int_equal(gl->ops->create_comment(gl, &gl_repo, 1, "x", NULL,
+	    &cause), SCM_OK);
+	assert_int_equal(nrecs(), 2);
+
+	/* GitLab: a 429 holds its token, not GitHub's */
+	srv_reset();
+	push(429, "Retry later\n", "Retry-After: 60", "RateLimit-Remaining: 0",
+	    NULL);
+	limited_twice(gl, &gl_repo, 1);
+	scm_client_free(gl);
+	scm_client_free(c);
+
+	/* the last request of the budget: nothing more until its reset */
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	reset = xasprintf("x-ratelimit-reset: %" PRId64, now_unix() + 1);
+	push(200, "{}", "x-ratelimit-remaining: 0", reset, NULL);
+	free(reset);
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 42, 5, "a",
+	    &cause), SCM_OK);
+	assert_int_equal(c->ops->get_pr(c, &gh_repo, 42, &pr, &cause),
+	    SCM_ERATELIMITED);
+	free(cause);
+	cause = NULL;
+	assert_int_equal(nrecs(), 1);
+	/* ... then calls go out again */
+	sleep_ms(scm_ratelimit_reset_ms() - now_unix_ms() + 10);
+	push(200, "{}", "x-ratelimit-remaining: 5000", NULL);
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 46, 6, "b",
+	    &cause), SCM_OK);
+	assert_int_equal(nrecs(), 2);
+	scm_client_free(c);
+
+	/* App installations are limited apart */
+	srv_reset();
+	app = github_client(GH_APP_MODE, "");
+	body = token_reply(now + 3600);
+	push(201, body, NULL);
+	push(429, "{\"message\":\"API rate limit exceeded for installation "
+	    "ID 7.\"}", "x-ratelimit-remaining: 0", "Retry-After: 60", NULL);
+	limited_twice(app, &r7, 2);
+	push(201, body, NULL);
+	push(200, "{}", NULL);
+	free(body);
+	assert_int_equal(app->ops->update_comment(app, &r8, 46, 6, "b",
+	    &cause), SCM_OK);
+	assert_int_equal(nrecs(), 4);
+	assert_string_equal(srv.recs[2].path,
+	    "/app/installations/8/access_tokens");
+	scm_client_free(app);
+
+	/* the held calls and the end of the limit are metrics */
+	buf_init(&m, 1 << 20);
+	assert_int_equal(metrics_render(&m), 0);
+	assert_non_null(strstr(m.data, "diverge_scm_ratelimit_held_total{"
+	    "provider=\"github\"} "));
+	assert_non_null(strstr(m.data, "diverge_scm_ratelimited_until_seconds{"
+	    "provider=\"gitlab\"} "));
 	buf_release(&m);
 }
 
@@ -1566,6 +1708,7 @@ main(void)
 		cmocka_unit_test(retry_after_429),
 		cmocka_unit_test(secondary_limit),
 		cmocka_unit_test(ratelimit_beyond_bound),
+		cmocka_unit_test(ratelimit_held),
 		cmocka_unit_test(burst_5xx),
 		cmocka_unit_test(not_found),
 		cmocka_unit_test(errors_mapping),
