@@ -12,7 +12,10 @@
  * so that a restart neither posts twice nor misses an update. A task
  * without status.phase (not reconciled yet) has no comment. When a run
  * ends (Completed, Failed) one short comment mentions who started it,
- * posted before reportedPhase records the phase: at least once.
+ * posted before reportedPhase records the phase: at least once. When
+ * several tasks report to one PR/MR the comment follows one of them
+ * (notifier_task_cmp); the others get their finished-run comment all the
+ * same, recorded in their own reportedPhase.
  *
  * render.c holds the pure part: task JSON in, Markdown body out.
  */
@@ -71,9 +74,11 @@ char *notifier_render(const json_t *task,
 /*
  * The short comment posted when a task completes or fails, mentioning
  * login (who started it; left out when it is not a plausible login).
- * A new string.
+ * followed: the sticky comment shows this task (else it shows another
+ * task of the PR/MR, and the comment says so). A new string.
  */
-char *notifier_render_final(const json_t *task, const char *login);
+char *notifier_render_final(const json_t *task, const char *login,
+    int followed);
 
 /*
  * Append s (len bytes, need not be NUL-terminated) to b as inline
@@ -144,6 +149,17 @@ int notifier_start(struct notifier **out, const struct notifier_config *cfg,
  * start picks up what is left from status.notifier), free. NULL is fine.
  */
 void notifier_stop(struct notifier *n);
+
+/*
+ * The order of the tasks of one PR/MR for the sticky comment, which
+ * follows the first: a live task (it has a phase that is neither
+ * Completed nor Failed) before another, then the newer creationTimestamp
+ * (a task with one before a task without), then, for the same second,
+ * the smaller namespace, then the smaller name. Negative when task a
+ * comes first, positive when b does, 0 only for the same namespace and
+ * name.
+ */
+int notifier_task_cmp(const json_t *a, const json_t *b);
 
 /* Comment updates and creations done so far, and failures. */
 uint64_t notifier_updates(struct notifier *n, uint64_t *failures);

@@ -682,7 +682,7 @@ plausible_login(const char *s)
 }
 
 char *
-notifier_render_final(const json_t *task, const char *login)
+notifier_render_final(const json_t *task, const char *login, int followed)
 {
 	const char *phase = jstr2(task, "status", "phase");
 	const char *name = jstr2(task, "metadata", "name");
@@ -705,6 +705,11 @@ notifier_render_final(const json_t *task, const char *login)
 		notifier_escape_inline(&b, reason, strlen(reason),
 		    NOTIFIER_CAP_SHORT);
 	}
-	buf_addstr(&b, ". The status comment above has the details.\n");
+	if (followed)
+		buf_addstr(&b, ". The status comment above has the details.\n");
+	else
+		buf_addstr(&b, ". The status comment above follows another "
+		    "task of this pull request; `/diverge status` lists them "
+		    "all.\n");
 	return buf_detach(&b, NULL);
 }

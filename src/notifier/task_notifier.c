@@ -512,14 +512,39 @@ accepted(struct notifier *n, const char *tkey)
 }
 
 /*
- * Bring task tkey's comment in line. 0 when done (*delay_ms > 0: look
- * again after that long), a negative value on failure, with *cause; after
- * a rate limit, *rl_until is when the provider said it resets (unix ms);
- * *refused is set when the provider refuses the bot's writes.
+ * Post the short comment that says task's run ended, mentioning who
+ * started it; followed: the sticky comment shows this task. An SCM_*
+ * code.
  */
 static int
-process(struct notifier *n, const char *tkey, int64_t *delay_ms,
-    int64_t *rl_until, int *refused, char **cause)
+post_final(struct scm_client *cl, const struct target *t,
+    const json_t *task, int followed, char **cause)
+{
+	struct scm_repo repo = { t->project, t->project_id, 0 };
+	int64_t fid = 0;
+	char *fin;
+	int rc;
+
+	fin = notifier_render_final(task, ann(task,
+	    "divergedev.com/requested-by"), followed);
+	rc = cl->ops->create_comment(cl, &repo, t->number, fin, &fid, cause);
+	free(fin);
+	if (rc == SCM_OK)
+		metrics_inc("diverge_notifier_notifications_total", "", 1);
+	return rc;
+}
+
+/*
+ * Bring task tkey's comment in line; primary 0: the comment follows
+ * another task of the PR/MR, and this one only gets its finished-run
+ * notification. 0 when done (*delay_ms > 0: look again after that long),
+ * a negative value on failure, with *cause; after a rate limit,
+ * *rl_until is when the provider said it resets (unix ms); *refused is
+ * set when the provider refuses the bot's writes.
+ */
+static int
+process(struct notifier *n, const char *tkey, int primary,
+    int64_t *delay_ms, int64_t *rl_until, int *refused, char **cause)
 {
 	struct k8s_status st = { 0 };
 	struct notifier_render_opts ro;
@@ -527,7 +552,7 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 	struct target t;
 	struct scm_client *cl;
 	json_t *task = NULL, *fields = NULL;
-	char *ns = NULL, *body = NULL, *content = NULL, *fin = NULL;
+	char *ns = NULL, *body = NULL, *content = NULL;
 	const char *name, *phase, *reported, *hash_old, *cid_s;
 	char hash[65], idbuf[32];
 	int64_t cid, newcid = 0, now_ms, wait_ms;
@@ -587,6 +612,34 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 	hash_old = status_str(task, "notifier", "bodyHash");
 	cid_s = status_str(task, "notifier", "commentId");
 	cid = num(cid_s);
+	if (!primary) {
+		/*
+		 * Notified like the followed task: once per finished run,
+		 * recorded in reportedPhase after the post. bodyHash is
+		 * emptied because the comment does not show this task: should
+		 * it be followed again, the comment is repainted.
+		 */
+		if (terminal(phase) && (reported == NULL ||
+		    strcmp(reported, phase) != 0)) {
+			rc = post_final(cl, &t, task, 0, cause);
+			if (rc != SCM_OK) {
+				*rl_until = ratelimit_until(rc);
+				*refused = refused_write(rc);
+				goto out;
+			}
+			accepted(n, tkey);
+			fields = json_pack("{s:s,s:s}", "reportedPhase", phase,
+			    "bodyHash", "");
+			if (write_notifier(n, ns, name, task, fields,
+			    cause) < 0)
+				goto out;
+			log_kv(LOG_INFO, "notifier: finished run notified, the "
+			    "comment follows another task", "task", tkey,
+			    "phase", phase, NULL);
+		}
+		ret = 0;
+		goto out;
+	}
 
 	k8s_task_budgets(n->c.store, task, n->c.cfg ?
 	    n->c.cfg->defaults.budget_usd_micro : -1, n->c.cfg ?
@@ -640,14 +693,9 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 		 */
 		if (terminal(phase) && (reported == NULL ||
 		    strcmp(reported, phase) != 0)) {
-			struct scm_repo repo = { t.project, t.project_id, 0 };
-			int64_t fid = 0;
 			char *c2 = NULL;
 
-			fin = notifier_render_final(task,
-			    ann(task, "divergedev.com/requested-by"));
-			rc = cl->ops->create_comment(cl, &repo, t.number, fin,
-			    &fid, cause);
+			rc = post_final(cl, &t, task, 1, cause);
 			if (rc != SCM_OK) {
 				*rl_until = ratelimit_until(rc);
 				*refused = refused_write(rc);
@@ -657,8 +705,6 @@ process(struct notifier *n, const char *tkey, int64_t *delay_ms,
 				free(c2);
 				goto out;
 			}
-			metrics_inc("diverge_notifier_notifications_total",
-			    "", 1);
 		}
 		fields = json_pack("{s:s,s:s,s:s}", "commentId", idbuf,
 		    "reportedPhase", phase, "bodyHash", hash);
@@ -678,7 +724,6 @@ out:
 	free(ns);
 	free(body);
 	free(content);
-	free(fin);
 	return ret;
 }
 
@@ -723,25 +768,64 @@ tasks_of(struct notifier *n, const char *pkey)
 	return v;
 }
 
+/* 1 when task is live (Pending to Paused), 0 when finished or unreconciled. */
+static int
+task_live(const json_t *task)
+{
+	const char *ph = status_str(task, "phase", NULL);
+
+	return ph != NULL && !terminal(ph);
+}
+
+/*
+ * Which of two tasks the comment of their PR/MR follows. The order must
+ * not depend on the order of the task list: creationTimestamp has a
+ * resolution of one second, so two tasks made in the same second are told
+ * apart by their "namespace/name", which is unique.
+ */
+int
+notifier_task_cmp(const json_t *a, const json_t *b)
+{
+	const char *ta = k8s_meta_str(a, "creationTimestamp");
+	const char *tb = k8s_meta_str(b, "creationTimestamp");
+	const char *na, *nb;
+	int c;
+
+	c = task_live(b) - task_live(a);
+	if (c != 0)
+		return c;
+	if ((ta != NULL) != (tb != NULL))
+		return ta != NULL ? -1 : 1;
+	if (ta != NULL && (c = strcmp(tb, ta)) != 0)
+		return c;	/* the newer first */
+	na = k8s_meta_str(a, "namespace");
+	nb = k8s_meta_str(b, "namespace");
+	c = strcmp(na ? na : "", nb ? nb : "");
+	if (c != 0)
+		return c;
+	na = k8s_meta_str(a, "name");
+	nb = k8s_meta_str(b, "name");
+	return strcmp(na ? na : "", nb ? nb : "");
+}
+
 /*
  * When several tasks report to one PR/MR (a task made by hand with the
- * same annotations), the comment follows one: a live task before a
- * finished one, then the newest. The others are dropped from tasks (a
- * NULL-terminated array of "namespace/name" keys, compacted).
+ * same annotations), the comment follows one, chosen by
+ * notifier_task_cmp: it is moved to the front of tasks (a NULL-terminated
+ * array of "namespace/name" keys). The others still get their
+ * finished-run notification (process with primary 0).
  */
 static void
 keep_primary(struct notifier *n, char **tasks)
 {
-	const char *best_ts = NULL;
 	json_t *best = NULL, *t;
-	size_t i, k = 0, pick = 0;
-	int best_live = -1, live, newer;
+	size_t i, pick = 0;
+	char *tmp;
 
 	if (tasks[0] == NULL || tasks[1] == NULL)
 		return;
 	for (i = 0; tasks[i] != NULL; i++) {
 		char *ns = xstrdup(tasks[i]), *name = strchr(ns, '/');
-		const char *ph, *ts;
 
 		t = NULL;
 		if (name != NULL) {
@@ -751,29 +835,17 @@ keep_primary(struct notifier *n, char **tasks)
 		free(ns);
 		if (t == NULL)
 			continue;
-		ph = status_str(t, "phase", NULL);
-		live = ph != NULL && !terminal(ph);
-		ts = k8s_meta_str(t, "creationTimestamp");
-		newer = ts != NULL && (best_ts == NULL ||
-		    strcmp(ts, best_ts) > 0);
-		if (best == NULL || live > best_live ||
-		    (live == best_live && newer)) {
+		if (best == NULL || notifier_task_cmp(t, best) < 0) {
 			json_decref(best);
 			best = t;
-			best_ts = ts;
-			best_live = live;
 			pick = i;
 		} else
 			json_decref(t);
 	}
 	json_decref(best);
-	for (i = 0; tasks[i] != NULL; i++) {
-		if (i == pick)
-			tasks[k++] = tasks[i];
-		else
-			free(tasks[i]);
-	}
-	tasks[k] = NULL;
+	tmp = tasks[0];
+	tasks[0] = tasks[pick];
+	tasks[pick] = tmp;
 }
 
 static void *
@@ -805,8 +877,9 @@ worker_main(void *arg)
 			unsigned f = 0;
 			int refused = 0, first = 0;
 
-			if (process(n, tasks[i], &d, &rl, &refused, &cause) <
-			    0) {
+			/* keep_primary put the followed task first */
+			if (process(n, tasks[i], i == 0, &d, &rl, &refused,
+			    &cause) < 0) {
 				metrics_inc("diverge_notifier_updates_total",
 				    rl > 0 ? "result=\"rate_limited\"" :
 				    refused ? "result=\"refused\"" :

@@ -7,7 +7,9 @@ plus one notification that mentions who started the task; the same on
 GitLab; a restart between a phase change and the comment update; a
 comment deleted by a person; duplicates from a race; a look-alike by
 another user; the comment found on page 3; a PR/MR that refuses the
-bot's writes (archived, locked, access lost).
+bot's writes (archived, locked, access lost); several tasks on one PR
+(the comment follows one, the same one every time; every task's
+finished run is notified once, also across a restart).
 
 DIVERGED_BIN runs another diverged binary (a private build)."""
 
@@ -503,6 +505,7 @@ def main(t):
     fake.stop()
     app_and_token(t)
     refused(t)
+    several_tasks(t)
 
 
 def app_and_token(t):
@@ -648,6 +651,133 @@ def refused(t):
                   "**Iteration:** 69", 20),
          "... and the comment is brought up to date after it")
     t.eq(d.stop(), 0, "refused: clean stop")
+    fake.stop()
+
+
+def several_tasks(t):
+    """Several tasks report to one PR (a task made by hand with the same
+    annotations as the one /diverge fix made): the comment follows one of
+    them, always the same one, and every task's finished run gets its
+    notification, once, also across a restart."""
+    fake = ScmFake()
+    fake.call("POST", "/_fake/seed", seed())
+    cfg = CONFIG.replace("namespace: default\n", "namespace: default\n"
+                         "controller:\n  enabled: false\n")
+    d = bot_daemon(fake, cfg, {"DIVERGE_SCM_MAX_WAIT_MS": "2000",
+                               "DIVERGE_TEST_NOTIFIER_THROTTLE_MS": "100"})
+
+    def make(name, number, who):
+        s, _ = api(d, "POST", TASKS, {
+            "apiVersion": "divergedev.com/v1alpha1", "kind": "AgentTask",
+            "metadata": {"name": name, "annotations": {
+                "divergedev.com/provider": "github",
+                "divergedev.com/project": "myorg/checkout",
+                "divergedev.com/pr-number": str(number),
+                "divergedev.com/requested-by": who}},
+            "spec": {"objective": "x"}})
+        return s == 201
+
+    def set_phase(name, ph):
+        return api(d, "PATCH", TASKS + "/%s/status" % name,
+                   {"status": {"phase": ph}},
+                   "application/merge-patch+json")[0] == 200
+
+    def created(name):
+        return (get_task(d, name) or {}).get("metadata", {}).get(
+            "creationTimestamp")
+
+    # ---- two live tasks made in the same second (PR 46): the comment
+    # follows the same one whatever order they are listed in, before and
+    # after a restart (the list order changes with it)
+    gh46 = lambda: stickies(gh_comments(fake, 46))  # noqa: E731
+    same = False
+    for _ in range(3):
+        # made in the order opposite to the one they sort in
+        same = make("pair-b", 46, "bob") and make("pair-a", 46, "alice") \
+            and created("pair-b") == created("pair-a")
+        if same:
+            break
+        for name in ("pair-a", "pair-b"):
+            api(d, "DELETE", TASKS + "/" + name)
+        wait(lambda: get_task(d, "pair-a") is None and
+             get_task(d, "pair-b") is None)
+    t.ok(same and set_phase("pair-b", "Active") and
+         set_phase("pair-a", "Active"),
+         "two tasks on PR 46 with the same creationTimestamp",
+         (created("pair-a"), created("pair-b")))
+
+    seen = []
+
+    def watch(secs):
+        end = time.time() + secs
+        while time.time() < end:
+            v = gh46()
+            if v:
+                seen.append("pair-a" if "pair-a" in v[0]["body"] else
+                            "pair-b" if "pair-b" in v[0]["body"] else "?")
+            time.sleep(0.1)
+    t.ok(wait(lambda: (lambda v: len(v) == 1 and "pair-a" in v[0]["body"])(
+        gh46()), 20), "the comment follows pair-a (same second: by name)",
+        gh46())
+    # an update of pair-b (not followed) and of pair-a do not move it
+    api(d, "PATCH", TASKS + "/pair-b/status", {"status": {"iteration": 2}},
+        "application/merge-patch+json")
+    api(d, "PATCH", TASKS + "/pair-a/status", {"status": {"iteration": 3}},
+        "application/merge-patch+json")
+    watch(2)
+    t.eq(d.stop(), 0, "PR 46: stop")
+    d.start()
+    api(d, "PATCH", TASKS + "/pair-b/status", {"status": {"iteration": 4}},
+        "application/merge-patch+json")
+    watch(3)
+    t.ok(seen and set(seen) == {"pair-a"} and len(gh46()) == 1,
+         "... and keeps following it through updates and a restart",
+         sorted(set(seen)))
+
+    # ---- a second task on PR 44 completes while the comment follows the
+    # newer one: its starter is told, once, also across restarts
+    gh44 = lambda: stickies(gh_comments(fake, 44))  # noqa: E731
+    alice = lambda: mentions(gh_comments(fake, 44), "alice")  # noqa: E731
+    bob = lambda: mentions(gh_comments(fake, 44), "bob")  # noqa: E731
+    t.ok(make("fix-pr-44", 44, "alice") and set_phase("fix-pr-44", "Active")
+         and one_with(gh44, "fix-pr-44"), "PR 44: fix-pr-44's comment")
+    time.sleep(1.1)     # creationTimestamp has a resolution of 1 s
+    t.ok(make("hand-44", 44, "bob") and set_phase("hand-44", "Active")
+         and one_with(gh44, "hand-44"),
+         "PR 44: a task made by hand, newer: the comment follows it")
+    t.ok(set_phase("fix-pr-44", "Completed") and
+         wait(lambda: len(alice()) == 1, 20),
+         "PR 44: fix-pr-44 completes while the comment follows hand-44: "
+         "alice is told", alice())
+    body = (alice() or [{}])[0].get("body", "")
+    t.ok("fix-pr-44" in body and "completed" in body and
+         "/diverge status" in body, "... in a comment naming the task and "
+         "pointing to /diverge status", body)
+    nt = wait(lambda: (get_task(d, "fix-pr-44") or {}).get("status", {}).get(
+        "notifier", {}).get("reportedPhase") == "Completed", 10)
+    time.sleep(1.5)
+    t.ok(nt and len(alice()) == 1 and one_with(gh44, "hand-44", 1),
+         "PR 44: once, recorded in its reportedPhase; the comment still "
+         "follows hand-44", (alice(), gh44()))
+    d.kill9()
+    d.start()
+    api(d, "PATCH", TASKS + "/hand-44/status", {"status": {"iteration": 5}},
+        "application/merge-patch+json")
+    time.sleep(3)
+    t.ok(len(alice()) == 1 and len(gh44()) == 1,
+         "PR 44: after the restart fix-pr-44's run is not notified again",
+         alice())
+    t.ok(set_phase("hand-44", "Failed") and wait(lambda: len(bob()) == 1,
+                                                  20) and
+         one_with(gh44, "Failed"),
+         "PR 44: hand-44 fails: bob is told, the comment shows it", bob())
+    t.eq(d.stop(), 0, "PR 44: stop")
+    d.start()
+    time.sleep(3)
+    t.ok(len(alice()) == 1 and len(bob()) == 1 and len(gh44()) == 1,
+         "PR 44: after another restart, still one notification each and "
+         "one comment", (alice(), bob()))
+    t.eq(d.stop(), 0, "several tasks: clean stop")
     fake.stop()
 
 

@@ -223,10 +223,84 @@ test_completed(void **state)
 
 	(void)state;
 	render_golden("completed", t);
-	fin = notifier_render_final(t, "alice");
+	fin = notifier_render_final(t, "alice", 1);
 	golden("completed-final", fin);
 	free(fin);
+	/* the sticky comment follows another task of the PR */
+	fin = notifier_render_final(t, "alice", 0);
+	assert_non_null(strstr(fin, "@alice "));
+	assert_null(strstr(fin, "has the details"));
+	assert_non_null(strstr(fin, "follows another task"));
+	assert_non_null(strstr(fin, "`/diverge status`"));
+	free(fin);
 	json_decref(t);
+}
+
+static json_t *
+cmp_task(const char *ns, const char *name, const char *created,
+    const char *phase)
+{
+	json_t *t = json_pack("{s:{s:s,s:s}}", "metadata", "namespace", ns,
+	    "name", name);
+
+	if (created != NULL)
+		json_object_set_new(json_object_get(t, "metadata"),
+		    "creationTimestamp", json_string(created));
+	if (phase != NULL)
+		json_object_set_new(t, "status", json_pack("{s:s}", "phase",
+		    phase));
+	return t;
+}
+
+/* Both orders of a pair agree: a first (an antisymmetric order). */
+static void
+assert_first(const json_t *a, const json_t *b)
+{
+	assert_true(notifier_task_cmp(a, b) < 0);
+	assert_true(notifier_task_cmp(b, a) > 0);
+}
+
+/*
+ * The task the sticky comment follows: live before finished, then the
+ * newest, and for two tasks made in the same second (creationTimestamp
+ * has a resolution of 1 s) a choice that does not depend on the order
+ * the tasks are listed in, so the comment does not flip between them.
+ */
+static void
+test_task_cmp(void **state)
+{
+	const char *s1 = "2026-11-29T10:00:01Z", *s2 = "2026-11-29T10:00:02Z";
+	json_t *fix = cmp_task("team-a", "fix-pr-42", s1, "Active");
+	json_t *hand = cmp_task("team-a", "hand-42", s1, "Active");
+	json_t *other_ns = cmp_task("team-b", "a", s1, "Active");
+	json_t *newer = cmp_task("team-a", "zz", s2, "Active");
+	json_t *done = cmp_task("team-a", "aa", s2, "Completed");
+	json_t *failed = cmp_task("team-a", "ab", s2, "Failed");
+	json_t *unrec = cmp_task("team-a", "ac", s2, NULL);
+	json_t *nots = cmp_task("team-a", "ad", NULL, "Active");
+
+	(void)state;
+	/* the same second: by namespace, then name, in either order */
+	assert_first(fix, hand);
+	assert_first(hand, other_ns);
+	assert_first(fix, other_ns);
+	/* the newer live task first, whatever its name */
+	assert_first(newer, fix);
+	/* a live task before a finished or unreconciled one */
+	assert_first(fix, done);
+	assert_first(fix, unrec);
+	assert_first(done, failed);	/* both finished: by name */
+	/* a task with a creationTimestamp before one without */
+	assert_first(fix, nots);
+	assert_int_equal(notifier_task_cmp(fix, fix), 0);
+	json_decref(fix);
+	json_decref(hand);
+	json_decref(other_ns);
+	json_decref(newer);
+	json_decref(done);
+	json_decref(failed);
+	json_decref(unrec);
+	json_decref(nots);
 }
 
 static void
@@ -237,12 +311,12 @@ test_failed(void **state)
 
 	(void)state;
 	render_golden("failed", t);
-	fin = notifier_render_final(t, "bob");
+	fin = notifier_render_final(t, "bob", 1);
 	golden("failed-final", fin);
 	assert_null(strstr(fin, NOTIFIER_MARKER));
 	free(fin);
 	/* a login that is not one is not mentioned */
-	fin = notifier_render_final(t, "eve <b>@all</b>");
+	fin = notifier_render_final(t, "eve <b>@all</b>", 1);
 	assert_null(strchr(fin, '@'));
 	assert_null(strchr(fin, '<'));
 	free(fin);
@@ -507,6 +581,7 @@ main(void)
 		cmocka_unit_test(test_paused),
 		cmocka_unit_test(test_completed),
 		cmocka_unit_test(test_failed),
+		cmocka_unit_test(test_task_cmp),
 		cmocka_unit_test(test_budget_opts),
 		cmocka_unit_test(test_injection),
 		cmocka_unit_test(test_huge),
