@@ -753,6 +753,21 @@ do_fix(struct run *r, const struct cmd *c, char **cause)
 		ret = scm_verdict(r, rc);
 		goto out;
 	}
+	/*
+	 * Only an open PR/MR gets an agent: its close (or merge) already
+	 * ended its tasks, and no later event would end a new one, which
+	 * would spend on a change nobody merges (GitHub "open", GitLab
+	 * "opened"; GitLab's "locked" is a merge under way).
+	 */
+	if (pr.merged || (strcmp(pr.state, "open") != 0 &&
+	    strcmp(pr.state, "opened") != 0)) {
+		reply_line(r, "**diverge** does not start agents on a %s "
+		    "%s: reopen it first.", pr.merged ? "merged" : "closed",
+		    ev->provider == SCM_GITLAB ? "merge request" :
+		    "pull request");
+		r->refused = 1;
+		goto out;
+	}
 	allow_forks = ev->provider == SCM_GITHUB ? cfg->github.allow_forks :
 	    cfg->gitlab.allow_forks;
 	if (pr.fork && !allow_forks) {

@@ -53,7 +53,13 @@ SEED = {
                   "head": {"ref": "evil", "repo": "mallory/checkout"},
                   "base": {"ref": "main"}},
                  {"number": 50, "title": "own base", "user": "bob",
-                  "head": {"ref": "bob-head"}, "base": {"ref": "bob-base"}}]},
+                  "head": {"ref": "bob-head"}, "base": {"ref": "bob-base"}},
+                 {"number": 44, "title": "abandoned", "user": "bob",
+                  "state": "closed", "head": {"ref": "gone"},
+                  "base": {"ref": "main"}},
+                 {"number": 45, "title": "shipped", "user": "bob",
+                  "merged": True, "head": {"ref": "shipped"},
+                  "base": {"ref": "main"}}]},
             {"full_name": "myorg/broken", "id": 502,
              "default_branch": "main",
              "collaborators": {"alice": "admin"},
@@ -81,7 +87,10 @@ SEED = {
                  {"iid": 2, "id": 2002, "source_branch": "feature",
                   "target_branch": "main", "author": "pipin"},
                  {"iid": 3, "id": 2003, "source_branch": "release",
-                  "target_branch": "main", "author": "pipin"}]}]},
+                  "target_branch": "main", "author": "pipin"},
+                 {"iid": 4, "id": 2004, "source_branch": "dropped",
+                  "target_branch": "main", "author": "pipin",
+                  "state": "closed"}]}]},
 }
 
 # The comments the webhooks below announce exist on the fake first, as
@@ -97,14 +106,15 @@ GH_COMMENTS = [(1001, 42, "alice"), (1002, 43, "carol"), (1003, 43, "bob"),
                (1023, 43, "alice"), (4101, 42, "alice"),
                (1009, 42, "alice"), (1040, 43, "alice"),
                (1060, 43, "alice"), (1061, 43, "alice"),
-               (1062, 43, "alice"), (1063, 43, "alice")]
+               (1062, 43, "alice"), (1063, 43, "alice"),
+               (1070, 44, "alice"), (1071, 45, "alice")]
 # Review comments (on the diff), numbered apart from the issue comments as
 # on GitHub: 1040 is both an issue comment and a review comment on PR 43.
 GH_REVIEW_COMMENTS = [(1040, 43, "alice")]
 GL_NOTES = [(3001, 2, "pipin"), (3002, 2, "guest"), (3003, 2, "pipin"),
             (3004, 2, "pipin"), (3101, 3, "release-helper"),
             (3102, 3, "release-helper"), (3103, 3, "pipin"),
-            (3104, 3, "dana")]
+            (3104, 3, "dana"), (3201, 4, "pipin")]
 
 
 def seed():
@@ -444,6 +454,26 @@ def main(t):
     r = wait(lambda: gh_bot_replies(fake, 7))
     t.ok(r and "fork" in r[0], "a fork PR: a reply saying why", r)
     t.ok(get_task(d, "fix-pr-7") is None, "a fork PR: no task")
+
+    # --- a closed or merged PR/MR: no agent is started on it (its close
+    # already ended its tasks, and no later event would end this one)
+    for cid, n, state in ((1070, 44, "closed"), (1071, 45, "merged")):
+        d.github("issue_comment", gh_comment(
+            cid, n, "alice", "/diverge fix it anyway"), str(uuid.uuid4()))
+        r = wait(lambda: gh_bot_replies(fake, n))
+        t.ok(r and state in r[0] and wait(
+            lambda: gh_reactions(fake, n, cid) == ["confused"]),
+            "a %s PR: confused and a reply saying why" % state, r)
+        t.ok(get_task(d, "fix-pr-%d" % n) is None, "a %s PR: no task" %
+             state)
+    d.gitlab("Note Hook", gl_note(3201, 4, "pipin", 11,
+                                  "/diverge fix it anyway"),
+             str(uuid.uuid4()))
+    r = wait(lambda: gl_bot_replies(fake, 4))
+    t.ok(r and "closed" in r[0] and wait(
+        lambda: gl_awards(fake, 4, 3201) == ["confused"]),
+        "a closed MR: confused and a reply saying why", r)
+    t.ok(get_task(d, "fix-mr-4") is None, "a closed MR: no task")
 
     # --- agent.yaml comes from the default branch, not the PR's base,
     # which the PR's author picks (bob has write access, not maintainer)
