@@ -16,8 +16,12 @@
  * command took effect, so a crash in between (or a failed write) loses
  * it: a command that changes the task therefore also records itself in
  * the task, in the write that applies it, and is not applied again when
- * the task shows it (do_steer). Outbound calls that hit a rate limit ask
- * the inbox to retry when the limit resets instead of holding a worker.
+ * the task shows it (do_steer). A re-run of a finished task is a status
+ * write, which cannot carry that record: the run it will create is
+ * recorded in the row before it (do_fix), and a retry that finds the task
+ * at that run does not re-run it again. Outbound calls that hit a rate
+ * limit ask the inbox to retry when the limit resets instead of holding a
+ * worker.
  */
 #include "config.h"
 
@@ -70,6 +74,8 @@ struct progress {
 	int done;
 	int refused;
 	char *reply;		/* the reply they built, NULL when none */
+	int rerun_cmd;		/* the command that re-runs a task, or -1 */
+	int64_t rerun_run;	/* ... to this status.run */
 };
 
 /*
@@ -125,6 +131,7 @@ claim_comment(struct actions *a, const char *key, const char *delivery,
 	int rc = 1;	/* 1: ours to handle, 0: someone else's, -1: error */
 
 	memset(pg, 0, sizeof(*pg));
+	pg->rerun_cmd = -1;
 	pthread_mutex_lock(&a->db_mu);
 	prune_comments_locked(a);
 	st = db_stmt(a->db, "INSERT OR IGNORE INTO scm_comments (key,"
@@ -144,7 +151,7 @@ claim_comment(struct actions *a, const char *key, const char *delivery,
 		goto out;
 	/* claimed before: by us (a retry), done, or another delivery */
 	st = db_stmt(a->db, "SELECT delivery, state, at, progress, refused,"
-	    " reply FROM scm_comments WHERE key = ?1");
+	    " reply, rerun_cmd, rerun_run FROM scm_comments WHERE key = ?1");
 	if (st == NULL || (sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC),
 	    sqlite3_step(st)) != SQLITE_ROW) {
 		rc = -1;
@@ -166,6 +173,8 @@ claim_comment(struct actions *a, const char *key, const char *delivery,
 		if (sqlite3_column_text(st, 5) != NULL)
 			pg->reply = xstrdup((const char *)sqlite3_column_text(
 			    st, 5));
+		pg->rerun_cmd = sqlite3_column_int(st, 6);
+		pg->rerun_run = sqlite3_column_int64(st, 7);
 	}
 	sqlite3_reset(st);
 	if (rc == 2) {
@@ -217,6 +226,36 @@ save_progress(struct actions *a, const char *key, int done,
 	if (rc != SQLITE_DONE)
 		log_kv(LOG_WARN, "comment progress not recorded: a retry may "
 		    "run its commands again", "comment", key, NULL);
+}
+
+/*
+ * Record that command cmd of comment key is about to re-run a finished
+ * task as its run number run, before the status write that does it: a
+ * retry of the comment, whose progress may not have been recorded after
+ * that write, finds the task at that run and does not re-run it again.
+ * Unlike the progress, a failed write stops the command (-1): without
+ * the record a retry could not tell.
+ */
+static int
+save_rerun(struct actions *a, const char *key, int cmd, int64_t run)
+{
+	sqlite3_stmt *st;
+	int rc = SQLITE_ERROR;
+
+	pthread_mutex_lock(&a->db_mu);
+	st = db_stmt(a->db, "UPDATE scm_comments SET rerun_cmd = ?2,"
+	    " rerun_run = ?3 WHERE key = ?1");
+	if (st != NULL) {
+		sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+		sqlite3_bind_int(st, 2, cmd);
+		sqlite3_bind_int64(st, 3, run);
+		rc = sqlite3_step(st);
+		if (rc == SQLITE_DONE && sqlite3_changes(a->db) != 1)
+			rc = SQLITE_ERROR;
+		sqlite3_reset(st);
+	}
+	pthread_mutex_unlock(&a->db_mu);
+	return rc == SQLITE_DONE ? 0 : -1;
 }
 
 static void
@@ -315,6 +354,7 @@ struct run {
 	char *repo_hash;		/* label value: repository identity */
 	const char *claim;		/* the comment's key in scm_comments */
 	const char *comment;		/* its id on the PR ("review:" ...) */
+	const struct progress *pg;	/* what earlier attempts did */
 	struct buf reply;		/* the one reply, if any */
 	int refused;
 	int64_t retry_at_ms;		/* a rate limit's reset, for a retry */
@@ -689,9 +729,21 @@ task_object(struct run *r, const char *name, json_t *spec)
 	    name, "labels", labels, "annotations", ann, "spec", spec);
 }
 
-/* status.run + 1 and the counters reset: a finished task runs again. */
+/* The task's status.run (0 when it has none). */
+static int64_t
+task_run(const json_t *task)
+{
+	return json_integer_value(json_object_get(json_object_get(task,
+	    "status"), "run"));
+}
+
+/*
+ * status.run set to run and the counters reset: a finished task runs
+ * again, unless it is at that run already (a write of ours whose answer
+ * was lost, or a re-run by someone else meanwhile).
+ */
 static int
-rerun(struct run *r, const char *name, struct k8s_status *st)
+rerun(struct run *r, const char *name, int64_t run, struct k8s_status *st)
 {
 	json_t *t = NULL, *s;
 	int tries, rc = K8S_ECONFLICT;
@@ -702,13 +754,17 @@ rerun(struct run *r, const char *name, struct k8s_status *st)
 		    st);
 		if (rc < 0)
 			break;
+		if (task_run(t) >= run) {
+			json_decref(t);
+			t = NULL;
+			break;
+		}
 		s = json_object_get(t, "status");
 		if (!json_is_object(s)) {
 			s = json_object();
 			json_object_set_new(t, "status", s);
 		}
-		json_object_set_new(s, "run", json_integer(
-		    json_integer_value(json_object_get(s, "run")) + 1));
+		json_object_set_new(s, "run", json_integer(run));
 		json_object_set_new(s, "phase", json_string("Pending"));
 		json_object_set_new(s, "tokensConsumed", json_integer(0));
 		json_object_set_new(s, "costUSD", json_string("0.000000"));
@@ -734,8 +790,13 @@ rerun(struct run *r, const char *name, struct k8s_status *st)
 	return rc;
 }
 
+/*
+ * fix: create the PR's task, or give it the new objective; a finished
+ * task runs again, once for command i of the comment however often the
+ * comment is retried (the run it creates is recorded before: save_rerun).
+ */
 static int
-do_fix(struct run *r, const struct cmd *c, char **cause)
+do_fix(struct run *r, const struct cmd *c, size_t i, char **cause)
 {
 	const struct scm_event *ev = r->ev;
 	const struct config *cfg = r->a->ac.cfg;
@@ -855,15 +916,41 @@ do_fix(struct run *r, const struct cmd *c, char **cause)
 		/* a live task gets the new objective; a finished one reruns */
 		json_t *patch = json_pack("{s:{s:s}}", "spec", "objective",
 		    c->text);
+		int64_t run = 0;
+		int again = task_finished(cur);
 
+		if (again && r->pg != NULL && r->pg->rerun_cmd == (int)i &&
+		    task_run(cur) >= r->pg->rerun_run) {
+			/* an earlier attempt re-ran it: the task ran since */
+			char num[32];
+
+			snprintf(num, sizeof(num), "%lld",
+			    (long long)r->pg->rerun_run);
+			log_kv(LOG_INFO, "task re-run already: not again",
+			    "delivery", ev->delivery, "task", name, "run", num,
+			    NULL);
+			again = 0;
+		} else if (again) {
+			run = r->pg != NULL && r->pg->rerun_cmd == (int)i ?
+			    r->pg->rerun_run : task_run(cur) + 1;
+			if (save_rerun(r->a, r->claim, (int)i, run) < 0) {
+				*cause = xasprintf("task '%s/%s': the re-run "
+				    "could not be recorded in the state "
+				    "database", r->ns, name);
+				r->transient = 1;
+				ret = INBOX_RETRY;
+				json_decref(patch);
+				goto out;
+			}
+		}
 		k8s_status_release(&st);
 		rc = k8s_patch(r->a->ac.store, &K8S_AGENTTASK, r->ns, name, 0,
 		    patch, NULL, &st);
 		json_decref(patch);
-		if (rc == 0 && task_finished(cur))
-			rc = rerun(r, name, &st);
+		if (rc == 0 && again)
+			rc = rerun(r, name, run, &st);
 		if (rc == 0)
-			log_kv(LOG_INFO, task_finished(cur) ? "task re-run" :
+			log_kv(LOG_INFO, again ? "task re-run" :
 			    "task objective updated", "delivery", ev->delivery,
 			    "task", name, NULL);
 	}
@@ -1056,7 +1143,7 @@ run_commands(struct run *r, const struct cmd_result *res, size_t from,
 
 		switch (c->kind) {
 		case CMD_FIX:
-			ret = do_fix(r, c, cause);
+			ret = do_fix(r, c, i, cause);
 			break;
 		case CMD_STATUS:
 			do_status(r);
@@ -1118,6 +1205,7 @@ on_comment(struct run *r, char **cause)
 	claimed = claim_comment(r->a, claim, ev->delivery, &pg);
 	r->claim = claim;
 	r->comment = comment;
+	r->pg = &pg;
 	if (claimed <= 0) {
 		if (claimed < 0) {
 			/* the state database, busy or failing for now */
@@ -1209,6 +1297,7 @@ on_comment(struct run *r, char **cause)
 	}
 	finish_comment(r->a, claim);
 out:
+	r->pg = NULL;
 	free(pg.reply);
 	free(claim);
 	free(comment);
@@ -1321,21 +1410,35 @@ actions_handle(void *arg, struct inbox_item *item, char **cause)
 	return ret;
 }
 
-/* A table from before the progress columns gets them. */
+/* Whether scm_comments has column col. */
+static int
+has_column(sqlite3 *db, const char *col)
+{
+	sqlite3_stmt *st = NULL;
+	char *sql = xasprintf("SELECT %s FROM scm_comments", col);
+	int have = sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK;
+
+	sqlite3_finalize(st);
+	free(sql);
+	return have;
+}
+
+/* A table from before the progress (or re-run) columns gets them. */
 static int
 add_progress_columns(sqlite3 *db, char **cause)
 {
-	sqlite3_stmt *st = NULL;
-	int have = sqlite3_prepare_v2(db, "SELECT progress FROM scm_comments",
-	    -1, &st, NULL) == SQLITE_OK;
-
-	sqlite3_finalize(st);
-	if (have)
-		return 0;
-	return db_exec(db, "ALTER TABLE scm_comments ADD COLUMN progress"
-	    " INTEGER NOT NULL DEFAULT 0; ALTER TABLE scm_comments ADD COLUMN"
-	    " refused INTEGER NOT NULL DEFAULT 0; ALTER TABLE scm_comments"
-	    " ADD COLUMN reply TEXT;", cause);
+	if (!has_column(db, "progress") && db_exec(db, "ALTER TABLE"
+	    " scm_comments ADD COLUMN progress INTEGER NOT NULL DEFAULT 0;"
+	    " ALTER TABLE scm_comments ADD COLUMN refused INTEGER NOT NULL"
+	    " DEFAULT 0; ALTER TABLE scm_comments ADD COLUMN reply TEXT;",
+	    cause) < 0)
+		return -1;
+	if (!has_column(db, "rerun_cmd") && db_exec(db, "ALTER TABLE"
+	    " scm_comments ADD COLUMN rerun_cmd INTEGER NOT NULL DEFAULT -1;"
+	    " ALTER TABLE scm_comments ADD COLUMN rerun_run INTEGER NOT NULL"
+	    " DEFAULT 0;", cause) < 0)
+		return -1;
+	return 0;
 }
 
 /* Start the command handler. */
@@ -1353,7 +1456,9 @@ actions_new(struct actions **out, const struct actions_config *ac,
 	    " key TEXT PRIMARY KEY, delivery TEXT NOT NULL,"
 	    " state INTEGER NOT NULL, at INTEGER NOT NULL,"
 	    " progress INTEGER NOT NULL DEFAULT 0,"
-	    " refused INTEGER NOT NULL DEFAULT 0, reply TEXT);", cause) < 0 ||
+	    " refused INTEGER NOT NULL DEFAULT 0, reply TEXT,"
+	    " rerun_cmd INTEGER NOT NULL DEFAULT -1,"
+	    " rerun_run INTEGER NOT NULL DEFAULT 0);", cause) < 0 ||
 	    add_progress_columns(a->db, cause) < 0) {
 		actions_free(a);
 		return -1;

@@ -107,6 +107,8 @@ GH_COMMENTS = [(1001, 42, "alice"), (1002, 43, "carol"), (1003, 43, "bob"),
                (1009, 42, "alice"), (1040, 43, "alice"),
                (1060, 43, "alice"), (1061, 43, "alice"),
                (1062, 43, "alice"), (1063, 43, "alice"),
+               (1064, 43, "alice"), (1065, 43, "alice"),
+               (1066, 43, "alice"),
                (1070, 44, "alice"), (1071, 45, "alice")]
 # Review comments (on the diff), numbered apart from the issue comments as
 # on GitHub: 1040 is both an issue comment and a review comment on PR 43.
@@ -875,6 +877,57 @@ def commands_applied_once(t, fake):
          "(once the token's limit ends: both deliveries wait for it)")
     t.eq(budget() - before, 100, "... and the budget is bumped once "
          "(cents)")
+
+    # /diverge fix on a finished task re-runs it with a status write,
+    # which cannot record the command in the task: it runs once all the
+    # same, even when the task has finished again by the retry
+    def run():
+        return (get_task(d, "fix-pr-43") or {}).get("status", {}).get(
+            "run", 0)
+
+    def finish():
+        s, _ = api(d, "PATCH", TASKS % NS + "/fix-pr-43/status",
+                   {"status": {"phase": "Completed"}},
+                   "application/merge-patch+json")
+        return s == 200
+
+    t.ok(finish(), "fix-pr-43 completed")
+    fake.call("POST", "/_fake/faults", {"status": 429, "count": 1,
+                                        "retry_after": 5,
+                                        "match": "/comments/1064/reactions"})
+    before = run()
+    comment(1064, "/diverge fix shorter still")
+    t.ok(wait(lambda: run() == before + 1) and finish(), "fix: the "
+         "finished task re-runs (its progress not recorded), and its run "
+         "ends before the comment's retry (for its reaction)")
+    t.ok(wait(lambda: gh_reactions(fake, 43, 1064) == ["eyes"], 20) and
+         d.wait_log("task re-run already"), "the retry finds the run "
+         "it made and says so")
+    t.eq(run() - before, 1, "... and re-runs the task once (status.run)")
+
+    # a crash (kill -9) after the re-run, the run over by the restart
+    fake.call("POST", "/_fake/faults", {"delay_ms": 6000, "count": 1,
+                                        "match": "/comments/1065/reactions"})
+    finish()
+    before = run()
+    key = comment(1065, "/diverge fix once more")
+    t.ok(wait(lambda: run() == before + 1) and finish(), "fix: re-run, "
+         "and over, while the comment waits for its reaction")
+    d.kill9()
+    d.start()
+    t.ok(wait(lambda: handled(d, key), 30) and
+         wait(lambda: any("task re-run already" in ln and
+                          "run=%d" % (before + 1) in ln for ln in d.log())),
+         "after the restart the comment runs again and finds the run it "
+         "made")
+    t.eq(run() - before, 1, "... and the task is re-run once")
+
+    # a new comment asking again re-runs it again
+    before = run()
+    key = comment(1066, "/diverge fix and again")
+    t.ok(wait(lambda: handled(d, key), 20) and run() == before + 1,
+         "a new /diverge fix re-runs the finished task again (run + 1)",
+         run() - before)
     t.eq(d.stop(), 0, "clean stop")
 
 
