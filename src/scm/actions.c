@@ -393,18 +393,39 @@ repo_hash(const char *provider, const char *host, const char *repo)
 	return xstrdup(hex);
 }
 
+/* s in ASCII lower case, a copy. */
+static char *
+ascii_lower(const char *s)
+{
+	char *out = xstrdup(s), *p;
+
+	for (p = out; *p; p++)
+		if (*p >= 'A' && *p <= 'Z')
+			*p = (char)(*p - 'A' + 'a');
+	return out;
+}
+
+/*
+ * The namespace of the first repos rule whose glob matches HOST/path,
+ * ignoring case: host names are, and GitHub and GitLab find a repository
+ * or project whatever the case of its path, so a rule "MyOrg/..." is the
+ * rule of myorg/checkout too (not the default namespace, silently).
+ */
 static char *
 namespace_for(const struct config *cfg, const char *host, const char *repo)
 {
-	char *id = xasprintf("%s/%s", host, repo);
+	char *raw = xasprintf("%s/%s", host, repo), *id = ascii_lower(raw);
 	size_t i;
 	char *ns = NULL;
 
-	for (i = 0; i < cfg->nrepos; i++)
-		if (fnmatch(cfg->repos[i].match, id, 0) == 0) {
+	free(raw);
+	for (i = 0; i < cfg->nrepos && ns == NULL; i++) {
+		char *glob = ascii_lower(cfg->repos[i].match);
+
+		if (fnmatch(glob, id, 0) == 0)
 			ns = xstrdup(cfg->repos[i].namespace);
-			break;
-		}
+		free(glob);
+	}
 	free(id);
 	return ns != NULL ? ns : xstrdup(cfg->namespace);
 }

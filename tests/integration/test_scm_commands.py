@@ -147,7 +147,9 @@ namespace: default
 controller:
   enabled: false
 repos:
-  - match: "127.0.0.1/myorg/*"
+  # spelled in another case than the repositories (myorg/checkout): GitHub
+  # and GitLab names are case-insensitive, so is the match
+  - match: "127.0.0.1/MyOrg/*"
     namespace: team-a
 github:
   enabled: true
