@@ -510,6 +510,11 @@ void k8s_apiserver_stop(struct k8s_apiserver *s);
 
 #define K8S_TASK_ANNOTATION_GUIDANCE "divergedev.com/guidance"
 #define K8S_TASK_ANNOTATION_APPLIED "divergedev.com/applied-commands"
+/*
+ * "true" when spec.objective came from a GitLab internal note, which only
+ * project members may read: the public status comment does not show it.
+ */
+#define K8S_TASK_ANNOTATION_INTERNAL "divergedev.com/internal-objective"
 /* Operations a task remembers as applied, and the longest id. */
 #define K8S_TASK_APPLIED_MAX 32
 #define K8S_TASK_MAX_ONCE 64

@@ -17,6 +17,7 @@
 
 #include <openssl/sha.h>
 
+#include "k8s/k8s.h"
 #include "notifier/notifier.h"
 #include "util/util.h"
 
@@ -346,6 +347,20 @@ jstr2(const json_t *o, const char *a, const char *b)
 	return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
+/*
+ * Whether the task's objective came from a GitLab internal note: the
+ * status comment is public, so it does not show the text.
+ */
+static int
+internal_objective(const json_t *task)
+{
+	const char *v = json_string_value(json_object_get(json_object_get(
+	    json_object_get(task, "metadata"), "annotations"),
+	    K8S_TASK_ANNOTATION_INTERNAL));
+
+	return v != NULL && strcmp(v, "true") == 0;
+}
+
 static int64_t
 jint2(const json_t *o, const char *a, const char *b)
 {
@@ -556,6 +571,8 @@ notifier_render(const json_t *task, const struct notifier_render_opts *opts,
 	buf_printf(&b, " \xc2\xb7 run %" PRId64 "\n\n", run > 0 ? run : 1);
 
 	s = jstr2(task, "spec", "objective");
+	if (internal_objective(task))
+		s = "(set in an internal note)";
 	buf_addstr(&b, "**Objective**\n\n");
 	notifier_escape_block(&b, s ? s : "", s ? strlen(s) : 0,
 	    NOTIFIER_CAP_OBJECTIVE);

@@ -742,6 +742,9 @@ task_object(struct run *r, const char *name, json_t *spec)
 		json_object_set_new(ann, "divergedev.com/pr-number",
 		    json_string(num));
 	}
+	if (ev->internal)
+		json_object_set_new(ann, K8S_TASK_ANNOTATION_INTERNAL,
+		    json_string("true"));
 	labels = json_pack("{s:s,s:s,s:s}", "divergedev.com/provider",
 	    r->provider, "divergedev.com/repo", r->repo_hash,
 	    "divergedev.com/pr", num);
@@ -934,9 +937,16 @@ do_fix(struct run *r, const struct cmd *c, size_t i, char **cause)
 			    ev->delivery, "task", name, "namespace", r->ns,
 			    NULL);
 	} else if (rc == 0) {
-		/* a live task gets the new objective; a finished one reruns */
-		json_t *patch = json_pack("{s:{s:s}}", "spec", "objective",
-		    c->text);
+		/*
+		 * A live task gets the new objective; a finished one reruns.
+		 * The objective's mark follows the comment it came from: an
+		 * internal note's hides it from the public status comment,
+		 * a public comment's may be shown (null removes the mark).
+		 */
+		json_t *patch = json_pack("{s:{s:s},s:{s:{s:o}}}", "spec",
+		    "objective", c->text, "metadata", "annotations",
+		    K8S_TASK_ANNOTATION_INTERNAL, ev->internal ?
+		    json_string("true") : json_null());
 		int64_t run = 0;
 		int again = task_finished(cur);
 
@@ -1300,10 +1310,17 @@ on_comment(struct run *r, char **cause)
 		free(*cause);
 		*cause = NULL;
 	}
-	if (r->reply.len > 0) {
+	if (r->reply.len > 0 && ev->internal &&
+	    r->client->ops->create_internal_comment == NULL) {
+		/* a reply to an internal note is never public */
+		log_kv(LOG_WARN, "reply to an internal note not posted",
+		    "delivery", ev->delivery, NULL);
+	} else if (r->reply.len > 0) {
 		int64_t id = 0;
 
-		rc = r->client->ops->create_comment(r->client, &r->repo,
+		/* an internal note's reply: as internal as the note */
+		rc = (ev->internal ? r->client->ops->create_internal_comment :
+		    r->client->ops->create_comment)(r->client, &r->repo,
 		    ev->number, r->reply.data, &id, cause);
 		if (scm_retry(r, rc)) {
 			ret = INBOX_RETRY;

@@ -304,12 +304,19 @@ out:
 	return ret;
 }
 
+/*
+ * POST a note; internal: {"body", "internal": true}, a note only project
+ * members see (the older parameter name, confidential, is deprecated).
+ */
 static int
-gl_create_comment(struct scm_client *c, const struct scm_repo *repo,
-    int64_t number, const char *body, int64_t *id_out, char **cause)
+create_note(struct scm_client *c, const struct scm_repo *repo,
+    int64_t number, const char *body, int internal, int64_t *id_out,
+    char **cause)
 {
 	struct scm_resp rp;
+	struct scm_req rq = { 0 };
 	char url[96];
+	char *text = NULL;
 	json_t *j = NULL;
 	int64_t id;
 	int ret;
@@ -320,8 +327,27 @@ gl_create_comment(struct scm_client *c, const struct scm_repo *repo,
 		goto out;
 	snprintf(url, sizeof(url), "/projects/%" PRId64 "/merge_requests/%"
 	    PRId64 "/notes", repo->project_id, number);
-	ret = gl_call(gl_of(c), "create_comment", "POST", url, "body", body,
-	    0, &rp, cause);
+	if (!internal) {
+		ret = gl_call(gl_of(c), "create_comment", "POST", url, "body",
+		    body, 0, &rp, cause);
+	} else {
+		j = json_pack("{s:s,s:b}", "body", body != NULL ? body : "",
+		    "internal", 1);
+		text = j != NULL ? json_dumps(j, JSON_COMPACT) : NULL;
+		json_decref(j);
+		j = NULL;
+		if (text == NULL) {
+			*cause = xstrdup("gitlab: the body is not valid UTF-8");
+			ret = SCM_EINVALID;
+			goto out;
+		}
+		rq.op = "create_comment";
+		rq.method = "POST";
+		rq.url = url;
+		rq.body = text;
+		rq.body_len = strlen(text);
+		ret = gl_http(gl_of(c), &rq, &rp, cause);
+	}
 	if (ret != SCM_OK)
 		goto out;
 	ret = scm_json_reply(&rp, 1, "gitlab: create note", &j, cause);
@@ -336,9 +362,24 @@ gl_create_comment(struct scm_client *c, const struct scm_repo *repo,
 	if (id_out != NULL)
 		*id_out = id;
 out:
+	free(text);
 	json_decref(j);
 	scm_resp_release(&rp);
 	return ret;
+}
+
+static int
+gl_create_comment(struct scm_client *c, const struct scm_repo *repo,
+    int64_t number, const char *body, int64_t *id_out, char **cause)
+{
+	return create_note(c, repo, number, body, 0, id_out, cause);
+}
+
+static int
+gl_create_internal_comment(struct scm_client *c, const struct scm_repo *repo,
+    int64_t number, const char *body, int64_t *id_out, char **cause)
+{
+	return create_note(c, repo, number, body, 1, id_out, cause);
 }
 
 static int
@@ -623,6 +664,7 @@ static const struct scm_ops gitlab_ops = {
 	.get_pr = gl_get_pr,
 	.list_comments = gl_list_comments,
 	.create_comment = gl_create_comment,
+	.create_internal_comment = gl_create_internal_comment,
 	.update_comment = gl_update_comment,
 	.delete_comment = gl_delete_comment,
 	.react = gl_react,

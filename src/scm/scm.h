@@ -51,6 +51,7 @@ struct scm_event {
 	int fork;		/* 1 fork, 0 same repo, -1 unknown */
 	int64_t installation_id;	/* GitHub App installation, 0 if none */
 	char *html_url;		/* the comment or PR/MR page */
+	int internal;		/* a GitLab internal (confidential) note */
 };
 
 void scm_event_release(struct scm_event *ev);
@@ -366,6 +367,13 @@ struct scm_ops {
 	    int64_t number, struct scm_comment **out, size_t *n,
 	    char **cause);
 	int (*create_comment)(struct scm_client *c,
+	    const struct scm_repo *repo, int64_t number, const char *body,
+	    int64_t *id_out, char **cause);
+	/*
+	 * An internal note, seen only by project members (GitLab: the
+	 * note's "internal" flag); NULL for a provider without them.
+	 */
+	int (*create_internal_comment)(struct scm_client *c,
 	    const struct scm_repo *repo, int64_t number, const char *body,
 	    int64_t *id_out, char **cause);
 	/* SCM_ENOTFOUND when the comment is gone (a person deleted it). */

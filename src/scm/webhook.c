@@ -112,6 +112,7 @@ scm_event_encode(const struct scm_event *ev)
 	enc_int(&b, &first, "fork", ev->fork + 1);
 	enc_int(&b, &first, "installationId", ev->installation_id);
 	enc_str(&b, &first, "htmlUrl", ev->html_url);
+	enc_int(&b, &first, "internal", ev->internal);
 	buf_add(&b, "}", 1);
 	return buf_detach(&b, NULL);
 }
@@ -120,7 +121,7 @@ static const char *const event_paths[] = {
 	"provider", "kind", "delivery", "event", "repo", "projectId", "repoId",
 	"number", "commentId", "body", "reviewComment", "author", "authorId",
 	"authorType", "authorHint", "headRef", "baseRef", "cloneUrl",
-	"headCloneUrl", "fork", "installationId", "htmlUrl", NULL
+	"headCloneUrl", "fork", "installationId", "htmlUrl", "internal", NULL
 };
 
 static char *
@@ -202,6 +203,7 @@ scm_event_decode(struct scm_event *out, const char *text, size_t len)
 	ev.fork = (int)dec_int(f, n, "fork", &bad) - 1;
 	ev.installation_id = dec_int(f, n, "installationId", &bad);
 	ev.html_url = dec_str(f, n, "htmlUrl", &bad);
+	ev.internal = dec_int(f, n, "internal", &bad) != 0;
 	if (bad || ev.provider == 0 || ev.kind == SCM_EV_NONE ||
 	    ev.fork < -1 || ev.fork > 1) {
 		scm_event_release(&ev);
@@ -398,6 +400,7 @@ static const char *const github_paths[] = {
 static const char *const gitlab_paths[] = {
 	"object_attributes.noteable_type", "object_attributes.action",
 	"object_attributes.system", "object_attributes.note",
+	"object_attributes.internal", "object_attributes.confidential",
 	"object_attributes.id", "object_attributes.url",
 	"object_attributes.iid", "object_attributes.target_project_id",
 	"object_attributes.source_branch", "object_attributes.target_branch",
@@ -712,11 +715,13 @@ gitlab_bot_username(const char *u)
 
 /* GitLab: Note Hook / Confidential Note Hook on a merge request. */
 static enum webhook_verdict
-gitlab_note(struct scan *sc, const struct webhook_identity *self,
-    struct scm_event *ev, const char **reason)
+gitlab_note(const char *event, struct scan *sc,
+    const struct webhook_identity *self, struct scm_event *ev,
+    const char **reason)
 {
 	const char *type, *action, *body, *user;
 	int64_t src, dst;
+	int internal, confidential;
 
 	type = get_str(sc, "object_attributes.noteable_type", 1,
 	    "missing or invalid 'object_attributes.noteable_type'");
@@ -767,9 +772,19 @@ gitlab_note(struct scan *sc, const struct webhook_identity *self,
 	    "invalid 'merge_request.source_project_id'");
 	dst = get_int(sc, "merge_request.target_project_id", 0,
 	    "invalid 'merge_request.target_project_id'");
+	internal = get_bool(sc, "object_attributes.internal",
+	    "invalid 'object_attributes.internal'");
+	confidential = get_bool(sc, "object_attributes.confidential",
+	    "invalid 'object_attributes.confidential'");
 	if (sc->reason != NULL)
 		return WH_BAD_REQUEST;
 	ev->fork = (src != 0 && dst != 0) ? src != dst : -1;
+	/*
+	 * An internal note (the older name: confidential) is seen by project
+	 * members only: nothing taken from it may become public.
+	 */
+	ev->internal = internal || confidential ||
+	    strcmp(event, "Confidential Note Hook") == 0;
 	ev->comment_body = xstrdup(body);
 	ev->author_login = xstrdup(user);
 	if (self != NULL && (same_login(user, self->gitlab_username) ||
@@ -836,7 +851,7 @@ gitlab_normalize(const char *event, struct scan *sc,
 {
 	if (strcmp(event, "Note Hook") == 0 ||
 	    strcmp(event, "Confidential Note Hook") == 0)
-		return gitlab_note(sc, self, ev, reason);
+		return gitlab_note(event, sc, self, ev, reason);
 	if (strcmp(event, "Merge Request Hook") == 0)
 		return gitlab_merge_request(sc, ev, reason);
 	*reason = "event not handled";

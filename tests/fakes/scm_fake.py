@@ -2391,7 +2391,9 @@ class GitLabApi(Api):
     def create_note(self, proj, mr):
         p = self.params()
         body = self.note_body(p)
-        internal = str(p.get("internal", "false")).lower() in ("true", "1")
+        # internal (since 15.0) overrides its older name, confidential
+        flag = p.get("internal", p.get("confidential", False))
+        internal = str(flag).lower() in ("true", "1")
         with self.st.lock:
             t = now()
             n = {"id": self.gl.new_id(), "author": self.user["username"],

@@ -9,7 +9,9 @@ comment deleted by a person; duplicates from a race; a look-alike by
 another user; the comment found on page 3; a PR/MR that refuses the
 bot's writes (archived, locked, access lost); several tasks on one PR
 (the comment follows one, the same one every time; every task's
-finished run is notified once, also across a restart).
+finished run is notified once, also across a restart); a GitLab
+internal note's objective and the replies to internal notes stay
+internal.
 
 DIVERGED_BIN runs another diverged binary (a private build)."""
 
@@ -506,6 +508,7 @@ def main(t):
     app_and_token(t)
     refused(t)
     several_tasks(t)
+    internal_notes(t)
 
 
 def app_and_token(t):
@@ -778,6 +781,89 @@ def several_tasks(t):
          "PR 44: after another restart, still one notification each and "
          "one comment", (alice(), bob()))
     t.eq(d.stop(), 0, "several tasks: clean stop")
+    fake.stop()
+
+
+def internal_notes(t):
+    """A GitLab internal note (Confidential Note Hook, internal: true) is
+    read by project members only (Reporter and up): a fix from it runs,
+    but its objective is not shown in the sticky comment, which anyone
+    who sees the MR reads, and the bot's replies to internal notes are
+    internal notes too. A later public fix's objective is shown."""
+    spec = seed()
+    proj = spec["gitlab"]["projects"][0]
+    proj["members"] = {"pipin": 30, "guest": 10}
+    spec["gitlab"]["users"].append({"username": "guest", "id": 12})
+    mr = proj["merge_requests"][0]
+    mr["notes"] = [{"id": 3700 + i, "author": "pipin", "body": "(n)",
+                    "internal": i < 3} for i in range(5)]
+    mr["notes"][2]["author"] = "guest"
+    fake = ScmFake()
+    fake.call("POST", "/_fake/seed", spec)
+    d = bot_daemon(fake, CONFIG, {"DIVERGE_SCM_MAX_WAIT_MS": "2000",
+                                  "DIVERGE_TEST_NOTIFIER_THROTTLE_MS":
+                                  str(THROTTLE_S * 1000)})
+
+    def note(nid, who, uid, body, internal):
+        doc = gl_note(nid, 2, who, uid, body)
+        doc["object_attributes"]["internal"] = internal
+        doc["object_attributes"]["confidential"] = internal
+        return d.gitlab("Confidential Note Hook" if internal else
+                        "Note Hook", doc, str(uuid.uuid4()))[0]
+
+    gl2 = lambda: stickies(gl_notes(fake), key="author")  # noqa: E731
+
+    def replies():
+        return [(n["body"], n["internal"]) for n in gl_notes(fake)
+                if n["author"] == "diverge-bot" and
+                not n["body"].startswith(MARKER)]
+
+    t.eq(note(3700, "pipin", 11, "/diverge fix secret-plan-XYZ", True),
+         202, "internal note: a Developer's fix is accepted")
+    task = wait(lambda: get_task(d, "fix-mr-2"), 20)
+    t.ok(task and task["spec"]["objective"] == "secret-plan-XYZ" and
+         task["metadata"]["annotations"].get(
+             "divergedev.com/internal-objective") == "true",
+         "internal note: the task has the objective and is marked "
+         "divergedev.com/internal-objective", task and task["metadata"])
+    t.ok(play_ready(d, "fix-mr-2"), "internal note: the task runs")
+    s = one_with(gl2, "Running")
+    body = s[0]["body"] if s else ""
+    t.ok(s and "secret-plan-XYZ" not in body and
+         "(set in an internal note)" in body and not s[0]["internal"],
+         "the public sticky comment shows a placeholder, not the "
+         "internal objective", gl2())
+    t.ok(wait(lambda: gl_awards(fake, 2, 3700) == ["eyes"]),
+         "internal note: the eyes award emoji as usual",
+         gl_awards(fake, 2, 3700))
+
+    note(3701, "pipin", 11, "/diverge status", True)
+    r = wait(lambda: replies())
+    t.ok(r and len(r) == 1 and "fix-mr-2" in r[0][0] and r[0][1] is True,
+         "the reply to an internal /diverge status is an internal note", r)
+    note(3702, "guest", 12, "/diverge pause", True)
+    r = wait(lambda: len(replies()) == 2 and replies())
+    t.ok(r and "access" in r[1][0] and r[1][1] is True,
+         "a refused internal command's reply is an internal note", r)
+    posts = [q.get("json") or {} for q in fake.requests()
+             if q["method"] == "POST" and
+             q["path"].endswith("/merge_requests/2/notes")]
+    t.ok([p.get("internal") for p in posts
+          if not p.get("body", "").startswith(MARKER)] == [True, True],
+         "both replies were created with internal: true", posts)
+
+    t.eq(note(3703, "pipin", 11, "/diverge status", False), 202,
+         "a public /diverge status")
+    r = wait(lambda: len(replies()) == 3 and replies())
+    t.ok(r and r[2][1] is False, "its reply is public", r)
+    note(3704, "pipin", 11, "/diverge fix public-plan-ABC", False)
+    s = one_with(gl2, "public-plan-ABC")
+    task = get_task(d, "fix-mr-2")
+    t.ok(s and "(set in an internal note)" not in s[0]["body"] and
+         "divergedev.com/internal-objective" not in
+         task["metadata"]["annotations"],
+         "a public fix's objective replaces it and is shown", gl2())
+    t.eq(d.stop(), 0, "internal notes: clean stop")
     fake.stop()
 
 
