@@ -288,25 +288,35 @@ def run_warm(t, fake, scm):
          "a SandboxClaim whose env carries the token", claim)
 
     def play(ready, reason, suspended, ip):
-        s, sb = fake.request("GET", SANDBOXES + "/" + name)
-        ts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        gen = sb["metadata"].get("generation", 1)
-        cond = {"type": "Ready", "status": ready, "reason": reason,
-                "message": "played", "observedGeneration": gen,
-                "lastTransitionTime": ts}
-        sb["status"] = {"conditions": [cond, {
-            "type": "Suspended", "status": suspended and "True" or "False",
-            "reason": suspended and "PodTerminated" or "NotSuspended",
-            "message": "", "observedGeneration": gen,
-            "lastTransitionTime": ts}]}
-        if ip:
-            sb["status"]["podIPs"] = [ip]
-        fake.request("PUT", SANDBOXES + "/" + name + "/status", sb)
+        # as a controller does: a write that lost a race with diverged's
+        # own (409 Conflict: a stale resourceVersion) is made again from
+        # a fresh read
+        for _ in range(20):
+            s, sb = fake.request("GET", SANDBOXES + "/" + name)
+            ts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            gen = sb["metadata"].get("generation", 1)
+            cond = {"type": "Ready", "status": ready, "reason": reason,
+                    "message": "played", "observedGeneration": gen,
+                    "lastTransitionTime": ts}
+            sb["status"] = {"conditions": [cond, {
+                "type": "Suspended",
+                "status": suspended and "True" or "False",
+                "reason": suspended and "PodTerminated" or "NotSuspended",
+                "message": "", "observedGeneration": gen,
+                "lastTransitionTime": ts}]}
+            if ip:
+                sb["status"]["podIPs"] = [ip]
+            if fake.request("PUT", SANDBOXES + "/" + name + "/status",
+                            sb)[0] != 409:
+                break
         # the claim mirrors its Sandbox's Ready (diverged watches claims)
-        s, c = fake.request("GET", CLAIMS + "/" + name)
-        c["status"] = {"sandbox": {"name": name}, "conditions": [
-            dict(cond, observedGeneration=c["metadata"]["generation"])]}
-        fake.request("PUT", CLAIMS + "/" + name + "/status", c)
+        for _ in range(20):
+            s, c = fake.request("GET", CLAIMS + "/" + name)
+            c["status"] = {"sandbox": {"name": name}, "conditions": [
+                dict(cond, observedGeneration=c["metadata"]["generation"])]}
+            if fake.request("PUT", CLAIMS + "/" + name + "/status",
+                            c)[0] != 409:
+                break
 
     # the claim controller: a cold start from the pool's template
     s, _ = fake.request("POST", SANDBOXES, {
