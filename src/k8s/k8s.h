@@ -515,6 +515,9 @@ void k8s_apiserver_stop(struct k8s_apiserver *s);
  * project members may read: the public status comment does not show it.
  */
 #define K8S_TASK_ANNOTATION_INTERNAL "divergedev.com/internal-objective"
+/* "true" when the guidance annotation came from a GitLab internal note. */
+#define K8S_TASK_ANNOTATION_INTERNAL_GUIDANCE \
+	"divergedev.com/internal-guidance"
 /* Operations a task remembers as applied, and the longest id. */
 #define K8S_TASK_APPLIED_MAX 32
 #define K8S_TASK_MAX_ONCE 64
@@ -588,6 +591,14 @@ void k8s_task_budgets(struct k8s_api *api, const json_t *task,
  */
 int k8s_task_guide(struct k8s_api *api, const char *ns, const char *name,
     const char *hint, const char *once, json_t **out, struct k8s_status *st);
+/*
+ * The same for guidance from a GitLab internal note (internal: 1), which
+ * marks the task with K8S_TASK_ANNOTATION_INTERNAL_GUIDANCE; guidance
+ * from anywhere else removes the mark.
+ */
+int k8s_task_guide_from(struct k8s_api *api, const char *ns,
+    const char *name, const char *hint, int internal, const char *once,
+    json_t **out, struct k8s_status *st);
 
 /* spec.suspended = true; the reconciler pauses the task. Idempotent. */
 int k8s_task_pause(struct k8s_api *api, const char *ns, const char *name,

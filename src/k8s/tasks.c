@@ -1026,11 +1026,17 @@ suspended(const json_t *task)
 	    "suspended"));
 }
 
+struct guide_arg {
+	const char *hint;
+	int internal;		/* from a GitLab internal note */
+};
+
 static int
 edit_guide(struct k8s_api *api, const json_t *task, json_t *patch,
     const void *arg, struct k8s_status *st)
 {
-	const char *hint = arg, *cur;
+	const struct guide_arg *g = arg;
+	const char *hint = g->hint, *cur, *mark;
 	size_t start, len;
 	char *cause = NULL, *text;
 	int ret;
@@ -1051,6 +1057,18 @@ edit_guide(struct k8s_api *api, const json_t *task, json_t *patch,
 		    "annotations"), K8S_TASK_ANNOTATION_GUIDANCE,
 		    json_string(text));
 	free(text);
+	/* the mark follows the guidance: set by an internal note, or gone */
+	mark = json_string_value(json_object_get(json_object_get(
+	    json_object_get(task, "metadata"), "annotations"),
+	    K8S_TASK_ANNOTATION_INTERNAL_GUIDANCE));
+	if (g->internal && (mark == NULL || strcmp(mark, "true") != 0))
+		json_object_set_new(child(child(patch, "metadata"),
+		    "annotations"), K8S_TASK_ANNOTATION_INTERNAL_GUIDANCE,
+		    json_string("true"));
+	else if (!g->internal && mark != NULL)
+		json_object_set_new(child(child(patch, "metadata"),
+		    "annotations"), K8S_TASK_ANNOTATION_INTERNAL_GUIDANCE,
+		    json_null());
 	return 0;
 }
 
@@ -1093,6 +1111,16 @@ int
 k8s_task_guide(struct k8s_api *api, const char *ns, const char *name,
     const char *hint, const char *once, json_t **out, struct k8s_status *st)
 {
+	return k8s_task_guide_from(api, ns, name, hint, 0, once, out, st);
+}
+
+/* The same, saying whether the guidance came from an internal note. */
+int
+k8s_task_guide_from(struct k8s_api *api, const char *ns, const char *name,
+    const char *hint, int internal, const char *once, json_t **out,
+    struct k8s_status *st)
+{
+	struct guide_arg g = { hint, internal };
 	char *cause = NULL;
 	int ret;
 
@@ -1102,7 +1130,7 @@ k8s_task_guide(struct k8s_api *api, const char *ns, const char *name,
 		free(cause);
 		return ret;
 	}
-	return task_edit(api, ns, name, edit_guide, hint, once, out, st);
+	return task_edit(api, ns, name, edit_guide, &g, once, out, st);
 }
 
 /* Ask for the task to be paused. */

@@ -348,15 +348,15 @@ jstr2(const json_t *o, const char *a, const char *b)
 }
 
 /*
- * Whether the task's objective came from a GitLab internal note: the
- * status comment is public, so it does not show the text.
+ * Whether the task's annotation mark is "true": its objective
+ * (K8S_TASK_ANNOTATION_INTERNAL) or guidance came from a GitLab internal
+ * note; the status comment is public, so it does not show the text.
  */
 static int
-internal_objective(const json_t *task)
+internal_mark(const json_t *task, const char *mark)
 {
 	const char *v = json_string_value(json_object_get(json_object_get(
-	    json_object_get(task, "metadata"), "annotations"),
-	    K8S_TASK_ANNOTATION_INTERNAL));
+	    json_object_get(task, "metadata"), "annotations"), mark));
 
 	return v != NULL && strcmp(v, "true") == 0;
 }
@@ -571,7 +571,7 @@ notifier_render(const json_t *task, const struct notifier_render_opts *opts,
 	buf_printf(&b, " \xc2\xb7 run %" PRId64 "\n\n", run > 0 ? run : 1);
 
 	s = jstr2(task, "spec", "objective");
-	if (internal_objective(task))
+	if (internal_mark(task, K8S_TASK_ANNOTATION_INTERNAL))
 		s = "(set in an internal note)";
 	buf_addstr(&b, "**Objective**\n\n");
 	notifier_escape_block(&b, s ? s : "", s ? strlen(s) : 0,
@@ -655,7 +655,11 @@ notifier_render(const json_t *task, const struct notifier_render_opts *opts,
 	if (s != NULL && *s && !is_phase(phase, "Completed") &&
 	    !is_phase(phase, "Failed")) {
 		buf_addstr(&b, "**Latest guidance**\n\n");
-		notifier_escape_block(&b, s, strlen(s), NOTIFIER_CAP_GUIDANCE);
+		if (internal_mark(task, K8S_TASK_ANNOTATION_INTERNAL_GUIDANCE))
+			buf_addstr(&b, "(set in an internal note)\n");
+		else
+			notifier_escape_block(&b, s, strlen(s),
+			    NOTIFIER_CAP_GUIDANCE);
 		buf_add(&b, "\n", 1);
 	}
 	add_commands(&b, phase);

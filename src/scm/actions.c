@@ -1055,8 +1055,8 @@ do_steer(struct run *r, const struct cmd *c, size_t i, char **cause)
 	once = xasprintf("%s#%zu", r->comment, i);
 	switch (c->kind) {
 	case CMD_GUIDE:
-		rc = k8s_task_guide(r->a->ac.store, r->ns, name, c->text, once,
-		    NULL, &st);
+		rc = k8s_task_guide_from(r->a->ac.store, r->ns, name, c->text,
+		    r->ev->internal, once, NULL, &st);
 		break;
 	case CMD_PAUSE:
 		rc = k8s_task_pause(r->a->ac.store, r->ns, name, once, NULL,

@@ -796,7 +796,7 @@ def internal_notes(t):
     spec["gitlab"]["users"].append({"username": "guest", "id": 12})
     mr = proj["merge_requests"][0]
     mr["notes"] = [{"id": 3700 + i, "author": "pipin", "body": "(n)",
-                    "internal": i < 3} for i in range(5)]
+                    "internal": i < 3 or i == 5} for i in range(6)]
     mr["notes"][2]["author"] = "guest"
     fake = ScmFake()
     fake.call("POST", "/_fake/seed", spec)
@@ -856,13 +856,26 @@ def internal_notes(t):
          "a public /diverge status")
     r = wait(lambda: len(replies()) == 3 and replies())
     t.ok(r and r[2][1] is False, "its reply is public", r)
+    t.eq(note(3705, "pipin", 11, "/diverge guide secret-hint-QRS", True),
+         202, "internal note: a Developer's guide is accepted")
+    t.ok(wait(lambda: (get_task(d, "fix-mr-2") or {}).get(
+        "metadata", {}).get("annotations", {}).get(
+        "divergedev.com/guidance") == "secret-hint-QRS"),
+         "the internal guidance reaches the task (and so the agent)")
+    s = one_with(gl2, "Latest guidance")
+    body = s[0]["body"] if s else ""
+    t.ok(s and "secret-hint-QRS" not in body and
+         body.count("(set in an internal note)") == 2,
+         "the sticky comment shows a placeholder for the internal "
+         "guidance too, not its text", gl2())
     note(3704, "pipin", 11, "/diverge fix public-plan-ABC", False)
     s = one_with(gl2, "public-plan-ABC")
     task = get_task(d, "fix-mr-2")
-    t.ok(s and "(set in an internal note)" not in s[0]["body"] and
+    t.ok(s and s[0]["body"].count("(set in an internal note)") == 1 and
          "divergedev.com/internal-objective" not in
          task["metadata"]["annotations"],
-         "a public fix's objective replaces it and is shown", gl2())
+         "a public fix's objective replaces it and is shown (the "
+         "internal guidance stays hidden)", gl2())
     t.eq(d.stop(), 0, "internal notes: clean stop")
     fake.stop()
 
