@@ -886,6 +886,7 @@ start_scm(char **cause)
 
 		if (scm_github_new(&cl, &D.cfg, cause) < 0)
 			return -1;
+		scm_client_keep_holds(cl, D.cfg.state_dir);
 		/* the pruner reads it (learn_identity) */
 		pthread_rwlock_wrlock(&D.github.lock);
 		D.github_client = cl;
@@ -899,6 +900,7 @@ start_scm(char **cause)
 
 		if (scm_gitlab_new(&cl, &D.cfg, cause) < 0)
 			return -1;
+		scm_client_keep_holds(cl, D.cfg.state_dir);
 		pthread_rwlock_wrlock(&D.gitlab.lock);
 		D.gitlab_client = cl;
 		pthread_rwlock_unlock(&D.gitlab.lock);

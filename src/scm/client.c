@@ -24,7 +24,9 @@
  *     rate-limited reply's wait or a reply whose remaining budget is 0
  *     (until its reset), and a call with that credential before then
  *     sends nothing and returns SCM_ERATELIMITED with that time, as if
- *     it had met the limit beyond its bounded wait.
+ *     it had met the limit beyond its bounded wait. Kept in a file of
+ *     the state directory (scm_http_keep_holds), so that a restart does
+ *     not send what the limit forbids.
  *
  * Every attempt counts in diverge_scm_requests_total{provider,op,code};
  * the remaining rate-limit budget goes to diverge_scm_ratelimit_remaining,
@@ -39,6 +41,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -76,6 +79,7 @@ struct hold {
 
 struct scm_http {
 	enum scm_provider provider;
+	char *holds_path;	/* where the holds are kept, or NULL */
 	char *base;		/* scheme://host[:port][/prefix], no final / */
 	char *origin;		/* scheme://host[:port]/ for redirect checks */
 	char *ca_file;
@@ -332,6 +336,54 @@ cred_of(const struct scm_req *rq)
 	return rq->cred != NULL ? rq->cred : "token";
 }
 
+/*
+ * Write the holds still running to h->holds_path (hold_lock held): a
+ * whole file or none (written aside, synced, renamed over). A failure is
+ * logged; the holds stay in memory.
+ */
+static void
+holds_save(struct scm_http *h, int64_t now)
+{
+	json_t *doc, *list = json_array();
+	struct hold *p;
+	char *text, *tmp;
+	size_t len;
+	int fd, ok;
+
+	if (h->holds_path == NULL) {
+		json_decref(list);
+		return;
+	}
+	for (p = h->holds; p != NULL; p = p->next)
+		if (p->until_ms > now)
+			json_array_append_new(list, json_pack("{s:s,s:I}",
+			    "credential", p->cred, "untilMs",
+			    (json_int_t)p->until_ms));
+	doc = json_pack("{s:s,s:o}", "api", h->base, "holds", list);
+	text = doc != NULL ? json_dumps(doc, JSON_COMPACT) : NULL;
+	json_decref(doc);
+	if (text == NULL)
+		return;
+	len = strlen(text);
+	tmp = xasprintf("%s.tmp", h->holds_path);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	ok = fd >= 0 && write(fd, text, len) == (ssize_t)len &&
+	    fsync(fd) == 0;
+	if (fd >= 0 && close(fd) < 0)
+		ok = 0;
+	if (ok && rename(tmp, h->holds_path) < 0)
+		ok = 0;
+	if (!ok) {
+		log_kv(LOG_WARN, "scm: cannot keep the rate limits in a file; "
+		    "a restart will forget them", "provider", scm_http_name(h),
+		    "file", h->holds_path, "error", strerror(errno), NULL);
+		if (fd >= 0)
+			(void)unlink(tmp);
+	}
+	free(tmp);
+	free(text);
+}
+
 /* Until when cred is limited (unix ms), 0 when it is not. */
 static int64_t
 hold_until(struct scm_http *h, const char *cred)
@@ -381,8 +433,11 @@ hold_set(struct scm_http *h, const char *cred, int64_t until_ms)
 		h->holds = found;
 		h->nholds++;
 	}
-	if (found != NULL && found->until_ms < until_ms)
+	if (found != NULL && found->until_ms < until_ms) {
 		found->until_ms = until_ms;
+		/* under the lock: the file follows the changes in order */
+		holds_save(h, now);
+	}
 	for (p = h->holds; p != NULL; p = p->next)
 		if (p->until_ms > latest)
 			latest = p->until_ms;
@@ -393,6 +448,60 @@ hold_set(struct scm_http *h, const char *cred, int64_t until_ms)
 }
 
 static int64_t reset_wait_ms(int64_t reset);
+
+/*
+ * Keep h's holds in path from now on, taking up those an earlier run
+ * kept there for the same API that still run (a restart must not send
+ * what a limit forbids). A file that cannot be read or parsed is ignored
+ * (logged): the holds then start empty, as they did before.
+ */
+void
+scm_http_keep_holds(struct scm_http *h, const char *path)
+{
+	json_t *doc, *v;
+	json_error_t err;
+	const char *cred;
+	char left[32];
+	int64_t now = now_unix_ms(), until;
+	size_t i;
+
+	doc = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+	if (doc == NULL && access(path, F_OK) == 0)
+		log_kv(LOG_WARN, "scm: ignoring the kept rate limits",
+		    "provider", scm_http_name(h), "file", path, "error",
+		    err.text, NULL);
+	if (doc != NULL && (!json_is_string(json_object_get(doc, "api")) ||
+	    strcmp(json_string_value(json_object_get(doc, "api")),
+	    h->base) != 0)) {
+		/* kept for another API (the URL changed): not this one's */
+		json_decref(doc);
+		doc = NULL;
+	}
+	json_array_foreach(json_object_get(doc, "holds"), i, v) {
+		cred = json_string_value(json_object_get(v, "credential"));
+		until = json_integer_value(json_object_get(v, "untilMs"));
+		if (cred == NULL || *cred == '\0' || strlen(cred) > 256 ||
+		    until <= now)
+			continue;
+		/* no further ahead than a reply may ask */
+		if (until > now + (int64_t)MAX_HEADER_WAIT_S * 1000)
+			until = now + (int64_t)MAX_HEADER_WAIT_S * 1000;
+		hold_set(h, cred, until);
+		snprintf(left, sizeof(left), "%" PRId64, (until - now + 999) /
+		    1000);
+		log_kv(LOG_INFO, "scm: a rate limit met before the restart "
+		    "still holds", "provider", scm_http_name(h), "credential",
+		    cred, "seconds_left", left, NULL);
+	}
+	json_decref(doc);
+	pthread_mutex_lock(&h->hold_lock);
+	free(h->holds_path);
+	h->holds_path = xstrdup(path);
+	/* what ended, or was not this API's, is dropped from the file */
+	if (access(path, F_OK) == 0)
+		holds_save(h, now);
+	pthread_mutex_unlock(&h->hold_lock);
+}
 
 /*
  * A reply that is not a rate limit but leaves no budget: the credential
@@ -533,6 +642,7 @@ scm_http_free(struct scm_http *h)
 	pthread_mutex_destroy(&h->pool_lock);
 	holds_free(h->holds);
 	pthread_mutex_destroy(&h->hold_lock);
+	free(h->holds_path);
 	free(h->base);
 	free(h->origin);
 	free(h->ca_file);
@@ -1235,4 +1345,16 @@ scm_client_reload(struct scm_client *c, const struct config *cfg,
 	if (c == NULL || c->ops == NULL || c->ops->reload == NULL)
 		return 0;
 	return c->ops->reload(c, cfg, cause);
+}
+
+void
+scm_client_keep_holds(struct scm_client *c, const char *state_dir)
+{
+	char *path;
+
+	if (c == NULL || c->ops == NULL || c->ops->keep_holds == NULL)
+		return;
+	path = xasprintf("%s/ratelimits-%s.json", state_dir, c->ops->name);
+	c->ops->keep_holds(c, path);
+	free(path);
 }

@@ -46,6 +46,12 @@ struct scm_http_config {
 int scm_http_new(struct scm_http **out, const struct scm_http_config *cfg,
     char **cause);
 void scm_http_free(struct scm_http *h);
+/*
+ * Keep the rate limits met by h's credentials in the file path (JSON,
+ * replaced whole), taking up those an earlier run kept there for the
+ * same API URL: a restart then waits them out instead of sending.
+ */
+void scm_http_keep_holds(struct scm_http *h, const char *path);
 /* The provider's name, "github" or "gitlab". */
 const char *scm_http_name(const struct scm_http *h);
 /* The base URL without a trailing slash. */

@@ -1104,6 +1104,12 @@ gh_reload(struct scm_client *c, const struct config *cfg, char **cause)
 	return 0;
 }
 
+static void
+gh_keep_holds(struct scm_client *c, const char *path)
+{
+	scm_http_keep_holds(gh_of(c)->http, path);
+}
+
 static const struct scm_ops github_ops = {
 	.name = "github",
 	.get_pr = gh_get_pr,
@@ -1117,6 +1123,7 @@ static const struct scm_ops github_ops = {
 	.whoami = gh_whoami,
 	.read_file = gh_read_file,
 	.reload = gh_reload,
+	.keep_holds = gh_keep_holds,
 	.free = gh_free,
 };
 

@@ -659,6 +659,12 @@ gl_free(struct scm_client *c)
 	free(g);
 }
 
+static void
+gl_keep_holds(struct scm_client *c, const char *path)
+{
+	scm_http_keep_holds(gl_of(c)->http, path);
+}
+
 static const struct scm_ops gitlab_ops = {
 	.name = "gitlab",
 	.get_pr = gl_get_pr,
@@ -673,6 +679,7 @@ static const struct scm_ops gitlab_ops = {
 	.whoami = gl_whoami,
 	.read_file = gl_read_file,
 	.reload = gl_reload,
+	.keep_holds = gl_keep_holds,
 	.free = gl_free,
 };
 

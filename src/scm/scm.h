@@ -426,6 +426,8 @@ struct scm_ops {
 	 */
 	int (*reload)(struct scm_client *c, const struct config *cfg,
 	    char **cause);
+	/* Keep the rate limits met in the file path (scm_http_keep_holds). */
+	void (*keep_holds)(struct scm_client *c, const char *path);
 	void (*free)(struct scm_client *c);
 };
 
@@ -446,6 +448,11 @@ void scm_client_free(struct scm_client *c);
 /* Read the client's secrets again (NULL: nothing to do). */
 int scm_client_reload(struct scm_client *c, const struct config *cfg,
     char **cause);
+/*
+ * Keep the rate limits c's credentials meet in state_dir (the file
+ * ratelimits-<provider>.json), so that a restart does not forget them.
+ */
+void scm_client_keep_holds(struct scm_client *c, const char *state_dir);
 
 /* ---- running the commands (actions.c) ---- */
 

@@ -7,6 +7,7 @@ import base64
 import http.client
 import json
 import os
+import re
 import signal
 import sqlite3
 import threading
@@ -103,7 +104,8 @@ GH_COMMENTS = [(1001, 42, "alice"), (1002, 43, "carol"), (1003, 43, "bob"),
                (1019, 42, "alice"), (1020, 43, "alice"),
                (1030, 50, "bob"),
                (1021, 43, "alice"), (1022, 43, "alice"),
-               (1023, 43, "alice"), (4101, 42, "alice"),
+               (1023, 43, "alice"), (1024, 43, "alice"),
+               (1025, 43, "alice"), (4101, 42, "alice"),
                (1009, 42, "alice"), (1040, 43, "alice"),
                (1060, 43, "alice"), (1061, 43, "alice"),
                (1062, 43, "alice"), (1063, 43, "alice"),
@@ -659,6 +661,52 @@ def main(t):
          time.time() - start >= 7.5, "another comment with the same token "
          "waits for the reset, then both are served",
          time.time() - start)
+
+    # a restart does not forget a rate limit: the daemon keeps it in the
+    # state directory and waits it out after the restart instead of sending
+    kept = os.path.join(os.path.dirname(d.db()), "ratelimits-github.json")
+
+    def kept_until():
+        try:
+            with open(kept) as f:
+                return max([h["untilMs"] / 1000.0 for h in
+                            json.load(f)["holds"]] or [0])
+        except (OSError, ValueError, KeyError):
+            return 0
+    fake.call("POST", "/_fake/faults", {"status": 429, "count": 1,
+                                        "retry_after": 12,
+                                        "match": "/comments/1024/reactions"})
+    start = time.time()
+    d.github("issue_comment", gh_comment(1024, 43, "alice",
+                                         "/diverge status"),
+             str(uuid.uuid4()))
+    t.ok(wait(lambda: kept_until() > time.time() + 5),
+         "a rate limit met is kept in ratelimits-github.json", kept_until())
+    d.stop()
+    d.start()
+    d.github("issue_comment", gh_comment(1025, 43, "alice",
+                                         "/diverge status"),
+             str(uuid.uuid4()))
+    time.sleep(2)
+
+    def reaction_posts(cid):
+        return [r for r in fake.requests() if r["method"] == "POST" and
+                r["path"].endswith("/comments/%d/reactions" % cid)]
+    until = re.search(r'diverge_scm_ratelimited_until_seconds\{provider='
+                      r'"github"\} ([0-9.e+]+)', d.metrics())
+    t.ok(time.time() - start < 10 and not reaction_posts(1025) and
+         until and float(until.group(1)) > time.time() + 1,
+         "after a restart within the limit, the next comment's reaction "
+         "is not sent before the reset (the metric shows it)",
+         (time.time() - start, reaction_posts(1025),
+          until and until.group(1)))
+    t.ok(d.wait_log("a rate limit met before the restart still holds"),
+         "the restarted daemon says so")
+    t.ok(wait(lambda: gh_reactions(fake, 43, 1024) == ["eyes"] and
+              gh_reactions(fake, 43, 1025) == ["eyes"], 30) and
+         min(r["time"] for r in reaction_posts(1025)) >= start + 11.5,
+         "both are served after the reset",
+         [r["time"] - start for r in reaction_posts(1025)])
 
     # SIGHUP re-reads github.token and gitlab.token: the bot then acts with
     # the new ones

@@ -918,6 +918,140 @@ ratelimit_held(void **state)
 	buf_release(&m);
 }
 
+/* Write text to path (the test's kept-holds file). */
+static void
+put_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+
+	assert_non_null(f);
+	assert_true(fputs(text, f) >= 0);
+	assert_int_equal(fclose(f), 0);
+}
+
+/* One GitHub call: 1 when it went out, 0 when held (rate limited). */
+static int
+sent(struct scm_client *c, int64_t *reset_ms)
+{
+	char *cause = NULL;
+	size_t before = nrecs();
+	int rc;
+
+	push(200, "{}", NULL);
+	rc = c->ops->update_comment(c, &gh_repo, 46, 6, "b", &cause);
+	free(cause);
+	if (rc == SCM_ERATELIMITED) {
+		assert_int_equal(nrecs(), before);
+		srv_reset();
+		*reset_ms = scm_ratelimit_reset_ms();
+		return 0;
+	}
+	assert_int_equal(rc, SCM_OK);
+	assert_int_equal(nrecs(), before + 1);
+	return 1;
+}
+
+/*
+ * A restart of a GitHub client keeping its holds in dir, whose file path
+ * says the token is held until until_ms for api (NULL: the file is not
+ * JSON): whether a call then goes out (sent()).
+ */
+static int
+restart_kept(const char *dir, const char *path, const char *api,
+    int64_t until_ms, int64_t *reset)
+{
+	struct scm_client *c;
+	char *text;
+	int r;
+
+	text = api != NULL ? xasprintf("{\"api\":\"%s\",\"holds\":[{"
+	    "\"credential\":\"token\",\"untilMs\":%" PRId64 "}]}", api,
+	    until_ms) : xstrdup("{\"api\": [1, 2");
+	put_file(path, text);
+	free(text);
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	scm_client_keep_holds(c, dir);
+	r = sent(c, reset);
+	scm_client_free(c);
+	return r;
+}
+
+/* The rate limits met are kept in the state directory across restarts. */
+static void
+ratelimit_kept(void **state)
+{
+	char *dir = test_tmpdir("scm-holds"), *path, *other;
+	struct scm_client *c, *gl;
+	char *cause = NULL;
+	int64_t at, reset = 0;
+	json_t *doc;
+
+	(void)state;
+	path = xasprintf("%s/ratelimits-github.json", dir);
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	scm_client_keep_holds(c, dir);
+	push(403, "{\"message\":\"You have exceeded a secondary rate limit. "
+	    "Please wait a few minutes before you try again.\"}",
+	    "Retry-After: 60", NULL);
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 42, 5, "a",
+	    &cause), SCM_ERATELIMITED);
+	free(cause);
+	cause = NULL;
+	at = scm_ratelimit_reset_ms();
+	/* the file names the credential and the end, never a secret */
+	doc = json_load_file(path, 0, NULL);
+	assert_non_null(doc);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(
+	    json_object_get(doc, "holds"), 0), "credential")), "token");
+	/* (the hold's end and the caller's are taken a moment apart) */
+	assert_in_range(json_integer_value(json_object_get(json_array_get(
+	    json_object_get(doc, "holds"), 0), "untilMs")), at - 50, at + 50);
+	json_decref(doc);
+	scm_client_free(c);
+
+	/* a restart: the same token waits for the same end, sending nothing */
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	scm_client_keep_holds(c, dir);
+	assert_int_equal(sent(c, &reset), 0);
+	assert_in_range(reset, at - 50, at + 50);
+	/* GitLab keeps its own file: its token is not held */
+	gl = gitlab_client("/api/v4");
+	scm_client_keep_holds(gl, dir);
+	push(201, "{\"id\":7}", NULL);
+	assert_int_equal(gl->ops->create_comment(gl, &gl_repo, 1, "x", NULL,
+	    &cause), SCM_OK);
+	scm_client_free(gl);
+	scm_client_free(c);
+
+	/* kept for another API URL, ended, or unreadable: not taken up */
+	assert_int_equal(restart_kept(dir, path, "https://ghe.example.com/api/"
+	    "v3", now_unix_ms() + 60000, &reset), 1);
+	doc = json_load_file(path, 0, NULL);
+	other = xstrdup(json_string_value(json_object_get(doc, "api")));
+	json_decref(doc);
+	assert_int_equal(restart_kept(dir, path, other, now_unix_ms() - 1000,
+	    &reset), 1);
+	assert_int_equal(restart_kept(dir, path, NULL, 0, &reset), 1);
+	/* ... and the file is made whole again */
+	doc = json_load_file(path, 0, NULL);
+	assert_non_null(doc);
+	assert_string_equal(json_string_value(json_object_get(doc, "api")),
+	    other);
+	json_decref(doc);
+
+	/* a far end is cut to what a reply may ask (a day) */
+	assert_int_equal(restart_kept(dir, path, other, now_unix_ms() +
+	    (int64_t)400 * 86400 * 1000, &reset), 0);
+	assert_in_range(reset - now_unix_ms(), 86000 * 1000LL,
+	    86400 * 1000LL);
+	free(other);
+	free(path);
+	free(dir);
+}
+
 static void
 burst_5xx(void **state)
 {
@@ -1709,6 +1843,7 @@ main(void)
 		cmocka_unit_test(secondary_limit),
 		cmocka_unit_test(ratelimit_beyond_bound),
 		cmocka_unit_test(ratelimit_held),
+		cmocka_unit_test(ratelimit_kept),
 		cmocka_unit_test(burst_5xx),
 		cmocka_unit_test(not_found),
 		cmocka_unit_test(errors_mapping),
