@@ -334,6 +334,14 @@ put_done(void *arg, enum inbox_put_result r)
 		log_kv(LOG_INFO, "webhook accepted", "delivery", p->delivery,
 		    "provider", p->provider, NULL);
 		break;
+	case INBOX_REQUEUED:
+		/* a dead letter's redelivery: stored, pending again */
+		outcome = "requeued";
+		http_reply_json(p->req, 202, json_pack("{s:b,s:s,s:b}",
+		    "accepted", 1, "delivery", p->delivery, "requeued", 1));
+		log_kv(LOG_INFO, "webhook accepted: dead letter requeued",
+		    "delivery", p->delivery, "provider", p->provider, NULL);
+		break;
 	case INBOX_DUPLICATE:
 		outcome = "duplicate";
 		http_reply_json(p->req, 200, json_pack("{s:b,s:s}",

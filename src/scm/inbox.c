@@ -18,6 +18,12 @@
  * Workers read entries through their own connections (WAL readers never
  * block a writer). The in-memory work queue holds ids only (shard in the
  * low bits), so memory stays flat however deep the inbox.
+ *
+ * An entry that fails for good is dead-lettered: kept, with its last
+ * error, for an operator. Once the cause is fixed the provider's
+ * redelivery (the same delivery key) brings it back: the writer that
+ * finds the key dead makes it pending again in the put's transaction and
+ * feeds it to the workers, as it does a new entry.
  */
 #include "config.h"
 
@@ -65,6 +71,8 @@ struct put_req {
 	void *arg;
 	enum inbox_put_result result;
 	int64_t id;
+	int dead_attempts;	/* INBOX_REQUEUED: what the dead letter had */
+	char *dead_error;
 };
 
 struct done_req {
@@ -75,6 +83,7 @@ struct done_req {
 	int64_t received_ms;
 	int64_t retry_at_ms;	/* wall clock, for INBOX_RETRY */
 	char *key;
+	char *provider;
 	char *cause;
 	int (*effect)(struct sqlite3 *, const struct inbox_item *, void *);
 	void *effect_arg;
@@ -130,6 +139,7 @@ struct inbox {
 
 	int64_t pending;	/* entries stored and not finished */
 	int64_t reserved;	/* room taken by puts not yet committed */
+	int64_t dead;		/* dead letters stored */
 	/*
 	 * An entry left by an unfinished run is being handled and its
 	 * outcome not yet written: the next such entry waits for it, so
@@ -288,6 +298,12 @@ depth_gauge(void *arg)
 	return (double)inbox_depth(arg);
 }
 
+static double
+dead_gauge(void *arg)
+{
+	return (double)inbox_dead_letters(arg);
+}
+
 /* --------------------------------------------------------------- open */
 
 static const char schema[] =
@@ -338,12 +354,37 @@ inbox_shard_path(const char *path, int i)
 	return xasprintf("%.*s/inbox-%d.db", (int)(slash - path), path, i);
 }
 
+/*
+ * Add the shard's entries in state to *n. The state is written in the
+ * statement, not bound: the partial index of each state then counts them
+ * instead of a scan of the table.
+ */
+static int
+count_state(struct shard *sh, int state, int64_t *n, char **cause)
+{
+	sqlite3_stmt *st = NULL;
+	char *sql = xasprintf("SELECT COUNT(*) FROM inbox WHERE state = %d",
+	    state);
+	int ret = -1;
+
+	if (sqlite3_prepare_v2(sh->wdb, sql, -1, &st, NULL) != SQLITE_OK ||
+	    sqlite3_step(st) != SQLITE_ROW) {
+		*cause = xasprintf("sqlite: '%s': %s", sh->path,
+		    sqlite3_errmsg(sh->wdb));
+		goto out;
+	}
+	*n += sqlite3_column_int64(st, 0);
+	ret = 0;
+out:
+	sqlite3_finalize(st);
+	free(sql);
+	return ret;
+}
+
 static int
 shard_open(struct inbox *ib, int i, const char *path, char **cause)
 {
 	struct shard *sh = &ib->shards[i];
-	sqlite3_stmt *st = NULL;
-	int ret = -1;
 
 	sh->ib = ib;
 	sh->idx = i;
@@ -352,20 +393,11 @@ shard_open(struct inbox *ib, int i, const char *path, char **cause)
 	sh->dones_tail = &sh->dones;
 	pthread_cond_init(&sh->wcond, NULL);
 	if (open_db(sh->path, &sh->wdb, cause) < 0 ||
-	    db_exec(sh->wdb, schema, cause) < 0)
-		goto out;
-	if (sqlite3_prepare_v2(sh->wdb,
-	    "SELECT COUNT(*) FROM inbox WHERE state = 0", -1, &st,
-	    NULL) != SQLITE_OK || sqlite3_step(st) != SQLITE_ROW) {
-		*cause = xasprintf("sqlite: '%s': %s", sh->path,
-		    sqlite3_errmsg(sh->wdb));
-		goto out;
-	}
-	ib->pending += sqlite3_column_int64(st, 0);
-	ret = 0;
-out:
-	sqlite3_finalize(st);
-	return ret;
+	    db_exec(sh->wdb, schema, cause) < 0 ||
+	    count_state(sh, ST_PENDING, &ib->pending, cause) < 0 ||
+	    count_state(sh, ST_DEAD, &ib->dead, cause) < 0)
+		return -1;
+	return 0;
 }
 
 /* Open or create the inbox tables in every shard. */
@@ -404,16 +436,29 @@ inbox_open(struct inbox **out, const char *path,
 	return 0;
 }
 
-/* Pending + in-progress entries. */
-int64_t
-inbox_depth(struct inbox *ib)
+static int64_t
+read_locked(struct inbox *ib, const int64_t *v)
 {
 	int64_t n;
 
 	pthread_mutex_lock(&ib->mu);
-	n = ib->pending;
+	n = *v;
 	pthread_mutex_unlock(&ib->mu);
 	return n;
+}
+
+/* Pending + in-progress entries. */
+int64_t
+inbox_depth(struct inbox *ib)
+{
+	return read_locked(ib, &ib->pending);
+}
+
+/* Dead letters stored, across the shards. */
+int64_t
+inbox_dead_letters(struct inbox *ib)
+{
+	return read_locked(ib, &ib->dead);
 }
 
 /* Whether the threads run and accept work. */
@@ -567,10 +612,79 @@ static void
 free_done(struct done_req *d)
 {
 	free(d->key);
+	free(d->provider);
 	free(d->cause);
 	if (d->have_ev)
 		scm_event_release(&d->ev);
 	free(d);
+}
+
+/* What a batch changed, for the counts kept in memory. */
+struct batch_counts {
+	int64_t stored;		/* entries pending now: new, or requeued */
+	int64_t finished;	/* entries done or dead now */
+	int64_t dead;		/* dead letters: made, less those requeued */
+};
+
+/* Write the event of entry row (a new one's, or a requeued one's anew). */
+static int
+put_body(sqlite3_stmt *body, int64_t row, const char *event)
+{
+	sqlite3_reset(body);
+	sqlite3_bind_int64(body, 1, row);
+	sqlite3_bind_text(body, 2, event, -1, SQLITE_STATIC);
+	return sqlite3_step(body) == SQLITE_DONE ? 0 : -1;
+}
+
+/*
+ * Settle put p whose key is stored already (find: its row), or that has
+ * no room (room 0) for a new entry: a redelivery. That of a dead letter,
+ * once the operator has fixed its cause, makes it pending again (room
+ * allowing: a requeue takes room like a new entry), with the event of
+ * the redelivery, just authenticated and normalized by this daemon; that
+ * of an entry pending or done is a duplicate, which takes no room
+ * (DESIGN 6). Returns 0, or -1 when a statement failed.
+ */
+static int
+put_stored(struct shard *sh, sqlite3_stmt *find, sqlite3_stmt *requeue,
+    sqlite3_stmt *body, struct put_req *p, int room, int64_t now)
+{
+	const unsigned char *err;
+	int64_t row;
+	int rc;
+
+	sqlite3_reset(find);
+	sqlite3_bind_text(find, 1, p->key, -1, SQLITE_STATIC);
+	rc = sqlite3_step(find);
+	if (rc != SQLITE_ROW && (rc != SQLITE_DONE || room))
+		return -1;
+	if (rc == SQLITE_ROW && sqlite3_column_int(find, 1) != ST_DEAD) {
+		p->result = INBOX_DUPLICATE;
+		return 0;
+	}
+	if (!room) {
+		p->result = INBOX_FULL;
+		return 0;
+	}
+	row = sqlite3_column_int64(find, 0);
+	p->dead_attempts = sqlite3_column_int(find, 2);
+	err = sqlite3_column_text(find, 3);
+	p->dead_error = err != NULL ? xstrdup((const char *)err) : NULL;
+	sqlite3_reset(find);
+	/*
+	 * Received anew: the first day's patience with rate limits and
+	 * outages counts from now (its last error stays until the next
+	 * attempt writes its own)
+	 */
+	sqlite3_reset(requeue);
+	sqlite3_bind_int64(requeue, 1, row);
+	sqlite3_bind_int64(requeue, 2, now);
+	if (sqlite3_step(requeue) != SQLITE_DONE ||
+	    sqlite3_changes(sh->wdb) != 1 || put_body(body, row, p->event) < 0)
+		return -1;
+	p->result = INBOX_REQUEUED;
+	p->id = ID_MAKE(row, sh->idx);
+	return 0;
 }
 
 /*
@@ -579,73 +693,75 @@ free_done(struct done_req *d)
  */
 static void
 commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
-    int64_t *stored_out, int64_t *finished_out)
+    struct batch_counts *n)
 {
 	struct inbox *ib = sh->ib;
-	sqlite3_stmt *ins = NULL, *body = NULL, *upd = NULL, *dup = NULL;
+	sqlite3_stmt *ins = NULL, *body = NULL, *upd = NULL, *find = NULL;
+	sqlite3_stmt *requeue = NULL;
 	struct put_req *p;
 	struct done_req *d;
-	int64_t now = now_unix_ms(), stored = 0, finished = 0;
+	int64_t now = now_unix_ms();
 	int64_t outage_min = ib->cfg.backoff_max_ms < INBOX_OUTAGE_RETRY_MIN_MS ?
 	    ib->cfg.backoff_max_ms : INBOX_OUTAGE_RETRY_MIN_MS;
 	int ok = 0;
 
+	memset(n, 0, sizeof(*n));
 	if (db_step(sh->wdb, "BEGIN IMMEDIATE") < 0)
 		goto out;
 	ins = db_stmt(sh->wdb,
 	    "INSERT INTO inbox (key, provider, event, received_at)"
 	    " VALUES (?1, ?2, '', ?3) ON CONFLICT(key) DO NOTHING");
+	/* the body in its own table, rewritten by a requeue alone */
 	body = db_stmt(sh->wdb,
-	    "INSERT INTO inbox_body (id, event) VALUES (?1, ?2)");
+	    "INSERT INTO inbox_body (id, event) VALUES (?1, ?2)"
+	    " ON CONFLICT(id) DO UPDATE SET event = excluded.event");
 	upd = db_stmt(sh->wdb,
 	    "UPDATE inbox SET state = ?2, attempts = ?3, next_at = ?4,"
 	    " last_error = ?5, finished_at = ?6 WHERE id = ?1");
-	dup = db_stmt(sh->wdb, "SELECT 1 FROM inbox WHERE key = ?1");
-	if (ins == NULL || body == NULL || upd == NULL || dup == NULL)
+	find = db_stmt(sh->wdb, "SELECT id, state, attempts, last_error"
+	    " FROM inbox WHERE key = ?1");
+	requeue = db_stmt(sh->wdb, "UPDATE inbox SET state = 0, attempts = 0,"
+	    " next_at = 0, received_at = ?2, finished_at = NULL"
+	    " WHERE id = ?1 AND state = 2");
+	if (ins == NULL || body == NULL || upd == NULL || find == NULL ||
+	    requeue == NULL)
 		goto rollback;
 	for (p = puts; p != NULL; p = p->next) {
-		if (!room_take(ib)) {
-			/* duplicates first: they take no room (DESIGN 6) */
-			sqlite3_reset(dup);
-			sqlite3_bind_text(dup, 1, p->key, -1, SQLITE_STATIC);
-			switch (sqlite3_step(dup)) {
-			case SQLITE_ROW:
-				p->result = INBOX_DUPLICATE;
-				break;
-			case SQLITE_DONE:
-				p->result = INBOX_FULL;
-				break;
-			default:
+		int room = room_take(ib);
+
+		if (room) {
+			sqlite3_reset(ins);
+			sqlite3_bind_text(ins, 1, p->key, -1, SQLITE_STATIC);
+			sqlite3_bind_text(ins, 2, p->provider, -1,
+			    SQLITE_STATIC);
+			sqlite3_bind_int64(ins, 3, now);
+			if (sqlite3_step(ins) != SQLITE_DONE) {
+				room_give(ib, 1);
 				goto rollback;
 			}
-			continue;
 		}
-		sqlite3_reset(ins);
-		sqlite3_bind_text(ins, 1, p->key, -1, SQLITE_STATIC);
-		sqlite3_bind_text(ins, 2, p->provider, -1, SQLITE_STATIC);
-		sqlite3_bind_int64(ins, 3, now);
-		if (sqlite3_step(ins) != SQLITE_DONE) {
-			room_give(ib, 1);
-			goto rollback;
-		}
-		if (sqlite3_changes(sh->wdb) == 1) {
+		if (room && sqlite3_changes(sh->wdb) == 1) {
 			int64_t row = sqlite3_last_insert_rowid(sh->wdb);
 
-			/* the body in its own table, never rewritten */
-			sqlite3_reset(body);
-			sqlite3_bind_int64(body, 1, row);
-			sqlite3_bind_text(body, 2, p->event, -1,
-			    SQLITE_STATIC);
-			if (sqlite3_step(body) != SQLITE_DONE) {
+			if (put_body(body, row, p->event) < 0) {
 				room_give(ib, 1);
 				goto rollback;
 			}
 			p->result = INBOX_STORED;
 			p->id = ID_MAKE(row, sh->idx);
-			stored++;
-		} else {
+			n->stored++;
+			continue;
+		}
+		if (put_stored(sh, find, requeue, body, p, room, now) < 0) {
+			if (room)
+				room_give(ib, 1);
+			goto rollback;
+		}
+		if (p->result == INBOX_REQUEUED) {
+			n->stored++;
+			n->dead--;
+		} else if (room) {
 			room_give(ib, 1);
-			p->result = INBOX_DUPLICATE;
 		}
 	}
 	for (d = dones; d != NULL; d = d->next) {
@@ -719,7 +835,9 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 		if (sqlite3_step(upd) != SQLITE_DONE)
 			goto rollback;
 		if (state != ST_PENDING)
-			finished++;
+			n->finished++;
+		if (state == ST_DEAD)
+			n->dead++;
 		d->retry_at_ms = next_at;
 	}
 	if (db_step(sh->wdb, "COMMIT") < 0)
@@ -737,22 +855,21 @@ out:
 		sqlite3_reset(body);
 	if (upd != NULL)
 		sqlite3_reset(upd);
-	if (dup != NULL)
-		sqlite3_reset(dup);
+	if (find != NULL)
+		sqlite3_reset(find);
+	if (requeue != NULL)
+		sqlite3_reset(requeue);
 	if (!ok) {
 		for (p = puts; p != NULL; p = p->next)
 			p->result = INBOX_ERROR;
-		room_give(ib, stored);
-		stored = 0;
-		finished = 0;
+		room_give(ib, n->stored);
+		memset(n, 0, sizeof(*n));
 		/* completions are retried from the queue a second later */
 		for (d = dones; d != NULL; d = d->next) {
 			d->outcome = INBOX_RETRY;
 			d->retry_at_ms = now + 1000;
 		}
 	}
-	*stored_out = stored;
-	*finished_out = finished;
 }
 
 /* Returns 1 when a batch was full: there is more to prune, soon. */
@@ -778,7 +895,7 @@ prune(struct shard *sh)
 	struct inbox *ib = sh->ib;
 	int64_t keep = ib->cfg.retention_s * 1000, now = now_unix_ms();
 	int64_t cutoff[ARRAY_SIZE(sql)];
-	int n = 0, full = 0;
+	int n = 0, ndead = 0, full = 0;
 	size_t i;
 
 	cutoff[0] = cutoff[1] = now - keep;
@@ -802,9 +919,14 @@ prune(struct shard *sh)
 			n += sqlite3_changes(sh->wdb);
 			full |= sqlite3_changes(sh->wdb) >= PRUNE_BATCH;
 		}
+		if (i == 3)
+			ndead = sqlite3_changes(sh->wdb);
 	}
 	if (db_step(sh->wdb, "COMMIT") < 0)
 		goto fail;
+	pthread_mutex_lock(&ib->mu);
+	ib->dead -= ndead;
+	pthread_mutex_unlock(&ib->mu);
 	if (n > 0) {
 		char num[32];
 
@@ -837,7 +959,8 @@ writer_main(void *arg)
 	for (;;) {
 		struct put_req *puts, *p, *pn;
 		struct done_req *dones, *d, *dn;
-		int64_t stored, finished, now;
+		struct batch_counts n;
+		int64_t now;
 
 		/*
 		 * Puts are committed at once: a client waits for each.
@@ -875,29 +998,32 @@ writer_main(void *arg)
 
 		if (puts != NULL || dones != NULL) {
 			int64_t t0 = now_mono_ms();
-			size_t n = 0;
+			size_t nentries = 0;
 
 			for (p = puts; p != NULL; p = p->next)
-				n++;
+				nentries++;
 			for (d = dones; d != NULL; d = d->next)
-				n++;
-			commit_batch(sh, puts, dones, &stored, &finished);
+				nentries++;
+			commit_batch(sh, puts, dones, &n);
 			metrics_observe("diverge_inbox_commit_seconds", "",
 			    (double)(now_mono_ms() - t0) / 1000.0);
 			metrics_inc("diverge_inbox_commits_total", "", 1);
 			metrics_inc("diverge_inbox_committed_entries_total", "",
-			    (double)n);
+			    (double)nentries);
 		} else {
-			stored = finished = 0;
+			memset(&n, 0, sizeof(n));
 		}
 		now = now_mono_ms();
 
 		pthread_mutex_lock(&ib->mu);
 		/* the room the stored puts held is theirs now */
-		ib->reserved -= stored;
-		ib->pending += stored - finished;
+		ib->reserved -= n.stored;
+		ib->pending += n.stored - n.finished;
+		ib->dead += n.dead;
+		/* a requeued dead letter is in no queue: it joins as new */
 		for (p = puts; p != NULL; p = p->next)
-			if (p->result == INBOX_STORED)
+			if (p->result == INBOX_STORED ||
+			    p->result == INBOX_REQUEUED)
 				ready_push(ib, p->id);
 		for (d = dones; d != NULL; d = d->next) {
 			if (d->outcome == INBOX_RETRY && !ib->stopping)
@@ -906,7 +1032,7 @@ writer_main(void *arg)
 			if (d->recovered)
 				ib->recovered_busy = 0;
 		}
-		if (stored > 0 || dones != NULL)
+		if (n.stored > 0 || dones != NULL)
 			pthread_cond_broadcast(&ib->qcond);
 		if (now - sh->last_prune_ms >= 60000) {
 			int more;
@@ -923,10 +1049,21 @@ writer_main(void *arg)
 
 		for (p = puts; p != NULL; p = pn) {
 			pn = p->next;
+			if (p->result == INBOX_REQUEUED) {
+				char att[16];
+
+				snprintf(att, sizeof(att), "%d",
+				    p->dead_attempts);
+				log_kv(LOG_INFO, "inbox dead letter requeued: "
+				    "redelivered", "delivery", p->key,
+				    "provider", p->provider, "attempts", att,
+				    "error", p->dead_error, NULL);
+			}
 			p->cb(p->arg, p->result);
 			free(p->key);
 			free(p->provider);
 			free(p->event);
+			free(p->dead_error);
 			free(p);
 		}
 		for (d = dones; d != NULL; d = dn) {
@@ -947,7 +1084,8 @@ writer_main(void *arg)
 				    LOG_WARN, d->outcome == INBOX_FAIL ?
 				    "inbox entry dead-lettered" :
 				    "inbox entry will be retried",
-				    "delivery", d->key, "attempts", att,
+				    "delivery", d->key, "provider", d->provider,
+				    "attempts", att,
 				    "outcome", outcome_name(d->outcome),
 				    "error", d->cause, NULL);
 			}
@@ -1102,6 +1240,7 @@ process(struct worker *w, int64_t id, size_t rec)
 	d->id = id;
 	d->shard = sh->idx;
 	d->key = xstrdup((const char *)sqlite3_column_text(get, 0));
+	d->provider = xstrdup((const char *)sqlite3_column_text(get, 1));
 	d->attempts = sqlite3_column_int(get, 3) + (counted ? 0 : 1);
 	d->received_ms = sqlite3_column_int64(get, 4);
 	ev = (const char *)sqlite3_column_text(get, 2);
@@ -1423,7 +1562,11 @@ inbox_start(struct inbox *ib, const struct inbox_handler *h, char **cause)
 	metrics_describe("diverge_inbox_committed_entries_total",
 	    METRIC_COUNTER, "Puts and completions written by group commits "
 	    "(divided by commits: the mean batch size).");
+	metrics_describe("diverge_inbox_dead_letters", METRIC_GAUGE,
+	    "Inbox entries dead-lettered and kept (state 2), until a "
+	    "redelivery requeues them or they are pruned.");
 	metrics_gauge_fn("diverge_inbox_depth", "", depth_gauge, ib);
+	metrics_gauge_fn("diverge_inbox_dead_letters", "", dead_gauge, ib);
 	{
 		static const char *const outcomes[] = { "outcome=\"done\"",
 		    "outcome=\"retry\"", "outcome=\"dead\"", NULL };

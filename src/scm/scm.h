@@ -238,7 +238,14 @@ enum inbox_put_result {
 	INBOX_STORED = 0,
 	INBOX_DUPLICATE,
 	INBOX_FULL,
-	INBOX_ERROR
+	INBOX_ERROR,
+	/*
+	 * The key was a dead letter's: the redelivery made it pending again
+	 * (attempts from zero, next attempt now, its event the redelivery's),
+	 * committed and synced like a put, and queued for the workers. Once
+	 * only: a concurrent redelivery of the same key is a duplicate.
+	 */
+	INBOX_REQUEUED
 };
 
 /* Called from the writer thread once a put is settled. */
@@ -255,7 +262,9 @@ int inbox_start(struct inbox *ib, const struct inbox_handler *h,
     char **cause);
 /*
  * Queue a delivery; cb runs (on the writer thread) after the entry is
- * durably committed, found to be a duplicate, refused as full, or failed.
+ * durably committed, found to be a duplicate, found dead and requeued
+ * (INBOX_REQUEUED), refused as full (a requeue takes room like a new
+ * entry), or failed.
  * event_json is copied.
  */
 void inbox_put_async(struct inbox *ib, const char *key, const char *provider,
@@ -265,6 +274,8 @@ enum inbox_put_result inbox_put(struct inbox *ib, const char *key,
     const char *provider, const char *event_json);
 /* Entries not yet done or dead. */
 int64_t inbox_depth(struct inbox *ib);
+/* Dead letters stored (state 2, all shards), until requeued or pruned. */
+int64_t inbox_dead_letters(struct inbox *ib);
 /* Whether writer and workers are running. */
 int inbox_running(struct inbox *ib);
 /*

@@ -350,7 +350,7 @@ struct settled {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	int n;
-	int by[INBOX_ERROR + 1];
+	int by[INBOX_REQUEUED + 1];
 };
 
 static void
@@ -853,6 +853,162 @@ permanent_failure(void **state)
 	assert_int_equal(c.calls, 1);
 	assert_int_equal(query_int(path,
 	    "SELECT state FROM inbox WHERE key = 'github:f'"), 2);
+	free(path);
+}
+
+/* The redelivery's event: another number than EV's, to tell them apart. */
+static const char *EV2 = "{\"provider\":\"github\",\"kind\":\"comment\","
+    "\"repo\":\"o/r\",\"number\":8,\"commentId\":9,\"body\":\"/diverge x\"}";
+
+/* Poll inbox_dead_letters until it is want (the completions linger). */
+static int64_t
+wait_dead(struct inbox *ib, int64_t want)
+{
+	int i;
+
+	for (i = 0; i < 500 && inbox_dead_letters(ib) != want; i++)
+		sleep_ms(10);
+	return inbox_dead_letters(ib);
+}
+
+/* An inbox whose handler records, with github:d dead-lettered in it. */
+static struct inbox *
+open_dead(const char *path, struct counter *c)
+{
+	struct inbox *ib;
+
+	counter_init(c);
+	c->record = 1;
+	c->always = INBOX_FAIL;
+	ib = open_started(path, c, 100, 3, 3600);
+	assert_int_equal(inbox_put(ib, "github:d", "github", EV),
+	    INBOX_STORED);
+	assert_int_equal(wait_calls(c, 1, 5000), 1);
+	assert_int_equal(wait_dead(ib, 1), 1);
+	/* the cause is fixed */
+	pthread_mutex_lock(&c->mu);
+	c->always = 0;
+	pthread_mutex_unlock(&c->mu);
+	return ib;
+}
+
+/*
+ * A dead letter's redelivery (the same key) requeues it: pending again,
+ * attempts from zero, handled now with the redelivery's event; after
+ * that, and for entries pending or done, a redelivery is a duplicate.
+ */
+static void
+requeue_dead_letter(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+	int i;
+
+	(void)state;
+	ib = open_dead(path, &c);
+	assert_int_equal(inbox_depth(ib), 0);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox WHERE"
+	    " key = 'github:d' AND state = 2 AND last_error ="
+	    " 'planned failure 1'"), 1);
+	assert_int_equal(inbox_put(ib, "github:d", "github", EV2),
+	    INBOX_REQUEUED);
+	assert_int_equal(inbox_dead_letters(ib), 0);
+	assert_int_equal(wait_calls(&c, 2, 5000), 2);
+	for (i = 0; i < 500 && inbox_depth(ib) > 0; i++)
+		sleep_ms(10);
+	assert_int_equal(inbox_depth(ib), 0);
+	assert_int_equal(inbox_put(ib, "github:d", "github", EV),
+	    INBOX_DUPLICATE);
+	inbox_free(ib);
+	assert_int_equal(c.calls, 2);
+	assert_int_equal(query_int(path, "SELECT state FROM inbox WHERE"
+	    " key = 'github:d'"), 1);
+	/* one attempt since the requeue, which counted from zero */
+	assert_int_equal(query_int(path, "SELECT attempts FROM inbox WHERE"
+	    " key = 'github:d'"), 1);
+	assert_int_equal(query_int(path, "SELECT number FROM handled_events"
+	    " WHERE key = 'github:d'"), 8);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox_body"),
+	    1);
+	free(path);
+}
+
+/* Two redeliveries of a dead letter at once: one requeues it, once. */
+static void
+requeue_once(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct settled s;
+	struct inbox *ib;
+
+	(void)state;
+	ib = open_dead(path, &c);
+	settled_init(&s);
+	inbox_put_async(ib, "github:d", "github", EV2, settled_cb, &s);
+	inbox_put_async(ib, "github:d", "github", EV2, settled_cb, &s);
+	pthread_mutex_lock(&s.mu);
+	while (s.n < 2)
+		pthread_cond_wait(&s.cv, &s.mu);
+	pthread_mutex_unlock(&s.mu);
+	assert_int_equal(s.by[INBOX_REQUEUED], 1);
+	assert_int_equal(s.by[INBOX_DUPLICATE], 1);
+	assert_int_equal(wait_calls(&c, 2, 5000), 2);
+	sleep_ms(200);
+	inbox_free(ib);
+	assert_int_equal(c.calls, 2);
+	assert_int_equal(query_int(path, "SELECT count FROM handled_events"
+	    " WHERE key = 'github:d'"), 1);
+	free(path);
+}
+
+/*
+ * The dead letters are counted from the database at start; a requeue
+ * takes room like a new entry (a full inbox refuses it, and it stays
+ * dead), and is on disk when it is answered: a stop before any worker
+ * took it (none runs here) leaves it pending for the next run.
+ */
+static void
+requeue_durable(void **state)
+{
+	char *path = tmpdb();
+	struct inbox_config cfg = test_config(1, 3, 3600);
+	struct counter c;
+	struct inbox *ib;
+	int i;
+
+	(void)state;
+	ib = open_dead(path, &c);
+	inbox_free(ib);
+	cfg.hold = 1;
+	ib = open_cfg(path, &cfg, count_handle, &c);
+	assert_int_equal(inbox_dead_letters(ib), 1);
+	assert_int_equal(inbox_put(ib, "github:e", "github", EV),
+	    INBOX_STORED);
+	assert_int_equal(inbox_put(ib, "github:d", "github", EV2),
+	    INBOX_FULL);
+	assert_int_equal(inbox_dead_letters(ib), 1);
+	inbox_free(ib);
+	cfg.capacity = 100;
+	ib = open_cfg(path, &cfg, count_handle, &c);
+	assert_int_equal(inbox_put(ib, "github:d", "github", EV2),
+	    INBOX_REQUEUED);
+	assert_int_equal(inbox_depth(ib), 2);
+	assert_int_equal(inbox_dead_letters(ib), 0);
+	inbox_free(ib);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox WHERE"
+	    " key = 'github:d' AND state = 0 AND attempts = 0 AND"
+	    " finished_at IS NULL"), 1);
+	ib = open_started(path, &c, 100, 3, 3600);
+	assert_int_equal(inbox_dead_letters(ib), 0);
+	for (i = 0; i < 500 && inbox_depth(ib) > 0; i++)
+		sleep_ms(10);
+	inbox_free(ib);
+	assert_int_equal(query_int(path, "SELECT state FROM inbox WHERE"
+	    " key = 'github:d'"), 1);
+	assert_int_equal(query_int(path, "SELECT number FROM handled_events"
+	    " WHERE key = 'github:d'"), 8);
 	free(path);
 }
 
@@ -1371,6 +1527,8 @@ prune_dead_letters(void **state)
 	for (i = 0; i < 300 && query_int(path,
 	    "SELECT COUNT(*) FROM inbox") > 1; i++)
 		sleep_ms(10);
+	/* the gauge counted two at the start, the prune took one */
+	assert_int_equal(wait_dead(ib, 1), 1);
 	inbox_free(ib);
 	assert_int_equal(query_int(path,
 	    "SELECT COUNT(*) FROM inbox WHERE key = 'github:d1'"), 0);
@@ -1506,6 +1664,9 @@ main(void)
 		cmocka_unit_test(retry_at_old_entry),
 		cmocka_unit_test(retry_then_success),
 		cmocka_unit_test(permanent_failure),
+		cmocka_unit_test(requeue_dead_letter),
+		cmocka_unit_test(requeue_once),
+		cmocka_unit_test(requeue_durable),
 		cmocka_unit_test(restart_resumes),
 		cmocka_unit_test(crash_loop_dead_letters),
 		cmocka_unit_test(clean_stop_counts_nothing),
