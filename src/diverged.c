@@ -41,6 +41,9 @@ struct provider {
 	int enabled;
 	pthread_rwlock_t lock;
 	struct provider_keys keys;
+	/* repo_allowlist, a copy swapped with the keys on SIGHUP */
+	struct config_strlist allow;
+	char *host;		/* of its repositories; set before threads */
 };
 
 struct daemon {
@@ -159,7 +162,31 @@ keys_load(struct provider_keys *out, const struct config *cfg,
 	return 0;
 }
 
-/* Resolve every webhook secret of cfg; swap them in only if all load. */
+/*
+ * Put a provider's new keys (now owned by pv) and a copy of cfg's
+ * repo_allowlist in force, under its lock: the webhook handlers and the
+ * inbox workers read them under the same lock.
+ */
+static void
+provider_swap(struct provider *pv, struct provider_keys *keys,
+    const struct config *cfg, int enabled)
+{
+	struct config_strlist allow;
+
+	config_strlist_copy(&allow, &cfg->repo_allowlist);
+	pthread_rwlock_wrlock(&pv->lock);
+	keys_release(&pv->keys);
+	pv->keys = *keys;
+	config_strlist_release(&pv->allow);
+	pv->allow = allow;
+	pv->enabled = enabled;
+	pthread_rwlock_unlock(&pv->lock);
+}
+
+/*
+ * Resolve every webhook secret of cfg; swap them in, with cfg's
+ * repo_allowlist, only if all load.
+ */
 static int
 secrets_reload(const struct config *cfg, char **cause)
 {
@@ -177,17 +204,38 @@ secrets_reload(const struct config *cfg, char **cause)
 		keys_release(&gh);
 		return -1;
 	}
-	pthread_rwlock_wrlock(&D.github.lock);
-	keys_release(&D.github.keys);
-	D.github.keys = gh;
-	D.github.enabled = cfg->github.enabled;
-	pthread_rwlock_unlock(&D.github.lock);
-	pthread_rwlock_wrlock(&D.gitlab.lock);
-	keys_release(&D.gitlab.keys);
-	D.gitlab.keys = gl;
-	D.gitlab.enabled = cfg->gitlab.enabled;
-	pthread_rwlock_unlock(&D.gitlab.lock);
+	provider_swap(&D.github, &gh, cfg, cfg->github.enabled);
+	provider_swap(&D.gitlab, &gl, cfg, cfg->gitlab.enabled);
 	return 0;
+}
+
+/*
+ * The inbox workers' check of repo_allowlist (actions_config), against
+ * the list in force when the event is handled.
+ */
+static int
+repo_allowed_now(void *arg, enum scm_provider id, const char *host,
+    const char *repo)
+{
+	struct provider *pv = id == SCM_GITLAB ? &D.gitlab : &D.github;
+	int ok;
+
+	pthread_rwlock_rdlock(&pv->lock);
+	ok = scm_repo_allowed((const char *const *)pv->allow.v, pv->allow.n,
+	    host, repo);
+	pthread_rwlock_unlock(&pv->lock);
+	return ok;
+}
+
+/* The risk of an empty repo_allowlist, said at start and on SIGHUP. */
+static void
+warn_allowlist(const struct config *cfg)
+{
+	if ((cfg->github.enabled || cfg->gitlab.enabled) &&
+	    cfg->repo_allowlist.n == 0)
+		log_kv(LOG_WARN, "repo_allowlist is empty: any repository "
+		    "that sends a correctly signed delivery can run agents; "
+		    "set repo_allowlist", NULL);
 }
 
 /*
@@ -402,6 +450,9 @@ h_webhook(void *arg, struct http_req *req)
 	keys.nsecrets = pv->keys.n;
 	keys.signing_key = pv->keys.signing;
 	keys.signing_key_len = pv->keys.signing_len;
+	keys.allow = (const char *const *)pv->allow.v;
+	keys.nallow = pv->allow.n;
+	keys.host = pv->host;
 	body = http_req_body(req, &len);
 	v = webhook_handle(pv->id, &keys, &D.self, req_header, req, body, len,
 	    now_unix(), &ev, &reason);
@@ -430,8 +481,8 @@ h_webhook(void *arg, struct http_req *req)
 	case WH_IGNORE:
 		count_webhook(pname, "ignored", reason);
 		log_kv(LOG_INFO, "webhook ignored", "delivery", ev.delivery,
-		    "provider", pname, "event", ev.event_name, "reason", reason,
-		    NULL);
+		    "provider", pname, "event", ev.event_name, "repo", ev.repo,
+		    "reason", reason, NULL);
 		http_reply_json(req, 200, json_pack("{s:s}", "ignored",
 		    reason));
 		scm_event_release(&ev);
@@ -572,8 +623,9 @@ usage(FILE *f)
 	    "  -V, --version       print the version and exit\n"
 	    "  -h, --help          print this help and exit\n"
 	    "\n"
-	    "Signals: SIGHUP re-reads the configuration's secrets and log\n"
-	    "settings (level, format); SIGTERM and SIGINT stop gracefully.\n");
+	    "Signals: SIGHUP re-reads the configuration's secrets,\n"
+	    "repo_allowlist and log settings (level, format); SIGTERM and\n"
+	    "SIGINT stop gracefully.\n");
 }
 
 static int
@@ -924,6 +976,7 @@ start_scm(char **cause)
 	ac.gitlab = D.gitlab_client;
 	ac.db_path = D.db_path;
 	ac.dry_run = D.dry_run;
+	ac.repo_allowed = repo_allowed_now;
 	return actions_new(&D.actions, &ac, cause);
 }
 
@@ -1038,7 +1091,7 @@ static void
 reload(void)
 {
 	struct config nc;
-	char *cause = NULL;
+	char *cause = NULL, n[24];
 
 	if (D.cfg.file == NULL) {
 		log_kv(LOG_INFO, "reload: no configuration file, nothing to do",
@@ -1074,8 +1127,11 @@ reload(void)
 		cause = NULL;
 	}
 	log_setup((enum log_level)nc.log.level, nc.log.json);
+	snprintf(n, sizeof(n), "%zu", nc.repo_allowlist.n);
+	log_kv(LOG_INFO, "reloaded secrets, repo_allowlist and log settings",
+	    "repo_allowlist_entries", n, NULL);
+	warn_allowlist(&nc);
 	config_release(&nc);
-	log_kv(LOG_INFO, "reloaded secrets and log settings", NULL);
 	/* a rotated token, or an API back: who the bot is, if unknown */
 	learn_identity();
 }
@@ -1166,6 +1222,8 @@ main(int argc, char **argv)
 		return 2;
 	}
 	log_setup((enum log_level)D.cfg.log.level, D.cfg.log.json);
+	D.github.host = scm_repo_host(D.cfg.github.api_url, "github.com");
+	D.gitlab.host = scm_repo_host(D.cfg.gitlab.api_url, "gitlab.com");
 	if (secrets_reload(&D.cfg, &cause) < 0 ||
 	    secrets_check(&D.cfg, &cause) < 0) {
 		fprintf(stderr, "config: %s\n", cause);
@@ -1247,6 +1305,7 @@ main(int argc, char **argv)
 		log_kv(LOG_INFO, "webhook providers disabled: set "
 		    "github.enabled or gitlab.enabled with their secrets in a "
 		    "configuration file and start with --config FILE", NULL);
+	warn_allowlist(&D.cfg);
 
 	for (;;) {
 		if (sigwait(&set, &sig) != 0)
@@ -1308,10 +1367,14 @@ out:
 	k8s_api_free(D.store);
 	pthread_rwlock_wrlock(&D.github.lock);
 	keys_release(&D.github.keys);
+	config_strlist_release(&D.github.allow);
 	pthread_rwlock_unlock(&D.github.lock);
 	pthread_rwlock_wrlock(&D.gitlab.lock);
 	keys_release(&D.gitlab.keys);
+	config_strlist_release(&D.gitlab.allow);
 	pthread_rwlock_unlock(&D.gitlab.lock);
+	free(D.github.host);
+	free(D.gitlab.host);
 	free(D.self_github);
 	free(D.db_path);
 	config_release(&D.cfg);

@@ -830,6 +830,19 @@ p_namespace(struct ctx *c, const struct field *f, void *base)
 	return 0;
 }
 
+/* The current scalar is a glob on "host/owner/name" (not a null). */
+static int
+check_glob(struct ctx *c)
+{
+	if (is_null(c) || *sval(c) == '\0' || has_ctrl_or_space(sval(c))) {
+		ctx_fail_key(c, ev_line(c),
+		    "expected a pattern like github.com/org/*, got %s",
+		    what(c, 0));
+		return -1;
+	}
+	return 0;
+}
+
 static int
 p_glob(struct ctx *c, const struct field *f, void *base)
 {
@@ -837,12 +850,8 @@ p_glob(struct ctx *c, const struct field *f, void *base)
 
 	if (r != 0)
 		return r < 0 ? -1 : 0;
-	if (*sval(c) == '\0' || has_ctrl_or_space(sval(c))) {
-		ctx_fail_key(c, ev_line(c),
-		    "expected a pattern like github.com/org/*, got %s",
-		    what(c, 0));
+	if (check_glob(c) < 0)
 		return -1;
-	}
 	set_str(dst(base, f), sval(c));
 	return 0;
 }
@@ -974,14 +983,21 @@ p_secrets(struct ctx *c, const struct field *f, void *base)
 	return walk_seq(c, 1, secret_item, f, base);
 }
 
+/* A sequence item must be a scalar; -1 and the error if it is not. */
+static int
+scalar_item(struct ctx *c)
+{
+	if (c->ev.type == YAML_SCALAR_EVENT)
+		return 0;
+	ctx_fail_key(c, ev_line(c), "expected a scalar, got %s", what(c, 0));
+	return -1;
+}
+
 static int
 cap_item(struct ctx *c, const struct field *f, void *base, size_t i)
 {
-	if (c->ev.type != YAML_SCALAR_EVENT) {
-		ctx_fail_key(c, ev_line(c), "expected a scalar, got %s",
-		    what(c, 0));
+	if (scalar_item(c) < 0)
 		return -1;
-	}
 	if (!is_capability(sval(c))) {
 		ctx_fail_key(c, ev_line(c),
 		    "expected a model name or a prefix* pattern, got %s",
@@ -996,6 +1012,22 @@ static int
 p_capabilities(struct ctx *c, const struct field *f, void *base)
 {
 	return walk_seq(c, 0, cap_item, f, base);
+}
+
+/* An item of repo_allowlist: a glob like repos[].match, never a null. */
+static int
+glob_item(struct ctx *c, const struct field *f, void *base, size_t i)
+{
+	if (scalar_item(c) < 0 || check_glob(c) < 0)
+		return -1;
+	list_add(dst(base, f), sval(c));
+	return 0;
+}
+
+static int
+p_globs(struct ctx *c, const struct field *f, void *base)
+{
+	return walk_seq(c, 0, glob_item, f, base);
 }
 
 static int
@@ -1369,6 +1401,7 @@ static const struct field root_fields[] = {
 	MAP("github", github_fields),
 	MAP("gitlab", gitlab_fields),
 	F("repos", p_repos, repos),
+	F("repo_allowlist", p_globs, repo_allowlist),
 	MAP("defaults", defaults_fields),
 	MAP("sandbox", sandbox_fields),
 	MAP("preview", preview_fields),
@@ -1628,8 +1661,9 @@ out:
 	return ret;
 }
 
-static void
-strlist_release(struct config_strlist *l)
+/* Free what l holds; l is then empty. */
+void
+config_strlist_release(struct config_strlist *l)
 {
 	size_t i;
 
@@ -1638,6 +1672,17 @@ strlist_release(struct config_strlist *l)
 	free(l->v);
 	l->v = NULL;
 	l->n = 0;
+}
+
+/* A deep copy of l into *out. */
+void
+config_strlist_copy(struct config_strlist *out, const struct config_strlist *l)
+{
+	size_t i;
+
+	memset(out, 0, sizeof(*out));
+	for (i = 0; i < l->n; i++)
+		list_add(out, l->v[i]);
 }
 
 /* Free everything c owns. */
@@ -1659,14 +1704,14 @@ config_release(struct config *c)
 	free(c->controller.namespace);
 	free(c->meter.public_url);
 	free(c->github.api_url);
-	strlist_release(&c->github.webhook_secrets);
+	config_strlist_release(&c->github.webhook_secrets);
 	free(c->github.token);
 	free(c->github.app.id);
 	free(c->github.app.private_key);
 	free(c->github.app.slug);
 	free(c->github.ca_file);
 	free(c->gitlab.api_url);
-	strlist_release(&c->gitlab.webhook_tokens);
+	config_strlist_release(&c->gitlab.webhook_tokens);
 	free(c->gitlab.signing_token);
 	free(c->gitlab.token);
 	free(c->gitlab.ca_file);
@@ -1675,7 +1720,8 @@ config_release(struct config *c)
 		free(c->repos[i].namespace);
 	}
 	free(c->repos);
-	strlist_release(&c->defaults.capabilities);
+	config_strlist_release(&c->repo_allowlist);
+	config_strlist_release(&c->defaults.capabilities);
 	free(c->sandbox.image);
 	free(c->sandbox.runtime_class);
 	free(c->sandbox.workspace_size);

@@ -96,6 +96,13 @@ struct config {
 	struct config_repo_rule *repos;
 	size_t nrepos;
 
+	/*
+	 * Globs on "host/owner/name" with the syntax and matching of
+	 * repos[].match: only a repository matching one may run agents.
+	 * Empty (the default): every repository may.
+	 */
+	struct config_strlist repo_allowlist;
+
 	struct {
 		struct config_strlist capabilities;
 		int64_t budget_usd_micro;	/* budgetUSD "5.00" -> 5000000 */
@@ -187,6 +194,12 @@ int config_override(struct config *c, const char *listen,
 
 /* Free everything c owns; c is then invalid until config_defaults. */
 void config_release(struct config *c);
+
+/* A deep copy of l into *out; free it with config_strlist_release. */
+void config_strlist_copy(struct config_strlist *out,
+    const struct config_strlist *l);
+/* Free the strings of l and its array; l is then empty. */
+void config_strlist_release(struct config_strlist *l);
 
 /*
  * Resolve a secret reference "file:/path" or "env:NAME" into a new

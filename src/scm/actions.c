@@ -25,7 +25,6 @@
  */
 #include "config.h"
 
-#include <fnmatch.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -362,24 +361,6 @@ struct run {
 };
 
 static char *
-api_host(const char *url, const char *dflt)
-{
-	const char *p = url != NULL ? strstr(url, "://") : NULL;
-	size_t n;
-
-	if (p == NULL)
-		return xstrdup(dflt);
-	p += 3;
-	n = strcspn(p, "/:");
-	if (n == 0)
-		return xstrdup(dflt);
-	/* api.github.com serves github.com */
-	if (n == 14 && strncmp(p, "api.github.com", 14) == 0)
-		return xstrdup("github.com");
-	return xstrndup(p, n);
-}
-
-static char *
 repo_hash(const char *provider, const char *host, const char *repo)
 {
 	char *id = xasprintf("%s/%s/%s", provider, host, repo);
@@ -393,41 +374,20 @@ repo_hash(const char *provider, const char *host, const char *repo)
 	return xstrdup(hex);
 }
 
-/* s in ASCII lower case, a copy. */
-static char *
-ascii_lower(const char *s)
-{
-	char *out = xstrdup(s), *p;
-
-	for (p = out; *p; p++)
-		if (*p >= 'A' && *p <= 'Z')
-			*p = (char)(*p - 'A' + 'a');
-	return out;
-}
-
 /*
- * The namespace of the first repos rule whose glob matches HOST/path,
- * ignoring case: host names are, and GitHub and GitLab find a repository
- * or project whatever the case of its path, so a rule "MyOrg/..." is the
- * rule of myorg/checkout too (not the default namespace, silently).
+ * The namespace of the first repos rule whose glob matches HOST/path
+ * (ignoring case, scm_repo_match): a rule "MyOrg/..." is the rule of
+ * myorg/checkout too, not the default namespace, silently.
  */
 static char *
 namespace_for(const struct config *cfg, const char *host, const char *repo)
 {
-	char *raw = xasprintf("%s/%s", host, repo), *id = ascii_lower(raw);
 	size_t i;
-	char *ns = NULL;
 
-	free(raw);
-	for (i = 0; i < cfg->nrepos && ns == NULL; i++) {
-		char *glob = ascii_lower(cfg->repos[i].match);
-
-		if (fnmatch(glob, id, 0) == 0)
-			ns = xstrdup(cfg->repos[i].namespace);
-		free(glob);
-	}
-	free(id);
-	return ns != NULL ? ns : xstrdup(cfg->namespace);
+	for (i = 0; i < cfg->nrepos; i++)
+		if (scm_repo_match(cfg->repos[i].match, host, repo))
+			return xstrdup(cfg->repos[i].namespace);
+	return xstrdup(cfg->namespace);
 }
 
 /*
@@ -1392,6 +1352,19 @@ on_closed(struct run *r, char **cause)
 	return ret;
 }
 
+/*
+ * Whether the event's repository is allowed now: repo_allowlist may have
+ * been narrowed (SIGHUP, or a restart) since the door let it in.
+ */
+static int
+repo_allowed(const struct run *r)
+{
+	const struct actions_config *ac = &r->a->ac;
+
+	return ac->repo_allowed == NULL || ac->repo_allowed(
+	    ac->repo_allowed_arg, r->ev->provider, r->host, r->ev->repo);
+}
+
 /* The inbox handler. */
 static int
 actions_handle(void *arg, struct inbox_item *item, char **cause)
@@ -1400,13 +1373,24 @@ actions_handle(void *arg, struct inbox_item *item, char **cause)
 	const struct scm_event *ev = item->event;
 	const struct config *cfg = a->ac.cfg;
 	struct run r;
-	int ret;
+	int ret = INBOX_DONE;
 
 	memset(&r, 0, sizeof(r));
 	r.a = a;
 	r.ev = ev;
 	r.provider = scm_provider_name(ev->provider);
 	r.client = ev->provider == SCM_GITLAB ? a->ac.gitlab : a->ac.github;
+	r.host = scm_repo_host(ev->provider == SCM_GITLAB ?
+	    cfg->gitlab.api_url : cfg->github.api_url,
+	    ev->provider == SCM_GITLAB ? "gitlab.com" : "github.com");
+	buf_init(&r.reply, 60000);
+	if (!repo_allowed(&r)) {
+		/* no reaction, reply or task, not even the audit record */
+		log_kv(LOG_WARN, "event dropped: repository not allowed "
+		    "(repo_allowlist)", "delivery", ev->delivery, "provider",
+		    r.provider, "repo", ev->repo, NULL);
+		goto out;
+	}
 	/* every handled event goes to the audit trail (handled_events) */
 	item->effect = inbox_record_effect;
 	item->effect_arg = NULL;
@@ -1415,32 +1399,28 @@ actions_handle(void *arg, struct inbox_item *item, char **cause)
 		log_kv(LOG_INFO, "event recorded, not run: no API token for "
 		    "this provider", "delivery", ev->delivery, "provider",
 		    r.provider, NULL);
-		return INBOX_DONE;
+		goto out;
 	}
 	if (ev->repo == NULL) {
 		*cause = xstrdup("the event names no repository");
-		return INBOX_FAIL;
+		ret = INBOX_FAIL;
+		goto out;
 	}
 	r.repo.full_name = ev->repo;
 	r.repo.project_id = ev->project_id;
 	r.repo.installation_id = ev->installation_id;
-	r.host = api_host(ev->provider == SCM_GITLAB ? cfg->gitlab.api_url :
-	    cfg->github.api_url, ev->provider == SCM_GITLAB ? "gitlab.com" :
-	    "github.com");
 	r.ns = namespace_for(cfg, r.host, ev->repo);
 	r.repo_hash = repo_hash(r.provider, r.host, ev->repo);
-	buf_init(&r.reply, 60000);
 	if (ev->kind == SCM_EV_COMMENT)
 		ret = on_comment(&r, cause);
 	else if (ev->kind == SCM_EV_CLOSED || ev->kind == SCM_EV_MERGED)
 		ret = on_closed(&r, cause);
-	else
-		ret = INBOX_DONE;
 	/* a rate limit is retried when it resets (DESIGN 11) */
 	if (ret == INBOX_RETRY) {
 		item->retry_at_ms = r.retry_at_ms;
 		item->transient = r.transient;
 	}
+out:
 	buf_release(&r.reply);
 	free(r.host);
 	free(r.ns);

@@ -1,7 +1,9 @@
 /*
  * scm: everything about GitHub and GitLab: webhook signatures and
- * normalization (webhook.c), the durable inbox (inbox.c), and the
- * slash-command grammar (commands.c, declared in scm/commands.h).
+ * normalization (webhook.c), the durable inbox (inbox.c), the
+ * slash-command grammar (commands.c, declared in scm/commands.h), and
+ * which repository an event is about as the configuration names it
+ * (repos.c: the repos rules and repo_allowlist).
  */
 #ifndef DIVERGE_SCM_H
 #define DIVERGE_SCM_H
@@ -65,6 +67,29 @@ const char *scm_event_kind_name(enum scm_event_kind k);
 char *scm_event_encode(const struct scm_event *ev);
 int scm_event_decode(struct scm_event *out, const char *text, size_t len);
 
+/* ---- repos.c: which repository, as the configuration names it ---- */
+
+/*
+ * The host repositories are named under in repos[].match and
+ * repo_allowlist: the host of the provider's API URL url, github.com for
+ * api.github.com, dflt when url names none. A new string.
+ */
+char *scm_repo_host(const char *url, const char *dflt);
+
+/*
+ * Whether glob (a repos[].match or repo_allowlist entry, fnmatch syntax)
+ * matches "HOST/repo", repo being GitHub's full_name or GitLab's
+ * path_with_namespace; both sides are compared in ASCII lower case.
+ */
+int scm_repo_match(const char *glob, const char *host, const char *repo);
+
+/*
+ * Whether repo of host matches one of the n globs (repo_allowlist); with
+ * n 0 every repository is allowed, with a NULL repo or host none is.
+ */
+int scm_repo_allowed(const char *const *globs, size_t n, const char *host,
+    const char *repo);
+
 /* ---- webhook.c ---- */
 
 /* The outcome of authenticating and classifying one delivery. */
@@ -76,16 +101,26 @@ enum webhook_verdict {
 	WH_UNSUPPORTED		/* 415 */
 };
 
+/* The ignore reason of a delivery from a repository not allowed. */
+#define WEBHOOK_NOT_ALLOWED "repository not allowed"
+
 /* Looks a request header up, case-insensitively; NULL when absent. */
 typedef const char *(*webhook_header_fn)(void *arg, const char *name);
 
-/* Secrets in force for verification; values are raw bytes. */
+/*
+ * What a delivery is checked against: the secrets in force for
+ * verification (values are raw bytes) and the repository allow-list.
+ */
 struct webhook_keys {
 	const char **secrets;	/* GitHub webhook secrets / GitLab tokens */
 	const size_t *secret_lens;
 	size_t nsecrets;
 	const unsigned char *signing_key;	/* GitLab whsec_ key, decoded */
 	size_t signing_key_len;
+	/* repo_allowlist globs (scm_repo_allowed); none: every repository */
+	const char *const *allow;
+	size_t nallow;
+	const char *host;	/* of the repositories; required with allow */
 };
 
 /* Who the bot is, so its own comments are ignored (may be NULL). */
@@ -127,7 +162,9 @@ int webhook_signing_key_decode(const char *token, unsigned char **out,
  * header() reads request headers; body is the raw request body. On
  * WH_ACCEPT and WH_IGNORE with an event, *out is filled (release it);
  * *reason is a static string explaining any non-accept verdict (or the
- * ignore reason). now is the wall clock (seconds), for timestamps.
+ * ignore reason). now is the wall clock (seconds), for timestamps. A
+ * relevant event of a repository keys->allow does not allow is
+ * WH_IGNORE, "repository not allowed" (WEBHOOK_NOT_ALLOWED).
  */
 enum webhook_verdict webhook_handle(enum scm_provider provider,
     const struct webhook_keys *keys, const struct webhook_identity *self,
@@ -477,6 +514,15 @@ struct actions_config {
 	struct scm_client *gitlab;
 	const char *db_path;		/* the state database */
 	int dry_run;		/* parse and authorize, write nothing */
+	/*
+	 * Whether repository repo of provider, on host, is allowed when its
+	 * event is handled (repo_allowlist as it is now: SIGHUP may narrow
+	 * it after the event was stored). An event of one that is not is
+	 * finished without any effect. NULL: every repository is allowed.
+	 */
+	int (*repo_allowed)(void *arg, enum scm_provider provider,
+	    const char *host, const char *repo);
+	void *repo_allowed_arg;
 };
 
 /*

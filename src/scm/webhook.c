@@ -1120,16 +1120,31 @@ handle_gitlab(const struct webhook_keys *keys,
 	    out, reason);
 }
 
-/* Authenticate and classify one delivery. */
+/*
+ * Authenticate and classify one delivery, then hold back a relevant one
+ * whose repository repo_allowlist does not allow: it is answered 200
+ * ignored and never stored, so a repository the operator did not list
+ * cannot make the cluster run agents with a correctly signed delivery
+ * (one GitHub App secret signs every installation's).
+ */
 enum webhook_verdict
 webhook_handle(enum scm_provider provider, const struct webhook_keys *keys,
     const struct webhook_identity *self, webhook_header_fn header,
     void *header_arg, const char *body, size_t len, int64_t now,
     struct scm_event *out, const char **reason)
 {
+	enum webhook_verdict v;
+
 	if (provider == SCM_GITHUB)
-		return handle_github(keys, self, header, header_arg, body, len,
+		v = handle_github(keys, self, header, header_arg, body, len,
 		    out, reason);
-	return handle_gitlab(keys, self, header, header_arg, body, len, now,
-	    out, reason);
+	else
+		v = handle_gitlab(keys, self, header, header_arg, body, len,
+		    now, out, reason);
+	if (v == WH_ACCEPT && !scm_repo_allowed(keys->allow, keys->nallow,
+	    keys->host, out->repo)) {
+		*reason = WEBHOOK_NOT_ALLOWED;
+		v = WH_IGNORE;
+	}
+	return v;
 }

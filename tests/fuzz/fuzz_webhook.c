@@ -76,7 +76,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	{
 		const char *s[1] = { "secret" };
 		size_t l[1] = { 6 };
-		struct webhook_keys k = { s, l, 1, NULL, 0 };
+		struct webhook_keys k = { s, l, 1, NULL, 0, NULL, 0, NULL };
 		unsigned char key[4] = { 1, 2, 3, 4 };
 
 		webhook_github_verify(&k, text, "x", 1);

@@ -193,6 +193,42 @@ static const struct error_case error_cases[] = {
 	  "namespace: a}]\n",
 	  "t.yaml:1: 'repos[0].match': expected a pattern like "
 	  "github.com/org/*, got 'a b'" },
+	/* repo_allowlist: a sequence of globs like repos[].match */
+	{ "repo_allowlist as a scalar",
+	  "github:\n  enabled: false\nrepo_allowlist: github.com/a/*\n",
+	  "t.yaml:3: 'repo_allowlist': expected a sequence, got "
+	  "'github.com/a/*'" },
+	{ "repo_allowlist as a mapping", "repo_allowlist: {match: a/*}\n",
+	  "t.yaml:1: 'repo_allowlist': expected a sequence, got a mapping" },
+	{ "repo_allowlist entry that is a mapping",
+	  "repo_allowlist:\n  - github.com/a/*\n  - {match: b/*}\n",
+	  "t.yaml:3: 'repo_allowlist[1]': expected a scalar, got a mapping" },
+	{ "repo_allowlist entry that is a sequence",
+	  "repo_allowlist: [[github.com/a/*]]\n",
+	  "t.yaml:1: 'repo_allowlist[0]': expected a scalar, got a sequence" },
+	{ "repo_allowlist entry empty",
+	  "repo_allowlist:\n  - github.com/a/*\n  - \"\"\n",
+	  "t.yaml:3: 'repo_allowlist[1]': expected a pattern like "
+	  "github.com/org/*, got ''" },
+	{ "repo_allowlist entry null",
+	  "repo_allowlist:\n  - github.com/a/*\n  - ~\n",
+	  "t.yaml:3: 'repo_allowlist[1]': expected a pattern like "
+	  "github.com/org/*, got '~'" },
+	{ "repo_allowlist entry left blank",
+	  "repo_allowlist:\n  -\n  - github.com/a/*\n",
+	  "t.yaml:2: 'repo_allowlist[0]': expected a pattern like "
+	  "github.com/org/*, got ''" },
+	{ "repo_allowlist entry with a space",
+	  "\nrepo_allowlist: [\"github.com/a b/*\"]\n",
+	  "t.yaml:2: 'repo_allowlist[0]': expected a pattern like "
+	  "github.com/org/*, got 'github.com/a b/*'" },
+	{ "repo_allowlist entry with a control character",
+	  "repo_allowlist:\n  - \"github.com/a\\tb\"\n",
+	  "t.yaml:2: 'repo_allowlist[0]': expected a pattern like "
+	  "github.com/org/*, got 'github.com/a?b'" },
+	{ "repo_allowlist twice",
+	  "repo_allowlist: [a/*]\nrepo_allowlist: [b/*]\n",
+	  "t.yaml:2: duplicate key 'repo_allowlist'" },
 	{ "controller.workers zero", "controller: {workers: 0}\n",
 	  "t.yaml:1: 'controller.workers': expected an integer from 1 to "
 	  "64, got '0'" },
@@ -573,6 +609,8 @@ check_defaults(const struct config *c)
 	assert_null(c->gitlab.ca_file);
 	assert_null(c->repos);
 	assert_int_equal(c->nrepos, 0);
+	assert_null(c->repo_allowlist.v);
+	assert_int_equal(c->repo_allowlist.n, 0);
 	assert_int_equal(c->defaults.capabilities.n, 0);
 	assert_int_equal(c->defaults.budget_usd_micro, 5000000);
 	assert_int_equal(c->defaults.budget_tokens, 1000000);
@@ -647,7 +685,8 @@ test_null_values(void **state)
 
 	(void)state;
 	parse_ok(&c, "listen:\nlog: ~\ngithub:\n  token: null\n"
-	    "  webhook_secrets:\nrepos: ~\nsandbox:\n  uid: ~\n"
+	    "  webhook_secrets:\nrepos: ~\nrepo_allowlist:\nsandbox:\n"
+	    "  uid: ~\n"
 	    "kubernetes: {context: }\n");
 	check_defaults(&c);
 	config_release(&c);
@@ -703,6 +742,10 @@ check_full(const struct config *c)
 	assert_string_equal(c->repos[0].namespace, "team-a");
 	assert_string_equal(c->repos[1].match, "gitlab.example.com/*");
 	assert_string_equal(c->repos[1].namespace, "team-b");
+	assert_int_equal(c->repo_allowlist.n, 2);
+	assert_string_equal(c->repo_allowlist.v[0], "github.com/myorg/*");
+	assert_string_equal(c->repo_allowlist.v[1],
+	    "gitlab.example.com/Platform/*");
 	assert_int_equal(c->defaults.capabilities.n, 2);
 	assert_string_equal(c->defaults.capabilities.v[0], "claude-*");
 	assert_string_equal(c->defaults.capabilities.v[1], "gpt-4o");
@@ -750,6 +793,52 @@ test_full_file(void **state)
 	assert_int_equal(c.repos[1].line, 66);
 	config_release(&c);
 	free(path);
+}
+
+/*
+ * repo_allowlist: absent, null or [] is every repository (no entry);
+ * entries are kept as written (the match ignores case), in order, in
+ * block or flow style, a number being its text as for repos[].match.
+ */
+static void
+test_repo_allowlist(void **state)
+{
+	static const char *const empty[] = {
+		"repo_allowlist: []\n", "repo_allowlist: ~\n",
+		"repo_allowlist:\n", "github: {enabled: false}\n",
+	};
+	struct config c;
+	struct config_strlist copy;
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < ARRAY_SIZE(empty); i++) {
+		parse_ok(&c, empty[i]);
+		assert_int_equal(c.repo_allowlist.n, 0);
+		config_release(&c);
+	}
+	parse_ok(&c, "repo_allowlist:\n  - github.com/MyOrg/*\n"
+	    "  - \"gitlab.example.com/group/sub/*\"\n"
+	    "  - 'github.com/a/[bc]?'\n  - 12345\n");
+	assert_int_equal(c.repo_allowlist.n, 4);
+	assert_string_equal(c.repo_allowlist.v[0], "github.com/MyOrg/*");
+	assert_string_equal(c.repo_allowlist.v[1],
+	    "gitlab.example.com/group/sub/*");
+	assert_string_equal(c.repo_allowlist.v[2], "github.com/a/[bc]?");
+	assert_string_equal(c.repo_allowlist.v[3], "12345");
+	/* a copy is deep and outlives the configuration */
+	config_strlist_copy(&copy, &c.repo_allowlist);
+	config_release(&c);
+	assert_int_equal(copy.n, 4);
+	assert_string_equal(copy.v[3], "12345");
+	config_strlist_release(&copy);
+	assert_int_equal(copy.n, 0);
+	assert_null(copy.v);
+	parse_ok(&c,
+	    "repo_allowlist: [github.com/a/*, \"gitlab.com/b/*\"]\n");
+	assert_int_equal(c.repo_allowlist.n, 2);
+	assert_string_equal(c.repo_allowlist.v[1], "gitlab.com/b/*");
+	config_release(&c);
 }
 
 /* The example of DESIGN.md section 12, verbatim. */
@@ -1343,6 +1432,7 @@ main(void)
 		cmocka_unit_test(test_null_values),
 		cmocka_unit_test(test_full_file),
 		cmocka_unit_test(test_design_example),
+		cmocka_unit_test(test_repo_allowlist),
 		cmocka_unit_test(test_load_errors),
 		cmocka_unit_test(test_value_forms),
 		cmocka_unit_test(test_listen_forms),

@@ -653,11 +653,30 @@ gitlab_edited(const char *file, const char *field, const char *value)
 	return out;
 }
 
+/*
+ * The headers of a GitLab Note Hook with the token "sekrit"; g->k[3] on
+ * are free for more.
+ */
+static void
+gitlab_note_headers(struct hdrs *g)
+{
+	memset(g, 0, sizeof(*g));
+	g->k[0] = "Content-Type";
+	g->v[0] = "application/json";
+	g->k[1] = "X-Gitlab-Token";
+	g->v[1] = "sekrit";
+	g->k[2] = "X-Gitlab-Event";
+	g->v[2] = "Note Hook";
+}
+
+/* A GitHub ping's body. */
+static const char ping_body[] = "{\"zen\":\"Keep it logically awesome.\","
+    "\"hook_id\":1}";
+
 static void
 handle_requests(void **state)
 {
-	const char *body = "{\"zen\":\"Keep it logically awesome.\","
-	    "\"hook_id\":1}";
+	const char *body = ping_body;
 	struct webhook_keys k;
 	const char *s[1];
 	size_t l[1];
@@ -726,13 +745,7 @@ handle_requests(void **state)
 	gl2 = gitlab_edited(
 	    "gitlab/gitlab-docs--comment-on-a-merge-request.json", "note",
 	    "/diverge status");
-	memset(&g, 0, sizeof(g));
-	g.k[0] = "Content-Type";
-	g.v[0] = "application/json";
-	g.k[1] = "X-Gitlab-Token";
-	g.v[1] = "sekrit";
-	g.k[2] = "X-Gitlab-Event";
-	g.v[2] = "Note Hook";
+	gitlab_note_headers(&g);
 	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, gl2,
 	    strlen(gl2), 0, &ev, &reason), WH_ACCEPT);
 	assert_int_equal(strlen(ev.delivery), 64);
@@ -752,6 +765,105 @@ handle_requests(void **state)
 	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, gl2,
 	    strlen(gl2), 0, &ev, &reason), WH_UNAUTHORIZED);
 	free(gl2);
+}
+
+/*
+ * repo_allowlist at the door: the glob matches HOST/path whatever the
+ * case, an accepted event of a repository no glob matches is ignored as
+ * "repository not allowed" (with the event, for the log), authentication
+ * still comes first, and pings and other ignored events keep their reason.
+ */
+static void
+allowlist_at_the_door(void **state)
+{
+	const char *const mine[] = { "gitlab.example.com/other/*",
+	    "gitlab.example.com/GitLab-Org/*" };
+	const char *const other[] = { "gitlab.example.com/other/*",
+	    "gitlab.com/gitlab-org/*" };
+	const char *ping = ping_body;
+	struct webhook_keys k;
+	const char *s[1];
+	size_t l[1];
+	struct scm_event ev;
+	const char *reason;
+	struct hdrs g, h;
+	char *note, *sig;
+
+	assert_true(scm_repo_match("github.com/myorg/*", "github.com",
+	    "MyOrg/Checkout"));
+	assert_true(scm_repo_match("GitHub.com/MyOrg/*", "github.com",
+	    "myorg/checkout"));
+	assert_true(scm_repo_match("gitlab.com/group/*", "gitlab.com",
+	    "group/sub/project"));
+	assert_false(scm_repo_match("github.com/myorg/*", "github.com",
+	    "myorg2/checkout"));
+	assert_false(scm_repo_match("github.com/myorg/*", "ghe.example.com",
+	    "myorg/checkout"));
+	assert_true(scm_repo_allowed(NULL, 0, NULL, NULL));
+	assert_true(scm_repo_allowed(mine, 2, "gitlab.example.com",
+	    "gitlab-org/gitlab-test"));
+	assert_false(scm_repo_allowed(other, 2, "gitlab.example.com",
+	    "gitlab-org/gitlab-test"));
+	assert_false(scm_repo_allowed(mine, 2, "gitlab.example.com", NULL));
+
+	note = gitlab_edited(
+	    "gitlab/gitlab-docs--comment-on-a-merge-request.json", "note",
+	    "/diverge fix it");
+	gitlab_note_headers(&g);
+	g.k[3] = "Idempotency-Key";
+	g.v[3] = "idem-allow";
+	one_key(&k, s, l, "sekrit");
+	k.host = "gitlab.example.com";
+	/* an empty list: every repository, as before */
+	memset(&ev, 0, sizeof(ev));
+	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, note,
+	    strlen(note), 0, &ev, &reason), WH_ACCEPT);
+	scm_event_release(&ev);
+	k.allow = mine;
+	k.nallow = 2;
+	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, note,
+	    strlen(note), 0, &ev, &reason), WH_ACCEPT);
+	assert_string_equal(ev.repo, "gitlab-org/gitlab-test");
+	scm_event_release(&ev);
+	k.allow = other;
+	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, note,
+	    strlen(note), 0, &ev, &reason), WH_IGNORE);
+	assert_string_equal(reason, "repository not allowed");
+	assert_string_equal(reason, WEBHOOK_NOT_ALLOWED);
+	assert_string_equal(ev.delivery, "idem-allow");
+	assert_string_equal(ev.repo, "gitlab-org/gitlab-test");
+	scm_event_release(&ev);
+	g.v[1] = "wrong";
+	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, note,
+	    strlen(note), 0, &ev, &reason), WH_UNAUTHORIZED);
+	free(note);
+	/* without a command: its own reason, not the list's */
+	note = gitlab_edited(
+	    "gitlab/gitlab-docs--comment-on-a-merge-request.json", "note",
+	    "LGTM");
+	g.v[1] = "sekrit";
+	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, note,
+	    strlen(note), 0, &ev, &reason), WH_IGNORE);
+	assert_string_equal(reason, "no /diverge command");
+	scm_event_release(&ev);
+	free(note);
+	/* a ping is answered as before */
+	sig = sign_github("sekrit", ping, strlen(ping));
+	memset(&h, 0, sizeof(h));
+	h.k[0] = "Content-Type";
+	h.v[0] = "application/json";
+	h.k[1] = "X-Hub-Signature-256";
+	h.v[1] = sig;
+	h.k[2] = "X-GitHub-Event";
+	h.v[2] = "ping";
+	h.k[3] = "X-GitHub-Delivery";
+	h.v[3] = "ping-1";
+	k.host = "github.com";
+	assert_int_equal(webhook_handle(SCM_GITHUB, &k, NULL, hget, &h, ping,
+	    strlen(ping), 0, &ev, &reason), WH_IGNORE);
+	assert_string_equal(reason, "ping");
+	scm_event_release(&ev);
+	free(sig);
 }
 
 /* The key webhook_handle gives a GitLab delivery (it must accept it). */
@@ -958,6 +1070,7 @@ main(void)
 		cmocka_unit_test(closed_and_merged),
 		cmocka_unit_test(bad_shapes),
 		cmocka_unit_test(handle_requests),
+		cmocka_unit_test(allowlist_at_the_door),
 		cmocka_unit_test(gitlab_event_uuid),
 		cmocka_unit_test(gitlab_signed_key),
 		cmocka_unit_test(event_roundtrip),
