@@ -6,6 +6,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
@@ -684,6 +685,60 @@ state_dir_safe(char **cause)
 	return 0;
 }
 
+/*
+ * One daemon per state directory: a second one on the same databases
+ * would handle the same inbox entries and, in embedded mode, write the
+ * store behind the first one's back (its writer caches what it committed
+ * and numbers the resourceVersions), so it is refused. The lock is an
+ * fcntl lock on STATE_DIR/diverged.lock, held while the process lives
+ * (the kernel drops it however the process ends, kill -9 included); the
+ * file names the holder's pid for the message.
+ */
+static int
+state_dir_lock(char **cause)
+{
+	struct flock fl;
+	char *path = xasprintf("%s/diverged.lock", D.cfg.state_dir);
+	char pid[32] = "";
+	ssize_t n;
+	int fd;
+
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		*cause = xasprintf("state_dir: cannot open '%s': %s", path,
+		    strerror(errno));
+		free(path);
+		return -1;
+	}
+	memset(&fl, 0, sizeof(fl));
+	fl.l_type = F_WRLCK;
+	fl.l_whence = SEEK_SET;
+	if (fcntl(fd, F_SETLK, &fl) < 0) {
+		int e = errno;
+
+		n = pread(fd, pid, sizeof(pid) - 1, 0);
+		pid[n > 0 ? strcspn(pid, "\n") : 0] = '\0';
+		if (e == EACCES || e == EAGAIN)
+			*cause = xasprintf("state_dir '%s' is in use by another "
+			    "diverged%s%s%s (one daemon per state directory)",
+			    D.cfg.state_dir, *pid ? " (pid " : "", pid,
+			    *pid ? ")" : "");
+		else
+			*cause = xasprintf("state_dir: cannot lock '%s': %s",
+			    path, strerror(e));
+		close(fd);
+		free(path);
+		return -1;
+	}
+	snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+	if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, strlen(pid), 0) < 0)
+		log_kv(LOG_WARN, "state_dir: cannot write the lock file",
+		    "file", path, "error", strerror(errno), NULL);
+	free(path);
+	/* kept open, so locked, until the process ends */
+	return 0;
+}
+
 /* The resource store: embedded in the state database, or a cluster. */
 static int
 open_store(char **cause)
@@ -1250,7 +1305,8 @@ main(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
-	if (mkdir_p(D.cfg.state_dir, &cause) < 0 || state_dir_safe(&cause) < 0)
+	if (mkdir_p(D.cfg.state_dir, &cause) < 0 || state_dir_safe(&cause) < 0 ||
+	    state_dir_lock(&cause) < 0)
 		goto fail;
 	D.db_path = xasprintf("%s/diverge.db", D.cfg.state_dir);
 	ic.capacity = D.cfg.inbox.capacity;

@@ -459,6 +459,36 @@ def threads(t):
     t.eq(d.stop(), 0, "exit 0")
 
 
+def state_dir_in_use(t):
+    """A second diverged on a state directory that one already uses
+    cannot start (exit 1, naming the holder): both would handle the same
+    inbox entries and write the embedded store behind each other's back.
+    The lock goes with the process, kill -9 included."""
+    d = Daemon(GITHUB_CONFIG).start()
+    tmp = tempfile.mkdtemp(prefix="diverge-busy-")
+    p = subprocess.Popen([DIVERGED, "--listen", "127.0.0.1:0",
+                          "--api-listen", "off", "--state-dir", d.state_dir],
+                         cwd=tmp, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = p.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        p.terminate()
+        _, err = p.communicate(timeout=20)
+        err = "still running after 15 s: " + err
+    t.ok(p.returncode == 1 and "is in use by another diverged (pid %d)" %
+         d.proc.pid in err, "a second daemon on the same state_dir: exit 1, "
+         "naming the first one's pid", (p.returncode, err[-400:]))
+    s, _, _ = d.json("GET", "/healthz")
+    t.eq(s, 200, "the first daemon still serves")
+    # a crash leaves no stale lock: the next start takes it
+    d.kill9()
+    d.start()
+    s, _, _ = d.json("GET", "/healthz")
+    t.eq(s, 200, "after kill -9 a restart on the same state_dir serves")
+    t.eq(d.stop(), 0, "exit 0")
+
+
 def main(t):
     cli(t)
     config_errors(t)
@@ -468,6 +498,7 @@ def main(t):
     json_logs(t)
     graceful(t)
     address_in_use(t)
+    state_dir_in_use(t)
     limits(t)
     slow_clients(t)
     many_connections(t)
