@@ -1711,7 +1711,7 @@ cmd_task_list(const struct command *cmd, int argc, char **argv)
 	struct table t;
 	json_t *list = NULL, *items = NULL, *it;
 	const char *cells[7], *colors[7], *phase;
-	char cost[96], tokens[96], iter[96], age[32], used[40];
+	char cost[96], tokens[96], iter[96], age[32], used[40], queued[32];
 	size_t i, off;
 	int ret, done;
 
@@ -1781,6 +1781,12 @@ cmd_task_list(const struct command *cmd, int argc, char **argv)
 		cells[0] = k8s_meta_str(it, "namespace");
 		cells[1] = k8s_meta_str(it, "name");
 		cells[2] = phase != NULL ? phase : "-";
+		if (k8s_task_queued(it, NULL)) {
+			/* Pending or Paused */
+			snprintf(queued, sizeof(queued), "%s (%s)", phase,
+			    K8S_TASK_REASON_QUEUED);
+			cells[2] = queued;
+		}
 		cells[3] = cost;
 		cells[4] = tokens;
 		cells[5] = iter;
@@ -2019,6 +2025,12 @@ print_next(const json_t *task, const struct k8s_task_budgets *b)
 		return;
 	}
 	printf("Next:\n");
+	if (!susp && k8s_task_queued(task, NULL)) {
+		printf("  wait: it starts when a running task finishes or is "
+		    "paused (controller.max_active_tasks)\n");
+		printf("  diverge task pause %s    leave the queue\n", name);
+		return;
+	}
 	if (susp || (phase != NULL && (strcmp(phase, "Paused") == 0 ||
 	    strcmp(phase, "Pausing") == 0))) {
 		if (msg != NULL && strcmp(msg, "max iterations exceeded") == 0)

@@ -1289,6 +1289,7 @@ static const struct field controller_fields[] = {
 	F("namespace", p_namespace, controller.namespace),
 	FR("workers", p_int, controller.workers, 1, 64),
 	F("enabled", p_bool, controller.enabled),
+	FR("max_active_tasks", p_int, controller.max_active_tasks, 0, 100000),
 	END
 };
 

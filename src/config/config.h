@@ -63,6 +63,7 @@ struct config {
 		char *namespace;	/* default diverge-system */
 		int workers;		/* default 4, 1..64 */
 		int enabled;		/* default 1: run the reconciler */
+		int max_active_tasks;	/* 0..100000, default 0: no limit */
 	} controller;
 
 	struct {

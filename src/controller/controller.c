@@ -297,7 +297,16 @@ struct controller {
 	pthread_cond_t stop_cv;	/* broadcast when stop is set */
 	int stop;
 	uint64_t reconciles, errors, relists;
+	/*
+	 * The tasks that hold a slot or wait for one, as the task watch last
+	 * saw them ("ns/name" -> SLOT_HOLDS or SLOT_QUEUED); only the task
+	 * watcher's thread uses it.
+	 */
+	json_t *slots;
 };
+
+#define SLOT_HOLDS 1
+#define SLOT_QUEUED 2
 
 static int
 stopping(struct controller *c)
@@ -347,13 +356,73 @@ controller_enqueue(struct controller *c, const char *ns, const char *name)
 	enqueue_key(c, ns, name);
 }
 
-/* Queue every task (resync). */
+/* The slot a task holds or waits for: SLOT_HOLDS, SLOT_QUEUED or 0. */
+static int
+slot_of(const json_t *task)
+{
+	if (task == NULL)
+		return 0;
+	if (k8s_task_holds_slot(task))
+		return SLOT_HOLDS;
+	return k8s_task_queued(task, NULL) ? SLOT_QUEUED : 0;
+}
+
+/* The gauges of the tasks running and queued. */
+static void
+count_slots(struct controller *c)
+{
+	double n[3] = { 0, 0, 0 };
+	const char *k;
+	json_t *v;
+
+	json_object_foreach(c->slots, k, v)
+		n[json_integer_value(v) == SLOT_HOLDS ? 1 : 2]++;
+	metrics_set("diverge_tasks_active", "", n[1]);
+	metrics_set("diverge_tasks_queued", "", n[2]);
+}
+
+/*
+ * Record what a task event shows of its slot (task NULL: deleted). A
+ * task that takes or leaves a slot, or leaves the queue, gives the
+ * queued tasks another look at once: one may take a slot that freed, and
+ * the numbers their messages give moved.
+ */
+static void
+track_slot(struct controller *c, const char *ns, const char *name,
+    const json_t *task)
+{
+	int was, now = slot_of(task);
+	const char *k;
+	json_t *v;
+	char *key;
+
+	if (ns == NULL || name == NULL)
+		return;
+	key = xasprintf("%s/%s", ns, name);
+	was = (int)json_integer_value(json_object_get(c->slots, key));
+	if (now != 0)
+		json_object_set_new(c->slots, key, json_integer(now));
+	else
+		json_object_del(c->slots, key);
+	free(key);
+	if (was == now)
+		return;
+	count_slots(c);
+	if (was == 0 && now == SLOT_QUEUED)
+		return;		/* one more in the queue changes no place */
+	json_object_foreach(c->slots, k, v)
+		if (json_integer_value(v) == SLOT_QUEUED)
+			controller_queue_add(c->q, k);
+}
+
+/* Queue every task (resync), and count their slots again. */
 static void
 resync(struct controller *c)
 {
 	struct k8s_status st = { 0 };
 	json_t *list = NULL, *it;
 	size_t i;
+	int slot;
 
 	if (k8s_list(c->cfg.store, &K8S_AGENTTASK, c->cfg.namespace, NULL,
 	    &list, &st) < 0) {
@@ -362,9 +431,21 @@ resync(struct controller *c)
 		k8s_status_release(&st);
 		return;
 	}
-	json_array_foreach(json_object_get(list, "items"), i, it)
-		enqueue_key(c, k8s_meta_str(it, "namespace"),
-		    k8s_meta_str(it, "name"));
+	/* the watch misses deletions while it relists after 410 Gone */
+	json_object_clear(c->slots);
+	json_array_foreach(json_object_get(list, "items"), i, it) {
+		const char *ns = k8s_meta_str(it, "namespace");
+		const char *name = k8s_meta_str(it, "name");
+		char *key;
+
+		enqueue_key(c, ns, name);
+		if (ns == NULL || name == NULL || (slot = slot_of(it)) == 0)
+			continue;
+		key = xasprintf("%s/%s", ns, name);
+		json_object_set_new(c->slots, key, json_integer(slot));
+		free(key);
+	}
+	count_slots(c);
 	json_decref(list);
 }
 
@@ -377,6 +458,8 @@ handle_event(struct watcher *w, struct k8s_event *ev)
 	if (ev->type == K8S_BOOKMARK || ev->type == K8S_ERROR)
 		return;
 	if (w->is_task) {
+		track_slot(w->c, ns, k8s_meta_str(o, "name"),
+		    ev->type == K8S_DELETED ? NULL : o);
 		if (ev->type == K8S_DELETED) {
 			controller_task_deleted(&w->c->cfg, o);
 			return;
@@ -562,6 +645,14 @@ controller_start(struct controller **out,
 	metrics_describe("diverge_agenttask_phase_transitions_total",
 	    METRIC_COUNTER, "AgentTask phase changes made by the reconciler, "
 	    "by the phase entered.");
+	metrics_describe("diverge_tasks_active", METRIC_GAUGE, "AgentTasks "
+	    "that hold a slot of controller.max_active_tasks (Provisioning, "
+	    "Active, Pausing).");
+	metrics_describe("diverge_tasks_queued", METRIC_GAUGE, "AgentTasks "
+	    "waiting for a slot of controller.max_active_tasks (Pending, or "
+	    "Paused to resume, with reason Queued).");
+	metrics_set("diverge_tasks_active", "", 0);
+	metrics_set("diverge_tasks_queued", "", 0);
 	{
 		static const char *const results[] = { "result=\"success\"",
 		    "result=\"requeue\"", "result=\"error\"", NULL };
@@ -582,6 +673,7 @@ controller_start(struct controller **out,
 		pthread_condattr_destroy(&ca);
 	}
 	c->q = controller_queue_new();
+	c->slots = json_object();
 	c->workers = xcalloc((size_t)n, sizeof(*c->workers));
 	for (i = 0; i < ARRAY_SIZE(kinds); i++) {
 		struct watcher *w = &c->watchers[c->nwatchers];
@@ -629,6 +721,7 @@ controller_stop(struct controller *c)
 	for (k = 0; k < c->nworkers; k++)
 		pthread_join(c->workers[k], NULL);
 	controller_queue_free(c->q);
+	json_decref(c->slots);
 	free(c->workers);
 	pthread_cond_destroy(&c->stop_cv);
 	pthread_mutex_destroy(&c->mu);

@@ -32,6 +32,15 @@
  * labelled app.kubernetes.io/managed-by=diverged and never taken over
  * otherwise).
  *
+ * With controller.max_active_tasks (N > 0) at most N tasks hold a slot
+ * (Provisioning, Active, Pausing): a task leaves Pending, or Paused when
+ * it resumes, only when it is among the first of the waiting tasks (by
+ * creationTimestamp, then namespace/name) that fit the free slots, else
+ * it stays, with status.reason Queued and its place in status.message.
+ * The workers decide one admission at a time, and a task admitted counts
+ * as running before its status says so. When the task watch sees a task
+ * leave a slot or the queue, the queued tasks are reconciled again.
+ *
  * status.activeSeconds holds the seconds of the closed Provisioning/Active
  * periods; the open one started at the lastTransitionTime of the
  * TokenIssued condition (True exactly while the task is live), so the
@@ -79,7 +88,8 @@ struct controller_config {
 	struct meter *meter;		/* borrowed: mints and revokes */
 	const struct config *cfg;	/* borrowed: sandbox.*, preview.*,
 					 * meter.public_url, defaults.*,
-					 * controller.workers */
+					 * controller.workers and
+					 * max_active_tasks */
 	const char *namespace;		/* watch one namespace; NULL: all */
 	int workers;			/* 0: cfg->controller.workers */
 	int64_t resync_ms;		/* 0: 10 minutes */

@@ -3,6 +3,8 @@
  * children), plan (pure: desired phase, children and status), apply
  * (write only what differs, owner checks, resourceVersion on the task).
  */
+#include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +57,8 @@ struct rctx {
 	int writes;
 	int64_t requeue_ms;
 	char *cause;
+	char *admitted;		/* our key in the admitted set, or NULL */
+	int64_t running;	/* when admitted: the tasks in slots, with it */
 };
 
 /* ------------------------------------------------------------ helpers */
@@ -972,6 +976,8 @@ struct plan {
 	const char *phase, *reason;
 	char *message;
 	int transition;
+	int queued;		/* waits for a slot: phase stays */
+	int restate;		/* reason and message change, the phase not */
 };
 
 /* Whether p leaves phase cur, and why (a default reason). */
@@ -1065,6 +1071,166 @@ plan_phase(struct rctx *x, const json_t *task, const struct sbview *v,
 		}
 	}
 	plan_transition(p, cur);
+}
+
+/* ---------------------------------------------------------- admission */
+
+/*
+ * controller.max_active_tasks. diverged runs one controller per process,
+ * so the lock and the set below are the process's: a worker decides an
+ * admission under the lock and records the task in the set, where it
+ * counts as running though the store still says Pending, until its
+ * status write says Provisioning (or the pass fails) and release_slot()
+ * takes it out, under the lock again; a decision taken meanwhile sees
+ * one or the other. Two workers never take the same last slot.
+ */
+static pthread_mutex_t admit_mu = PTHREAD_MUTEX_INITIALIZER;
+static json_t *admitted;	/* "ns/name" -> true */
+
+/* Whether a task would take a slot as soon as one is free. */
+static int
+wants_slot(const json_t *t)
+{
+	const char *p = jpath(t, "status", "phase");
+	const char *name = k8s_meta_str(t, "name");
+
+	if (name == NULL || strlen(name) > CONTROLLER_NAME_MAX ||
+	    json_object_get(json_object_get(t, "metadata"),
+	    "deletionTimestamp") != NULL || json_is_true(json_object_get(
+	    json_object_get(t, "spec"), "suspended")))
+		return 0;
+	return p == NULL || *p == '\0' || streq(p, "Pending") ||
+	    streq(p, "Paused");
+}
+
+static int
+strcmp_null(const char *a, const char *b)
+{
+	return strcmp(a != NULL ? a : "", b != NULL ? b : "");
+}
+
+/* The queue's order: creationTimestamp, then namespace, then name. */
+static int
+queue_cmp(const json_t *a, const json_t *b)
+{
+	int64_t ta = parse_time(k8s_meta_str(a, "creationTimestamp"));
+	int64_t tb = parse_time(k8s_meta_str(b, "creationTimestamp"));
+	int c;
+
+	if (ta != tb)
+		return ta < tb ? -1 : 1;
+	c = strcmp_null(k8s_meta_str(a, "namespace"), k8s_meta_str(b,
+	    "namespace"));
+	return c != 0 ? c : strcmp_null(k8s_meta_str(a, "name"),
+	    k8s_meta_str(b, "name"));
+}
+
+/*
+ * May the task leave Pending or Paused for Provisioning? With no limit,
+ * yes (1). Else it counts the tasks that hold a slot or were admitted
+ * and the tasks that want one and come before it in the queue: admitted
+ * (1, recorded until release_slot) when those together are fewer than
+ * the limit, so that a later task never overtakes an earlier one;
+ * queued (0, *msg gets the status message) otherwise. A negative enum
+ * k8s_err when the tasks cannot be listed.
+ */
+static int
+admit(struct rctx *x, const json_t *task, int resume, char **msg)
+{
+	int64_t limit = x->cfg->controller.max_active_tasks;
+	int64_t running = 0, ahead = 0;
+	struct k8s_status st = { 0 };
+	json_t *list = NULL, *it;
+	char *key, *k;
+	size_t i;
+	int rc;
+
+	if (limit <= 0)
+		return 1;
+	key = xasprintf("%s/%s", x->ns, x->name);
+	pthread_mutex_lock(&admit_mu);
+	rc = k8s_list(x->cc->store, &K8S_AGENTTASK, x->cc->namespace, NULL,
+	    &list, &st);
+	if (rc < 0) {
+		note_cause(x, "task list", &st);
+		goto out;
+	}
+	if (admitted == NULL)
+		admitted = json_object();
+	json_array_foreach(json_object_get(list, "items"), i, it) {
+		k = xasprintf("%s/%s", k8s_meta_str(it, "namespace"),
+		    k8s_meta_str(it, "name"));
+		if (strcmp(k, key) == 0)
+			;	/* itself */
+		else if (k8s_task_holds_slot(it) ||
+		    json_object_get(admitted, k) != NULL)
+			running++;
+		else if (wants_slot(it) && queue_cmp(it, task) < 0)
+			ahead++;
+		free(k);
+	}
+	if (running + ahead < limit) {
+		json_object_set_new(admitted, key, json_true());
+		x->admitted = key;
+		key = NULL;	/* now x's */
+		x->running = running + 1;
+		rc = 1;
+	} else {
+		*msg = k8s_task_queue_message(running, limit, ahead, resume);
+		rc = 0;
+	}
+out:
+	pthread_mutex_unlock(&admit_mu);
+	k8s_status_release(&st);
+	json_decref(list);
+	free(key);
+	return rc;
+}
+
+/* End the admission record of x (its status write is done or failed). */
+static void
+release_slot(struct rctx *x)
+{
+	if (x->admitted == NULL)
+		return;
+	pthread_mutex_lock(&admit_mu);
+	json_object_del(admitted, x->admitted);
+	pthread_mutex_unlock(&admit_mu);
+	free(x->admitted);
+	x->admitted = NULL;
+}
+
+/*
+ * A task that would leave Pending or Paused for Provisioning takes a
+ * slot, or stays where it is, queued. 0, or a negative enum k8s_err.
+ */
+static int
+plan_admission(struct rctx *x, const json_t *task, struct plan *p)
+{
+	const char *cur = jpath(task, "status", "phase");
+	int resume = streq(cur, "Paused"), rc;
+	char *msg = NULL;
+
+	if (!p->transition || !streq(p->phase, "Provisioning") ||
+	    !(resume || streq(cur, "Pending"))) {
+		/* no longer waiting (paused again): say what it does now */
+		if (!p->transition && streq(jpath(task, "status", "reason"),
+		    K8S_TASK_REASON_QUEUED) && streq(p->phase, "Paused")) {
+			p->reason = "Suspended";
+			p->restate = 1;
+		}
+		return 0;
+	}
+	rc = admit(x, task, resume, &msg);
+	if (rc != 0)
+		return rc < 0 ? rc : 0;
+	free(p->message);
+	p->phase = resume ? "Paused" : "Pending";
+	p->reason = K8S_TASK_REASON_QUEUED;
+	p->message = msg;
+	p->transition = 0;
+	p->queued = p->restate = 1;
+	return 0;
 }
 
 /* Set a condition in conds; lastTransitionTime moves with status only. */
@@ -1308,6 +1474,24 @@ secret_expires(const json_t *sec)
 	return exp;
 }
 
+/* The log line of a task that joins the queue or leaves it for a slot. */
+static void
+log_admission(struct rctx *x, const json_t *old, const struct plan *p)
+{
+	char running[24], limit[24];
+
+	if (p->queued && !streq(jstr(old, "reason"), K8S_TASK_REASON_QUEUED))
+		log_kv(LOG_INFO, "task queued", "task", x->name, "namespace",
+		    x->ns, "phase", p->phase, "message", p->message, NULL);
+	if (x->admitted == NULL)
+		return;
+	snprintf(running, sizeof(running), "%" PRId64, x->running);
+	snprintf(limit, sizeof(limit), "%d",
+	    x->cfg->controller.max_active_tasks);
+	log_kv(LOG_INFO, "task admitted", "task", x->name, "namespace", x->ns,
+	    "running", running, "limit", limit, NULL);
+}
+
 /* ---------------------------------------------------------- reconcile */
 
 /*
@@ -1327,7 +1511,7 @@ reconcile_once(struct rctx *x)
 	const char *sec_id, *mode, *tok_live_id = NULL, *tok_extends = NULL;
 	const char *ctok = NULL, *sb_tok;
 	int rc, live, children, paused, asleep, preview, has_shutdown = 0;
-	int env_exists = 0, tok_issued, sb_write, roll;
+	int env_exists = 0, tok_issued, sb_write, roll, hold;
 	int64_t active, open_since = 0, end, timeout, deadline;
 	const json_t *tc;
 	struct k8s_status st = { 0 };
@@ -1373,6 +1557,13 @@ reconcile_once(struct rctx *x)
 	if (open_since > 0 && x->now > open_since)
 		active += x->now - open_since;
 	plan_phase(x, o.task, &v, active, &p);
+	if ((rc = plan_admission(x, o.task, &p)) < 0)
+		goto out;
+	/*
+	 * a queued task that is not paused leaves its children as they are
+	 * (a re-run's Sandbox keeps its shutdownTime) until it is admitted
+	 */
+	hold = p.queued && streq(p.phase, "Pending");
 	live = phase_live(p.phase);
 	children = live || streq(p.phase, "Pausing");
 	paused = streq(p.phase, "Pausing") || streq(p.phase, "Paused");
@@ -1508,7 +1699,10 @@ reconcile_once(struct rctx *x)
 	mode = asleep || roll ? "Suspended" : "Running";
 
 	/* the Environment */
-	if (preview && (children || o.env.obj != NULL) && !o.env.conflict) {
+	if (hold) {
+		env_exists = preview && o.env.obj != NULL;
+	} else if (preview && (children || o.env.obj != NULL) &&
+	    !o.env.conflict) {
 		rc = apply_child(x, &K8S_ENVIRONMENT, o.env.obj,
 		    desired_env(x, o.task, asleep, asleep ? NULL : v.pod_ip),
 		    0, NULL);
@@ -1526,8 +1720,8 @@ reconcile_once(struct rctx *x)
 	 * name, so while that Secret is not ours (a conflict, reported) the
 	 * Sandbox is not created, and an existing one only suspended or ended
 	 */
-	sb_write = !o.secret.conflict || (o.sandbox.obj != NULL && (asleep ||
-	    phase_terminal(p.phase)));
+	sb_write = !hold && (!o.secret.conflict || (o.sandbox.obj != NULL &&
+	    (asleep || phase_terminal(p.phase))));
 	if (!x->cfg->sandbox.warm_pool && !o.sandbox.conflict && sb_write &&
 	    (children || o.sandbox.obj != NULL)) {
 		rc = apply_child(x, &K8S_SANDBOX, o.sandbox.obj,
@@ -1539,7 +1733,7 @@ reconcile_once(struct rctx *x)
 		if (rc == 1)
 			o.sandbox.conflict = 1;
 		rc = 0;
-	} else if (x->cfg->sandbox.warm_pool && !o.claim.conflict &&
+	} else if (x->cfg->sandbox.warm_pool && !o.claim.conflict && !hold &&
 	    ((children && (tok_live_id != NULL || paused)) ||
 	    o.claim.obj != NULL)) {
 		/* the claim carries the live token, else the one it had */
@@ -1613,7 +1807,7 @@ reconcile_once(struct rctx *x)
 	/* the status */
 	status = json_object();
 	json_object_set_new(status, "phase", json_string(p.phase));
-	if (p.transition) {
+	if (p.transition || p.restate) {
 		json_object_set_new(status, "reason", json_string(p.reason));
 		if (p.message != NULL)
 			json_object_set_new(status, "message",
@@ -1641,7 +1835,7 @@ reconcile_once(struct rctx *x)
 			m = xstrdup("waiting for the sandbox: not ready");
 		json_object_set_new(status, "message", json_string(m));
 		free(m);
-	} else if (p.transition && streq(p.phase, "Paused") &&
+	} else if ((p.transition || p.restate) && streq(p.phase, "Paused") &&
 	    p.message == NULL) {
 		json_object_set_new(status, "message",
 		    json_string("the task is paused"));
@@ -1683,7 +1877,8 @@ reconcile_once(struct rctx *x)
 		    x->now);
 	else
 		set_cond(conds, o.task, "Ready", streq(p.phase, "Active"),
-		    streq(p.phase, "Active") ? "Active" : p.phase,
+		    streq(p.phase, "Active") ? "Active" : p.queued ?
+		    K8S_TASK_REASON_QUEUED : p.phase,
 		    streq(p.phase, "Active") ? "the agent is running" :
 		    p.message != NULL ? p.message : NULL, x->now);
 	if (tok_live_id != NULL)
@@ -1731,7 +1926,10 @@ reconcile_once(struct rctx *x)
 	}
 	if (rc == 0 && p.transition && streq(p.phase, "Pending"))
 		want_requeue(x, 0);
+	if (rc == 0)
+		log_admission(x, old, &p);
 out:
+	release_slot(x);
 	json_decref(status);
 	json_decref(sbres);
 	token_free(token);

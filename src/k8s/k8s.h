@@ -586,6 +586,32 @@ void k8s_task_budgets(struct k8s_api *api, const json_t *task,
     struct k8s_task_budgets *out);
 
 /*
+ * Admission (controller.max_active_tasks): a task holds a slot while its
+ * phase is Provisioning, Active or Pausing (it has, or is getting, a
+ * running sandbox and a live token). One that waits for a slot stays
+ * Pending, or Paused when it waits to resume, with status.reason
+ * K8S_TASK_REASON_QUEUED and the status.message k8s_task_queue_message
+ * makes.
+ */
+#define K8S_TASK_REASON_QUEUED "Queued"
+
+/* Whether task (an AgentTask) holds a slot. */
+int k8s_task_holds_slot(const json_t *task);
+/*
+ * Whether task waits for a slot (Pending or Paused, reason Queued).
+ * *ahead (may be NULL) gets the number of tasks queued ahead of it as its
+ * message says, or -1 when the message does not say.
+ */
+int k8s_task_queued(const json_t *task, int64_t *ahead);
+/*
+ * The status.message of a queued task (a new string): "waiting for a
+ * free slot: RUNNING of LIMIT tasks are running; AHEAD queued ahead",
+ * with "to resume" after "slot" for a paused task that waits to resume.
+ */
+char *k8s_task_queue_message(int64_t running, int64_t limit, int64_t ahead,
+    int resume);
+
+/*
  * Set the guidance annotation to hint (checked with k8s_task_check_hint;
  * the trimmed text is stored): the agent gets it on its next meter call.
  */

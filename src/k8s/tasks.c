@@ -298,6 +298,57 @@ k8s_task_name_new(char out[K8S_TASK_NAME_MAX])
 	out[11] = '\0';
 }
 
+/* ---- the admission queue ---- */
+
+/* Whether the task holds a slot of controller.max_active_tasks. */
+int
+k8s_task_holds_slot(const json_t *task)
+{
+	const char *p = json_string_value(json_object_get(json_object_get(
+	    task, "status"), "phase"));
+
+	return p != NULL && (strcmp(p, "Provisioning") == 0 ||
+	    strcmp(p, "Active") == 0 || strcmp(p, "Pausing") == 0);
+}
+
+/* Whether the task waits for a slot, and how many wait ahead of it. */
+int
+k8s_task_queued(const json_t *task, int64_t *ahead)
+{
+	const json_t *st = json_object_get(task, "status");
+	const char *p = json_string_value(json_object_get(st, "phase"));
+	const char *r = json_string_value(json_object_get(st, "reason"));
+	const char *m = json_string_value(json_object_get(st, "message"));
+	const char *semi;
+	long long n;
+	char *end;
+
+	if (ahead != NULL)
+		*ahead = -1;
+	if (p == NULL || (strcmp(p, "Pending") != 0 &&
+	    strcmp(p, "Paused") != 0) || r == NULL ||
+	    strcmp(r, K8S_TASK_REASON_QUEUED) != 0)
+		return 0;
+	if (ahead == NULL || m == NULL || (semi = strrchr(m, ';')) == NULL ||
+	    semi[1] != ' ' || semi[2] < '0' || semi[2] > '9')
+		return 1;
+	errno = 0;
+	n = strtoll(semi + 2, &end, 10);
+	if (errno == 0 && strcmp(end, " queued ahead") == 0)
+		*ahead = n;
+	return 1;
+}
+
+/* The status.message of a queued task. */
+char *
+k8s_task_queue_message(int64_t running, int64_t limit, int64_t ahead,
+    int resume)
+{
+	return xasprintf("waiting for a free slot%s: %" PRId64 " of %" PRId64
+	    " tasks are running; %" PRId64 " queued ahead", resume ?
+	    " to resume" : "", running, limit, ahead);
+}
+
 /* ---- budgets ---- */
 
 static int64_t

@@ -483,8 +483,10 @@ preview_links(const char *url, const char *env, char **magic, char **exit)
 }
 
 static const char *
-badge(const char *phase)
+badge(const char *phase, int queued)
 {
+	if (queued)
+		return "\xe2\x8f\xb3 Queued";
 	if (strcmp(phase, "Provisioning") == 0 || strcmp(phase, "Active") == 0)
 		return "\xf0\x9f\x9a\x80 Running";
 	if (strcmp(phase, "Pausing") == 0)
@@ -505,7 +507,7 @@ is_phase(const char *phase, const char *a)
 }
 
 static void
-add_commands(struct buf *b, const char *phase)
+add_commands(struct buf *b, const char *phase, int queued)
 {
 	const char *live[] = { "/diverge guide <hint>", "/diverge pause",
 	    "/diverge budget +$5", "/diverge status", NULL };
@@ -518,7 +520,9 @@ add_commands(struct buf *b, const char *phase)
 	const char **v;
 	int i;
 
-	if (is_phase(phase, "Provisioning") || is_phase(phase, "Active"))
+	if (queued)
+		v = pending;
+	else if (is_phase(phase, "Provisioning") || is_phase(phase, "Active"))
 		v = live;
 	else if (is_phase(phase, "Pausing") || is_phase(phase, "Paused"))
 		v = paused;
@@ -542,6 +546,7 @@ notifier_render(const json_t *task, const struct notifier_render_opts *opts,
 	char *magic = NULL, *exitl = NULL, *u = NULL;
 	int64_t run, it, maxit, cost, budget, tok, btok;
 	size_t max, n;
+	int queued;
 	struct buf b;
 	char *out;
 
@@ -554,11 +559,12 @@ notifier_render(const json_t *task, const struct notifier_render_opts *opts,
 		phase = "Pending";
 	name = jstr2(task, "metadata", "name");
 	buf_addstr(&b, NOTIFIER_MARKER "\n");
-	buf_printf(&b, "### %s", badge(phase));
+	queued = k8s_task_queued(task, NULL);
+	buf_printf(&b, "### %s", badge(phase, queued));
 	if (is_phase(phase, "Provisioning"))
 		buf_addstr(&b, " (provisioning)");
 	s = jstr2(task, "status", "reason");
-	if (s != NULL && *s) {
+	if (s != NULL && *s && !queued) {
 		buf_addstr(&b, " \xe2\x80\x94 ");
 		notifier_escape_inline(&b, s, strlen(s), NOTIFIER_CAP_SHORT);
 	}
@@ -662,7 +668,7 @@ notifier_render(const json_t *task, const struct notifier_render_opts *opts,
 			    NOTIFIER_CAP_GUIDANCE);
 		buf_add(&b, "\n", 1);
 	}
-	add_commands(&b, phase);
+	add_commands(&b, phase, queued);
 	if (opts->now >= 0) {
 		char ts[32];
 

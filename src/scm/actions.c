@@ -1062,7 +1062,7 @@ do_status(struct run *r)
 	const struct config *cfg = r->a->ac.cfg;
 	struct k8s_status st = { 0 };
 	json_t *items = NULL, *t;
-	size_t i;
+	size_t i, queued = 0;
 
 	if (pr_tasks(r, &items, &st) < 0 || json_array_size(items) == 0) {
 		reply_line(r, "**diverge**: no task for this pull request yet. "
@@ -1078,8 +1078,8 @@ do_status(struct run *r)
 	json_array_foreach(items, i, t) {
 		const json_t *s = json_object_get(t, "status");
 		struct k8s_task_budgets b;
-		char spent[32], budget[32], tb[48];
-		int64_t cost = 0;
+		char spent[32], budget[32], tb[48], ph[64];
+		int64_t cost = 0, ahead;
 		const char *phase = json_string_value(json_object_get(s,
 		    "phase"));
 		const char *preview = json_string_value(json_object_get(s,
@@ -1106,8 +1106,20 @@ do_status(struct run *r)
 			snprintf(tb, sizeof(tb), "%lld", (long long)
 			    json_integer_value(json_object_get(s,
 			    "tokensConsumed")));
+		if (phase == NULL)
+			phase = "Pending";
+		if (k8s_task_queued(t, &ahead)) {
+			/* Pending or Paused: a literal, no markdown */
+			if (ahead >= 0)
+				snprintf(ph, sizeof(ph), "%s, queued (%lld "
+				    "ahead)", phase, (long long)ahead);
+			else
+				snprintf(ph, sizeof(ph), "%s, queued", phase);
+			phase = ph;
+			queued++;
+		}
 		reply_line(r, "| `%s` | %s | $%s / $%s | %s | %lld / %lld | %s |",
-		    k8s_meta_str(t, "name"), phase ? phase : "Pending", spent,
+		    k8s_meta_str(t, "name"), phase, spent,
 		    budget, tb, (long long)json_integer_value(json_object_get(s,
 		    "iteration")), (long long)json_integer_value(
 		    json_object_get(json_object_get(t, "spec"),
@@ -1118,6 +1130,13 @@ do_status(struct run *r)
 			buf_addstr(&r->reply, ")");
 		}
 	}
+	if (queued > 0 && cfg->controller.max_active_tasks > 0)
+		reply_line(r, "\nA queued task waits for a free slot (limit: "
+		    "%d running at once): it starts when a running task "
+		    "finishes or is paused.", cfg->controller.max_active_tasks);
+	else if (queued > 0)
+		reply_line(r, "\nA queued task waits for a free slot: it "
+		    "starts when a running task finishes or is paused.");
 	json_decref(items);
 }
 

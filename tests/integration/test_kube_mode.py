@@ -401,4 +401,5 @@ def run_warm(t, fake, scm):
          (len(reqs), denied))
 
 
-run_tests(main)
+if __name__ == "__main__":
+    run_tests(main)

@@ -241,6 +241,22 @@ static const struct error_case error_cases[] = {
 	{ "controller.workers text", "controller:\n  workers: four\n",
 	  "t.yaml:2: 'controller.workers': expected an integer from 1 to "
 	  "64, got 'four'" },
+	{ "controller.max_active_tasks negative",
+	  "controller:\n  max_active_tasks: -1\n",
+	  "t.yaml:2: 'controller.max_active_tasks': expected an integer from "
+	  "0 to 100000, got '-1'" },
+	{ "controller.max_active_tasks too many",
+	  "controller: {max_active_tasks: 100001}\n",
+	  "t.yaml:1: 'controller.max_active_tasks': expected an integer from "
+	  "0 to 100000, got '100001'" },
+	{ "controller.max_active_tasks text",
+	  "controller:\n  workers: 2\n  max_active_tasks: ten\n",
+	  "t.yaml:3: 'controller.max_active_tasks': expected an integer from "
+	  "0 to 100000, got 'ten'" },
+	{ "controller.max_active_tasks a list",
+	  "controller: {max_active_tasks: [2]}\n",
+	  "t.yaml:1: 'controller.max_active_tasks': expected a scalar, got a "
+	  "sequence" },
 	{ "integer with a fraction", "http: {threads: 2.5}\n",
 	  "t.yaml:1: 'http.threads': expected an integer from 1 to 256, "
 	  "got '2.5'" },
@@ -590,6 +606,7 @@ check_defaults(const struct config *c)
 	assert_string_equal(c->namespace, "default");
 	assert_string_equal(c->controller.namespace, "diverge-system");
 	assert_int_equal(c->controller.workers, 4);
+	assert_int_equal(c->controller.max_active_tasks, 0);
 	assert_string_equal(c->meter.public_url, "http://127.0.0.1:8080");
 	assert_int_equal(c->github.enabled, 0);
 	assert_string_equal(c->github.api_url, "https://api.github.com");
@@ -709,6 +726,7 @@ check_full(const struct config *c)
 	assert_string_equal(c->namespace, "agents");
 	assert_string_equal(c->controller.namespace, "diverge");
 	assert_int_equal(c->controller.workers, 8);
+	assert_int_equal(c->controller.max_active_tasks, 20);
 	assert_string_equal(c->meter.public_url,
 	    "https://diverge.example.com");
 	assert_int_equal(c->github.enabled, 1);
@@ -789,8 +807,8 @@ test_full_file(void **state)
 		fail_msg("%s", cause);
 	assert_string_equal(c.file, path);
 	check_full(&c);
-	assert_int_equal(c.repos[0].line, 64);
-	assert_int_equal(c.repos[1].line, 66);
+	assert_int_equal(c.repos[0].line, 65);
+	assert_int_equal(c.repos[1].line, 67);
 	config_release(&c);
 	free(path);
 }

@@ -215,6 +215,43 @@ test_paused(void **state)
 	json_decref(t);
 }
 
+/*
+ * A task waiting for a slot (controller.max_active_tasks): Queued, with
+ * its place; the same for a paused one waiting to resume.
+ */
+static void
+test_queued(void **state)
+{
+	json_t *t = load_task("queued");
+	size_t len;
+	char *body;
+
+	(void)state;
+	render_golden("queued", t);
+	json_object_set_new(json_object_get(t, "status"), "phase",
+	    json_string("Paused"));
+	json_object_set_new(json_object_get(t, "status"), "message",
+	    json_string("waiting for a free slot to resume: 3 of 3 tasks are "
+	    "running; 0 queued ahead"));
+	body = notifier_render(t, NULL, &len);
+	check_body(body, len, NOTIFIER_MAX_BODY);
+	assert_non_null(strstr(body, "### \xe2\x8f\xb3 Queued\n"));
+	assert_non_null(strstr(body, "**Message:** waiting for a free slot "
+	    "to resume: 3 of 3 tasks are running; 0 queued ahead\n"));
+	assert_non_null(strstr(body, "`/diverge pause`"));
+	assert_null(strstr(body, "/diverge resume"));
+	free(body);
+	/* the reason alone makes no queue: a paused task is paused */
+	json_object_set_new(json_object_get(t, "status"), "reason",
+	    json_string("Suspended"));
+	body = notifier_render(t, NULL, &len);
+	assert_null(strstr(body, "Queued"));
+	assert_non_null(strstr(body, "### \xe2\x8f\xb8\xef\xb8\x8f Paused "
+	    "\xe2\x80\x94 Suspended\n"));
+	free(body);
+	json_decref(t);
+}
+
 static void
 test_completed(void **state)
 {
@@ -579,6 +616,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_active),
 		cmocka_unit_test(test_paused),
+		cmocka_unit_test(test_queued),
 		cmocka_unit_test(test_completed),
 		cmocka_unit_test(test_failed),
 		cmocka_unit_test(test_task_cmp),

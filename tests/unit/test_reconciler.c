@@ -2721,6 +2721,513 @@ test_stop_during_watch_backoff(void **state)
 	open_all(1);
 }
 
+/* ---------------------------------------------- controller.max_active_tasks */
+
+/*
+ * A fresh store of mode with at most limit tasks running; 0, or -1 when
+ * the fake kube-apiserver (mode 3) does not start.
+ */
+static int
+open_limited(int mode, int limit)
+{
+	close_all();
+	cfg.controller.max_active_tasks = limit;
+	if (open_store(mode, 1000) == 0)
+		return 0;
+	assert_int_equal(mode, 3);
+	fprintf(stderr, "# skip: the fake kube-apiserver does not start "
+	    "(python3, openssl)\n");
+	storeenv_close(&env);
+	open_all(1);
+	return -1;
+}
+
+static int
+unlimit(void **state)
+{
+	stop_running(state);
+	cc.test_hook = NULL;
+	cc.resync_ms = 0;
+	cfg.controller.max_active_tasks = 0;
+	close_all();
+	open_all(1);
+	return 0;
+}
+
+/* The task is phase, reason Queued, with message. */
+static void
+assert_queued(const char *name, const char *phase, const char *message)
+{
+	json_t *t = get_task(name);
+	int64_t ahead;
+
+	assert_phase(name, phase);
+	assert_string_equal(jp(t, "status.reason"), "Queued");
+	assert_string_equal(jp(t, "status.message"), message);
+	assert_true(k8s_task_queued(t, &ahead));
+	assert_int_equal(ahead, strtoll(strrchr(message, ';') + 2, NULL, 10));
+	assert_string_equal(jp(cond(t, "Ready"), "reason"), "Queued");
+	assert_string_equal(jp(cond(t, "TokenIssued"), "status"), "False");
+	json_decref(t);
+}
+
+/* Nothing provisioned: no token Secret, no Sandbox, no Environment. */
+static void
+assert_no_children(const char *name)
+{
+	char *sname = xasprintf("%s-token", name);
+	char *ename = xasprintf("agent-preview-%s", name);
+	json_t *o;
+
+	assert_null((o = get(&K8S_SECRET, sname)));
+	assert_null((o = get(&K8S_SANDBOX, name)));
+	assert_null((o = get(&K8S_ENVIRONMENT, ename)));
+	free(sname);
+	free(ename);
+}
+
+static void
+delete_task(const char *name)
+{
+	struct k8s_status st = { 0 };
+
+	assert_int_equal(k8s_delete(env.api, &K8S_AGENTTASK, NS, name, NULL,
+	    &st), 0);
+	k8s_status_release(&st);
+}
+
+/* What the meter does when the runner reports the end. */
+static void
+complete_task(const char *name)
+{
+	patch_status(name, "{\"status\":{\"phase\":\"Completed\","
+	    "\"reason\":\"Succeeded\"}}");
+	reconcile(name);
+	assert_phase(name, "Completed");
+}
+
+/*
+ * Four tasks and two slots: the first two (FIFO: creationTimestamp, then
+ * name) are provisioned, the others wait, Pending with reason Queued and
+ * their place, and a later one never overtakes an earlier one. A task
+ * that completes, is paused (once its Sandbox stopped: Pausing still
+ * holds its slot) or is deleted frees its slot; a paused task that
+ * resumes waits for one too, Paused.
+ */
+static void
+queue_admission(int mode)
+{
+	char *q[5];
+	int i;
+
+	if (open_limited(mode, 2) < 0)
+		return;
+	for (i = 1; i <= 4; i++) {
+		q[i] = new_task_named(xasprintf("q%d", i), NULL, NULL);
+		reconcile(q[i]);
+		assert_phase(q[i], "Pending");
+	}
+	/* the last first: all three ahead of it want a slot */
+	reconcile(q[4]);
+	assert_queued(q[4], "Pending", "waiting for a free slot: 0 of 2 "
+	    "tasks are running; 3 queued ahead");
+	reconcile(q[3]);
+	assert_queued(q[3], "Pending", "waiting for a free slot: 0 of 2 "
+	    "tasks are running; 2 queued ahead");
+	reconcile(q[1]);
+	assert_phase(q[1], "Provisioning");
+	reconcile(q[2]);
+	assert_phase(q[2], "Provisioning");
+	reconcile(q[4]);
+	assert_queued(q[4], "Pending", "waiting for a free slot: 2 of 2 "
+	    "tasks are running; 1 queued ahead");
+	reconcile(q[3]);
+	assert_queued(q[3], "Pending", "waiting for a free slot: 2 of 2 "
+	    "tasks are running; 0 queued ahead");
+	reconcile(q[3]);
+	assert_no_children(q[3]);
+	assert_no_children(q[4]);
+
+	/* q1 completes: q3 takes its slot, q4 cannot overtake it */
+	play(q[1], "True", "DependenciesReady", 0, "10.0.0.7", 0, 0);
+	reconcile(q[1]);
+	assert_phase(q[1], "Active");
+	complete_task(q[1]);
+	reconcile(q[4]);
+	assert_queued(q[4], "Pending", "waiting for a free slot: 1 of 2 "
+	    "tasks are running; 1 queued ahead");
+	reconcile(q[3]);
+	assert_phase(q[3], "Provisioning");
+	reconcile(q[4]);
+	assert_queued(q[4], "Pending", "waiting for a free slot: 2 of 2 "
+	    "tasks are running; 0 queued ahead");
+
+	/* q2 pauses: Pausing holds its slot, Paused frees it */
+	set_suspended(q[2], 1);
+	reconcile(q[2]);
+	assert_phase(q[2], "Pausing");
+	reconcile(q[4]);
+	assert_phase(q[4], "Pending");
+	play(q[2], "False", "SandboxSuspended", 0, NULL, 1, 0);
+	reconcile(q[2]);
+	assert_phase(q[2], "Paused");
+	reconcile(q[4]);
+	assert_phase(q[4], "Provisioning");
+
+	/* q2 resumes: it waits for a slot, Paused, its Sandbox Suspended */
+	set_suspended(q[2], 0);
+	reconcile(q[2]);
+	assert_queued(q[2], "Paused", "waiting for a free slot to resume: 2 "
+	    "of 2 tasks are running; 0 queued ahead");
+	assert_sandbox(q[2], "Suspended", NULL);
+	/* paused again while it waits: no longer queued */
+	set_suspended(q[2], 1);
+	reconcile(q[2]);
+	{
+		json_t *t = get_task(q[2]);
+
+		assert_string_equal(jp(t, "status.phase"), "Paused");
+		assert_string_equal(jp(t, "status.reason"), "Suspended");
+		assert_string_equal(jp(t, "status.message"),
+		    "the task is paused");
+		assert_false(k8s_task_queued(t, NULL));
+		json_decref(t);
+	}
+	set_suspended(q[2], 0);
+	reconcile(q[2]);
+	assert_queued(q[2], "Paused", "waiting for a free slot to resume: 2 "
+	    "of 2 tasks are running; 0 queued ahead");
+
+	/* q3 is deleted: q2 resumes with a fresh token */
+	delete_task(q[3]);
+	reconcile(q[2]);
+	assert_phase(q[2], "Provisioning");
+	assert_sandbox(q[2], "Running", NULL);
+
+	/* no limit: nothing waits */
+	cfg.controller.max_active_tasks = 0;
+	q[0] = provision(new_task_named(xasprintf("q5"), NULL, NULL));
+	for (i = 0; i <= 4; i++)
+		free(q[i]);
+}
+
+/* On the embedded store, then through the REST client on the fake. */
+static void
+test_queue_admission(void **state)
+{
+	(void)state;
+	queue_admission(1);
+	queue_admission(3);
+}
+
+/*
+ * A queued task does not time out: its live time starts when it is
+ * admitted. A re-run that waits leaves the finished run's Sandbox as it
+ * is (its shutdownTime stays) until it is admitted.
+ */
+static void
+test_queue_timeout_rerun(void **state)
+{
+	char *a, *b, *c, *sb_rv;
+	json_t *sb, *t;
+
+	(void)state;
+	if (open_limited(1, 1) < 0)
+		skip();
+	a = active();
+	complete_task(a);
+	sb = get(&K8S_SANDBOX, a);
+	assert_non_null(jp(sb, "spec.shutdownTime"));
+	sb_rv = xstrdup(jp(sb, "metadata.resourceVersion"));
+	json_decref(sb);
+	b = provisioned(NULL, NULL);
+	c = new_task(NULL, NULL);
+	patch_task(c, 0, "{\"spec\":{\"sandbox\":{\"timeoutSeconds\":1}}}");
+	reconcile(c);
+	reconcile(c);
+	assert_phase(c, "Pending");
+	/* a's re-run (what /diverge fix does to a finished task) */
+	patch_status(a, "{\"status\":{\"phase\":\"Pending\",\"run\":2,"
+	    "\"reason\":null,\"message\":null,\"completedAt\":null,"
+	    "\"activeSeconds\":0}}");
+	reconcile(a);
+	assert_queued(a, "Pending", "waiting for a free slot: 1 of 1 tasks "
+	    "are running; 0 queued ahead");
+	sb = get(&K8S_SANDBOX, a);
+	assert_string_equal(jp(sb, "metadata.resourceVersion"), sb_rv);
+	json_decref(sb);
+	sleep_ms(2200);
+	reconcile(c);
+	assert_queued(c, "Pending", "waiting for a free slot: 1 of 1 tasks "
+	    "are running; 1 queued ahead");
+	complete_task(b);
+	reconcile(c);
+	assert_phase(c, "Pending");
+	/* a was created first: it runs again, with a new token */
+	reconcile(a);
+	assert_phase(a, "Provisioning");
+	assert_string_equal(jp((t = get_task(a)), "status.reason"),
+	    "Provisioning");
+	json_decref(t);
+	complete_task(a);
+	reconcile(c);
+	assert_phase(c, "Provisioning");
+	t = get_task(c);
+	assert_int_equal(json_integer_value(jget(t, "status.activeSeconds")),
+	    0);
+	json_decref(t);
+	free(sb_rv);
+	free(a);
+	free(b);
+	free(c);
+}
+
+/*
+ * Many workers at once never admit more than the limit, and admit the
+ * first tasks of the queue: each pass waits in its status write (the
+ * test hook) after its decision, a wide window for decisions to meet.
+ */
+struct racer {
+	const char *name;
+	pthread_barrier_t *go;
+	int rc;
+};
+
+static void
+slow_status_hook(void *arg, const char *point)
+{
+	(void)arg;
+	if (strcmp(point, "status") == 0)
+		sleep_ms(30);
+}
+
+static void *
+racer_main(void *arg)
+{
+	struct racer *r = arg;
+	char *cause = NULL;
+
+	pthread_barrier_wait(r->go);
+	r->rc = controller_reconcile(&cc, NS, r->name, NULL, &cause);
+	free(cause);
+	return NULL;
+}
+
+/* Reconcile the tasks n[0..k) at once, from k threads. */
+static void
+race(char **n, int k)
+{
+	pthread_barrier_t go;
+	pthread_t th[8];
+	struct racer r[8];
+	int i;
+
+	pthread_barrier_init(&go, NULL, (unsigned)k);
+	for (i = 0; i < k; i++) {
+		r[i].name = n[i];
+		r[i].go = &go;
+		r[i].rc = -1;
+		assert_int_equal(pthread_create(&th[i], NULL, racer_main,
+		    &r[i]), 0);
+	}
+	for (i = 0; i < k; i++) {
+		pthread_join(th[i], NULL);
+		assert_int_equal(r[i].rc, 0);
+	}
+	pthread_barrier_destroy(&go);
+}
+
+static int
+count_phase(char **n, int k, const char *phase)
+{
+	int i, c = 0;
+
+	for (i = 0; i < k; i++) {
+		json_t *t = get_task(n[i]);
+
+		c += streq_safe(jp(t, "status.phase"), phase);
+		json_decref(t);
+	}
+	return c;
+}
+
+static void
+queue_race(int mode)
+{
+	char *n[8];
+	int i;
+
+	if (open_limited(mode, 2) < 0)
+		skip();
+	for (i = 0; i < 8; i++) {
+		n[i] = new_task_named(xasprintf("r%d", i), NULL, NULL);
+		reconcile(n[i]);
+	}
+	cc.test_hook = slow_status_hook;
+	race(n, 8);
+	assert_int_equal(count_phase(n, 8, "Provisioning"), 2);
+	assert_int_equal(count_phase(n, 8, "Pending"), 6);
+	/* FIFO: the first two */
+	assert_phase(n[0], "Provisioning");
+	assert_phase(n[1], "Provisioning");
+	cc.test_hook = NULL;
+	complete_task(n[0]);
+	complete_task(n[1]);
+	cc.test_hook = slow_status_hook;
+	race(n + 2, 6);
+	cc.test_hook = NULL;
+	assert_int_equal(count_phase(n, 8, "Provisioning"), 2);
+	assert_phase(n[2], "Provisioning");
+	assert_phase(n[3], "Provisioning");
+	/* its message says what it saw when it was decided: look again */
+	reconcile(n[7]);
+	assert_queued(n[7], "Pending", "waiting for a free slot: 2 of 2 tasks "
+	    "are running; 3 queued ahead");
+	for (i = 0; i < 8; i++)
+		free(n[i]);
+}
+
+/* On the embedded store, then through the REST client. */
+static void
+test_queue_race(void **state)
+{
+	(void)state;
+	queue_race(1);
+	queue_race(2);
+}
+
+/*
+ * A task admitted counts as running before its status says so: while a
+ * later task's Provisioning is being written, an earlier one resumes and
+ * is decided (FIFO puts it first, the store still says Pending for the
+ * other); it waits.
+ */
+static char *resume_in_hook;
+
+static void
+resume_hook(void *arg, const char *point)
+{
+	char *name = resume_in_hook;
+
+	(void)arg;
+	if (strcmp(point, "status") != 0 || name == NULL)
+		return;
+	resume_in_hook = NULL;
+	set_suspended(name, 0);
+	reconcile(name);
+}
+
+static void
+test_queue_admitted_counts(void **state)
+{
+	char *a, *b;
+
+	(void)state;
+	if (open_limited(1, 1) < 0)
+		skip();
+	a = new_task_named(xstrdup("s1"), NULL, NULL);
+	set_suspended(a, 1);
+	reconcile(a);
+	reconcile(a);
+	assert_phase(a, "Paused");
+	b = new_task_named(xstrdup("s2"), NULL, NULL);
+	reconcile(b);
+	resume_in_hook = a;
+	cc.test_hook = resume_hook;
+	reconcile(b);
+	cc.test_hook = NULL;
+	assert_null(resume_in_hook);
+	assert_phase(b, "Provisioning");
+	assert_queued(a, "Paused", "waiting for a free slot to resume: 1 of 1 "
+	    "tasks are running; 0 queued ahead");
+	free(a);
+	free(b);
+}
+
+/* The value of a metric series, or -1. */
+static double
+metric(const char *series)
+{
+	struct buf m;
+	char *want = xasprintf("\n%s ", series), *p;
+	double v = -1;
+
+	buf_init(&m, 1 << 22);
+	assert_int_equal(metrics_render(&m), 0);
+	p = strstr(m.data, want);
+	if (p != NULL)
+		v = strtod(p + strlen(want), NULL);
+	buf_release(&m);
+	free(want);
+	return v;
+}
+
+static int
+wait_metric(const char *series, double want, int64_t ms)
+{
+	int64_t end = now_mono_ms() + ms;
+
+	while (now_mono_ms() < end) {
+		if (metric(series) == want)
+			return 1;
+		sleep_ms(10);
+	}
+	return 0;
+}
+
+/*
+ * With the watches and workers: a task that leaves its slot (completes,
+ * is deleted) has the first queued task admitted at once, not at the
+ * next resync (an hour here); the gauges count the running and the
+ * queued tasks.
+ */
+static void
+queue_controller(int mode)
+{
+	struct controller *c = NULL;
+	char *cause = NULL, *n[4];
+	int i;
+
+	if (open_limited(mode, 1) < 0)
+		skip();
+	cc.workers = 3;
+	cc.resync_ms = 3600 * 1000;
+	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	running = c;
+	for (i = 0; i < 3; i++) {
+		n[i] = new_task_named(xasprintf("k%d", i), NULL, NULL);
+		if (i == 0)
+			assert_true(wait_phase(n[0], "Provisioning", 10000));
+	}
+	assert_true(wait_metric("diverge_tasks_queued", 2, 10000));
+	assert_true(wait_metric("diverge_tasks_active", 1, 10000));
+	assert_queued(n[1], "Pending", "waiting for a free slot: 1 of 1 tasks "
+	    "are running; 0 queued ahead");
+	assert_queued(n[2], "Pending", "waiting for a free slot: 1 of 1 tasks "
+	    "are running; 1 queued ahead");
+	patch_status(n[0], "{\"status\":{\"phase\":\"Completed\"}}");
+	assert_true(wait_phase(n[1], "Provisioning", 5000));
+	assert_true(wait_metric("diverge_tasks_queued", 1, 5000));
+	assert_phase(n[2], "Pending");
+	delete_task(n[1]);
+	assert_true(wait_phase(n[2], "Provisioning", 5000));
+	assert_true(wait_metric("diverge_tasks_queued", 0, 5000));
+	assert_true(wait_metric("diverge_tasks_active", 1, 5000));
+	stop_running(NULL);
+	cc.resync_ms = 0;
+	for (i = 0; i < 3; i++)
+		free(n[i]);
+}
+
+/* On the embedded store, then through the REST client. */
+static void
+test_queue_controller(void **state)
+{
+	(void)state;
+	queue_controller(1);
+	queue_controller(2);
+}
+
 /* Happy path and pause/resume with the watches and workers. */
 static void
 run_controller(int mode)
@@ -2890,6 +3397,11 @@ main(void)
 		cmocka_unit_test_teardown(test_stop_during_watch_backoff,
 		    stop_running),
 		cmocka_unit_test(test_dump),
+		cmocka_unit_test_teardown(test_queue_admission, unlimit),
+		cmocka_unit_test_teardown(test_queue_timeout_rerun, unlimit),
+		cmocka_unit_test_teardown(test_queue_race, unlimit),
+		cmocka_unit_test_teardown(test_queue_admitted_counts, unlimit),
+		cmocka_unit_test_teardown(test_queue_controller, unlimit),
 	};
 
 	if (getenv("TEST_FILTER") != NULL)
