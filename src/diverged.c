@@ -228,15 +228,60 @@ repo_allowed_now(void *arg, enum scm_provider id, const char *host,
 	return ok;
 }
 
-/* The risk of an empty repo_allowlist, said at start and on SIGHUP. */
+/*
+ * A pattern whose first segment, written without a glob character, is
+ * not the host of an enabled provider can match no repository: patterns
+ * match HOST/owner/name, and "myorg/..." (the owner first) is the likely
+ * slip. Said, not refused: the file is valid, and a host may be added.
+ */
+static void
+warn_hostless(const struct config *cfg, const char *key, size_t i,
+    const char *glob)
+{
+	size_t n = strcspn(glob, "/");
+	char *seg, *where, *hosts;
+
+	if (glob[n] == '\0' || strcspn(glob, "*?[") < n)
+		return;
+	seg = xstrndup(glob, n);
+	if ((cfg->github.enabled && strcasecmp(seg, D.github.host) == 0) ||
+	    (cfg->gitlab.enabled && strcasecmp(seg, D.gitlab.host) == 0)) {
+		free(seg);
+		return;
+	}
+	where = xasprintf("%s[%zu]", key, i);
+	hosts = xasprintf("%s%s%s", cfg->github.enabled ? D.github.host : "",
+	    cfg->github.enabled && cfg->gitlab.enabled ? ", " : "",
+	    cfg->gitlab.enabled ? D.gitlab.host : "");
+	log_kv(LOG_WARN, "a repository pattern names a host no enabled "
+	    "provider serves, so it matches nothing: patterns match "
+	    "HOST/owner/name (e.g. github.com/myorg/*)", "key", where,
+	    "pattern", glob, "host", seg, "provider_hosts", hosts, NULL);
+	free(hosts);
+	free(where);
+	free(seg);
+}
+
+/*
+ * The risk of an empty repo_allowlist, and patterns that can match
+ * nothing, said at start and on SIGHUP.
+ */
 static void
 warn_allowlist(const struct config *cfg)
 {
-	if ((cfg->github.enabled || cfg->gitlab.enabled) &&
-	    cfg->repo_allowlist.n == 0)
+	size_t i;
+
+	if (!cfg->github.enabled && !cfg->gitlab.enabled)
+		return;
+	if (cfg->repo_allowlist.n == 0)
 		log_kv(LOG_WARN, "repo_allowlist is empty: any repository "
 		    "that sends a correctly signed delivery can run agents; "
 		    "set repo_allowlist", NULL);
+	for (i = 0; i < cfg->repo_allowlist.n; i++)
+		warn_hostless(cfg, "repo_allowlist", i,
+		    cfg->repo_allowlist.v[i]);
+	for (i = 0; i < cfg->nrepos; i++)
+		warn_hostless(cfg, "repos", i, cfg->repos[i].match);
 }
 
 /*

@@ -295,6 +295,28 @@ def others(t, fake):
              want.split(": ", 1)[1], (p.returncode, p.stderr))
 
 
+def hostless(t, fake):
+    """A pattern whose host part names no enabled provider's host (the
+    owner written first) matches nothing: diverged says so at start, for
+    repo_allowlist and repos alike, and not for patterns with the host or
+    a glob in front."""
+    d = daemon(fake, "repo_allowlist: [\"127.0.0.1/myorg/*\", \"myorg/*\","
+               " \"*/other/*\"]\n")
+    warned = [ln for ln in d.log() if "names a host no enabled provider"
+              in ln]
+    t.ok(len(warned) == 1 and "key=repo_allowlist[1]" in warned[0] and
+         "pattern=myorg/*" in warned[0] and "host=myorg" in warned[0] and
+         "127.0.0.1" in warned[0],
+         "a pattern written without its host is reported, once", warned)
+    d.stop()
+    d = bot_daemon(fake, CONFIG.replace('"127.0.0.1/MyOrg/*"',
+                                        '"MyOrg/*"'), None)
+    t.ok(any("key=repos[0]" in ln and "names a host no enabled provider"
+             in ln for ln in d.log()), "and so is a repos rule's",
+         d.log()[-5:])
+    d.stop()
+
+
 def main(t):
     fake = ScmFake()
     try:
@@ -303,6 +325,7 @@ def main(t):
         reload(t, fake, d)
         stored_then_narrowed(t, fake)
         others(t, fake)
+        hostless(t, fake)
     finally:
         fake.stop()
 
