@@ -1354,6 +1354,8 @@ main(int argc, char **argv)
 	    state_dir_lock(&cause) < 0)
 		goto fail;
 	D.db_path = xasprintf("%s/diverge.db", D.cfg.state_dir);
+	/* every field not set here takes the inbox's default */
+	memset(&ic, 0, sizeof(ic));
 	ic.capacity = D.cfg.inbox.capacity;
 	ic.workers = D.cfg.inbox.workers;
 	ic.max_attempts = D.cfg.inbox.max_attempts;
@@ -1376,6 +1378,7 @@ main(int argc, char **argv)
 
 	metrics_describe("diverge_webhook_deliveries_total", METRIC_COUNTER,
 	    "Webhook deliveries by provider, outcome and reason.");
+	memset(&hc, 0, sizeof(hc));
 	hc.listen = D.cfg.listen;
 	hc.threads = D.cfg.http.threads;
 	hc.max_connections = D.cfg.http.max_connections;
