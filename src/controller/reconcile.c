@@ -1080,12 +1080,20 @@ plan_phase(struct rctx *x, const json_t *task, const struct sbview *v,
  * so the lock and the set below are the process's: a worker decides an
  * admission under the lock and records the task in the set, where it
  * counts as running though the store still says Pending, until its
- * status write says Provisioning (or the pass fails) and release_slot()
- * takes it out, under the lock again; a decision taken meanwhile sees
- * one or the other. Two workers never take the same last slot.
+ * status write says Provisioning and release_slot() takes it out, under
+ * the lock again; a decision taken meanwhile sees one or the other. Two
+ * workers never take the same last slot. A pass that fails after its
+ * decision (a status write that keeps losing to other writers, an API
+ * server error) keeps the record: it may have made the task's token and
+ * Sandbox, which run, so the task keeps its slot and its next pass takes
+ * it up again; given back, an earlier task resuming or re-run meanwhile
+ * would take it and the two would run over the limit. A record whose
+ * task no longer waits for its slot (deleted, made again under its name,
+ * suspended, or shown in a slot by the store) is dropped by the next
+ * decision, which lists them all.
  */
 static pthread_mutex_t admit_mu = PTHREAD_MUTEX_INITIALIZER;
-static json_t *admitted;	/* "ns/name" -> true */
+static json_t *admitted;	/* "ns/name" -> the task's uid */
 
 /* Whether a task would take a slot as soon as one is free. */
 static int
@@ -1126,11 +1134,23 @@ queue_cmp(const json_t *a, const json_t *b)
 }
 
 /*
+ * Whether admission record rec (a uid) still stands for task it, listed
+ * under its key: the same task, still waiting to be shown in its slot.
+ */
+static int
+record_stands(const json_t *rec, const json_t *it)
+{
+	return streq(json_string_value(rec), k8s_meta_str(it, "uid")) &&
+	    !k8s_task_holds_slot(it) && wants_slot(it);
+}
+
+/*
  * May the task leave Pending or Paused for Provisioning? With no limit,
  * yes (1). Else it counts the tasks that hold a slot or were admitted
  * and the tasks that want one and come before it in the queue: admitted
  * (1, recorded until release_slot) when those together are fewer than
- * the limit, so that a later task never overtakes an earlier one;
+ * the limit, so that a later task never overtakes an earlier one, or
+ * when its own record stands (an earlier pass was admitted and failed);
  * queued (0, *msg gets the status message) otherwise. A negative enum
  * k8s_err when the tasks cannot be listed.
  */
@@ -1140,10 +1160,12 @@ admit(struct rctx *x, const json_t *task, int resume, char **msg)
 	int64_t limit = x->cfg->controller.max_active_tasks;
 	int64_t running = 0, ahead = 0;
 	struct k8s_status st = { 0 };
-	json_t *list = NULL, *it;
-	char *key, *k;
+	json_t *list = NULL, *it, *rec, *stand;
+	const char *k;
+	char *key, *ik;
+	void *tmp;
 	size_t i;
-	int rc;
+	int rc, mine = 0;
 
 	if (limit <= 0)
 		return 1;
@@ -1157,20 +1179,29 @@ admit(struct rctx *x, const json_t *task, int resume, char **msg)
 	}
 	if (admitted == NULL)
 		admitted = json_object();
+	stand = json_object();
 	json_array_foreach(json_object_get(list, "items"), i, it) {
-		k = xasprintf("%s/%s", k8s_meta_str(it, "namespace"),
+		ik = xasprintf("%s/%s", k8s_meta_str(it, "namespace"),
 		    k8s_meta_str(it, "name"));
-		if (strcmp(k, key) == 0)
-			;	/* itself */
-		else if (k8s_task_holds_slot(it) ||
-		    json_object_get(admitted, k) != NULL)
+		rec = json_object_get(admitted, ik);
+		if (rec != NULL && !record_stands(rec, it))
+			rec = NULL;
+		if (rec != NULL)
+			json_object_set_new(stand, ik, json_true());
+		if (strcmp(ik, key) == 0)
+			mine = rec != NULL;	/* itself */
+		else if (k8s_task_holds_slot(it) || rec != NULL)
 			running++;
 		else if (wants_slot(it) && queue_cmp(it, task) < 0)
 			ahead++;
-		free(k);
+		free(ik);
 	}
-	if (running + ahead < limit) {
-		json_object_set_new(admitted, key, json_true());
+	json_object_foreach_safe(admitted, tmp, k, rec)
+		if (json_object_get(stand, k) == NULL)
+			json_object_del(admitted, k);
+	json_decref(stand);
+	if (mine || running + ahead < limit) {
+		json_object_set_new(admitted, key, json_string(x->uid));
 		x->admitted = key;
 		key = NULL;	/* now x's */
 		x->running = running + 1;
@@ -1187,15 +1218,20 @@ out:
 	return rc;
 }
 
-/* End the admission record of x (its status write is done or failed). */
+/*
+ * End the admission record of x once its status write said Provisioning
+ * (written: rc 0); a pass that failed keeps it (see admitted).
+ */
 static void
-release_slot(struct rctx *x)
+release_slot(struct rctx *x, int written)
 {
 	if (x->admitted == NULL)
 		return;
-	pthread_mutex_lock(&admit_mu);
-	json_object_del(admitted, x->admitted);
-	pthread_mutex_unlock(&admit_mu);
+	if (written) {
+		pthread_mutex_lock(&admit_mu);
+		json_object_del(admitted, x->admitted);
+		pthread_mutex_unlock(&admit_mu);
+	}
 	free(x->admitted);
 	x->admitted = NULL;
 }
@@ -1929,7 +1965,7 @@ reconcile_once(struct rctx *x)
 	if (rc == 0)
 		log_admission(x, old, &p);
 out:
-	release_slot(x);
+	release_slot(x, rc == 0);
 	json_decref(status);
 	json_decref(sbres);
 	token_free(token);

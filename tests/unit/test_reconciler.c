@@ -3097,6 +3097,24 @@ test_queue_race(void **state)
 }
 
 /*
+ * One slot; task *a (named na) Paused, then a later task *b (nb) Pending
+ * and not yet decided.
+ */
+static void
+paused_and_pending(const char *na, char **a, const char *nb, char **b)
+{
+	if (open_limited(1, 1) < 0)
+		skip();
+	*a = new_task_named(xstrdup(na), NULL, NULL);
+	set_suspended(*a, 1);
+	reconcile(*a);
+	reconcile(*a);
+	assert_phase(*a, "Paused");
+	*b = new_task_named(xstrdup(nb), NULL, NULL);
+	reconcile(*b);
+}
+
+/*
  * A task admitted counts as running before its status says so: while a
  * later task's Provisioning is being written, an earlier one resumes and
  * is decided (FIFO puts it first, the store still says Pending for the
@@ -3123,15 +3141,7 @@ test_queue_admitted_counts(void **state)
 	char *a, *b;
 
 	(void)state;
-	if (open_limited(1, 1) < 0)
-		skip();
-	a = new_task_named(xstrdup("s1"), NULL, NULL);
-	set_suspended(a, 1);
-	reconcile(a);
-	reconcile(a);
-	assert_phase(a, "Paused");
-	b = new_task_named(xstrdup("s2"), NULL, NULL);
-	reconcile(b);
+	paused_and_pending("s1", &a, "s2", &b);
 	resume_in_hook = a;
 	cc.test_hook = resume_hook;
 	reconcile(b);
@@ -3140,6 +3150,71 @@ test_queue_admitted_counts(void **state)
 	assert_phase(b, "Provisioning");
 	assert_queued(a, "Paused", "waiting for a free slot to resume: 1 of 1 "
 	    "tasks are running; 0 queued ahead");
+	free(a);
+	free(b);
+}
+
+/*
+ * A task admitted whose pass fails after it made its children (its
+ * status write keeps losing to another writer, or the API server fails)
+ * keeps its slot: its Sandbox runs with its token, so until it is
+ * Provisioning it still counts as running, and an earlier task that
+ * resumes meanwhile (or a re-run, FIFO puts both first) waits. Given the
+ * slot back, the resumed task was admitted too: two Sandboxes running
+ * with a limit of 1, and the first task then queued beside its own.
+ */
+static const char *conflict_task;
+
+static void
+status_conflict_hook(void *arg, const char *point)
+{
+	static int n;
+	char *p;
+
+	(void)arg;
+	if (strcmp(point, "status") != 0 || conflict_task == NULL)
+		return;
+	/* another writer: the pass's resourceVersion is stale */
+	p = xasprintf("{\"metadata\":{\"annotations\":{\"test/bump\":"
+	    "\"%d\"}}}", ++n);
+	patch_task(conflict_task, 0, p);
+	free(p);
+}
+
+static void
+test_queue_failed_write_keeps_slot(void **state)
+{
+	char *a, *b, *cause = NULL;
+	json_t *t;
+
+	(void)state;
+	paused_and_pending("f1", &a, "f2", &b);
+	/* b is admitted, makes its children, its status write fails */
+	conflict_task = b;
+	cc.test_hook = status_conflict_hook;
+	assert_true(controller_reconcile(&cc, NS, b, NULL, &cause) < 0);
+	free(cause);
+	cc.test_hook = NULL;
+	conflict_task = NULL;
+	assert_phase(b, "Pending");
+	assert_sandbox(b, "Running", NULL);
+	/* a resumes: b's Sandbox runs, so a waits */
+	set_suspended(a, 0);
+	reconcile(a);
+	assert_queued(a, "Paused", "waiting for a free slot to resume: 1 of 1 "
+	    "tasks are running; 0 queued ahead");
+	/* b's next pass takes its slot up again */
+	reconcile(b);
+	assert_phase(b, "Provisioning");
+	t = get_task(b);
+	assert_index(jp(t, "status.tokenId"), "active");
+	json_decref(t);
+	reconcile(a);
+	assert_phase(a, "Paused");
+	/* b deleted: its slot is a's */
+	delete_task(b);
+	reconcile(a);
+	assert_phase(a, "Provisioning");
 	free(a);
 	free(b);
 }
@@ -3401,6 +3476,8 @@ main(void)
 		cmocka_unit_test_teardown(test_queue_timeout_rerun, unlimit),
 		cmocka_unit_test_teardown(test_queue_race, unlimit),
 		cmocka_unit_test_teardown(test_queue_admitted_counts, unlimit),
+		cmocka_unit_test_teardown(test_queue_failed_write_keeps_slot,
+		    unlimit),
 		cmocka_unit_test_teardown(test_queue_controller, unlimit),
 	};
 
