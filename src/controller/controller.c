@@ -307,6 +307,7 @@ struct controller {
 
 #define SLOT_HOLDS 1
 #define SLOT_QUEUED 2
+#define SLOT_WANTS 3	/* waits, not (yet) said to be queued */
 
 static int
 stopping(struct controller *c)
@@ -356,7 +357,10 @@ controller_enqueue(struct controller *c, const char *ns, const char *name)
 	enqueue_key(c, ns, name);
 }
 
-/* The slot a task holds or waits for: SLOT_HOLDS, SLOT_QUEUED or 0. */
+/*
+ * The slot a task holds or waits for: SLOT_HOLDS, SLOT_QUEUED,
+ * SLOT_WANTS or 0.
+ */
 static int
 slot_of(const json_t *task)
 {
@@ -364,28 +368,31 @@ slot_of(const json_t *task)
 		return 0;
 	if (k8s_task_holds_slot(task))
 		return SLOT_HOLDS;
-	return k8s_task_queued(task, NULL) ? SLOT_QUEUED : 0;
+	if (k8s_task_queued(task, NULL))
+		return SLOT_QUEUED;
+	return k8s_task_wants_slot(task) ? SLOT_WANTS : 0;
 }
 
 /* The gauges of the tasks running and queued. */
 static void
 count_slots(struct controller *c)
 {
-	double n[3] = { 0, 0, 0 };
+	double n[4] = { 0, 0, 0, 0 };
 	const char *k;
 	json_t *v;
 
 	json_object_foreach(c->slots, k, v)
-		n[json_integer_value(v) == SLOT_HOLDS ? 1 : 2]++;
-	metrics_set("diverge_tasks_active", "", n[1]);
-	metrics_set("diverge_tasks_queued", "", n[2]);
+		n[json_integer_value(v)]++;
+	metrics_set("diverge_tasks_active", "", n[SLOT_HOLDS]);
+	metrics_set("diverge_tasks_queued", "", n[SLOT_QUEUED]);
 }
 
 /*
  * Record what a task event shows of its slot (task NULL: deleted). A
- * task that takes or leaves a slot, or leaves the queue, gives the
- * queued tasks another look at once: one may take a slot that freed, and
- * the numbers their messages give moved.
+ * task that takes or leaves a slot, or stops waiting for one (queued or
+ * not yet: deleted, suspended), gives the queued tasks another look at
+ * once: one may take a slot that freed or move up, and the numbers their
+ * messages give moved.
  */
 static void
 track_slot(struct controller *c, const char *ns, const char *name,
@@ -408,7 +415,7 @@ track_slot(struct controller *c, const char *ns, const char *name,
 	if (was == now)
 		return;
 	count_slots(c);
-	if (was == 0 && now == SLOT_QUEUED)
+	if (was != SLOT_HOLDS && (now == SLOT_QUEUED || now == SLOT_WANTS))
 		return;		/* one more in the queue changes no place */
 	json_object_foreach(c->slots, k, v)
 		if (json_integer_value(v) == SLOT_QUEUED)

@@ -39,8 +39,9 @@
  * it stays, with status.reason Queued and its place in status.message.
  * The workers decide one admission at a time, and a task admitted counts
  * as running before its status says so (and, when the pass fails after
- * the decision, until a later pass says so). When the task watch sees a task
- * leave a slot or the queue, the queued tasks are reconciled again.
+ * the decision, until a later pass says so). When the task watch sees a
+ * task leave a slot or stop waiting for one (queued or not yet), the
+ * queued tasks are reconciled again.
  *
  * status.activeSeconds holds the seconds of the closed Provisioning/Active
  * periods; the open one started at the lastTransitionTime of the

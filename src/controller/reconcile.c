@@ -1099,16 +1099,10 @@ static json_t *admitted;	/* "ns/name" -> the task's uid */
 static int
 wants_slot(const json_t *t)
 {
-	const char *p = jpath(t, "status", "phase");
 	const char *name = k8s_meta_str(t, "name");
 
-	if (name == NULL || strlen(name) > CONTROLLER_NAME_MAX ||
-	    json_object_get(json_object_get(t, "metadata"),
-	    "deletionTimestamp") != NULL || json_is_true(json_object_get(
-	    json_object_get(t, "spec"), "suspended")))
-		return 0;
-	return p == NULL || *p == '\0' || streq(p, "Pending") ||
-	    streq(p, "Paused");
+	return name != NULL && strlen(name) <= CONTROLLER_NAME_MAX &&
+	    k8s_task_wants_slot(t);
 }
 
 static int

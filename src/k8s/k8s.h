@@ -598,6 +598,11 @@ void k8s_task_budgets(struct k8s_api *api, const json_t *task,
 /* Whether task (an AgentTask) holds a slot. */
 int k8s_task_holds_slot(const json_t *task);
 /*
+ * Whether task would take a slot as soon as one is free: Pending (or
+ * new) or Paused, not suspended, not being deleted; queued or not yet.
+ */
+int k8s_task_wants_slot(const json_t *task);
+/*
  * Whether task waits for a slot (Pending or Paused, reason Queued).
  * *ahead (may be NULL) gets the number of tasks queued ahead of it as its
  * message says, or -1 when the message does not say.

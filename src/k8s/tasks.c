@@ -311,6 +311,22 @@ k8s_task_holds_slot(const json_t *task)
 	    strcmp(p, "Active") == 0 || strcmp(p, "Pausing") == 0);
 }
 
+/* Whether the task would take a slot as soon as one is free. */
+int
+k8s_task_wants_slot(const json_t *task)
+{
+	const json_t *meta = json_object_get(task, "metadata");
+	const char *p = json_string_value(json_object_get(json_object_get(
+	    task, "status"), "phase"));
+
+	if (json_object_get(meta, "deletionTimestamp") != NULL ||
+	    json_is_true(json_object_get(json_object_get(task, "spec"),
+	    "suspended")))
+		return 0;
+	return p == NULL || *p == '\0' || strcmp(p, "Pending") == 0 ||
+	    strcmp(p, "Paused") == 0;
+}
+
 /* Whether the task waits for a slot, and how many wait ahead of it. */
 int
 k8s_task_queued(const json_t *task, int64_t *ahead)

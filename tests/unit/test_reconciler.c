@@ -3294,6 +3294,69 @@ queue_controller(int mode)
 		free(n[i]);
 }
 
+/*
+ * A task that waits for a slot without being said to be queued yet (its
+ * passes fail: here every status write of it loses to another writer)
+ * counts for the tasks behind it; when it is deleted, they are looked at
+ * again at once, as when a queued or running task leaves, not at the
+ * next resync (an hour here).
+ */
+static const char *bumped;
+
+static void
+bump_hook(void *arg, const char *point)
+{
+	static int n;
+	struct k8s_status st = { 0 };
+	const char *name = bumped;
+	char v[16];
+	json_t *p;
+
+	(void)arg;
+	if (strcmp(point, "status") != 0 || name == NULL)
+		return;
+	/* whichever pass writes: the bumped task's is stale (if it is) */
+	snprintf(v, sizeof(v), "%d", ++n);
+	p = json_pack("{s:{s:{s:s}}}", "metadata", "annotations", "test/bump",
+	    v);
+	(void)k8s_patch(env.api, &K8S_AGENTTASK, NS, name, 0, p, NULL, &st);
+	k8s_status_release(&st);
+	json_decref(p);
+}
+
+static void
+test_queue_waiting_deleted(void **state)
+{
+	struct controller *c = NULL;
+	char *cause = NULL, *a, *b;
+	json_t *t;
+
+	(void)state;
+	if (open_limited(1, 1) < 0)
+		skip();
+	a = new_task_named(xstrdup("w1"), NULL, NULL);
+	reconcile(a);
+	assert_phase(a, "Pending");
+	bumped = a;
+	cc.test_hook = bump_hook;
+	cc.workers = 2;
+	cc.resync_ms = 3600 * 1000;
+	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	running = c;
+	b = new_task_named(xstrdup("w2"), NULL, NULL);
+	assert_true(wait_metric("diverge_tasks_queued", 1, 10000));
+	t = get_task(a);
+	assert_string_equal(jp(t, "status.phase"), "Pending");
+	assert_false(k8s_task_queued(t, NULL));
+	json_decref(t);
+	delete_task(a);
+	assert_true(wait_phase(b, "Provisioning", 5000));
+	stop_running(NULL);
+	bumped = NULL;
+	free(a);
+	free(b);
+}
+
 /* On the embedded store, then through the REST client. */
 static void
 test_queue_controller(void **state)
@@ -3479,6 +3542,7 @@ main(void)
 		cmocka_unit_test_teardown(test_queue_failed_write_keeps_slot,
 		    unlimit),
 		cmocka_unit_test_teardown(test_queue_controller, unlimit),
+		cmocka_unit_test_teardown(test_queue_waiting_deleted, unlimit),
 	};
 
 	if (getenv("TEST_FILTER") != NULL)
