@@ -594,6 +594,8 @@ void k8s_task_budgets(struct k8s_api *api, const json_t *task,
  * makes.
  */
 #define K8S_TASK_REASON_QUEUED "Queued"
+/* How the status.message of a queued task starts. */
+#define K8S_TASK_QUEUE_WAIT "waiting for a free slot"
 
 /* Whether task (an AgentTask) holds a slot. */
 int k8s_task_holds_slot(const json_t *task);

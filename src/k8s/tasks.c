@@ -360,7 +360,7 @@ char *
 k8s_task_queue_message(int64_t running, int64_t limit, int64_t ahead,
     int resume)
 {
-	return xasprintf("waiting for a free slot%s: %" PRId64 " of %" PRId64
+	return xasprintf(K8S_TASK_QUEUE_WAIT "%s: %" PRId64 " of %" PRId64
 	    " tasks are running; %" PRId64 " queued ahead", resume ?
 	    " to resume" : "", running, limit, ahead);
 }

@@ -650,7 +650,16 @@ notifier_render(const json_t *task, const struct notifier_render_opts *opts,
 	buf_add(&b, "\n", 1);
 
 	s = jstr2(task, "status", "message");
-	if (s != NULL && *s) {
+	if (s != NULL && *s && queued && strncmp(s, K8S_TASK_QUEUE_WAIT,
+	    strlen(K8S_TASK_QUEUE_WAIT)) == 0) {
+		/*
+		 * not its place, which moves whenever a task is admitted:
+		 * every queued task's comment would be rewritten then
+		 */
+		buf_printf(&b, "**Message:** %s%s (its place: "
+		    "`/diverge status`)\n\n", K8S_TASK_QUEUE_WAIT,
+		    is_phase(phase, "Paused") ? " to resume" : "");
+	} else if (s != NULL && *s) {
 		buf_addstr(&b, "**Message:** ");
 		notifier_escape_inline(&b, s, strlen(s), NOTIFIER_CAP_MESSAGE);
 		buf_addstr(&b, "\n\n");

@@ -7,8 +7,9 @@ still waits; the gauges, the log, and diverge task list/status say so.
 Tasks created all at once never run more than 2 at a time, are admitted
 in FIFO order as slots free, and all complete. Without a limit all four
 run. On a cluster (the fake kube-apiserver, the daemon's RBAC) with the
-fake GitHub: the second PR's task waits, its sticky comment says Queued,
-/diverge status says so, and it starts when the first completes. A
+fake GitHub: the second PR's task waits, its sticky comment says Queued
+(not its place, which moves with every admission), /diverge status says
+so with its place, and it starts when the first completes. A
 watch follows every change of every task through each run: never more
 than the limit hold a slot."""
 
@@ -387,8 +388,11 @@ def cluster_run(t, fake, scm):
          "limit 1: fix-pr-43 waits, Pending, reason Queued",
          tasks(fake).get("fix-pr-43", {}).get("status"))
     t.ok(wait(lambda: "\u23f3 Queued" in sticky(scm, 43) and
-              msg(1, 1, 0) in sticky(scm, 43), 20),
-         "PR 43's status comment: Queued, with its place", sticky(scm, 43))
+              "waiting for a free slot (its place: `/diverge status`)" in
+              sticky(scm, 43) and "queued ahead" not in sticky(scm, 43),
+              20),
+         "PR 43's status comment: Queued, its place left to /diverge status",
+         sticky(scm, 43))
     s, _, _ = d.github("issue_comment", gh_comment(
         1003, 43, "alice", "/diverge status"), str(uuid.uuid4()))
     t.ok(wait(lambda: [r for r in replies(scm, 43)
