@@ -438,7 +438,7 @@ resync(struct controller *c)
 		k8s_status_release(&st);
 		return;
 	}
-	/* the watch misses deletions while it relists after 410 Gone */
+	/* counted again from the list, as a watch from scratch does */
 	json_object_clear(c->slots);
 	json_array_foreach(json_object_get(list, "items"), i, it) {
 		const char *ns = k8s_meta_str(it, "namespace");
@@ -520,6 +520,15 @@ watch_main(void *arg)
 			pause_unless_stopped(c, controller_backoff_ms(
 			    ++failures < 12 ? failures + 6 : 18, rnd));
 			continue;
+		}
+		/*
+		 * from scratch (at start, after 410 Gone): the ADDED events
+		 * tell every task's slot again, and a task deleted while the
+		 * watch was behind has none to tell, so what was tracked goes
+		 */
+		if (w->is_task && rv[0] == '\0') {
+			json_object_clear(c->slots);
+			count_slots(c);
 		}
 		for (;;) {
 			struct k8s_event ev;

@@ -2605,19 +2605,33 @@ stall_hook(void *arg, const char *point)
 			sleep_ms(2);
 }
 
-static void
-test_watch_relist(void **state)
+/*
+ * A controller on a fresh store that keeps 20 events, whose watches
+ * stall_hook can hold back, with an hour's resync.
+ */
+static struct controller *
+start_stallable(void)
 {
 	struct controller *c = NULL;
-	char *cause = NULL, *name;
-	int i;
+	char *cause = NULL;
 
-	(void)state;
 	close_all();
 	open_history(1, 20);
 	cc.test_hook = stall_hook;
 	cc.resync_ms = 3600 * 1000;
 	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	return c;
+}
+
+static void
+test_watch_relist(void **state)
+{
+	struct controller *c;
+	char *name;
+	int i;
+
+	(void)state;
+	c = start_stallable();
 	sleep_ms(300);
 	stall = 1;
 	sleep_ms(400);
@@ -3357,6 +3371,43 @@ test_queue_waiting_deleted(void **state)
 	free(b);
 }
 
+/*
+ * The gauges follow a watch that falls behind the store's window (410)
+ * and starts again from a fresh list: a task deleted meanwhile, whose
+ * DELETED event the watch never sees, no longer counts as running (the
+ * resync that would count again is an hour away).
+ */
+static void
+test_slots_after_relist(void **state)
+{
+	struct controller *c;
+	char *name;
+	int i;
+
+	(void)state;
+	c = running = start_stallable();
+	name = new_task(NULL, NULL);
+	assert_true(wait_phase(name, "Provisioning", 10000));
+	assert_true(wait_metric("diverge_tasks_active", 1, 10000));
+	stall = 1;
+	sleep_ms(400);
+	delete_task(name);
+	for (i = 0; i < 30; i++) {
+		char n[32];
+
+		snprintf(n, sizeof(n), "noise-c%d", i);
+		free(new_task_named(xstrdup(n), NULL, NULL));
+		delete_task(n);
+	}
+	stall = 0;
+	for (i = 0; i < 200 && controller_relists(c) < 1; i++)
+		sleep_ms(25);
+	assert_true(controller_relists(c) >= 1);
+	assert_true(wait_metric("diverge_tasks_active", 0, 5000));
+	stop_running(NULL);
+	free(name);
+}
+
 /* On the embedded store, then through the REST client. */
 static void
 test_queue_controller(void **state)
@@ -3543,6 +3594,7 @@ main(void)
 		    unlimit),
 		cmocka_unit_test_teardown(test_queue_controller, unlimit),
 		cmocka_unit_test_teardown(test_queue_waiting_deleted, unlimit),
+		cmocka_unit_test_teardown(test_slots_after_relist, unlimit),
 	};
 
 	if (getenv("TEST_FILTER") != NULL)
