@@ -262,8 +262,10 @@ def four_tasks(t):
     t.ok(poll.most == 2 and poll.events > 10,
          "never more than 2 held a slot (%d changes)" % poll.events,
          poll.most)
-    t.eq(poll.admitted, ["q1", "q2", "q3", "q4"],
-         "admitted in FIFO order")
+    # q1 and q2 fit the two slots at once: whichever pass writes first
+    t.ok(sorted(poll.admitted[:2]) == ["q1", "q2"] and
+         poll.admitted[2:] == ["q3", "q4"], "admitted in FIFO order",
+         poll.admitted)
     t.eq(d.stop(), 0, "clean stop")
 
 
