@@ -1000,6 +1000,27 @@ plan_transition(struct plan *p, const char *cur)
 }
 
 /*
+ * Paused by the meter (over budget or iterations) with no change of the
+ * spec since the reconciler last looked. On a cluster the meter writes
+ * the pause in two steps, the status (Paused, BudgetExceeded) and then
+ * spec.suspended: true, since the status subresource cannot change the
+ * spec: a pass between the two, or after a second write that failed,
+ * must not take suspended: false for a resume and mint a new token. A
+ * resume changes the spec (suspended true to false, a budget raised),
+ * which moves metadata.generation past status.observedGeneration.
+ */
+static int
+meter_paused(const json_t *task)
+{
+	const json_t *st = json_object_get(task, "status");
+	const json_t *og = json_object_get(st, "observedGeneration");
+
+	return streq(json_string_value(json_object_get(st, "reason")),
+	    "BudgetExceeded") && json_is_integer(og) &&
+	    k8s_meta_int(task, "generation") <= json_integer_value(og);
+}
+
+/*
  * The phase machine of DESIGN.md section 5 (level-based: from the current
  * phase, the spec and what the Sandbox shows). active is the live time
  * including the open period.
@@ -1036,6 +1057,9 @@ plan_phase(struct rctx *x, const json_t *task, const struct sbview *v,
 	} else if (susp) {
 		p->phase = streq(cur, "Paused") || v->stopped ? "Paused" :
 		    "Pausing";
+	} else if (streq(cur, "Paused") && meter_paused(task)) {
+		/* the meter's pause stands until the spec changes after it */
+		p->phase = "Paused";
 	} else if (streq(cur, "Paused") || streq(cur, "Pausing")) {
 		p->phase = "Provisioning";
 	} else if (v->pod_failed) {

@@ -1483,6 +1483,46 @@ test_completed(void **state)
 }
 
 /*
+ * On a cluster the meter pauses a task in two writes: the status (Paused,
+ * BudgetExceeded), then spec.suspended: true. A pass between the two (or
+ * after a second write that failed) keeps the task Paused with its token:
+ * only a change of the spec after the pause resumes it.
+ */
+static void
+test_meter_pause_two_writes(void **state)
+{
+	char *name = active(), *old_id;
+	json_t *t;
+
+	(void)state;
+	t = get_task(name);
+	old_id = xstrdup(jp(t, "status.tokenId"));
+	json_decref(t);
+	/* the meter's first write only */
+	patch_status(name, "{\"status\":{\"phase\":\"Paused\",\"reason\":"
+	    "\"BudgetExceeded\",\"message\":\"budget exceeded\"}}");
+	reconcile(name);
+	assert_phase(name, "Paused");
+	t = get_task(name);
+	assert_string_equal(jp(t, "status.tokenId"), old_id);
+	assert_string_equal(jp(t, "status.reason"), "BudgetExceeded");
+	json_decref(t);
+	/* its second write, then a resume with a bigger budget */
+	patch_task(name, 0, "{\"spec\":{\"suspended\":true}}");
+	reconcile(name);
+	assert_phase(name, "Paused");
+	patch_task(name, 0, "{\"spec\":{\"suspended\":false,"
+	    "\"budgetTokens\":10000000}}");
+	reconcile(name);
+	assert_phase(name, "Provisioning");
+	t = get_task(name);
+	assert_string_not_equal(jp(t, "status.tokenId"), old_id);
+	json_decref(t);
+	free(old_id);
+	free(name);
+}
+
+/*
  * A meter 429 while Active pauses the task (atomically, by the meter);
  * the reconciler then suspends the Sandbox and hibernates the
  * Environment; resume mints a new token and the old one gets 401.
@@ -3558,6 +3598,7 @@ main(void)
 		cmocka_unit_test(test_timeout),
 		cmocka_unit_test(test_completed),
 		cmocka_unit_test(test_meter_429),
+		cmocka_unit_test(test_meter_pause_two_writes),
 		cmocka_unit_test(test_conflict),
 		cmocka_unit_test(test_foreign_token_secret),
 		cmocka_unit_test(test_long_name),
