@@ -98,6 +98,15 @@ struct scm_http {
 	pthread_mutex_t hold_lock;
 	struct hold *holds;	/* credentials rate limited, or were */
 	size_t nholds;
+	uint64_t holds_seq;	/* snapshots taken for the file */
+
+	/*
+	 * The file is written outside hold_lock, which every call takes:
+	 * save_lock orders the writers, and a snapshot older than the one
+	 * written last is dropped.
+	 */
+	pthread_mutex_t save_lock;
+	uint64_t saved_seq;
 };
 
 /* Headers of one attempt. */
@@ -337,23 +346,16 @@ cred_of(const struct scm_req *rq)
 }
 
 /*
- * Write the holds still running to h->holds_path (hold_lock held): a
- * whole file or none (written aside, synced, renamed over). A failure is
- * logged; the holds stay in memory.
+ * The holds still running, as the file keeps them, with the order of the
+ * snapshot in *seq (hold_lock held; h->holds_path set).
  */
-static void
-holds_save(struct scm_http *h, int64_t now)
+static char *
+holds_snapshot(struct scm_http *h, int64_t now, uint64_t *seq)
 {
 	json_t *doc, *list = json_array();
 	struct hold *p;
-	char *text, *tmp;
-	size_t len;
-	int fd, ok;
+	char *text;
 
-	if (h->holds_path == NULL) {
-		json_decref(list);
-		return;
-	}
 	for (p = h->holds; p != NULL; p = p->next)
 		if (p->until_ms > now)
 			json_array_append_new(list, json_pack("{s:s,s:I}",
@@ -362,8 +364,29 @@ holds_save(struct scm_http *h, int64_t now)
 	doc = json_pack("{s:s,s:o}", "api", h->base, "holds", list);
 	text = doc != NULL ? json_dumps(doc, JSON_COMPACT) : NULL;
 	json_decref(doc);
+	*seq = ++h->holds_seq;
+	return text;
+}
+
+/*
+ * Write snapshot text (freed) to h->holds_path, unless a later one is
+ * written already: a whole file or none (written aside, synced, renamed
+ * over). Called without hold_lock, so that calls are not held up by the
+ * sync. A failure is logged; the holds stay in memory.
+ */
+static void
+holds_save(struct scm_http *h, char *text, uint64_t seq)
+{
+	char *tmp;
+	size_t len;
+	int fd, ok;
+
 	if (text == NULL)
 		return;
+	pthread_mutex_lock(&h->save_lock);
+	if (seq <= h->saved_seq)
+		goto out;
+	h->saved_seq = seq;
 	len = strlen(text);
 	tmp = xasprintf("%s.tmp", h->holds_path);
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -381,6 +404,8 @@ holds_save(struct scm_http *h, int64_t now)
 			(void)unlink(tmp);
 	}
 	free(tmp);
+out:
+	pthread_mutex_unlock(&h->save_lock);
 	free(text);
 }
 
@@ -411,7 +436,8 @@ hold_set(struct scm_http *h, const char *cred, int64_t until_ms)
 {
 	struct hold **pp, *p, *found = NULL;
 	int64_t now = now_unix_ms(), latest = 0;
-	char labels[64];
+	char labels[64], *text = NULL;
+	uint64_t seq = 0;
 
 	pthread_mutex_lock(&h->hold_lock);
 	for (pp = &h->holds; (p = *pp) != NULL;) {
@@ -435,13 +461,14 @@ hold_set(struct scm_http *h, const char *cred, int64_t until_ms)
 	}
 	if (found != NULL && found->until_ms < until_ms) {
 		found->until_ms = until_ms;
-		/* under the lock: the file follows the changes in order */
-		holds_save(h, now);
+		if (h->holds_path != NULL)
+			text = holds_snapshot(h, now, &seq);
 	}
 	for (p = h->holds; p != NULL; p = p->next)
 		if (p->until_ms > latest)
 			latest = p->until_ms;
 	pthread_mutex_unlock(&h->hold_lock);
+	holds_save(h, text, seq);
 	snprintf(labels, sizeof(labels), "provider=\"%s\"", scm_http_name(h));
 	metrics_set("diverge_scm_ratelimited_until_seconds", labels,
 	    (double)latest / 1000.0);
@@ -453,7 +480,8 @@ static int64_t reset_wait_ms(int64_t reset);
  * Keep h's holds in path from now on, taking up those an earlier run
  * kept there for the same API that still run (a restart must not send
  * what a limit forbids). A file that cannot be read or parsed is ignored
- * (logged): the holds then start empty, as they did before.
+ * (logged): the holds then start empty, as they did before. Called once,
+ * before the transport is shared (holds_save reads holds_path unlocked).
  */
 void
 scm_http_keep_holds(struct scm_http *h, const char *path)
@@ -461,8 +489,9 @@ scm_http_keep_holds(struct scm_http *h, const char *path)
 	json_t *doc, *v;
 	json_error_t err;
 	const char *cred;
-	char left[32];
+	char left[32], *text = NULL;
 	int64_t now = now_unix_ms(), until;
+	uint64_t seq = 0;
 	size_t i;
 
 	doc = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
@@ -499,8 +528,9 @@ scm_http_keep_holds(struct scm_http *h, const char *path)
 	h->holds_path = xstrdup(path);
 	/* what ended, or was not this API's, is dropped from the file */
 	if (access(path, F_OK) == 0)
-		holds_save(h, now);
+		text = holds_snapshot(h, now, &seq);
 	pthread_mutex_unlock(&h->hold_lock);
+	holds_save(h, text, seq);
 }
 
 /*
@@ -563,6 +593,7 @@ scm_http_new(struct scm_http **out, const struct scm_http_config *cfg,
 		pthread_mutex_init(&h->share_lock[i], NULL);
 	pthread_mutex_init(&h->pool_lock, NULL);
 	pthread_mutex_init(&h->hold_lock, NULL);
+	pthread_mutex_init(&h->save_lock, NULL);
 	if (strncasecmp(url, "https://", 8) == 0)
 		host = url + 8;
 	else if (strncasecmp(url, "http://", 7) == 0) {
@@ -642,6 +673,7 @@ scm_http_free(struct scm_http *h)
 	pthread_mutex_destroy(&h->pool_lock);
 	holds_free(h->holds);
 	pthread_mutex_destroy(&h->hold_lock);
+	pthread_mutex_destroy(&h->save_lock);
 	free(h->holds_path);
 	free(h->base);
 	free(h->origin);

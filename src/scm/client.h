@@ -50,6 +50,7 @@ void scm_http_free(struct scm_http *h);
  * Keep the rate limits met by h's credentials in the file path (JSON,
  * replaced whole), taking up those an earlier run kept there for the
  * same API URL: a restart then waits them out instead of sending.
+ * Call it once, before h is used by several threads.
  */
 void scm_http_keep_holds(struct scm_http *h, const char *path);
 /* The provider's name, "github" or "gitlab". */

@@ -277,14 +277,13 @@ def graceful(t):
     s.close()
 
 
-def address_in_use(t):
-    """A second diverged on a listen address that one already serves
-    cannot start (exit 1): with SO_REUSEPORT it started and the kernel
-    gave it half of the connections, webhooks included."""
-    d = Daemon(GITHUB_CONFIG).start()
+def second_daemon(listen, state_dir):
+    """Start another diverged (no config file, no API listener) and wait
+    up to 15 s for it to exit: (exit status, stderr); one still running
+    then is stopped and its stderr says so."""
     tmp = tempfile.mkdtemp(prefix="diverge-busy-")
-    p = subprocess.Popen([DIVERGED, "--listen", "127.0.0.1:%d" % d.port,
-                          "--api-listen", "off", "--state-dir",
+    p = subprocess.Popen([DIVERGED, "--listen", listen, "--api-listen", "off",
+                          "--state-dir", state_dir or
                           os.path.join(tmp, "state")], cwd=tmp,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True)
@@ -294,9 +293,18 @@ def address_in_use(t):
         p.terminate()
         _, err = p.communicate(timeout=20)
         err = "still running after 15 s: " + err
-    t.ok(p.returncode == 1 and "Address already in use" in err,
+    return p.returncode, err
+
+
+def address_in_use(t):
+    """A second diverged on a listen address that one already serves
+    cannot start (exit 1): with SO_REUSEPORT it started and the kernel
+    gave it half of the connections, webhooks included."""
+    d = Daemon(GITHUB_CONFIG).start()
+    rc, err = second_daemon("127.0.0.1:%d" % d.port, None)
+    t.ok(rc == 1 and "Address already in use" in err,
          "a second daemon on a busy listen address: exit 1",
-         (p.returncode, err[-400:]))
+         (rc, err[-400:]))
     s, _, _ = d.json("GET", "/healthz")
     t.eq(s, 200, "the first daemon still serves")
     t.eq(d.stop(), 0, "exit 0")
@@ -465,20 +473,10 @@ def state_dir_in_use(t):
     inbox entries and write the embedded store behind each other's back.
     The lock goes with the process, kill -9 included."""
     d = Daemon(GITHUB_CONFIG).start()
-    tmp = tempfile.mkdtemp(prefix="diverge-busy-")
-    p = subprocess.Popen([DIVERGED, "--listen", "127.0.0.1:0",
-                          "--api-listen", "off", "--state-dir", d.state_dir],
-                         cwd=tmp, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        _, err = p.communicate(timeout=15)
-    except subprocess.TimeoutExpired:
-        p.terminate()
-        _, err = p.communicate(timeout=20)
-        err = "still running after 15 s: " + err
-    t.ok(p.returncode == 1 and "is in use by another diverged (pid %d)" %
+    rc, err = second_daemon("127.0.0.1:0", d.state_dir)
+    t.ok(rc == 1 and "is in use by another diverged (pid %d)" %
          d.proc.pid in err, "a second daemon on the same state_dir: exit 1, "
-         "naming the first one's pid", (p.returncode, err[-400:]))
+         "naming the first one's pid", (rc, err[-400:]))
     s, _, _ = d.json("GET", "/healthz")
     t.eq(s, 200, "the first daemon still serves")
     # a crash leaves no stale lock: the next start takes it
