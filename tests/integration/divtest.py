@@ -340,10 +340,23 @@ class Daemon:
             return self.proc.returncode if self.proc else None
         self.proc.send_signal(sig)
         try:
-            return self.proc.wait(timeout)
+            rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            return self.proc.wait()
+            rc = self.proc.wait()
+            print("# diverged did not stop within %d s" % timeout)
+        if rc != 0 and sig in (signal.SIGTERM, signal.SIGINT):
+            self.show_tail("diverged exited %d on a stop" % rc)
+        return rc
+
+    def show_tail(self, why, n=60):
+        """Print why and the daemon's last n lines (a sanitizer's report
+        among them) as TAP comments, so that a failed run says why."""
+        time.sleep(0.2)     # let the readers take the last lines
+        print("# " + why)
+        for line in self.log()[-n:]:
+            print("#   " + line)
+        sys.stdout.flush()
 
     def kill9(self):
         self.proc.kill()
