@@ -618,6 +618,8 @@ worker_main(void *arg)
 			log_kv(LOG_WARN, "reconcile failed", "task", key,
 			    "error", cause, NULL);
 			controller_queue_add_rate_limited(c->q, key);
+			if (requeue >= 0)	/* the earlier of the two */
+				controller_queue_add_after(c->q, key, requeue);
 		} else {
 			controller_queue_forget(c->q, key);
 			if (requeue >= 0)

@@ -76,8 +76,14 @@ struct meter;
  * CONTROLLER_LABEL_TASK, and a label value holds at most 63 characters.
  */
 #define CONTROLLER_NAME_MAX 63
-/* A ReconcilerError of the Sandbox lasting this long fails the task. */
+/*
+ * A ReconcilerError of the Sandbox lasting this long fails the task, and
+ * so does a task stalled this long: every pass refused by the API server
+ * for good (400, 403, 404, 415, 422: RBAC, a quota, an admission webhook,
+ * a missing namespace or CRD), condition Stalled, reason ReconcileError.
+ */
 #define CONTROLLER_ERROR_GRACE_S 300
+#define CONTROLLER_REASON_STALLED "ReconcileError"
 /*
  * Added to the task timeout for the token's expires caveat. A live token
  * with less than half of it left after the time the task would time out
@@ -133,7 +139,8 @@ uint64_t controller_relists(struct controller *c);
  * delay after which the task wants another look (a timeout or a grace
  * period running), or -1 for none. A negative enum k8s_err, with a new
  * message in *cause (may be NULL), when a read or write failed: retry
- * with backoff.
+ * with backoff, or after *requeue_ms when that is not -1 and sooner (the
+ * end of a stalled task's grace).
  */
 int controller_reconcile(const struct controller_config *cfg,
     const char *ns, const char *name, int64_t *requeue_ms, char **cause);

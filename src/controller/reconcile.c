@@ -1997,6 +1997,95 @@ out:
 	return rc;
 }
 
+/* Whether the API server refused a pass for good (see note_stall). */
+static int
+refused_for_good(int rc)
+{
+	return rc == K8S_EFORBIDDEN || rc == K8S_EINVALID ||
+	    rc == K8S_EBADREQUEST || rc == K8S_ENOTFOUND ||
+	    rc == K8S_EUNSUPPORTED;
+}
+
+/*
+ * A pass the API server refused for good (refused_for_good: RBAC, a
+ * quota, an admission webhook, a missing namespace or CRD) fails the same
+ * way at every retry until someone acts, and without this a task would
+ * wait, Pending or Provisioning, for ever, holding its slot of
+ * controller.max_active_tasks. The task says so in the condition Stalled
+ * (True, reason ReconcileError, the cause; kstatus's meaning), whose
+ * lastTransitionTime is the first of these failures; any pass that
+ * succeeds writes the conditions without it. A task stalled for longer
+ * than CONTROLLER_ERROR_GRACE_S fails (reason ReconcileError), unless it
+ * is suspended: failing would not stop what a pause could not. Its next
+ * pass then revokes its token and frees its slot. The cause, which may
+ * name service accounts and namespaces, stays in the condition and the
+ * log; status.message, which the pull request's comment shows, only
+ * points at it. *requeue_ms gets the time the grace ends.
+ */
+static void
+note_stall(struct rctx *x, int64_t *requeue_ms)
+{
+	struct k8s_status st = { 0 };
+	const json_t *old, *c, *it;
+	json_t *task = NULL, *status, *conds;
+	const char *cause = x->cause != NULL ? x->cause : "reconcile failed";
+	int64_t since = x->now;
+	char *msg = NULL;
+	size_t i;
+	int fail;
+
+	if (k8s_get(x->cc->store, &K8S_AGENTTASK, x->ns, x->name, &task,
+	    &st) < 0 || phase_terminal(jpath(task, "status", "phase"))) {
+		k8s_status_release(&st);
+		json_decref(task);
+		return;
+	}
+	old = json_object_get(task, "status");
+	c = find_cond(task, "Stalled");
+	if (c != NULL && streq(jstr(c, "status"), "True") &&
+	    parse_time(jstr(c, "lastTransitionTime")) > 0)
+		since = parse_time(jstr(c, "lastTransitionTime"));
+	fail = x->now - since > CONTROLLER_ERROR_GRACE_S &&
+	    !json_is_true(json_object_get(json_object_get(task, "spec"),
+	    "suspended"));
+	status = json_object();
+	conds = json_array();
+	json_array_foreach(json_object_get(old, "conditions"), i, it)
+		if (!streq(jstr(it, "type"), "Stalled"))
+			json_array_append(conds, (json_t *)it);
+	msg = xasprintf("%.*s", quote_len(cause), cause);
+	set_cond(conds, task, "Stalled", 1, CONTROLLER_REASON_STALLED, msg,
+	    x->now);
+	json_object_set_new(status, "conditions", conds);
+	if (fail) {
+		json_object_set_new(status, "phase", json_string("Failed"));
+		json_object_set_new(status, "reason",
+		    json_string(CONTROLLER_REASON_STALLED));
+		json_object_set_new(status, "message", json_sprintf("the "
+		    "controller could not reconcile the task for %lld s (its "
+		    "Stalled condition says why)", (long long)(x->now -
+		    since)));
+	}
+	if (write_status(x, task, status) == 0) {
+		if (fail) {
+			log_kv(LOG_WARN, "task phase", "task", x->name,
+			    "namespace", x->ns, "phase", "Failed", "reason",
+			    CONTROLLER_REASON_STALLED, "error", cause, NULL);
+			metrics_inc("diverge_agenttask_phase_transitions_total",
+			    "phase=\"Failed\"", 1);
+		} else if (since == x->now) {
+			log_kv(LOG_WARN, "task stalled", "task", x->name,
+			    "namespace", x->ns, "error", cause, NULL);
+		}
+	}
+	if (!fail && requeue_ms != NULL)
+		*requeue_ms = (since + CONTROLLER_ERROR_GRACE_S + 1 - x->now) *
+		    1000;
+	free(msg);
+	json_decref(status);
+	json_decref(task);
+}
+
 /* Reconcile one task. */
 int
 controller_reconcile(const struct controller_config *cfg, const char *ns,
@@ -2019,8 +2108,10 @@ controller_reconcile(const struct controller_config *cfg, const char *ns,
 	}
 	if (rc == K8S_ECONFLICT && x.cause == NULL)
 		x.cause = xstrdup("task: too many conflicting writers");
-	if (rc == 0 && requeue_ms != NULL)
-		*requeue_ms = x.requeue_ms;
+	if (requeue_ms != NULL)
+		*requeue_ms = rc == 0 ? x.requeue_ms : -1;
+	if (rc < 0 && refused_for_good(rc))
+		note_stall(&x, requeue_ms);
 	if (rc < 0 && cause != NULL)
 		*cause = x.cause != NULL ? x.cause : xstrdup("reconcile "
 		    "failed");

@@ -3273,6 +3273,157 @@ test_queue_failed_write_keeps_slot(void **state)
 	free(b);
 }
 
+/* ------------------------------------------------------- stalled tasks */
+
+/* One pass of name that fails; its requeue hint. */
+static int64_t
+reconcile_fails(const char *name, const char *want_cause)
+{
+	int64_t requeue = 0;
+	char *cause = NULL;
+
+	assert_true(controller_reconcile(&cc, NS, name, &requeue, &cause) < 0);
+	assert_non_null(cause);
+	assert_non_null(strstr(cause, want_cause));
+	free(cause);
+	return requeue;
+}
+
+/* Move the Stalled condition of name back by secs. */
+static void
+backdate_stalled(const char *name, int64_t secs)
+{
+	json_t *t = get_task(name), *conds, *c, *patch;
+	char ts[32], *text;
+	size_t i;
+
+	conds = json_deep_copy(json_object_get(json_object_get(t, "status"),
+	    "conditions"));
+	json_array_foreach(conds, i, c) {
+		if (!streq_safe(jp(c, "type"), "Stalled"))
+			continue;
+		time_rfc3339(now_unix() - secs, ts);
+		json_object_set_new(c, "lastTransitionTime", json_string(ts));
+	}
+	patch = json_pack("{s:{s:o}}", "status", "conditions", conds);
+	text = json_dumps(patch, JSON_COMPACT);
+	patch_status(name, text);
+	free(text);
+	json_decref(patch);
+	json_decref(t);
+}
+
+/*
+ * A pass the API server refuses for good (here a 403 on every Sandbox
+ * create: RBAC, a quota, an admission webhook) no longer leaves the task
+ * Pending for ever in the only slot: the task says so at once (condition
+ * Stalled, the cause; status.message does not carry it to the pull
+ * request), asks for another look when the grace ends, and fails once it
+ * has been stalled for longer than CONTROLLER_ERROR_GRACE_S; its token is
+ * revoked and its slot goes to the next task. A pass that succeeds
+ * removes the condition. Through the REST client on the fake
+ * kube-apiserver, whose faults are real API errors.
+ */
+static void
+test_stalled_task_fails(void **state)
+{
+	char *a, *b, *c, *msg, *rv;
+	json_t *t, *j;
+	int64_t requeue;
+
+	(void)state;
+	if (open_limited(3, 1) < 0)
+		skip();
+	j = storeenv_fake(&env, "POST", "/_fake/faults", "{\"status\":403,"
+	    "\"count\":100000,\"method\":\"POST\",\"match\":\"/sandboxes\"}");
+	assert_non_null(j);
+	json_decref(j);
+	a = new_task_named(xstrdup("stall-a"), NULL, NULL);
+	reconcile(a);
+	assert_phase(a, "Pending");
+	requeue = reconcile_fails(a, "injected fault");
+	assert_true(requeue > (CONTROLLER_ERROR_GRACE_S - 5) * 1000);
+	assert_true(requeue <= (CONTROLLER_ERROR_GRACE_S + 1) * 1000);
+	t = get_task(a);
+	assert_string_equal(jp(t, "status.phase"), "Pending");
+	assert_string_equal(jp(cond(t, "Stalled"), "status"), "True");
+	assert_string_equal(jp(cond(t, "Stalled"), "reason"),
+	    CONTROLLER_REASON_STALLED);
+	assert_non_null(strstr(jp(cond(t, "Stalled"), "message"),
+	    "forbidden: injected fault"));
+	assert_null(strstr(jp(t, "status.message"), "forbidden"));
+	rv = xstrdup(jp(t, "metadata.resourceVersion"));
+	json_decref(t);
+
+	/* a stalled task holds its slot meanwhile */
+	b = new_task_named(xstrdup("stall-b"), NULL, NULL);
+	reconcile(b);
+	reconcile(b);
+	assert_queued(b, "Pending", "waiting for a free slot: 1 of 1 tasks "
+	    "are running; 0 queued ahead");
+
+	/* the same refusal again writes nothing */
+	reconcile_fails(a, "injected fault");
+	t = get_task(a);
+	assert_string_equal(jp(t, "metadata.resourceVersion"), rv);
+	json_decref(t);
+	free(rv);
+
+	/* past the grace it fails, then its next pass ends it */
+	backdate_stalled(a, CONTROLLER_ERROR_GRACE_S + 10);
+	assert_true(reconcile_fails(a, "injected fault") == -1);
+	t = get_task(a);
+	assert_string_equal(jp(t, "status.phase"), "Failed");
+	assert_string_equal(jp(t, "status.reason"),
+	    CONTROLLER_REASON_STALLED);
+	msg = xasprintf("the controller could not reconcile the task for %d "
+	    "s (its Stalled condition says why)", CONTROLLER_ERROR_GRACE_S +
+	    10);
+	if (!streq_safe(jp(t, "status.message"), msg))	/* a second passed */
+		assert_non_null(strstr(jp(t, "status.message"), "(its "
+		    "Stalled condition says why)"));
+	free(msg);
+	json_decref(t);
+	reconcile(a);
+	t = get_task(a);
+	assert_string_equal(jp(t, "status.phase"), "Failed");
+	assert_null(cond(t, "Stalled"));
+	assert_string_equal(jp(cond(t, "TokenIssued"), "status"), "False");
+	json_decref(t);
+	/* the token its first pass made (no status write recorded it) */
+	t = get(&K8S_SECRET, "stall-a-token");
+	assert_non_null(t);
+	assert_index(jp(t, "metadata.annotations.divergedev.com/token-id"),
+	    "revoked");
+	json_decref(t);
+
+	/* its slot is b's, once the API server takes Sandboxes again */
+	json_decref(storeenv_fake(&env, "DELETE", "/_fake/faults", NULL));
+	reconcile(b);
+	assert_phase(b, "Provisioning");
+	assert_sandbox(b, "Running", NULL);
+
+	/* one refusal, then a pass that succeeds: the condition goes */
+	cfg.controller.max_active_tasks = 0;
+	j = storeenv_fake(&env, "POST", "/_fake/faults", "{\"status\":422,"
+	    "\"count\":1,\"method\":\"POST\",\"match\":\"/sandboxes\"}");
+	json_decref(j);
+	c = new_task_named(xstrdup("stall-c"), NULL, NULL);
+	reconcile(c);
+	reconcile_fails(c, "injected fault");
+	t = get_task(c);
+	assert_string_equal(jp(cond(t, "Stalled"), "status"), "True");
+	json_decref(t);
+	reconcile(c);
+	t = get_task(c);
+	assert_string_equal(jp(t, "status.phase"), "Provisioning");
+	assert_null(cond(t, "Stalled"));
+	json_decref(t);
+	free(a);
+	free(b);
+	free(c);
+}
+
 /* The value of a metric series, or -1. */
 static double
 metric(const char *series)
@@ -3627,6 +3778,7 @@ main(void)
 		cmocka_unit_test_teardown(test_stop_during_watch_backoff,
 		    stop_running),
 		cmocka_unit_test(test_dump),
+		cmocka_unit_test_teardown(test_stalled_task_fails, unlimit),
 		cmocka_unit_test_teardown(test_queue_admission, unlimit),
 		cmocka_unit_test_teardown(test_queue_timeout_rerun, unlimit),
 		cmocka_unit_test_teardown(test_queue_race, unlimit),
