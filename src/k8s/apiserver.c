@@ -2757,44 +2757,6 @@ out:
 	k8s_status_release(&st);
 }
 
-/* DeleteOptions.preconditions: uid and resourceVersion must match. */
-static int
-check_preconditions(struct api_req *q, const struct target *t,
-    const json_t *pre, struct k8s_status *st)
-{
-	const char *uid = json_string_value(json_object_get(pre, "uid"));
-	const char *rv = json_string_value(json_object_get(pre,
-	    "resourceVersion"));
-	const char *have;
-	json_t *cur = NULL;
-	char *msg = NULL;
-	int ret;
-
-	if (uid == NULL && rv == NULL)
-		return 0;
-	ret = k8s_get(q->srv->api, t->r, t->ns, t->name, &cur, st);
-	if (ret < 0)
-		goto out;
-	have = k8s_meta_str(cur, "uid");
-	if (uid != NULL && (have == NULL || strcmp(uid, have) != 0))
-		msg = xasprintf("Precondition failed: UID in precondition: %s, "
-		    "UID in object meta: %s", uid, have ? have : "");
-	have = k8s_meta_str(cur, "resourceVersion");
-	if (msg == NULL && rv != NULL && (have == NULL ||
-	    strcmp(rv, have) != 0))
-		msg = xasprintf("Precondition failed: ResourceVersion in "
-		    "precondition: %s, ResourceVersion in object meta: %s",
-		    rv, have ? have : "");
-	if (msg != NULL)
-		ret = k8s_status_set(st, K8S_ECONFLICT, msg, json_pack(
-		    "{s:s, s:s, s:s}", "name", t->name, "group", t->r->group,
-		    "kind", t->r->plural));
-out:
-	json_decref(cur);
-	free(msg);
-	return ret;
-}
-
 /* A 422 about DeleteOptions.propagationPolicy, as the apiserver words it. */
 static int
 policy_invalid(struct k8s_status *st, const char *reason, const char *msg)
@@ -2890,6 +2852,7 @@ do_delete(struct api_req *q, const struct target *t)
 {
 	struct k8s_status st;
 	json_t *opts = NULL, *gone = NULL;
+	const json_t *pre;
 	enum k8s_propagation policy;
 
 	memset(&st, 0, sizeof(st));
@@ -2897,10 +2860,10 @@ do_delete(struct api_req *q, const struct target *t)
 		goto fail;
 	if (dry_run_refused(q, opts))
 		goto out;
-	if (check_preconditions(q, t, json_object_get(opts, "preconditions"),
-	    &st) < 0 ||
-	    k8s_delete_policy(q->api, t->r, t->ns, t->name, policy, &gone,
-	    &st) < 0)
+	pre = json_object_get(opts, "preconditions");
+	if (k8s_delete_if(q->api, t->r, t->ns, t->name, policy,
+	    json_string_value(json_object_get(pre, "uid")), json_string_value(
+	    json_object_get(pre, "resourceVersion")), &gone, &st) < 0)
 		goto fail;
 	if (gone != NULL) {
 		ensure_typed(gone, t->r);

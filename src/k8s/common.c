@@ -271,6 +271,30 @@ k8s_error_conflict(struct k8s_status *st, const struct k8s_resource *r,
 	return ret;
 }
 
+int
+k8s_check_preconditions(struct k8s_status *st, const struct k8s_resource *r,
+    const char *name, const json_t *cur, const char *uid, const char *rv)
+{
+	const char *have = k8s_meta_str(cur, "uid");
+	char *m = NULL;
+	int ret;
+
+	if (uid != NULL && (have == NULL || strcmp(uid, have) != 0))
+		m = xasprintf("Precondition failed: UID in precondition: %s, "
+		    "UID in object meta: %s", uid, have ? have : "");
+	have = k8s_meta_str(cur, "resourceVersion");
+	if (m == NULL && rv != NULL && (have == NULL || strcmp(rv,
+	    have) != 0))
+		m = xasprintf("Precondition failed: ResourceVersion in "
+		    "precondition: %s, ResourceVersion in object meta: %s", rv,
+		    have ? have : "");
+	if (m == NULL)
+		return 0;
+	ret = k8s_status_set(st, K8S_ECONFLICT, m, name_details(r, name));
+	free(m);
+	return ret;
+}
+
 /* 422 for an update of a custom resource without a resourceVersion. */
 int
 k8s_error_rv_required(struct k8s_status *st, const struct k8s_resource *r,
@@ -718,7 +742,16 @@ int
 k8s_delete(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
     const char *name, json_t **out, struct k8s_status *st)
 {
-	return api->ops->del(api, r, ns, name, K8S_PROPAGATE_DEFAULT, out, st);
+	return api->ops->del(api, r, ns, name, K8S_PROPAGATE_DEFAULT, NULL,
+	    NULL, out, st);
+}
+
+int
+k8s_delete_if(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, enum k8s_propagation policy,
+    const char *uid, const char *rv, json_t **out, struct k8s_status *st)
+{
+	return api->ops->del(api, r, ns, name, policy, uid, rv, out, st);
 }
 
 int
@@ -726,7 +759,7 @@ k8s_delete_policy(struct k8s_api *api, const struct k8s_resource *r,
     const char *ns, const char *name, enum k8s_propagation policy,
     json_t **out, struct k8s_status *st)
 {
-	return api->ops->del(api, r, ns, name, policy, out, st);
+	return api->ops->del(api, r, ns, name, policy, NULL, NULL, out, st);
 }
 
 static const char *const propagation_names[] = {

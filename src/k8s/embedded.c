@@ -46,6 +46,7 @@ struct op {
 	const char *name;
 	const json_t *in;
 	enum k8s_propagation policy;	/* OP_DELETE */
+	const char *pre_uid, *pre_rv;	/* OP_DELETE: preconditions */
 	int dry;		/* checked and answered, then rolled back */
 	k8s_txn_fn fn;		/* OP_TXN */
 	void *arg;
@@ -1148,9 +1149,24 @@ delete_tree(struct embedded *e, struct batch *b,
 static int
 do_delete(struct embedded *e, struct op *op, struct batch *b)
 {
-	int rc = delete_tree(e, b, op->r, op->ns, op->name, op->policy,
-	    NULL, &op->out);
+	json_t *cur;
+	int rc;
 
+	if (op->pre_uid != NULL || op->pre_rv != NULL) {
+		rc = load_ref(e, op->r, op->ns, op->name, &cur);
+		if (rc == K8S_ENOTFOUND)
+			return k8s_error_notfound(&op->st, op->r, op->name);
+		if (rc < 0)
+			return k8s_status_set(&op->st, rc, "store read failed",
+			    NULL);
+		rc = k8s_check_preconditions(&op->st, op->r, op->name, cur,
+		    op->pre_uid, op->pre_rv);
+		json_decref(cur);
+		if (rc < 0)
+			return rc;
+	}
+	rc = delete_tree(e, b, op->r, op->ns, op->name, op->policy, NULL,
+	    &op->out);
 	if (rc == K8S_ENOTFOUND)
 		return k8s_error_notfound(&op->st, op->r, op->name);
 	if (rc < 0)
@@ -1644,8 +1660,8 @@ e_patch(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
 
 static int
 e_delete(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
-    const char *name, enum k8s_propagation policy, json_t **out,
-    struct k8s_status *st)
+    const char *name, enum k8s_propagation policy, const char *uid,
+    const char *rv, json_t **out, struct k8s_status *st)
 {
 	struct op op;
 
@@ -1653,6 +1669,8 @@ e_delete(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
 
 	op_init(&op, OP_DELETE, r, ns, name, NULL);
 	op.policy = policy;
+	op.pre_uid = uid;
+	op.pre_rv = rv;
 	e = emb(api, &op.dry);
 	return submit_op(e, &op, out, st);
 }

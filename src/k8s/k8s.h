@@ -106,6 +106,14 @@ int k8s_error_exists(struct k8s_status *st, const struct k8s_resource *r,
 int k8s_error_conflict(struct k8s_status *st, const struct k8s_resource *r,
     const char *name);
 /*
+ * DeleteOptions.preconditions against the object cur: 0 when uid and rv
+ * (either may be NULL) match it, else the apiserver's 409 "Precondition
+ * failed: ..." (K8S_ECONFLICT).
+ */
+int k8s_check_preconditions(struct k8s_status *st,
+    const struct k8s_resource *r, const char *name, const json_t *cur,
+    const char *uid, const char *rv);
+/*
  * 422 for an update without metadata.resourceVersion of a kind that does
  * not allow unconditional updates (custom resources), worded as the
  * apiserver does: details.kind is the plural, as for the others.
@@ -256,11 +264,16 @@ struct k8s_ops {
 	int (*patch)(struct k8s_api *api, const struct k8s_resource *r,
 	    const char *ns, const char *name, int status, const json_t *patch,
 	    json_t **out, struct k8s_status *st);
-	/* Delete, the dependents as policy says; *out = the deleted object
-	 * (may be NULL-ed by passing out NULL). */
+	/*
+	 * Delete, the dependents as policy says; *out = the deleted object
+	 * (may be NULL-ed by passing out NULL). uid and rv, when not NULL,
+	 * are DeleteOptions.preconditions: the object must still have them,
+	 * checked in the same step as the deletion, else K8S_ECONFLICT.
+	 */
 	int (*del)(struct k8s_api *api, const struct k8s_resource *r,
 	    const char *ns, const char *name, enum k8s_propagation policy,
-	    json_t **out, struct k8s_status *st);
+	    const char *uid, const char *rv, json_t **out,
+	    struct k8s_status *st);
 	/* Start a watch; events come from k8s_watch_next. */
 	int (*watch)(struct k8s_api *api, const struct k8s_resource *r,
 	    const char *ns, const struct k8s_list_opts *opts,
@@ -310,6 +323,15 @@ int k8s_delete(struct k8s_api *api, const struct k8s_resource *r,
 int k8s_delete_policy(struct k8s_api *api, const struct k8s_resource *r,
     const char *ns, const char *name, enum k8s_propagation policy,
     json_t **out, struct k8s_status *st);
+/*
+ * k8s_delete_policy with DeleteOptions.preconditions (either may be
+ * NULL): only the object with that uid and resourceVersion, checked in
+ * the same step, else K8S_ECONFLICT (the apiserver's "Precondition
+ * failed: ..." message) and nothing deleted.
+ */
+int k8s_delete_if(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, enum k8s_propagation policy,
+    const char *uid, const char *rv, json_t **out, struct k8s_status *st);
 int k8s_watch(struct k8s_api *api, const struct k8s_resource *r,
     const char *ns, const struct k8s_list_opts *opts, struct k8s_watch **out,
     struct k8s_status *st);

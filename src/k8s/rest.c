@@ -1272,19 +1272,32 @@ rest_patch(struct k8s_api *api, const struct k8s_resource *r,
 static int
 rest_del(struct k8s_api *api, const struct k8s_resource *r,
     const char *ns, const char *name, enum k8s_propagation policy,
-    json_t **out, struct k8s_status *st)
+    const char *uid, const char *rv, json_t **out, struct k8s_status *st)
 {
 	struct rest *rs = rest_of(api);
 	struct req rq = { .method = "DELETE", .max = MAX_BODY,
 	    .ctype = "application/json", .keep_status = 1 };
+	json_t *opts, *pre;
 	int ret;
 
 	if (name == NULL)
 		return bad_request(st, "a name is required");
 	ret = object_req(rs, &rq, r, ns, name, 0, st);
 	if (ret == 0) {
-		rq.body = xasprintf("{\"propagationPolicy\":\"%s\"}",
+		opts = json_pack("{s:s}", "propagationPolicy",
 		    k8s_propagation_name(policy));
+		if (uid != NULL || rv != NULL) {
+			pre = json_object();
+			if (uid != NULL)
+				json_object_set_new(pre, "uid",
+				    json_string(uid));
+			if (rv != NULL)
+				json_object_set_new(pre, "resourceVersion",
+				    json_string(rv));
+			json_object_set_new(opts, "preconditions", pre);
+		}
+		rq.body = json_dumps(opts, JSON_COMPACT);	/* never NULL */
+		json_decref(opts);
 		rq.body_len = strlen(rq.body);
 		ret = rest_call(rs, &rq, out, st);
 	}

@@ -548,6 +548,56 @@ delete_cascade(void **state)
 }
 
 /*
+ * DeleteOptions.preconditions: a stale resourceVersion or another uid is
+ * a 409 with the apiserver's message, and nothing is deleted; the current
+ * ones delete it. A missing object is a 404 whatever they say.
+ */
+static void
+delete_preconditions(void **state)
+{
+	char *name = uniq("pre");
+	json_t *t = create_task("default", name), *out = NULL, *p;
+	struct k8s_status st = { 0 };
+	const char *uid = k8s_meta_str(t, "uid");
+	char *rv = xstrdup(k8s_meta_str(t, "resourceVersion"));
+
+	(void)state;
+	p = json_pack("{s:{s:{s:s}}}", "metadata", "labels", "x", "y");
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, "default", name, 0, p,
+	    NULL, &st), 0);
+	json_decref(p);
+	assert_int_equal(k8s_delete_if(api, &K8S_AGENTTASK, "default", name,
+	    K8S_PROPAGATE_DEFAULT, uid, rv, NULL, &st), K8S_ECONFLICT);
+	assert_non_null(strstr(st.message, "Precondition failed: "
+	    "ResourceVersion in precondition: "));
+	k8s_status_release(&st);
+	assert_int_equal(k8s_delete_if(api, &K8S_AGENTTASK, "default", name,
+	    K8S_PROPAGATE_DEFAULT, "0b5c53ef-6d7b-4b6e-9f7c-2a1f3c4d5e6f",
+	    NULL, NULL, &st), K8S_ECONFLICT);
+	assert_non_null(strstr(st.message, "Precondition failed: UID in "
+	    "precondition: 0b5c53ef-6d7b-4b6e-9f7c-2a1f3c4d5e6f, UID in "
+	    "object meta: "));
+	k8s_status_release(&st);
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", name, &out,
+	    &st), 0);
+	free(rv);
+	rv = xstrdup(k8s_meta_str(out, "resourceVersion"));
+	json_decref(out);
+	out = NULL;
+	assert_int_equal(k8s_delete_if(api, &K8S_AGENTTASK, "default", name,
+	    K8S_PROPAGATE_DEFAULT, uid, rv, NULL, &st), 0);
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", name, NULL,
+	    &st), K8S_ENOTFOUND);
+	k8s_status_release(&st);
+	assert_int_equal(k8s_delete_if(api, &K8S_AGENTTASK, "default", name,
+	    K8S_PROPAGATE_DEFAULT, uid, rv, NULL, &st), K8S_ENOTFOUND);
+	k8s_status_release(&st);
+	json_decref(t);
+	free(rv);
+	free(name);
+}
+
+/*
  * A dependent written after its owner is gone (a reconcile that raced with
  * the deletion): the create succeeds, as on a real cluster, and the
  * garbage collector removes it; one whose owner lives stays.
@@ -1732,6 +1782,7 @@ main(void)
 		cmocka_unit_test(label_validation),
 		cmocka_unit_test(list_selectors),
 		cmocka_unit_test(delete_cascade),
+		cmocka_unit_test(delete_preconditions),
 		cmocka_unit_test(delete_finalizers),
 		cmocka_unit_test(dangling_owner),
 		cmocka_unit_test(delete_cycle),
