@@ -60,6 +60,8 @@ enum slot {
 	S_GL_ENABLED,
 	S_APP_ID,
 	S_APP_KEY,
+	S_TASK_TTL,
+	S_AUDIT_WINDOW,
 	S_MAX
 };
 
@@ -1290,6 +1292,8 @@ static const struct field controller_fields[] = {
 	FR("workers", p_int, controller.workers, 1, 64),
 	F("enabled", p_bool, controller.enabled),
 	FR("max_active_tasks", p_int, controller.max_active_tasks, 0, 100000),
+	FIELD(struct config, "ttl_after_finished", p_duration,
+	    controller.ttl_after_finished_s, 0, 3650 * DAY, S_TASK_TTL),
 	END
 };
 
@@ -1350,7 +1354,8 @@ static const struct field sandbox_fields[] = {
 	FR("uid", p_int, sandbox.uid, 1, INT64_C(4294967294)),
 	F("workspace_size", p_quantity, sandbox.workspace_size),
 	F("network_policy", p_bool, sandbox.network_policy),
-	FR("audit_window", p_duration, sandbox.audit_window_s, 0, 365 * DAY),
+	FIELD(struct config, "audit_window", p_duration, sandbox.audit_window_s,
+	    0, 365 * DAY, S_AUDIT_WINDOW),
 	FR("warm_pool", p_int, sandbox.warm_pool, 0, 1024),
 	END
 };
@@ -1522,6 +1527,20 @@ check_rules(struct ctx *c)
 		else
 			ctx_fail(c, c->lines[S_APP_KEY], "'github.app."
 			    "private_key' is set but 'github.app.id' is not");
+		return -1;
+	}
+	if (g->controller.ttl_after_finished_s > 0 &&
+	    g->controller.ttl_after_finished_s < g->sandbox.audit_window_s) {
+		char ttl[32], audit[32];
+
+		fmt_duration(g->controller.ttl_after_finished_s, ttl,
+		    sizeof(ttl));
+		fmt_duration(g->sandbox.audit_window_s, audit, sizeof(audit));
+		ctx_fail(c, c->lines[S_TASK_TTL] != 0 ? c->lines[S_TASK_TTL] :
+		    c->lines[S_AUDIT_WINDOW], "'controller.ttl_after_finished' "
+		    "(%s) is shorter than 'sandbox.audit_window' (%s): deleting "
+		    "a finished task deletes its Sandbox, which the audit "
+		    "window keeps", ttl, audit);
 		return -1;
 	}
 	if (g->github.enabled && g->github.webhook_secrets.n == 0) {

@@ -64,6 +64,12 @@ struct config {
 		int workers;		/* default 4, 1..64 */
 		int enabled;		/* default 1: run the reconciler */
 		int max_active_tasks;	/* 0..100000, default 0: no limit */
+		/*
+		 * A finished task (Completed, Failed) is deleted this long
+		 * after status.completedAt, its children with it; 0, the
+		 * default: kept. Never less than sandbox.audit_window.
+		 */
+		int64_t ttl_after_finished_s;
 	} controller;
 
 	struct {

@@ -669,8 +669,11 @@ controller_start(struct controller **out,
 	metrics_describe("diverge_tasks_queued", METRIC_GAUGE, "AgentTasks "
 	    "waiting for a slot of controller.max_active_tasks (Pending, or "
 	    "Paused to resume, with reason Queued).");
+	metrics_describe("diverge_agenttasks_expired_total", METRIC_COUNTER,
+	    "Finished AgentTasks deleted by controller.ttl_after_finished.");
 	metrics_set("diverge_tasks_active", "", 0);
 	metrics_set("diverge_tasks_queued", "", 0);
+	metrics_inc("diverge_agenttasks_expired_total", "", 0);
 	{
 		static const char *const results[] = { "result=\"success\"",
 		    "result=\"requeue\"", "result=\"error\"", NULL };

@@ -105,7 +105,8 @@ struct controller_config {
 	int crash_after_writes;
 	/*
 	 * Tests only: called at named points, "status" before a task status
-	 * write and "watch" before each wait for a watch event.
+	 * write, "delete" before a finished task's deletion and "watch"
+	 * before each wait for a watch event.
 	 */
 	void (*test_hook)(void *arg, const char *point);
 	void *test_arg;

@@ -1546,6 +1546,54 @@ log_admission(struct rctx *x, const json_t *old, const struct plan *p)
 	    "running", running, "limit", limit, NULL);
 }
 
+/*
+ * controller.ttl_after_finished: a finished task is deleted that long
+ * after its completedAt, as a Job is after ttlSecondsAfterFinished; its
+ * children go with it by their owner references (the Sandbox's
+ * shutdownTime, at the end of the audit window, has passed: the TTL is
+ * never shorter). Only a settled task, one whose pass wrote nothing: its
+ * tokens are revoked and its status final. The deletion carries the uid
+ * and resourceVersion this pass read, so a task changed meanwhile (a
+ * re-run: Pending again) is not deleted: 409, and the caller's next pass
+ * sees it as it is. A task not yet due is looked at again when it is.
+ */
+static int
+expire_finished(struct rctx *x, const json_t *task, int wrote)
+{
+	int64_t ttl = x->cfg->controller.ttl_after_finished_s;
+	int64_t end = parse_time(jpath(task, "status", "completedAt"));
+	struct k8s_status st = { 0 };
+	char ttls[24];
+	int rc;
+
+	if (ttl <= 0)
+		return 0;
+	if (end <= 0)
+		end = x->now;	/* this pass wrote it */
+	if (wrote || x->now < end + ttl) {
+		want_requeue(x, (end + ttl - x->now) * 1000);
+		return 0;
+	}
+	if (x->cc->test_hook != NULL)
+		x->cc->test_hook(x->cc->test_arg, "delete");
+	rc = k8s_delete_if(x->cc->store, &K8S_AGENTTASK, x->ns, x->name,
+	    K8S_PROPAGATE_BACKGROUND, k8s_meta_str(task, "uid"),
+	    k8s_meta_str(task, "resourceVersion"), NULL, &st);
+	if (rc == 0) {
+		snprintf(ttls, sizeof(ttls), "%" PRId64, ttl);
+		log_kv(LOG_INFO, "task deleted", "task", x->name, "namespace",
+		    x->ns, "reason", "ttl_after_finished", "completed_at",
+		    jpath(task, "status", "completedAt"), "ttl_s", ttls, NULL);
+		metrics_inc("diverge_agenttasks_expired_total", "", 1);
+	} else if (rc == K8S_ENOTFOUND) {
+		rc = 0;
+	} else if (rc != K8S_ECONFLICT) {
+		note_cause(x, "task delete", &st);
+	}
+	k8s_status_release(&st);
+	return rc;
+}
+
 /* ---------------------------------------------------------- reconcile */
 
 /*
@@ -1566,6 +1614,7 @@ reconcile_once(struct rctx *x)
 	const char *ctok = NULL, *sb_tok;
 	int rc, live, children, paused, asleep, preview, has_shutdown = 0;
 	int env_exists = 0, tok_issued, sb_write, roll, hold;
+	int writes = x->writes;
 	int64_t active, open_since = 0, end, timeout, deadline;
 	const json_t *tc;
 	struct k8s_status st = { 0 };
@@ -1982,6 +2031,8 @@ reconcile_once(struct rctx *x)
 		want_requeue(x, 0);
 	if (rc == 0)
 		log_admission(x, old, &p);
+	if (rc == 0 && phase_terminal(p.phase))
+		rc = expire_finished(x, o.task, x->writes != writes);
 out:
 	release_slot(x, rc == 0);
 	json_decref(status);

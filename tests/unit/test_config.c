@@ -327,6 +327,25 @@ static const struct error_case error_cases[] = {
 	{ "sandbox.audit_window bad unit", "sandbox: {audit_window: 1y}\n",
 	  "t.yaml:1: 'sandbox.audit_window': expected a duration like 30s, "
 	  "15m, 24h, 7d or 1h30m, got '1y'" },
+	{ "controller.ttl_after_finished bad unit",
+	  "controller:\n  ttl_after_finished: soon\n",
+	  "t.yaml:2: 'controller.ttl_after_finished': expected a duration like "
+	  "30s, 15m, 24h, 7d or 1h30m, got 'soon'" },
+	{ "controller.ttl_after_finished too long",
+	  "controller: {ttl_after_finished: 3651d}\n",
+	  "t.yaml:1: 'controller.ttl_after_finished': expected a duration from "
+	  "0s to 3650d, got '3651d'" },
+	{ "controller.ttl_after_finished under the default audit window",
+	  "controller:\n  workers: 2\n  ttl_after_finished: 1h\n",
+	  "t.yaml:3: 'controller.ttl_after_finished' (1h) is shorter than "
+	  "'sandbox.audit_window' (1d): deleting a finished task deletes its "
+	  "Sandbox, which the audit window keeps" },
+	{ "controller.ttl_after_finished under a longer audit window",
+	  "controller: {ttl_after_finished: 2d}\nsandbox:\n  uid: 1000\n"
+	  "  audit_window: 2d1h\n",
+	  "t.yaml:1: 'controller.ttl_after_finished' (2d) is shorter than "
+	  "'sandbox.audit_window' (2d1h): deleting a finished task deletes "
+	  "its Sandbox, which the audit window keeps" },
 	{ "sandbox.audit_window too long",
 	  "sandbox: {audit_window: 366d}\n",
 	  "t.yaml:1: 'sandbox.audit_window': expected a duration from 0s to "
@@ -607,6 +626,7 @@ check_defaults(const struct config *c)
 	assert_string_equal(c->controller.namespace, "diverge-system");
 	assert_int_equal(c->controller.workers, 4);
 	assert_int_equal(c->controller.max_active_tasks, 0);
+	assert_int_equal(c->controller.ttl_after_finished_s, 0);
 	assert_string_equal(c->meter.public_url, "http://127.0.0.1:8080");
 	assert_int_equal(c->github.enabled, 0);
 	assert_string_equal(c->github.api_url, "https://api.github.com");
@@ -727,6 +747,7 @@ check_full(const struct config *c)
 	assert_string_equal(c->controller.namespace, "diverge");
 	assert_int_equal(c->controller.workers, 8);
 	assert_int_equal(c->controller.max_active_tasks, 20);
+	assert_int_equal(c->controller.ttl_after_finished_s, 30 * 86400);
 	assert_string_equal(c->meter.public_url,
 	    "https://diverge.example.com");
 	assert_int_equal(c->github.enabled, 1);
@@ -807,8 +828,8 @@ test_full_file(void **state)
 		fail_msg("%s", cause);
 	assert_string_equal(c.file, path);
 	check_full(&c);
-	assert_int_equal(c.repos[0].line, 65);
-	assert_int_equal(c.repos[1].line, 67);
+	assert_int_equal(c.repos[0].line, 66);
+	assert_int_equal(c.repos[1].line, 68);
 	config_release(&c);
 	free(path);
 }

@@ -3455,6 +3455,156 @@ wait_metric(const char *series, double want, int64_t ms)
 	return 0;
 }
 
+/* ------------------------------------------- controller.ttl_after_finished */
+
+static int
+no_ttl(void **state)
+{
+	cc.test_hook = NULL;
+	cfg.controller.ttl_after_finished_s = 0;
+	return unlimit(state);
+}
+
+/* One pass of name; its requeue hint. */
+static int64_t
+reconcile_requeue(const char *name)
+{
+	int64_t requeue = 0;
+	char *cause = NULL;
+	int rc = controller_reconcile(&cc, NS, name, &requeue, &cause);
+
+	if (rc != 0)
+		fprintf(stderr, "# reconcile: %s\n", cause ? cause : "?");
+	assert_int_equal(rc, 0);
+	free(cause);
+	return requeue;
+}
+
+/* Move status.completedAt of name back to secs ago. */
+static void
+backdate_completed(const char *name, int64_t secs)
+{
+	char ts[32], *p;
+
+	time_rfc3339(now_unix() - secs, ts);
+	p = xasprintf("{\"status\":{\"completedAt\":\"%s\"}}", ts);
+	patch_status(name, p);
+	free(p);
+}
+
+/* Whether the object is gone within a few seconds (a cluster's GC). */
+static int
+gone(const struct k8s_resource *r, const char *name)
+{
+	int64_t end = now_mono_ms() + 5000;
+	json_t *o;
+
+	while ((o = get(r, name)) != NULL && now_mono_ms() < end) {
+		json_decref(o);
+		sleep_ms(50);
+	}
+	json_decref(o);
+	return o == NULL;
+}
+
+static const char *rerun_in_hook;
+
+/* A re-run lands between the pass's read and its deletion. */
+static void
+rerun_hook(void *arg, const char *point)
+{
+	const char *name = rerun_in_hook;
+
+	(void)arg;
+	if (strcmp(point, "delete") != 0 || name == NULL)
+		return;
+	rerun_in_hook = NULL;
+	patch_status(name, "{\"status\":{\"phase\":\"Pending\","
+	    "\"reason\":\"Rerun\",\"completedAt\":null}}");
+}
+
+/*
+ * A finished task is deleted ttl_after_finished after its completedAt,
+ * with its children; not before (its pass asks for a look when it is
+ * due), not by a pass that wrote something (at once by the next), and
+ * not when it changed after the pass read it (a re-run): the
+ * deletion's preconditions make that a 409, and the next pass sees it
+ * Pending. Without a TTL a finished task stays and asks for no look.
+ */
+static void
+ttl_after_finished(int mode)
+{
+	char *a, *b, *sname;
+	int64_t requeue;
+	double before;
+	json_t *t;
+
+	close_all();
+	if (open_store(mode, 1000) < 0) {
+		fprintf(stderr, "# skip: the fake kube-apiserver does not "
+		    "start (python3, openssl)\n");
+		storeenv_close(&env);
+		open_all(1);
+		return;
+	}
+	cfg.controller.ttl_after_finished_s = 0;
+	a = active();
+	complete_task(a);
+	assert_int_equal(reconcile_requeue(a), -1);
+
+	cfg.controller.ttl_after_finished_s = 2 * 86400;
+	requeue = reconcile_requeue(a);
+	assert_true(requeue > (2 * 86400 - 10) * 1000 &&
+	    requeue <= 2 * 86400 * 1000);
+	backdate_completed(a, 86400);
+	requeue = reconcile_requeue(a);
+	assert_true(requeue > (86400 - 10) * 1000 && requeue <= 86400 * 1000);
+	assert_non_null((t = get_task(a)));
+	json_decref(t);
+
+	/* due: the task goes, and its children with it */
+	before = metric("diverge_agenttasks_expired_total");
+	backdate_completed(a, 2 * 86400 + 5);
+	/* the Sandbox's shutdownTime moved back with it: written, not due */
+	assert_int_equal(reconcile_requeue(a), 0);
+	assert_non_null((t = get_task(a)));
+	json_decref(t);
+	reconcile(a);
+	assert_null((t = get(&K8S_AGENTTASK, a)));
+	sname = xasprintf("%s-token", a);
+	assert_true(gone(&K8S_SECRET, sname));
+	assert_true(gone(&K8S_SANDBOX, a));
+	free(sname);
+	assert_true(metric("diverge_agenttasks_expired_total") ==
+	    (before < 0 ? 0 : before) + 1);
+	reconcile(a);		/* gone: nothing to do */
+
+	/* a re-run between the read and the deletion wins */
+	b = active();
+	complete_task(b);
+	backdate_completed(b, 2 * 86400 + 5);
+	assert_int_equal(reconcile_requeue(b), 0);
+	rerun_in_hook = b;
+	cc.test_hook = rerun_hook;
+	reconcile(b);
+	cc.test_hook = NULL;
+	assert_null(rerun_in_hook);
+	assert_non_null((t = get_task(b)));
+	json_decref(t);
+	assert_phase(b, "Provisioning");
+	cfg.controller.ttl_after_finished_s = 0;
+	free(a);
+	free(b);
+}
+
+static void
+test_ttl_after_finished(void **state)
+{
+	(void)state;
+	ttl_after_finished(1);
+	ttl_after_finished(3);
+}
+
 /*
  * With the watches and workers: a task that leaves its slot (completes,
  * is deleted) has the first queued task admitted at once, not at the
@@ -3779,6 +3929,7 @@ main(void)
 		    stop_running),
 		cmocka_unit_test(test_dump),
 		cmocka_unit_test_teardown(test_stalled_task_fails, unlimit),
+		cmocka_unit_test_teardown(test_ttl_after_finished, no_ttl),
 		cmocka_unit_test_teardown(test_queue_admission, unlimit),
 		cmocka_unit_test_teardown(test_queue_timeout_rerun, unlimit),
 		cmocka_unit_test_teardown(test_queue_race, unlimit),
