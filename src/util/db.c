@@ -2,6 +2,8 @@
  * embedded store. */
 #include "config.h"
 
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <sqlite3.h>
@@ -67,6 +69,67 @@ db_step(sqlite3 *db, const char *sql)
 	return rc == SQLITE_DONE ? 0 : -1;
 }
 
+/* The integer a one-row PRAGMA answers; -1 on error. */
+static int64_t
+pragma_int(sqlite3 *db, const char *pragma)
+{
+	sqlite3_stmt *st = NULL;
+	int64_t v = -1;
+
+	if (sqlite3_prepare_v2(db, pragma, -1, &st, NULL) == SQLITE_OK &&
+	    sqlite3_step(st) == SQLITE_ROW)
+		v = sqlite3_column_int64(st, 0);
+	sqlite3_finalize(st);
+	return v;
+}
+
+/*
+ * Every database diverged writes says so (PRAGMA application_id "DIVG")
+ * and carries the schema version of the diverged that last opened it
+ * (PRAGMA user_version). One newer than this build's (an upgrade rolled
+ * back) is refused: an older diverged does not know what the newer one
+ * added, and would misread or break it. One stamped by another program
+ * is refused too. A file from before the stamps (0, 0) or of an older
+ * schema is stamped with this one's at open; the modules then migrate
+ * their tables (idempotent: ALTER TABLE when a column is missing).
+ * Whoever changes a table's layout raises DB_SCHEMA_VERSION and writes
+ * its migration.
+ */
+static int
+db_check_version(sqlite3 *db, const char *path, char **cause)
+{
+	int64_t app = pragma_int(db, "PRAGMA application_id");
+	int64_t ver = pragma_int(db, "PRAGMA user_version");
+	char *sql;
+	int rc;
+
+	if (app < 0 || ver < 0) {
+		*cause = xasprintf("cannot read database '%s': %s", path,
+		    sqlite3_errmsg(db));
+		return -1;
+	}
+	if (app != 0 && app != DB_APPLICATION_ID) {
+		*cause = xasprintf("database '%s' belongs to another program "
+		    "(application_id 0x%08llx, not diverged's 0x%08x)", path,
+		    (unsigned long long)(uint32_t)app, DB_APPLICATION_ID);
+		return -1;
+	}
+	if (ver > DB_SCHEMA_VERSION) {
+		*cause = xasprintf("database '%s' was written by a newer "
+		    "diverged (schema %lld; this one knows up to %d): run that "
+		    "version again, or restore the backup made before the "
+		    "upgrade", path, (long long)ver, DB_SCHEMA_VERSION);
+		return -1;
+	}
+	if (app == DB_APPLICATION_ID && ver == DB_SCHEMA_VERSION)
+		return 0;
+	sql = xasprintf("PRAGMA application_id = %d; PRAGMA user_version = "
+	    "%d;", DB_APPLICATION_ID, DB_SCHEMA_VERSION);
+	rc = db_exec(db, sql, cause);
+	free(sql);
+	return rc;
+}
+
 /* Open in WAL mode with synchronous=FULL. */
 int
 db_open(const char *path, int manual_checkpoints, sqlite3 **out,
@@ -84,7 +147,8 @@ db_open(const char *path, int manual_checkpoints, sqlite3 **out,
 	sqlite3_busy_timeout(db, 10000);
 	if (db_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;",
 	    cause) < 0 || (manual_checkpoints &&
-	    db_exec(db, "PRAGMA wal_autocheckpoint=0;", cause) < 0)) {
+	    db_exec(db, "PRAGMA wal_autocheckpoint=0;", cause) < 0) ||
+	    db_check_version(db, path, cause) < 0) {
 		sqlite3_close(db);
 		return -1;
 	}

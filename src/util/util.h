@@ -166,10 +166,16 @@ void metrics_reset(void);
 /* ---- SQLite (util/db.c) ---- */
 struct sqlite3;
 struct sqlite3_stmt;
+/* PRAGMA application_id of diverged's databases: "DIVG". */
+#define DB_APPLICATION_ID 0x44495647
+/* PRAGMA user_version: the layout of diverged's tables (db_open). */
+#define DB_SCHEMA_VERSION 1
 /*
  * Open (creating) the database at path in WAL mode with synchronous=FULL
  * and a busy timeout. manual_checkpoints != 0 turns automatic WAL
- * checkpoints off (the caller runs them). -1 with *cause.
+ * checkpoints off (the caller runs them). A database of another program,
+ * or of a newer schema than DB_SCHEMA_VERSION, is refused; an older one
+ * is stamped with it. -1 with *cause.
  */
 int db_open(const char *path, int manual_checkpoints, struct sqlite3 **out,
     char **cause);

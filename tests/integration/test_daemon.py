@@ -2,11 +2,13 @@
 config errors with file:line, health/readiness/metrics, JSON logs, SIGHUP
 secret rotation and graceful SIGTERM/SIGINT."""
 
+import http.client
 import json
 import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import time
@@ -487,6 +489,82 @@ def state_dir_in_use(t):
     t.eq(d.stop(), 0, "exit 0")
 
 
+SECRETS = "/api/v1/namespaces/default/secrets"
+
+
+def api(d, method, path, body=None):
+    """(status, JSON body) of a call to the embedded store's API."""
+    c = http.client.HTTPConnection("127.0.0.1", d.api_port, timeout=10)
+    try:
+        c.request(method, path, body=json.dumps(body) if body is not None
+                  else None, headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        return r.status, json.loads(r.read() or b"null")
+    finally:
+        c.close()
+
+
+def db_stamps(path):
+    """(application_id, user_version) of a database file."""
+    c = sqlite3.connect(path)
+    try:
+        return (c.execute("PRAGMA application_id").fetchone()[0],
+                c.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        c.close()
+
+
+def db_restamp(path, app, ver):
+    c = sqlite3.connect(path)
+    c.execute("PRAGMA application_id = %d" % app)
+    c.execute("PRAGMA user_version = %d" % ver)
+    c.commit()
+    c.close()
+
+
+def schema_versions(t):
+    """Every database of the state directory says it is diverged's and
+    which schema wrote it. One from a newer diverged (an upgrade rolled
+    back) or from another program stops the start with a message naming
+    the file; one from before the stamps is stamped, its data kept."""
+    d = Daemon().start()
+    t.eq(api(d, "POST", SECRETS, {"apiVersion": "v1", "kind": "Secret",
+                                  "metadata": {"name": "keep-me"},
+                                  "stringData": {"k": "v"}})[0], 201,
+         "an object made through the embedded API")
+    t.eq(d.stop(), 0, "stopped")
+    dbs = sorted(f for f in os.listdir(d.state_dir) if f.endswith(".db"))
+    stamps = {f: db_stamps(os.path.join(d.state_dir, f)) for f in dbs}
+    t.ok(len(dbs) == 4 and all(v == (0x44495647, 1)
+                               for v in stamps.values()),
+         "each database is stamped: application_id DIVG, schema 1", stamps)
+    newer = os.path.join(d.state_dir, "inbox-2.db")
+    db_restamp(newer, 0x44495647, 2)
+    rc, err = second_daemon("127.0.0.1:0", d.state_dir)
+    t.ok(rc == 1 and ("database '%s' was written by a newer diverged "
+                      "(schema 2; this one knows up to 1)" % newer) in err,
+         "a database of a newer schema: exit 1, naming it", (rc, err[-400:]))
+    db_restamp(newer, 0x12345678, 1)
+    rc, err = second_daemon("127.0.0.1:0", d.state_dir)
+    t.ok(rc == 1 and ("database '%s' belongs to another program "
+                      "(application_id 0x12345678" % newer) in err,
+         "a database of another program: exit 1, naming it",
+         (rc, err[-400:]))
+    # from before the stamps: stamped at the next start, rows kept
+    main_db = os.path.join(d.state_dir, "diverge.db")
+    db_restamp(newer, 0, 0)
+    db_restamp(main_db, 0, 0)
+    d.start()
+    s, _, _ = d.json("GET", "/healthz")
+    t.eq(s, 200, "a state directory from before the stamps: it starts")
+    s, obj = api(d, "GET", SECRETS + "/keep-me")
+    t.eq((s, (obj or {}).get("data")), (200, {"k": "dg=="}),
+         "its objects are kept")
+    t.eq(d.stop(), 0, "stopped")
+    t.eq((db_stamps(main_db), db_stamps(newer)),
+         ((0x44495647, 1), (0x44495647, 1)), "and it is stamped")
+
+
 def main(t):
     cli(t)
     config_errors(t)
@@ -497,6 +575,7 @@ def main(t):
     graceful(t)
     address_in_use(t)
     state_dir_in_use(t)
+    schema_versions(t)
     limits(t)
     slow_clients(t)
     many_connections(t)
