@@ -57,16 +57,12 @@ struct controller_queue *
 controller_queue_new(void)
 {
 	struct controller_queue *q = xcalloc(1, sizeof(*q));
-	pthread_condattr_t ca;
 
 	metrics_describe("diverge_workqueue_depth", METRIC_GAUGE,
 	    "Keys waiting in a work queue (reconciler, notifier), as its "
 	    "workers last saw it.");
 	pthread_mutex_init(&q->mu, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&q->cv, &ca);
-	pthread_condattr_destroy(&ca);
+	time_cond_init(&q->cv);
 	q->dirty = json_object();
 	q->processing = json_object();
 	q->failures = json_object();
@@ -685,14 +681,7 @@ controller_start(struct controller **out,
 	if (c->cfg.resync_ms <= 0)
 		c->cfg.resync_ms = DEFAULT_RESYNC_MS;
 	pthread_mutex_init(&c->mu, NULL);
-	{
-		pthread_condattr_t ca;
-
-		pthread_condattr_init(&ca);
-		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-		pthread_cond_init(&c->stop_cv, &ca);
-		pthread_condattr_destroy(&ca);
-	}
+	time_cond_init(&c->stop_cv);
 	c->q = controller_queue_new();
 	c->slots = json_object();
 	c->workers = xcalloc((size_t)n, sizeof(*c->workers));

@@ -1851,7 +1851,6 @@ rest_watch(struct k8s_api *api, const struct k8s_resource *r,
 {
 	struct rest *rs = rest_of(api);
 	struct rest_watch *w = NULL;
-	pthread_condattr_t ca;
 	struct timespec ts;
 	uint32_t rnd = 0;
 	int ret = K8S_EINTERNAL, sync = 0;
@@ -1864,11 +1863,8 @@ rest_watch(struct k8s_api *api, const struct k8s_resource *r,
 	w->w.api = api;
 	w->rs = rs;
 	pthread_mutex_init(&w->lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&w->cond, &ca);
-	pthread_cond_init(&w->space, &ca);
-	pthread_condattr_destroy(&ca);
+	time_cond_init(&w->cond);
+	time_cond_init(&w->space);
 	buf_init(&w->line, MAX_LINE);
 	buf_init(&w->errbody, MAX_ERR_BODY);
 	(void)random_bytes(&rnd, sizeof(rnd));

@@ -22,6 +22,18 @@ time_deadline(clockid_t clk, int64_t ms, struct timespec *ts)
 	}
 }
 
+/* A condition variable whose deadlines are monotonic. */
+void
+time_cond_init(pthread_cond_t *cv)
+{
+	pthread_condattr_t ca;
+
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(cv, &ca);
+	pthread_condattr_destroy(&ca);
+}
+
 /* Monotonic clock in milliseconds. */
 int64_t
 now_mono_ms(void)

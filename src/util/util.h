@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <pthread.h>
 #include <time.h>
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
@@ -111,6 +112,8 @@ int random_bytes(void *buf, size_t n);
 int64_t now_mono_ms(void);
 struct timespec;
 void time_deadline(clockid_t clk, int64_t ms, struct timespec *ts);
+/* Initialize cv to time its waits on CLOCK_MONOTONIC (time_deadline). */
+void time_cond_init(pthread_cond_t *cv);
 /* Wall clock seconds since the epoch (overridable in tests). */
 int64_t now_unix(void);
 /* Wall clock milliseconds since the epoch. */
