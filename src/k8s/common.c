@@ -6,6 +6,7 @@
 #include "config.h"
 
 #include <ctype.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -818,6 +819,28 @@ k8s_watch_free(struct k8s_watch *w)
 void
 k8s_api_free(struct k8s_api *api)
 {
-	if (api != NULL)
-		api->ops->free(api);
+	if (api == NULL)
+		return;
+	if (api->attached_free != NULL)
+		api->attached_free(api->attached);
+	api->ops->free(api);
+}
+
+static pthread_mutex_t attach_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The attachment of api, made on first use. */
+void *
+k8s_api_attachment(struct k8s_api *api, void *(*make)(void),
+    void (*free_fn)(void *))
+{
+	void *a;
+
+	pthread_mutex_lock(&attach_mu);
+	if (api->attached == NULL) {
+		api->attached = make();
+		api->attached_free = free_fn;
+	}
+	a = api->attached;
+	pthread_mutex_unlock(&attach_mu);
+	return a;
 }

@@ -290,9 +290,11 @@ struct k8s_ops {
 	void (*free)(struct k8s_api *api);
 };
 
-/* A backend instance starts with its ops. */
+/* A backend instance starts with its ops (and is allocated zeroed). */
 struct k8s_api {
 	const struct k8s_ops *ops;
+	void *attached;			/* see k8s_api_attachment */
+	void (*attached_free)(void *);
 };
 
 /* Watches start with their api. */
@@ -338,7 +340,17 @@ int k8s_watch(struct k8s_api *api, const struct k8s_resource *r,
 int k8s_watch_next(struct k8s_watch *w, int timeout_ms, struct k8s_event *ev,
     struct k8s_status *st);
 void k8s_watch_free(struct k8s_watch *w);
+/* Free api, and its attachment first (NULL is fine). */
 void k8s_api_free(struct k8s_api *api);
+/*
+ * What a user keeps with api for as long as api lives (there is one: the
+ * controller's cache of the tasks that hold or want a slot, which must
+ * not outlive the store it mirrors): made by make() on the first call,
+ * under a lock, so every caller gets the same one; k8s_api_free gives it
+ * to free_fn. Every caller passes the same make and free_fn.
+ */
+void *k8s_api_attachment(struct k8s_api *api, void *(*make)(void),
+    void (*free_fn)(void *));
 
 /* ---- embedded backend (embedded.c) ---- */
 
