@@ -11,6 +11,7 @@
 
 #include "config/config.h"
 #include "controller/controller.h"
+#include "controller/slots.h"
 #include "k8s/k8s.h"
 #include "util/util.h"
 
@@ -294,16 +295,11 @@ struct controller {
 	int stop;
 	uint64_t reconciles, errors, relists;
 	/*
-	 * The tasks that hold a slot or wait for one, as the task watch last
-	 * saw them ("ns/name" -> SLOT_HOLDS or SLOT_QUEUED); only the task
-	 * watcher's thread uses it.
+	 * The tasks that hold a slot or wait for one (the store's cache,
+	 * which the admission decides on): the task watch feeds it
 	 */
-	json_t *slots;
+	struct controller_slots *slots;
 };
-
-#define SLOT_HOLDS 1
-#define SLOT_QUEUED 2
-#define SLOT_WANTS 3	/* waits, not (yet) said to be queued */
 
 static int
 stopping(struct controller *c)
@@ -354,78 +350,39 @@ controller_enqueue(struct controller *c, const char *ns, const char *name)
 }
 
 /*
- * The slot a task holds or waits for: SLOT_HOLDS, SLOT_QUEUED,
- * SLOT_WANTS or 0.
+ * After what the task watch (or a pass) showed of the slots: the gauges
+ * of the tasks running and queued, and when a task took or left a slot,
+ * or stopped waiting for one (queued or not yet: deleted, suspended), a
+ * look again for the queued tasks at once: one may take a slot that
+ * freed or move up, and the numbers their messages give moved.
  */
-static int
-slot_of(const json_t *task)
-{
-	if (task == NULL)
-		return 0;
-	if (k8s_task_holds_slot(task))
-		return SLOT_HOLDS;
-	if (k8s_task_queued(task, NULL))
-		return SLOT_QUEUED;
-	return k8s_task_wants_slot(task) ? SLOT_WANTS : 0;
-}
-
-/* The gauges of the tasks running and queued. */
 static void
-count_slots(struct controller *c)
+slots_changed(struct controller *c)
 {
-	double n[4] = { 0, 0, 0, 0 };
-	const char *k;
-	json_t *v;
+	int64_t holds, queued;
+	json_t *keys, *k;
+	size_t i;
+	int look;
 
-	json_object_foreach(c->slots, k, v)
-		n[json_integer_value(v)]++;
-	metrics_set("diverge_tasks_active", "", n[SLOT_HOLDS]);
-	metrics_set("diverge_tasks_queued", "", n[SLOT_QUEUED]);
+	controller_slots_changes(c->slots, &look, &holds, &queued, &keys);
+	metrics_set("diverge_tasks_active", "", (double)holds);
+	metrics_set("diverge_tasks_queued", "", (double)queued);
+	json_array_foreach(keys, i, k)
+		controller_queue_add(c->q, json_string_value(k));
+	json_decref(keys);
 }
 
 /*
- * Record what a task event shows of its slot (task NULL: deleted). A
- * task that takes or leaves a slot, or stops waiting for one (queued or
- * not yet: deleted, suspended), gives the queued tasks another look at
- * once: one may take a slot that freed or move up, and the numbers their
- * messages give moved.
+ * The slot cache from a list of the tasks (a watch from scratch, a
+ * resync), and every task queued when enqueue. A list that fails is
+ * logged: the watch's events still feed the cache.
  */
 static void
-track_slot(struct controller *c, const char *ns, const char *name,
-    const json_t *task)
-{
-	int was, now = slot_of(task);
-	const char *k;
-	json_t *v;
-	char *key;
-
-	if (ns == NULL || name == NULL)
-		return;
-	key = xasprintf("%s/%s", ns, name);
-	was = (int)json_integer_value(json_object_get(c->slots, key));
-	if (now != 0)
-		json_object_set_new(c->slots, key, json_integer(now));
-	else
-		json_object_del(c->slots, key);
-	free(key);
-	if (was == now)
-		return;
-	count_slots(c);
-	if (was != SLOT_HOLDS && (now == SLOT_QUEUED || now == SLOT_WANTS))
-		return;		/* one more in the queue changes no place */
-	json_object_foreach(c->slots, k, v)
-		if (json_integer_value(v) == SLOT_QUEUED)
-			controller_queue_add(c->q, k);
-}
-
-/* Queue every task (resync), and count their slots again. */
-static void
-resync(struct controller *c)
+relist(struct controller *c, int enqueue)
 {
 	struct k8s_status st = { 0 };
 	json_t *list = NULL, *it;
 	size_t i;
-	int slot;
 
 	if (k8s_list(c->cfg.store, &K8S_AGENTTASK, c->cfg.namespace, NULL,
 	    &list, &st) < 0) {
@@ -434,21 +391,12 @@ resync(struct controller *c)
 		k8s_status_release(&st);
 		return;
 	}
-	/* counted again from the list, as a watch from scratch does */
-	json_object_clear(c->slots);
-	json_array_foreach(json_object_get(list, "items"), i, it) {
-		const char *ns = k8s_meta_str(it, "namespace");
-		const char *name = k8s_meta_str(it, "name");
-		char *key;
-
-		enqueue_key(c, ns, name);
-		if (ns == NULL || name == NULL || (slot = slot_of(it)) == 0)
-			continue;
-		key = xasprintf("%s/%s", ns, name);
-		json_object_set_new(c->slots, key, json_integer(slot));
-		free(key);
-	}
-	count_slots(c);
+	if (enqueue)
+		json_array_foreach(json_object_get(list, "items"), i, it)
+			enqueue_key(c, k8s_meta_str(it, "namespace"),
+			    k8s_meta_str(it, "name"));
+	controller_slots_relist(c->slots, list);
+	slots_changed(c);
 	json_decref(list);
 }
 
@@ -461,8 +409,9 @@ handle_event(struct watcher *w, struct k8s_event *ev)
 	if (ev->type == K8S_BOOKMARK || ev->type == K8S_ERROR)
 		return;
 	if (w->is_task) {
-		track_slot(w->c, ns, k8s_meta_str(o, "name"),
-		    ev->type == K8S_DELETED ? NULL : o);
+		(void)controller_slots_observe(w->c->slots, o,
+		    ev->type == K8S_DELETED);
+		slots_changed(w->c);
 		if (ev->type == K8S_DELETED) {
 			controller_task_deleted(&w->c->cfg, o);
 			return;
@@ -519,13 +468,13 @@ watch_main(void *arg)
 		}
 		/*
 		 * from scratch (at start, after 410 Gone): the ADDED events
-		 * tell every task's slot again, and a task deleted while the
-		 * watch was behind has none to tell, so what was tracked goes
+		 * tell every task's slot again, but a task deleted while the
+		 * watch was behind has none to tell, and they come one by
+		 * one: the slot cache is made again at once from a list taken
+		 * now (the events then bring nothing older)
 		 */
-		if (w->is_task && rv[0] == '\0') {
-			json_object_clear(c->slots);
-			count_slots(c);
-		}
+		if (w->is_task && rv[0] == '\0')
+			relist(c, 0);
 		for (;;) {
 			struct k8s_event ev;
 
@@ -541,8 +490,10 @@ watch_main(void *arg)
 			if (w->is_task && now_mono_ms() - last_resync >=
 			    resync_ms) {
 				last_resync = now_mono_ms();
-				resync(c);
+				relist(c, 1);
 			}
+			if (w->is_task)
+				slots_changed(c);	/* a pass's too */
 			if (rc == 0)
 				continue;
 			failures = 0;
@@ -551,6 +502,9 @@ watch_main(void *arg)
 				    (long long)ev.rv);
 			handle_event(w, &ev);
 			json_decref(ev.object);
+			/* bookmarks too: every change up to it was seen */
+			if (w->is_task && ev.rv > 0)
+				controller_slots_synced(c->slots, ev.rv);
 		}
 		if (rc == K8S_EGONE) {
 			log_kv(LOG_INFO, "controller watch expired, relisting",
@@ -683,7 +637,8 @@ controller_start(struct controller **out,
 	pthread_mutex_init(&c->mu, NULL);
 	time_cond_init(&c->stop_cv);
 	c->q = controller_queue_new();
-	c->slots = json_object();
+	c->slots = controller_slots_of(cfg->store);
+	controller_slots_feed(c->slots, 1);
 	c->workers = xcalloc((size_t)n, sizeof(*c->workers));
 	for (i = 0; i < ARRAY_SIZE(kinds); i++) {
 		struct watcher *w = &c->watchers[c->nwatchers];
@@ -727,11 +682,12 @@ controller_stop(struct controller *c)
 	pthread_mutex_unlock(&c->mu);
 	for (i = 0; i < c->nwatchers; i++)
 		pthread_join(c->watchers[i].thread, NULL);
+	/* passes no longer wait for the watch (the store keeps the cache) */
+	controller_slots_feed(c->slots, 0);
 	controller_queue_shutdown(c->q);
 	for (k = 0; k < c->nworkers; k++)
 		pthread_join(c->workers[k], NULL);
 	controller_queue_free(c->q);
-	json_decref(c->slots);
 	free(c->workers);
 	pthread_cond_destroy(&c->stop_cv);
 	pthread_mutex_destroy(&c->mu);

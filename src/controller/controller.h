@@ -37,11 +37,15 @@
  * it resumes, only when it is among the first of the waiting tasks (by
  * creationTimestamp, then namespace/name) that fit the free slots, else
  * it stays, with status.reason Queued and its place in status.message.
- * The workers decide one admission at a time, and a task admitted counts
- * as running before its status says so (and, when the pass fails after
- * the decision, until a later pass says so). When the task watch sees a
- * task leave a slot or stop waiting for one (queued or not yet), the
- * queued tasks are reconciled again.
+ * The workers decide one admission at a time, on a cache of the tasks
+ * that hold or want a slot (slots.h: fed by the task watch and by each
+ * pass's own read of its task, never a list of every task), and a task
+ * admitted counts as running until that cache shows it in its slot or
+ * no longer waiting for one (so also when the pass fails after the
+ * decision). After a restart, a task whose own Sandbox already runs for
+ * its current run is admitted again whatever the queue. When the cache
+ * shows a task leave a slot or stop waiting for one (queued or not yet),
+ * the queued tasks are reconciled again.
  *
  * status.activeSeconds holds the seconds of the closed Provisioning/Active
  * periods; the open one started at the lastTransitionTime of the

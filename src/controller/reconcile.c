@@ -13,6 +13,7 @@
 
 #include "config/config.h"
 #include "controller/controller.h"
+#include "controller/slots.h"
 #include "k8s/k8s.h"
 #include "meter/meter.h"
 #include "util/util.h"
@@ -57,7 +58,8 @@ struct rctx {
 	int writes;
 	int64_t requeue_ms;
 	char *cause;
-	char *admitted;		/* our key in the admitted set, or NULL */
+	int stale;		/* the slot cache knows a later task */
+	int admitted;		/* this pass took a slot */
 	int64_t running;	/* when admitted: the tasks in slots, with it */
 };
 
@@ -1100,158 +1102,85 @@ plan_phase(struct rctx *x, const json_t *task, const struct sbview *v,
 /* ---------------------------------------------------------- admission */
 
 /*
- * controller.max_active_tasks. diverged runs one controller per process,
- * so the lock and the set below are the process's: a worker decides an
- * admission under the lock and records the task in the set, where it
- * counts as running though the store still says Pending, until its
- * status write says Provisioning and release_slot() takes it out, under
- * the lock again; a decision taken meanwhile sees one or the other. Two
- * workers never take the same last slot. A pass that fails after its
- * decision (a status write that keeps losing to other writers, an API
- * server error) keeps the record: it may have made the task's token and
- * Sandbox, which run, so the task keeps its slot and its next pass takes
- * it up again; given back, an earlier task resuming or re-run meanwhile
- * would take it and the two would run over the limit. A record whose
- * task no longer waits for its slot (deleted, made again under its name,
- * suspended, or shown in a slot by the store) is dropped by the next
- * decision, which lists them all.
+ * controller.max_active_tasks, decided on the store's slot cache
+ * (slots.h): a pass records its own fresh read of its task there first,
+ * and a decision counts the cached tasks that hold a slot or were
+ * admitted and the waiting ones ahead, under the cache's lock, without
+ * reading the store. A task admitted is assumed to run until the cache
+ * itself shows it in its slot or no longer waiting for one (the task
+ * watch, or a later pass, sees its status write), so a decision taken
+ * meanwhile sees one or the other and two workers never take the same
+ * last slot. A pass that fails after its decision (a status write that
+ * keeps losing to other writers, an API server error) keeps the record:
+ * it may have made the task's token and Sandbox, which run, so the task
+ * keeps its slot and its next pass takes it up again; given back, an
+ * earlier task resuming or re-run meanwhile would take it and the two
+ * would run over the limit.
+ *
+ * The record is in memory: a restart between an admitted pass's Sandbox
+ * and its Provisioning status write loses it, and the task is then
+ * Pending (or Paused, on a resume) with its Sandbox running and a live
+ * token. Its own Sandbox, running for the current run (not Suspended, no
+ * shutdownTime: a finished run's has one), is that record: its next pass
+ * is admitted whatever the queue, as a pass whose record stands. What
+ * remains is the time from the restart to that pass (the start relists
+ * and queues every task): a decision of another task meanwhile does not
+ * count it, and may admit, say, an earlier task resuming; both then run,
+ * one over the limit, until one leaves its slot.
  */
-static pthread_mutex_t admit_mu = PTHREAD_MUTEX_INITIALIZER;
-static json_t *admitted;	/* "ns/name" -> the task's uid */
-
-/* Whether a task would take a slot as soon as one is free. */
-static int
-wants_slot(const json_t *t)
-{
-	const char *name = k8s_meta_str(t, "name");
-
-	return name != NULL && strlen(name) <= CONTROLLER_NAME_MAX &&
-	    k8s_task_wants_slot(t);
-}
-
-static int
-strcmp_null(const char *a, const char *b)
-{
-	return strcmp(a != NULL ? a : "", b != NULL ? b : "");
-}
-
-/* The queue's order: creationTimestamp, then namespace, then name. */
-static int
-queue_cmp(const json_t *a, const json_t *b)
-{
-	int64_t ta = parse_time(k8s_meta_str(a, "creationTimestamp"));
-	int64_t tb = parse_time(k8s_meta_str(b, "creationTimestamp"));
-	int c;
-
-	if (ta != tb)
-		return ta < tb ? -1 : 1;
-	c = strcmp_null(k8s_meta_str(a, "namespace"), k8s_meta_str(b,
-	    "namespace"));
-	return c != 0 ? c : strcmp_null(k8s_meta_str(a, "name"),
-	    k8s_meta_str(b, "name"));
-}
 
 /*
- * Whether admission record rec (a uid) still stands for task it, listed
- * under its key: the same task, still waiting to be shown in its slot.
+ * Whether the task's own Sandbox runs for the current run (see above);
+ * warm-pool mode: the Sandbox its claim bound, the claim not ended.
  */
 static int
-record_stands(const json_t *rec, const json_t *it)
+own_sandbox_runs(const struct obs *o)
 {
-	return streq(json_string_value(rec), k8s_meta_str(it, "uid")) &&
-	    !k8s_task_holds_slot(it) && wants_slot(it);
+	const json_t *sb = o->claim.obj != NULL ? o->bound : o->sandbox.obj;
+
+	if (sb == NULL || streq(jpath(sb, "spec", "operatingMode"),
+	    "Suspended") || jpath(sb, "spec", "shutdownTime") != NULL)
+		return 0;
+	return o->claim.obj == NULL || json_string_value(json_object_get(
+	    json_object_get(json_object_get(o->claim.obj, "spec"),
+	    "lifecycle"), "shutdownTime")) == NULL;
 }
 
 /*
  * May the task leave Pending or Paused for Provisioning? With no limit,
- * yes (1). Else it counts the tasks that hold a slot or were admitted
- * and the tasks that want one and come before it in the queue: admitted
- * (1, recorded until release_slot) when those together are fewer than
- * the limit, so that a later task never overtakes an earlier one, or
- * when its own record stands (an earlier pass was admitted and failed);
- * queued (0, *msg gets the status message) otherwise. A negative enum
- * k8s_err when the tasks cannot be listed.
+ * yes (1). Else admitted (1) or queued (0, *msg gets the status message)
+ * as controller_slots_admit decides. K8S_ECONFLICT when the cache knows
+ * a later version of the task than this pass read (read again), another
+ * negative enum k8s_err when the cache is behind the store.
  */
 static int
-admit(struct rctx *x, const json_t *task, int resume, char **msg)
+admit(struct rctx *x, const struct obs *o, int resume, char **msg)
 {
 	int64_t limit = x->cfg->controller.max_active_tasks;
 	int64_t running = 0, ahead = 0;
-	struct k8s_status st = { 0 };
-	json_t *list = NULL, *it, *rec, *stand;
-	const char *k;
-	char *key, *ik;
-	void *tmp;
-	size_t i;
-	int rc, mine = 0;
+	char *cause = NULL;
+	int rc;
 
 	if (limit <= 0)
 		return 1;
-	key = xasprintf("%s/%s", x->ns, x->name);
-	pthread_mutex_lock(&admit_mu);
-	rc = k8s_list(x->cc->store, &K8S_AGENTTASK, x->cc->namespace, NULL,
-	    &list, &st);
+	if (x->stale)
+		return K8S_ECONFLICT;
+	rc = controller_slots_admit(controller_slots_of(x->cc->store),
+	    o->task, limit, own_sandbox_runs(o), &running, &ahead, &cause);
 	if (rc < 0) {
-		note_cause(x, "task list", &st);
-		goto out;
+		if (x->cause == NULL)
+			x->cause = cause;
+		else
+			free(cause);
+		return rc;
 	}
-	if (admitted == NULL)
-		admitted = json_object();
-	stand = json_object();
-	json_array_foreach(json_object_get(list, "items"), i, it) {
-		ik = xasprintf("%s/%s", k8s_meta_str(it, "namespace"),
-		    k8s_meta_str(it, "name"));
-		rec = json_object_get(admitted, ik);
-		if (rec != NULL && !record_stands(rec, it))
-			rec = NULL;
-		if (rec != NULL)
-			json_object_set_new(stand, ik, json_true());
-		if (strcmp(ik, key) == 0)
-			mine = rec != NULL;	/* itself */
-		else if (k8s_task_holds_slot(it) || rec != NULL)
-			running++;
-		else if (wants_slot(it) && queue_cmp(it, task) < 0)
-			ahead++;
-		free(ik);
+	if (rc == 1) {
+		x->admitted = 1;
+		x->running = running;
+		return 1;
 	}
-	json_object_foreach_safe(admitted, tmp, k, rec)
-		if (json_object_get(stand, k) == NULL)
-			json_object_del(admitted, k);
-	json_decref(stand);
-	if (mine || running + ahead < limit) {
-		json_object_set_new(admitted, key, json_string(x->uid));
-		x->admitted = key;
-		key = NULL;	/* now x's */
-		x->running = running + 1;
-		rc = 1;
-	} else {
-		*msg = k8s_task_queue_message(running, limit, ahead, resume);
-		rc = 0;
-	}
-out:
-	pthread_mutex_unlock(&admit_mu);
-	k8s_status_release(&st);
-	json_decref(list);
-	free(key);
-	return rc;
-}
-
-/*
- * End the admission record of x once its status write said Provisioning
- * (written: rc 0); a pass that failed keeps it (see admitted).
- */
-static void
-release_slot(struct rctx *x, int written)
-{
-	if (x->admitted == NULL)
-		return;
-	if (written) {
-		pthread_mutex_lock(&admit_mu);
-		json_object_del(admitted, x->admitted);
-		pthread_mutex_unlock(&admit_mu);
-	}
-	free(x->admitted);
-	x->admitted = NULL;
+	*msg = k8s_task_queue_message(running, limit, ahead, resume);
+	return 0;
 }
 
 /*
@@ -1259,8 +1188,9 @@ release_slot(struct rctx *x, int written)
  * slot, or stays where it is, queued. 0, or a negative enum k8s_err.
  */
 static int
-plan_admission(struct rctx *x, const json_t *task, struct plan *p)
+plan_admission(struct rctx *x, const struct obs *o, struct plan *p)
 {
+	const json_t *task = o->task;
 	const char *cur = jpath(task, "status", "phase");
 	int resume = streq(cur, "Paused"), rc;
 	char *msg = NULL;
@@ -1275,7 +1205,7 @@ plan_admission(struct rctx *x, const json_t *task, struct plan *p)
 		}
 		return 0;
 	}
-	rc = admit(x, task, resume, &msg);
+	rc = admit(x, o, resume, &msg);
 	if (rc != 0)
 		return rc < 0 ? rc : 0;
 	free(p->message);
@@ -1537,7 +1467,7 @@ log_admission(struct rctx *x, const json_t *old, const struct plan *p)
 	if (p->queued && !streq(jstr(old, "reason"), K8S_TASK_REASON_QUEUED))
 		log_kv(LOG_INFO, "task queued", "task", x->name, "namespace",
 		    x->ns, "phase", p->phase, "message", p->message, NULL);
-	if (x->admitted == NULL)
+	if (!x->admitted)
 		return;
 	snprintf(running, sizeof(running), "%" PRId64, x->running);
 	snprintf(limit, sizeof(limit), "%d",
@@ -1624,6 +1554,9 @@ reconcile_once(struct rctx *x)
 	rc = k8s_get(x->cc->store, &K8S_AGENTTASK, x->ns, x->name, &o.task,
 	    &st);
 	if (rc == K8S_ENOTFOUND) {
+		/* what the task watch's DELETED event also says */
+		controller_slots_not_found(controller_slots_of(x->cc->store),
+		    x->ns, x->name);
 		k8s_status_release(&st);
 		return 0;
 	}
@@ -1632,6 +1565,9 @@ reconcile_once(struct rctx *x)
 		k8s_status_release(&st);
 		return rc;
 	}
+	/* the slot cache never has less than the pass decides on */
+	x->stale = controller_slots_observe(controller_slots_of(
+	    x->cc->store), o.task, 0) < 0;
 	if (json_object_get(json_object_get(o.task, "metadata"),
 	    "deletionTimestamp") != NULL) {
 		controller_task_deleted(x->cc, o.task);
@@ -1660,7 +1596,7 @@ reconcile_once(struct rctx *x)
 	if (open_since > 0 && x->now > open_since)
 		active += x->now - open_since;
 	plan_phase(x, o.task, &v, active, &p);
-	if ((rc = plan_admission(x, o.task, &p)) < 0)
+	if ((rc = plan_admission(x, &o, &p)) < 0)
 		goto out;
 	/*
 	 * a queued task that is not paused leaves its children as they are
@@ -2034,7 +1970,7 @@ reconcile_once(struct rctx *x)
 	if (rc == 0 && phase_terminal(p.phase))
 		rc = expire_finished(x, o.task, x->writes != writes);
 out:
-	release_slot(x, rc == 0);
+	x->admitted = 0;
 	json_decref(status);
 	json_decref(sbres);
 	token_free(token);

@@ -16,6 +16,7 @@
 
 #include "config/config.h"
 #include "controller/controller.h"
+#include "controller/slots.h"
 #include "meter/meter.h"
 #include "notifier/notifier.h"
 #include "scm/scm.h"
@@ -2925,6 +2926,8 @@ queue_admission(int mode)
 	play(q[2], "False", "SandboxSuspended", 0, NULL, 1, 0);
 	reconcile(q[2]);
 	assert_phase(q[2], "Paused");
+	/* what the task watch would show the slot cache: a pass reads it */
+	reconcile(q[2]);
 	reconcile(q[4]);
 	assert_phase(q[4], "Provisioning");
 
@@ -2954,6 +2957,7 @@ queue_admission(int mode)
 
 	/* q3 is deleted: q2 resumes with a fresh token */
 	delete_task(q[3]);
+	reconcile(q[3]);	/* not found: as the watch's DELETED */
 	reconcile(q[2]);
 	assert_phase(q[2], "Provisioning");
 	assert_sandbox(q[2], "Running", NULL);
@@ -3267,6 +3271,7 @@ test_queue_failed_write_keeps_slot(void **state)
 	assert_phase(a, "Paused");
 	/* b deleted: its slot is a's */
 	delete_task(b);
+	reconcile(b);	/* not found: as the watch's DELETED */
 	reconcile(a);
 	assert_phase(a, "Provisioning");
 	free(a);
@@ -3422,6 +3427,141 @@ test_stalled_task_fails(void **state)
 	free(a);
 	free(b);
 	free(c);
+}
+
+/*
+ * Admission reads the slot cache, not the store: with 2,000 finished
+ * tasks in the store (they are never deleted), deciding three tasks
+ * lists none of them. Through the fake kube-apiserver, whose request log
+ * counts the lists (GET .../agenttasks; one task is .../agenttasks/NAME).
+ */
+#define FINISHED_TASKS 2000
+
+static void
+test_queue_no_list(void **state)
+{
+	char *q[3], name[32];
+	int64_t t0;
+	json_t *j;
+	int i;
+
+	(void)state;
+	if (open_limited(3, 2) < 0)
+		skip();
+	for (i = 0; i < FINISHED_TASKS; i++) {
+		snprintf(name, sizeof(name), "done%d", i);
+		free(new_task_named(xstrdup(name), NULL, NULL));
+		patch_status(name, "{\"status\":{\"phase\":\"Completed\","
+		    "\"reason\":\"Succeeded\"}}");
+	}
+	for (i = 0; i < 3; i++) {
+		q[i] = new_task_named(xasprintf("n%d", i), NULL, NULL);
+		reconcile(q[i]);
+		assert_phase(q[i], "Pending");
+	}
+	j = storeenv_fake(&env, "DELETE", "/_fake/requests", NULL);
+	assert_non_null(j);
+	json_decref(j);
+	t0 = now_mono_ms();
+	for (i = 2; i >= 0; i--)
+		reconcile(q[i]);
+	fprintf(stderr, "# 3 passes that decide an admission, %d finished "
+	    "tasks: %lld ms\n", FINISHED_TASKS, (long long)(now_mono_ms() -
+	    t0));
+	assert_int_equal(storeenv_fake_count(&env, "GET", "/agenttasks"), 0);
+	assert_queued(q[2], "Pending", "waiting for a free slot: 0 of 2 tasks "
+	    "are running; 2 queued ahead");
+	assert_phase(q[1], "Provisioning");
+	assert_phase(q[0], "Provisioning");
+	reconcile(q[2]);
+	assert_queued(q[2], "Pending", "waiting for a free slot: 2 of 2 tasks "
+	    "are running; 0 queued ahead");
+	for (i = 0; i < 3; i++)
+		free(q[i]);
+}
+
+/*
+ * A task admitted counts as running until the slot cache shows it in its
+ * slot, not only until its status write returns: here nothing shows the
+ * cache b's Provisioning (no watch runs, no pass of b reads it again), so
+ * when a, earlier, resumes, b counts by its record alone; dropped with
+ * the write, a would be admitted too, two running with a limit of 1.
+ */
+static void
+test_queue_assumed_until_seen(void **state)
+{
+	char *a, *b;
+
+	(void)state;
+	paused_and_pending("v1", &a, "v2", &b);
+	reconcile(b);
+	assert_phase(b, "Provisioning");
+	set_suspended(a, 0);
+	reconcile(a);
+	assert_queued(a, "Paused", "waiting for a free slot to resume: 1 of 1 "
+	    "tasks are running; 0 queued ahead");
+	/* once the cache sees b in its slot, the record goes; a still waits */
+	reconcile(b);
+	reconcile(a);
+	assert_queued(a, "Paused", "waiting for a free slot to resume: 1 of 1 "
+	    "tasks are running; 0 queued ahead");
+	free(a);
+	free(b);
+}
+
+/* The slot cache from a list of the store: a restarted controller's. */
+static void
+relist_slots(void)
+{
+	struct k8s_status st = { 0 };
+	json_t *list = NULL;
+
+	assert_int_equal(k8s_list(env.api, &K8S_AGENTTASK, NULL, NULL, &list,
+	    &st), 0);
+	controller_slots_relist(controller_slots_of(env.api), list);
+	json_decref(list);
+}
+
+/*
+ * kill -9 of an admitted pass after it made the Sandbox, before its
+ * Provisioning write: the admission record (in memory) is lost, and the
+ * task is Pending with its Sandbox running and a live token. Its own
+ * Sandbox, running for the current run, stands for the record: after
+ * the restart (its relist shows a, earlier, resumed meanwhile) b is
+ * admitted again with its token, and a waits; queued, b's token was
+ * revoked while its Sandbox ran, and a was admitted beside it.
+ */
+static void
+test_queue_crash_admitted(void **state)
+{
+	char *a, *b, *id;
+	json_t *t, *sb;
+
+	(void)state;
+	paused_and_pending("x1", &a, "x2", &b);
+	crash_reconcile(b, 4);
+	t = get_task(b);
+	assert_string_equal(jp(t, "status.phase"), "Pending");
+	json_decref(t);
+	assert_sandbox(b, "Running", NULL);
+	sb = get(&K8S_SANDBOX, b);
+	id = xstrdup(jp(sb, "metadata.annotations.divergedev.com/token-id"));
+	json_decref(sb);
+	assert_index(id, "active");
+	set_suspended(a, 0);
+	relist_slots();
+	reconcile(b);
+	assert_phase(b, "Provisioning");
+	t = get_task(b);
+	assert_string_equal(jp(t, "status.tokenId"), id);
+	json_decref(t);
+	assert_index(id, "active");
+	reconcile(a);
+	assert_queued(a, "Paused", "waiting for a free slot to resume: 1 of 1 "
+	    "tasks are running; 0 queued ahead");
+	free(id);
+	free(a);
+	free(b);
 }
 
 /* The value of a metric series, or -1. */
@@ -3936,6 +4076,10 @@ main(void)
 		cmocka_unit_test_teardown(test_queue_admitted_counts, unlimit),
 		cmocka_unit_test_teardown(test_queue_failed_write_keeps_slot,
 		    unlimit),
+		cmocka_unit_test_teardown(test_queue_no_list, unlimit),
+		cmocka_unit_test_teardown(test_queue_assumed_until_seen,
+		    unlimit),
+		cmocka_unit_test_teardown(test_queue_crash_admitted, unlimit),
 		cmocka_unit_test_teardown(test_queue_controller, unlimit),
 		cmocka_unit_test_teardown(test_queue_waiting_deleted, unlimit),
 		cmocka_unit_test_teardown(test_slots_after_relist, unlimit),
