@@ -429,11 +429,15 @@ put_done(void *arg, enum inbox_put_result r)
 		    "provider", p->provider, NULL);
 		break;
 	case INBOX_REQUEUED:
-		/* a dead letter's redelivery: stored, pending again */
+		/*
+		 * a dead letter's redelivery: its id is stored, so it is a
+		 * duplicate (DESIGN's answer), whose entry is now pending
+		 * again on disk
+		 */
 		outcome = "requeued";
-		http_reply_json(p->req, 202, json_pack("{s:b,s:s,s:b}",
-		    "accepted", 1, "delivery", p->delivery, "requeued", 1));
-		log_kv(LOG_INFO, "webhook accepted: dead letter requeued",
+		http_reply_json(p->req, 200, json_pack("{s:b,s:s,s:b}",
+		    "duplicate", 1, "delivery", p->delivery, "requeued", 1));
+		log_kv(LOG_INFO, "webhook duplicate: dead letter requeued",
 		    "delivery", p->delivery, "provider", p->provider, NULL);
 		break;
 	case INBOX_DUPLICATE:

@@ -71,9 +71,9 @@ def github_case(t, fake, d):
 
     # redelivered before the cause is fixed: requeued, and dead again
     s, _, j = d.github("issue_comment", doc, key)
-    t.eq((s, j), (202, {"accepted": True, "delivery": key,
+    t.eq((s, j), (200, {"duplicate": True, "delivery": key,
                         "requeued": True}),
-         "redelivery of the dead letter: 202 with requeued")
+         "redelivery of the dead letter: 200 duplicate, with requeued")
     t.ok(wait(lambda: len(dead_logs(d, ikey)) == 2) and
          wait(lambda: entry(d, ikey) == (2, 1)) and
          wait(lambda: dead_letters(d) == 1), "the cause not fixed: it "
@@ -97,7 +97,7 @@ def github_case(t, fake, d):
         th.start()
     for th in threads:
         th.join()
-    t.eq(sorted(got), [(200, False, True), (202, True, False)],
+    t.eq(sorted(got), [(200, False, True), (200, True, True)],
          "two redeliveries at once: one requeues it, the other is a "
          "duplicate")
     task = wait(lambda: get_task(d, "fix-pr-43"))
@@ -125,7 +125,7 @@ def github_case(t, fake, d):
 
 def gitlab_kill9(t, fake, d):
     """GitLab resends with the same Idempotency-Key; the requeue is on
-    disk before the 202: killed right after it, with no worker running
+    disk before the answer: killed right after it, with no worker running
     (DIVERGE_TEST_HOLD_INBOX), the next run handles it."""
     fake.call("POST", "/_fake/faults", {"provider": "gitlab", "status": 403,
                                         "count": 1000, "method": "GET",
@@ -144,11 +144,12 @@ def gitlab_kill9(t, fake, d):
     t.eq(dead_letters(d), 1, "the dead letters are counted at the start")
     fake.call("DELETE", "/_fake/faults")
     s, _, j = d.gitlab("Note Hook", doc, key)
-    t.eq((s, j), (202, {"accepted": True, "delivery": key,
+    t.eq((s, j), (200, {"duplicate": True, "delivery": key,
                         "requeued": True}),
-         "GitLab's resend (the same Idempotency-Key): 202 requeued")
+         "GitLab's resend (the same Idempotency-Key): 200 duplicate, "
+         "requeued")
     d.kill9()
-    t.eq(entry(d, ikey), (0, 0), "killed right after the 202: the entry "
+    t.eq(entry(d, ikey), (0, 0), "killed right after the answer: the entry "
          "is pending on disk, its attempts from zero")
     del d.env["DIVERGE_TEST_HOLD_INBOX"]
     d.start()
