@@ -1161,7 +1161,7 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 	struct attempt at;
 	CURL *c = NULL;
 	CURLcode rc = CURLE_OK;
-	int64_t waited = 0, wait, until;
+	int64_t waited = 0, wait, until, rl_until = 0;
 	int tries = 0, rl_tries = 0, n404 = 0, sent, retry, rl, secondary;
 	int ret = SCM_EINTERNAL;
 
@@ -1274,9 +1274,10 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 			retry = 0;
 		}
 		/* the limit is the credential's: every call of it waits */
-		if (rl)
-			hold_set(h, cred_of(rq), now_unix_ms() + wait);
-		else if (rc == CURLE_OK)
+		if (rl) {
+			rl_until = now_unix_ms() + wait;
+			hold_set(h, cred_of(rq), rl_until);
+		} else if (rc == CURLE_OK)
 			spent(h, rq, &at.hd);
 		if (!retry) {
 			if (rc != CURLE_OK) {
@@ -1287,9 +1288,17 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 				ret = SCM_EUNAVAILABLE;
 			} else
 				ret = http_error(h, rq, shown, rp, rl, cause);
-			/* the wait that did not fit: the caller's to honour */
-			if (rl)
-				ratelimit_reset_ms = now_unix_ms() + wait;
+			/*
+			 * the wait that did not fit: the caller's to honour,
+			 * the hold's end (a later one known stands), not a
+			 * clock read again after the hold was kept (its file
+			 * written) and later by a millisecond or more
+			 */
+			if (rl) {
+				until = hold_until(h, cred_of(rq));
+				ratelimit_reset_ms = until > rl_until ? until :
+				    rl_until;
+			}
 			goto out;
 		}
 		if (rl)
