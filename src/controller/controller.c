@@ -374,8 +374,12 @@ slots_changed(struct controller *c)
 
 /*
  * The slot cache from a list of the tasks (a watch from scratch, a
- * resync), and every task queued when enqueue. A list that fails is
- * logged: the watch's events still feed the cache.
+ * resync), and every task queued when enqueue, but for the finished ones
+ * that are settled (k8s_task_settled): a pass over one writes nothing,
+ * its events and its children's bring it when something changes, and on
+ * a cluster each costs five reads, for every finished task at every
+ * resync. A list that fails is logged: the watch's events still feed the
+ * cache.
  */
 static void
 relist(struct controller *c, int enqueue)
@@ -393,8 +397,9 @@ relist(struct controller *c, int enqueue)
 	}
 	if (enqueue)
 		json_array_foreach(json_object_get(list, "items"), i, it)
-			enqueue_key(c, k8s_meta_str(it, "namespace"),
-			    k8s_meta_str(it, "name"));
+			if (!k8s_task_settled(it))
+				enqueue_key(c, k8s_meta_str(it, "namespace"),
+				    k8s_meta_str(it, "name"));
 	controller_slots_relist(c->slots, list);
 	slots_changed(c);
 	json_decref(list);

@@ -634,6 +634,14 @@ void k8s_task_budgets(struct k8s_api *api, const json_t *task,
 /* Whether task (an AgentTask) holds a slot. */
 int k8s_task_holds_slot(const json_t *task);
 /*
+ * Whether task is finished and settled: Completed or Failed, its spec
+ * seen (status.observedGeneration = metadata.generation), no token live
+ * (condition TokenIssued not True), not Stalled, not being deleted. A
+ * pass over it writes nothing unless it or a child changes, which its
+ * watches tell.
+ */
+int k8s_task_settled(const json_t *task);
+/*
  * Whether task would take a slot as soon as one is free: Pending (or
  * new) or Paused, not suspended, not being deleted; queued or not yet.
  */

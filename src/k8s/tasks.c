@@ -298,6 +298,41 @@ k8s_task_name_new(char out[K8S_TASK_NAME_MAX])
 	out[11] = '\0';
 }
 
+/* The status of condition type of task, or NULL. */
+static const char *
+cond_status(const json_t *task, const char *type)
+{
+	const json_t *c;
+	size_t i;
+
+	json_array_foreach(json_object_get(json_object_get(task, "status"),
+	    "conditions"), i, c) {
+		const char *t = json_string_value(json_object_get(c, "type"));
+
+		if (t != NULL && strcmp(t, type) == 0)
+			return json_string_value(json_object_get(c, "status"));
+	}
+	return NULL;
+}
+
+int
+k8s_task_settled(const json_t *task)
+{
+	const json_t *meta = json_object_get(task, "metadata");
+	const json_t *status = json_object_get(task, "status");
+	const char *p = json_string_value(json_object_get(status, "phase"));
+	const char *tok = cond_status(task, "TokenIssued");
+	const char *stalled = cond_status(task, "Stalled");
+
+	return p != NULL && (strcmp(p, "Completed") == 0 ||
+	    strcmp(p, "Failed") == 0) &&
+	    json_object_get(meta, "deletionTimestamp") == NULL &&
+	    json_integer_value(json_object_get(meta, "generation")) ==
+	    json_integer_value(json_object_get(status, "observedGeneration")) &&
+	    (tok == NULL || strcmp(tok, "True") != 0) &&
+	    (stalled == NULL || strcmp(stalled, "True") != 0);
+}
+
 /* ---- the admission queue ---- */
 
 /* Whether the task holds a slot of controller.max_active_tasks. */
