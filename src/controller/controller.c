@@ -299,6 +299,9 @@ struct controller {
 	 * which the admission decides on): the task watch feeds it
 	 */
 	struct controller_slots *slots;
+	/* "ns/name" of the tasks Stalled (k8s_task_stalled); the task
+	 * watcher's thread alone uses it */
+	json_t *stalled;
 };
 
 static int
@@ -373,6 +376,29 @@ slots_changed(struct controller *c)
 }
 
 /*
+ * Record whether the task (NULL: deleted) is Stalled, for the gauge
+ * diverge_tasks_stalled, which an operator alerts on: a stalled task
+ * waits for someone to fix RBAC, a quota or a webhook.
+ */
+static void
+track_stalled(struct controller *c, const char *ns, const char *name,
+    const json_t *task)
+{
+	char *key;
+
+	if (ns == NULL || name == NULL)
+		return;
+	key = xasprintf("%s/%s", ns, name);
+	if (task != NULL && k8s_task_stalled(task))
+		json_object_set_new(c->stalled, key, json_true());
+	else
+		json_object_del(c->stalled, key);
+	free(key);
+	metrics_set("diverge_tasks_stalled", "",
+	    (double)json_object_size(c->stalled));
+}
+
+/*
  * The slot cache from a list of the tasks (a watch from scratch, a
  * resync), and every task queued when enqueue, but for the finished ones
  * that are settled (k8s_task_settled): a pass over one writes nothing,
@@ -400,6 +426,12 @@ relist(struct controller *c, int enqueue)
 			if (!k8s_task_settled(it))
 				enqueue_key(c, k8s_meta_str(it, "namespace"),
 				    k8s_meta_str(it, "name"));
+	json_object_clear(c->stalled);
+	json_array_foreach(json_object_get(list, "items"), i, it)
+		track_stalled(c, k8s_meta_str(it, "namespace"),
+		    k8s_meta_str(it, "name"), it);
+	metrics_set("diverge_tasks_stalled", "",
+	    (double)json_object_size(c->stalled));
 	controller_slots_relist(c->slots, list);
 	slots_changed(c);
 	json_decref(list);
@@ -417,6 +449,8 @@ handle_event(struct watcher *w, struct k8s_event *ev)
 		(void)controller_slots_observe(w->c->slots, o,
 		    ev->type == K8S_DELETED);
 		slots_changed(w->c);
+		track_stalled(w->c, ns, k8s_meta_str(o, "name"),
+		    ev->type == K8S_DELETED ? NULL : o);
 		if (ev->type == K8S_DELETED) {
 			controller_task_deleted(&w->c->cfg, o);
 			return;
@@ -626,8 +660,13 @@ controller_start(struct controller **out,
 	    "Paused to resume, with reason Queued).");
 	metrics_describe("diverge_agenttasks_expired_total", METRIC_COUNTER,
 	    "Finished AgentTasks deleted by controller.ttl_after_finished.");
+	metrics_describe("diverge_tasks_stalled", METRIC_GAUGE, "AgentTasks "
+	    "whose reconcile the API server refuses for good (condition "
+	    "Stalled: RBAC, a quota, an admission webhook); each fails after "
+	    "5 minutes.");
 	metrics_set("diverge_tasks_active", "", 0);
 	metrics_set("diverge_tasks_queued", "", 0);
+	metrics_set("diverge_tasks_stalled", "", 0);
 	metrics_inc("diverge_agenttasks_expired_total", "", 0);
 	{
 		static const char *const results[] = { "result=\"success\"",
@@ -643,6 +682,7 @@ controller_start(struct controller **out,
 	time_cond_init(&c->stop_cv);
 	c->q = controller_queue_new();
 	c->slots = controller_slots_of(cfg->store);
+	c->stalled = json_object();
 	controller_slots_feed(c->slots, 1);
 	c->workers = xcalloc((size_t)n, sizeof(*c->workers));
 	for (i = 0; i < ARRAY_SIZE(kinds); i++) {
@@ -693,6 +733,7 @@ controller_stop(struct controller *c)
 	for (k = 0; k < c->nworkers; k++)
 		pthread_join(c->workers[k], NULL);
 	controller_queue_free(c->q);
+	json_decref(c->stalled);
 	free(c->workers);
 	pthread_cond_destroy(&c->stop_cv);
 	pthread_mutex_destroy(&c->mu);

@@ -641,6 +641,8 @@ int k8s_task_holds_slot(const json_t *task);
  * watches tell.
  */
 int k8s_task_settled(const json_t *task);
+/* Whether task has the condition Stalled, True (the controller's). */
+int k8s_task_stalled(const json_t *task);
 /*
  * Whether task would take a slot as soon as one is free: Pending (or
  * new) or Paused, not suspended, not being deleted; queued or not yet.

@@ -316,13 +316,20 @@ cond_status(const json_t *task, const char *type)
 }
 
 int
+k8s_task_stalled(const json_t *task)
+{
+	const char *s = cond_status(task, "Stalled");
+
+	return s != NULL && strcmp(s, "True") == 0;
+}
+
+int
 k8s_task_settled(const json_t *task)
 {
 	const json_t *meta = json_object_get(task, "metadata");
 	const json_t *status = json_object_get(task, "status");
 	const char *p = json_string_value(json_object_get(status, "phase"));
 	const char *tok = cond_status(task, "TokenIssued");
-	const char *stalled = cond_status(task, "Stalled");
 
 	return p != NULL && (strcmp(p, "Completed") == 0 ||
 	    strcmp(p, "Failed") == 0) &&
@@ -330,7 +337,7 @@ k8s_task_settled(const json_t *task)
 	    json_integer_value(json_object_get(meta, "generation")) ==
 	    json_integer_value(json_object_get(status, "observedGeneration")) &&
 	    (tok == NULL || strcmp(tok, "True") != 0) &&
-	    (stalled == NULL || strcmp(stalled, "True") != 0);
+	    !k8s_task_stalled(task);
 }
 
 /* ---- the admission queue ---- */

@@ -3937,6 +3937,37 @@ test_resync_skips_settled(void **state)
 	free(paused);
 }
 
+/*
+ * diverge_tasks_stalled counts the tasks whose passes the API server
+ * refuses for good, from the task watch: 1 while every Sandbox create is
+ * a 403, 0 once one goes through.
+ */
+static void
+test_stalled_gauge(void **state)
+{
+	struct controller *c = NULL;
+	char *name, *cause = NULL;
+	json_t *j;
+
+	(void)state;
+	if (open_limited(3, 0) < 0)
+		skip();
+	j = storeenv_fake(&env, "POST", "/_fake/faults", "{\"status\":403,"
+	    "\"count\":100000,\"method\":\"POST\",\"match\":\"/sandboxes\"}");
+	json_decref(j);
+	cc.workers = 1;
+	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	running = c;
+	assert_true(wait_metric("diverge_tasks_stalled", 0, 5000));
+	name = new_task(NULL, NULL);
+	assert_true(wait_metric("diverge_tasks_stalled", 1, 10000));
+	json_decref(storeenv_fake(&env, "DELETE", "/_fake/faults", NULL));
+	assert_true(wait_metric("diverge_tasks_stalled", 0, 15000));
+	assert_true(wait_phase(name, "Provisioning", 5000));
+	stop_running(NULL);
+	free(name);
+}
+
 /* On the embedded store, then through the REST client. */
 static void
 test_queue_controller(void **state)
@@ -4132,6 +4163,7 @@ main(void)
 		cmocka_unit_test_teardown(test_queue_waiting_deleted, unlimit),
 		cmocka_unit_test_teardown(test_slots_after_relist, unlimit),
 		cmocka_unit_test_teardown(test_resync_skips_settled, unlimit),
+		cmocka_unit_test_teardown(test_stalled_gauge, unlimit),
 	};
 
 	if (getenv("TEST_FILTER") != NULL)
