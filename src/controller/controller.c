@@ -404,10 +404,11 @@ track_stalled(struct controller *c, const char *ns, const char *name,
  * that are settled (k8s_task_settled): a pass over one writes nothing,
  * its events and its children's bring it when something changes, and on
  * a cluster each costs five reads, for every finished task at every
- * resync. A list that fails is logged: the watch's events still feed the
- * cache.
+ * resync. A list that fails is logged (-1): the watch's events still
+ * feed the cache, but until a list replaced it admissions wait
+ * (controller_slots_feed), so the caller tries again soon.
  */
-static void
+static int
 relist(struct controller *c, int enqueue)
 {
 	struct k8s_status st = { 0 };
@@ -419,7 +420,7 @@ relist(struct controller *c, int enqueue)
 		log_kv(LOG_WARN, "controller resync failed", "error",
 		    st.message, NULL);
 		k8s_status_release(&st);
-		return;
+		return -1;
 	}
 	if (enqueue)
 		json_array_foreach(json_object_get(list, "items"), i, it)
@@ -435,6 +436,7 @@ relist(struct controller *c, int enqueue)
 	controller_slots_relist(c->slots, list);
 	slots_changed(c);
 	json_decref(list);
+	return 0;
 }
 
 static void
@@ -463,6 +465,17 @@ handle_event(struct watcher *w, struct k8s_event *ev)
 	    CONTROLLER_LABEL_TASK)));
 }
 
+/* When to try again a list from scratch that failed n times. */
+static int64_t
+list_retry_at(unsigned n)
+{
+	uint32_t rnd = 0;
+
+	random_bytes(&rnd, sizeof(rnd));
+	return now_mono_ms() + controller_backoff_ms(n < 12 ? n + 6 : 18,
+	    rnd);
+}
+
 /*
  * One resource: watch from the last resourceVersion seen; after a broken
  * stream resume from there, after 410 Gone watch from scratch (the
@@ -474,7 +487,8 @@ watch_main(void *arg)
 	struct watcher *w = arg;
 	struct controller *c = w->c;
 	int64_t last_resync = now_mono_ms(), resync_ms = c->cfg.resync_ms;
-	unsigned failures = 0;
+	int64_t next_list = 0;	/* > 0: the list from scratch is owed */
+	unsigned failures = 0, list_failures = 0;
 	char rv[32] = "";
 
 	thread_name("ctrl-watch");
@@ -512,8 +526,11 @@ watch_main(void *arg)
 		 * one: the slot cache is made again at once from a list taken
 		 * now (the events then bring nothing older)
 		 */
-		if (w->is_task && rv[0] == '\0')
-			relist(c, 0);
+		if (w->is_task && rv[0] == '\0') {
+			list_failures = 0;
+			next_list = relist(c, 0) < 0 ? list_retry_at(
+			    ++list_failures) : 0;
+		}
 		for (;;) {
 			struct k8s_event ev;
 
@@ -529,7 +546,13 @@ watch_main(void *arg)
 			if (w->is_task && now_mono_ms() - last_resync >=
 			    resync_ms) {
 				last_resync = now_mono_ms();
-				relist(c, 1);
+				if (relist(c, 1) == 0)
+					next_list = 0;
+			} else if (w->is_task && next_list > 0 &&
+			    now_mono_ms() >= next_list) {
+				/* not at the next resync: admissions wait */
+				next_list = relist(c, 0) < 0 ? list_retry_at(
+				    ++list_failures) : 0;
 			}
 			if (w->is_task)
 				slots_changed(c);	/* a pass's too */

@@ -30,6 +30,13 @@ struct controller_slots {
 	json_t *assumed;	/* "ns/name" -> uid: admitted, not yet seen */
 	int feeders;		/* task watches feeding the cache */
 	int64_t synced;		/* the resourceVersion they reached */
+	/*
+	 * a list replaced the cache since the first of them started: until
+	 * then their events do not move synced, since what they delivered
+	 * so far is not everything up to it (a watch from scratch sends its
+	 * ADDED events in the order of the names, not of their versions)
+	 */
+	int listed;
 	int changed;		/* a slot changed since the last changes() */
 	int look;		/* ... so that the queued should look again */
 };
@@ -341,6 +348,7 @@ controller_slots_relist(struct controller_slots *s, const json_t *list)
 	prune_assumed(s);
 	if (at > s->synced)
 		s->synced = at;
+	s->listed = 1;
 	s->changed = 1;
 	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->mu);
@@ -353,7 +361,7 @@ void
 controller_slots_synced(struct controller_slots *s, int64_t rv)
 {
 	pthread_mutex_lock(&s->mu);
-	if (rv > s->synced) {
+	if (s->listed && rv > s->synced) {
 		s->synced = rv;
 		pthread_cond_broadcast(&s->cv);
 	}
@@ -367,7 +375,7 @@ controller_slots_feed(struct controller_slots *s, int on)
 	pthread_mutex_lock(&s->mu);
 	/* a new watch: what the cache missed meanwhile comes with its list */
 	if (on && s->feeders++ == 0)
-		s->synced = 0;
+		s->synced = s->listed = 0;
 	else if (!on)
 		s->feeders--;
 	pthread_cond_broadcast(&s->cv);

@@ -65,13 +65,18 @@ void controller_slots_not_found(struct controller_slots *s, const char *ns,
  * markers older than the list.
  */
 void controller_slots_relist(struct controller_slots *s, const json_t *list);
-/* The task watch saw every change up to resourceVersion rv. */
+/*
+ * The task watch saw every change up to resourceVersion rv; taken only
+ * once a list replaced the cache (controller_slots_feed).
+ */
 void controller_slots_synced(struct controller_slots *s, int64_t rv);
 /*
  * A task watch starts (on 1) or stops (on 0) feeding the cache. While
  * one does, a decision first waits for the watch to reach the version
  * of the task it decides on (see controller_slots_admit); the first one
- * to start is taken to have reached nothing until its first list.
+ * to start is taken to have reached nothing until a list replaced the
+ * cache (controller_slots_relist), whatever its events say: the caller
+ * lists again when that list fails.
  */
 void controller_slots_feed(struct controller_slots *s, int on);
 
