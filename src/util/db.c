@@ -145,10 +145,11 @@ db_open(const char *path, int manual_checkpoints, sqlite3 **out,
 		return -1;
 	}
 	sqlite3_busy_timeout(db, 10000);
-	if (db_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;",
+	/* first: a file refused is left as it was (WAL mode is persistent) */
+	if (db_check_version(db, path, cause) < 0 ||
+	    db_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;",
 	    cause) < 0 || (manual_checkpoints &&
-	    db_exec(db, "PRAGMA wal_autocheckpoint=0;", cause) < 0) ||
-	    db_check_version(db, path, cause) < 0) {
+	    db_exec(db, "PRAGMA wal_autocheckpoint=0;", cause) < 0)) {
 		sqlite3_close(db);
 		return -1;
 	}

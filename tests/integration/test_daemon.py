@@ -6,6 +6,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import sqlite3
@@ -550,6 +551,24 @@ def schema_versions(t):
                       "(application_id 0x12345678" % newer) in err,
          "a database of another program: exit 1, naming it",
          (rc, err[-400:]))
+    # refused, it is left as it was: not switched to WAL mode
+    other_dir = tempfile.mkdtemp(prefix="diverge-other-")
+    other = os.path.join(other_dir, "diverge.db")
+    c = sqlite3.connect(other)
+    c.execute("PRAGMA application_id = %d" % 0x12345678)
+    c.execute("CREATE TABLE theirs (k TEXT)")
+    c.execute("INSERT INTO theirs VALUES ('v')")
+    c.commit()
+    c.close()
+    rc, err = second_daemon("127.0.0.1:0", other_dir)
+    c = sqlite3.connect(other)
+    mode = c.execute("PRAGMA journal_mode").fetchone()[0]
+    c.close()
+    t.ok(rc == 1 and "belongs to another program" in err and
+         mode == "delete" and not os.path.exists(other + "-wal"),
+         "another program's database is refused untouched (journal mode "
+         "%s)" % mode, (rc, err[-400:], sorted(os.listdir(other_dir))))
+    shutil.rmtree(other_dir, ignore_errors=True)
     # from before the stamps: stamped at the next start, rows kept
     main_db = os.path.join(d.state_dir, "diverge.db")
     db_restamp(newer, 0, 0)
