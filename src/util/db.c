@@ -69,18 +69,20 @@ db_step(sqlite3 *db, const char *sql)
 	return rc == SQLITE_DONE ? 0 : -1;
 }
 
-/* The integer a one-row PRAGMA answers; -1 on error. */
-static int64_t
-pragma_int(sqlite3 *db, const char *pragma)
+/* The integer a one-row PRAGMA answers into *v: 0, or -1 on error. */
+static int
+pragma_int(sqlite3 *db, const char *pragma, int64_t *v)
 {
 	sqlite3_stmt *st = NULL;
-	int64_t v = -1;
+	int rc = -1;
 
 	if (sqlite3_prepare_v2(db, pragma, -1, &st, NULL) == SQLITE_OK &&
-	    sqlite3_step(st) == SQLITE_ROW)
-		v = sqlite3_column_int64(st, 0);
+	    sqlite3_step(st) == SQLITE_ROW) {
+		*v = sqlite3_column_int64(st, 0);
+		rc = 0;
+	}
 	sqlite3_finalize(st);
-	return v;
+	return rc;
 }
 
 /*
@@ -98,12 +100,12 @@ pragma_int(sqlite3 *db, const char *pragma)
 static int
 db_check_version(sqlite3 *db, const char *path, char **cause)
 {
-	int64_t app = pragma_int(db, "PRAGMA application_id");
-	int64_t ver = pragma_int(db, "PRAGMA user_version");
+	int64_t app = 0, ver = 0;
 	char *sql;
 	int rc;
 
-	if (app < 0 || ver < 0) {
+	if (pragma_int(db, "PRAGMA application_id", &app) < 0 ||
+	    pragma_int(db, "PRAGMA user_version", &ver) < 0) {
 		*cause = xasprintf("cannot read database '%s': %s", path,
 		    sqlite3_errmsg(db));
 		return -1;
@@ -114,7 +116,14 @@ db_check_version(sqlite3 *db, const char *path, char **cause)
 		    (unsigned long long)(uint32_t)app, DB_APPLICATION_ID);
 		return -1;
 	}
-	if (ver > DB_SCHEMA_VERSION) {
+	/* every diverged that set a user_version set its application_id */
+	if (app == 0 && ver != 0) {
+		*cause = xasprintf("database '%s' belongs to another program "
+		    "(user_version %lld and no application_id; diverged's "
+		    "is 0x%08x)", path, (long long)ver, DB_APPLICATION_ID);
+		return -1;
+	}
+	if (ver > DB_SCHEMA_VERSION || ver < 0) {
 		*cause = xasprintf("database '%s' was written by a newer "
 		    "diverged (schema %lld; this one knows up to %d): run that "
 		    "version again, or restore the backup made before the "

@@ -551,6 +551,12 @@ def schema_versions(t):
                       "(application_id 0x12345678" % newer) in err,
          "a database of another program: exit 1, naming it",
          (rc, err[-400:]))
+    db_restamp(newer, 0, 5)
+    rc, err = second_daemon("127.0.0.1:0", d.state_dir)
+    t.ok(rc == 1 and ("database '%s' belongs to another program "
+                      "(user_version 5 and no application_id" % newer) in err,
+         "another program's, without an application_id: exit 1, naming it",
+         (rc, err[-400:]))
     # refused, it is left as it was: not switched to WAL mode
     other_dir = tempfile.mkdtemp(prefix="diverge-other-")
     other = os.path.join(other_dir, "diverge.db")
