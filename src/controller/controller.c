@@ -17,7 +17,6 @@
 
 #define BACKOFF_BASE_MS 5
 #define BACKOFF_MAX_MS (5 * 60 * 1000)
-#define DEFAULT_RESYNC_MS (10 * 60 * 1000)
 #define WATCH_POLL_MS 250
 #define MAX_WORKERS 64
 
@@ -424,7 +423,8 @@ relist(struct controller *c, int enqueue)
 	}
 	if (enqueue)
 		json_array_foreach(json_object_get(list, "items"), i, it)
-			if (!k8s_task_settled(it))
+			if (!k8s_task_settled(it) ||
+			    controller_ttl_due(&c->cfg, it, now_unix()))
 				enqueue_key(c, k8s_meta_str(it, "namespace"),
 				    k8s_meta_str(it, "name"));
 	json_object_clear(c->stalled);
@@ -700,7 +700,7 @@ controller_start(struct controller **out,
 	c = xcalloc(1, sizeof(*c));
 	c->cfg = *cfg;
 	if (c->cfg.resync_ms <= 0)
-		c->cfg.resync_ms = DEFAULT_RESYNC_MS;
+		c->cfg.resync_ms = CONTROLLER_RESYNC_MS;
 	pthread_mutex_init(&c->mu, NULL);
 	time_cond_init(&c->stop_cv);
 	c->q = controller_queue_new();

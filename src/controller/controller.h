@@ -94,6 +94,8 @@ struct meter;
  * (its timeout was raised) is extended to that time plus all of it.
  */
 #define CONTROLLER_TOKEN_SLACK_S 3600
+/* The periodic resync, when controller_config.resync_ms is 0. */
+#define CONTROLLER_RESYNC_MS (10 * 60 * 1000)
 
 struct controller_config {
 	struct k8s_api *store;		/* borrowed */
@@ -104,7 +106,7 @@ struct controller_config {
 					 * max_active_tasks */
 	const char *namespace;		/* watch one namespace; NULL: all */
 	int workers;			/* 0: cfg->controller.workers */
-	int64_t resync_ms;		/* 0: 10 minutes */
+	int64_t resync_ms;		/* 0: CONTROLLER_RESYNC_MS */
 	/* tests only: SIGKILL the process after this many child writes */
 	int crash_after_writes;
 	/*
@@ -149,6 +151,14 @@ uint64_t controller_relists(struct controller *c);
  */
 int controller_reconcile(const struct controller_config *cfg,
     const char *ns, const char *name, int64_t *requeue_ms, char **cause);
+
+/*
+ * Whether the finished task's controller.ttl_after_finished ends before
+ * the next resync from now (unix seconds): its pass asked for no look
+ * that far ahead, so the resync queues it.
+ */
+int controller_ttl_due(const struct controller_config *cfg,
+    const json_t *task, int64_t now);
 
 /*
  * Revoke the live token of a task that was deleted (the object as the

@@ -1476,6 +1476,28 @@ log_admission(struct rctx *x, const json_t *old, const struct plan *p)
 	    "running", running, "limit", limit, NULL);
 }
 
+static int64_t
+resync_ms(const struct controller_config *cc)
+{
+	return cc->resync_ms > 0 ? cc->resync_ms : CONTROLLER_RESYNC_MS;
+}
+
+/*
+ * Whether the finished task's ttl_after_finished ends before the next
+ * resync (now + resync_ms): the resync's list queues it, since its pass
+ * asked for no look that far ahead.
+ */
+int
+controller_ttl_due(const struct controller_config *cc, const json_t *task,
+    int64_t now)
+{
+	int64_t ttl = cc->cfg->controller.ttl_after_finished_s;
+	int64_t end = parse_time(jpath(task, "status", "completedAt"));
+
+	return ttl > 0 && end > 0 && (end + ttl - now) * 1000 <=
+	    resync_ms(cc);
+}
+
 /*
  * controller.ttl_after_finished: a finished task is deleted that long
  * after its completedAt, as a Job is after ttlSecondsAfterFinished; its
@@ -1485,7 +1507,10 @@ log_admission(struct rctx *x, const json_t *old, const struct plan *p)
  * tokens are revoked and its status final. The deletion carries the uid
  * and resourceVersion this pass read, so a task changed meanwhile (a
  * re-run: Pending again) is not deleted: 409, and the caller's next pass
- * sees it as it is. A task not yet due is looked at again when it is.
+ * sees it as it is. A task due before the next resync asks for a look
+ * when it is; a later one is left to the resync that comes before it
+ * (controller_ttl_due), so that the work queue does not hold a timer for
+ * every finished task of the last ttl_after_finished.
  */
 static int
 expire_finished(struct rctx *x, const json_t *task, int wrote)
@@ -1501,7 +1526,8 @@ expire_finished(struct rctx *x, const json_t *task, int wrote)
 	if (end <= 0)
 		end = x->now;	/* this pass wrote it */
 	if (wrote || x->now < end + ttl) {
-		want_requeue(x, (end + ttl - x->now) * 1000);
+		if ((end + ttl - x->now) * 1000 <= resync_ms(x->cc))
+			want_requeue(x, (end + ttl - x->now) * 1000);
 		return 0;
 	}
 	if (x->cc->test_hook != NULL)

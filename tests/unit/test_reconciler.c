@@ -3686,13 +3686,16 @@ ttl_after_finished(int mode)
 	complete_task(a);
 	assert_int_equal(reconcile_requeue(a), -1);
 
+	/* due after the next resync (10 minutes): left to a resync */
 	cfg.controller.ttl_after_finished_s = 2 * 86400;
+	assert_int_equal(reconcile_requeue(a), -1);
+	backdate_completed(a, 2 * 86400 - 3600);
+	assert_int_equal(reconcile_requeue(a), -1);	/* shutdownTime moved */
+	assert_int_equal(reconcile_requeue(a), -1);
+	/* due before it: a look when it is */
+	backdate_completed(a, 2 * 86400 - 300);
 	requeue = reconcile_requeue(a);
-	assert_true(requeue > (2 * 86400 - 10) * 1000 &&
-	    requeue <= 2 * 86400 * 1000);
-	backdate_completed(a, 86400);
-	requeue = reconcile_requeue(a);
-	assert_true(requeue > (86400 - 10) * 1000 && requeue <= 86400 * 1000);
+	assert_true(requeue > 290 * 1000 && requeue <= 300 * 1000);
 	assert_non_null((t = get_task(a)));
 	json_decref(t);
 
@@ -4076,6 +4079,45 @@ test_queue_first_list_fails(void **state)
 	free(a);
 }
 
+/*
+ * A settled task asks for no look days ahead (the work queue would hold
+ * a timer for every finished task of the last ttl_after_finished): the
+ * resync before its TTL ends queues it, and it is deleted on time.
+ */
+static void
+test_ttl_by_resync(void **state)
+{
+	struct controller *c = NULL;
+	char *done, *cause = NULL;
+	json_t *t = NULL;
+	int64_t end;
+
+	(void)state;
+	if (open_limited(1, 0) < 0)
+		skip();
+	cc.resync_ms = 200;
+	done = active();
+	complete_task(done);
+	cfg.controller.ttl_after_finished_s = 2 * 86400;
+	backdate_completed(done, 2 * 86400 - 3);
+	reconcile(done);
+	assert_int_equal(reconcile_requeue(done), -1);
+	cc.workers = 1;
+	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	running = c;
+	end = now_mono_ms() + 10000;
+	while ((t = get(&K8S_AGENTTASK, done)) != NULL &&
+	    now_mono_ms() < end) {
+		json_decref(t);
+		sleep_ms(50);
+	}
+	assert_null(t);
+	stop_running(NULL);
+	cc.resync_ms = 0;
+	cfg.controller.ttl_after_finished_s = 0;
+	free(done);
+}
+
 /* On the embedded store, then through the REST client. */
 static void
 test_queue_controller(void **state)
@@ -4272,6 +4314,7 @@ main(void)
 		cmocka_unit_test_teardown(test_slots_after_relist, unlimit),
 		cmocka_unit_test_teardown(test_resync_skips_settled, unlimit),
 		cmocka_unit_test_teardown(test_stalled_gauge, unlimit),
+		cmocka_unit_test_teardown(test_ttl_by_resync, no_ttl),
 		cmocka_unit_test_teardown(test_queue_first_list_fails, unlimit),
 	};
 
