@@ -1530,6 +1530,14 @@ check_rules(struct ctx *c)
 		return -1;
 	}
 	if (g->controller.ttl_after_finished_s > 0 &&
+	    g->controller.ttl_after_finished_s < 3600) {
+		ctx_fail(c, c->lines[S_TASK_TTL], "'controller."
+		    "ttl_after_finished' is 0s (keep) or at least 1h: the pull "
+		    "request's comment reports the end of a task after it, and "
+		    "a task deleted first leaves it at its last phase");
+		return -1;
+	}
+	if (g->controller.ttl_after_finished_s > 0 &&
 	    g->controller.ttl_after_finished_s < g->sandbox.audit_window_s) {
 		char ttl[32], audit[32];
 

@@ -2071,7 +2071,12 @@ note_stall(struct rctx *x, int64_t *requeue_ms)
 	    x->now);
 	json_object_set_new(status, "conditions", conds);
 	if (fail) {
+		char ts[32];
+
+		/* here, not by a later pass, which may be refused too */
+		time_rfc3339(x->now, ts);
 		json_object_set_new(status, "phase", json_string("Failed"));
+		json_object_set_new(status, "completedAt", json_string(ts));
 		json_object_set_new(status, "reason",
 		    json_string(CONTROLLER_REASON_STALLED));
 		json_object_set_new(status, "message", json_sprintf("the "

@@ -340,6 +340,12 @@ static const struct error_case error_cases[] = {
 	  "t.yaml:3: 'controller.ttl_after_finished' (1h) is shorter than "
 	  "'sandbox.audit_window' (1d): deleting a finished task deletes its "
 	  "Sandbox, which the audit window keeps" },
+	{ "controller.ttl_after_finished under an hour",
+	  "sandbox: {audit_window: 0s}\ncontroller:\n"
+	  "  ttl_after_finished: 59m\n",
+	  "t.yaml:3: 'controller.ttl_after_finished' is 0s (keep) or at least "
+	  "1h: the pull request's comment reports the end of a task after it, "
+	  "and a task deleted first leaves it at its last phase" },
 	{ "controller.ttl_after_finished under a longer audit window",
 	  "controller: {ttl_after_finished: 2d}\nsandbox:\n  uid: 1000\n"
 	  "  audit_window: 2d1h\n",

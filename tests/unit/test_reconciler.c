@@ -3381,6 +3381,7 @@ test_stalled_task_fails(void **state)
 	assert_string_equal(jp(t, "status.phase"), "Failed");
 	assert_string_equal(jp(t, "status.reason"),
 	    CONTROLLER_REASON_STALLED);
+	assert_non_null(jp(t, "status.completedAt"));
 	msg = xasprintf("the controller could not reconcile the task for %d "
 	    "s (its Stalled condition says why)", CONTROLLER_ERROR_GRACE_S +
 	    10);
