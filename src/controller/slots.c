@@ -39,6 +39,7 @@ struct controller_slots {
 	int listed;
 	int changed;		/* a slot changed since the last changes() */
 	int look;		/* ... so that the queued should look again */
+	int64_t holds, queued;	/* as the last changes() counted them */
 };
 
 static int
@@ -394,6 +395,16 @@ controller_slots_changes(struct controller_slots *s, int *look,
 	*keys = NULL;
 	pthread_mutex_lock(&s->mu);
 	*look = s->look;
+	if (!s->changed && !s->look) {
+		/*
+		 * nothing moved: the last counts stand (the watch calls this
+		 * for every event, a meter charge's included)
+		 */
+		*holds = s->holds;
+		*queued = s->queued;
+		pthread_mutex_unlock(&s->mu);
+		return;
+	}
 	if (*look)
 		*keys = json_array();
 	json_object_foreach(s->live, k, e) {
@@ -405,6 +416,8 @@ controller_slots_changes(struct controller_slots *s, int *look,
 				json_array_append_new(*keys, json_string(k));
 		}
 	}
+	s->holds = *holds;
+	s->queued = *queued;
 	s->look = s->changed = 0;
 	pthread_mutex_unlock(&s->mu);
 }
