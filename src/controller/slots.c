@@ -40,6 +40,13 @@ struct controller_slots {
 	int changed;		/* a slot changed since the last changes() */
 	int look;		/* ... so that the queued should look again */
 	int64_t holds, queued;	/* as the last changes() counted them */
+	/*
+	 * the resourceVersion of the latest list (-1: none, or not an
+	 * integer): it shows every task as it was then, so an observation
+	 * no newer of a task it left out (deleted, or not wanting a slot,
+	 * and its marker since dropped) is stale
+	 */
+	int64_t list_rv;
 };
 
 static int
@@ -191,6 +198,7 @@ slots_new(void)
 	s->live = json_object();
 	s->gone = json_object();
 	s->assumed = json_object();
+	s->list_rv = -1;
 	return s;
 }
 
@@ -228,6 +236,7 @@ controller_slots_observe(struct controller_slots *s, const json_t *task,
 	const char *a;
 	json_t *l, *g;
 	int c = 1, was, now;
+	int64_t at;
 	char *key;
 
 	if (ns == NULL || name == NULL || uid == NULL)
@@ -244,6 +253,9 @@ controller_slots_observe(struct controller_slots *s, const json_t *task,
 		c = rv_cmp(rv, jstr(g, "rv"));
 	if (c > 0 && l != NULL)
 		c = rv_cmp(rv, jstr(l, "rv"));
+	if (c > 0 && l == NULL && g == NULL && s->list_rv >= 0 &&
+	    rv_num(rv, &at) && at <= s->list_rv)
+		c = -1;		/* older than the list, which left it out */
 	if (c <= 0)
 		goto out;
 	was = l != NULL ? slot_of_entry(l) : 0;
@@ -280,8 +292,14 @@ controller_slots_not_found(struct controller_slots *s, const char *ns,
 	pthread_mutex_lock(&s->mu);
 	l = json_object_get(s->live, key);
 	if (l != NULL) {
+		/*
+		 * not "deleted" (that uid for good): the read that found
+		 * nothing may be older than a task made again under the name
+		 * since, which the cache may hold now; only what is not newer
+		 * than what it has stays out
+		 */
 		json_object_set_new(s->gone, key, marker_new(jstr(l, "uid"),
-		    jstr(l, "rv"), 1));
+		    jstr(l, "rv"), 0));
 		moved(s, slot_of_entry(l), 0);
 		json_object_del(s->live, key);
 	}
@@ -349,6 +367,8 @@ controller_slots_relist(struct controller_slots *s, const json_t *list)
 	prune_assumed(s);
 	if (at > s->synced)
 		s->synced = at;
+	if (at > s->list_rv)
+		s->list_rv = at;
 	s->listed = 1;
 	s->changed = 1;
 	pthread_cond_broadcast(&s->cv);

@@ -13,7 +13,8 @@
  * a task that left, deleted or no longer wanting a slot, leaves a marker
  * with its uid and resourceVersion so that a stale observation does not
  * bring it back (a deleted uid never comes back at all); a relist drops
- * the markers it makes useless.
+ * the markers it makes useless, and an observation no newer than the
+ * latest list of a task that list left out is stale too.
  *
  * An admission is decided under the cache's lock from its entries (cost:
  * the tasks holding or wanting a slot, never every task ever made) and is
@@ -56,7 +57,11 @@ struct controller_slots *controller_slots_of(struct k8s_api *store);
  */
 int controller_slots_observe(struct controller_slots *s, const json_t *task,
     int deleted);
-/* A fresh read found no task ns/name: what the cache has of it is gone. */
+/*
+ * A fresh read found no task ns/name: what the cache has of it is gone,
+ * up to the version it had (not its uid for good, as a DELETED event
+ * does: the read may be older than a task made again under the name).
+ */
 void controller_slots_not_found(struct controller_slots *s, const char *ns,
     const char *name);
 /*

@@ -4119,6 +4119,81 @@ test_ttl_by_resync(void **state)
 	free(done);
 }
 
+/* A task as a watch or a read shows it. */
+static json_t *
+slot_task(const char *name, const char *uid, const char *rv,
+    const char *phase)
+{
+	return json_pack("{s:{s:s,s:s,s:s,s:s,s:s},s:{s:s}}", "metadata",
+	    "namespace", NS, "name", name, "uid", uid, "resourceVersion", rv,
+	    "creationTimestamp", "2026-01-01T00:00:00Z", "status", "phase",
+	    phase);
+}
+
+/* The tasks the cache shows in a slot. */
+static int64_t
+slots_holding(struct controller_slots *s)
+{
+	int64_t holds, queued;
+	json_t *keys;
+	int look;
+
+	controller_slots_changes(s, &look, &holds, &queued, &keys);
+	json_decref(keys);
+	return holds;
+}
+
+/*
+ * Two stale observations the slot cache turns away (found in review):
+ * one older than the latest list of a task that list left out (a pass
+ * whose read came before a deletion and a relist), and none that shuts
+ * out a task made again under a name a stale read found empty.
+ */
+static void
+test_slots_stale_observations(void **state)
+{
+	struct controller_slots *s;
+	json_t *t, *list;
+
+	(void)state;
+	if (open_limited(1, 0) < 0)
+		skip();
+	s = controller_slots_of(env.api);
+	list = json_pack("{s:{s:s},s:[]}", "metadata", "resourceVersion",
+	    "100", "items");
+	controller_slots_relist(s, list);
+	json_decref(list);
+	/* read at 50, before the list at 100 that has no such task */
+	t = slot_task("gone-x", "uid-x1", "50", "Provisioning");
+	assert_int_equal(controller_slots_observe(s, t, 0), -1);
+	json_decref(t);
+	assert_int_equal(slots_holding(s), 0);
+	/* made since the list: taken */
+	t = slot_task("gone-x", "uid-x2", "150", "Provisioning");
+	assert_int_equal(controller_slots_observe(s, t, 0), 1);
+	json_decref(t);
+	assert_int_equal(slots_holding(s), 1);
+
+	/* a read that found nothing, older than the task made again */
+	t = slot_task("again-a", "uid-a1", "160", "Provisioning");
+	assert_int_equal(controller_slots_observe(s, t, 0), 1);
+	json_decref(t);
+	t = slot_task("again-a", "uid-a2", "170", "Pending");
+	assert_int_equal(controller_slots_observe(s, t, 0), 1);
+	json_decref(t);
+	controller_slots_not_found(s, NS, "again-a");
+	t = slot_task("again-a", "uid-a2", "171", "Provisioning");
+	assert_int_equal(controller_slots_observe(s, t, 0), 1);
+	json_decref(t);
+	assert_int_equal(slots_holding(s), 2);
+	/* what it found gone, no newer, stays out */
+	controller_slots_not_found(s, NS, "again-a");
+	t = slot_task("again-a", "uid-a2", "171", "Provisioning");
+	assert_int_equal(controller_slots_observe(s, t, 0), 0);
+	json_decref(t);
+	assert_int_equal(slots_holding(s), 1);
+}
+
 /* On the embedded store, then through the REST client. */
 static void
 test_queue_controller(void **state)
@@ -4316,6 +4391,8 @@ main(void)
 		cmocka_unit_test_teardown(test_resync_skips_settled, unlimit),
 		cmocka_unit_test_teardown(test_stalled_gauge, unlimit),
 		cmocka_unit_test_teardown(test_ttl_by_resync, no_ttl),
+		cmocka_unit_test_teardown(test_slots_stale_observations,
+		    unlimit),
 		cmocka_unit_test_teardown(test_queue_first_list_fails, unlimit),
 	};
 
