@@ -301,6 +301,8 @@ struct controller {
 	/* "ns/name" of the tasks Stalled (k8s_task_stalled); the task
 	 * watcher's thread alone uses it */
 	json_t *stalled;
+	/* the gauges of the slots as last set (the task watcher's) */
+	int64_t holds_set, queued_set;
 };
 
 static int
@@ -367,8 +369,12 @@ slots_changed(struct controller *c)
 	int look;
 
 	controller_slots_changes(c->slots, &look, &holds, &queued, &keys);
-	metrics_set("diverge_tasks_active", "", (double)holds);
-	metrics_set("diverge_tasks_queued", "", (double)queued);
+	if (holds != c->holds_set)
+		metrics_set("diverge_tasks_active", "", (double)holds);
+	if (queued != c->queued_set)
+		metrics_set("diverge_tasks_queued", "", (double)queued);
+	c->holds_set = holds;
+	c->queued_set = queued;
 	json_array_foreach(keys, i, k)
 		controller_queue_add(c->q, json_string_value(k));
 	json_decref(keys);
@@ -377,22 +383,32 @@ slots_changed(struct controller *c)
 /*
  * Record whether the task (NULL: deleted) is Stalled, for the gauge
  * diverge_tasks_stalled, which an operator alerts on: a stalled task
- * waits for someone to fix RBAC, a quota or a webhook.
+ * waits for someone to fix RBAC, a quota or a webhook. 1 when the set
+ * changed. Called for every task event (a meter charge's included): it
+ * does nothing while no task is stalled and this one is not.
  */
-static void
-track_stalled(struct controller *c, const char *ns, const char *name,
+static int
+mark_stalled(struct controller *c, const char *ns, const char *name,
     const json_t *task)
 {
+	int stalled = task != NULL && k8s_task_stalled(task);
+	size_t was = json_object_size(c->stalled);
 	char *key;
 
-	if (ns == NULL || name == NULL)
-		return;
+	if (ns == NULL || name == NULL || (!stalled && was == 0))
+		return 0;
 	key = xasprintf("%s/%s", ns, name);
-	if (task != NULL && k8s_task_stalled(task))
+	if (stalled)
 		json_object_set_new(c->stalled, key, json_true());
 	else
 		json_object_del(c->stalled, key);
 	free(key);
+	return json_object_size(c->stalled) != was;
+}
+
+static void
+stalled_gauge(struct controller *c)
+{
 	metrics_set("diverge_tasks_stalled", "",
 	    (double)json_object_size(c->stalled));
 }
@@ -429,10 +445,9 @@ relist(struct controller *c, int enqueue)
 				    k8s_meta_str(it, "name"));
 	json_object_clear(c->stalled);
 	json_array_foreach(json_object_get(list, "items"), i, it)
-		track_stalled(c, k8s_meta_str(it, "namespace"),
+		(void)mark_stalled(c, k8s_meta_str(it, "namespace"),
 		    k8s_meta_str(it, "name"), it);
-	metrics_set("diverge_tasks_stalled", "",
-	    (double)json_object_size(c->stalled));
+	stalled_gauge(c);
 	controller_slots_relist(c->slots, list);
 	slots_changed(c);
 	json_decref(list);
@@ -451,8 +466,9 @@ handle_event(struct watcher *w, struct k8s_event *ev)
 		(void)controller_slots_observe(w->c->slots, o,
 		    ev->type == K8S_DELETED);
 		slots_changed(w->c);
-		track_stalled(w->c, ns, k8s_meta_str(o, "name"),
-		    ev->type == K8S_DELETED ? NULL : o);
+		if (mark_stalled(w->c, ns, k8s_meta_str(o, "name"),
+		    ev->type == K8S_DELETED ? NULL : o))
+			stalled_gauge(w->c);
 		if (ev->type == K8S_DELETED) {
 			controller_task_deleted(&w->c->cfg, o);
 			return;
@@ -465,15 +481,24 @@ handle_event(struct watcher *w, struct k8s_event *ev)
 	    CONTROLLER_LABEL_TASK)));
 }
 
-/* When to try again a list from scratch that failed n times. */
+/*
+ * The watcher's wait after n failures in a row (of its watch, or of its
+ * list from scratch): 320 ms doubling, up to 5 minutes, with jitter.
+ */
 static int64_t
-list_retry_at(unsigned n)
+watch_backoff_ms(unsigned n)
 {
 	uint32_t rnd = 0;
 
 	random_bytes(&rnd, sizeof(rnd));
-	return now_mono_ms() + controller_backoff_ms(n < 12 ? n + 6 : 18,
-	    rnd);
+	return controller_backoff_ms(n < 12 ? n + 6 : 18, rnd);
+}
+
+/* When to try again a list from scratch that failed n times. */
+static int64_t
+list_retry_at(unsigned n)
+{
+	return now_mono_ms() + watch_backoff_ms(n);
 }
 
 /*
@@ -505,8 +530,6 @@ watch_main(void *arg)
 		rc = k8s_watch(c->cfg.store, w->r, c->cfg.namespace, &lo, &wt,
 		    &st);
 		if (rc < 0) {
-			uint32_t rnd = 0;
-
 			if (rc == K8S_EGONE) {
 				rv[0] = '\0';
 				pthread_mutex_lock(&c->mu);
@@ -514,9 +537,7 @@ watch_main(void *arg)
 				pthread_mutex_unlock(&c->mu);
 			}
 			k8s_status_release(&st);
-			random_bytes(&rnd, sizeof(rnd));
-			pause_unless_stopped(c, controller_backoff_ms(
-			    ++failures < 12 ? failures + 6 : 18, rnd));
+			pause_unless_stopped(c, watch_backoff_ms(++failures));
 			continue;
 		}
 		/*

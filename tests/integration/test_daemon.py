@@ -540,23 +540,18 @@ def schema_versions(t):
                                for v in stamps.values()),
          "each database is stamped: application_id DIVG, schema 1", stamps)
     newer = os.path.join(d.state_dir, "inbox-2.db")
-    db_restamp(newer, 0x44495647, 2)
-    rc, err = second_daemon("127.0.0.1:0", d.state_dir)
-    t.ok(rc == 1 and ("database '%s' was written by a newer diverged "
-                      "(schema 2; this one knows up to 1)" % newer) in err,
-         "a database of a newer schema: exit 1, naming it", (rc, err[-400:]))
-    db_restamp(newer, 0x12345678, 1)
-    rc, err = second_daemon("127.0.0.1:0", d.state_dir)
-    t.ok(rc == 1 and ("database '%s' belongs to another program "
-                      "(application_id 0x12345678" % newer) in err,
-         "a database of another program: exit 1, naming it",
-         (rc, err[-400:]))
-    db_restamp(newer, 0, 5)
-    rc, err = second_daemon("127.0.0.1:0", d.state_dir)
-    t.ok(rc == 1 and ("database '%s' belongs to another program "
-                      "(user_version 5 and no application_id" % newer) in err,
-         "another program's, without an application_id: exit 1, naming it",
-         (rc, err[-400:]))
+    for app, ver, says, name in (
+            (0x44495647, 2, "was written by a newer diverged (schema 2; "
+             "this one knows up to 1)", "a database of a newer schema"),
+            (0x12345678, 1, "belongs to another program (application_id "
+             "0x12345678", "a database of another program"),
+            (0, 5, "belongs to another program (user_version 5 and no "
+             "application_id", "another program's, without an "
+             "application_id")):
+        db_restamp(newer, app, ver)
+        rc, err = second_daemon("127.0.0.1:0", d.state_dir)
+        t.ok(rc == 1 and ("database '%s' %s" % (newer, says)) in err,
+             name + ": exit 1, naming it", (rc, err[-400:]))
     # refused, it is left as it was: not switched to WAL mode
     other_dir = tempfile.mkdtemp(prefix="diverge-other-")
     other = os.path.join(other_dir, "diverge.db")

@@ -3280,6 +3280,19 @@ test_queue_failed_write_keeps_slot(void **state)
 
 /* ------------------------------------------------------- stalled tasks */
 
+/* The fake kube-apiserver answers the next count Sandbox creates status. */
+static void
+refuse_sandboxes(int status, int count)
+{
+	char *rule = xasprintf("{\"status\":%d,\"count\":%d,\"method\":"
+	    "\"POST\",\"match\":\"/sandboxes\"}", status, count);
+	json_t *j = storeenv_fake(&env, "POST", "/_fake/faults", rule);
+
+	assert_non_null(j);
+	json_decref(j);
+	free(rule);
+}
+
 /* One pass of name that fails; its requeue hint. */
 static int64_t
 reconcile_fails(const char *name, const char *want_cause)
@@ -3333,16 +3346,13 @@ static void
 test_stalled_task_fails(void **state)
 {
 	char *a, *b, *c, *msg, *rv;
-	json_t *t, *j;
+	json_t *t;
 	int64_t requeue;
 
 	(void)state;
 	if (open_limited(3, 1) < 0)
 		skip();
-	j = storeenv_fake(&env, "POST", "/_fake/faults", "{\"status\":403,"
-	    "\"count\":100000,\"method\":\"POST\",\"match\":\"/sandboxes\"}");
-	assert_non_null(j);
-	json_decref(j);
+	refuse_sandboxes(403, 100000);
 	a = new_task_named(xstrdup("stall-a"), NULL, NULL);
 	reconcile(a);
 	assert_phase(a, "Pending");
@@ -3411,9 +3421,7 @@ test_stalled_task_fails(void **state)
 
 	/* one refusal, then a pass that succeeds: the condition goes */
 	cfg.controller.max_active_tasks = 0;
-	j = storeenv_fake(&env, "POST", "/_fake/faults", "{\"status\":422,"
-	    "\"count\":1,\"method\":\"POST\",\"match\":\"/sandboxes\"}");
-	json_decref(j);
+	refuse_sandboxes(422, 1);
 	c = new_task_named(xstrdup("stall-c"), NULL, NULL);
 	reconcile(c);
 	reconcile_fails(c, "injected fault");
@@ -3951,14 +3959,11 @@ test_stalled_gauge(void **state)
 {
 	struct controller *c = NULL;
 	char *name, *cause = NULL;
-	json_t *j;
 
 	(void)state;
 	if (open_limited(3, 0) < 0)
 		skip();
-	j = storeenv_fake(&env, "POST", "/_fake/faults", "{\"status\":403,"
-	    "\"count\":100000,\"method\":\"POST\",\"match\":\"/sandboxes\"}");
-	json_decref(j);
+	refuse_sandboxes(403, 100000);
 	cc.workers = 1;
 	assert_int_equal(controller_start(&c, &cc, &cause), 0);
 	running = c;
