@@ -240,6 +240,35 @@ def image(t):
          "the image runs as the pod's uid, with the manifest's config path")
 
 
+def image_build(t):
+    """The build stage installs what configure requires, and the context
+    leaves out what a local build made (scripts/check-image builds the
+    image itself; the tests cannot)."""
+    with open(os.path.join(DEPLOY, "Dockerfile")) as f:
+        build = f.read().split("\nFROM ")[1]     # the first stage
+    with open(os.path.join(TOP_SRCDIR, "configure.ac")) as f:
+        required = re.findall(r"^DIVERGE_LIB\(\[\w+\], \[[^]]*\], "
+                              r"\[([^]]+)\]\)", f.read(), re.M)
+    m = re.search(r"RUN \./scripts/install-deps( --build-only)?\s", build)
+    p = subprocess.run([os.path.join(TOP_SRCDIR, "scripts", "install-deps"),
+                        "--build-only", "--print"], capture_output=True,
+                       text=True, timeout=30)
+    pkgs = set(p.stdout.split())
+    missing = [d for d in required if d not in pkgs]
+    t.ok(m is not None and m.group(1) and p.returncode == 0 and
+         len(required) >= 8 and not missing,
+         "the build stage's install-deps --build-only installs every "
+         "library configure requires", missing or required)
+    t.ok(not {"clang", "nodejs", "npm", "python3"} & pkgs,
+         "and none of the test tools", sorted(pkgs))
+    with open(os.path.join(TOP_SRCDIR, ".dockerignore")) as f:
+        ignored = set(f.read().split("\n"))
+    want = {"**/*.o", "**/*.a", "config.status", "Makefile", "config.h",
+            "diverged", "diverge"}
+    t.ok(want <= ignored, "the image's context leaves out a local build's "
+         "objects, Makefiles and binaries", sorted(want - ignored))
+
+
 def main(t):
     try:
         import yaml  # noqa: F401
@@ -250,6 +279,7 @@ def main(t):
         systemd(t, tmp)
         kubernetes(t, tmp)
         image(t)
+        image_build(t)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
