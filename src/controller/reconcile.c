@@ -2033,7 +2033,8 @@ refused_for_good(int rc)
  * pass then revokes its token and frees its slot. The cause, which may
  * name service accounts and namespaces, stays in the condition and the
  * log; status.message, which the pull request's comment shows, only
- * points at it. *requeue_ms gets the time the grace ends.
+ * points at it. *requeue_ms gets the time the grace ends, while it is
+ * ahead.
  */
 static void
 note_stall(struct rctx *x, int64_t *requeue_ms)
@@ -2096,7 +2097,12 @@ note_stall(struct rctx *x, int64_t *requeue_ms)
 			    "namespace", x->ns, "error", cause, NULL);
 		}
 	}
-	if (!fail && requeue_ms != NULL)
+	/*
+	 * a suspended task past the grace does not fail: its passes keep
+	 * the error backoff (a hint in the past would queue each at once)
+	 */
+	if (!fail && requeue_ms != NULL &&
+	    since + CONTROLLER_ERROR_GRACE_S + 1 > x->now)
 		*requeue_ms = (since + CONTROLLER_ERROR_GRACE_S + 1 - x->now) *
 		    1000;
 	free(msg);

@@ -3280,17 +3280,24 @@ test_queue_failed_write_keeps_slot(void **state)
 
 /* ------------------------------------------------------- stalled tasks */
 
-/* The fake kube-apiserver answers the next count Sandbox creates status. */
+/* The fake kube-apiserver answers the next count Sandbox requests of method status. */
 static void
-refuse_sandboxes(int status, int count)
+refuse_sandbox_calls(const char *method, int status, int count)
 {
 	char *rule = xasprintf("{\"status\":%d,\"count\":%d,\"method\":"
-	    "\"POST\",\"match\":\"/sandboxes\"}", status, count);
+	    "\"%s\",\"match\":\"/sandboxes\"}", status, count, method);
 	json_t *j = storeenv_fake(&env, "POST", "/_fake/faults", rule);
 
 	assert_non_null(j);
 	json_decref(j);
 	free(rule);
+}
+
+/* ... of the next count Sandbox creates. */
+static void
+refuse_sandboxes(int status, int count)
+{
+	refuse_sandbox_calls("POST", status, count);
 }
 
 /* One pass of name that fails; its requeue hint. */
@@ -3436,6 +3443,49 @@ test_stalled_task_fails(void **state)
 	free(a);
 	free(b);
 	free(c);
+}
+
+/*
+ * A suspended task stalls (here its Sandbox cannot be stopped: every
+ * update and patch of it is refused) and does not fail when the grace
+ * ends, as a pause could not stop it either: its failed passes keep the
+ * error backoff, with no requeue hint. The hint that the grace ends
+ * would be in the past by then, and every pass would be queued again at
+ * once, against the API server, for as long as the task stays so.
+ */
+static void
+test_stalled_suspended(void **state)
+{
+	char *a;
+	json_t *t;
+
+	(void)state;
+	if (open_limited(3, 0) < 0)
+		skip();
+	a = active();
+	refuse_sandbox_calls("PUT", 403, 100000);
+	refuse_sandbox_calls("PATCH", 403, 100000);
+	set_suspended(a, 1);
+	assert_true(reconcile_fails(a, "injected fault") > 0);
+	t = get_task(a);
+	assert_string_equal(jp(cond(t, "Stalled"), "status"), "True");
+	json_decref(t);
+
+	backdate_stalled(a, CONTROLLER_ERROR_GRACE_S + 10);
+	assert_true(reconcile_fails(a, "injected fault") == -1);
+	assert_true(reconcile_fails(a, "injected fault") == -1);
+	t = get_task(a);
+	assert_string_not_equal(jp(t, "status.phase"), "Failed");
+	assert_string_equal(jp(cond(t, "Stalled"), "status"), "True");
+	json_decref(t);
+
+	/* once the API server takes the stop, the pass succeeds */
+	json_decref(storeenv_fake(&env, "DELETE", "/_fake/faults", NULL));
+	reconcile(a);
+	t = get_task(a);
+	assert_null(cond(t, "Stalled"));
+	json_decref(t);
+	free(a);
 }
 
 /*
@@ -4379,6 +4429,7 @@ main(void)
 		    stop_running),
 		cmocka_unit_test(test_dump),
 		cmocka_unit_test_teardown(test_stalled_task_fails, unlimit),
+		cmocka_unit_test_teardown(test_stalled_suspended, unlimit),
 		cmocka_unit_test_teardown(test_ttl_after_finished, no_ttl),
 		cmocka_unit_test_teardown(test_queue_admission, unlimit),
 		cmocka_unit_test_teardown(test_queue_timeout_rerun, unlimit),
