@@ -567,6 +567,8 @@ meter_done(void *arg, struct meter_reply *r)
 	if (r->status == 401)
 		http_reply_header(req, "WWW-Authenticate",
 		    "Bearer realm=\"diverge\"");
+	else if (r->status == 503)	/* the store failed: nothing charged */
+		http_reply_header(req, "Retry-After", "5");
 	/* this resumes the request: req is not ours anymore */
 	http_reply(req, r->status, "application/json", r->body,
 	    strlen(r->body));

@@ -232,6 +232,23 @@ def compact(doc):
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
+def api_call(port, method, path, body=None, ctype="application/json"):
+    """(status, JSON body) of a call to the embedded store API on port."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        c.request(method, path, body=json.dumps(body) if body is not None
+                  else None, headers={"Content-Type": ctype})
+        r = c.getresponse()
+        return r.status, json.loads(r.read() or b"null")
+    finally:
+        c.close()
+
+
+def api(d, method, path, body=None, ctype="application/json"):
+    """api_call on daemon d's embedded store API."""
+    return api_call(d.api_port, method, path, body, ctype)
+
+
 class Daemon:
     """A diverged process with its own state dir and config file."""
 

@@ -2,7 +2,6 @@
 config errors with file:line, health/readiness/metrics, JSON logs, SIGHUP
 secret rotation and graceful SIGTERM/SIGINT."""
 
-import http.client
 import json
 import os
 import re
@@ -15,8 +14,8 @@ import tempfile
 import time
 import uuid
 
-from divtest import (DIVERGED, Daemon, GITHUB_CONFIG, compact, fixture,
-                     run_tests, with_comment)
+from divtest import (DIVERGED, Daemon, GITHUB_CONFIG, api, compact,
+                     fixture, run_tests, with_comment)
 
 DOC = with_comment(fixture(
     "github/go-playground--pull-request-issue-comment.json"),
@@ -492,17 +491,6 @@ def state_dir_in_use(t):
 
 SECRETS = "/api/v1/namespaces/default/secrets"
 
-
-def api(d, method, path, body=None):
-    """(status, JSON body) of a call to the embedded store's API."""
-    c = http.client.HTTPConnection("127.0.0.1", d.api_port, timeout=10)
-    try:
-        c.request(method, path, body=json.dumps(body) if body is not None
-                  else None, headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        return r.status, json.loads(r.read() or b"null")
-    finally:
-        c.close()
 
 
 def db_stamps(path):

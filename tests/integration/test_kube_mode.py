@@ -159,6 +159,16 @@ def run(t, fake, scm):
          [(c[2] or {}).get("charged") for c in charges] ==
          [True, True, False],
          "meter: two charges and a retry, through the cluster", charges)
+    # the API server refuses the read: nothing charged, retry later
+    fake.request("POST", "/_fake/faults", {
+        "status": 403, "count": 1, "method": "GET",
+        "match": "/agenttasks/fix-pr-42"})
+    s, h, j = d.json("POST", "/api/v1/agenttask/meter", json.dumps(
+        {"requestId": "r9", "iteration": 1, "model": "claude-3",
+         "tokensUsed": 1000, "costUSD": 0.01}), hdr)
+    t.ok(s == 503 and h.get("retry-after") == "5" and
+         j == {"error": "the store is unavailable, retry"},
+         "meter: the store failing is 503 with Retry-After", (s, h, j))
     s, task = fake.request("GET", TASKS + "/fix-pr-42")
     st = task.get("status", {})
     t.ok(st.get("tokensConsumed") == 2000 and

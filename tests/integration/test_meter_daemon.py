@@ -10,24 +10,13 @@ import stat
 import subprocess
 import time
 
-from divtest import TOP_BUILDDIR, Daemon, run_tests
+from divtest import TOP_BUILDDIR, Daemon, api, run_tests
 
 TOOL = os.path.join(TOP_BUILDDIR, "tests", "tools", "macaroon_tool")
 NS = "default"
 TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks" % NS
 SECRETS = "/api/v1/namespaces/%s/secrets" % NS
 
-
-def api(d, method, path, body=None, ctype="application/json"):
-    import http.client
-    c = http.client.HTTPConnection("127.0.0.1", d.api_port, timeout=10)
-    try:
-        c.request(method, path, body=json.dumps(body) if body is not None
-                  else None, headers={"Content-Type": ctype})
-        r = c.getresponse()
-        return r.status, json.loads(r.read() or b"null")
-    finally:
-        c.close()
 
 
 def meter(d, token, body, path="/api/v1/agenttask/meter"):

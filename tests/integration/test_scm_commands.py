@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 
-from divtest import (Daemon, ScmFake, compact, fixture, run_tests,
+from divtest import (Daemon, ScmFake, api, compact, fixture, run_tests,
                      with_comment)
 
 NS = "team-a"
@@ -213,16 +213,6 @@ def gl_note(nid, iid, username, uid, body):
     doc["user"]["id"] = uid
     return doc
 
-
-def api(d, method, path, body=None, ctype="application/json"):
-    c = http.client.HTTPConnection("127.0.0.1", d.api_port, timeout=10)
-    try:
-        c.request(method, path, body=json.dumps(body) if body is not None
-                  else None, headers={"Content-Type": ctype})
-        r = c.getresponse()
-        return r.status, json.loads(r.read() or b"null")
-    finally:
-        c.close()
 
 
 def first_change(d, path, rv, pred, timeout=20):

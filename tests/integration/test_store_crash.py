@@ -3,26 +3,13 @@ through diverged's Kubernetes API while the daemon is killed with SIGKILL
 at random moments. After each restart every acknowledged write is there,
 intact, and resourceVersions keep increasing."""
 
-import http.client
-import json
 import random
 import threading
 import time
 
-from divtest import Daemon, run_tests
+from divtest import Daemon, api_call as call, run_tests
 
 BASE = "/apis/divergedev.com/v1alpha1/namespaces/crash/agenttasks"
-
-
-def call(port, method, path, body=None, ctype="application/json"):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        c.request(method, path, body=json.dumps(body) if body is not None
-                  else None, headers={"Content-Type": ctype})
-        r = c.getresponse()
-        return r.status, json.loads(r.read() or b"null")
-    finally:
-        c.close()
 
 
 def writer(port, wid, acked, lock, stop):

@@ -1,0 +1,127 @@
+"""A full disk under the state directory, for real: a 3 MiB tmpfs filled
+by the daemon's own writes. Webhooks then get 503 with Retry-After and are
+not stored, a meter charge gets 503 with Retry-After and is not charged,
+the daemon keeps serving; once the disk has room again (the tmpfs grown),
+both go through, every acknowledged delivery is handled exactly once, the
+retried charge is charged once, and the state survives a restart. Needs
+root (mount); skipped otherwise."""
+
+import base64
+import json
+import os
+import subprocess
+import tempfile
+import time
+import uuid
+
+from divtest import (Daemon, GITHUB_CONFIG, api, compact, fixture,
+                     run_tests, with_comment)
+
+DOC = with_comment(fixture(
+    "github/go-playground--pull-request-issue-comment.json"),
+    "/diverge fix until the disk is full")
+NS = "default"
+TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks" % NS
+SECRETS = "/api/v1/namespaces/%s/secrets" % NS
+
+
+
+def charge(d, token, rid):
+    return d.json("POST", "/api/v1/agenttask/meter", json.dumps(
+        {"requestId": rid, "iteration": 1, "model": "m", "tokensUsed": 7,
+         "costUSD": 0.0001}), {"Content-Type": "application/json",
+                               "Authorization": "Bearer " + token})
+
+
+def token_of(d, name):
+    for _ in range(300):
+        s, task = api(d, "GET", TASKS + "/" + name)
+        if s == 200 and task.get("status", {}).get("tokenId"):
+            s, sec = api(d, "GET", SECRETS + "/%s-token" % name)
+            if s == 200:
+                return base64.b64decode(sec["data"]["token"]).decode()
+        time.sleep(0.05)
+    return None
+
+
+def mount(mnt, opts):
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", mnt],
+                       capture_output=True, text=True)
+    return p.returncode == 0
+
+
+def main(t):
+    if os.geteuid() != 0:
+        t.skip_all("needs root to mount a small tmpfs")
+    mnt = tempfile.mkdtemp(prefix="diverge-full-")
+    if not mount(mnt, "size=3m,mode=0700"):
+        os.rmdir(mnt)
+        t.skip_all("cannot mount a tmpfs here")
+    try:
+        run(t, mnt)
+    finally:
+        Daemon.kill_all()
+        subprocess.run(["umount", "-l", mnt])
+        os.rmdir(mnt)
+
+
+def run(t, mnt):
+    d = Daemon(GITHUB_CONFIG.replace("debug", "info"),
+               state_dir=os.path.join(mnt, "state")).start()
+    s, _ = api(d, "POST", TASKS, {
+        "apiVersion": "divergedev.com/v1alpha1", "kind": "AgentTask",
+        "metadata": {"name": "fix-pr-9"},
+        "spec": {"objective": "meter on a full disk", "budgetUSD": "100",
+                 "capabilities": ["m"]}})
+    token = token_of(d, "fix-pr-9")
+    t.ok(s == 201 and token, "a task and its token, on the small disk")
+    t.eq(charge(d, token, "before")[0], 200, "a charge while there is room")
+
+    body = compact(DOC)
+    acked, full = [], None
+    for _ in range(5000):
+        key = str(uuid.uuid4())
+        s, h, j = d.github("issue_comment", body, key)
+        if s == 202:
+            acked.append(key)
+            continue
+        full = (s, h.get("retry-after"), j)
+        break
+    t.ok(acked and full == (503, "5", {"error": "cannot store the delivery"}),
+         "the disk fills: 503 with Retry-After, after %d deliveries stored"
+         % len(acked), full)
+    refused = key
+    s, h, j = charge(d, token, "on-full")
+    t.ok(s == 503 and h.get("retry-after") == "5" and
+         j == {"error": "the store is unavailable, retry"},
+         "a charge on the full disk: 503 with Retry-After", (s, h, j))
+    t.eq(d.request("GET", "/healthz")[0], 200, "the daemon keeps serving")
+    t.ok(d.wait_log("inbox write failed") and
+         d.wait_log("meter: store failed"), "and says why in its log")
+
+    subprocess.run(["mount", "-o", "remount,size=64m", mnt], check=True)
+    s, _, j = d.github("issue_comment", body, refused)
+    t.ok(s == 202, "room again: the refused delivery is taken", (s, j))
+    acked.append(refused)
+    s, _, j = charge(d, token, "on-full")
+    t.ok(s == 200 and j.get("charged") is True, "and the refused charge, "
+         "retried, is charged", j)
+    s, _, j = charge(d, token, "on-full")
+    t.ok(s == 200 and j.get("charged") is False and
+         j.get("totalTokensUsed") == 14, "once", j)
+    got = d.wait_handled(["github:" + k for k in acked], timeout=60)
+    t.ok(len(got) == len(acked) and set(got.values()) == {1},
+         "every acknowledged delivery handled exactly once (%d)"
+         % len(acked), len(got))
+    t.eq(d.stop(), 0, "clean stop")
+    d.start()
+    s, task = api(d, "GET", TASKS + "/fix-pr-9")
+    t.ok(s == 200 and task["status"].get("tokensConsumed") == 14,
+         "after a restart: the two charges, no more", task.get("status"))
+    s, _, j = d.github("issue_comment", body, acked[0])
+    t.ok(s == 200 and j.get("duplicate") is True, "and a stored delivery "
+         "is still a duplicate", j)
+    t.eq(d.stop(), 0, "clean stop")
+
+
+run_tests(main)
