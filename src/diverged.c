@@ -72,6 +72,8 @@ struct daemon {
 	char *self_github;
 	int stopping;
 	char *db_path;
+	/* the command line's overrides, applied on reload too */
+	const char *ov_listen, *ov_api_listen, *ov_state_dir;
 };
 
 static struct daemon D;
@@ -1197,7 +1199,7 @@ static void
 reload(void)
 {
 	struct config nc;
-	char *cause = NULL, n[24];
+	char *cause = NULL, *restart, n[24];
 
 	if (D.cfg.file == NULL) {
 		log_kv(LOG_INFO, "reload: no configuration file, nothing to do",
@@ -1210,10 +1212,19 @@ reload(void)
 		free(cause);
 		return;
 	}
-	if (nc.github.enabled != D.cfg.github.enabled ||
-	    nc.gitlab.enabled != D.cfg.gitlab.enabled)
-		log_kv(LOG_WARN, "reload: enabling or disabling a provider "
-		    "needs a restart", NULL);
+	if (config_override(&nc, D.ov_listen, D.ov_api_listen,
+	    D.ov_state_dir, &cause) < 0) {	/* checked at start: no error */
+		free(cause);
+		cause = NULL;
+	}
+	restart = config_restart_keys(&D.cfg, &nc);
+	if (restart != NULL) {
+		/* the running values stay until a restart: say which */
+		log_kv(LOG_WARN, "reload: changed keys take effect only at a "
+		    "restart; running with their old values", "keys", restart,
+		    NULL);
+		free(restart);
+	}
 	nc.github.enabled = D.cfg.github.enabled;
 	nc.gitlab.enabled = D.cfg.gitlab.enabled;
 	if (secrets_reload(&nc, &cause) < 0) {
@@ -1319,6 +1330,9 @@ main(int argc, char **argv)
 	} else {
 		config_defaults(&D.cfg);
 	}
+	D.ov_listen = listen;
+	D.ov_api_listen = api_listen;
+	D.ov_state_dir = state_dir;
 	/* checked like the keys they replace, by --check-config too */
 	if (config_override(&D.cfg, listen, api_listen, state_dir,
 	    &cause) < 0) {

@@ -1451,6 +1451,113 @@ p_repos(struct ctx *c, const struct field *f, void *base)
 	return walk_seq(c, 0, repo_item, f, base);
 }
 
+/* ------------------------------------------------ changes on reload */
+
+static int
+str_differ(const char *a, const char *b)
+{
+	return strcmp(a != NULL ? a : "", b != NULL ? b : "") != 0;
+}
+
+static int
+strlist_differ(const struct config_strlist *a, const struct config_strlist *b)
+{
+	size_t i;
+
+	if (a->n != b->n)
+		return 1;
+	for (i = 0; i < a->n; i++)
+		if (str_differ(a->v[i], b->v[i]))
+			return 1;
+	return 0;
+}
+
+static int
+repos_differ(const struct config *a, const struct config *b)
+{
+	size_t i;
+
+	if (a->nrepos != b->nrepos)
+		return 1;
+	for (i = 0; i < a->nrepos; i++)
+		if (str_differ(a->repos[i].match, b->repos[i].match) ||
+		    str_differ(a->repos[i].namespace, b->repos[i].namespace))
+			return 1;
+	return 0;
+}
+
+/*
+ * Whether field f differs between the structs at a and b. Every parse
+ * function of the tables is one of these kinds; test_config's
+ * restart_keys case changes a key of each.
+ */
+static int
+field_differs(const struct field *f, const char *a, const char *b)
+{
+	int (*p)(struct ctx *, const struct field *, void *) = f->parse;
+
+	if (p == p_string || p == p_name || p == p_path || p == p_listen ||
+	    p == p_url || p == p_template || p == p_namespace ||
+	    p == p_quantity || p == p_secret)
+		return str_differ(*(char *const *)(a + f->off),
+		    *(char *const *)(b + f->off));
+	if (p == p_secrets || p == p_capabilities || p == p_globs)
+		return strlist_differ(
+		    (const struct config_strlist *)(a + f->off),
+		    (const struct config_strlist *)(b + f->off));
+	if (p == p_repos)
+		return repos_differ((const struct config *)a,
+		    (const struct config *)b);
+	/* integers, booleans, durations, sizes, amounts, enums */
+	return memcmp(a + f->off, b + f->off, f->size) != 0;
+}
+
+/* What SIGHUP applies: secrets, repo_allowlist, log settings. */
+static int
+reloadable(const struct field *f, const char *key)
+{
+	return f->parse == p_secret || f->parse == p_secrets ||
+	    strcmp(key, "repo_allowlist") == 0 ||
+	    strncmp(key, "log.", 4) == 0;
+}
+
+static void
+changed_keys(const struct field *t, const char *prefix, const char *a,
+    const char *b, struct buf *out)
+{
+	char *key;
+
+	for (; t->key != NULL; t++) {
+		key = xasprintf("%s%s", prefix, t->key);
+		if (t->parse == p_map) {
+			char *sub = xasprintf("%s.", key);
+
+			changed_keys(t->arg, sub, a, b, out);
+			free(sub);
+		} else if (!reloadable(t, key) && field_differs(t, a, b)) {
+			if (out->len > 0)
+				buf_addstr(out, ",");
+			buf_addstr(out, key);
+		}
+		free(key);
+	}
+}
+
+char *
+config_restart_keys(const struct config *running, const struct config *next)
+{
+	struct buf b;
+
+	buf_init(&b, 8192);	/* every key: about 2 KB */
+	changed_keys(root_fields, "", (const char *)running,
+	    (const char *)next, &b);
+	if (b.len == 0) {
+		buf_release(&b);
+		return NULL;
+	}
+	return buf_detach(&b, NULL);
+}
+
 static int
 pass_values(struct ctx *c)
 {

@@ -199,6 +199,16 @@ int config_key_line(const struct config *c, const char *key);
 int config_override(struct config *c, const char *listen,
     const char *api_listen, const char *state_dir, char **cause);
 
+/*
+ * The keys whose values differ between the running configuration and
+ * next, a file read again on SIGHUP, that a reload does not apply (all
+ * but secrets, repo_allowlist and log settings): dotted, in the order of
+ * the documentation, comma-separated ("controller.workers,repos"); NULL
+ * when there are none. The caller frees it.
+ */
+char *config_restart_keys(const struct config *running,
+    const struct config *next);
+
 /* Free everything c owns; c is then invalid until config_defaults. */
 void config_release(struct config *c);
 

@@ -194,6 +194,22 @@ def operations(t):
     s, _, _ = d.github("issue_comment", DOC, str(uuid.uuid4()),
                        secret="rotated-secret")
     t.eq(s, 202, "after SIGHUP the new secret is accepted")
+    restart = "take effect only at a restart"
+    t.ok(not any(restart in l for l in d.log()), "the file unchanged but "
+         "for the secret, and the command line's overrides: nothing more "
+         "to say")
+    # keys a reload does not apply are named; log settings are applied
+    with open(d.config_file) as f:
+        text = f.read()
+    with open(d.config_file, "w") as f:
+        f.write(text.replace("level: debug", "level: info") +
+                "controller: {workers: 9}\nhttp: {threads: 3}\n")
+    d.send_signal(signal.SIGHUP)
+    t.ok(d.wait_log(restart), "SIGHUP with other keys changed: a warning")
+    t.ok([l for l in d.log() if restart in l and "level=warn" in l and
+          "keys=controller.workers,http.threads" in l],
+         "naming exactly the keys that wait for a restart",
+         [l for l in d.log() if restart in l])
     os.unlink(d.secret_file)
     d.send_signal(signal.SIGHUP)
     t.ok(d.wait_log("reload failed"), "SIGHUP with an unreadable secret: "

@@ -840,6 +840,99 @@ test_full_file(void **state)
 	free(path);
 }
 
+/* full.yaml with each from[i] replaced by to[i], parsed. */
+static void
+parse_full_with(struct config *c, const char *const *from,
+    const char *const *to, size_t n)
+{
+	char *path = data_path("full.yaml"), *text, *at, *next;
+	FILE *f = fopen(path, "r");
+	size_t len, i;
+
+	assert_non_null(f);
+	text = xcalloc(1, 1 << 16);
+	len = fread(text, 1, (1 << 16) - 1, f);
+	assert_true(len > 0 && len < (1 << 16) - 1);
+	fclose(f);
+	for (i = 0; i < n; i++) {
+		at = strstr(text, from[i]);
+		if (at == NULL)
+			fail_msg("full.yaml has no '%s'", from[i]);
+		next = xasprintf("%.*s%s%s", (int)(at - text), text, to[i],
+		    at + strlen(from[i]));
+		free(text);
+		text = next;
+	}
+	parse_ok(c, text);
+	free(text);
+	free(path);
+}
+
+/*
+ * SIGHUP: the keys a reload leaves at their running values, named. None
+ * for the same file, nor for what a reload applies (secret references,
+ * repo_allowlist, log settings); exactly the changed ones, in the order
+ * of the documentation, for a change of every other kind of value.
+ */
+static void
+test_restart_keys(void **state)
+{
+	static const char *const reload_from[] = {
+		"level: debug", "format: json", "file:/etc/diverge/github-token",
+		"env:GITHUB_WEBHOOK_SECRET_OLD", "\"gitlab.example.com/Platform/*\"",
+	};
+	static const char *const reload_to[] = {
+		"level: warn", "format: text", "file:/etc/diverge/token-2",
+		"env:GITHUB_WEBHOOK_SECRET_NEW", "\"gitlab.example.com/Infra/*\"",
+	};
+	/* one of each kind of value: address, enum, string, namespace,
+	 * integer, duration, URL, name, boolean, path, rules, list, amount,
+	 * quantity, template, size */
+	static const char *const from[] = {
+		"listen: 0.0.0.0:9090", "mode: kubeconfig", "context: prod",
+		"namespace: agents", "workers: 8", "ttl_after_finished: 30d",
+		"public_url: https://diverge.example.com", "id: 123456",
+		"allow_forks: true", "ca_file: /etc/ssl/ghe-ca.pem",
+		"namespace: team-b", "gpt-4o]", "budgetUSD: \"12.50\"",
+		"workspace_size: 10Gi", "?_diverge_env={env}",
+		"max_body_bytes: 10MiB",
+	};
+	static const char *const to[] = {
+		"listen: 0.0.0.0:9091", "mode: in-cluster", "context: prod-2",
+		"namespace: agents-2", "workers: 9", "ttl_after_finished: 31d",
+		"public_url: https://meter.example.com", "id: 654321",
+		"allow_forks: false", "ca_file: /etc/ssl/other-ca.pem",
+		"namespace: team-c", "gpt-4.1]", "budgetUSD: \"12.51\"",
+		"workspace_size: 20Gi", "?env={env}", "max_body_bytes: 11MiB",
+	};
+	struct config a, b;
+	char *keys;
+
+	(void)state;
+	parse_full_with(&a, NULL, NULL, 0);
+	parse_full_with(&b, NULL, NULL, 0);
+	assert_null(config_restart_keys(&a, &b));
+	config_release(&b);
+
+	parse_full_with(&b, reload_from, reload_to, ARRAY_SIZE(reload_from));
+	assert_int_not_equal(a.log.level, b.log.level);
+	assert_null(config_restart_keys(&a, &b));
+	config_release(&b);
+
+	parse_full_with(&b, from, to, ARRAY_SIZE(from));
+	keys = config_restart_keys(&a, &b);
+	assert_non_null(keys);
+	assert_string_equal(keys, "listen,kubernetes.mode,kubernetes.context,"
+	    "namespace,controller.workers,controller.ttl_after_finished,"
+	    "meter.public_url,github.app.id,github.allow_forks,"
+	    "github.ca_file,repos,defaults.capabilities,defaults.budgetUSD,"
+	    "sandbox.workspace_size,preview.url_template,"
+	    "http.max_body_bytes");
+	free(keys);
+	config_release(&b);
+	config_release(&a);
+}
+
 /*
  * repo_allowlist: absent, null or [] is every repository (no entry);
  * entries are kept as written (the match ignores case), in order, in
@@ -1476,6 +1569,7 @@ main(void)
 		cmocka_unit_test(test_empty_files),
 		cmocka_unit_test(test_null_values),
 		cmocka_unit_test(test_full_file),
+		cmocka_unit_test(test_restart_keys),
 		cmocka_unit_test(test_design_example),
 		cmocka_unit_test(test_repo_allowlist),
 		cmocka_unit_test(test_load_errors),
