@@ -1402,6 +1402,7 @@ main(int argc, char **argv)
 	hc.listen = D.cfg.listen;
 	hc.threads = D.cfg.http.threads;
 	hc.max_connections = D.cfg.http.max_connections;
+	hc.max_connections_per_ip = D.cfg.http.max_connections_per_ip;
 	hc.connection_timeout_s = D.cfg.http.connection_timeout_s;
 	hc.request_timeout_s = D.cfg.http.request_timeout_s;
 	hc.max_body = (size_t)D.cfg.http.max_body_bytes;

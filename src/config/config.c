@@ -1368,6 +1368,8 @@ static const struct field preview_fields[] = {
 static const struct field http_fields[] = {
 	FR("max_body_bytes", p_size, http.max_body_bytes, KIB, GIB),
 	FR("max_connections", p_int, http.max_connections, 1, 65536),
+	FR("max_connections_per_ip", p_int, http.max_connections_per_ip, 0,
+	    65536),
 	FR("connection_timeout", p_duration, http.connection_timeout_s, 1,
 	    3600),
 	FR("request_timeout", p_duration, http.request_timeout_s, 1, 3600),

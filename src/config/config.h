@@ -136,6 +136,7 @@ struct config {
 	struct {
 		int64_t max_body_bytes;		/* default 5 MiB */
 		int max_connections;		/* default 1024 */
+		int max_connections_per_ip;	/* default 0: no limit */
 		int connection_timeout_s;	/* default 30 */
 		int request_timeout_s;		/* default 30 */
 		int threads;			/* default 4 */

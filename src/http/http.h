@@ -54,6 +54,7 @@ struct http_server_config {
 	const char *listen;		/* host:port, [v6]:port; port 0 = any */
 	int threads;			/* thread pool size */
 	int max_connections;
+	int max_connections_per_ip;	/* 0: no limit */
 	int connection_timeout_s;	/* idle timeout */
 	int request_timeout_s;		/* headers and body must arrive in
 					 * this time (0: no limit) */

@@ -679,6 +679,9 @@ http_server_start(struct http_server **out,
 	    MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)(cfg->threads > 0 ?
 	    cfg->threads : 1),
 	    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)cfg->max_connections,
+	    MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+	    (unsigned int)(cfg->max_connections_per_ip > 0 ?
+	    cfg->max_connections_per_ip : 0),
 	    MHD_OPTION_CONNECTION_TIMEOUT,
 	    (unsigned int)cfg->connection_timeout_s,
 	    /*

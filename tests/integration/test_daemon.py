@@ -451,6 +451,45 @@ def many_connections(t):
     t.eq(d.stop(), 0, "exit 0 after many connections")
 
 
+def per_ip(t):
+    """http.max_connections_per_ip: one client address holding its limit
+    of connections has its next one closed unanswered; another address
+    (127.0.0.2, the same loopback) is still served, and so is the first
+    once one of its connections closes."""
+    d = Daemon(GITHUB_CONFIG + "http: {{max_connections_per_ip: 2}}\n")
+    d.start()
+
+    def healthz(src):
+        c = socket.socket()
+        c.settimeout(5)
+        try:
+            c.bind((src, 0))
+            c.connect(("127.0.0.1", d.port))
+            c.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+                      b"Connection: close\r\n\r\n")
+            return c.recv(100)[:12]
+        except OSError as e:
+            return type(e).__name__
+        finally:
+            c.close()
+    held = [socket.create_connection(("127.0.0.1", d.port), timeout=5)
+            for _ in range(2)]
+    try:
+        time.sleep(0.2)
+        t.ok(healthz("127.0.0.1") in (b"", "ConnectionResetError"),
+             "a third connection from one address: closed, unanswered")
+        t.eq(healthz("127.0.0.2"), b"HTTP/1.1 200", "another address is "
+             "served")
+        held.pop().close()
+        time.sleep(0.2)
+        t.eq(healthz("127.0.0.1"), b"HTTP/1.1 200", "and the first again "
+             "once one of its connections closes")
+    finally:
+        for c in held:
+            c.close()
+    t.eq(d.stop(), 0, "exit 0")
+
+
 def threads(t):
     """Threads carry names an operator can read in top -H; the inbox
     checkpointer runs at a lower CPU priority than the request path."""
@@ -603,6 +642,7 @@ def main(t):
     limits(t)
     slow_clients(t)
     many_connections(t)
+    per_ip(t)
     threads(t)
 
 

@@ -385,6 +385,9 @@ static const struct error_case error_cases[] = {
 	{ "http.max_connections", "http: {max_connections: 70000}\n",
 	  "t.yaml:1: 'http.max_connections': expected an integer from 1 to "
 	  "65536, got '70000'" },
+	{ "http.max_connections_per_ip", "http: {max_connections_per_ip: -1}\n",
+	  "t.yaml:1: 'http.max_connections_per_ip': expected an integer from "
+	  "0 to 65536, got '-1'" },
 	{ "inbox.capacity zero", "inbox: {capacity: 0}\n",
 	  "t.yaml:1: 'inbox.capacity': expected an integer from 1 to "
 	  "1000000000, got '0'" },
@@ -670,6 +673,7 @@ check_defaults(const struct config *c)
 	assert_null(c->preview.url_template);
 	assert_int_equal(c->http.max_body_bytes, 5 * 1024 * 1024);
 	assert_int_equal(c->http.max_connections, 1024);
+	assert_int_equal(c->http.max_connections_per_ip, 0);
 	assert_int_equal(c->http.connection_timeout_s, 30);
 	assert_int_equal(c->http.request_timeout_s, 30);
 	assert_int_equal(c->http.threads, 4);
@@ -810,6 +814,7 @@ check_full(const struct config *c)
 	    "https://preview.example.com/?_diverge_env={env}");
 	assert_int_equal(c->http.max_body_bytes, 10 * 1024 * 1024);
 	assert_int_equal(c->http.max_connections, 2048);
+	assert_int_equal(c->http.max_connections_per_ip, 32);
 	assert_int_equal(c->http.connection_timeout_s, 90);
 	assert_int_equal(c->http.threads, 8);
 	assert_int_equal(c->http.max_header_bytes, 64 * 1024);
