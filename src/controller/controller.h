@@ -107,6 +107,11 @@ struct controller_config {
 	const char *namespace;		/* watch one namespace; NULL: all */
 	int workers;			/* 0: cfg->controller.workers */
 	int64_t resync_ms;		/* 0: CONTROLLER_RESYNC_MS */
+	/*
+	 * Tests only: how long an admission waits, in its pass, for the task
+	 * watch to reach the task (controller_slots_admit); 0: 3 s.
+	 */
+	int64_t sync_wait_ms;
 	/* tests only: SIGKILL the process after this many child writes */
 	int crash_after_writes;
 	/*

@@ -1166,7 +1166,8 @@ admit(struct rctx *x, const struct obs *o, int resume, char **msg)
 	if (x->stale)
 		return K8S_ECONFLICT;
 	rc = controller_slots_admit(controller_slots_of(x->cc->store),
-	    o->task, limit, own_sandbox_runs(o), &running, &ahead, &cause);
+	    o->task, limit, own_sandbox_runs(o), x->cc->sync_wait_ms, &running,
+	    &ahead, &cause);
 	if (rc < 0) {
 		if (x->cause == NULL)
 			x->cause = cause;

@@ -466,8 +466,8 @@ queue_cmp(const json_t *e, const json_t *t)
 /* Decide an admission. */
 int
 controller_slots_admit(struct controller_slots *s, const json_t *task,
-    int64_t limit, int force, int64_t *running, int64_t *ahead,
-    char **cause)
+    int64_t limit, int force, int64_t wait_ms, int64_t *running,
+    int64_t *ahead, char **cause)
 {
 	const char *uid = k8s_meta_str(task, "uid");
 	int64_t own = 0, run = 0, before = 0;
@@ -480,7 +480,8 @@ controller_slots_admit(struct controller_slots *s, const json_t *task,
 	key = xasprintf("%s/%s", k8s_meta_str(task, "namespace"),
 	    k8s_meta_str(task, "name"));
 	numeric = rv_num(k8s_meta_str(task, "resourceVersion"), &own);
-	time_deadline(CLOCK_MONOTONIC, SYNC_WAIT_MS, &ts);
+	time_deadline(CLOCK_MONOTONIC, wait_ms > 0 ? wait_ms : SYNC_WAIT_MS,
+	    &ts);
 	pthread_mutex_lock(&s->mu);
 	/*
 	 * what the watch has not delivered yet may be an earlier task: wait

@@ -104,12 +104,13 @@ void controller_slots_changes(struct controller_slots *s, int *look,
  * (creationTimestamp, namespace, name) are fewer than limit; the record
  * is then made. Queued (0) otherwise. *running gets the tasks running
  * (with it when admitted), *ahead those waiting ahead. While a watch
- * feeds the cache, the decision waits up to 3 s for it to reach the
- * task's resourceVersion (a later task never overtakes one the watch has
- * not delivered yet): K8S_ETIMEOUT, with *cause, when it does not.
+ * feeds the cache, the decision waits up to wait_ms (0: 3 s) for it to
+ * reach the task's resourceVersion (a later task never overtakes one the
+ * watch has not delivered yet): K8S_ETIMEOUT, with *cause, when it does
+ * not.
  */
 int controller_slots_admit(struct controller_slots *s, const json_t *task,
-    int64_t limit, int force, int64_t *running, int64_t *ahead,
-    char **cause);
+    int64_t limit, int force, int64_t wait_ms, int64_t *running,
+    int64_t *ahead, char **cause);
 
 #endif
