@@ -45,7 +45,11 @@
  * decision). After a restart, a task whose own Sandbox already runs for
  * its current run is admitted again whatever the queue. When the cache
  * shows a task leave a slot or stop waiting for one (queued or not yet),
- * the queued tasks are reconciled again.
+ * the queued tasks are reconciled again. A decision waits for the task
+ * watch to have delivered the task as its pass read it; a watch far
+ * behind is no failure of the task (no back-off): its pass decides
+ * nothing and the task is reconciled again as soon as the watch gets
+ * there (slots.h).
  *
  * status.activeSeconds holds the seconds of the closed Provisioning/Active
  * periods; the open one started at the lastTransitionTime of the
@@ -149,7 +153,8 @@ uint64_t controller_relists(struct controller *c);
  * (the workers call this; tests and benchmarks call it directly). A
  * missing task is fine (0). On success *requeue_ms (may be NULL) gets the
  * delay after which the task wants another look (a timeout or a grace
- * period running), or -1 for none. A negative enum k8s_err, with a new
+ * period running, an admission that waits for the task watch), or -1
+ * for none. A negative enum k8s_err, with a new
  * message in *cause (may be NULL), when a read or write failed: retry
  * with backoff, or after *requeue_ms when that is not -1 and sooner (the
  * end of a stalled task's grace).

@@ -1148,17 +1148,17 @@ own_sandbox_runs(const struct obs *o)
 
 /*
  * May the task leave Pending or Paused for Provisioning? With no limit,
- * yes (1). Else admitted (1) or queued (0, *msg gets the status message)
- * as controller_slots_admit decides. K8S_ECONFLICT when the cache knows
- * a later version of the task than this pass read (read again), another
- * negative enum k8s_err when the cache is behind the store.
+ * yes (1). Else admitted (1), queued (0, *msg gets the status message)
+ * or not decided (CONTROLLER_SLOTS_BEHIND: the task watch is behind this
+ * pass's read) as controller_slots_admit answers. K8S_ECONFLICT when the
+ * cache knows a later version of the task than this pass read (read
+ * again).
  */
 static int
 admit(struct rctx *x, const struct obs *o, int resume, char **msg)
 {
 	int64_t limit = x->cfg->controller.max_active_tasks;
 	int64_t running = 0, ahead = 0;
-	char *cause = NULL;
 	int rc;
 
 	if (limit <= 0)
@@ -1167,14 +1167,9 @@ admit(struct rctx *x, const struct obs *o, int resume, char **msg)
 		return K8S_ECONFLICT;
 	rc = controller_slots_admit(controller_slots_of(x->cc->store),
 	    o->task, limit, own_sandbox_runs(o), x->cc->sync_wait_ms, &running,
-	    &ahead, &cause);
-	if (rc < 0) {
-		if (x->cause == NULL)
-			x->cause = cause;
-		else
-			free(cause);
+	    &ahead);
+	if (rc == CONTROLLER_SLOTS_BEHIND)
 		return rc;
-	}
 	if (rc == 1) {
 		x->admitted = 1;
 		x->running = running;
@@ -1186,7 +1181,8 @@ admit(struct rctx *x, const struct obs *o, int resume, char **msg)
 
 /*
  * A task that would leave Pending or Paused for Provisioning takes a
- * slot, or stays where it is, queued. 0, or a negative enum k8s_err.
+ * slot, or stays where it is, queued. 0, CONTROLLER_SLOTS_BEHIND (no
+ * decision yet) or a negative enum k8s_err.
  */
 static int
 plan_admission(struct rctx *x, const struct obs *o, struct plan *p)
@@ -1208,7 +1204,7 @@ plan_admission(struct rctx *x, const struct obs *o, struct plan *p)
 	}
 	rc = admit(x, o, resume, &msg);
 	if (rc != 0)
-		return rc < 0 ? rc : 0;
+		return rc == 1 ? 0 : rc;
 	free(p->message);
 	p->phase = resume ? "Paused" : "Pending";
 	p->reason = K8S_TASK_REASON_QUEUED;
@@ -1623,7 +1619,16 @@ reconcile_once(struct rctx *x)
 	if (open_since > 0 && x->now > open_since)
 		active += x->now - open_since;
 	plan_phase(x, o.task, &v, active, &p);
-	if ((rc = plan_admission(x, &o, &p)) < 0)
+	if ((rc = plan_admission(x, &o, &p)) == CONTROLLER_SLOTS_BEHIND) {
+		/*
+		 * not a failure of the task: no back-off; the slot cache
+		 * queues it again when the watch gets there
+		 */
+		want_requeue(x, CONTROLLER_SLOTS_RECHECK_MS);
+		rc = 0;
+		goto out;
+	}
+	if (rc < 0)
 		goto out;
 	/*
 	 * a queued task that is not paused leaves its children as they are

@@ -3,7 +3,9 @@
  * admissions assumed until it shows them (see slots.h).
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -40,6 +42,13 @@ struct controller_slots {
 	int changed;		/* a slot changed since the last changes() */
 	int look;		/* ... so that the queued should look again */
 	int64_t holds, queued;	/* as the last changes() counted them */
+	/*
+	 * "ns/name" -> the resourceVersion its decision waited for, which
+	 * the watch had not reached: changes() hands it out once it has
+	 */
+	json_t *waiting;
+	int64_t behind_since;	/* monotonic ms: decisions wait; 0: not */
+	int64_t behind_passes;	/* the passes that waited since then */
 	/*
 	 * the resourceVersion of the latest list (-1: none, or not an
 	 * integer): it shows every task as it was then, so an observation
@@ -198,6 +207,7 @@ slots_new(void)
 	s->live = json_object();
 	s->gone = json_object();
 	s->assumed = json_object();
+	s->waiting = json_object();
 	s->list_rv = -1;
 	return s;
 }
@@ -212,6 +222,7 @@ slots_free(void *arg)
 	json_decref(s->live);
 	json_decref(s->gone);
 	json_decref(s->assumed);
+	json_decref(s->waiting);
 	pthread_cond_destroy(&s->cv);
 	pthread_mutex_destroy(&s->mu);
 	free(s);
@@ -397,10 +408,40 @@ controller_slots_feed(struct controller_slots *s, int on)
 	/* a new watch: what the cache missed meanwhile comes with its list */
 	if (on && s->feeders++ == 0)
 		s->synced = s->listed = 0;
-	else if (!on)
-		s->feeders--;
+	else if (!on && --s->feeders == 0) {
+		/* no decision waits now; a new watch's start looks at all */
+		json_object_clear(s->waiting);
+		s->behind_since = 0;
+	}
 	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->mu);
+}
+
+/*
+ * Hand the tasks whose decision waited for a version the watch has now
+ * reached to *keys; when none waits any more, how long decisions waited
+ * into *behind_ms (else -1).
+ */
+static void
+reached(struct controller_slots *s, json_t **keys, int64_t *behind_ms)
+{
+	const char *k;
+	json_t *v;
+	void *tmp;
+
+	*behind_ms = -1;
+	json_object_foreach_safe(s->waiting, tmp, k, v) {
+		if (json_integer_value(v) > s->synced)
+			continue;
+		if (*keys == NULL)
+			*keys = json_array();
+		json_array_append_new(*keys, json_string(k));
+		json_object_del(s->waiting, k);
+	}
+	if (s->behind_since > 0 && json_object_size(s->waiting) == 0) {
+		*behind_ms = now_mono_ms() - s->behind_since;
+		s->behind_since = 0;
+	}
 }
 
 /* What changed since the last call. */
@@ -408,38 +449,44 @@ void
 controller_slots_changes(struct controller_slots *s, int *look,
     int64_t *holds, int64_t *queued, json_t **keys)
 {
+	char ms[24], n[24];
+	int64_t behind_ms;
 	const char *k;
 	json_t *e;
 
-	*holds = *queued = 0;
 	*keys = NULL;
 	pthread_mutex_lock(&s->mu);
 	*look = s->look;
-	if (!s->changed && !s->look) {
-		/*
-		 * nothing moved: the last counts stand (the watch calls this
-		 * for every event, a meter charge's included)
-		 */
-		*holds = s->holds;
-		*queued = s->queued;
-		pthread_mutex_unlock(&s->mu);
-		return;
-	}
 	if (*look)
 		*keys = json_array();
-	json_object_foreach(s->live, k, e) {
-		if (slot_of_entry(e) == CONTROLLER_SLOT_HOLDS)
-			(*holds)++;
-		else if (slot_of_entry(e) == CONTROLLER_SLOT_QUEUED) {
-			(*queued)++;
-			if (*look)
-				json_array_append_new(*keys, json_string(k));
+	/*
+	 * else nothing moved: the last counts stand (the watch calls this
+	 * for every event, a meter charge's included)
+	 */
+	if (s->changed || s->look) {
+		s->holds = s->queued = 0;
+		json_object_foreach(s->live, k, e) {
+			if (slot_of_entry(e) == CONTROLLER_SLOT_HOLDS)
+				s->holds++;
+			else if (slot_of_entry(e) == CONTROLLER_SLOT_QUEUED) {
+				s->queued++;
+				if (*look)
+					json_array_append_new(*keys,
+					    json_string(k));
+			}
 		}
+		s->look = s->changed = 0;
 	}
-	s->holds = *holds;
-	s->queued = *queued;
-	s->look = s->changed = 0;
+	*holds = s->holds;
+	*queued = s->queued;
+	reached(s, keys, &behind_ms);
+	snprintf(n, sizeof(n), "%" PRId64, s->behind_passes);
 	pthread_mutex_unlock(&s->mu);
+	if (behind_ms < 0)
+		return;
+	snprintf(ms, sizeof(ms), "%" PRId64, behind_ms);
+	log_kv(LOG_INFO, "task watch caught up, admissions decide again",
+	    "waited_ms", ms, "passes", n, NULL);
 }
 
 static int
@@ -467,10 +514,11 @@ queue_cmp(const json_t *e, const json_t *t)
 int
 controller_slots_admit(struct controller_slots *s, const json_t *task,
     int64_t limit, int force, int64_t wait_ms, int64_t *running,
-    int64_t *ahead, char **cause)
+    int64_t *ahead)
 {
 	const char *uid = k8s_meta_str(task, "uid");
-	int64_t own = 0, run = 0, before = 0;
+	int64_t own = 0, run = 0, before = 0, at = -1, waits;
+	char watch_rv[24], task_rv[24];
 	struct timespec ts;
 	const char *k;
 	char *key;
@@ -486,18 +534,27 @@ controller_slots_admit(struct controller_slots *s, const json_t *task,
 	/*
 	 * what the watch has not delivered yet may be an earlier task: wait
 	 * until it reached what this pass read (an informer's consistent
-	 * read); the event that woke the pass has mostly been seen already
+	 * read); the event that woke the pass has mostly been seen already.
+	 * A task that waits for it already holds no worker again.
 	 */
-	while (numeric && s->feeders > 0 && s->synced < own &&
+	waits = json_integer_value(json_object_get(s->waiting, key));
+	while (numeric && s->feeders > 0 && s->synced < own && waits < own &&
 	    pthread_cond_timedwait(&s->cv, &s->mu, &ts) == 0)
 		;
 	if (numeric && s->feeders > 0 && s->synced < own) {
-		*cause = xasprintf("task cache: the task watch is at "
-		    "resourceVersion %lld, the task at %lld",
-		    (long long)s->synced, (long long)own);
-		rc = K8S_ETIMEOUT;
+		if (json_integer_value(json_object_get(s->waiting, key)) < own)
+			json_object_set_new(s->waiting, key,
+			    json_integer(own));
+		s->behind_passes++;
+		if (s->behind_since == 0) {
+			s->behind_since = now_mono_ms();
+			s->behind_passes = 1;
+			at = s->synced;
+		}
+		rc = CONTROLLER_SLOTS_BEHIND;
 		goto out;
 	}
+	json_object_del(s->waiting, key);	/* decided */
 	mine = force || streq(jstr(s->assumed, key), uid);
 	json_object_foreach(s->live, k, e) {
 		if (strcmp(k, key) == 0)
@@ -520,6 +577,14 @@ controller_slots_admit(struct controller_slots *s, const json_t *task,
 	}
 out:
 	pthread_mutex_unlock(&s->mu);
+	if (at >= 0) {
+		snprintf(watch_rv, sizeof(watch_rv), "%" PRId64, at);
+		snprintf(task_rv, sizeof(task_rv), "%" PRId64, own);
+		log_kv(LOG_WARN, "task watch behind, admissions wait for it",
+		    "task", k8s_meta_str(task, "name"), "namespace",
+		    k8s_meta_str(task, "namespace"), "watch_rv", watch_rv,
+		    "task_rv", task_rv, NULL);
+	}
 	free(key);
 	return rc;
 }

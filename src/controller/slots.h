@@ -24,6 +24,16 @@
  * name), not when its status write returns, which the cache may not have
  * seen yet. A pass that fails after its decision so keeps its record.
  *
+ * While the task watch feeds the cache, a decision waits for it to have
+ * delivered the task as its pass read it (an informer's consistent read:
+ * a later task never overtakes an earlier one the watch has not shown
+ * yet). A watch far behind (a slow API server, a burst of events) is not
+ * a failure of the task: the pass makes no decision and asks to be
+ * looked at again, which the cache does as soon as the watch reaches the
+ * version it waited for (controller_slots_changes), whether by an event,
+ * a bookmark or a list, so a free slot does not wait for a back-off; the
+ * log says once that decisions wait, and once that the watch caught up.
+ *
  * The cache belongs to the store (k8s_api_attachment): unit tests and
  * benchmarks that call controller_reconcile without a controller use it
  * too, fed by the passes alone.
@@ -37,6 +47,15 @@
 
 struct k8s_api;
 struct controller_slots;
+
+/*
+ * controller_slots_admit's answer when the watch has not reached the
+ * task: no decision; the pass asks for another look after
+ * CONTROLLER_SLOTS_RECHECK_MS at the latest, a safety net, since the
+ * cache asks for it as soon as the watch gets there.
+ */
+#define CONTROLLER_SLOTS_BEHIND 2
+#define CONTROLLER_SLOTS_RECHECK_MS (10 * 1000)
 
 /* What a task does with the slots (controller_slot_of). */
 #define CONTROLLER_SLOT_HOLDS 1		/* Provisioning, Active, Pausing */
@@ -89,8 +108,9 @@ void controller_slots_feed(struct controller_slots *s, int on);
  * Whether a change since the last call should make the queued tasks look
  * again (a task took or left a slot, or stopped waiting for one) into
  * *look, the tasks holding a slot and those queued into *holds and
- * *queued, and the keys of the queued tasks (a new array) into *keys
- * when *look.
+ * *queued, and into *keys (a new array, or NULL when none) the tasks to
+ * look at again: the queued ones when *look, and those whose decision
+ * waited for the watch to reach a version it has now reached.
  */
 void controller_slots_changes(struct controller_slots *s, int *look,
     int64_t *holds, int64_t *queued, json_t **keys);
@@ -104,13 +124,14 @@ void controller_slots_changes(struct controller_slots *s, int *look,
  * (creationTimestamp, namespace, name) are fewer than limit; the record
  * is then made. Queued (0) otherwise. *running gets the tasks running
  * (with it when admitted), *ahead those waiting ahead. While a watch
- * feeds the cache, the decision waits up to wait_ms (0: 3 s) for it to
- * reach the task's resourceVersion (a later task never overtakes one the
- * watch has not delivered yet): K8S_ETIMEOUT, with *cause, when it does
- * not.
+ * feeds the cache, the decision first waits up to wait_ms (0: 3 s) for
+ * it to reach the task's resourceVersion; CONTROLLER_SLOTS_BEHIND when
+ * it does not (the task is then handed to controller_slots_changes once
+ * it has, and a decision on the same version meanwhile does not wait
+ * again).
  */
 int controller_slots_admit(struct controller_slots *s, const json_t *task,
     int64_t limit, int force, int64_t wait_ms, int64_t *running,
-    int64_t *ahead, char **cause);
+    int64_t *ahead);
 
 #endif

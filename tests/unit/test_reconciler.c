@@ -2568,6 +2568,24 @@ wait_phase(const char *name, const char *phase, int64_t ms)
 	return 0;
 }
 
+/* Whether the task's status.message becomes msg within ms. */
+static int
+wait_message(const char *name, const char *msg, int64_t ms)
+{
+	int64_t end = now_mono_ms() + ms;
+
+	while (now_mono_ms() < end) {
+		json_t *t = get_task(name);
+		int ok = streq_safe(jp(t, "status.message"), msg);
+
+		json_decref(t);
+		if (ok)
+			return 1;
+		sleep_ms(20);
+	}
+	return 0;
+}
+
 static int
 wait_sandbox(const char *name, const char *mode, int64_t ms)
 {
@@ -2797,9 +2815,23 @@ open_limited(int mode, int limit)
 	return -1;
 }
 
+/*
+ * The store's ops with a list of AgentTasks that fails while
+ * fail_task_lists is above 0 (each failure counts it down), and once
+ * they no longer fail, is slow: it waits while hold_task_lists is set;
+ * the reads of the task named counted_task are counted in counted_gets.
+ * The other calls go to the store the copy was made from.
+ */
+static struct k8s_ops failing_list_ops;
+static const struct k8s_ops *real_ops;
+static volatile int fail_task_lists, task_lists, hold_task_lists;
+static volatile int counted_gets;
+static const char *counted_task;
+
 static int
 unlimit(void **state)
 {
+	hold_task_lists = 0;	/* a watcher may wait in a slow list */
 	stop_running(state);
 	cc.test_hook = NULL;
 	cc.resync_ms = 0;
@@ -4027,15 +4059,7 @@ test_stalled_gauge(void **state)
 	free(name);
 }
 
-/*
- * The store's ops with a list of AgentTasks that fails while
- * fail_task_lists is above 0 (each failure counts it down); the other
- * calls go to the embedded store the copy was made from.
- */
-static struct k8s_ops failing_list_ops;
-static const struct k8s_ops *real_ops;
-static volatile int fail_task_lists, task_lists;
-
+/* The list of failing_list_ops (above). */
 static int
 failing_list(struct k8s_api *api, const struct k8s_resource *r,
     const char *ns, const struct k8s_list_opts *opts, json_t **out,
@@ -4048,8 +4072,42 @@ failing_list(struct k8s_api *api, const struct k8s_resource *r,
 			return k8s_status_set(st, K8S_EUNAVAILABLE,
 			    "injected: the list failed", NULL);
 		}
+		while (hold_task_lists)
+			sleep_ms(2);
 	}
 	return real_ops->list(api, r, ns, opts, out, st);
+}
+
+static int
+counting_get(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, json_t **out, struct k8s_status *st)
+{
+	if (r == &K8S_AGENTTASK && streq_safe(name, counted_task))
+		counted_gets++;
+	return real_ops->get(api, r, ns, name, out, st);
+}
+
+/* A new task named name, Pending as if a pass had seen it. */
+static char *
+pending_named(const char *name)
+{
+	char *t = new_task_named(xstrdup(name), NULL, NULL);
+
+	patch_status(t, "{\"status\":{\"phase\":\"Pending\"}}");
+	return t;
+}
+
+/* The store's ops become failing_list_ops, with fails lists failing. */
+static void
+use_failing_list_ops(int fails)
+{
+	real_ops = env.api->ops;
+	failing_list_ops = *real_ops;
+	failing_list_ops.list = failing_list;
+	failing_list_ops.get = counting_get;
+	fail_task_lists = fails;
+	task_lists = counted_gets = 0;
+	env.api->ops = &failing_list_ops;
 }
 
 /* Each watcher stops before its second wait while stall is set. */
@@ -4087,22 +4145,16 @@ test_queue_first_list_fails(void **state)
 	/* as a previous process left them: no pass of this one saw them */
 	h = new_task_named(xstrdup("z-hold"), NULL, NULL);
 	patch_status(h, "{\"status\":{\"phase\":\"Provisioning\"}}");
-	a = new_task_named(xstrdup("a-wait"), NULL, NULL);
-	patch_status(a, "{\"status\":{\"phase\":\"Pending\"}}");
+	a = pending_named("a-wait");
 
-	real_ops = env.api->ops;
-	failing_list_ops = *real_ops;
-	failing_list_ops.list = failing_list;
-	fail_task_lists = 1;
-	task_lists = 0;
-	env.api->ops = &failing_list_ops;
+	use_failing_list_ops(1);
 	stall = 1;
 	cc.test_hook = stall_after_one_hook;
 	cc.workers = 2;
 	cc.resync_ms = 3600 * 1000;
 	assert_int_equal(controller_start(&c, &cc, &cause), 0);
 	running = c;
-	/* the decision waits for a list (3 s), then backs off */
+	/* the decision waits for a list (3 s), then for the watch */
 	end = now_mono_ms() + 4500;
 	while (now_mono_ms() < end && !admitted) {
 		json_t *t = get_task(a);
@@ -4115,16 +4167,7 @@ test_queue_first_list_fails(void **state)
 	assert_false(admitted);
 	msg = "waiting for a free slot: 1 of 1 tasks are running; 0 queued "
 	    "ahead";
-	end = now_mono_ms() + 10000;
-	while (now_mono_ms() < end) {
-		json_t *t = get_task(a);
-		int ok = streq_safe(jp(t, "status.message"), msg);
-
-		json_decref(t);
-		if (ok)
-			break;
-		sleep_ms(20);
-	}
+	(void)wait_message(a, msg, 10000);
 	assert_queued(a, "Pending", msg);
 	assert_true(task_lists >= 2);
 	assert_phase(h, "Provisioning");
@@ -4133,6 +4176,74 @@ test_queue_first_list_fails(void **state)
 	cc.test_hook = NULL;
 	free(h);
 	free(a);
+}
+
+/*
+ * The slot cache catches up by a list rather than by the tasks' own
+ * events (through the fake kube-apiserver): the first list of a
+ * controller's task watch fails and the next one is slow (an API server
+ * under load) once the watch has delivered the tasks' ADDED events, so
+ * their passes find the cache behind (it reached nothing until a list
+ * replaced it) for 8 s. A cache behind is not a failure of the task: no
+ * pass counts as an error, and when the list ends, a-first, the earliest
+ * queued, is looked at again at once and admitted within 2 s (the list
+ * ends 300 ms after one of a-first's passes); b-later is queued behind
+ * it. Before, each of those passes failed and
+ * backed off (the decision's wait for the watch is 50 ms here, so after
+ * 8 s of them the back-off is 5 to 10 s), and the list woke none of
+ * them: the only slot stayed free until a-first's back-off ended.
+ */
+static void
+test_queue_cache_behind(void **state)
+{
+	struct controller *c = NULL;
+	char *cause = NULL, *a, *b;
+	const char *msg;
+	uint64_t errors = 0;
+	int64_t end, t0;
+	int seen;
+
+	(void)state;
+	if (open_limited(3, 1) < 0)
+		skip();
+	a = pending_named("a-first");
+	b = pending_named("b-later");
+	use_failing_list_ops(1);
+	hold_task_lists = 1;
+	counted_task = a;
+	cc.workers = 2;
+	cc.resync_ms = 3600 * 1000;
+	cc.sync_wait_ms = 50;
+	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	running = c;
+	sleep_ms(8000);
+	seen = counted_gets;
+	assert_true(seen > 0);
+	end = now_mono_ms() + 15000;
+	while (counted_gets == seen && now_mono_ms() < end)
+		sleep_ms(2);
+	assert_true(counted_gets > seen);
+	sleep_ms(300);
+	assert_phase(a, "Pending");
+	assert_phase(b, "Pending");
+	(void)controller_reconciles(c, &errors);
+	t0 = now_mono_ms();
+	hold_task_lists = 0;
+	assert_true(wait_phase(a, "Provisioning", 2000));
+	fprintf(stderr, "# a-first admitted %lld ms after the list was let "
+	    "go; %llu passes failed while the cache was behind\n",
+	    (long long)(now_mono_ms() - t0), (unsigned long long)errors);
+	assert_int_equal(errors, 0);
+	msg = "waiting for a free slot: 1 of 1 tasks are running; 0 queued "
+	    "ahead";
+	(void)wait_message(b, msg, 5000);
+	assert_queued(b, "Pending", msg);
+	assert_phase(a, "Provisioning");
+	stop_running(NULL);
+	env.api->ops = real_ops;
+	counted_task = NULL;
+	free(a);
+	free(b);
 }
 
 /*
@@ -4450,6 +4561,7 @@ main(void)
 		cmocka_unit_test_teardown(test_slots_stale_observations,
 		    unlimit),
 		cmocka_unit_test_teardown(test_queue_first_list_fails, unlimit),
+		cmocka_unit_test_teardown(test_queue_cache_behind, unlimit),
 	};
 
 	if (getenv("TEST_FILTER") != NULL)
