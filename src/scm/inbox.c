@@ -369,7 +369,7 @@ count_state(struct shard *sh, int state, int64_t *n, char **cause)
 
 	if (sqlite3_prepare_v2(sh->wdb, sql, -1, &st, NULL) != SQLITE_OK ||
 	    sqlite3_step(st) != SQLITE_ROW) {
-		*cause = xasprintf("sqlite: '%s': %s", sh->path,
+		*cause = db_error(sh->wdb, sqlite3_errcode(sh->wdb),
 		    sqlite3_errmsg(sh->wdb));
 		goto out;
 	}
@@ -1468,7 +1468,7 @@ load_pending(struct shard *sh, int64_t now, int64_t now_wall, char **cause)
 	if (sqlite3_prepare_v2(sh->wdb,
 	    "SELECT id, next_at FROM inbox WHERE state = 0 ORDER BY id", -1,
 	    &st, NULL) != SQLITE_OK) {
-		*cause = xasprintf("sqlite: '%s': %s", sh->path,
+		*cause = db_error(sh->wdb, sqlite3_errcode(sh->wdb),
 		    sqlite3_errmsg(sh->wdb));
 		return -1;
 	}
@@ -1516,7 +1516,8 @@ worker_new(struct inbox *ib, char **cause)
 		    " inbox_body b ON b.id = i.id WHERE i.id = ?1 AND"
 		    " i.state = 0", -1, &w->get[i],
 		    NULL) != SQLITE_OK) {
-			*cause = xasprintf("sqlite: %s",
+			*cause = db_error(w->db[i],
+			    sqlite3_errcode(w->db[i]),
 			    sqlite3_errmsg(w->db[i]));
 			goto fail;
 		}

@@ -10,15 +10,33 @@
 
 #include "util/util.h"
 
+/*
+ * "sqlite: 'FILE': what", naming the database (a state directory holds
+ * several), with what to do when the file itself is damaged.
+ */
+char *
+db_error(sqlite3 *db, int rc, const char *what)
+{
+	const char *path = sqlite3_db_filename(db, "main");
+
+	rc &= 0xff;
+	return xasprintf("sqlite: '%s': %s%s", path != NULL && *path != '\0' ?
+	    path : ":memory:", what, rc == SQLITE_CORRUPT ||
+	    rc == SQLITE_NOTADB ? " (the file is damaged: stop diverged, "
+	    "then restore it from a backup, or salvage what it holds with "
+	    "sqlite3 FILE .recover)" : "");
+}
+
 /* Run SQL. */
 int
 db_exec(sqlite3 *db, const char *sql, char **cause)
 {
 	char *err = NULL;
+	int rc = sqlite3_exec(db, sql, NULL, NULL, &err);
 
-	if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK) {
+	if (rc != SQLITE_OK) {
 		if (cause != NULL)
-			*cause = xasprintf("sqlite: %s", err ? err :
+			*cause = db_error(db, rc, err ? err :
 			    sqlite3_errmsg(db));
 		sqlite3_free(err);
 		return -1;

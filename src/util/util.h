@@ -185,6 +185,11 @@ int db_open(const char *path, int manual_checkpoints, struct sqlite3 **out,
 /* Run SQL; -1 (and *cause when not NULL) on error. */
 int db_exec(struct sqlite3 *db, const char *sql, char **cause);
 /*
+ * "sqlite: 'FILE': what" for an error rc of db, naming its file, with
+ * what to do when SQLite found the file damaged (caller frees).
+ */
+char *db_error(struct sqlite3 *db, int rc, const char *what);
+/*
  * A prepared statement for sql, prepared once and kept with the
  * connection (found again among its statements), reset with its bindings
  * cleared; NULL on a preparation error.

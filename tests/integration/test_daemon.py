@@ -628,6 +628,24 @@ def schema_versions(t):
          ((0x44495647, 1), (0x44495647, 1)), "and it is stamped")
 
 
+def damaged_db(t):
+    """A database SQLite finds damaged stops the start with a message that
+    names the file among the state directory's four and says what to do;
+    the others are not blamed."""
+    for name in ("diverge.db", "inbox-2.db"):
+        d = Daemon().start()
+        t.eq(d.stop(), 0, "stopped")
+        path = os.path.join(d.state_dir, name)
+        with open(path, "r+b") as f:        # page 1 after its header
+            f.seek(100)
+            f.write(bytes(range(256)) * 8)
+        rc, err = second_daemon("127.0.0.1:0", d.state_dir)
+        t.ok(rc == 1 and ("sqlite: '%s': database disk image is malformed "
+                          "(the file is damaged: stop diverged, then "
+                          "restore it from a backup" % path) in err,
+             "%s damaged: exit 1, naming it" % name, (rc, err[-400:]))
+
+
 def main(t):
     cli(t)
     config_errors(t)
@@ -639,6 +657,7 @@ def main(t):
     address_in_use(t)
     state_dir_in_use(t)
     schema_versions(t)
+    damaged_db(t)
     limits(t)
     slow_clients(t)
     many_connections(t)
