@@ -1803,6 +1803,13 @@ reconcile_once(struct rctx *x)
 			goto out;
 		if (rc == 1)
 			o.sandbox.conflict = 1;
+		else if (o.sandbox.obj == NULL && sbres != NULL &&
+		    jpath(o.task, "status", "sandboxName") != NULL &&
+		    phase_live(jpath(o.task, "status", "phase")))
+			/* someone deleted it: the agent's run starts over */
+			log_kv(LOG_WARN, "sandbox missing, made again", "task",
+			    x->name, "namespace", x->ns, "phase",
+			    jpath(o.task, "status", "phase"), NULL);
 		rc = 0;
 	} else if (x->cfg->sandbox.warm_pool && !o.claim.conflict && !hold &&
 	    ((children && (tok_live_id != NULL || paused)) ||

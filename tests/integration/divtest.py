@@ -244,6 +244,17 @@ def api_call(port, method, path, body=None, ctype="application/json"):
         c.close()
 
 
+def wait(pred, timeout=15):
+    """pred()'s first true value within timeout seconds, else its last."""
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    return pred()
+
+
 def api(d, method, path, body=None, ctype="application/json"):
     """api_call on daemon d's embedded store API."""
     return api_call(d.api_port, method, path, body, ctype)

@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 
-from divtest import DATA, DIVERGED, TOP_BUILDDIR, TOP_SRCDIR, run_tests
+from divtest import DATA, DIVERGED, TOP_BUILDDIR, TOP_SRCDIR, run_tests, wait
 
 EXAMPLE = os.path.join(DATA, "examples", "agenttask.yaml")
 CRDS = os.path.join(TOP_SRCDIR, "deploy", "crds")
@@ -188,15 +188,6 @@ class Kubectl:
                 lines.append(line.rstrip("\n"))
         threading.Thread(target=read, daemon=True).start()
         return p, lines
-
-
-def wait_for(cond, timeout=10):
-    end = time.time() + timeout
-    while time.time() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def table(out):
@@ -372,7 +363,7 @@ def patches(t, k, watch_lines):
     head, rows = table(out)
     t.ok(rows and rows[0][:5] == [NAME, "Active", "0.022500", "1234", "2"],
          "get at shows phase, cost, tokens and iteration", out + err)
-    t.ok(wait_for(lambda: any(l.split()[:3] == ["MODIFIED", NAME, "Active"]
+    t.ok(wait(lambda: any(l.split()[:3] == ["MODIFIED", NAME, "Active"]
                               for l in watch_lines)),
          "get -w saw the status change as MODIFIED",
          "\n".join(watch_lines))
@@ -485,7 +476,7 @@ def delete(t, k, watch_lines):
          "delete", out + err)
     rc, out, err = k.run("get", "at", NAME)
     t.ok(rc != 0 and "NotFound" in err, "deleted: gone", err)
-    t.ok(wait_for(lambda: any(l.split()[:2] == ["DELETED", NAME]
+    t.ok(wait(lambda: any(l.split()[:2] == ["DELETED", NAME]
                               for l in watch_lines)),
          "get -w saw DELETED", "\n".join(watch_lines))
 
@@ -703,7 +694,7 @@ def main(t):
         watch, lines = k.background("get", "at", "-w",
                                     "--output-watch-events")
         try:
-            t.ok(wait_for(lambda: any(l.split()[:2] == ["ADDED", NAME]
+            t.ok(wait(lambda: any(l.split()[:2] == ["ADDED", NAME]
                                       for l in lines)),
                  "get -w starts with the task", "\n".join(lines))
             patches(t, k, lines)

@@ -10,7 +10,7 @@ import stat
 import subprocess
 import time
 
-from divtest import TOP_BUILDDIR, Daemon, api, run_tests
+from divtest import TOP_BUILDDIR, Daemon, api, run_tests, wait
 
 TOOL = os.path.join(TOP_BUILDDIR, "tests", "tools", "macaroon_tool")
 NS = "default"
@@ -196,6 +196,52 @@ def main(t):
     os.chmod(d.state_dir, 0o777)
     refused("a world-writable state_dir", "let any user write")
     os.chmod(d.state_dir, mode)
+    children_deleted(t)
+
+
+def children_deleted(t):
+    """Someone deletes a live task's children: the reconciler makes them
+    again. The Sandbox comes back (a warning says so: the agent's run
+    starts over); the token Secret comes back with a new token, the old
+    one revoked and refused by the meter, the new one charged."""
+    d = Daemon("log: {{level: info}}\n").start()
+    SB = "/apis/agents.x-k8s.io/v1beta1/namespaces/%s/sandboxes" % NS
+    s, _ = api(d, "POST", TASKS, {
+        "apiVersion": "divergedev.com/v1alpha1", "kind": "AgentTask",
+        "metadata": {"name": "fix-pr-8"}, "spec": {"objective": "heal"}})
+
+    def get(path):
+        s, obj = api(d, "GET", path)
+        return obj if s == 200 else None
+
+    sb = wait(lambda: get(SB + "/fix-pr-8"))
+    t.ok(s == 201 and sb, "a task and its Sandbox")
+    uid = (sb or {}).get("metadata", {}).get("uid")
+    t.eq(api(d, "DELETE", SB + "/fix-pr-8")[0], 200, "its Sandbox deleted")
+    again = wait(lambda: (lambda o: o if o and o["metadata"]["uid"] != uid
+                           else None)(get(SB + "/fix-pr-8")))
+    t.ok(again and d.wait_log("sandbox missing, made again"),
+         "made again, with a warning", again and again["metadata"])
+
+    old_id = get(TASKS + "/fix-pr-8")["status"]["tokenId"]
+    old = base64.b64decode(get(SECRETS + "/fix-pr-8-token")["data"][
+        "token"]).decode()
+    t.eq(api(d, "DELETE", SECRETS + "/fix-pr-8-token")[0], 200,
+         "its token Secret deleted")
+    task = wait(lambda: (lambda o: o if o and o.get("status", {}).get(
+        "tokenId") not in (None, old_id) else None)(
+        get(TASKS + "/fix-pr-8")))
+    sec = get(SECRETS + "/fix-pr-8-token")
+    new = base64.b64decode(sec["data"]["token"]).decode() if sec else ""
+    t.ok(task and new and new != old, "made again with a new token",
+         task and task.get("status"))
+    body = {"requestId": "h1", "iteration": 1, "model": "m",
+            "tokensUsed": 5, "costUSD": 0.001}
+    s1, _, j1 = meter(d, old, body)
+    s2, _, j2 = meter(d, new, body)
+    t.ok(s1 == 401 and s2 == 200 and j2.get("totalTokensUsed") == 5,
+         "the old token is refused, the new one charged", (s1, j1, s2, j2))
+    t.eq(d.stop(), 0, "clean stop")
 
 
 run_tests(main)

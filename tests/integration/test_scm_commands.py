@@ -15,7 +15,7 @@ import time
 import uuid
 
 from divtest import (Daemon, ScmFake, api, compact, fixture, run_tests,
-                     with_comment)
+                     wait, with_comment)
 
 NS = "team-a"
 TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks"
@@ -238,15 +238,6 @@ def get_task(d, name, ns=NS):
     s, obj = api(d, "GET", TASKS % ns + "/" + name)
     return obj if s == 200 else None
 
-
-def wait(pred, timeout=15):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    return pred()
 
 
 def gh_reactions(fake, number, cid, kind="comments"):
