@@ -337,6 +337,8 @@ static const char schema[] =
     " body TEXT,"
     " count INTEGER NOT NULL,"
     " handled_at INTEGER NOT NULL);"
+    "CREATE INDEX IF NOT EXISTS handled_events_at"
+    " ON handled_events(handled_at);"
     "CREATE TABLE IF NOT EXISTS inbox_meta ("
     " k TEXT PRIMARY KEY,"
     " v INTEGER NOT NULL);";
@@ -891,6 +893,10 @@ prune(struct shard *sh)
 		" WHERE state = 2 AND finished_at < ?1 LIMIT " PRUNE_BATCH_S ")",
 		"DELETE FROM inbox WHERE id IN (SELECT id FROM inbox"
 		" WHERE state = 2 AND finished_at < ?1 LIMIT " PRUNE_BATCH_S ")",
+		/* the audit trail of handled events: as the entries done */
+		"DELETE FROM handled_events WHERE rowid IN (SELECT rowid FROM"
+		" handled_events WHERE handled_at < ?1 LIMIT " PRUNE_BATCH_S
+		")",
 	};
 	struct inbox *ib = sh->ib;
 	int64_t keep = ib->cfg.retention_s * 1000, now = now_unix_ms();
@@ -898,7 +904,7 @@ prune(struct shard *sh)
 	int n = 0, ndead = 0, full = 0;
 	size_t i;
 
-	cutoff[0] = cutoff[1] = now - keep;
+	cutoff[0] = cutoff[1] = cutoff[4] = now - keep;
 	cutoff[2] = cutoff[3] = now - (keep > DEAD_KEEP_MS ? keep :
 	    DEAD_KEEP_MS);
 	if (db_step(sh->wdb, "BEGIN IMMEDIATE") < 0)
@@ -914,11 +920,10 @@ prune(struct shard *sh)
 			goto fail;
 		}
 		sqlite3_reset(st);
-		/* the rows, not the bodies, are counted */
-		if (i % 2 == 1) {
+		/* the entries, not their bodies or audit rows, are counted */
+		if (i == 1 || i == 3)
 			n += sqlite3_changes(sh->wdb);
-			full |= sqlite3_changes(sh->wdb) >= PRUNE_BATCH;
-		}
+		full |= sqlite3_changes(sh->wdb) >= PRUNE_BATCH;
 		if (i == 3)
 			ndead = sqlite3_changes(sh->wdb);
 	}

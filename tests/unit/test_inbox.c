@@ -1493,6 +1493,34 @@ prune_finished(void **state)
 	free(path);
 }
 
+/* Put the deliveries a and b, let c handle both, and close the inbox. */
+static void
+handle_two(const char *path, struct counter *c, const char *a,
+    const char *b, int64_t retention)
+{
+	struct inbox *ib = open_started(path, c, 100, 3, retention);
+
+	assert_int_equal(inbox_put(ib, a, "github", EV), INBOX_STORED);
+	assert_int_equal(inbox_put(ib, b, "github", EV), INBOX_STORED);
+	assert_int_equal(wait_calls(c, 2, 5000), 2);
+	inbox_free(ib);
+}
+
+/* Open the inbox again, until its first prune leaves one entry. */
+static struct inbox *
+reopen_pruned(const char *path, struct counter *c, int64_t retention)
+{
+	struct inbox *ib;
+	int i;
+
+	counter_init(c);
+	ib = open_started(path, c, 100, 3, retention);
+	for (i = 0; i < 300 && query_int(path,
+	    "SELECT COUNT(*) FROM inbox") > 1; i++)
+		sleep_ms(10);
+	return ib;
+}
+
 /*
  * Dead letters are kept for inspection, but not for ever: 30 days (or
  * the retention, when longer) after they died, they are pruned too.
@@ -1503,18 +1531,11 @@ prune_dead_letters(void **state)
 	char *path = tmpdb();
 	struct counter c;
 	struct inbox *ib;
-	int i;
 
 	(void)state;
 	counter_init(&c);
 	c.always = INBOX_FAIL;
-	ib = open_started(path, &c, 100, 3, 0);
-	assert_int_equal(inbox_put(ib, "github:d1", "github", EV),
-	    INBOX_STORED);
-	assert_int_equal(inbox_put(ib, "github:d2", "github", EV),
-	    INBOX_STORED);
-	assert_int_equal(wait_calls(&c, 2, 5000), 2);
-	inbox_free(ib);
+	handle_two(path, &c, "github:d1", "github:d2", 0);
 	assert_int_equal(query_int(path,
 	    "SELECT COUNT(*) FROM inbox WHERE state = 2"), 2);
 	/* d1 died 31 days ago, d2 29 days ago */
@@ -1522,11 +1543,7 @@ prune_dead_letters(void **state)
 	    " 31 * 86400000 WHERE key = 'github:d1'; UPDATE inbox SET"
 	    " finished_at = finished_at - 29 * 86400000 WHERE key ="
 	    " 'github:d2'");
-	counter_init(&c);
-	ib = open_started(path, &c, 100, 3, 0);
-	for (i = 0; i < 300 && query_int(path,
-	    "SELECT COUNT(*) FROM inbox") > 1; i++)
-		sleep_ms(10);
+	ib = reopen_pruned(path, &c, 0);
 	/* the gauge counted two at the start, the prune took one */
 	assert_int_equal(wait_dead(ib, 1), 1);
 	inbox_free(ib);
@@ -1535,6 +1552,39 @@ prune_dead_letters(void **state)
 	assert_int_equal(query_int(path,
 	    "SELECT COUNT(*) FROM inbox WHERE key = 'github:d2'"), 1);
 	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox_body"),
+	    1);
+	free(path);
+}
+
+/*
+ * The audit trail (handled_events) goes with the entries it records,
+ * after the retention: a daemon that runs for months must not keep a row
+ * (and a KiB of comment) for every delivery it ever handled.
+ */
+static void
+prune_audit_trail(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+
+	(void)state;
+	counter_init(&c);
+	c.record = 1;
+	handle_two(path, &c, "github:old", "github:new", 3600);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM handled_events"), 2);
+	/* github:old was handled two hours ago, past the retention */
+	exec_shards(path, "UPDATE inbox SET finished_at = finished_at -"
+	    " 7200000 WHERE key = 'github:old'; UPDATE handled_events SET"
+	    " handled_at = handled_at - 7200000 WHERE key = 'github:old'");
+	inbox_free(reopen_pruned(path, &c, 3600));
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM inbox WHERE key = 'github:old'"), 0);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM handled_events WHERE key = 'github:old'"),
+	    0);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM handled_events WHERE key = 'github:new'"),
 	    1);
 	free(path);
 }
@@ -1675,6 +1725,7 @@ main(void)
 		cmocka_unit_test(prune_keeps_bodies),
 		cmocka_unit_test(prune_catches_up),
 		cmocka_unit_test(prune_dead_letters),
+		cmocka_unit_test(prune_audit_trail),
 		cmocka_unit_test(wal_stays_bounded),
 		cmocka_unit_test(reader_holds_wal),
 		cmocka_unit_test(stop_beside_readers),
