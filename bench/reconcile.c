@@ -204,7 +204,7 @@ main(int argc, char **argv)
 	struct controller *ctl = NULL;
 	struct meter *meter = NULL;
 	struct config cfg;
-	struct k8s_embedded_config ec = { 100000, 3600 };
+	struct k8s_embedded_config ec = { 100000, 3600, (size_t)1 << 30 };
 	unsigned char key[MACAROON_KEY_LEN];
 	char tmpl[] = "/tmp/diverge-bench-reconcile-XXXXXX";
 	char *dir = NULL, *path, *cause = NULL;

@@ -67,6 +67,7 @@ struct event {
 	const struct k8s_resource *r;
 	char *ns;
 	json_t *obj;		/* shared, never modified after publish */
+	size_t bytes;		/* obj's size as stored */
 	/*
 	 * MODIFIED: the version it replaced (shared, as obj), which tells
 	 * the watchers whose selection the change left or entered; else
@@ -101,6 +102,7 @@ struct embedded {
 
 	struct event *ring;	/* circular, contiguous rvs */
 	size_t rhead, rlen, rcap;
+	size_t rbytes;		/* the bytes of their objects */
 
 	/* the writer's copies of committed objects (writer thread only) */
 	struct ocache_ent **oc;
@@ -366,16 +368,19 @@ load(struct embedded *e, const struct k8s_resource *r, const char *ns,
 	return *out != NULL ? 0 : K8S_EINTERNAL;
 }
 
-/* Write obj; prev is the version it replaces (NULL: a new object). */
+/*
+ * Write obj; prev is the version it replaces (NULL: a new object); *bytes
+ * gets the size written.
+ */
 static int
 store(struct embedded *e, const struct k8s_resource *r, const char *ns,
-    const json_t *obj, const json_t *prev)
+    const json_t *obj, const json_t *prev, size_t *bytes)
 {
 	sqlite3_stmt *st;
 	const json_t *owners;
 	size_t i;
 	json_t *o;
-	char *body = json_dump_compact(obj, NULL);
+	char *body = json_dump_compact(obj, bytes);
 	const char *name = k8s_meta_str(obj, "name");
 	const char *uid = k8s_meta_str(obj, "uid");
 	int ok;
@@ -497,11 +502,14 @@ event_release(struct event *ev)
 	json_decref(ev->prev);
 }
 
-/* Record an event; prev: the version a MODIFIED replaces, else NULL. */
+/*
+ * Record an event; prev: the version a MODIFIED replaces, else NULL;
+ * bytes: obj's size as stored.
+ */
 static void
 batch_event(struct batch *b, enum k8s_event_type type,
     const struct k8s_resource *r, const char *ns, json_t *obj,
-    const json_t *prev)
+    const json_t *prev, size_t bytes)
 {
 	if (b->n == b->cap) {
 		b->cap = b->cap ? b->cap * 2 : 64;
@@ -513,8 +521,19 @@ batch_event(struct batch *b, enum k8s_event_type type,
 	b->ev[b->n].r = r;
 	b->ev[b->n].ns = xstrdup(ns);
 	b->ev[b->n].obj = json_incref(obj);
+	b->ev[b->n].bytes = bytes;
 	b->ev[b->n].prev = json_incref((json_t *)prev);
 	b->n++;
+}
+
+/* The size of obj as store() writes it, for an object it does not write. */
+static size_t
+stored_size(const json_t *obj)
+{
+	size_t n = 0;
+
+	free(json_dump_compact(obj, &n));
+	return n;
 }
 
 static void
@@ -717,6 +736,7 @@ do_create(struct embedded *e, struct op *op, struct batch *b)
 	const char *name, *gen, *ons, *av, *kind;
 	char ts[32];
 	char *uid;
+	size_t bytes = 0;
 	int rc;
 
 	if (!json_is_object(op->in))
@@ -783,12 +803,12 @@ do_create(struct embedded *e, struct op *op, struct batch *b)
 	json_object_set_new(m, "creationTimestamp", json_string(ts));
 	json_object_set_new(m, "generation", json_integer(1));
 	set_rv(obj, b);
-	rc = store(e, r, op->ns, obj, NULL);
+	rc = store(e, r, op->ns, obj, NULL, &bytes);
 	if (rc < 0) {
 		json_decref(obj);
 		return k8s_status_set(&op->st, rc, "store write failed", NULL);
 	}
-	batch_event(b, K8S_ADDED, r, op->ns, obj, NULL);
+	batch_event(b, K8S_ADDED, r, op->ns, obj, NULL, bytes);
 	op->out = obj;
 	rc = collect_orphan(e, b, r, op->ns, obj);
 	if (rc < 0)
@@ -811,7 +831,7 @@ commit_object(struct embedded *e, struct op *op, struct batch *b,
 	    "generation", "namespace", "name", "deletionTimestamp",
 	    "deletionGracePeriodSeconds" };
 	int64_t gen = json_integer_value(json_object_get(cm, "generation"));
-	size_t i;
+	size_t i, bytes = 0;
 	int rc;
 
 	rc = k8s_validate_update(r, cur, next, &op->st);
@@ -851,10 +871,10 @@ commit_object(struct embedded *e, struct op *op, struct batch *b,
 		return 0;
 	}
 	set_rv(next, b);
-	rc = store(e, r, op->ns, next, cur);
+	rc = store(e, r, op->ns, next, cur, &bytes);
 	if (rc < 0)
 		return k8s_status_set(&op->st, rc, "store write failed", NULL);
-	batch_event(b, K8S_MODIFIED, r, op->ns, next, cur);
+	batch_event(b, K8S_MODIFIED, r, op->ns, next, cur, bytes);
 	op->out = json_incref(next);
 	rc = collect_orphan(e, b, r, op->ns, next);
 	if (rc < 0)
@@ -987,7 +1007,7 @@ drop_owner(struct embedded *e, struct batch *b, const struct doomed *d,
     const json_t *dep, const char *uid)
 {
 	json_t *next = json_deep_copy(dep), *m = meta(next), *refs;
-	size_t i;
+	size_t i, bytes = 0;
 	int rc;
 
 	refs = json_object_get(m, "ownerReferences");
@@ -1001,9 +1021,9 @@ drop_owner(struct embedded *e, struct batch *b, const struct doomed *d,
 	if (json_array_size(refs) == 0)
 		json_object_del(m, "ownerReferences");
 	set_rv(next, b);
-	rc = store(e, d->r, d->ns, next, dep);
+	rc = store(e, d->r, d->ns, next, dep, &bytes);
 	if (rc == 0)
-		batch_event(b, K8S_MODIFIED, d->r, d->ns, next, dep);
+		batch_event(b, K8S_MODIFIED, d->r, d->ns, next, dep, bytes);
 	json_decref(next);
 	return rc;
 }
@@ -1066,6 +1086,7 @@ mark_deleted(struct embedded *e, struct batch *b, const struct doomed *d,
 {
 	json_t *next, *m;
 	char ts[32];
+	size_t bytes = 0;
 	int rc;
 
 	if (json_object_get(json_object_get(*cur, "metadata"),
@@ -1080,9 +1101,10 @@ mark_deleted(struct embedded *e, struct batch *b, const struct doomed *d,
 		json_object_set_new(m, "generation", json_integer(
 		    json_integer_value(json_object_get(m, "generation")) + 1));
 	set_rv(next, b);
-	rc = store(e, d->r, d->ns, next, *cur);
+	rc = store(e, d->r, d->ns, next, *cur, &bytes);
 	if (rc == 0)
-		batch_event(b, K8S_MODIFIED, d->r, d->ns, next, *cur);
+		batch_event(b, K8S_MODIFIED, d->r, d->ns, next, *cur,
+		    bytes);
 	json_decref(*cur);
 	*cur = next;
 	return rc;
@@ -1131,7 +1153,8 @@ delete_tree(struct embedded *e, struct batch *b,
 			rc = erase(e, d->r, d->ns, d->name);
 		if (rc == 0 && gone) {
 			set_rv(cur, b);
-			batch_event(b, K8S_DELETED, d->r, d->ns, cur, NULL);
+			batch_event(b, K8S_DELETED, d->r, d->ns, cur, NULL,
+			    stored_size(cur));
 		}
 		if (rc == 0 && i == 0 && out != NULL)
 			*out = json_incref(cur);
@@ -1286,6 +1309,7 @@ apply(struct embedded *e, struct op *op, struct batch *b)
 static void
 ring_drop_oldest(struct embedded *e)
 {
+	e->rbytes -= e->ring[e->rhead].bytes;
 	event_release(&e->ring[e->rhead]);
 	e->rhead = (e->rhead + 1) % e->rcap;
 	e->rlen--;
@@ -1302,8 +1326,13 @@ ring_push(struct embedded *e, struct event *ev, struct batch *dead)
 {
 	int64_t now = now_mono_ms();
 
-	/* drop what is outside the window */
+	/*
+	 * drop what is outside the window: its count, its age, and the
+	 * bytes of its objects, which a count alone does not bound (a task
+	 * is kilobytes, the token index Secret tens of them)
+	 */
 	while (e->rlen > 0 && (e->rlen == e->rcap ||
+	    e->rbytes + ev->bytes > e->cfg.watch_window_bytes ||
 	    now - e->ring[e->rhead].at_ms > e->cfg.watch_window_s * 1000)) {
 		if (dead->n == dead->cap) {
 			dead->cap = dead->cap ? dead->cap * 2 : 64;
@@ -1311,11 +1340,13 @@ ring_push(struct embedded *e, struct event *ev, struct batch *dead)
 			    sizeof(*dead->ev));
 		}
 		dead->ev[dead->n++] = e->ring[e->rhead];
+		e->rbytes -= e->ring[e->rhead].bytes;
 		e->rhead = (e->rhead + 1) % e->rcap;
 		e->rlen--;
 	}
 	e->ring[(e->rhead + e->rlen) % e->rcap] = *ev;
 	e->rlen++;
+	e->rbytes += ev->bytes;
 }
 
 /* Report an async op's outcome and free it. */
@@ -2092,6 +2123,8 @@ k8s_embedded_open(struct k8s_api **out, const char *path,
 		e->cfg.watch_window_events = 10000;
 	if (e->cfg.watch_window_s <= 0)
 		e->cfg.watch_window_s = 3600;
+	if (e->cfg.watch_window_bytes == 0)
+		e->cfg.watch_window_bytes = 4 << 20;
 	e->rcap = e->cfg.watch_window_events;
 	e->ring = xcalloc(e->rcap, sizeof(*e->ring));
 	e->ops_tail = &e->ops;

@@ -357,6 +357,11 @@ void *k8s_api_attachment(struct k8s_api *api, void *(*make)(void),
 struct k8s_embedded_config {
 	size_t watch_window_events;	/* default 10000 */
 	int64_t watch_window_s;		/* default 3600 */
+	/*
+	 * the objects the window holds, as stored (serialized JSON; parsed,
+	 * in memory, about ten times more): default 4 MiB
+	 */
+	size_t watch_window_bytes;
 };
 
 /*

@@ -169,7 +169,7 @@ storeenv_fake_count(struct storeenv *env, const char *method,
 static inline int
 storeenv_open(struct storeenv *env, int mode, size_t history)
 {
-	struct k8s_embedded_config ec = { history, 3600 };
+	struct k8s_embedded_config ec = { history, 3600, 0 };
 	struct k8s_cluster c;
 	char *cause = NULL, *path = NULL;
 	int rc = -1;

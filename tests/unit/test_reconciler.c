@@ -2197,7 +2197,7 @@ test_warm_pool_roll(void **state)
 static void
 crash_reconcile(const char *name, int crash_at)
 {
-	struct k8s_embedded_config ec = { 1000, 3600 };
+	struct k8s_embedded_config ec = { 1000, 3600, 0 };
 	char *path = xasprintf("%s/diverge.db", env.dir);
 	struct meter_config mc;
 	char *cause = NULL;

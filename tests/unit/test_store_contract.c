@@ -1457,6 +1457,79 @@ transactions(void **state)
 }
 #endif
 
+#if STORE_MODE == 1
+/*
+ * Embedded only: the watch window holds at most watch_window_bytes of
+ * objects (as stored), whatever their count: 10,000 events of objects of
+ * tens of KiB (the token index Secret) kept hundreds of MiB in memory for
+ * an hour. A watch from a version the bytes pushed out is a 410.
+ */
+static void
+watch_window_bytes(void **state)
+{
+	struct k8s_embedded_config ec = { 10000, 3600, 64 * 1024 };
+	struct k8s_list_opts o = { NULL, NULL, NULL };
+	struct k8s_status st = { 0 };
+	struct k8s_api *small = NULL;
+	struct k8s_watch *w = NULL;
+	struct k8s_event ev;
+	char *dir = storeenv_tmpdir(), *path, *cause = NULL, *pad, *rv0;
+	char rv[32] = "";
+	json_t *obj = task("big", "fill the window"), *out = NULL;
+	int i, rc;
+
+	(void)state;
+	path = xasprintf("%s/diverge.db", dir);
+	assert_int_equal(k8s_embedded_open(&small, path, &ec, &cause), 0);
+	assert_int_equal(k8s_create(small, &K8S_AGENTTASK, "w", obj, &out,
+	    &st), 0);
+	rv0 = xstrdup(k8s_meta_str(out, "resourceVersion"));
+	json_decref(out);
+	/* 16 versions of 8 KiB and more: 128 KiB, twice the window */
+	pad = xmalloc(8193);
+	for (i = 0; i < 16; i++) {
+		json_t *p;
+
+		memset(pad, 'a' + i, 8192);
+		pad[8192] = '\0';
+		p = json_pack("{s:{s:{s:s}}}", "metadata", "annotations", "pad",
+		    pad);
+		out = NULL;
+		assert_int_equal(k8s_patch(small, &K8S_AGENTTASK, "w", "big", 0,
+		    p, &out, &st), 0);
+		if (i == 12)	/* three versions (24 KiB) later: kept */
+			snprintf(rv, sizeof(rv), "%s", k8s_meta_str(out,
+			    "resourceVersion"));
+		json_decref(out);
+		json_decref(p);
+	}
+	o.resource_version = rv0;
+	rc = k8s_watch(small, &K8S_AGENTTASK, "w", &o, &w, &st);
+	if (rc == 0) {
+		memset(&ev, 0, sizeof(ev));
+		rc = k8s_watch_next(w, 1000, &ev, &st);
+		json_decref(ev.object);
+		k8s_watch_free(w);
+	}
+	assert_int_equal(rc, K8S_EGONE);
+	k8s_status_release(&st);
+	o.resource_version = rv;
+	assert_int_equal(k8s_watch(small, &K8S_AGENTTASK, "w", &o, &w, &st),
+	    0);
+	memset(&ev, 0, sizeof(ev));
+	assert_int_equal(k8s_watch_next(w, 1000, &ev, &st), 1);
+	assert_int_equal(ev.type, K8S_MODIFIED);
+	json_decref(ev.object);
+	k8s_watch_free(w);
+	k8s_api_free(small);
+	json_decref(obj);
+	free(pad);
+	free(rv0);
+	free(path);
+	free(dir);
+}
+#endif
+
 #if STORE_MODE == 3
 /*
  * ---- the REST client's retries, on the fake's injected faults ----
@@ -1796,6 +1869,7 @@ main(void)
 		cmocka_unit_test(task_once),
 #if STORE_MODE == 1
 		cmocka_unit_test(transactions),
+		cmocka_unit_test(watch_window_bytes),
 #endif
 #if STORE_MODE == 3
 		cmocka_unit_test(retry_lost_patch),
