@@ -1907,13 +1907,19 @@ edit_prune(json_t *index, void *arg)
 		    "task"));
 		const char *ex = json_string_value(json_object_get(e,
 		    "expiresAt"));
+		const char *uid = json_string_value(json_object_get(e,
+		    "taskUid"));
 		json_t *t = NULL;
-		int gone = 0;
+		int gone = 0, rc = 0;
 
-		if (e == NULL || task == NULL) {
+		if (e != NULL && task != NULL)
+			rc = k8s_get(p->m->cfg.store, &K8S_AGENTTASK, p->ns,
+			    task, &t, NULL);
+		if (e == NULL || task == NULL || rc == K8S_ENOTFOUND) {
 			gone = 1;
-		} else if (k8s_get(p->m->cfg.store, &K8S_AGENTTASK, p->ns, task,
-		    &t, NULL) == K8S_ENOTFOUND) {
+		} else if (rc == 0 && uid != NULL && (k8s_meta_str(t, "uid") ==
+		    NULL || strcmp(uid, k8s_meta_str(t, "uid")) != 0)) {
+			/* its task was deleted: this one is made again */
 			gone = 1;
 		} else if (ex != NULL) {
 			char now[32];

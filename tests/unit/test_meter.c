@@ -73,18 +73,19 @@ task_release(struct task *t)
 }
 
 /*
- * Create an Active task with spec fields from spec_json, and a token for
- * it (expiring in an hour unless expires is given).
+ * Create an Active task named name with spec fields from spec_json, and a
+ * token for it (expiring in an hour unless expires is given).
  */
 static void
-make_task(struct task *t, const char *spec_json, int64_t expires)
+make_named_task(struct task *t, const char *name, const char *spec_json,
+    int64_t expires)
 {
 	struct k8s_status st = { 0 };
 	json_t *spec = json_loads(spec_json, 0, NULL), *obj, *out = NULL;
 	char *cause = NULL;
 
 	assert_non_null(spec);
-	t->name = xasprintf("task-%d", ++counter);
+	t->name = xstrdup(name);
 	if (json_object_get(spec, "objective") == NULL)
 		json_object_set_new(spec, "objective", json_string("meter me"));
 	obj = json_pack("{s:s,s:s,s:{s:s,s:{s:s}},s:o}", "apiVersion",
@@ -105,6 +106,16 @@ make_task(struct task *t, const char *spec_json, int64_t expires)
 	}
 	t->auth = xasprintf("Bearer %s", t->token);
 	json_decref(out);
+}
+
+/* The same, named task-N. */
+static void
+make_task(struct task *t, const char *spec_json, int64_t expires)
+{
+	char *name = xasprintf("task-%d", ++counter);
+
+	make_named_task(t, name, spec_json, expires);
+	free(name);
 }
 
 static json_t *
@@ -918,23 +929,35 @@ static void
 pruning(void **state)
 {
 	struct k8s_status st = { 0 };
-	struct task live, gone, expired;
+	struct task live, gone, expired, old, again;
 	char *cause = NULL;
 
 	make_task(&live, "{}", 0);
 	make_task(&gone, "{}", 0);
 	make_task(&expired, "{}", now_unix() - 3600);
+	make_task(&old, "{}", 0);
 	assert_true(index_has(live.id) && index_has(gone.id) &&
-	    index_has(expired.id));
+	    index_has(expired.id) && index_has(old.id));
 	assert_int_equal(k8s_delete(env.api, &K8S_AGENTTASK, NS, gone.name,
 	    NULL, &st), 0);
+	/*
+	 * a task deleted and made again under its name (fix-pr-42 deleted,
+	 * then /diverge fix): the entries of the deleted one go too
+	 */
+	assert_int_equal(k8s_delete(env.api, &K8S_AGENTTASK, NS, old.name,
+	    NULL, &st), 0);
+	make_named_task(&again, old.name, "{}", 0);
 	assert_int_equal(meter_prune_all(meter, &cause), 0);
 	assert_true(index_has(live.id));
 	assert_false(index_has(gone.id));
 	assert_false(index_has(expired.id));
+	assert_false(index_has(old.id));
+	assert_true(index_has(again.id));
 	task_release(&live);
 	task_release(&gone);
 	task_release(&expired);
+	task_release(&old);
+	task_release(&again);
 }
 
 /* ---- 64 threads at once ---- */
