@@ -903,7 +903,7 @@ apply_bound(struct rctx *x, const json_t *sb, const char *mode,
     const char *token, const char *tid, json_t **out)
 {
 	struct k8s_status st = { 0 };
-	json_t *p, *spec, *cs, *c, *e, *env;
+	json_t *p, *spec, *cs, *c, *e = NULL, *env;
 	const char *had;
 	size_t i;
 	long ci;
