@@ -439,9 +439,34 @@ struct k8s_cluster {
 	char *token;		/* bearer token, or NULL */
 	char *token_file;	/* re-read when it changes (rotation) */
 	char *username, *password;
+	/*
+	 * An exec credential plugin (client.authentication.k8s.io, what
+	 * EKS, GKE and AKS kubeconfigs use): the command and its arguments,
+	 * and "NAME=value" additions to its environment, each NULL-
+	 * terminated; exec_argv NULL when there is none. The REST client
+	 * runs it for a token, keeps the token until it expires or the API
+	 * server answers 401, and runs it again.
+	 */
+	char **exec_argv;
+	char **exec_env;
+	char *exec_api_version;
+	char *exec_hint;		/* installHint, for a missing command */
+	int exec_cluster_info;		/* provideClusterInfo */
 };
 
 void k8s_cluster_release(struct k8s_cluster *c);
+/*
+ * Run c's exec credential plugin (c->exec_argv set) for a token: *token
+ * (the caller wipes and frees it) and *expiry (unix seconds; 0 when the
+ * plugin gave none). A plugin still running after timeout_ms is killed.
+ * -1 with *cause, which never holds the token.
+ */
+int k8s_exec_credential(const struct k8s_cluster *c, int64_t timeout_ms,
+    char **token, int64_t *expiry, char **cause);
+/* Free a NULL-terminated string vector (NULL is fine). */
+void k8s_strv_free(char **v);
+/* A deep copy of a NULL-terminated string vector (NULL for NULL). */
+char **k8s_strv_dup(char *const *v);
 /*
  * Whether s is a host name (letters, digits, '-' in labels of at most 63
  * between dots) or an IPv4 address: what tls-server-name may be. No port,
@@ -453,8 +478,9 @@ int k8s_host_name_ok(const char *s);
  * Load a kubeconfig: paths is a ':'-separated list (KUBECONFIG syntax;
  * NULL or "" = $KUBECONFIG, then ~/.kube/config), context NULL or "" =
  * current-context. Relative file paths resolve against the file's
- * directory. An exec or auth-provider user gives a clear "not supported"
- * error. -1 with *cause naming the file and what is missing.
+ * directory. An exec credential plugin is taken (not one that needs a
+ * terminal); an auth-provider user gives a clear "not supported" error.
+ * -1 with *cause naming the file and what is missing.
  */
 int k8s_kubeconfig_load(struct k8s_cluster *out, const char *paths,
     const char *context, char **cause);

@@ -113,7 +113,37 @@ k8s_cluster_release(struct k8s_cluster *c)
 	free(c->token_file);
 	free_secret(c->username);
 	free_secret(c->password);
+	k8s_strv_free(c->exec_argv);
+	k8s_strv_free(c->exec_env);
+	free(c->exec_api_version);
+	free(c->exec_hint);
 	memset(c, 0, sizeof(*c));
+}
+
+void
+k8s_strv_free(char **v)
+{
+	size_t i;
+
+	for (i = 0; v != NULL && v[i] != NULL; i++)
+		free(v[i]);
+	free(v);
+}
+
+char **
+k8s_strv_dup(char *const *v)
+{
+	size_t i, n = 0;
+	char **d;
+
+	if (v == NULL)
+		return NULL;
+	while (v[n] != NULL)
+		n++;
+	d = xcalloc(n + 1, sizeof(*d));
+	for (i = 0; i < n; i++)
+		d[i] = xstrdup(v[i]);
+	return d;
 }
 
 /* Whether s is a DNS host name or an IPv4 address, and nothing more. */
@@ -702,6 +732,121 @@ load_cluster(struct kc *kc, const char *name, struct k8s_cluster *c,
 	return 0;
 }
 
+/* The strings of sequence node seq (a null is none), into v[at...]. */
+static int
+seq_strings(const struct kc_entry *e, yaml_node_t *seq, const char *key,
+    char **v, size_t at, char **cause)
+{
+	yaml_node_item_t *it;
+	yaml_node_t *n;
+
+	if (is_null(seq))
+		return 0;
+	for (it = seq->data.sequence.items.start;
+	    it < seq->data.sequence.items.top; it++) {
+		n = get_node(e->file, *it);
+		if (n == NULL || n->type != YAML_SCALAR_NODE ||
+		    strlen((const char *)n->data.scalar.value) !=
+		    n->data.scalar.length) {
+			fail(cause, "user '%s' in '%s': 'exec.%s' must be a "
+			    "list of strings", e->name, e->file->path, key);
+			return -1;
+		}
+		v[at++] = xstrdup((const char *)n->data.scalar.value);
+	}
+	return 0;
+}
+
+static size_t
+seq_len(const yaml_node_t *seq)
+{
+	return is_null(seq) ? 0 : (size_t)(seq->data.sequence.items.top -
+	    seq->data.sequence.items.start);
+}
+
+/*
+ * users[].user.exec: a client.authentication.k8s.io credential plugin
+ * (client-go's ExecConfig), run later by the REST client. A relative
+ * command with a '/' is taken from the kubeconfig's directory, as
+ * kubectl does; a bare name is looked up in PATH.
+ */
+static int
+load_exec(const struct kc_entry *u, yaml_node_t *node, struct k8s_cluster *c,
+    char **cause)
+{
+	static const char v1[] = "client.authentication.k8s.io/v1";
+	struct kc_entry e = { "user", u->name, u->file, node };
+	const char *ver = NULL, *cmd = NULL, *mode = NULL, *hint = NULL;
+	yaml_node_t *args, *env;
+	yaml_node_item_t *it;
+	size_t i = 0;
+
+	args = map_get(e.file, node, "args");
+	env = map_get(e.file, node, "env");
+	if (node->type != YAML_MAPPING_NODE ||
+	    (!is_null(args) && args->type != YAML_SEQUENCE_NODE) ||
+	    (!is_null(env) && env->type != YAML_SEQUENCE_NODE)) {
+		fail(cause, "user '%s' in '%s': 'exec' must be a mapping, its "
+		    "'args' and 'env' lists", u->name, u->file->path);
+		return -1;
+	}
+	if (entry_str(&e, "apiVersion", &ver, cause) < 0 ||
+	    entry_str(&e, "command", &cmd, cause) < 0 ||
+	    entry_str(&e, "interactiveMode", &mode, cause) < 0 ||
+	    entry_str(&e, "installHint", &hint, cause) < 0 ||
+	    entry_bool(&e, "provideClusterInfo", &c->exec_cluster_info,
+	    cause) < 0)
+		return -1;
+	if (ver == NULL || (strcmp(ver, v1) != 0 &&
+	    strcmp(ver, "client.authentication.k8s.io/v1beta1") != 0)) {
+		fail(cause, "user '%s' in '%s': 'exec.apiVersion' must be %s "
+		    "or client.authentication.k8s.io/v1beta1, not '%s'",
+		    u->name, u->file->path, v1, ver != NULL ? ver : "");
+		return -1;
+	}
+	if (cmd == NULL || *cmd == '\0') {
+		fail(cause, "user '%s' in '%s': 'exec.command' is required",
+		    u->name, u->file->path);
+		return -1;
+	}
+	if (mode == NULL ? strcmp(ver, v1) == 0 : strcmp(mode, "Never") != 0 &&
+	    strcmp(mode, "IfAvailable") != 0) {
+		fail(cause, "user '%s' in '%s': 'exec.interactiveMode' must be "
+		    "Never or IfAvailable%s: diverged runs the plugin with no "
+		    "terminal", u->name, u->file->path, mode == NULL ?
+		    " (required with v1)" : "");
+		return -1;
+	}
+	c->exec_argv = xcalloc(seq_len(args) + 2, sizeof(char *));
+	c->exec_argv[0] = strchr(cmd, '/') != NULL && cmd[0] != '/' ?
+	    xasprintf("%s/%s", e.file->dir, cmd) : xstrdup(cmd);
+	if (seq_strings(&e, args, "args", c->exec_argv, 1, cause) < 0)
+		return -1;
+	c->exec_env = xcalloc(seq_len(env) + 1, sizeof(char *));
+	for (it = is_null(env) ? NULL : env->data.sequence.items.start;
+	    it != NULL && it < env->data.sequence.items.top; it++) {
+		struct kc_entry v = { "user", u->name, u->file,
+		    get_node(e.file, *it) };
+		const char *name = NULL, *val = NULL;
+
+		if (v.body == NULL || v.body->type != YAML_MAPPING_NODE ||
+		    entry_str(&v, "name", &name, cause) < 0 ||
+		    entry_str(&v, "value", &val, cause) < 0 ||
+		    name == NULL || *name == '\0' || strchr(name, '=')) {
+			if (*cause == NULL)
+				fail(cause, "user '%s' in '%s': 'exec.env' "
+				    "items need a name (no '=') and a value",
+				    u->name, u->file->path);
+			return -1;
+		}
+		c->exec_env[i++] = xasprintf("%s=%s", name,
+		    val != NULL ? val : "");
+	}
+	c->exec_api_version = xstrdup(ver);
+	c->exec_hint = hint != NULL && *hint != '\0' ? xstrdup(hint) : NULL;
+	return 0;
+}
+
 static int
 load_user(struct kc *kc, const char *name, struct k8s_cluster *c,
     char **cause)
@@ -717,12 +862,9 @@ load_user(struct kc *kc, const char *name, struct k8s_cluster *c,
 		    kc->names.data);
 		return -1;
 	}
-	if (!is_null(map_get(e.file, e.body, "exec"))) {
-		fail(cause, "user '%s' in '%s': exec credential plugins are "
-		    "not supported; use a token, tokenFile or client "
-		    "certificate", name, e.file->path);
+	if (!is_null(map_get(e.file, e.body, "exec")) &&
+	    load_exec(&e, map_get(e.file, e.body, "exec"), c, cause) < 0)
 		return -1;
-	}
 	if (!is_null(map_get(e.file, e.body, "auth-provider"))) {
 		fail(cause, "user '%s' in '%s': auth-provider plugins are "
 		    "not supported; use a token, tokenFile or client "
@@ -750,6 +892,13 @@ load_user(struct kc *kc, const char *name, struct k8s_cluster *c,
 	if ((c->cert_file || c->cert_data) != (c->key_file || c->key_data)) {
 		fail(cause, "user '%s' in '%s': a client certificate needs "
 		    "both client-certificate and client-key", name,
+		    e.file->path);
+		return -1;
+	}
+	if (c->exec_argv != NULL && (c->token || c->token_file ||
+	    c->username || c->password)) {
+		fail(cause, "user '%s' in '%s': an exec plugin and a token or "
+		    "username/password may be set, but not both", name,
 		    e.file->path);
 		return -1;
 	}

@@ -10,6 +10,8 @@
  * insecure-skip-tls-verify; credentials are only sent over https, as
  * kubectl does. A tokenFile is re-read whenever its inode, size or mtime
  * changes, so projected service account tokens rotate without a restart.
+ * An exec credential plugin (execcred.c) is run for a token, again
+ * shortly before the token expires or when the server answers 401.
  *
  * Retries (k8s_rest_config.max_retries, exponential backoff from 200 ms
  * with jitter, or the server's Retry-After in seconds, each wait capped at
@@ -73,6 +75,9 @@
 #define MAX_TOKEN		(64 * 1024)
 #define MAX_PATH		(64 * 1024)
 #define POOL_MAX		8		/* idle easy handles kept */
+#define EXEC_TIMEOUT_MS		(30 * 1000)	/* an exec plugin's run */
+#define EXEC_EARLY_S		10	/* its token renewed this early */
+#define EXEC_RETRY_MS		(5 * 1000)	/* after it failed */
 #define QUEUE_MAX		1024		/* watch events queued */
 #define QUEUE_MAX_BYTES		((size_t)64 * MIB)
 #define BACKOFF_BASE_MS		200
@@ -110,6 +115,12 @@ struct rest {
 	char *token;		/* last read from c.token_file */
 	struct stat token_st;
 	int token_warned;
+	/* c.exec_argv's token (under token_lock) */
+	char *exec_token;
+	int64_t exec_expiry;	/* unix s; 0: none said */
+	int exec_stale;		/* answered 401: run the plugin again */
+	int64_t exec_retry_ms;	/* after a failure, not before (monotonic) */
+	int64_t exec_logged_ms;	/* the last failure logged (monotonic) */
 };
 
 /* One request. */
@@ -401,6 +412,63 @@ read_token(const char *path)
 }
 
 /*
+ * The exec plugin's token as a header: run again when there is none yet,
+ * when it expires within EXEC_EARLY_S, or after a 401; under token_lock,
+ * so concurrent requests wait for one run. A failure is logged (once a
+ * minute at most) and retried after EXEC_RETRY_MS; meanwhile requests go
+ * without a token, and their 401 says so.
+ */
+static char *
+exec_bearer(struct rest *rs)
+{
+	char *tok = NULL, *cause = NULL, *hdr = NULL;
+	int64_t exp = 0, now = now_mono_ms();
+
+	pthread_mutex_lock(&rs->token_lock);
+	if ((rs->exec_token == NULL || rs->exec_stale ||
+	    (rs->exec_expiry > 0 && now_unix() >= rs->exec_expiry -
+	    EXEC_EARLY_S)) && now >= rs->exec_retry_ms) {
+		free_secret(rs->exec_token);
+		rs->exec_token = NULL;
+		if (k8s_exec_credential(&rs->c, EXEC_TIMEOUT_MS, &tok, &exp,
+		    &cause) == 0) {
+			if (rs->exec_logged_ms != 0)
+				log_kv(LOG_INFO, "k8s: the exec credential "
+				    "plugin gave a token again", NULL);
+			rs->exec_token = tok;
+			rs->exec_expiry = exp;
+			rs->exec_stale = 0;
+			rs->exec_logged_ms = 0;
+		} else {
+			if (rs->exec_logged_ms == 0 ||
+			    now - rs->exec_logged_ms >= 60 * 1000) {
+				log_kv(LOG_ERROR, "k8s: the exec credential "
+				    "plugin failed; requests go without a "
+				    "token", "error", cause, NULL);
+				rs->exec_logged_ms = now;
+			}
+			rs->exec_retry_ms = now + EXEC_RETRY_MS;
+			free(cause);
+		}
+	}
+	if (rs->exec_token != NULL)
+		hdr = xasprintf("Authorization: Bearer %s", rs->exec_token);
+	pthread_mutex_unlock(&rs->token_lock);
+	return hdr;
+}
+
+/* The API server refused the credentials: an exec token is run again. */
+static void
+credentials_refused(struct rest *rs)
+{
+	if (rs->c.exec_argv == NULL)
+		return;
+	pthread_mutex_lock(&rs->token_lock);
+	rs->exec_stale = 1;
+	pthread_mutex_unlock(&rs->token_lock);
+}
+
+/*
  * "Authorization: Bearer ..." for the next request (a new string the
  * caller wipes), or NULL when there is no token.
  */
@@ -413,6 +481,8 @@ bearer_header(struct rest *rs)
 
 	if (!rs->creds)
 		return NULL;
+	if (rs->c.exec_argv != NULL)
+		return exec_bearer(rs);
 	if (rs->c.token_file == NULL)
 		return rs->c.token != NULL ?
 		    xasprintf("Authorization: Bearer %s", rs->c.token) : NULL;
@@ -835,6 +905,8 @@ rest_call(struct rest *rs, const struct req *rq, json_t **out,
 			ret = parse_ok(rq, &rp, shown, out, st);
 			goto out;
 		}
+		if (rc == CURLE_OK && rp.code == 401)
+			credentials_refused(rs);
 		if (rp.overflow) {
 			msg = xasprintf("k8s: %s %s: the answer is larger "
 			    "than %zu MiB", rq->method, shown,
@@ -973,9 +1045,12 @@ k8s_rest_stream(struct k8s_api *api, const char *path, int64_t timeout_ms,
 		ret = k8s_status_set(st, rc == CURLE_OPERATION_TIMEDOUT ?
 		    K8S_ETIMEOUT : K8S_EUNAVAILABLE, msg, NULL);
 		free(msg);
-	} else if (sm.code < 200 || sm.code >= 300)
+	} else if (sm.code < 200 || sm.code >= 300) {
+		if (sm.code == 401)
+			credentials_refused(rs);
 		ret = http_error(st, "GET", shown, sm.code, sm.err.data,
 		    sm.err.len);
+	}
 	pool_put(rs, sm.h);
 	buf_release(&sm.err);
 	free(shown);
@@ -1723,6 +1798,8 @@ watch_main(void *arg)
 				break;
 			continue;
 		}
+		if (w->code == 401)
+			credentials_refused(rs);
 		if (w->code != 0)
 			retry = w->code == 429 ||
 			    (w->code >= 500 && w->code != 501);
@@ -1946,6 +2023,7 @@ rest_free(struct k8s_api *api)
 	pthread_mutex_destroy(&rs->token_lock);
 	k8s_cluster_release(&rs->c);
 	free_secret(rs->token);
+	free_secret(rs->exec_token);
 	free(rs->base);
 	free(rs->shown);
 	free(rs->host_hdr);
@@ -2007,6 +2085,11 @@ copy_cluster(struct k8s_cluster *d, const struct k8s_cluster *s)
 	d->token_file = dup_or_null(s->token_file);
 	d->username = dup_or_null(s->username);
 	d->password = dup_or_null(s->password);
+	d->exec_argv = k8s_strv_dup(s->exec_argv);
+	d->exec_env = k8s_strv_dup(s->exec_env);
+	d->exec_api_version = dup_or_null(s->exec_api_version);
+	d->exec_hint = dup_or_null(s->exec_hint);
+	d->exec_cluster_info = s->exec_cluster_info;
 }
 
 static void
@@ -2134,7 +2217,7 @@ k8s_rest_open(struct k8s_api **out, const struct k8s_cluster *c,
 	rs->creds = https;
 	if (!https && (rs->c.token != NULL || rs->c.token_file != NULL ||
 	    rs->c.username != NULL || rs->c.cert_file != NULL ||
-	    rs->c.cert_data != NULL))
+	    rs->c.cert_data != NULL || rs->c.exec_argv != NULL))
 		log_kv(LOG_WARN, "k8s: plain http: credentials are not sent",
 		    "server", rs->shown, NULL);
 	if (check_file("certificate-authority", rs->c.ca_file, cause) < 0 ||

@@ -29,6 +29,7 @@
 #include "k8s/k8s.h"
 #include "util/util.h"
 #include "testutil.h"
+#include "storeenv.h"
 
 /* Not in the header: exported for the fuzz target and these tests. */
 int k8s_kubeconfig_parse_mem(struct k8s_cluster *out, const char *name,
@@ -491,6 +492,262 @@ test_parse_mem(void **state)
 	free(cause);
 }
 
+/* Parse a kubeconfig whose user u is "{user: {USER}}". */
+static int
+parse_user(struct k8s_cluster *c, const char *user, char **cause)
+{
+	char *text = xasprintf("current-context: m\n"
+	    "contexts: [{name: m, context: {cluster: c, user: u}}]\n"
+	    "clusters: [{name: c, cluster: {server: 'https://k.example'}}]\n"
+	    "users: [{name: u, user: {%s}}]\n", user);
+	int rc;
+
+	memset(c, 0, sizeof(*c));
+	*cause = NULL;
+	rc = k8s_kubeconfig_parse_mem(c, "/etc/kube/config", text,
+	    strlen(text), NULL, cause);
+	free(text);
+	return rc;
+}
+
+/*
+ * An exec credential plugin (EKS's, from a data file): its command,
+ * arguments and environment are kept for the REST client; a command
+ * with a '/' is taken from the kubeconfig's directory, a bare name from
+ * PATH. One that needs a terminal, has no command, an unknown
+ * apiVersion, or comes with a token is refused, saying why.
+ */
+static void
+test_exec_plugin(void **state)
+{
+	static const struct {
+		const char *user, *err;
+	} bad[] = {
+		{ "exec: {apiVersion: client.authentication.k8s.io/v1, command: "
+		  "kubelogin, interactiveMode: Always}",
+		  "'exec.interactiveMode' must be Never or IfAvailable: "
+		  "diverged runs the plugin with no terminal" },
+		{ "exec: {apiVersion: client.authentication.k8s.io/v1, command: "
+		  "kubelogin}",
+		  "'exec.interactiveMode' must be Never or IfAvailable (required "
+		  "with v1): diverged runs the plugin with no terminal" },
+		{ "exec: {apiVersion: client.authentication.k8s.io/v1beta1}",
+		  "'exec.command' is required" },
+		{ "exec: {apiVersion: client.authentication.k8s.io/v1alpha1, "
+		  "command: x}",
+		  "'exec.apiVersion' must be client.authentication.k8s.io/v1 or "
+		  "client.authentication.k8s.io/v1beta1, not "
+		  "'client.authentication.k8s.io/v1alpha1'" },
+		{ "token: t0p, exec: {apiVersion: "
+		  "client.authentication.k8s.io/v1beta1, command: x}",
+		  "an exec plugin and a token or username/password may be set, "
+		  "but not both" },
+		{ "exec: {apiVersion: client.authentication.k8s.io/v1beta1, "
+		  "command: x, args: {a: b}}",
+		  "'exec' must be a mapping, its 'args' and 'env' lists" },
+		{ "exec: {apiVersion: client.authentication.k8s.io/v1beta1, "
+		  "command: x, env: [{value: v}]}",
+		  "'exec.env' items need a name (no '=') and a value" },
+	};
+	struct k8s_cluster c;
+	char *cause = NULL, *want;
+	size_t i;
+
+	(void)state;
+	load_data_ok(&c, "exec.yaml", NULL);
+	assert_null(c.token);
+	assert_non_null(c.exec_argv);
+	assert_string_equal(c.exec_argv[0], "aws");
+	assert_string_equal(c.exec_argv[1], "eks");
+	assert_string_equal(c.exec_argv[4], "prod");
+	assert_null(c.exec_argv[5]);
+	assert_string_equal(c.exec_api_version,
+	    "client.authentication.k8s.io/v1beta1");
+	k8s_cluster_release(&c);
+
+	assert_int_equal(parse_user(&c, "exec: {apiVersion: "
+	    "client.authentication.k8s.io/v1, command: bin/get-token, "
+	    "interactiveMode: Never, provideClusterInfo: true, installHint: "
+	    "'apt install get-token', env: [{name: REGION, value: eu}]}",
+	    &cause), 0);
+	assert_string_equal(c.exec_argv[0], "/etc/kube/bin/get-token");
+	assert_null(c.exec_argv[1]);
+	assert_string_equal(c.exec_env[0], "REGION=eu");
+	assert_null(c.exec_env[1]);
+	assert_int_equal(c.exec_cluster_info, 1);
+	assert_string_equal(c.exec_hint, "apt install get-token");
+	k8s_cluster_release(&c);
+
+	for (i = 0; i < ARRAY_SIZE(bad); i++) {
+		assert_int_equal(parse_user(&c, bad[i].user, &cause), -1);
+		want = xasprintf("user 'u' in '/etc/kube/config': %s",
+		    bad[i].err);
+		assert_string_equal(cause, want);
+		assert_null(strstr(cause, "t0p"));
+		free(want);
+		free(cause);
+		k8s_cluster_release(&c);
+	}
+}
+
+/* The plugin of test_exec_rest: its answers follow files beside it. */
+static const char plugin_sh[] =
+    "#!/bin/sh\n"
+    "d=$(dirname \"$0\")\n"
+    "echo x >> \"$d/runs\"\n"
+    "printf '%s' \"$KUBERNETES_EXEC_INFO\" > \"$d/info\"\n"
+    "cred='{\"apiVersion\":\"client.authentication.k8s.io/v1\","
+    "\"kind\":\"ExecCredential\",\"status\":'\n"
+    "case $(cat \"$d/mode\") in\n"
+    "good) printf '%s{\"token\":\"contract-token\","
+    "\"expirationTimestamp\":\"%s\"}}' \"$cred\" \"$(cat \"$d/exp\")\" ;;\n"
+    "wrong) printf '%s{\"token\":\"wrong-token\"}}' \"$cred\" ;;\n"
+    "*) echo 'no credentials for you' >&2; exit 3 ;;\n"
+    "esac\n";
+
+/* The plugin's runs so far (lines of its "runs" file). */
+static int
+plugin_runs(const char *dir)
+{
+	char *p = xasprintf("%s/runs", dir), line[16];
+	FILE *f = fopen(p, "r");
+	int n = 0;
+
+	while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+		n++;
+	if (f != NULL)
+		fclose(f);
+	free(p);
+	return n;
+}
+
+/* Tell the plugin what to answer next: mode, and an expiry from now. */
+static void
+plugin_answer(const char *dir, const char *mode, int64_t expires_in)
+{
+	char ts[32], *p = xasprintf("%s/mode", dir);
+
+	write_file(p, mode);
+	free(p);
+	time_rfc3339(now_unix() + expires_in, ts);
+	p = xasprintf("%s/exp", dir);
+	write_file(p, ts);
+	free(p);
+}
+
+/* One GET through api: its result (a missing Secret: ENOTFOUND). */
+static int
+get_one(struct k8s_api *api)
+{
+	struct k8s_status st = { 0 };
+	json_t *obj = NULL;
+	int rc = k8s_get(api, &K8S_SECRET, "default", "nope", &obj, &st);
+
+	json_decref(obj);
+	k8s_status_release(&st);
+	return rc;
+}
+
+/* Two GETs through api, each answered want; then the plugin's runs. */
+static int
+two_gets(struct k8s_api *api, int want, const char *dir)
+{
+	assert_int_equal(get_one(api), want);
+	assert_int_equal(get_one(api), want);
+	return plugin_runs(dir);
+}
+
+/*
+ * The REST client against the fake kube-apiserver with an exec plugin
+ * for its token: run once, its token kept while it is good; run again
+ * when it expires within seconds and after a 401 (a wrong token); a
+ * plugin that fails leaves requests without a token (401) and is not run
+ * again for every request. KUBERNETES_EXEC_INFO says it is not
+ * interactive and, with provideClusterInfo, names the cluster.
+ */
+static void
+test_exec_rest(void **state)
+{
+	struct storeenv env;
+	struct k8s_cluster c;
+	struct k8s_api *api = NULL;
+	char *dir = make_tmpdir(), *script, *cause = NULL, *info;
+	FILE *f;
+	char buf[4096];
+	size_t n;
+
+	(void)state;
+	memset(&env, 0, sizeof(env));
+	if (storeenv_start_fake(&env, 100, &c) < 0) {
+		free(dir);
+		skip();
+	}
+	script = xasprintf("%s/plugin", dir);
+	write_file(script, plugin_sh);
+	assert_int_equal(chmod(script, 0700), 0);
+	free(c.token);
+	c.token = NULL;
+	c.exec_argv = xcalloc(2, sizeof(char *));
+	c.exec_argv[0] = script;
+	c.exec_api_version = xstrdup("client.authentication.k8s.io/v1");
+	c.exec_cluster_info = 1;
+	plugin_answer(dir, "good", 3600);
+	assert_int_equal(k8s_rest_open(&api, &c, NULL, &cause), 0);
+
+	assert_int_equal(two_gets(api, K8S_ENOTFOUND, dir), 1);
+	info = xasprintf("%s/info", dir);
+	f = fopen(info, "r");
+	assert_non_null(f);
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+	assert_non_null(strstr(buf, "\"kind\":\"ExecCredential\""));
+	assert_non_null(strstr(buf, "\"interactive\":false"));
+	assert_non_null(strstr(buf, c.server));
+
+	/* a token about to expire: run again before each request */
+	k8s_api_free(api);
+	plugin_answer(dir, "good", 5);
+	assert_int_equal(k8s_rest_open(&api, &c, NULL, &cause), 0);
+	assert_int_equal(two_gets(api, K8S_ENOTFOUND, dir), 3);
+
+	/* a token the server refuses: 401, then run again */
+	plugin_answer(dir, "wrong", 3600);
+	assert_int_equal(get_one(api), K8S_EUNAUTHORIZED);
+	assert_int_equal(plugin_runs(dir), 4);
+	plugin_answer(dir, "good", 3600);
+	assert_int_equal(two_gets(api, K8S_ENOTFOUND, dir), 5);
+
+	/* a plugin that fails: no token, and not run for every request */
+	k8s_api_free(api);
+	plugin_answer(dir, "fail", 0);
+	assert_int_equal(k8s_rest_open(&api, &c, NULL, &cause), 0);
+	assert_int_equal(two_gets(api, K8S_EUNAUTHORIZED, dir), 6);
+	k8s_api_free(api);
+
+	/* a command that does not exist: its install hint in the error */
+	{
+		char *tok = NULL;
+		int64_t exp;
+
+		free(c.exec_argv[0]);	/* script */
+		c.exec_argv[0] = xstrdup("/nonexistent/get-token");
+		c.exec_hint = xstrdup("install get-token");
+		assert_int_equal(k8s_exec_credential(&c, 5000, &tok, &exp,
+		    &cause), -1);
+		assert_string_equal(cause, "k8s: exec plugin "
+		    "'/nonexistent/get-token': No such file or directory; "
+		    "install get-token");
+		free(cause);
+	}
+	k8s_cluster_release(&c);
+	storeenv_close(&env);
+	free(info);
+	remove_tree(dir, (const char *const[]){ "plugin", "runs", "info",
+	    "mode", "exp", NULL });
+	free(dir);
+}
+
 static void
 test_release(void **state)
 {
@@ -538,9 +795,6 @@ static const struct err_case error_cases[] = {
 	    "cluster 'c1' in '%s' has no server", NULL },
 	{ "err_no_current_context", "no-current.yaml", NULL,
 	    "no current-context in '%s' and no --context given", NULL },
-	{ "err_exec_plugin", "exec.yaml", NULL,
-	    "user 'eks-user' in '%s': exec credential plugins are not "
-	    "supported; use a token, tokenFile or client certificate", NULL },
 	{ "err_auth_provider", "auth-provider.yaml", NULL,
 	    "user 'gke-user' in '%s': auth-provider plugins are not "
 	    "supported; use a token, tokenFile or client certificate", NULL },
@@ -1047,6 +1301,8 @@ main(void)
 		cmocka_unit_test(test_home_default),
 		cmocka_unit_test(test_relative_paths_tmp),
 		cmocka_unit_test(test_parse_mem),
+		cmocka_unit_test(test_exec_plugin),
+		cmocka_unit_test(test_exec_rest),
 		cmocka_unit_test(test_release),
 		cmocka_unit_test(test_err_no_file_in_list),
 		cmocka_unit_test(test_err_not_found_names_all_files),

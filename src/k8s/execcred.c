@@ -1,0 +1,286 @@
+/*
+ * Exec credential plugins (client.authentication.k8s.io): what the
+ * kubeconfigs of EKS (aws eks get-token), GKE (gke-gcloud-auth-plugin)
+ * and AKS (kubelogin) use instead of a token. The plugin runs with the
+ * kubeconfig's arguments and environment, plus KUBERNETES_EXEC_INFO (an
+ * ExecCredential saying it is not interactive, with the cluster when
+ * provideClusterInfo asks for it), stdin from /dev/null, and must print an
+ * ExecCredential whose status holds a token and, usually, when it
+ * expires. Its stderr is kept (cut) for the error; the token never
+ * appears in one. A plugin that runs too long is killed.
+ */
+#include "config.h"
+
+#include <sys/types.h>
+#include <sys/wait.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "k8s/k8s.h"
+#include "util/util.h"
+
+extern char **environ;
+
+#define MAX_OUT		(1024 * 1024)	/* the ExecCredential */
+#define MAX_ERR		512		/* what an error shows of stderr */
+
+static int
+streq(const char *a, const char *b)
+{
+	return a != NULL && b != NULL && strcmp(a, b) == 0;
+}
+
+/*
+ * A pipe whose ends no other spawned process keeps open (their copies
+ * would hold the plugin's stdout open after it exits).
+ */
+static int
+cloexec_pipe(int fd[2])
+{
+	if (pipe(fd) < 0)
+		return -1;
+	(void)fcntl(fd[0], F_SETFD, FD_CLOEXEC);
+	(void)fcntl(fd[1], F_SETFD, FD_CLOEXEC);
+	return 0;
+}
+
+/* KUBERNETES_EXEC_INFO for c. */
+static char *
+exec_info(const struct k8s_cluster *c)
+{
+	json_t *spec = json_pack("{s:b}", "interactive", 0), *cl, *info;
+	char *s, *env, *b64 = NULL;
+
+	if (c->exec_cluster_info) {
+		cl = json_pack("{s:s,s:b}", "server", c->server != NULL ?
+		    c->server : "", "insecure-skip-tls-verify", c->insecure);
+		if (c->ca_data != NULL) {
+			b64 = base64_encode((const unsigned char *)c->ca_data,
+			    strlen(c->ca_data), 0, 1);
+			json_object_set_new(cl, "certificate-authority-data",
+			    json_string(b64));
+		}
+		if (c->tls_server_name != NULL)
+			json_object_set_new(cl, "tls-server-name",
+			    json_string(c->tls_server_name));
+		json_object_set_new(spec, "cluster", cl);
+	}
+	info = json_pack("{s:s,s:s,s:o}", "apiVersion", c->exec_api_version,
+	    "kind", "ExecCredential", "spec", spec);
+	s = json_dumps(info, JSON_COMPACT);
+	json_decref(info);
+	free(b64);
+	env = xasprintf("KUBERNETES_EXEC_INFO=%s", s);
+	free(s);
+	return env;
+}
+
+/* The process environment with c's additions and info. */
+static char **
+exec_envp(const struct k8s_cluster *c, char *info)
+{
+	size_t n = 0, m = 0, i, j;
+	char **envp;
+
+	while (environ[n] != NULL)
+		n++;
+	while (c->exec_env != NULL && c->exec_env[m] != NULL)
+		m++;
+	envp = xcalloc(n + m + 2, sizeof(*envp));
+	for (i = j = 0; i < n; i++)
+		if (strncmp(environ[i], "KUBERNETES_EXEC_INFO=", 21) != 0)
+			envp[j++] = environ[i];
+	for (i = 0; i < m; i++)
+		envp[j++] = c->exec_env[i];
+	envp[j] = info;
+	return envp;
+}
+
+/*
+ * Read the plugin's stdout and stderr until both close or the deadline;
+ * 0, or -1 when it ran too long or printed too much.
+ */
+static int
+drain(int out, int err, struct buf *ob, struct buf *eb, int64_t deadline)
+{
+	struct pollfd p[2] = { { out, POLLIN, 0 }, { err, POLLIN, 0 } };
+	char chunk[4096];
+	ssize_t r;
+	int open = 2, i;
+	int64_t left;
+
+	while (open > 0) {
+		left = deadline - now_mono_ms();
+		if (left <= 0)
+			return -1;
+		if (poll(p, 2, (int)left) < 0) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		for (i = 0; i < 2; i++) {
+			if (p[i].fd < 0 || p[i].revents == 0)
+				continue;
+			r = read(p[i].fd, chunk, sizeof(chunk));
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0) {
+				p[i].fd = -1;
+				open--;
+				continue;
+			}
+			if (i == 0 && buf_add(ob, chunk, (size_t)r) < 0)
+				return -1;
+			if (i == 1 && eb->len < MAX_ERR)
+				(void)buf_add(eb, chunk, (size_t)r <
+				    MAX_ERR - eb->len ? (size_t)r :
+				    MAX_ERR - eb->len);
+		}
+	}
+	return 0;
+}
+
+/* The first line of the plugin's stderr, for a message. */
+static char *
+err_line(const struct buf *eb)
+{
+	size_t n = 0;
+
+	while (eb->data != NULL && n < eb->len && eb->data[n] != '\n')
+		n++;
+	return n > 0 ? xasprintf(": %.*s", (int)n, eb->data) : xstrdup("");
+}
+
+/* Parse the ExecCredential the plugin printed. */
+static int
+parse_credential(const struct k8s_cluster *c, const char *cmd,
+    const struct buf *ob, char **token, int64_t *expiry, char **cause)
+{
+	json_t *j = ob->data != NULL ? json_loadb(ob->data, ob->len, 0,
+	    NULL) : NULL;
+	json_t *st = json_object_get(j, "status");
+	const char *tok = json_string_value(json_object_get(st, "token"));
+	const char *exp = json_string_value(json_object_get(st,
+	    "expirationTimestamp"));
+	int ret = -1;
+
+	*expiry = 0;
+	if (!json_is_object(j) || !streq(json_string_value(json_object_get(j,
+	    "kind")), "ExecCredential") || !streq(json_string_value(
+	    json_object_get(j, "apiVersion")), c->exec_api_version)) {
+		*cause = xasprintf("k8s: exec plugin '%s' did not print an "
+		    "ExecCredential of %s", cmd, c->exec_api_version);
+	} else if (json_object_get(st, "clientCertificateData") != NULL) {
+		*cause = xasprintf("k8s: exec plugin '%s' gave a client "
+		    "certificate; only tokens are supported", cmd);
+	} else if (tok == NULL || *tok == '\0' || strpbrk(tok, "\r\n")) {
+		*cause = xasprintf("k8s: exec plugin '%s' gave no token", cmd);
+	} else if (exp != NULL && time_parse_rfc3339(exp, expiry) < 0) {
+		*cause = xasprintf("k8s: exec plugin '%s': expirationTimestamp "
+		    "'%.64s' is not a time", cmd, exp);
+	} else {
+		*token = xstrdup(tok);
+		ret = 0;
+	}
+	if (j != NULL && tok != NULL)
+		secure_wipe((char *)tok, strlen(tok));
+	json_decref(j);
+	return ret;
+}
+
+int
+k8s_exec_credential(const struct k8s_cluster *c, int64_t timeout_ms,
+    char **token, int64_t *expiry, char **cause)
+{
+	const char *cmd = c->exec_argv[0];
+	posix_spawn_file_actions_t fa;
+	int out[2] = { -1, -1 }, err[2] = { -1, -1 }, rc, status = 0, ret = -1;
+	struct buf ob, eb;
+	char **envp, *info, *line;
+	pid_t pid = -1;
+	int late;
+	int64_t deadline = now_mono_ms() + timeout_ms;
+
+	*token = NULL;
+	buf_init(&ob, MAX_OUT);
+	buf_init(&eb, MAX_ERR + 1);
+	/* said before spawning: a child's exec failure is only a status */
+	if (strchr(cmd, '/') != NULL && access(cmd, X_OK) < 0) {
+		*cause = xasprintf("k8s: exec plugin '%s': %s%s%s", cmd,
+		    strerror(errno), c->exec_hint != NULL ? "; " : "",
+		    c->exec_hint != NULL ? c->exec_hint : "");
+		goto out;
+	}
+	if (cloexec_pipe(out) < 0 || cloexec_pipe(err) < 0) {
+		*cause = xasprintf("k8s: exec plugin '%s': %s", cmd,
+		    strerror(errno));
+		goto out;
+	}
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+	posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+	posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+	info = exec_info(c);
+	envp = exec_envp(c, info);
+	rc = posix_spawnp(&pid, cmd, &fa, NULL, c->exec_argv, envp);
+	free(envp);
+	free(info);
+	posix_spawn_file_actions_destroy(&fa);
+	close(out[1]);
+	close(err[1]);
+	out[1] = err[1] = -1;
+	if (rc != 0) {
+		*cause = xasprintf("k8s: exec plugin '%s': %s%s%s", cmd,
+		    strerror(rc), c->exec_hint != NULL ? "; " : "",
+		    c->exec_hint != NULL ? c->exec_hint : "");
+		goto out;
+	}
+	late = drain(out[0], err[0], &ob, &eb, deadline) < 0;
+	if (late)
+		kill(pid, SIGKILL);
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	if (late) {
+		*cause = xasprintf("k8s: exec plugin '%s' %s", cmd,
+		    now_mono_ms() < deadline ? "printed too much" :
+		    "did not finish in time");
+		goto out;
+	}
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+		line = err_line(&eb);
+		*cause = WIFEXITED(status) ? xasprintf("k8s: exec plugin '%s' "
+		    "exited with status %d%s%s%s", cmd, WEXITSTATUS(status),
+		    line, WEXITSTATUS(status) == 127 && c->exec_hint != NULL ?
+		    " (not found?); " : "", WEXITSTATUS(status) == 127 &&
+		    c->exec_hint != NULL ? c->exec_hint : "") :
+		    xasprintf("k8s: exec plugin '%s' was killed by signal %d%s",
+		    cmd, WTERMSIG(status), line);
+		free(line);
+		goto out;
+	}
+	ret = parse_credential(c, cmd, &ob, token, expiry, cause);
+out:
+	if (ob.data != NULL)
+		secure_wipe(ob.data, ob.len);
+	buf_release(&ob);
+	buf_release(&eb);
+	if (out[0] >= 0)
+		close(out[0]);
+	if (err[0] >= 0)
+		close(err[0]);
+	if (out[1] >= 0)
+		close(out[1]);
+	if (err[1] >= 0)
+		close(err[1]);
+	return ret;
+}
