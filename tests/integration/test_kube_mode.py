@@ -82,7 +82,17 @@ def stickies(scm):
 
 
 def write_files(d, fake):
-    """The daemon's kubeconfig (JSON is YAML) and GitHub token."""
+    """The daemon's kubeconfig (JSON is YAML) and GitHub token. Its user
+    gets the fake's token from an exec credential plugin, as a managed
+    cluster's kubeconfig does (the plugin counts its runs in a file)."""
+    plugin = os.path.join(d.tmp, "get-token")
+    with open(plugin, "w") as f:
+        f.write("#!/bin/sh\necho run >> \"$(dirname \"$0\")/plugin-runs\"\n"
+                "printf '%%s' '%s'\n" % json.dumps({
+                    "apiVersion": "client.authentication.k8s.io/v1",
+                    "kind": "ExecCredential",
+                    "status": {"token": fake.info["token"]}}))
+    os.chmod(plugin, 0o700)
     with open(os.path.join(d.tmp, "kc"), "w") as f:
         json.dump({"apiVersion": "v1", "kind": "Config",
                    "current-context": "main",
@@ -92,8 +102,10 @@ def write_files(d, fake):
                    "clusters": [{"name": "fake", "cluster": {
                        "server": fake.info["server"],
                        "certificate-authority": fake.info["ca_file"]}}],
-                   "users": [{"name": "me", "user": {
-                       "token": fake.info["token"]}}]}, f)
+                   "users": [{"name": "me", "user": {"exec": {
+                       "apiVersion": "client.authentication.k8s.io/v1",
+                       "command": "./get-token",
+                       "interactiveMode": "Never"}}}]}, f)
     with open(os.path.join(d.tmp, "gh-token"), "w") as f:
         f.write("ghp_bot\n")
 
@@ -105,6 +117,10 @@ def run(t, fake, scm):
     t.ok(any("diverged started" in l and "store=kubernetes" in l
              for l in d.log()), "diverged starts on the cluster's API",
          "\n".join(d.log()[-10:]))
+    with open(os.path.join(d.tmp, "plugin-runs")) as f:
+        runs = len(f.readlines())
+    t.ok(runs == 1, "with the token its kubeconfig's exec plugin gave, "
+         "run once (%d)" % runs)
 
     s, sec = fake.request("GET", SECRETS % "diverge-system" +
                           "/diverge-macaroon-root-key")
