@@ -1352,6 +1352,20 @@ main(int argc, char **argv)
 		return 2;
 	}
 	if (check) {
+		/* the kubeconfig is read, not the cluster reached */
+		if (D.cfg.kubernetes.mode == KUBE_KUBECONFIG) {
+			struct k8s_cluster kc;
+
+			memset(&kc, 0, sizeof(kc));
+			if (k8s_kubeconfig_load(&kc, D.cfg.kubernetes.kubeconfig,
+			    D.cfg.kubernetes.context, &cause) < 0) {
+				fprintf(stderr, "config: %s\n", cause);
+				free(cause);
+				config_release(&D.cfg);
+				return 2;
+			}
+			k8s_cluster_release(&kc);
+		}
 		printf("configuration ok\n");
 		ret = 0;
 		goto out;

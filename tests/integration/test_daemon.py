@@ -134,6 +134,27 @@ def config_errors(t):
                         "--check-config"])
     t.ok(rc == 0 and "configuration ok" in out,
          "--api-listen off --check-config: exit 0", (rc, err))
+    # kubeconfig mode: --check-config reads the kubeconfig (not the cluster)
+    kc = os.path.join(tmp, "kubeconfig")
+    cfg = os.path.join(tmp, "kube.yaml")
+    with open(cfg, "w") as f:
+        f.write("kubernetes: {mode: kubeconfig, kubeconfig: %s}\n" % kc)
+    for user, ok in (("{token: t}", True),
+                     ("{exec: {apiVersion: client.authentication.k8s.io/v1,"
+                      " command: kubelogin, interactiveMode: Always}}", False)):
+        with open(kc, "w") as f:
+            f.write("current-context: m\n"
+                    "contexts: [{name: m, context: {cluster: c, user: u}}]\n"
+                    "clusters: [{name: c, cluster: {server: "
+                    "'https://k.example'}}]\n"
+                    "users: [{name: u, user: %s}]\n" % user)
+        rc, out, err = run(["--config", cfg, "--check-config"], cwd=tmp)
+        t.ok((rc, "configuration ok" in out) == ((0, True) if ok else
+                                                 (2, False)) and
+             (ok or "config: user 'u' in '%s': 'exec.interactiveMode'" % kc
+              in err), "--check-config reads the kubeconfig: %s" %
+             ("a good one, exit 0" if ok else "a plugin that needs a "
+              "terminal, exit 2 naming the user"), (rc, out, err))
 
 
 def embedded_default(t):
