@@ -1195,6 +1195,32 @@ reload_api_token(const struct config *nc, char **cause)
 	return rc;
 }
 
+/*
+ * controller.max_active_tasks from the file read again: applied when it
+ * stays a limit (above 0 before and after; to or from 0 the slot cache
+ * and the queue's messages would have to start or stop, so that waits
+ * for a restart). A higher one admits the queued tasks it makes room
+ * for at once; a lower one stops nothing that runs, and admits no more
+ * until the running ones are fewer.
+ */
+static void
+reload_limit(const struct config *nc)
+{
+	int old = D.cfg.controller.max_active_tasks;
+	int now = nc->controller.max_active_tasks;
+	char a[16], b[16];
+
+	if (old == now || old <= 0 || now <= 0 || D.controller == NULL)
+		return;
+	__atomic_store_n(&D.cfg.controller.max_active_tasks, now,
+	    __ATOMIC_RELAXED);
+	controller_limit_changed(D.controller);
+	snprintf(a, sizeof(a), "%d", old);
+	snprintf(b, sizeof(b), "%d", now);
+	log_kv(LOG_INFO, "reload: controller.max_active_tasks changed", "from",
+	    a, "to", b, NULL);
+}
+
 static void
 reload(void)
 {
@@ -1217,6 +1243,7 @@ reload(void)
 		free(cause);
 		cause = NULL;
 	}
+	reload_limit(&nc);
 	restart = config_restart_keys(&D.cfg, &nc);
 	if (restart != NULL) {
 		/* the running values stay until a restart: say which */

@@ -203,9 +203,11 @@ int config_override(struct config *c, const char *listen,
 /*
  * The keys whose values differ between the running configuration and
  * next, a file read again on SIGHUP, that a reload does not apply (all
- * but secrets, repo_allowlist and log settings): dotted, in the order of
- * the documentation, comma-separated ("controller.workers,repos"); NULL
- * when there are none. The caller frees it.
+ * but secrets, repo_allowlist and log settings; diverged applies a change
+ * of controller.max_active_tasks between two limits before asking):
+ * dotted, in the order of the documentation, comma-separated
+ * ("controller.workers,repos"); NULL when there are none. The caller
+ * frees it.
  */
 char *config_restart_keys(const struct config *running,
     const struct config *next);

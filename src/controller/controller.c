@@ -380,6 +380,13 @@ slots_changed(struct controller *c)
 	json_decref(keys);
 }
 
+void
+controller_limit_changed(struct controller *c)
+{
+	if (c != NULL)
+		controller_slots_look(c->slots);
+}
+
 /*
  * Record whether the task (NULL: deleted) is Stalled, for the gauge
  * diverge_tasks_stalled, which an operator alerts on: a stalled task

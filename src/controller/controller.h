@@ -140,6 +140,11 @@ int controller_start(struct controller **out,
  * queued are dropped: the next start relists them), free. NULL is fine.
  */
 void controller_stop(struct controller *c);
+/*
+ * controller.max_active_tasks changed (SIGHUP; both limits above 0, the
+ * new one already in the configuration): the queued tasks look again.
+ */
+void controller_limit_changed(struct controller *c);
 /* Queue a task for reconcile (e.g. after a slash command). */
 void controller_enqueue(struct controller *c, const char *ns,
     const char *name);

@@ -1146,6 +1146,14 @@ own_sandbox_runs(const struct obs *o)
 	    "lifecycle"), "shutdownTime")) == NULL;
 }
 
+/* controller.max_active_tasks, which a SIGHUP may change (> 0 to > 0). */
+static int64_t
+max_active(const struct rctx *x)
+{
+	return __atomic_load_n(&x->cfg->controller.max_active_tasks,
+	    __ATOMIC_RELAXED);
+}
+
 /*
  * May the task leave Pending or Paused for Provisioning? With no limit,
  * yes (1). Else admitted (1), queued (0, *msg gets the status message)
@@ -1157,7 +1165,7 @@ own_sandbox_runs(const struct obs *o)
 static int
 admit(struct rctx *x, const struct obs *o, int resume, char **msg)
 {
-	int64_t limit = x->cfg->controller.max_active_tasks;
+	int64_t limit = max_active(x);
 	int64_t running = 0, ahead = 0;
 	int rc;
 
@@ -1467,8 +1475,7 @@ log_admission(struct rctx *x, const json_t *old, const struct plan *p)
 	if (!x->admitted)
 		return;
 	snprintf(running, sizeof(running), "%" PRId64, x->running);
-	snprintf(limit, sizeof(limit), "%d",
-	    x->cfg->controller.max_active_tasks);
+	snprintf(limit, sizeof(limit), "%" PRId64, max_active(x));
 	log_kv(LOG_INFO, "task admitted", "task", x->name, "namespace", x->ns,
 	    "running", running, "limit", limit, NULL);
 }

@@ -417,6 +417,14 @@ controller_slots_feed(struct controller_slots *s, int on)
 	pthread_mutex_unlock(&s->mu);
 }
 
+void
+controller_slots_look(struct controller_slots *s)
+{
+	pthread_mutex_lock(&s->mu);
+	s->look = 1;
+	pthread_mutex_unlock(&s->mu);
+}
+
 /*
  * Hand the tasks whose decision waited for a version the watch has now
  * reached to *keys; when none waits any more, how long decisions waited

@@ -105,6 +105,12 @@ void controller_slots_synced(struct controller_slots *s, int64_t rv);
 void controller_slots_feed(struct controller_slots *s, int on);
 
 /*
+ * Make the queued tasks look again at the next controller_slots_changes
+ * (the limit changed).
+ */
+void controller_slots_look(struct controller_slots *s);
+
+/*
  * Whether a change since the last call should make the queued tasks look
  * again (a task took or left a slot, or stopped waiting for one) into
  * *look, the tasks holding a slot and those queued into *holds and

@@ -1063,6 +1063,7 @@ do_status(struct run *r)
 	struct k8s_status st = { 0 };
 	json_t *items = NULL, *t;
 	size_t i, queued = 0;
+	int limit;
 
 	if (pr_tasks(r, &items, &st) < 0 || json_array_size(items) == 0) {
 		reply_line(r, "**diverge**: no task for this pull request yet. "
@@ -1130,10 +1131,13 @@ do_status(struct run *r)
 			buf_addstr(&r->reply, ")");
 		}
 	}
-	if (queued > 0 && cfg->controller.max_active_tasks > 0)
+	/* a SIGHUP may change it (reload_limit) */
+	limit = __atomic_load_n(&cfg->controller.max_active_tasks,
+	    __ATOMIC_RELAXED);
+	if (queued > 0 && limit > 0)
 		reply_line(r, "\nA queued task waits for a free slot (limit: "
 		    "%d running at once): it starts when a running task "
-		    "finishes or is paused.", cfg->controller.max_active_tasks);
+		    "finishes or is paused.", limit);
 	else if (queued > 0)
 		reply_line(r, "\nA queued task waits for a free slot: it "
 		    "starts when a running task finishes or is paused.");

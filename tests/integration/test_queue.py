@@ -18,6 +18,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
@@ -446,9 +447,53 @@ def cluster_run(t, fake, scm):
     t.eq(d.stop(), 0, "clean stop")
 
 
+def reload_limit(t):
+    """controller.max_active_tasks changed on SIGHUP: a higher limit admits
+    the queued task at once; a lower one stops nothing that runs and
+    admits no more; to 0 (no limit) it waits for a restart, and says so."""
+    d = Daemon("log: {{level: info}}\ncontroller: {{max_active_tasks: 1}}\n")
+    d.start()
+    api = Embedded(d)
+    t.eq([new_task(api, n) for n in ("r1", "r2")], [201] * 2,
+         "r1 and r2 made, limit 1")
+    t.ok(wait(lambda: [phase(tasks(api).get(n)) for n in ("r1", "r2")] ==
+              ["Provisioning", "Pending"]), "r1 runs, r2 is queued")
+
+    def hup(limit):
+        with open(d.config_file, "w") as f:
+            f.write("log: {level: info}\n"
+                    "controller: {max_active_tasks: %d}\n" % limit)
+        d.send_signal(signal.SIGHUP)
+    t0 = time.time()
+    hup(2)
+    ok = wait(lambda: phase(tasks(api).get("r2")) == "Provisioning", 10)
+    t.ok(ok and time.time() - t0 < 5, "limit 2 on SIGHUP: r2 admitted at "
+         "once (%.1f s)" % (time.time() - t0))
+    t.ok(d.wait_log("reload: controller.max_active_tasks changed") and
+         any("from=1 to=2" in l for l in d.log()) and
+         not any("take effect only at a restart" in l for l in d.log()),
+         "logged as applied, not as waiting for a restart")
+    hup(1)
+    t.ok(d.wait_log("from=2 to=1"), "limit 1 again")
+    t.eq(new_task(api, "r3"), 201, "r3 made")
+    time.sleep(1)
+    ts = tasks(api)
+    t.ok([phase(ts.get(n)) for n in ("r1", "r2", "r3")] ==
+         ["Provisioning", "Provisioning", "Pending"],
+         "the two running go on, r3 waits",
+         {n: phase(x) for n, x in ts.items()})
+    hup(0)
+    t.ok(d.wait_log("keys=controller.max_active_tasks"), "to 0 (no limit): "
+         "a restart is needed, and the warning says so")
+    time.sleep(0.5)
+    t.eq(phase(tasks(api).get("r3")), "Pending", "r3 still waits")
+    t.eq(d.stop(), 0, "clean stop")
+
+
 def main(t):
     four_tasks(t)
     concurrent(t)
+    reload_limit(t)
     unlimited(t)
     on_cluster(t)
 
