@@ -233,8 +233,12 @@ struct k8s_ops {
 	int (*get)(struct k8s_api *api, const struct k8s_resource *r,
 	    const char *ns, const char *name, json_t **out,
 	    struct k8s_status *st);
-	/* *out = {"kind":"<Kind>List","apiVersion",...,"metadata":
-	 * {"resourceVersion"},"items":[...]} */
+	/*
+	 * *out = {"kind":"<Kind>List","apiVersion",...,"metadata":
+	 * {"resourceVersion"},"items":[...]}, every item in one list. The
+	 * REST backend reads it in chunks of 500 (limit, continue): one
+	 * snapshot at the first page's resourceVersion.
+	 */
 	int (*list)(struct k8s_api *api, const struct k8s_resource *r,
 	    const char *ns, const struct k8s_list_opts *opts, json_t **out,
 	    struct k8s_status *st);

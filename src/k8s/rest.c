@@ -35,6 +35,14 @@
  * retried create's AlreadyExists or a retried update's Conflict may be
  * its own doing, and the caller must not simply do it again.
  *
+ * Lists are read in chunks of LIST_CHUNK (500) items, as client-go's pager
+ * does: limit on every list, then each page's continue token until one
+ * comes empty, the items appended to the first page's. The pages are one
+ * snapshot at the first page's resourceVersion (what callers watch from),
+ * each bounded by MAX_LIST_BODY, so a list of any length fits. A token
+ * the server no longer has (410 Expired: it keeps them about five
+ * minutes) starts the list again from scratch, up to LIST_RESTARTS times.
+ *
  * Watches: one thread per watch drives a curl multi handle (so that
  * watch_free can wake it at once with curl_multi_wakeup), splits the
  * stream into lines, parses each line as one event and appends it to a
@@ -69,7 +77,9 @@
 
 #define MIB			(1024 * 1024)
 #define MAX_BODY		(16 * MIB)	/* one object */
-#define MAX_LIST_BODY		(64 * MIB)	/* a list */
+#define MAX_LIST_BODY		(64 * MIB)	/* a page of a list */
+#define LIST_CHUNK		500		/* items a page, as client-go */
+#define LIST_RESTARTS		3		/* after an expired continue */
 #define MAX_ERR_BODY		(1 * MIB)	/* a watch's error reply */
 #define MAX_LINE		(16 * MIB)	/* one watch event */
 #define MAX_TOKEN		(64 * 1024)
@@ -1157,10 +1167,16 @@ rest_get(struct k8s_api *api, const struct k8s_resource *r,
 	return ret;
 }
 
-/* Collection path and query of a list or watch; NULL when too long. */
+/*
+ * Collection path and query of a list page or a watch; NULL when too
+ * long. A list page asks for LIST_CHUNK items, and one after the first
+ * (cont, the previous page's continue token) carries no resourceVersion:
+ * the API server refuses both together, the token pins the version.
+ */
 static char *
 collection_query(const struct k8s_resource *r, const char *ns,
-    const struct k8s_list_opts *opts, int watch, int timeout_s)
+    const struct k8s_list_opts *opts, int watch, int timeout_s,
+    const char *cont)
 {
 	struct buf b;
 	char *path = res_path(r, ns, NULL, 0);
@@ -1174,14 +1190,17 @@ collection_query(const struct k8s_resource *r, const char *ns,
 	if (watch) {
 		bad |= buf_printf(&b, "?watch=true&allowWatchBookmarks=true"
 		    "&timeoutSeconds=%d", timeout_s);
-	}
+	} else
+		bad |= buf_printf(&b, "?limit=%d", LIST_CHUNK);
 	if (opts != NULL) {
 		bad |= add_query(&b, "labelSelector", opts->label_selector);
 		bad |= add_query(&b, "fieldSelector", opts->field_selector);
-		if (!watch)
+		if (!watch && cont == NULL)
 			bad |= add_query(&b, "resourceVersion",
 			    opts->resource_version);
 	}
+	if (!watch)
+		bad |= add_query(&b, "continue", cont);
 	if (bad) {
 		buf_release(&b);
 		return NULL;
@@ -1189,51 +1208,164 @@ collection_query(const struct k8s_resource *r, const char *ns,
 	return buf_detach(&b, NULL);
 }
 
+/* One page of a list: *out the answer, an object. */
+static int
+list_page(struct rest *rs, const struct k8s_resource *r, const char *ns,
+    const struct k8s_list_opts *opts, const char *cont, json_t **out,
+    struct k8s_status *st)
+{
+	struct req rq = { .method = "GET", .max = MAX_LIST_BODY };
+	json_t *page = NULL;
+	int ret;
+
+	rq.path = collection_query(r, ns, opts, 0, 0, cont);
+	if (rq.path == NULL)
+		return bad_request(st, cont == NULL ?
+		    "the request path is too long" :
+		    "the continue token makes the request path too long");
+	ret = rest_call(rs, &rq, &page, st);
+	if (ret == 0 && !json_is_object(page))
+		ret = k8s_status_set(st, K8S_EINTERNAL,
+		    "k8s: the list answer is not an object", NULL);
+	if (ret == 0) {
+		*out = page;
+		page = NULL;	/* now the caller's */
+	}
+	json_decref(page);
+	req_release(&rq);
+	return ret;
+}
+
+/* The items array of a list answer, made when missing. */
+static json_t *
+list_items(json_t *list)
+{
+	json_t *items = json_object_get(list, "items");
+
+	if (!json_is_array(items)) {
+		items = json_array();
+		json_object_set_new(list, "items", items);
+	}
+	return items;
+}
+
+/*
+ * Every page of one list, as client-go's pager reads them: *out the first
+ * page (its metadata, resourceVersion included: the pages are a snapshot
+ * at that version) with the items of the others appended, and metadata
+ * as of a whole list (continue empty, no remainingItemCount). *expired
+ * is set when the error is a continue token the server no longer has.
+ */
+static int
+list_pages(struct rest *rs, const struct k8s_resource *r, const char *ns,
+    const struct k8s_list_opts *opts, json_t **out, int *expired,
+    struct k8s_status *st)
+{
+	json_t *list = NULL, *page = NULL, *meta, *cur;
+	const char *next;
+	char *cont = NULL;
+	int ret;
+
+	ret = list_page(rs, r, ns, opts, NULL, &list, st);
+	for (cur = list; ret == 0; cur = page) {
+		next = json_string_value(json_object_get(json_object_get(cur,
+		    "metadata"), "continue"));
+		if (next == NULL || next[0] == '\0')
+			break;
+		if (cont != NULL && strcmp(cont, next) == 0) {
+			ret = k8s_status_set(st, K8S_EINTERNAL, "k8s: the "
+			    "list answer gives the same continue token again",
+			    NULL);
+			break;
+		}
+		free(cont);
+		cont = xstrdup(next);
+		json_decref(page);
+		page = NULL;
+		ret = list_page(rs, r, ns, opts, cont, &page, st);
+		if (ret == K8S_EGONE)
+			*expired = 1;
+		else if (ret == 0)
+			json_array_extend(list_items(list),
+			    list_items(page));
+	}
+	if (ret < 0)
+		goto out;
+	if (!json_is_object(json_object_get(list, "metadata")))
+		json_object_set_new(list, "metadata", json_object());
+	meta = json_object_get(list, "metadata");
+	if (json_object_get(meta, "continue") != NULL)
+		json_object_set_new(meta, "continue", json_string(""));
+	json_object_del(meta, "remainingItemCount");
+	*out = list;
+	list = NULL;	/* now the caller's */
+out:
+	json_decref(page);
+	json_decref(list);
+	free(cont);
+	return ret;
+}
+
+/*
+ * A list, read in chunks of LIST_CHUNK items (list_pages). A continue
+ * token that expires meanwhile (410: the server keeps them about five
+ * minutes, until its storage compacts that version) starts the list
+ * again from scratch, up to LIST_RESTARTS times.
+ */
 static int
 rest_list(struct k8s_api *api, const struct k8s_resource *r,
     const char *ns, const struct k8s_list_opts *opts, json_t **out,
     struct k8s_status *st)
 {
 	struct rest *rs = rest_of(api);
-	struct req rq = { .method = "GET", .max = MAX_LIST_BODY };
-	json_t *list = NULL, *items, *it;
-	char *kind = NULL;
+	json_t *list = NULL, *it;
+	char *path = NULL, *msg;
 	size_t i;
-	int ret;
+	int ret, restarts, expired;
 
 	if (ns != NULL && ns[0] == '\0')
 		ns = NULL;
 	if (ns != NULL && bad_segment(ns))
 		return bad_request(st, "a valid namespace is required");
-	rq.path = collection_query(r, ns, opts, 0, 0);
-	if (rq.path == NULL)
-		return bad_request(st, "the request path is too long");
-	ret = rest_call(rs, &rq, &list, st);
+	for (restarts = 0;; restarts++) {
+		expired = 0;
+		ret = list_pages(rs, r, ns, opts, &list, &expired, st);
+		if (!expired)
+			break;
+		free(path);
+		path = res_path(r, ns, NULL, 0);
+		if (restarts == LIST_RESTARTS) {
+			/* keep the server's Status, say what it means here */
+			if (st != NULL) {
+				msg = xasprintf("k8s: GET %s: the list's "
+				    "continue token expired before its last "
+				    "page %d times in a row, listed from the "
+				    "start each time: %s", path ? path : "?",
+				    restarts + 1, st->message != NULL ?
+				    st->message : "410 Gone");
+				free(st->message);
+				st->message = msg;
+			}
+			break;
+		}
+		log_kv(LOG_INFO, "k8s: list continue token expired, listing "
+		    "again from the start", "path", path ? path : "?", NULL);
+		k8s_status_release(st);
+	}
 	if (ret < 0)
 		goto out;
-	if (!json_is_object(list)) {
-		ret = k8s_status_set(st, K8S_EINTERNAL,
-		    "k8s: the list answer is not an object", NULL);
-		goto out;
-	}
 	/*
 	 * Built-in kinds (Secrets) come without apiVersion and kind in
 	 * their items; make the list look the same whatever the kind.
 	 */
-	kind = xasprintf("%sList", r->kind);
+	msg = xasprintf("%sList", r->kind);
 	if (json_object_get(list, "kind") == NULL)
-		json_object_set_new(list, "kind", json_string(kind));
+		json_object_set_new(list, "kind", json_string(msg));
+	free(msg);
 	if (json_object_get(list, "apiVersion") == NULL)
 		json_object_set_new(list, "apiVersion",
 		    json_string(k8s_api_version(r)));
-	if (!json_is_object(json_object_get(list, "metadata")))
-		json_object_set_new(list, "metadata", json_object());
-	items = json_object_get(list, "items");
-	if (!json_is_array(items)) {
-		items = json_array();
-		json_object_set_new(list, "items", items);
-	}
-	json_array_foreach(items, i, it) {
+	json_array_foreach(list_items(list), i, it) {
 		if (!json_is_object(it))
 			continue;
 		if (json_object_get(it, "apiVersion") == NULL)
@@ -1248,8 +1380,7 @@ rest_list(struct k8s_api *api, const struct k8s_resource *r,
 	}
 out:
 	json_decref(list);
-	free(kind);
-	req_release(&rq);
+	free(path);
 	return ret;
 }
 
@@ -1947,7 +2078,7 @@ rest_watch(struct k8s_api *api, const struct k8s_resource *r,
 	(void)random_bytes(&rnd, sizeof(rnd));
 	/* spread reconnects, as client-go's reflector does */
 	w->timeout_s = WATCH_TIMEOUT_S + (int)(rnd % WATCH_TIMEOUT_S);
-	w->query = collection_query(r, ns, opts, 1, w->timeout_s);
+	w->query = collection_query(r, ns, opts, 1, w->timeout_s, NULL);
 	if (w->query == NULL) {
 		ret = bad_request(st, "the request path is too long");
 		goto out;

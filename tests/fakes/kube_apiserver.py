@@ -201,6 +201,20 @@ def err_expired(n, oldest):
                        f"too old resource version: {n} ({oldest})")
 
 
+CONTINUE_EXPIRED_MSG = (
+    "The provided continue parameter is too old to display a consistent "
+    "list result. You can start a new list without the continue parameter.")
+
+
+def err_continue_expired():
+    return ApiError(410, status_body(410, "Expired", CONTINUE_EXPIRED_MSG))
+
+
+def err_bad_continue(why):
+    return err_bad_request(f"invalid continue token: continue key is not "
+                           f"valid: {why}")
+
+
 FAULT_REASONS = {
     400: ("BadRequest", "injected fault"),
     401: ("Unauthorized", "Unauthorized"),
@@ -735,6 +749,25 @@ class Event:
                                    ensure_ascii=False)
 
 
+CONTINUE_TTL = 300      # seconds a continue token lives (etcd compaction)
+CONTINUE_KEPT = 256     # snapshots kept; the oldest beyond expire
+
+
+class Snapshot:
+    """The items of a chunked list as its first page saw them."""
+    __slots__ = ("id", "rv", "items", "scope", "made")
+
+    def __init__(self, sid, rv, items, scope):
+        self.id, self.rv, self.items, self.scope = sid, rv, items, scope
+        self.made = time.monotonic()
+
+    def token(self, pos):
+        t = {"v": "meta.k8s.io/v1", "rv": self.rv, "snap": self.id,
+             "pos": pos}
+        return base64.urlsafe_b64encode(json.dumps(
+            t, separators=(",", ":")).encode()).decode().rstrip("=")
+
+
 class Store:
     """Objects are never mutated once stored (they are replaced), so they
     and the events that share them can be serialized outside the lock."""
@@ -747,6 +780,10 @@ class Store:
         self.history_max = history
         self.floor = 0               # watches from an RV below this get 410
         self.watchers = set()
+        # chunked lists: id -> Snapshot; ids up to snap_seq that are not
+        # here have expired
+        self.snapshots = collections.OrderedDict()
+        self.snap_seq = 0
 
     # -- plumbing -----------------------------------------------------------
 
@@ -766,9 +803,12 @@ class Store:
             q.put(ev)
 
     def compact(self):
+        """Forget the watch history; the continue tokens of chunked lists
+        expire with it, as etcd's compaction ends both."""
         with self.lock:
             self.history.clear()
             self.floor = self.rv
+            self.snapshots.clear()
             return self.rv, self.floor
 
     def kind_of(self, plural):
@@ -786,16 +826,80 @@ class Store:
             raise err_not_found(kind, name)
         return obj
 
-    def list(self, kind, matcher):
+    def list(self, kind, matcher, limit=0, cont=None, scope=None):
+        """The matching objects sorted by namespace/name; with limit > 0 at
+        most limit of them and, when more remain, a continue token.  The
+        pages after the first come from a snapshot kept under the token
+        (objects are never mutated, so it is a list of references): the
+        first page's resourceVersion, whatever changed since, as etcd
+        serves them at that revision.  scope is what a continue request
+        must repeat (the collection and its selectors)."""
         with self.lock:
-            items = [o for (p, _, _), o in self.objects.items()
-                     if p == kind.plural and matcher(o)]
-            rv = self.rv
-        items.sort(key=lambda o: (o["metadata"]["namespace"],
-                                  o["metadata"]["name"]))
+            if cont is None:
+                items = [o for (p, _, _), o in self.objects.items()
+                         if p == kind.plural and matcher(o)]
+                rv = self.rv
+                items.sort(key=lambda o: (o["metadata"]["namespace"],
+                                          o["metadata"]["name"]))
+                snap, pos = None, 0
+            else:
+                snap, pos = self._snapshot(cont, scope)
+                items, rv = snap.items, snap.rv
+            md = {"resourceVersion": str(rv), "continue": ""}
+            if limit > 0 and len(items) - pos > limit:
+                if snap is None:
+                    self.snap_seq += 1
+                    snap = Snapshot(self.snap_seq, rv, items, scope)
+                    self.snapshots[snap.id] = snap
+                    while len(self.snapshots) > CONTINUE_KEPT:
+                        self.snapshots.popitem(last=False)
+                end = pos + limit
+                md["continue"] = snap.token(end)
+                if not scope[2] and not scope[3]:   # no selectors
+                    md["remainingItemCount"] = len(items) - end
+                items = items[pos:end]
+            else:
+                items = items[pos:]
         return {"kind": kind.kind + "List", "apiVersion": kind.api_version,
-                "metadata": {"resourceVersion": str(rv), "continue": ""},
-                "items": items}
+                "metadata": md, "items": items}
+
+    def _snapshot(self, cont, scope):
+        """The snapshot and position a continue token stands for: 400 when
+        it is not one of ours or not for this request, 410 when it has
+        expired (compaction, age, the CONTINUE_KEPT bound, a rule)."""
+        try:
+            t = json.loads(base64.urlsafe_b64decode(
+                cont + "=" * (-len(cont) % 4)))
+            sid, pos, rv = int(t["snap"]), int(t["pos"]), int(t["rv"])
+            if t.get("v") != "meta.k8s.io/v1":
+                raise ValueError("server does not recognize this encoded "
+                                 "version")
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise err_bad_continue(str(e) or "undecodable")
+        if sid < 1 or sid > self.snap_seq or pos < 0:
+            raise err_bad_continue("unknown token")
+        snap = self.snapshots.get(sid)
+        if snap is not None and time.monotonic() - snap.made > CONTINUE_TTL:
+            del self.snapshots[sid]
+            snap = None
+        if snap is None:
+            raise err_continue_expired()
+        if snap.rv != rv or pos > len(snap.items):
+            raise err_bad_continue("unknown token")
+        if snap.scope != scope:
+            raise err_bad_continue("the collection or selectors differ "
+                                   "from those of the list's first request")
+        return snap, pos
+
+    def expire_continue(self, cont):
+        """Drop the snapshot behind a continue token (if it is one)."""
+        try:
+            t = json.loads(base64.urlsafe_b64decode(
+                cont + "=" * (-len(cont) % 4)))
+            with self.lock:
+                self.snapshots.pop(int(t["snap"]), None)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            pass
 
     def namespaces(self):
         with self.lock:
@@ -2029,6 +2133,7 @@ class Control:
         self.lock = threading.Lock()
         self.faults = []      # dicts with status, count, retry_after, ...
         self.delays = []      # dicts with ms, count, match, method
+        self.expiries = []    # dicts with count, match: continue tokens
         self.requests = []
 
     @staticmethod
@@ -2243,18 +2348,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     ctl.faults.clear()
                 return self.send_json(200, {"faults": []})
         elif path == "/_fake/delay":
-            if method == "POST":
-                if not isinstance(arg, dict):
-                    raise err_bad_request("expected an object")
-                arg.setdefault("count", 1)
-                arg.setdefault("ms", 0)
-                with ctl.lock:
-                    ctl.delays.append(arg)
-                    return self.send_json(200, {"delays": ctl.delays})
-            if method == "DELETE":
-                with ctl.lock:
-                    ctl.delays.clear()
-                return self.send_json(200, {"delays": []})
+            return self.control_rules(method, arg, ctl.delays, "delays",
+                                      count=1, ms=0)
+        elif path == "/_fake/expire_continue":
+            return self.control_rules(method, arg, ctl.expiries,
+                                      "expiries", count=1)
         elif path == "/_fake/compact":
             if method == "POST":
                 rv, floor = srv.store.compact()
@@ -2278,11 +2376,30 @@ class Handler(http.server.BaseHTTPRequestHandler):
                            "history": len(st.history),
                            "objects": len(st.objects),
                            "watchers": len(st.watchers),
+                           "continues": len(st.snapshots),
                            "schemas": [k.kind for k in KINDS
                                        if k.schema is not None]}
                 return self.send_json(200, out)
         else:
             raise err_route_not_found()
+        raise err_method()
+
+    def control_rules(self, method, arg, rules, key, **defaults):
+        """POST adds the rule arg (with defaults), DELETE drops them all;
+        the answer is {key: the rules pending}."""
+        ctl = self.server.control
+        if method == "POST":
+            if not isinstance(arg, dict):
+                raise err_bad_request("expected an object")
+            for k, v in defaults.items():
+                arg.setdefault(k, v)
+            with ctl.lock:
+                rules.append(arg)
+                return self.send_json(200, {key: rules})
+        if method == "DELETE":
+            with ctl.lock:
+                rules.clear()
+            return self.send_json(200, {key: []})
         raise err_method()
 
     # -- API routing --------------------------------------------------------
@@ -2450,8 +2567,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if method == "GET":
                 if watch:
                     return self.watch(kind, ns, None, query)
-                m = self.matcher(kind, ns, None, query)
-                return self.send_json(200, srv.store.list(kind, m))
+                return self.send_json(200, self.list(kind, ns, query))
             if method == "POST":
                 opts = self.write_options("CreateOptions", query)
                 return self.send_json(201, srv.store.create(
@@ -2590,6 +2706,28 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if name is not None:
             fields.append(("metadata.name", "=", name))
         return Matcher(kind, ns, labels, fields)
+
+    def list(self, kind, ns, query):
+        """A list, whole or in chunks (limit, continue) as in the API
+        concepts' "Retrieving large results sets in chunks"."""
+        srv = self.server
+        m = self.matcher(kind, ns, None, query)
+        try:
+            limit = int(query.get("limit") or 0)
+        except ValueError:
+            raise err_bad_request(f"strconv.ParseInt: parsing "
+                                  f"{go_quote(query['limit'])}: invalid "
+                                  f"syntax")
+        cont = query.get("continue") or None
+        scope = (kind.plural, ns, query.get("labelSelector", ""),
+                 query.get("fieldSelector", ""))
+        if cont is not None:
+            if query.get("resourceVersion", "") not in ("", "0"):
+                raise err_bad_request("specifying resource version is not "
+                                      "allowed when using continue")
+            if srv.control.take(srv.control.expiries, "GET", self.path):
+                srv.store.expire_continue(cont)
+        return srv.store.list(kind, m, limit, cont, scope)
 
     # -- watch (§3) ---------------------------------------------------------
 

@@ -288,7 +288,7 @@ def t_list(f):
     f.req("POST", AT.replace("ns1", "ns2"),
           obj("AgentTask", "t3", labels={"app": "a"}, spec=SPEC))
     rv = current_rv(f)
-    st, _, b = f.req("GET", AT + "?limit=1&continue=&timeout=32s&pretty=1")
+    st, _, b = f.req("GET", AT + "?continue=&timeout=32s&pretty=1")
     check("list: kind, apiVersion, metadata, all items",
           st == 200 and b["kind"] == "AgentTaskList" and
           b["apiVersion"] == "divergedev.com/v1alpha1" and
@@ -327,6 +327,108 @@ def t_list(f):
           [("ns1", "t1"), ("ns2", "t3")], b)
     check("all-namespaces list with metadata.namespace", sel(
         "metadata.namespace=ns2", AT_ALL, "fieldSelector") == ["t3"])
+
+
+def t_chunks(f):
+    """limit and continue: pages of one snapshot, tokens that expire."""
+    pg = SEC.replace("ns1", "pg")
+    for i in range(7):
+        f.req("POST", pg, obj("Secret", f"s{i}", api="v1",
+                              labels={"n": str(i)}))
+    st, _, b = f.req("GET", pg)
+    check("chunks: without limit, everything and an empty continue",
+          st == 200 and len(b["items"]) == 7 and
+          b["metadata"]["continue"] == "" and
+          "remainingItemCount" not in b["metadata"], b)
+    rv = b["metadata"]["resourceVersion"]
+    st, _, p1 = f.req("GET", pg + q(limit=3))
+    tok1 = p1["metadata"].get("continue", "")
+    check("chunks: limit=3 gives the first 3, a continue token and "
+          "remainingItemCount 4", st == 200 and names(p1) ==
+          ["s0", "s1", "s2"] and tok1 != "" and
+          p1["metadata"]["resourceVersion"] == rv and
+          p1["metadata"].get("remainingItemCount") == 4, p1)
+    old5 = f.req("GET", pg + "/s5")[2]
+    # changes after the first page: none of them is in this list
+    f.req("POST", pg, obj("Secret", "s00", api="v1"))
+    f.req("POST", pg, obj("Secret", "s9", api="v1"))
+    f.req("DELETE", pg + "/s4")
+    f.req("PATCH", pg + "/s5", {"metadata": {"labels": {"x": "y"}}},
+          MERGE)
+    st, _, p2 = f.req("GET", pg + q(limit=3, **{"continue": tok1}))
+    tok2 = p2["metadata"].get("continue", "") if st == 200 else ""
+    check("chunks: the next page is the first page's snapshot (its "
+          "resourceVersion, s4 still there, s5 unmodified, nothing new)",
+          st == 200 and names(p2) == ["s3", "s4", "s5"] and
+          p2["items"][2] == old5 and tok2 not in ("", tok1) and
+          p2["metadata"]["resourceVersion"] == rv and
+          p2["metadata"].get("remainingItemCount") == 1, p2)
+    st, _, p3 = f.req("GET", pg + q(limit=3, **{"continue": tok2}))
+    check("chunks: the last page has no continue, no remainingItemCount",
+          st == 200 and names(p3) == ["s6"] and
+          p3["metadata"]["continue"] == "" and
+          "remainingItemCount" not in p3["metadata"] and
+          p3["metadata"]["resourceVersion"] == rv, p3)
+    st, _, b = f.req("GET", pg + q(limit=3))
+    check("chunks: a new list sees the changes", st == 200 and names(b) ==
+          ["s0", "s00", "s1"] and int(b["metadata"]["resourceVersion"]) >
+          int(rv), b)
+    st, _, b = f.req("GET", pg + q(limit=3, **{"continue": tok1}))
+    check("chunks: a token can be used again", st == 200 and
+          names(b) == ["s3", "s4", "s5"], b)
+    st, _, b = f.req("GET", pg + q(limit=3, resourceVersion="0",
+                                   **{"continue": tok1}))
+    check("chunks: resourceVersion 0 with continue is ignored", st == 200
+          and names(b) == ["s3", "s4", "s5"], b)
+    st, _, b = f.req("GET", pg + q(limit=3, resourceVersion=rv,
+                                   **{"continue": tok1}))
+    check("chunks: another resourceVersion with continue: 400",
+          st == 400 and b["message"] == "specifying resource version is "
+          "not allowed when using continue", b)
+    bad = {
+        "other selectors": pg + q(limit=3, labelSelector="n",
+                                  **{"continue": tok1}),
+        "another namespace": SEC.replace("ns1", "pg2") + q(
+            limit=3, **{"continue": tok1}),
+        "all namespaces": "/api/v1/secrets" + q(limit=3,
+                                                **{"continue": tok1}),
+        "not a token": pg + q(limit=3, **{"continue": "garbage!"}),
+        "a token never issued": pg + q(limit=3, **{"continue": tok1[:-4]}),
+    }
+    for what, path in bad.items():
+        st, _, b = f.req("GET", path)
+        check(f"chunks: continue with {what}: 400 BadRequest", st == 400
+              and b["reason"] == "BadRequest" and
+              b["message"].startswith("invalid continue token"), (st, b))
+    st, _, b = f.req("GET", pg + q(limit="x"))
+    check("chunks: limit not an integer: 400", st == 400, b)
+    st, _, b = f.req("GET", pg + q(limit=2, labelSelector="n"))
+    check("chunks: with a selector, no remainingItemCount", st == 200 and
+          names(b) == ["s0", "s1"] and b["metadata"]["continue"] and
+          "remainingItemCount" not in b["metadata"], b)
+    expired = {"kind": "Status", "apiVersion": "v1", "metadata": {},
+               "status": "Failure", "message": "The provided continue "
+               "parameter is too old to display a consistent list result. "
+               "You can start a new list without the continue parameter.",
+               "reason": "Expired", "code": 410}
+    st, _, r = f.req("POST", "/_fake/expire_continue", {"count": 1},
+                     token=None)
+    check("chunks: /_fake/expire_continue takes a rule", st == 200 and
+          r["expiries"][0]["count"] == 1, r)
+    st, _, b = f.req("GET", pg + q(limit=3, **{"continue": tok2}))
+    check("chunks: an expired token: 410 Expired", st == 410 and
+          b == expired, b)
+    st, _, b = f.req("GET", pg + q(limit=3, **{"continue": tok1}))
+    check("chunks: its list's other tokens are expired too", st == 410 and
+          b == expired, b)
+    st, _, b = f.req("GET", pg + q(limit=3))
+    tok = b["metadata"]["continue"]
+    f.req("POST", "/_fake/compact", token=None)
+    st, _, b = f.req("GET", pg + q(limit=3, **{"continue": tok}))
+    check("chunks: /_fake/compact expires every token", st == 410 and
+          b == expired and f.req("GET", "/_fake/state", token=None)[2][
+              "continues"] == 0, b)
+    f.req("DELETE", pg)                 # the later tests count Secrets
 
 
 def t_put(f):
@@ -1239,6 +1341,7 @@ def main():
                                                 "server.key")), f.info)
         for name, fn in [("auth", t_auth), ("discovery", t_discovery),
                          ("create", t_create), ("list", t_list),
+                         ("chunks", t_chunks),
                          ("put", t_put), ("status", t_status),
                          ("merge patch", t_merge_patch),
                          ("json patch", t_json_patch),

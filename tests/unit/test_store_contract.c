@@ -1841,6 +1841,306 @@ retry_deadline(void **state)
 }
 #endif
 
+/*
+ * ---- a list longer than a page ----
+ * The REST client reads lists in chunks of 500 (limit, continue), as
+ * client-go's pager: one list of every item comes back, with the first
+ * page's resourceVersion. The embedded store answers in one page.
+ */
+
+#define CHUNK_OBJECTS 1203
+#define CHUNK_NS "chunks"
+#define CHUNK_SEL "chunk=yes"
+
+static char *
+chunk_name(int i)
+{
+	return xasprintf("c-%04d", i);
+}
+
+static json_t *
+chunk_secret(const char *name)
+{
+	return json_pack("{s:s,s:s,s:{s:s,s:{s:s}}}", "apiVersion", "v1",
+	    "kind", "Secret", "metadata", "name", name, "labels", "chunk",
+	    "yes");
+}
+
+/* Every c-NNNN of 0 to CHUNK_OBJECTS - 1, once, in order, and no other. */
+static void
+assert_chunk_list(const json_t *l)
+{
+	const json_t *items = json_object_get(l, "items"), *it;
+	char *want;
+	size_t i;
+
+	assert_int_equal(json_array_size(items), CHUNK_OBJECTS);
+	json_array_foreach(items, i, it) {
+		want = chunk_name((int)i);
+		assert_string_equal(k8s_meta_str(it, "name"), want);
+		assert_string_equal(json_string_value(json_object_get(it,
+		    "kind")), "Secret");
+		free(want);
+	}
+	assert_string_equal(json_string_value(json_object_get(l, "kind")),
+	    "SecretList");
+	assert_null(json_object_get(json_object_get(l, "metadata"),
+	    "remainingItemCount"));
+}
+
+#if STORE_MODE == 3
+/* The secret of list l named name, or NULL. */
+static const json_t *
+chunk_item(const json_t *l, const char *name)
+{
+	const json_t *it;
+	size_t i;
+
+	json_array_foreach(json_object_get(l, "items"), i, it)
+		if (strcmp(k8s_meta_str(it, "name"), name) == 0)
+			return it;
+	return NULL;
+}
+
+struct chunk_writer {
+	pthread_t thread;
+	int seen;		/* the first continue request arrived */
+	int done;		/* and the writes below are made */
+	volatile int stop;
+};
+
+/* Whether the fake has seen a list request with a continue token. */
+static int
+saw_continue(void)
+{
+	json_t *reqs = storeenv_fake(&env, "GET", "/_fake/requests", NULL);
+	const json_t *r;
+	const char *q;
+	size_t i;
+	int seen = 0;
+
+	json_array_foreach(reqs, i, r) {
+		q = json_string_value(json_object_get(r, "query"));
+		if (q != NULL && strstr(q, "continue=") != NULL)
+			seen = 1;
+	}
+	json_decref(reqs);
+	return seen;
+}
+
+/*
+ * While the first continue request is held by the fake, change objects
+ * the list has not reached and add some: none of it is in the list.
+ */
+static void *
+chunk_write(void *arg)
+{
+	struct chunk_writer *w = arg;
+	struct k8s_status st = { 0 };
+	json_t *s, *p;
+
+	while (!w->stop && !saw_continue())
+		sleep_ms(20);
+	if (w->stop)
+		return NULL;
+	w->seen = 1;
+	s = chunk_secret("c-0000a");		/* before the cursor */
+	if (k8s_create(api, &K8S_SECRET, CHUNK_NS, s, NULL, &st) < 0)
+		goto out;
+	json_decref(s);
+	s = chunk_secret("c-9999");		/* after the last page */
+	if (k8s_create(api, &K8S_SECRET, CHUNK_NS, s, NULL, &st) < 0)
+		goto out;
+	if (k8s_delete(api, &K8S_SECRET, CHUNK_NS, "c-1100", NULL, &st) < 0)
+		goto out;
+	p = json_pack("{s:{s:{s:s}}}", "metadata", "labels", "changed",
+	    "yes");
+	if (k8s_patch(api, &K8S_SECRET, CHUNK_NS, "c-0700", 0, p, NULL,
+	    &st) == 0)
+		w->done = 1;
+	json_decref(p);
+out:
+	json_decref(s);
+	k8s_status_release(&st);
+	return NULL;
+}
+
+/* When the fake got the first request of method whose target has s. */
+static double
+request_time(const char *method, const char *s)
+{
+	json_t *reqs = storeenv_fake(&env, "GET", "/_fake/requests", NULL);
+	const json_t *r;
+	const char *m, *p, *q;
+	double t = -1;
+	size_t i;
+
+	json_array_foreach(reqs, i, r) {
+		m = json_string_value(json_object_get(r, "method"));
+		p = json_string_value(json_object_get(r, "path"));
+		q = json_string_value(json_object_get(r, "query"));
+		if (m != NULL && strcmp(m, method) == 0 && ((p != NULL &&
+		    strstr(p, s) != NULL) || (q != NULL &&
+		    strstr(q, s) != NULL))) {
+			t = json_number_value(json_object_get(r, "time"));
+			break;
+		}
+	}
+	json_decref(reqs);
+	return t;
+}
+
+/*
+ * The list requests of the fake's log: how many asked for a first page
+ * (*first) and for a next one (*next); every one must say limit=500, and
+ * no continue request may carry a resourceVersion.
+ */
+static void
+chunk_requests(int *first, int *next)
+{
+	json_t *reqs = storeenv_fake(&env, "GET", "/_fake/requests", NULL);
+	const json_t *r;
+	const char *m, *q, *p;
+	size_t i;
+
+	*first = *next = 0;
+	json_array_foreach(reqs, i, r) {
+		m = json_string_value(json_object_get(r, "method"));
+		p = json_string_value(json_object_get(r, "path"));
+		q = json_string_value(json_object_get(r, "query"));
+		if (m == NULL || strcmp(m, "GET") != 0 || p == NULL ||
+		    strcmp(p, "/api/v1/namespaces/" CHUNK_NS "/secrets") != 0)
+			continue;
+		assert_non_null(q);
+		assert_non_null(strstr(q, "limit=500"));
+		assert_non_null(strstr(q, "labelSelector=chunk%3Dyes"));
+		if (strstr(q, "continue=") != NULL) {
+			assert_null(strstr(q, "resourceVersion="));
+			(*next)++;
+		} else
+			(*first)++;
+	}
+	json_decref(reqs);
+}
+#endif
+
+static void
+list_chunks(void **state)
+{
+	struct k8s_list_opts o = { CHUNK_SEL, NULL, NULL };
+	struct k8s_status st = { 0 };
+	json_t *s, *l = NULL, *made = NULL;
+	char *name, *rv;
+	int i;
+#if STORE_MODE == 3
+	const json_t *it;
+	struct chunk_writer w;
+	int first, next;
+#endif
+
+	for (i = 0; i < CHUNK_OBJECTS; i++) {
+		name = chunk_name(i);
+		s = chunk_secret(name);
+		json_decref(made);
+		made = NULL;
+		assert_int_equal(k8s_create(api, &K8S_SECRET, CHUNK_NS, s,
+		    &made, &st), 0);
+		json_decref(s);
+		free(name);
+	}
+	rv = xstrdup(k8s_meta_str(made, "resourceVersion"));
+	json_decref(made);
+#if STORE_MODE == 3
+	/*
+	 * The first continue request is held 2 s while another thread
+	 * makes, deletes and changes objects: the pages after the first
+	 * are the first's snapshot, at its resourceVersion
+	 */
+	requests_clear();
+	memset(&w, 0, sizeof(w));
+	json_decref(storeenv_fake(&env, "POST", "/_fake/delay",
+	    "{\"ms\":2000,\"match\":\"continue=\"}"));
+	assert_int_equal(pthread_create(&w.thread, NULL, chunk_write, &w), 0);
+#endif
+	assert_int_equal(k8s_list(api, &K8S_SECRET, CHUNK_NS, &o, &l, &st),
+	    0);
+#if STORE_MODE == 3
+	w.stop = 1;
+	pthread_join(w.thread, NULL);
+	assert_true(w.seen);
+	assert_true(w.done);
+	/* the writes were done while the continue request was held */
+	assert_true(request_time("PATCH", "c-0700") <
+	    request_time("GET", "continue=") + 1.5);
+	assert_string_equal(k8s_meta_str(l, "resourceVersion"), rv);
+	it = chunk_item(l, "c-0700");
+	assert_non_null(it);
+	assert_null(json_object_get(json_object_get(json_object_get(it,
+	    "metadata"), "labels"), "changed"));
+	assert_non_null(chunk_item(l, "c-1100"));
+	assert_null(chunk_item(l, "c-0000a"));
+	assert_null(chunk_item(l, "c-9999"));
+	chunk_requests(&first, &next);
+	assert_int_equal(first, 1);
+	assert_int_equal(next, 2);	/* 500 + 500 + 203 */
+#endif
+	assert_chunk_list(l);
+	json_decref(l);
+	l = NULL;
+#if STORE_MODE == 3
+	/* put the objects back as they were listed */
+	assert_int_equal(k8s_delete(api, &K8S_SECRET, CHUNK_NS, "c-0000a",
+	    NULL, &st), 0);
+	assert_int_equal(k8s_delete(api, &K8S_SECRET, CHUNK_NS, "c-9999",
+	    NULL, &st), 0);
+	s = chunk_secret("c-1100");
+	assert_int_equal(k8s_create(api, &K8S_SECRET, CHUNK_NS, s, NULL,
+	    &st), 0);
+	json_decref(s);
+
+	/*
+	 * a continue token expired (410): the list starts again, once; its
+	 * resourceVersion goes on first pages only (the server refuses it
+	 * with a continue token)
+	 */
+	requests_clear();
+	json_decref(storeenv_fake(&env, "POST", "/_fake/expire_continue",
+	    "{\"count\":1}"));
+	o.resource_version = rv;
+	assert_int_equal(k8s_list(api, &K8S_SECRET, CHUNK_NS, &o, &l, &st),
+	    0);
+	o.resource_version = NULL;
+	assert_chunk_list(l);
+	json_decref(l);
+	l = NULL;
+	chunk_requests(&first, &next);
+	assert_int_equal(first, 2);
+	assert_int_equal(next, 3);	/* the expired one, then two */
+
+	/* expired every time: three restarts, then the error, which says */
+	requests_clear();
+	json_decref(storeenv_fake(&env, "POST", "/_fake/expire_continue",
+	    "{\"count\":100}"));
+	assert_int_equal(k8s_list(api, &K8S_SECRET, CHUNK_NS, &o, &l, &st),
+	    K8S_EGONE);
+	assert_null(l);
+	assert_int_equal(st.code, 410);
+	assert_string_equal(st.reason, "Expired");
+	assert_non_null(strstr(st.message, "continue token expired before "
+	    "its last page 4 times in a row"));
+	assert_non_null(strstr(st.message, "The provided continue parameter "
+	    "is too old"));
+	k8s_status_release(&st);
+	chunk_requests(&first, &next);
+	assert_int_equal(first, 4);
+	assert_int_equal(next, 4);
+	json_decref(storeenv_fake(&env, "DELETE", "/_fake/expire_continue",
+	    NULL));
+	requests_clear();
+#endif
+	free(rv);
+}
+
 int
 main(void)
 {
@@ -1867,6 +2167,7 @@ main(void)
 		cmocka_unit_test(watch_gone),
 		cmocka_unit_test(optimistic_race),
 		cmocka_unit_test(task_once),
+		cmocka_unit_test(list_chunks),
 #if STORE_MODE == 1
 		cmocka_unit_test(transactions),
 		cmocka_unit_test(watch_window_bytes),
