@@ -164,4 +164,7 @@ int notifier_task_cmp(const json_t *a, const json_t *b);
 /* Comment updates and creations done so far, and failures. */
 uint64_t notifier_updates(struct notifier *n, uint64_t *failures);
 
+/* How many tasks the notifier tracks (knows the PR/MR of), for tests. */
+size_t notifier_tracked(struct notifier *n);
+
 #endif

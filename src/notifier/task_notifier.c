@@ -50,6 +50,7 @@ struct entry {
 	 */
 	int64_t retry_at;
 	int refused;	/* the provider refuses the bot's writes (logged) */
+	uint64_t listed;	/* the last list (n->lists) that showed it */
 	struct entry *next;
 };
 
@@ -63,6 +64,7 @@ struct notifier {
 	int stopping;
 	uint64_t updates;
 	uint64_t failures;
+	uint64_t lists;	/* lists of the tasks so far (the watcher's) */
 	struct controller_queue *q;
 	pthread_t watcher;
 	int watcher_running;
@@ -166,6 +168,14 @@ find_entry(struct notifier *n, const char *tkey)
 }
 
 static void
+entry_free(struct entry *e)
+{
+	free(e->tkey);
+	free(e->pkey);
+	free(e);
+}
+
+static void
 untrack(struct notifier *n, const char *tkey)
 {
 	struct entry **pp, *e;
@@ -174,9 +184,7 @@ untrack(struct notifier *n, const char *tkey)
 	for (pp = &n->entries; (e = *pp) != NULL; pp = &e->next) {
 		if (strcmp(e->tkey, tkey) == 0) {
 			*pp = e->next;
-			free(e->tkey);
-			free(e->pkey);
-			free(e);
+			entry_free(e);
 			break;
 		}
 	}
@@ -207,6 +215,7 @@ track(struct notifier *n, const json_t *task)
 		free(e->pkey);
 		e->pkey = xstrdup(pkey);
 	}
+	e->listed = n->lists;
 	pthread_mutex_unlock(&n->mu);
 	controller_queue_add(n->q, pkey);
 	free(tkey);
@@ -939,6 +948,31 @@ worker_main(void *arg)
 
 /* ------------------------------------------------------------ watch */
 
+/*
+ * Forget the tasks the last list did not show. A task deleted while the
+ * watch was down (410 Gone, a broken stream) sends no DELETED event, and
+ * a worker finds it gone only when its PR/MR is queued again, which may
+ * never happen: like an informer's cache after a relist, what the list
+ * does not show is gone. Only the watcher tracks, so no task tracked
+ * since the list is dropped here.
+ */
+static void
+drop_unlisted(struct notifier *n)
+{
+	struct entry **pp, *e;
+
+	pthread_mutex_lock(&n->mu);
+	for (pp = &n->entries; (e = *pp) != NULL;) {
+		if (e->listed == n->lists) {
+			pp = &e->next;
+			continue;
+		}
+		*pp = e->next;
+		entry_free(e);
+	}
+	pthread_mutex_unlock(&n->mu);
+}
+
 /* List every task, queue their PRs/MRs; *rv gets the list's version. */
 static int
 relist(struct notifier *n, char **rv)
@@ -955,8 +989,12 @@ relist(struct notifier *n, char **rv)
 		k8s_status_release(&st);
 		return rc;
 	}
+	pthread_mutex_lock(&n->mu);
+	n->lists++;
+	pthread_mutex_unlock(&n->mu);
 	json_array_foreach(json_object_get(list, "items"), i, item)
 		track(n, item);
+	drop_unlisted(n);
 	free(*rv);
 	*rv = k8s_meta_str(list, "resourceVersion") ?
 	    xstrdup(k8s_meta_str(list, "resourceVersion")) : NULL;
@@ -1035,9 +1073,7 @@ notifier_free(struct notifier *n)
 		return;
 	while ((e = n->entries) != NULL) {
 		n->entries = e->next;
-		free(e->tkey);
-		free(e->pkey);
-		free(e);
+		entry_free(e);
 	}
 	if (n->q != NULL)
 		controller_queue_free(n->q);
@@ -1153,4 +1189,18 @@ notifier_updates(struct notifier *n, uint64_t *failures)
 		*failures = n->failures;
 	pthread_mutex_unlock(&n->mu);
 	return u;
+}
+
+/* How many tasks are tracked. */
+size_t
+notifier_tracked(struct notifier *n)
+{
+	struct entry *e;
+	size_t count = 0;
+
+	pthread_mutex_lock(&n->mu);
+	for (e = n->entries; e != NULL; e = e->next)
+		count++;
+	pthread_mutex_unlock(&n->mu);
+	return count;
 }

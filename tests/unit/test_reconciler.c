@@ -2652,6 +2652,27 @@ test_status_conflict(void **state)
 	free(name);
 }
 
+/* count Environments in namespace noise, named prefix0, prefix1... */
+static void
+make_noise(const char *prefix, int count)
+{
+	int i;
+
+	for (i = 0; i < count; i++) {
+		struct k8s_status st = { 0 };
+		char n[32];
+		json_t *o;
+
+		snprintf(n, sizeof(n), "%s%d", prefix, i);
+		o = json_pack("{s:s,s:s,s:{s:s},s:{}}", "apiVersion",
+		    "divergedev.com/v1alpha1", "kind", "Environment",
+		    "metadata", "name", n, "spec");
+		assert_int_equal(k8s_create(env.api, &K8S_ENVIRONMENT,
+		    "noise", o, NULL, &st), 0);
+		json_decref(o);
+	}
+}
+
 /* A watch that falls behind the store's window (410) relists. */
 static volatile int stall;
 
@@ -2687,40 +2708,15 @@ test_watch_relist(void **state)
 {
 	struct controller *c;
 	char *name;
-	int i;
 
 	(void)state;
 	c = start_stallable();
 	sleep_ms(300);
 	stall = 1;
 	sleep_ms(400);
-	for (i = 0; i < 50; i++) {
-		struct k8s_status st = { 0 };
-		char n[32];
-		json_t *o;
-
-		snprintf(n, sizeof(n), "noise-%d", i);
-		o = json_pack("{s:s,s:s,s:{s:s},s:{}}", "apiVersion",
-		    "divergedev.com/v1alpha1", "kind", "Environment",
-		    "metadata", "name", n, "spec");
-		assert_int_equal(k8s_create(env.api, &K8S_ENVIRONMENT,
-		    "noise", o, NULL, &st), 0);
-		json_decref(o);
-	}
+	make_noise("noise-", 50);
 	name = new_task(NULL, NULL);
-	for (i = 0; i < 50; i++) {
-		struct k8s_status st = { 0 };
-		char n[32];
-		json_t *o;
-
-		snprintf(n, sizeof(n), "noise-b%d", i);
-		o = json_pack("{s:s,s:s,s:{s:s},s:{}}", "apiVersion",
-		    "divergedev.com/v1alpha1", "kind", "Environment",
-		    "metadata", "name", n, "spec");
-		assert_int_equal(k8s_create(env.api, &K8S_ENVIRONMENT,
-		    "noise", o, NULL, &st), 0);
-		json_decref(o);
-	}
+	make_noise("noise-b", 50);
 	stall = 0;
 	assert_true(wait_phase(name, "Provisioning", 10000));
 	assert_true(controller_relists(c) >= 1);
@@ -4110,6 +4106,76 @@ use_failing_list_ops(int fails)
 	env.api->ops = &failing_list_ops;
 }
 
+/* watch_next of stalling_ops: waits while stall is set. */
+static int
+stalling_watch_next(struct k8s_watch *w, int timeout_ms, struct k8s_event *ev,
+    struct k8s_status *st)
+{
+	while (stall)
+		sleep_ms(2);
+	return real_ops->watch_next(w, timeout_ms, ev, st);
+}
+
+/*
+ * A task deleted while the notifier's watch is down (it fell behind the
+ * store's 20 events: 410 Gone), on a PR/MR that nothing queues again, is
+ * no longer tracked after the relist that follows: the list does not
+ * show it, and no DELETED event will come.
+ */
+static void
+test_notifier_relist_drops_gone(void **state)
+{
+	static struct k8s_ops stalling_ops;
+	struct notifier *n = NULL;
+	struct notifier_config nc;
+	char *cause = NULL, *a, *b;
+	int64_t end;
+
+	(void)state;
+	close_all();
+	open_history(1, 20);
+	a = new_task(NULL, ",\"divergedev.com/provider\":\"github\","
+	    "\"divergedev.com/project\":\"o/r\","
+	    "\"divergedev.com/pr-number\":\"1\"");
+	b = new_task(NULL, ",\"divergedev.com/provider\":\"github\","
+	    "\"divergedev.com/project\":\"o/r\","
+	    "\"divergedev.com/pr-number\":\"2\"");
+	use_failing_list_ops(0);
+	stalling_ops = failing_list_ops;
+	stalling_ops.watch_next = stalling_watch_next;
+	env.api->ops = &stalling_ops;
+	memset(&nc, 0, sizeof(nc));
+	nc.store = env.api;	/* no SCM client: tracked, never posted */
+	nc.cfg = &cfg;
+	nc.resync_ms = 3600 * 1000;
+	assert_int_equal(notifier_start(&n, &nc, &cause), 0);
+	for (end = now_mono_ms() + 5000; notifier_tracked(n) < 2 &&
+	    now_mono_ms() < end;)
+		sleep_ms(10);
+	assert_int_equal(notifier_tracked(n), 2);
+	assert_int_equal(task_lists, 1);
+	/* the watch down past its 1 s wait, b deleted, the window moves on */
+	stall = 1;
+	sleep_ms(1200);
+	delete_task(b);
+	make_noise("noise-", 30);
+	stall = 0;
+	for (end = now_mono_ms() + 5000; task_lists < 2 &&
+	    now_mono_ms() < end;)
+		sleep_ms(10);
+	assert_int_equal(task_lists, 2);	/* the 410 made it relist */
+	for (end = now_mono_ms() + 2000; notifier_tracked(n) != 1 &&
+	    now_mono_ms() < end;)
+		sleep_ms(10);
+	assert_int_equal(notifier_tracked(n), 1);
+	notifier_stop(n);
+	env.api->ops = real_ops;
+	close_all();
+	open_all(1);
+	free(a);
+	free(b);
+}
+
 /* Each watcher stops before its second wait while stall is set. */
 static void
 stall_after_one_hook(void *arg, const char *point)
@@ -4536,6 +4602,7 @@ main(void)
 		cmocka_unit_test_teardown(test_controller_rest, stop_running),
 		cmocka_unit_test(test_status_conflict),
 		cmocka_unit_test(test_watch_relist),
+		cmocka_unit_test(test_notifier_relist_drops_gone),
 		cmocka_unit_test_teardown(test_stop_during_watch_backoff,
 		    stop_running),
 		cmocka_unit_test(test_dump),
