@@ -85,7 +85,23 @@ exec_info(const struct k8s_cluster *c)
 	return env;
 }
 
-/* The process environment with c's additions and info. */
+/* Whether the "NAME=value" entry e sets a variable of the list "NAME=...". */
+static int
+env_named(const char *e, char *const *list)
+{
+	size_t n = strcspn(e, "=");
+
+	for (; list != NULL && *list != NULL; list++)
+		if (strncmp(*list, e, n) == 0 && (*list)[n] == '=')
+			return 1;
+	return 0;
+}
+
+/*
+ * The process environment with c's additions and info, which replace the
+ * process's variables of their names (as kubectl's exec.Cmd gives them:
+ * with two entries of a name, Go and Python programs take the first).
+ */
 static char **
 exec_envp(const struct k8s_cluster *c, char *info)
 {
@@ -98,7 +114,8 @@ exec_envp(const struct k8s_cluster *c, char *info)
 		m++;
 	envp = xcalloc(n + m + 2, sizeof(*envp));
 	for (i = j = 0; i < n; i++)
-		if (strncmp(environ[i], "KUBERNETES_EXEC_INFO=", 21) != 0)
+		if (strncmp(environ[i], "KUBERNETES_EXEC_INFO=", 21) != 0 &&
+		    !env_named(environ[i], c->exec_env))
 			envp[j++] = environ[i];
 	for (i = 0; i < m; i++)
 		envp[j++] = c->exec_env[i];

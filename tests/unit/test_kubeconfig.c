@@ -657,6 +657,71 @@ two_gets(struct k8s_api *api, int want, const char *dir)
 	return plugin_runs(dir);
 }
 
+/* The plugin of test_exec_child: the environment it got, then a token. */
+static const char child_sh[] =
+    "#!/bin/sh\n"
+    "d=$(dirname \"$0\")\n"
+    "tr '\\0' '\\n' < /proc/$$/environ > \"$d/env\"\n"
+    "printf '{\"apiVersion\":\"client.authentication.k8s.io/v1\","
+    "\"kind\":\"ExecCredential\",\"status\":{\"token\":\"t\"}}'\n";
+
+/* The lines of dir/name that start with prefix, as one string. */
+static char *
+lines_with(const char *dir, const char *name, const char *prefix)
+{
+	char *p = xasprintf("%s/%s", dir, name), line[512];
+	FILE *f = fopen(p, "r");
+	struct buf b;
+
+	assert_non_null(f);
+	buf_init(&b, 1 << 20);
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (strncmp(line, prefix, strlen(prefix)) == 0)
+			(void)buf_addstr(&b, line);
+	fclose(f);
+	free(p);
+	(void)buf_add(&b, "", 1);
+	return buf_detach(&b, NULL);
+}
+
+/*
+ * What the plugin gets from the daemon's process: a variable of the
+ * kubeconfig's exec.env replaces the process's (as kubectl gives it; Go
+ * and Python plugins take the first of two entries of a name).
+ */
+static void
+test_exec_child(void **state)
+{
+	struct k8s_cluster c;
+	char *dir = make_tmpdir(), *script, *cause = NULL, *tok = NULL, *s;
+	int64_t exp;
+
+	(void)state;
+	memset(&c, 0, sizeof(c));
+	script = xasprintf("%s/plugin", dir);
+	write_file(script, child_sh);
+	assert_int_equal(chmod(script, 0700), 0);
+	c.exec_argv = xcalloc(2, sizeof(char *));
+	c.exec_argv[0] = script;
+	c.exec_env = xcalloc(2, sizeof(char *));
+	c.exec_env[0] = xstrdup("DIVERGE_T_REGION=eu");
+	c.exec_api_version = xstrdup("client.authentication.k8s.io/v1");
+	setenv("DIVERGE_T_REGION", "us", 1);
+
+	assert_int_equal(k8s_exec_credential(&c, 5000, &tok, &exp, &cause),
+	    0);
+	assert_string_equal(tok, "t");
+	s = lines_with(dir, "env", "DIVERGE_T_REGION=");
+	assert_string_equal(s, "DIVERGE_T_REGION=eu\n");
+	free(s);
+
+	unsetenv("DIVERGE_T_REGION");
+	free(tok);
+	k8s_cluster_release(&c);
+	remove_tree(dir, (const char *const[]){ "plugin", "env", NULL });
+	free(dir);
+}
+
 /*
  * The REST client against the fake kube-apiserver with an exec plugin
  * for its token: run once, its token kept while it is good; run again
@@ -1303,6 +1368,7 @@ main(void)
 		cmocka_unit_test(test_parse_mem),
 		cmocka_unit_test(test_exec_plugin),
 		cmocka_unit_test(test_exec_rest),
+		cmocka_unit_test(test_exec_child),
 		cmocka_unit_test(test_release),
 		cmocka_unit_test(test_err_no_file_in_list),
 		cmocka_unit_test(test_err_not_found_names_all_files),
