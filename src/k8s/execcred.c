@@ -221,6 +221,8 @@ k8s_exec_credential(const struct k8s_cluster *c, int64_t timeout_ms,
 {
 	const char *cmd = c->exec_argv[0];
 	posix_spawn_file_actions_t fa;
+	posix_spawnattr_t sa;
+	sigset_t none, dfl;
 	int out[2] = { -1, -1 }, err[2] = { -1, -1 }, rc, status = 0, ret = -1;
 	struct buf ob, eb;
 	char **envp, *info, *line;
@@ -247,11 +249,28 @@ k8s_exec_credential(const struct k8s_cluster *c, int64_t timeout_ms,
 	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
 	posix_spawn_file_actions_adddup2(&fa, out[1], 1);
 	posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+	/*
+	 * Not the daemon's signal state: its threads block SIGTERM, SIGINT
+	 * and SIGHUP and it ignores SIGPIPE, which a child would inherit
+	 * (and pass to what it runs) through exec.
+	 */
+	posix_spawnattr_init(&sa);
+	sigemptyset(&none);
+	sigemptyset(&dfl);
+	sigaddset(&dfl, SIGPIPE);
+	sigaddset(&dfl, SIGTERM);
+	sigaddset(&dfl, SIGINT);
+	sigaddset(&dfl, SIGHUP);
+	posix_spawnattr_setsigmask(&sa, &none);
+	posix_spawnattr_setsigdefault(&sa, &dfl);
+	posix_spawnattr_setflags(&sa, POSIX_SPAWN_SETSIGMASK |
+	    POSIX_SPAWN_SETSIGDEF);
 	info = exec_info(c);
 	envp = exec_envp(c, info);
-	rc = posix_spawnp(&pid, cmd, &fa, NULL, c->exec_argv, envp);
+	rc = posix_spawnp(&pid, cmd, &fa, &sa, c->exec_argv, envp);
 	free(envp);
 	free(info);
+	posix_spawnattr_destroy(&sa);
 	posix_spawn_file_actions_destroy(&fa);
 	close(out[1]);
 	close(err[1]);

@@ -21,6 +21,8 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -657,11 +659,15 @@ two_gets(struct k8s_api *api, int want, const char *dir)
 	return plugin_runs(dir);
 }
 
-/* The plugin of test_exec_child: the environment it got, then a token. */
+/*
+ * The plugin of test_exec_child: the environment and the signals ignored
+ * that it got, then a token.
+ */
 static const char child_sh[] =
     "#!/bin/sh\n"
     "d=$(dirname \"$0\")\n"
     "tr '\\0' '\\n' < /proc/$$/environ > \"$d/env\"\n"
+    "grep '^SigIgn:' /proc/$$/status > \"$d/sig\"\n"
     "printf '{\"apiVersion\":\"client.authentication.k8s.io/v1\","
     "\"kind\":\"ExecCredential\",\"status\":{\"token\":\"t\"}}'\n";
 
@@ -687,7 +693,10 @@ lines_with(const char *dir, const char *name, const char *prefix)
 /*
  * What the plugin gets from the daemon's process: a variable of the
  * kubeconfig's exec.env replaces the process's (as kubectl gives it; Go
- * and Python plugins take the first of two entries of a name).
+ * and Python plugins take the first of two entries of a name); and,
+ * though diverged ignores SIGPIPE and blocks SIGTERM, SIGINT and SIGHUP
+ * in every thread, the plugin starts with none of them ignored (the
+ * shell clears its mask itself, so only SigIgn is seen here).
  */
 static void
 test_exec_child(void **state)
@@ -695,6 +704,11 @@ test_exec_child(void **state)
 	struct k8s_cluster c;
 	char *dir = make_tmpdir(), *script, *cause = NULL, *tok = NULL, *s;
 	int64_t exp;
+	sigset_t set, old;
+	void (*oldpipe)(int);
+	/* /proc's SigIgn bits of the daemon's signals */
+	unsigned long long mask = 1ULL << (SIGHUP - 1) | 1ULL << (SIGINT - 1) |
+	    1ULL << (SIGPIPE - 1) | 1ULL << (SIGTERM - 1);
 
 	(void)state;
 	memset(&c, 0, sizeof(c));
@@ -707,6 +721,12 @@ test_exec_child(void **state)
 	c.exec_env[0] = xstrdup("DIVERGE_T_REGION=eu");
 	c.exec_api_version = xstrdup("client.authentication.k8s.io/v1");
 	setenv("DIVERGE_T_REGION", "us", 1);
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &set, &old);
+	oldpipe = signal(SIGPIPE, SIG_IGN);
 
 	assert_int_equal(k8s_exec_credential(&c, 5000, &tok, &exp, &cause),
 	    0);
@@ -714,11 +734,17 @@ test_exec_child(void **state)
 	s = lines_with(dir, "env", "DIVERGE_T_REGION=");
 	assert_string_equal(s, "DIVERGE_T_REGION=eu\n");
 	free(s);
+	s = lines_with(dir, "sig", "SigIgn:");
+	assert_int_equal(strtoull(s + 7, NULL, 16) & mask, 0);
+	free(s);
 
+	signal(SIGPIPE, oldpipe);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	unsetenv("DIVERGE_T_REGION");
 	free(tok);
 	k8s_cluster_release(&c);
-	remove_tree(dir, (const char *const[]){ "plugin", "env", NULL });
+	remove_tree(dir, (const char *const[]){ "plugin", "env", "sig",
+	    NULL });
 	free(dir);
 }
 
