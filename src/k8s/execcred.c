@@ -30,6 +30,15 @@
 #include "util/util.h"
 
 extern char **environ;
+/*
+ * glibc declares these only for _GNU_SOURCE, which the build's forced
+ * include (util/banned.h) comes before.
+ */
+int pipe2(int fd[2], int flags);
+#ifdef HAVE_POSIX_SPAWN_FILE_ACTIONS_ADDCLOSEFROM_NP
+int posix_spawn_file_actions_addclosefrom_np(posix_spawn_file_actions_t *fa,
+    int from);
+#endif
 
 #define MAX_OUT		(1024 * 1024)	/* the ExecCredential */
 #define MAX_ERR		512		/* what an error shows of stderr */
@@ -42,16 +51,14 @@ streq(const char *a, const char *b)
 
 /*
  * A pipe whose ends no other spawned process keeps open (their copies
- * would hold the plugin's stdout open after it exits).
+ * would hold the plugin's stdout open after it exits): close-on-exec
+ * from its creation, with no moment a spawn in another thread could
+ * catch them without.
  */
 static int
 cloexec_pipe(int fd[2])
 {
-	if (pipe(fd) < 0)
-		return -1;
-	(void)fcntl(fd[0], F_SETFD, FD_CLOEXEC);
-	(void)fcntl(fd[1], F_SETFD, FD_CLOEXEC);
-	return 0;
+	return pipe2(fd, O_CLOEXEC);
 }
 
 /* KUBERNETES_EXEC_INFO for c. */
@@ -249,6 +256,10 @@ k8s_exec_credential(const struct k8s_cluster *c, int64_t timeout_ms,
 	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
 	posix_spawn_file_actions_adddup2(&fa, out[1], 1);
 	posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+#ifdef HAVE_POSIX_SPAWN_FILE_ACTIONS_ADDCLOSEFROM_NP
+	/* not the daemon's sockets and files, close-on-exec or not */
+	posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+#endif
 	/*
 	 * Not the daemon's signal state: its threads block SIGTERM, SIGINT
 	 * and SIGHUP and it ignores SIGPIPE, which a child would inherit

@@ -668,6 +668,7 @@ static const char child_sh[] =
     "d=$(dirname \"$0\")\n"
     "tr '\\0' '\\n' < /proc/$$/environ > \"$d/env\"\n"
     "grep '^SigIgn:' /proc/$$/status > \"$d/sig\"\n"
+    "ls -l /proc/$$/fd > \"$d/fds\"\n"
     "printf '{\"apiVersion\":\"client.authentication.k8s.io/v1\","
     "\"kind\":\"ExecCredential\",\"status\":{\"token\":\"t\"}}'\n";
 
@@ -696,7 +697,9 @@ lines_with(const char *dir, const char *name, const char *prefix)
  * and Python plugins take the first of two entries of a name); and,
  * though diverged ignores SIGPIPE and blocks SIGTERM, SIGINT and SIGHUP
  * in every thread, the plugin starts with none of them ignored (the
- * shell clears its mask itself, so only SigIgn is seen here).
+ * shell clears its mask itself, so only SigIgn is seen here); and it
+ * gets none of the daemon's descriptors (a socket opened without
+ * close-on-exec, as a library may, here).
  */
 static void
 test_exec_child(void **state)
@@ -706,6 +709,7 @@ test_exec_child(void **state)
 	int64_t exp;
 	sigset_t set, old;
 	void (*oldpipe)(int);
+	int sk;
 	/* /proc's SigIgn bits of the daemon's signals */
 	unsigned long long mask = 1ULL << (SIGHUP - 1) | 1ULL << (SIGINT - 1) |
 	    1ULL << (SIGPIPE - 1) | 1ULL << (SIGTERM - 1);
@@ -727,15 +731,22 @@ test_exec_child(void **state)
 	sigaddset(&set, SIGHUP);
 	pthread_sigmask(SIG_BLOCK, &set, &old);
 	oldpipe = signal(SIGPIPE, SIG_IGN);
+	sk = socket(AF_INET, SOCK_STREAM, 0);
+	assert_true(sk >= 0);
 
 	assert_int_equal(k8s_exec_credential(&c, 5000, &tok, &exp, &cause),
 	    0);
+	close(sk);
 	assert_string_equal(tok, "t");
 	s = lines_with(dir, "env", "DIVERGE_T_REGION=");
 	assert_string_equal(s, "DIVERGE_T_REGION=eu\n");
 	free(s);
 	s = lines_with(dir, "sig", "SigIgn:");
 	assert_int_equal(strtoull(s + 7, NULL, 16) & mask, 0);
+	free(s);
+	s = lines_with(dir, "fds", "l");
+	assert_non_null(strstr(s, "/dev/null"));	/* stdin: read */
+	assert_null(strstr(s, "socket:"));
 	free(s);
 
 	signal(SIGPIPE, oldpipe);
@@ -744,7 +755,7 @@ test_exec_child(void **state)
 	free(tok);
 	k8s_cluster_release(&c);
 	remove_tree(dir, (const char *const[]){ "plugin", "env", "sig",
-	    NULL });
+	    "fds", NULL });
 	free(dir);
 }
 
