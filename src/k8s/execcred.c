@@ -132,10 +132,12 @@ exec_envp(const struct k8s_cluster *c, char *info)
 
 /*
  * Read the plugin's stdout and stderr until both close or the deadline;
- * 0, or -1 when it ran too long or printed too much.
+ * 0, or with *why what went wrong (it ran too long, printed too much, or
+ * poll failed) -1.
  */
 static int
-drain(int out, int err, struct buf *ob, struct buf *eb, int64_t deadline)
+drain(int out, int err, struct buf *ob, struct buf *eb, int64_t deadline,
+    const char **why)
 {
 	struct pollfd p[2] = { { out, POLLIN, 0 }, { err, POLLIN, 0 } };
 	char chunk[4096];
@@ -145,11 +147,14 @@ drain(int out, int err, struct buf *ob, struct buf *eb, int64_t deadline)
 
 	while (open > 0) {
 		left = deadline - now_mono_ms();
-		if (left <= 0)
+		if (left <= 0) {
+			*why = "did not finish in time";
 			return -1;
+		}
 		if (poll(p, 2, (int)left) < 0) {
 			if (errno == EINTR)
 				continue;
+			*why = "could not be read (poll failed)";
 			return -1;
 		}
 		for (i = 0; i < 2; i++) {
@@ -163,8 +168,10 @@ drain(int out, int err, struct buf *ob, struct buf *eb, int64_t deadline)
 				open--;
 				continue;
 			}
-			if (i == 0 && buf_add(ob, chunk, (size_t)r) < 0)
+			if (i == 0 && buf_add(ob, chunk, (size_t)r) < 0) {
+				*why = "printed too much";
 				return -1;
+			}
 			if (i == 1 && eb->len < MAX_ERR)
 				(void)buf_add(eb, chunk, (size_t)r <
 				    MAX_ERR - eb->len ? (size_t)r :
@@ -233,6 +240,7 @@ k8s_exec_credential(const struct k8s_cluster *c, int64_t timeout_ms,
 	int out[2] = { -1, -1 }, err[2] = { -1, -1 }, rc, status = 0, ret = -1;
 	struct buf ob, eb;
 	char **envp, *info, *line;
+	const char *why = NULL;
 	pid_t pid = -1;
 	int late;
 	int64_t deadline = now_mono_ms() + timeout_ms;
@@ -292,15 +300,13 @@ k8s_exec_credential(const struct k8s_cluster *c, int64_t timeout_ms,
 		    c->exec_hint != NULL ? c->exec_hint : "");
 		goto out;
 	}
-	late = drain(out[0], err[0], &ob, &eb, deadline) < 0;
+	late = drain(out[0], err[0], &ob, &eb, deadline, &why) < 0;
 	if (late)
 		kill(pid, SIGKILL);
 	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
 		;
 	if (late) {
-		*cause = xasprintf("k8s: exec plugin '%s' %s", cmd,
-		    now_mono_ms() < deadline ? "printed too much" :
-		    "did not finish in time");
+		*cause = xasprintf("k8s: exec plugin '%s' %s", cmd, why);
 		goto out;
 	}
 	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {

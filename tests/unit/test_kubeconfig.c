@@ -760,6 +760,54 @@ test_exec_child(void **state)
 }
 
 /*
+ * A plugin that runs too long is killed at the limit; one that prints
+ * more than an ExecCredential can be is refused; each says which.
+ */
+static void
+test_exec_limits(void **state)
+{
+	static const struct {
+		const char *sh, *want;
+		int64_t timeout_ms;
+	} cases[] = {
+		{ "#!/bin/sh\nexec sleep 30\n", "did not finish in time", 300 },
+		{ "#!/bin/sh\nexec head -c 3000000 /dev/zero\n",
+		  "printed too much", 20000 },
+	};
+	struct k8s_cluster c;
+	char *dir = make_tmpdir(), *script, *cause, *tok, *want;
+	int64_t exp, t0;
+	size_t i;
+
+	(void)state;
+	memset(&c, 0, sizeof(c));
+	script = xasprintf("%s/plugin", dir);
+	c.exec_argv = xcalloc(2, sizeof(char *));
+	c.exec_argv[0] = script;
+	c.exec_api_version = xstrdup("client.authentication.k8s.io/v1");
+	for (i = 0; i < ARRAY_SIZE(cases); i++) {
+		write_file(script, cases[i].sh);
+		assert_int_equal(chmod(script, 0700), 0);
+		cause = tok = NULL;
+		t0 = now_mono_ms();
+		assert_int_equal(k8s_exec_credential(&c, cases[i].timeout_ms,
+		    &tok, &exp, &cause), -1);
+		assert_true(now_mono_ms() - t0 < 10000);
+		want = xasprintf("k8s: exec plugin '%s' %s", script,
+		    cases[i].want);
+		assert_string_equal(cause, want);
+		assert_null(tok);
+		free(want);
+		free(cause);
+	}
+	/* killed and reaped: no child of this process is left */
+	assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
+	k8s_cluster_release(&c);
+	remove_tree(dir, (const char *const[]){ "plugin", NULL });
+	free(dir);
+}
+
+/*
  * The REST client against the fake kube-apiserver with an exec plugin
  * for its token: run once, its token kept while it is good; run again
  * when it expires within seconds and after a 401 (a wrong token); a
@@ -1405,6 +1453,7 @@ main(void)
 		cmocka_unit_test(test_parse_mem),
 		cmocka_unit_test(test_exec_plugin),
 		cmocka_unit_test(test_exec_rest),
+		cmocka_unit_test(test_exec_limits),
 		cmocka_unit_test(test_exec_child),
 		cmocka_unit_test(test_release),
 		cmocka_unit_test(test_err_no_file_in_list),
