@@ -77,12 +77,6 @@ jpath(const json_t *o, const char *a, const char *b)
 	return json_string_value(json_object_get(json_object_get(o, a), b));
 }
 
-static int
-streq(const char *a, const char *b)
-{
-	return a != NULL && b != NULL && strcmp(a, b) == 0;
-}
-
 /* Seconds since the epoch of an RFC 3339 time; 0 when absent or bad. */
 static int64_t
 parse_time(const char *s)

@@ -58,12 +58,6 @@ struct controller_slots {
 	int64_t list_rv;
 };
 
-static int
-streq(const char *a, const char *b)
-{
-	return a != NULL && b != NULL && strcmp(a, b) == 0;
-}
-
 static const char *
 jstr(const json_t *o, const char *k)
 {

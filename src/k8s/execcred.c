@@ -43,12 +43,6 @@ int posix_spawn_file_actions_addclosefrom_np(posix_spawn_file_actions_t *fa,
 #define MAX_OUT		(1024 * 1024)	/* the ExecCredential */
 #define MAX_ERR		512		/* what an error shows of stderr */
 
-static int
-streq(const char *a, const char *b)
-{
-	return a != NULL && b != NULL && strcmp(a, b) == 0;
-}
-
 /*
  * A pipe whose ends no other spawned process keeps open (their copies
  * would hold the plugin's stdout open after it exits): close-on-exec

@@ -163,3 +163,9 @@ utf8_valid_len(const unsigned char *p, size_t n)
 
 	return utf8_next(p, n, &cp);
 }
+
+int
+streq(const char *a, const char *b)
+{
+	return a != NULL && b != NULL && strcmp(a, b) == 0;
+}

@@ -24,6 +24,8 @@ char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The longest prefix of s[0..len) of at most max bytes ending on a UTF-8
  * character boundary. */
 size_t utf8_cut(const char *s, size_t len, size_t max);
+/* Whether a and b are both set and equal. */
+int streq(const char *a, const char *b);
 size_t utf8_next(const unsigned char *p, size_t n, uint32_t *cp);
 size_t utf8_valid_len(const unsigned char *p, size_t n);
 char *xvasprintf(const char *fmt, va_list ap)

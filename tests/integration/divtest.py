@@ -3,6 +3,7 @@ diverged on an OS-chosen loopback port, signed webhook deliveries and raw
 HTTP. Only loopback addresses are ever contacted."""
 
 import atexit
+import base64
 import hashlib
 import hmac
 import http.client
@@ -258,6 +259,32 @@ def wait(pred, timeout=15):
 def api(d, method, path, body=None, ctype="application/json"):
     """api_call on daemon d's embedded store API."""
     return api_call(d.api_port, method, path, body, ctype)
+
+
+def task_token(d, name, ns="default", timeout=15):
+    """(token, task) once the reconciler has issued task name's token
+    (status.tokenId and Secret <name>-token); (None, last task read)."""
+    task = {}
+    end = time.time() + timeout
+    while time.time() < end:
+        s, task = api(d, "GET", "/apis/divergedev.com/v1alpha1/namespaces/"
+                      "%s/agenttasks/%s" % (ns, name))
+        if s == 200 and task.get("status", {}).get("tokenId"):
+            s, sec = api(d, "GET", "/api/v1/namespaces/%s/secrets/"
+                         "%s-token" % (ns, name))
+            if s == 200:
+                return base64.b64decode(sec["data"]["token"]).decode(), task
+        time.sleep(0.05)
+    return None, task or {}
+
+
+def meter(d, token, body, path="/api/v1/agenttask/meter"):
+    """POST body to the meter (or path) with token; (status, headers,
+    JSON)."""
+    h = {"Content-Type": "application/json"}
+    if token:
+        h["Authorization"] = "Bearer " + token
+    return d.json("POST", path, json.dumps(body), h)
 
 
 class Daemon:

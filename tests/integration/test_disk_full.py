@@ -6,42 +6,25 @@ both go through, every acknowledged delivery is handled exactly once, the
 retried charge is charged once, and the state survives a restart. Needs
 root (mount); skipped otherwise."""
 
-import base64
-import json
 import os
 import subprocess
 import tempfile
-import time
 import uuid
 
-from divtest import (Daemon, GITHUB_CONFIG, api, compact, fixture,
-                     run_tests, with_comment)
+from divtest import (Daemon, GITHUB_CONFIG, api, compact, fixture, meter,
+                     run_tests, task_token, with_comment)
 
 DOC = with_comment(fixture(
     "github/go-playground--pull-request-issue-comment.json"),
     "/diverge fix until the disk is full")
 NS = "default"
 TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks" % NS
-SECRETS = "/api/v1/namespaces/%s/secrets" % NS
 
 
 
 def charge(d, token, rid):
-    return d.json("POST", "/api/v1/agenttask/meter", json.dumps(
-        {"requestId": rid, "iteration": 1, "model": "m", "tokensUsed": 7,
-         "costUSD": 0.0001}), {"Content-Type": "application/json",
-                               "Authorization": "Bearer " + token})
-
-
-def token_of(d, name):
-    for _ in range(300):
-        s, task = api(d, "GET", TASKS + "/" + name)
-        if s == 200 and task.get("status", {}).get("tokenId"):
-            s, sec = api(d, "GET", SECRETS + "/%s-token" % name)
-            if s == 200:
-                return base64.b64decode(sec["data"]["token"]).decode()
-        time.sleep(0.05)
-    return None
+    return meter(d, token, {"requestId": rid, "iteration": 1, "model": "m",
+                            "tokensUsed": 7, "costUSD": 0.0001})
 
 
 def mount(mnt, opts):
@@ -73,7 +56,7 @@ def run(t, mnt):
         "metadata": {"name": "fix-pr-9"},
         "spec": {"objective": "meter on a full disk", "budgetUSD": "100",
                  "capabilities": ["m"]}})
-    token = token_of(d, "fix-pr-9")
+    token = task_token(d, "fix-pr-9")[0]
     t.ok(s == 201 and token, "a task and its token, on the small disk")
     t.eq(charge(d, token, "before")[0], 200, "a charge while there is room")
 

@@ -10,20 +10,14 @@ import stat
 import subprocess
 import time
 
-from divtest import TOP_BUILDDIR, Daemon, api, run_tests, wait
+from divtest import (TOP_BUILDDIR, Daemon, api, meter, run_tests,
+                     task_token, wait)
 
 TOOL = os.path.join(TOP_BUILDDIR, "tests", "tools", "macaroon_tool")
 NS = "default"
 TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks" % NS
 SECRETS = "/api/v1/namespaces/%s/secrets" % NS
 
-
-
-def meter(d, token, body, path="/api/v1/agenttask/meter"):
-    h = {"Content-Type": "application/json"}
-    if token:
-        h["Authorization"] = "Bearer " + token
-    return d.json("POST", path, json.dumps(body), h)
 
 
 def metric(text, series):
@@ -52,16 +46,8 @@ def main(t):
         "spec": {"objective": "fix it", "budgetUSD": "0.05",
                  "maxIterations": 5}})
     t.eq(s, 201, "task created")
-    token = tid = None
-    for _ in range(200):
-        s, obj = api(d, "GET", TASKS + "/fix-pr-7")
-        tid = obj.get("status", {}).get("tokenId")
-        if tid:
-            s, sec = api(d, "GET", SECRETS + "/fix-pr-7-token")
-            if s == 200:
-                token = base64.b64decode(sec["data"]["token"]).decode()
-                break
-        time.sleep(0.05)
+    token, obj = task_token(d, "fix-pr-7", NS, timeout=10)
+    tid = obj.get("status", {}).get("tokenId")
     t.ok(token is not None, "the reconciler issued a token in Secret "
          "fix-pr-7-token and recorded status.tokenId")
     phase = obj.get("status", {}).get("phase")
