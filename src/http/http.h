@@ -71,7 +71,10 @@ int http_server_start(struct http_server **out,
     size_t nroutes, char **cause);
 /* The port actually bound. */
 int http_server_port(const struct http_server *s);
-/* Stop accepting new connections (in-flight ones go on). */
+/*
+ * Take no more connections: each new one is closed as it comes (in-flight
+ * requests and open connections go on until http_server_stop).
+ */
 void http_server_quiesce(struct http_server *s);
 /*
  * Wait up to timeout_ms for in-flight requests to finish, then stop

@@ -339,6 +339,67 @@ headers_too_large(void **state)
 	http_server_stop(s, 1000);
 }
 
+/* Clients of quiesce_under_load: requests until told to stop. */
+static volatile int hammer_stop;
+
+static void *
+hammer(void *arg)
+{
+	struct sockaddr_in a;
+	int port = *(int *)arg, fd;
+	char buf[256];
+	static const char req[] = "POST /post HTTP/1.1\r\nHost: x\r\n"
+	    "Content-Length: 0\r\n\r\n";
+
+	memset(&a, 0, sizeof(a));
+	a.sin_family = AF_INET;
+	a.sin_port = htons((uint16_t)port);
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	while (!hammer_stop) {
+		fd = socket(AF_INET, SOCK_STREAM, 0);
+		if (fd < 0)
+			continue;
+		if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+		    send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) > 0)
+			(void)read(fd, buf, sizeof(buf));
+		close(fd);
+	}
+	return NULL;
+}
+
+/*
+ * A stop (quiesce, drain, stop) while clients connect and send without
+ * pause, over and over: the process must live through every one.
+ * libmicrohttpd's own MHD_quiesce_daemon() on an epoll daemon with
+ * worker threads races the workers' removal of the listen socket from
+ * their epoll sets and can abort the process ("Failed to remove listen
+ * FD from epoll set"): diverged's SIGTERM exited with SIGABRT now and
+ * then.
+ */
+static void
+quiesce_under_load(void **state)
+{
+	pthread_t th[4];
+	struct http_server *s;
+	int port, i, round;
+
+	(void)state;
+	for (round = 0; round < 300; round++) {
+		s = start();
+		port = http_server_port(s);
+		hammer_stop = 0;
+		for (i = 0; i < 4; i++)
+			assert_int_equal(pthread_create(&th[i], NULL, hammer,
+			    &port), 0);
+		usleep(2000);
+		http_server_quiesce(s);
+		http_server_stop(s, 1000);
+		hammer_stop = 1;
+		for (i = 0; i < 4; i++)
+			pthread_join(th[i], NULL);
+	}
+}
+
 int
 main(void)
 {
@@ -349,6 +410,7 @@ main(void)
 		cmocka_unit_test(handled_request_kept),
 		cmocka_unit_test(chunked_too_large),
 		cmocka_unit_test(headers_too_large),
+		cmocka_unit_test(quiesce_under_load),
 	};
 
 	log_setup(LOG_ERROR, 0);
