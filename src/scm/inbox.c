@@ -965,7 +965,7 @@ writer_main(void *arg)
 		struct put_req *puts, *p, *pn;
 		struct done_req *dones, *d, *dn;
 		struct batch_counts n;
-		int64_t now;
+		int64_t now, wall;
 
 		/*
 		 * Puts are committed at once: a client waits for each.
@@ -1018,9 +1018,14 @@ writer_main(void *arg)
 		} else {
 			memset(&n, 0, sizeof(n));
 		}
-		now = now_mono_ms();
-
 		pthread_mutex_lock(&ib->mu);
+		/*
+		 * A retry's wall-clock time becomes a monotonic one: the wall
+		 * clock read first, so that time passing between the two
+		 * reads makes the retry later, never earlier, than asked
+		 */
+		wall = now_unix_ms();
+		now = now_mono_ms();
 		/* the room the stored puts held is theirs now */
 		ib->reserved -= n.stored;
 		ib->pending += n.stored - n.finished;
@@ -1033,7 +1038,7 @@ writer_main(void *arg)
 		for (d = dones; d != NULL; d = d->next) {
 			if (d->outcome == INBOX_RETRY && !ib->stopping)
 				delayed_push(ib, d->id, now +
-				    (d->retry_at_ms - now_unix_ms()));
+				    (d->retry_at_ms - wall));
 			if (d->recovered)
 				ib->recovered_busy = 0;
 		}

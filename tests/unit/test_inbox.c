@@ -680,6 +680,9 @@ retries_spread(void **state)
 		pthread_mutex_unlock(&sp->mu);
 	}
 	inbox_free(ib);
+	print_message("# %d of %d retried; earliest %lld ms before its time,"
+	    " latest %lld ms after\n", done, SPREAD_N, (long long)sp->early,
+	    (long long)sp->late);
 	assert_int_equal(done, SPREAD_N);
 	for (i = 0; i < SPREAD_N; i++)
 		assert_int_equal(sp->calls[i], 2);
