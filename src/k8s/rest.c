@@ -129,6 +129,11 @@ struct rest {
 	char *exec_token;
 	int64_t exec_expiry;	/* unix s; 0: none said */
 	int exec_stale;		/* answered 401: run the plugin again */
+	/*
+	 * bumped with each token the plugin gives: a 401 to a request
+	 * that went out with an older token says nothing of this one
+	 */
+	uint64_t exec_gen;
 	int64_t exec_retry_ms;	/* after a failure, not before (monotonic) */
 	int64_t exec_logged_ms;	/* the last failure logged (monotonic) */
 };
@@ -150,6 +155,7 @@ struct resp {
 	struct buf body;
 	int overflow;
 	int64_t retry_after_ms;	/* -1: no Retry-After */
+	uint64_t auth_gen;	/* the credentials it went with */
 };
 
 /* A queued watch event. */
@@ -184,6 +190,7 @@ struct rest_watch {
 	struct buf line;
 	struct buf errbody;
 	long code;
+	uint64_t auth_gen;	/* the credentials it went with */
 	int64_t retry_after_ms;
 	int timeout_s;
 	int fatal;		/* the stream itself ended the watch */
@@ -429,7 +436,7 @@ read_token(const char *path)
  * without a token, and their 401 says so.
  */
 static char *
-exec_bearer(struct rest *rs)
+exec_bearer(struct rest *rs, uint64_t *gen)
 {
 	char *tok = NULL, *cause = NULL, *hdr = NULL;
 	int64_t exp = 0, now = now_mono_ms();
@@ -448,6 +455,7 @@ exec_bearer(struct rest *rs)
 			rs->exec_token = tok;
 			rs->exec_expiry = exp;
 			rs->exec_stale = 0;
+			rs->exec_gen++;
 			rs->exec_logged_ms = 0;
 		} else {
 			if (rs->exec_logged_ms == 0 ||
@@ -463,18 +471,25 @@ exec_bearer(struct rest *rs)
 	}
 	if (rs->exec_token != NULL)
 		hdr = xasprintf("Authorization: Bearer %s", rs->exec_token);
+	*gen = rs->exec_gen;
 	pthread_mutex_unlock(&rs->token_lock);
 	return hdr;
 }
 
-/* The API server refused the credentials: an exec token is run again. */
+/*
+ * The API server refused the credentials of a request that went with
+ * those of generation gen: the exec plugin is run again, unless it has
+ * given a newer token since (the 401 of a request that was in flight
+ * while another's 401 had it run again says nothing of the new token).
+ */
 static void
-credentials_refused(struct rest *rs)
+credentials_refused(struct rest *rs, uint64_t gen)
 {
 	if (rs->c.exec_argv == NULL)
 		return;
 	pthread_mutex_lock(&rs->token_lock);
-	rs->exec_stale = 1;
+	if (gen == rs->exec_gen)
+		rs->exec_stale = 1;
 	pthread_mutex_unlock(&rs->token_lock);
 }
 
@@ -483,16 +498,17 @@ credentials_refused(struct rest *rs)
  * caller wipes), or NULL when there is no token.
  */
 static char *
-bearer_header(struct rest *rs)
+bearer_header(struct rest *rs, uint64_t *gen)
 {
 	const char *tok;
 	struct stat sb;
 	char *hdr = NULL, *t;
 
+	*gen = 0;
 	if (!rs->creds)
 		return NULL;
 	if (rs->c.exec_argv != NULL)
-		return exec_bearer(rs);
+		return exec_bearer(rs, gen);
 	if (rs->c.token_file == NULL)
 		return rs->c.token != NULL ?
 		    xasprintf("Authorization: Bearer %s", rs->c.token) : NULL;
@@ -558,7 +574,7 @@ add_header(struct curl_slist *l, const char *h)
  */
 /* The options and headers of every call; accept is the Accept header. */
 static struct curl_slist *
-setup_common(struct rest *rs, CURL *h, const char *accept)
+setup_common(struct rest *rs, CURL *h, const char *accept, uint64_t *gen)
 {
 	struct curl_slist *hdrs = NULL;
 	char *auth;
@@ -607,7 +623,7 @@ setup_common(struct rest *rs, CURL *h, const char *accept)
 	}
 
 	hdrs = add_header(hdrs, accept);
-	auth = bearer_header(rs);
+	auth = bearer_header(rs, gen);
 	if (auth != NULL) {
 		hdrs = add_header(hdrs, auth);
 		free_secret(auth);
@@ -762,7 +778,7 @@ do_once(struct rest *rs, CURL *h, const struct req *rq, int64_t timeout_ms,
 	CURLcode rc;
 
 	curl_easy_reset(h);
-	hdrs = setup_common(rs, h, "Accept: application/json");
+	hdrs = setup_common(rs, h, "Accept: application/json", &rp->auth_gen);
 	errbuf[0] = '\0';
 	curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
 	curl_easy_setopt(h, CURLOPT_URL, url);
@@ -916,7 +932,7 @@ rest_call(struct rest *rs, const struct req *rq, json_t **out,
 			goto out;
 		}
 		if (rc == CURLE_OK && rp.code == 401)
-			credentials_refused(rs);
+			credentials_refused(rs, rp.auth_gen);
 		if (rp.overflow) {
 			msg = xasprintf("k8s: %s %s: the answer is larger "
 			    "than %zu MiB", rq->method, shown,
@@ -1018,6 +1034,7 @@ k8s_rest_stream(struct k8s_api *api, const char *path, int64_t timeout_ms,
 	struct curl_slist *hdrs;
 	struct stream sm;
 	CURLcode rc;
+	uint64_t gen = 0;
 	int ret = 0;
 
 	if (api->ops != &rest_ops)
@@ -1035,7 +1052,7 @@ k8s_rest_stream(struct k8s_api *api, const char *path, int64_t timeout_ms,
 	shown = path_shown(path);
 	curl_easy_reset(sm.h);
 	/* the same TLS, credentials and timeouts as every other call */
-	hdrs = setup_common(rs, sm.h, "Accept: */*");
+	hdrs = setup_common(rs, sm.h, "Accept: */*", &gen);
 	errbuf[0] = '\0';
 	curl_easy_setopt(sm.h, CURLOPT_ERRORBUFFER, errbuf);
 	curl_easy_setopt(sm.h, CURLOPT_URL, url);
@@ -1057,7 +1074,7 @@ k8s_rest_stream(struct k8s_api *api, const char *path, int64_t timeout_ms,
 		free(msg);
 	} else if (sm.code < 200 || sm.code >= 300) {
 		if (sm.code == 401)
-			credentials_refused(rs);
+			credentials_refused(rs, gen);
 		ret = http_error(st, "GET", shown, sm.code, sm.err.data,
 		    sm.err.len);
 	}
@@ -1812,7 +1829,8 @@ watch_connect(struct rest_watch *w, char *errbuf)
 	}
 
 	curl_easy_reset(w->h);
-	hdrs = setup_common(rs, w->h, "Accept: application/json");
+	hdrs = setup_common(rs, w->h, "Accept: application/json",
+	    &w->auth_gen);
 	errbuf[0] = '\0';
 	curl_easy_setopt(w->h, CURLOPT_ERRORBUFFER, errbuf);
 	curl_easy_setopt(w->h, CURLOPT_URL, url.data);
@@ -1930,7 +1948,7 @@ watch_main(void *arg)
 			continue;
 		}
 		if (w->code == 401)
-			credentials_refused(rs);
+			credentials_refused(rs, w->auth_gen);
 		if (w->code != 0)
 			retry = w->code == 429 ||
 			    (w->code >= 500 && w->code != 501);

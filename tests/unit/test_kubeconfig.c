@@ -637,6 +637,26 @@ plugin_answer(const char *dir, const char *mode, int64_t expires_in)
 	free(p);
 }
 
+/*
+ * Start the fake API server and point c at it, with plugin_sh (in dir)
+ * for its credentials instead of a token; -1 when the fake cannot run.
+ */
+static int
+exec_fake(struct storeenv *env, struct k8s_cluster *c, const char *dir)
+{
+	memset(env, 0, sizeof(*env));
+	if (storeenv_start_fake(env, 100, c) < 0)
+		return -1;
+	free(c->token);
+	c->token = NULL;
+	c->exec_argv = xcalloc(2, sizeof(char *));
+	c->exec_argv[0] = xasprintf("%s/plugin", dir);
+	write_file(c->exec_argv[0], plugin_sh);
+	assert_int_equal(chmod(c->exec_argv[0], 0700), 0);
+	c->exec_api_version = xstrdup("client.authentication.k8s.io/v1");
+	return 0;
+}
+
 /* One GET through api: its result (a missing Secret: ENOTFOUND). */
 static int
 get_one(struct k8s_api *api)
@@ -821,25 +841,16 @@ test_exec_rest(void **state)
 	struct storeenv env;
 	struct k8s_cluster c;
 	struct k8s_api *api = NULL;
-	char *dir = make_tmpdir(), *script, *cause = NULL, *info;
+	char *dir = make_tmpdir(), *cause = NULL, *info;
 	FILE *f;
 	char buf[4096];
 	size_t n;
 
 	(void)state;
-	memset(&env, 0, sizeof(env));
-	if (storeenv_start_fake(&env, 100, &c) < 0) {
+	if (exec_fake(&env, &c, dir) < 0) {
 		free(dir);
 		skip();
 	}
-	script = xasprintf("%s/plugin", dir);
-	write_file(script, plugin_sh);
-	assert_int_equal(chmod(script, 0700), 0);
-	free(c.token);
-	c.token = NULL;
-	c.exec_argv = xcalloc(2, sizeof(char *));
-	c.exec_argv[0] = script;
-	c.exec_api_version = xstrdup("client.authentication.k8s.io/v1");
 	c.exec_cluster_info = 1;
 	plugin_answer(dir, "good", 3600);
 	assert_int_equal(k8s_rest_open(&api, &c, NULL, &cause), 0);
@@ -893,6 +904,93 @@ test_exec_rest(void **state)
 	k8s_cluster_release(&c);
 	storeenv_close(&env);
 	free(info);
+	remove_tree(dir, (const char *const[]){ "plugin", "runs", "info",
+	    "mode", "exp", NULL });
+	free(dir);
+}
+
+struct slow_get {
+	struct k8s_api *api;
+	int rc;
+};
+
+static void *
+slow_get_main(void *arg)
+{
+	struct slow_get *g = arg;
+	struct k8s_status st = { 0 };
+	json_t *obj = NULL;
+
+	g->rc = k8s_get(g->api, &K8S_SECRET, "default", "slowone", &obj,
+	    &st);
+	json_decref(obj);
+	k8s_status_release(&st);
+	return NULL;
+}
+
+/*
+ * A 401 to a request that went out with the plugin's old token, and came
+ * back after another 401 had the plugin run again, does not throw the
+ * new token away: the plugin is not run a third time.
+ */
+static void
+test_exec_401_in_flight(void **state)
+{
+	struct storeenv env;
+	struct k8s_cluster c;
+	struct k8s_api *api = NULL;
+	struct slow_get g;
+	struct k8s_status st = { 0 };
+	json_t *obj = NULL;
+	pthread_t t;
+	char *dir = make_tmpdir(), *cause = NULL;
+
+	(void)state;
+	if (exec_fake(&env, &c, dir) < 0) {
+		free(dir);
+		skip();
+	}
+	plugin_answer(dir, "good", 3600);
+	assert_int_equal(k8s_rest_open(&api, &c, NULL, &cause), 0);
+	assert_int_equal(get_one(api), K8S_ENOTFOUND);
+	assert_int_equal(plugin_runs(dir), 1);
+
+	/* a request with the first token, answered 401 a second later */
+	json_decref(storeenv_fake(&env, "POST", "/_fake/delay",
+	    "{\"ms\":1000,\"count\":1,\"match\":\"/slowone\"}"));
+	json_decref(storeenv_fake(&env, "POST", "/_fake/faults",
+	    "{\"status\":401,\"count\":1,\"match\":\"/slowone\"}"));
+	g.api = api;
+	g.rc = 0;
+	assert_int_equal(pthread_create(&t, NULL, slow_get_main, &g), 0);
+	sleep_ms(300);
+	/* meanwhile another 401: the plugin runs again, a second token */
+	json_decref(storeenv_fake(&env, "POST", "/_fake/faults",
+	    "{\"status\":401,\"count\":1,\"match\":\"/refused\"}"));
+	assert_int_equal(k8s_get(api, &K8S_SECRET, "default", "refused",
+	    &obj, &st), K8S_EUNAUTHORIZED);
+	k8s_status_release(&st);
+	assert_int_equal(get_one(api), K8S_ENOTFOUND);
+	assert_int_equal(plugin_runs(dir), 2);
+	/* the slow 401 comes back: it went with the first token */
+	assert_int_equal(pthread_join(t, NULL), 0);
+	assert_int_equal(g.rc, K8S_EUNAUTHORIZED);
+	assert_int_equal(get_one(api), K8S_ENOTFOUND);
+	assert_int_equal(get_one(api), K8S_ENOTFOUND);
+	assert_int_equal(plugin_runs(dir), 2);
+
+	/* a 401 to the current token still has the plugin run again */
+	json_decref(storeenv_fake(&env, "POST", "/_fake/faults",
+	    "{\"status\":401,\"count\":1,\"match\":\"/refused\"}"));
+	assert_int_equal(k8s_get(api, &K8S_SECRET, "default", "refused",
+	    &obj, &st), K8S_EUNAUTHORIZED);
+	k8s_status_release(&st);
+	assert_int_equal(get_one(api), K8S_ENOTFOUND);
+	assert_int_equal(plugin_runs(dir), 3);
+
+	k8s_api_free(api);
+	k8s_cluster_release(&c);
+	storeenv_close(&env);
 	remove_tree(dir, (const char *const[]){ "plugin", "runs", "info",
 	    "mode", "exp", NULL });
 	free(dir);
@@ -1453,6 +1551,7 @@ main(void)
 		cmocka_unit_test(test_parse_mem),
 		cmocka_unit_test(test_exec_plugin),
 		cmocka_unit_test(test_exec_rest),
+		cmocka_unit_test(test_exec_401_in_flight),
 		cmocka_unit_test(test_exec_limits),
 		cmocka_unit_test(test_exec_child),
 		cmocka_unit_test(test_release),
