@@ -384,10 +384,19 @@ def run_warm(t, fake, scm):
                  ctype="application/merge-patch+json")
 
     def resumed():
+        # the pass's writes in their order: the token's Secret, the
+        # Sandbox, then the task's status (a status write that lost a race
+        # with the notifier's is made again by the next pass): done when
+        # the status names the token the Sandbox records
         s, sb = fake.request("GET", SANDBOXES + "/" + name)
         s2, sec = fake.request("GET", SECRETS % NS + "/" + name + "-token")
-        if s != 200 or s2 != 200 or sb["spec"]["operatingMode"] != \
-                "Running":
+        s3, task = fake.request("GET", TASKS + "/" + name)
+        if s != 200 or s2 != 200 or s3 != 200 or \
+                sb["spec"]["operatingMode"] != "Running" or \
+                task.get("status", {}).get("phase") not in (
+                    "Provisioning", "Active") or \
+                task["status"].get("tokenId") != sb["metadata"].get(
+                    "annotations", {}).get("divergedev.com/token-id"):
             return None
         tok = base64.b64decode(sec["data"]["token"]).decode()
         return (sb, tok) if tok != old_tok else None
