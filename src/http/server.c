@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -307,34 +308,65 @@ queue_reply(struct http_req *r)
 
 /* -------------------------------------------------------------- MHD */
 
-/* The size of the request line and header block as sent. */
-struct hsize {
-	size_t n;
+/*
+ * What the request line and headers say, from one pass over the headers:
+ * their size as sent, and how long the body is.
+ */
+struct hscan {
+	size_t n;		/* bytes of the request line and headers */
+	const char *cl;		/* the first Content-Length */
+	int cl_differ;		/* another one says something else */
+	int te;			/* Transfer-Encoding headers */
+	int te_chunked;		/* the last one says just "chunked" */
 };
 
 static MHD_RESULT
-add_header_size(void *cls, enum MHD_ValueKind kind, const char *key,
+scan_header(void *cls, enum MHD_ValueKind kind, const char *key,
     size_t key_size, const char *value, size_t value_size)
 {
-	struct hsize *h = cls;
+	struct hscan *h = cls;
 
 	(void)kind;
-	(void)key;
-	(void)value;
 	h->n += key_size + value_size + 4;	/* ": " and CRLF */
+	if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+		if (h->cl == NULL)
+			h->cl = value;
+		else if (strcmp(h->cl, value) != 0)
+			h->cl_differ = 1;
+	} else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+		h->te++;
+		h->te_chunked = strcasecmp(value, "chunked") == 0;
+	}
 	return MHD_YES;
 }
 
-static size_t
-header_bytes(struct MHD_Connection *conn, const char *method,
-    const char *url, const char *version)
+static void
+scan_headers(struct MHD_Connection *conn, const char *method,
+    const char *url, const char *version, struct hscan *h)
 {
-	struct hsize h = { strlen(method) + strlen(url) + strlen(version) +
-	    4 };
+	memset(h, 0, sizeof(*h));
+	h->n = strlen(method) + strlen(url) + strlen(version) + 4;
+	MHD_get_connection_values_n(conn, MHD_HEADER_KIND, scan_header, h);
+}
 
-	MHD_get_connection_values_n(conn, MHD_HEADER_KIND, add_header_size,
-	    &h);
-	return h.n;
+/*
+ * Why the length of the body is ambiguous (RFC 9112 6.1, 6.3), or NULL.
+ * libmicrohttpd reads a body by the first Content-Length, or as chunked
+ * when the first Transfer-Encoding is exactly that; a request that a
+ * proxy in front could frame otherwise (smuggling), or that
+ * libmicrohttpd would read to the end of the stream and never answer, is
+ * refused before its body.
+ */
+static const char *
+framing_error(const struct hscan *h)
+{
+	if (h->te > 0 && h->cl != NULL)
+		return "both content-length and transfer-encoding";
+	if (h->te > 1 || (h->te == 1 && !h->te_chunked))
+		return "unsupported transfer-encoding";
+	if (h->cl_differ)
+		return "conflicting content-length";
+	return NULL;
 }
 
 /* Whether conn's request is with a handler (no deadline) or not. */
@@ -445,8 +477,9 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 
 	if (r == NULL) {
 		struct buf allow;
+		struct hscan hs;
 		int known;
-		const char *cl;
+		const char *cl, *why;
 
 		r = xcalloc(1, sizeof(*r));
 		pthread_mutex_init(&r->mu, NULL);
@@ -471,12 +504,13 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 			http_reply_error(r, 405, "method not allowed");
 		}
 		buf_release(&allow);
-		if (!r->replied && header_bytes(conn, method, url, version) >
-		    s->max_header)
+		scan_headers(conn, method, url, version, &hs);
+		if (!r->replied && hs.n > s->max_header)
 			http_reply_error(r, 431,
 			    "request header fields too large");
-		cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-		    MHD_HTTP_HEADER_CONTENT_LENGTH);
+		if (!r->replied && (why = framing_error(&hs)) != NULL)
+			http_reply_error(r, 400, why);
+		cl = hs.cl;
 		if (!r->replied && cl != NULL) {
 			char *e;
 			unsigned long long n;
