@@ -328,6 +328,8 @@ scan_header(void *cls, enum MHD_ValueKind kind, const char *key,
 
 	(void)kind;
 	h->n += key_size + value_size + 4;	/* ": " and CRLF */
+	if (key == NULL || value == NULL)
+		return MHD_YES;
 	if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
 		if (h->cl == NULL)
 			h->cl = value;
