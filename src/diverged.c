@@ -610,7 +610,7 @@ h_meter(void *arg, struct http_req *req)
 	const char *body;
 	size_t len;
 
-	if (ct == NULL || strncasecmp(ct, "application/json", 16) != 0) {
+	if (!media_type_is(ct, "application/json")) {
 		http_reply_error(req, 415, "content type must be "
 		    "application/json");
 		return HTTP_DONE;

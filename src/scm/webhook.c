@@ -986,18 +986,6 @@ delivery_ok(const char *d)
 	return 1;
 }
 
-static int
-media_type_is(const char *ct, const char *want)
-{
-	size_t n = strlen(want);
-
-	if (ct == NULL)
-		return 0;
-	while (*ct == ' ')
-		ct++;
-	return strncasecmp(ct, want, n) == 0 &&
-	    (ct[n] == '\0' || ct[n] == ';' || ct[n] == ' ');
-}
 
 static enum webhook_verdict
 handle_github(const struct webhook_keys *keys,

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "util/util.h"
 
@@ -168,4 +169,17 @@ int
 streq(const char *a, const char *b)
 {
 	return a != NULL && b != NULL && strcmp(a, b) == 0;
+}
+
+int
+media_type_is(const char *ct, const char *want)
+{
+	size_t n = strlen(want);
+
+	if (ct == NULL)
+		return 0;
+	while (*ct == ' ' || *ct == '\t')
+		ct++;
+	return strncasecmp(ct, want, n) == 0 && (ct[n] == '\0' ||
+	    ct[n] == ';' || ct[n] == ' ' || ct[n] == '\t');
 }

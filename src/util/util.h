@@ -26,6 +26,12 @@ char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 size_t utf8_cut(const char *s, size_t len, size_t max);
 /* Whether a and b are both set and equal. */
 int streq(const char *a, const char *b);
+/*
+ * Whether the Content-Type ct names the media type want (case aside),
+ * with or without parameters: "application/json; charset=utf-8" is
+ * application/json, "application/jsonx" is not.
+ */
+int media_type_is(const char *ct, const char *want);
 size_t utf8_next(const unsigned char *p, size_t n, uint32_t *cp);
 size_t utf8_valid_len(const unsigned char *p, size_t n);
 char *xvasprintf(const char *fmt, va_list ap)

@@ -129,6 +129,14 @@ def main(t):
     t.ok(all(got[k] is not None and abs(got[k] - v) < 1e-9
              for k, v in want.items()), "meter metrics: charges, tokens, "
          "dollars, retries, suspensions and refusals counted exactly", got)
+    s, _, j = d.json("POST", "/api/v1/agenttask/meter", "{}",
+                     {"Content-Type": "application/jsonx"})
+    t.eq(s, 415, "meter with a content type that only starts like JSON's: "
+         "415")
+    s, _, j = d.json("POST", "/api/v1/agenttask/meter", "{}",
+                     {"Content-Type": "Application/JSON; charset=utf-8"})
+    t.eq(s, 400, "meter with JSON's content type and parameters: read "
+         "(an empty body: 400)")
     t.ok((metric(m, 'diverge_agenttask_phase_transitions_total'
                     '{phase="Provisioning"}') or 0) >= 1 and
          (metric(m, 'diverge_reconciles_total{result="success"}') or 0) +

@@ -22,6 +22,25 @@
 #include "testutil.h"
 #include "util/jscan.h"
 
+/* A Content-Type names a media type exactly, parameters aside. */
+static void
+media_types(void **state)
+{
+	(void)state;
+	assert_true(media_type_is("application/json", "application/json"));
+	assert_true(media_type_is("Application/JSON", "application/json"));
+	assert_true(media_type_is(" application/json; charset=utf-8",
+	    "application/json"));
+	assert_true(media_type_is("application/json ;charset=utf-8",
+	    "application/json"));
+	assert_false(media_type_is("application/jsonx", "application/json"));
+	assert_false(media_type_is("application/json-patch+json",
+	    "application/json"));
+	assert_false(media_type_is("text/plain", "application/json"));
+	assert_false(media_type_is("", "application/json"));
+	assert_false(media_type_is(NULL, "application/json"));
+}
+
 static void
 buf_bounds(void **state)
 {
@@ -694,6 +713,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(buf_bounds),
+		cmocka_unit_test(media_types),
 		cmocka_unit_test(base64_cases),
 		cmocka_unit_test(hex_and_hmac),
 		cmocka_unit_test(hmac_vectors),
