@@ -17,6 +17,16 @@
 struct http_server;
 struct http_req;
 
+struct MHD_Connection;
+
+/*
+ * Why the length of a libmicrohttpd request's body is ambiguous (both
+ * Content-Length and Transfer-Encoding, a Transfer-Encoding other than
+ * one "chunked", Content-Lengths that differ), or NULL: such a request is
+ * refused before its body (RFC 9112 6.1, 6.3).
+ */
+const char *http_framing_error(struct MHD_Connection *conn);
+
 /*
  * Resolve "HOST:PORT", "[V6]:PORT" or ":PORT" (all addresses) into *ss;
  * -1 with *cause naming the address.

@@ -371,6 +371,15 @@ framing_error(const struct hscan *h)
 	return NULL;
 }
 
+const char *
+http_framing_error(struct MHD_Connection *conn)
+{
+	struct hscan h;
+
+	scan_headers(conn, "", "", "", &h);
+	return framing_error(&h);
+}
+
 /* Whether conn's request is with a handler (no deadline) or not. */
 static void
 conn_handled(struct MHD_Connection *conn, int handled)

@@ -3644,7 +3644,7 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 {
 	struct k8s_apiserver *s = cls;
 	struct api_req *q = *con_cls;
-	const char *cl;
+	const char *cl, *why;
 
 	(void)version;
 	if (q == NULL) {
@@ -3659,6 +3659,12 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 		if (!authorized(s, conn)) {
 			reply_err(q, K8S_EUNAUTHORIZED, 401, "Unauthorized",
 			    "Unauthorized");
+			return send_reply(q);
+		}
+		if ((why = http_framing_error(conn)) != NULL) {
+			reply_err(q, K8S_EBADREQUEST, 400, "BadRequest",
+			    "the length of the request body is ambiguous: %s",
+			    why);
 			return send_reply(q);
 		}
 		cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
