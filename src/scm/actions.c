@@ -413,19 +413,26 @@ reply_line(struct run *r, const char *fmt, ...)
 	free(s);
 }
 
-/* Untrusted text (an error echoing the comment) as an inert quote. */
+/*
+ * Untrusted text (an error echoing the comment) as an inert quote. A line
+ * ends at CR, LF or CRLF, as it does for Markdown: a lone CR (a YAML
+ * "\r" in agent.yaml) would otherwise end the quote, and what follows
+ * it would render, mentions and all.
+ */
 static void
 reply_quote(struct run *r, const char *text)
 {
-	const char *p = text, *nl;
+	const char *p = text;
+	size_t n;
 
 	while (*p) {
-		nl = strchr(p, '\n');
+		n = strcspn(p, "\r\n");
 		buf_addstr(&r->reply, "\n>     ");
-		buf_add(&r->reply, p, nl ? (size_t)(nl - p) : strlen(p));
-		if (nl == NULL)
+		buf_add(&r->reply, p, n);
+		p += n;
+		if (*p == '\0')
 			break;
-		p = nl + 1;
+		p += p[0] == '\r' && p[1] == '\n' ? 2 : 1;
 	}
 }
 

@@ -23,7 +23,10 @@ TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks"
 AGENT_YAML = ("version: \"1\"\nagent:\n  maxIterations: 3\n"
               "  budgetUSD: \"2.50\"\n  capabilities: [\"claude-*\"]\n")
 HEAD_AGENT_YAML = "version: \"1\"\nagent:\n  maxIterations: 99\n"
-BROKEN_AGENT_YAML = "version: \"1\"\nagent:\n  maxIterations: many\n"
+# the value comes back in the error: a carriage return in it ends a line
+# for Markdown as a newline does
+BROKEN_AGENT_YAML = ("version: \"1\"\nagent:\n"
+                     "  maxIterations: \"many\\r@myorg/reviewers\"\n")
 # on a branch a write-access user pushed and made the base of their PR
 OWN_BASE_AGENT_YAML = ("version: \"1\"\nagent:\n  maxIterations: 500\n"
                        "  budgetUSD: \"900.00\"\n  capabilities: [\"*\"]\n")
@@ -433,6 +436,10 @@ def main(t):
     r = wait(broken_reply)
     t.ok(r and ".diverge/agent.yaml:3:" in r[0], "a broken agent.yaml: "
          "the reply names the line", r)
+    # every line of the quoted error stays in the quote, whatever ends it
+    t.ok(r and all(line.startswith(">     ") for line in
+                   re.split(r"\r\n|\r|\n", r[0])[1:]),
+         "a broken agent.yaml: the error is quoted line by line", r)
     t.ok(get_task(d, "fix-pr-1") is None, "a broken agent.yaml: no task")
 
     # --- a fork PR: refused with a reason
