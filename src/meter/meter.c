@@ -55,12 +55,17 @@ meter_parse_usd(const char *text, size_t len, int64_t max_micro,
 	char d[MAX_SIG];	/* significant digits, no leading zeros */
 	size_t nd = 0, i = 0, k;
 	long exp10 = 0, e = 0;	/* value = d * 10^(exp10 + e) */
-	int point = 0, sticky = 0, any = 0, rnd = 0, esign = 1;
+	int point = 0, sticky = 0, any = 0, rnd = 0, esign = 1, minus = 0;
 	int64_t v = 0;
 	long shift;
 
-	if (len == 0 || text[0] == '-' || text[0] == '+')
+	if (len == 0 || text[0] == '+')
 		return -1;
+	/* "-0", "-0.0" are zero (json.dumps(-0.0)); any other sign is not */
+	if (text[0] == '-') {
+		minus = 1;
+		i = 1;
+	}
 	for (; i < len; i++) {
 		char c = text[i];
 
@@ -80,9 +85,12 @@ meter_parse_usd(const char *text, size_t len, int64_t max_micro,
 		if (nd < MAX_SIG) {
 			d[nd++] = c;
 		} else {
-			/* beyond 40 digits: too large, or far below 1e-6 */
-			if (!point)
-				return -1;
+			/*
+			 * beyond 40 digits the digit is dropped, its place
+			 * kept (after the point this undoes the decrement):
+			 * too large unless an exponent brings it down
+			 * ("1000...0e-51"); only rounding sees it
+			 */
 			exp10++;
 			if (c != '0')
 				sticky = 1;
@@ -107,6 +115,8 @@ meter_parse_usd(const char *text, size_t len, int64_t max_micro,
 		*out = 0;
 		return 0;
 	}
+	if (minus)
+		return -1;
 	/* micro = d * 10^(exp10 + e + 6) */
 	shift = exp10 + e + 6;
 	if (shift > 30)

@@ -384,7 +384,7 @@ int meter_prune_index(struct meter *m, const char *ns, char **cause);
 int meter_prune_all(struct meter *m, char **cause);
 
 /*
- * Parse a JSON number text (no sign: negative is an error) as USD into
+ * Parse a JSON number text (negative is an error; "-0" is 0) as USD into
  * micro-USD, rounding half to even beyond 6 decimals. -1 when it is not a
  * number or over max_micro.
  */

@@ -238,6 +238,16 @@ usd_parsing(void **state)
 		{ "0.1234565", 123456 }, { "0.1234575", 123458 },
 		{ "123.", -1 }, { "", -1 }, { "abc", -1 },
 		{ "0.00000000000000000000000000000000000000000000001", 0 },
+		/* JSON numbers of value 0 with a sign: zero, not negative */
+		{ "-0", 0 }, { "-0.0", 0 }, { "-0e5", 0 }, { "-0.0000001", -1 },
+		{ "-1e-9", -1 },
+		/* more than 40 digits before the point, brought down by the
+		 * exponent: $123456.789012 and $1 */
+		{ "12345678901234567890123456789012345678901234567890e-44",
+		    123456789012 },
+		{ "1000000000000000000000000000000000000000000000000000e-51",
+		    1000000 },
+		{ "12345678901234567890123456789012345678901234567890", -1 },
 	};
 	size_t i;
 	int64_t v;
@@ -553,6 +563,10 @@ ok_reply_and_ring(void **state)
 	assert_int_equal(jint(json_object_get(task, "status"),
 	    "tokensConsumed"), 1502);
 	json_decref(task);
+	/* -0.0 (Python's json.dumps of a rounded tiny negative) is 0 */
+	assert_int_equal(call(&t, "z", 3, "m", 7, "-0.0", &j), 200);
+	assert_int_equal(jint(j, "totalTokensUsed"), 1509);
+	json_decref(j);
 	/* the ring keeps the last 32 */
 	for (i = 0; i < 40; i++) {
 		snprintf(rid, sizeof(rid), "ring-%d", i);
