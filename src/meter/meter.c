@@ -123,7 +123,7 @@ meter_parse_usd(const char *text, size_t len, int64_t max_micro,
 		return -1;
 	if (shift >= 0) {
 		for (k = 0; k < nd; k++) {
-			if (v > (INT64_MAX - 9) / 10)
+			if (v > (INT64_MAX - (d[k] - '0')) / 10)
 				return -1;
 			v = v * 10 + (d[k] - '0');
 		}
@@ -136,7 +136,7 @@ meter_parse_usd(const char *text, size_t len, int64_t max_micro,
 		long keep = (long)nd + shift;	/* digits above 1e-6 USD */
 
 		for (k = 0; (long)k < keep; k++) {
-			if (v > (INT64_MAX - 9) / 10)
+			if (v > (INT64_MAX - (d[k] - '0')) / 10)
 				return -1;
 			v = v * 10 + (d[k] - '0');
 		}
@@ -150,8 +150,11 @@ meter_parse_usd(const char *text, size_t len, int64_t max_micro,
 			rnd = 0;
 			sticky = 1;
 		}
-		if (rnd > 5 || (rnd == 5 && (sticky || (v & 1))))
+		if (rnd > 5 || (rnd == 5 && (sticky || (v & 1)))) {
+			if (v == INT64_MAX)
+				return -1;
 			v++;
+		}
 	}
 	if (v > max_micro)
 		return -1;
@@ -167,14 +170,16 @@ meter_format_usd(int64_t micro, char out[32])
 	    (long long)(micro % 1000000));
 }
 
-/* A decimal string (as stored: "5.00", "0.022500") to micro-USD. */
+/*
+ * A decimal string (as stored: "5.00", "0.022500") to micro-USD. Every
+ * total a charge may write (up to INT64_MAX) reads back.
+ */
 static int64_t
 usd_string(const char *s)
 {
 	int64_t v = 0;
 
-	if (s == NULL || meter_parse_usd(s, strlen(s), INT64_MAX / 10,
-	    &v) < 0)
+	if (s == NULL || meter_parse_usd(s, strlen(s), INT64_MAX, &v) < 0)
 		return 0;
 	return v;
 }

@@ -218,6 +218,31 @@ jint(const json_t *j, const char *k)
 	return json_integer_value(json_object_get(j, k));
 }
 
+/* The totals the task's status holds. */
+static void
+stored_totals(const char *name, const char *cost, int64_t tokens)
+{
+	json_t *task = get_task(name);
+
+	assert_string_equal(jstr(json_object_get(task, "status"), "costUSD"),
+	    cost);
+	assert_int_equal(jint(json_object_get(task, "status"),
+	    "tokensConsumed"), tokens);
+	json_decref(task);
+}
+
+/* Merge status (taken) into the task's status. */
+static void
+patch_status(const char *name, json_t *status)
+{
+	struct k8s_status st = { 0 };
+	json_t *p = json_pack("{s:o}", "status", status);
+
+	assert_int_equal(k8s_patch(env.api, &K8S_AGENTTASK, NS, name, 1, p,
+	    NULL, &st), 0);
+	json_decref(p);
+}
+
 /* ---- cases ---- */
 
 static void
@@ -557,12 +582,7 @@ ok_reply_and_ring(void **state)
 	assert_int_equal(call(&t, "c", 2, "m", 1, "0.000001", &j), 200);
 	assert_int_equal(jint(j, "iteration"), 3);
 	json_decref(j);
-	task = get_task(t.name);
-	assert_string_equal(jstr(json_object_get(task, "status"), "costUSD"),
-	    "0.022502");
-	assert_int_equal(jint(json_object_get(task, "status"),
-	    "tokensConsumed"), 1502);
-	json_decref(task);
+	stored_totals(t.name, "0.022502", 1502);
 	/* -0.0 (Python's json.dumps of a rounded tiny negative) is 0 */
 	assert_int_equal(call(&t, "z", 3, "m", 7, "-0.0", &j), 200);
 	assert_int_equal(jint(j, "totalTokensUsed"), 1509);
@@ -639,6 +659,48 @@ budgets(void **state)
 	meter_free(small);
 	task_release(&t);
 	task_release(&cav);
+}
+
+/*
+ * Totals are read back as they were written: past $922,337,203,685 (a
+ * tenth of int64 micro-USD) status.costUSD was read as 0, so an unlimited
+ * task's spend started again from nothing, and a spec.budgetUSD above it
+ * (up to 12 digits are valid) counted as unset.
+ */
+static void
+large_totals(void **state)
+{
+	struct task t, b;
+	json_t *j;
+	int64_t v = 0;
+
+	(void)state;
+	/* the largest total a charge may write reads back */
+	assert_int_equal(meter_parse_usd("9223372036854.775807", 20,
+	    INT64_MAX, &v), 0);
+	assert_true(v == INT64_MAX);
+	assert_int_equal(meter_parse_usd("9223372036854.775808", 20,
+	    INT64_MAX, &v), -1);
+	assert_int_equal(meter_parse_usd("9223372036854.7758075", 21,
+	    INT64_MAX, &v), -1);
+	make_task(&t, "{}", 0);
+	patch_status(t.name, json_pack("{s:s,s:I}", "costUSD",
+	    "922337203000.000000", "tokensConsumed", (json_int_t)5));
+	assert_int_equal(call(&t, "l1", 1, "m", 1, "1000000", &j), 200);
+	json_decref(j);
+	assert_int_equal(call(&t, "l2", 1, "m", 1, "0.000001", &j), 200);
+	json_decref(j);
+	stored_totals(t.name, "922338203000.000001", 7);
+	/* a $950,000,000,000 budget: crossed, not replaced by "no budget" */
+	make_task(&b, "{\"budgetUSD\":\"950000000000\"}", 0);
+	patch_status(b.name, json_pack("{s:s}", "costUSD", "949999999999.5"));
+	assert_int_equal(call(&b, "l3", 1, "m", 1, "0.5", &j), 200);
+	json_decref(j);
+	assert_int_equal(call(&b, "l4", 1, "m", 1, "0.000001", &j), 429);
+	assert_string_equal(jstr(j, "reason"), "budget exceeded");
+	json_decref(j);
+	task_release(&t);
+	task_release(&b);
 }
 
 static void
@@ -1168,6 +1230,7 @@ main(void)
 		cmocka_unit_test(large_guidance),
 		cmocka_unit_test(ok_reply_and_ring),
 		cmocka_unit_test(budgets),
+		cmocka_unit_test(large_totals),
 		cmocka_unit_test(iterations),
 		cmocka_unit_test(completion),
 		cmocka_unit_test(completion_fields),
