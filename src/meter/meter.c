@@ -1813,21 +1813,24 @@ meter_issue_token(struct meter *m, const json_t *task, int64_t expires,
 	list = join_list(json_object_get(spec, "capabilities"));
 	add_caveat(&cav, &n, "models", list);
 	free(list);
+	/*
+	 * Both budgets, always, 0 (unlimited) included: a holder may append
+	 * caveats, and one appended to a token that had none would be taken
+	 * as its budget (a "max_cost_usd = 0", unlimited, past a default set
+	 * later); beside the minted one it is a second value, and refused
+	 */
 	usd = usd_string(json_string_value(json_object_get(spec,
 	    "budgetUSD")));
 	if (usd <= 0)
 		usd = m->cfg.default_budget_usd_micro;
-	if (usd > 0) {
-		meter_format_usd(usd, money);
-		add_caveat(&cav, &n, "max_cost_usd", money);
-	}
+	meter_format_usd(usd > 0 ? usd : 0, money);
+	add_caveat(&cav, &n, "max_cost_usd", money);
 	tokens = json_integer_value(json_object_get(spec, "budgetTokens"));
 	if (tokens <= 0)
 		tokens = m->cfg.default_budget_tokens;
-	if (tokens > 0) {
-		snprintf(num, sizeof(num), "%lld", (long long)tokens);
-		add_caveat(&cav, &n, "max_tokens", num);
-	}
+	snprintf(num, sizeof(num), "%lld", (long long)(tokens > 0 ? tokens :
+	    0));
+	add_caveat(&cav, &n, "max_tokens", num);
 	time_rfc3339(expires, ex);
 	add_caveat(&cav, &n, "expires", ex);
 	rc = macaroon_mint(m->key, sizeof(m->key), id, m->cfg.location,

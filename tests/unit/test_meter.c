@@ -662,6 +662,53 @@ budgets(void **state)
 }
 
 /*
+ * A token carries both budgets as minted, unlimited (0) included, so a
+ * budget caveat its holder appends is a second value, refused: minted
+ * without one while the defaults were unlimited, a token with an
+ * appended "max_cost_usd = 1000000" escaped a default set later (a
+ * restart with mc.default_budget_usd_micro = $1: a $50 call was charged).
+ * And the token keeps the budget it was minted with.
+ */
+static void
+appended_budget(void **state)
+{
+	struct task t;
+	json_t *j;
+	char *cause = NULL, *usd, *tok;
+	struct meter_config mc;
+	struct meter *capped, *keep = meter;
+
+	(void)state;
+	make_task(&t, "{}", 0);		/* defaults: unlimited */
+	memset(&mc, 0, sizeof(mc));
+	mc.store = env.api;
+	mc.root_key = key;
+	mc.location = "http://127.0.0.1:8080";
+	mc.default_budget_usd_micro = 1000000;
+	mc.default_budget_tokens = 1000;
+	assert_int_equal(meter_new(&capped, &mc, &cause), 0);
+	meter = capped;
+	usd = attenuate(&t, "max_cost_usd = 1000000");
+	assert_int_equal(charge(usd, "{\"requestId\":\"a1\",\"iteration\":1,"
+	    "\"model\":\"m\",\"tokensUsed\":1,\"costUSD\":50}", &j), 401);
+	assert_string_equal(jstr(j, "error"), "caveat not met: max_cost_usd");
+	json_decref(j);
+	tok = attenuate(&t, "max_tokens = 100000000");
+	assert_int_equal(charge(tok, "{\"requestId\":\"a2\",\"iteration\":1,"
+	    "\"model\":\"m\",\"tokensUsed\":5000,\"costUSD\":0}", &j), 401);
+	assert_string_equal(jstr(j, "error"), "caveat not met: max_tokens");
+	json_decref(j);
+	/* the token as minted: unlimited, whatever the default now */
+	assert_int_equal(call(&t, "a3", 1, "m", 5000, "50", &j), 200);
+	json_decref(j);
+	meter = keep;
+	meter_free(capped);
+	free(usd);
+	free(tok);
+	task_release(&t);
+}
+
+/*
  * Totals are read back as they were written: past $922,337,203,685 (a
  * tenth of int64 micro-USD) status.costUSD was read as 0, so an unlimited
  * task's spend started again from nothing, and a spec.budgetUSD above it
@@ -1230,6 +1277,7 @@ main(void)
 		cmocka_unit_test(large_guidance),
 		cmocka_unit_test(ok_reply_and_ring),
 		cmocka_unit_test(budgets),
+		cmocka_unit_test(appended_budget),
 		cmocka_unit_test(large_totals),
 		cmocka_unit_test(iterations),
 		cmocka_unit_test(completion),
