@@ -2271,10 +2271,20 @@ body_object(struct api_req *q, const struct target *t, int update,
 	int ret;
 
 	m = media_type(header(q, "Content-Type"));
+	/*
+	 * Only a body declared JSON (or protobuf) is read, as the apiserver
+	 * does: text/plain, a form type or none at all is what a web page
+	 * can POST cross-origin without a CORS preflight, and the loopback
+	 * listener has no token.
+	 */
 	if (strcmp(m, "application/vnd.kubernetes.protobuf") == 0)
 		ret = body_protobuf(q, t->r, &obj, st);
-	else
+	else if (strcmp(m, MT_JSON) == 0)
 		ret = body_json(q, &obj, st);
+	else
+		ret = k8s_status_set(st, K8S_EUNSUPPORTED, "the body of the "
+		    "request was in an unknown format - accepted media types "
+		    "include: application/json", NULL);
 	if (ret < 0)
 		goto out;
 	ret = -1;

@@ -475,6 +475,57 @@ def framing(t, srv):
          "nothing was created by them")
 
 
+def raw_call(srv, method, path, headers, body=b""):
+    """(status, Status or object) of one request written by hand, so
+    that its Host and Content-Type are exactly those given (or absent)."""
+    host, port = srv.url.split("//", 1)[1].rsplit(":", 1)
+    head = "%s %s HTTP/1.1\r\n" % (method, path)
+    for k, v in headers:
+        head += "%s: %s\r\n" % (k, v)
+    head += "Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(head.encode() + body)
+    got = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    s.close()
+    head, _, rest = got.partition(b"\r\n\r\n")
+    try:
+        return int(head.split()[1]), json.loads(rest or b"{}")
+    except (IndexError, ValueError):
+        return 0, {"raw": got[:200].decode("utf-8", "replace")}
+
+
+def simple_posts(t, srv):
+    """A create whose body is not declared JSON is refused with 415, as
+    kube-apiserver does. The loopback listener has no token, and these
+    are the POSTs any web page the operator visits can send to it
+    without a CORS preflight (Content-Type text/plain, a form type, or
+    none): read as JSON, they created AgentTasks with its prompt."""
+    port = srv.url.rsplit(":", 1)[1]
+    local = "127.0.0.1:" + port
+    for ctype in ("text/plain;charset=UTF-8", "text/plain",
+                  "application/x-www-form-urlencoded",
+                  "multipart/form-data; boundary=x", None):
+        hdrs = [("Host", local)]
+        if ctype is not None:
+            hdrs.append(("Content-Type", ctype))
+        code, body = raw_call(srv, "POST", TASKS, hdrs,
+                              json.dumps(task("csrf")).encode())
+        t.ok(code == 415 and body.get("reason") == "UnsupportedMediaType",
+             "a create with Content-Type %s: 415, not read as JSON" %
+             ctype, (code, body))
+    t.eq(call(srv, "GET", TASKS + "/csrf")[0], 404,
+         "nothing was created by them")
+    code, body = raw_call(srv, "POST", TASKS, [
+        ("Host", local), ("Content-Type", "Application/JSON; charset=utf-8")],
+        json.dumps(task("json-charset")).encode())
+    t.eq(code, 201, "application/json with parameters is still read")
+
+
 def main(t):
     srv = ApiServer()
     try:
@@ -488,6 +539,7 @@ def main(t):
         not_acceptable(t, srv)
         preference(t, srv)
         framing(t, srv)
+        simple_posts(t, srv)
         t.eq(srv.stop(), 0, "the server stops cleanly on SIGTERM")
     finally:
         srv.cleanup()
