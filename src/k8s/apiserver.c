@@ -3570,6 +3570,56 @@ authorized(const struct k8s_apiserver *s, struct MHD_Connection *conn)
 }
 
 /*
+ * Whether a request with this Host may be served without a token:
+ * localhost or a loopback address, with a port or none, as kubectl
+ * proxy's default --accept-hosts. A web page on a name of its own that
+ * it then resolves to 127.0.0.1 (DNS rebinding) is same-origin with
+ * the listener, reads its replies and writes with any Content-Type; its
+ * requests carry that name. No Host (HTTP/1.0) is no browser's.
+ */
+static int
+host_allowed(const char *h)
+{
+	struct sockaddr_storage ss;
+	const char *e, *p;
+	char name[64];
+	int v6 = h != NULL && h[0] == '[';
+	size_t n;
+
+	if (h == NULL)
+		return 1;
+	if (v6) {
+		h++;
+		if ((e = strchr(h, ']')) == NULL)
+			return 0;
+		p = e + 1;
+	} else {
+		e = h + strcspn(h, ":");
+		p = e;
+	}
+	if (*p == ':')
+		p++;
+	else if (*p != '\0')
+		return 0;
+	if (strspn(p, "0123456789") != strlen(p) || strlen(p) > 5)
+		return 0;
+	n = (size_t)(e - h);
+	if (n == 0 || n >= sizeof(name))
+		return 0;
+	memcpy(name, h, n);
+	name[n] = '\0';
+	if (!v6 && strcasecmp(name, "localhost") == 0)
+		return 1;
+	memset(&ss, 0, sizeof(ss));
+	ss.ss_family = v6 ? AF_INET6 : AF_INET;
+	if (inet_pton(ss.ss_family, name, v6 ?
+	    (void *)&((struct sockaddr_in6 *)&ss)->sin6_addr :
+	    (void *)&((struct sockaddr_in *)&ss)->sin_addr) != 1)
+		return 0;
+	return is_loopback(&ss);
+}
+
+/*
  * Replace the bearer token (SIGHUP): requests from then on must carry the
  * new one. Only a server started with a token has one to replace.
  */
@@ -3654,7 +3704,7 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 {
 	struct k8s_apiserver *s = cls;
 	struct api_req *q = *con_cls;
-	const char *cl, *why;
+	const char *cl, *why, *host;
 
 	(void)version;
 	if (q == NULL) {
@@ -3675,6 +3725,14 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 			reply_err(q, K8S_EBADREQUEST, 400, "BadRequest",
 			    "the length of the request body is ambiguous: %s",
 			    why);
+			return send_reply(q);
+		}
+		host = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+		    MHD_HTTP_HEADER_HOST);
+		if (!s->has_token && !host_allowed(host)) {
+			reply_err(q, K8S_EFORBIDDEN, 403, "Forbidden", "host "
+			    "'%.64s' is not served: without api.token only "
+			    "localhost and loopback addresses are", host);
 			return send_reply(q);
 		}
 		cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,

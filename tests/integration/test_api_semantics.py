@@ -526,6 +526,36 @@ def simple_posts(t, srv):
     t.eq(code, 201, "application/json with parameters is still read")
 
 
+def foreign_host(t, srv):
+    """Through DNS rebinding (a name of the attacker's resolving to
+    127.0.0.1) a web page is same-origin with the loopback listener and
+    reads its replies, the Secrets among them, or writes with any
+    Content-Type. Without a token, a Host other than localhost or a
+    loopback address is refused with 403, as kubectl proxy's default
+    --accept-hosts does; kubectl and the REST client send
+    127.0.0.1:PORT."""
+    port = srv.url.rsplit(":", 1)[1]
+    local = "127.0.0.1:" + port
+    for host in ("rebind.attacker.example:" + port, "attacker.example",
+                 "localhost.attacker.example:" + port, "127.0.0.1.nip.io",
+                 "[::1]x", "127.0.0.1:" + port + "@x"):
+        code, body = raw_call(srv, "GET", SECRETS, [("Host", host)])
+        t.ok(code == 403 and body.get("kind") == "Status" and
+             body.get("reason") == "Forbidden",
+             "Host %s: 403 Status" % host, (code, body))
+        code, body = raw_call(srv, "POST", TASKS, [
+            ("Host", host), ("Content-Type", "application/json")],
+            json.dumps(task("rebound")).encode())
+        t.eq(code, 403, "Host %s: a create is refused too" % host)
+    t.eq(call(srv, "GET", TASKS + "/rebound")[0], 404,
+         "nothing was created through another Host")
+    for host in (local, "localhost:" + port, "LocalHost", "127.0.0.1",
+                 "[::1]:" + port, "127.0.0.2:" + port):
+        code, body = raw_call(srv, "GET", SECRETS, [("Host", host)])
+        t.ok(code == 200 and body.get("kind") == "SecretList",
+             "Host %s: served" % host, (code, body))
+
+
 def main(t):
     srv = ApiServer()
     try:
@@ -540,6 +570,7 @@ def main(t):
         preference(t, srv)
         framing(t, srv)
         simple_posts(t, srv)
+        foreign_host(t, srv)
         t.eq(srv.stop(), 0, "the server stops cleanly on SIGTERM")
     finally:
         srv.cleanup()
