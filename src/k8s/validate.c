@@ -54,7 +54,10 @@ utf8_chars(const char *s)
 	return n;
 }
 
-/* DNS-1123 subdomain: lowercase alnum, '-', '.', alnum at both ends. */
+/*
+ * DNS-1123 subdomain: labels of lowercase alnum and '-' joined by '.',
+ * each with alnum at both ends (a..b, a.-b and a-.b are not).
+ */
 static int
 dns_subdomain(const char *s)
 {
@@ -62,12 +65,19 @@ dns_subdomain(const char *s)
 
 	if (n == 0 || n > 253)
 		return 0;
-	for (i = 0; i < n; i++)
-		if (!(islower((unsigned char)s[i]) ||
-		    isdigit((unsigned char)s[i]) || s[i] == '-' ||
-		    s[i] == '.'))
+	for (i = 0; i < n; i++) {
+		if (islower((unsigned char)s[i]) ||
+		    isdigit((unsigned char)s[i]))
+			continue;
+		if (s[i] != '-' && s[i] != '.')
 			return 0;
-	return isalnum((unsigned char)s[0]) && isalnum((unsigned char)s[n - 1]);
+		/* '-' and '.' only between alnums, or '-' next to '-' */
+		if (i == 0 || i == n - 1 || s[i - 1] == '.' ||
+		    (s[i] == '.' && s[i - 1] == '-') ||
+		    (s[i] == '-' && s[i + 1] == '.'))
+			return 0;
+	}
+	return 1;
 }
 
 static int

@@ -556,6 +556,21 @@ def foreign_host(t, srv):
              "Host %s: served" % host, (code, body))
 
 
+def subdomain_names(t, srv):
+    """A name must be a DNS-1123 subdomain: dot-separated labels, each
+    starting and ending with a letter or digit. kube-apiserver refuses
+    a..b, a.-b and a-.b with 422 Invalid; the store took them (201),
+    objects a cluster would not accept, named into their children."""
+    for name in ("a..b", "a.-b", "a-.b", "x.-", "a.b..c"):
+        code, body = call(srv, "POST", TASKS, task(name))
+        t.ok(code == 422 and body.get("reason") == "Invalid" and
+             body.get("details", {}).get("causes", [{}])[0].get(
+                 "field") == "metadata.name",
+             "name %s: 422 Invalid" % name, (code, body))
+    code, body = call(srv, "POST", TASKS, task("a.b-c.0d"))
+    t.eq(code, 201, "a.b-c.0d is a subdomain: created")
+
+
 def main(t):
     srv = ApiServer()
     try:
@@ -571,6 +586,7 @@ def main(t):
         framing(t, srv)
         simple_posts(t, srv)
         foreign_host(t, srv)
+        subdomain_names(t, srv)
         t.eq(srv.stop(), 0, "the server stops cleanly on SIGTERM")
     finally:
         srv.cleanup()
