@@ -168,10 +168,11 @@ strip_nulls(json_t *o)
 
 /*
  * Whether obj belongs to the task: its controller owner reference is the
- * task's uid, or it has none and carries the task label.
+ * task's uid. The task label is no proof: anyone who may create the
+ * object may set it, and every child is made with the reference.
  */
 static int
-owned_by(const json_t *obj, const char *name, const char *uid)
+owned_by(const json_t *obj, const char *uid)
 {
 	const json_t *refs = json_object_get(json_object_get(obj, "metadata"),
 	    "ownerReferences");
@@ -184,8 +185,7 @@ owned_by(const json_t *obj, const char *name, const char *uid)
 		return streq(jstr(r, "kind"), "AgentTask") &&
 		    streq(jstr(r, "uid"), uid);
 	}
-	return streq(jpath(json_object_get(obj, "metadata"), "labels",
-	    CONTROLLER_LABEL_TASK), name);
+	return 0;
 }
 
 /* Whether obj's controller owner reference has this uid. */
@@ -258,7 +258,7 @@ observe_child(struct rctx *x, const struct k8s_resource *r,
 		k8s_status_release(&st);
 		return rc;
 	}
-	if (netpol ? managed_netpol(o) : owned_by(o, x->name, x->uid)) {
+	if (netpol ? managed_netpol(o) : owned_by(o, x->uid)) {
 		c->obj = o;
 	} else {
 		c->conflict = 1;
@@ -822,8 +822,7 @@ apply_child(struct rctx *x, const struct k8s_resource *r, json_t *cur,
 		}
 		if (rc < 0)
 			break;
-		if (!(netpol ? managed_netpol(obs) : owned_by(obs, x->name,
-		    x->uid))) {
+		if (!(netpol ? managed_netpol(obs) : owned_by(obs, x->uid))) {
 			rc = 1;
 			break;
 		}

@@ -1572,13 +1572,26 @@ test_meter_429(void **state)
 	free(name);
 }
 
+/* The Sandbox name, someone else's, is as it was made: not adopted. */
+static void
+assert_sandbox_foreign(const char *name)
+{
+	json_t *sb = get(&K8S_SANDBOX, name);
+
+	assert_non_null(sb);
+	assert_null(jget(sb, "metadata.ownerReferences"));
+	assert_null(jget(sb, "spec.operatingMode"));
+	assert_int_equal(k8s_meta_int(sb, "generation"), 1);
+	json_decref(sb);
+}
+
 /* An object that is not the task's is never adopted: a conflict. */
 static void
 test_conflict(void **state)
 {
 	char *name = new_task(NULL, NULL);
 	struct k8s_status st = { 0 };
-	json_t *foreign, *t, *sb;
+	json_t *foreign, *t;
 
 	(void)state;
 	foreign = json_pack("{s:s,s:s,s:{s:s,s:{s:s}},s:{s:{s:{s:[]}}}}",
@@ -1598,11 +1611,7 @@ test_conflict(void **state)
 	assert_non_null(strstr(jp(t, "status.message"), "sandbox"));
 	assert_non_null(strstr(jp(t, "status.message"), "not owned"));
 	json_decref(t);
-	sb = get(&K8S_SANDBOX, name);
-	assert_null(jget(sb, "metadata.ownerReferences"));
-	assert_null(jget(sb, "spec.operatingMode"));
-	assert_int_equal(k8s_meta_int(sb, "generation"), 1);
-	json_decref(sb);
+	assert_sandbox_foreign(name);
 	free(name);
 }
 
@@ -1654,6 +1663,98 @@ test_foreign_token_secret(void **state)
 	json_decref(sec);
 	json_decref(t);
 	free(sname);
+	free(name);
+}
+
+/* Create obj (JSON text) of kind r in NS. */
+static void
+create_text(const struct k8s_resource *r, const char *text)
+{
+	struct k8s_status st = { 0 };
+	json_t *o = json_loads(text, 0, NULL);
+
+	assert_non_null(o);
+	assert_int_equal(k8s_create(env.api, r, NS, o, NULL, &st), 0);
+	k8s_status_release(&st);
+	json_decref(o);
+}
+
+/*
+ * A child-named object someone else made may carry the task's label but
+ * no controller owner reference of the task's uid (only the label, or an
+ * owner reference to the task with controller false): it is not adopted
+ * but a conflict, left as it was.
+ */
+static void
+test_foreign_labelled(void **state)
+{
+	char *name = xasprintf("t%d", counter + 1);
+	char *sname = xasprintf("%s-token", name), *ename, *text;
+	json_t *sec, *t;
+
+	(void)state;
+	/* a Secret with the task's label, the tenant's own token */
+	text = xasprintf("{\"apiVersion\":\"v1\",\"kind\":\"Secret\","
+	    "\"metadata\":{\"name\":\"%s\",\"labels\":{\"divergedev.com/"
+	    "task\":\"%s\"}},\"data\":{\"token\":\"c2VjcmV0\"}}", sname,
+	    name);
+	create_text(&K8S_SECRET, text);
+	free(text);
+	name = provisioned(NULL, NULL);
+	sec = get(&K8S_SECRET, sname);
+	assert_null(jget(sec, "metadata.ownerReferences"));
+	assert_string_equal(jp(sec, "data.token"), "c2VjcmV0");
+	json_decref(sec);
+	assert_null(get(&K8S_SANDBOX, name));
+	t = get_task(name);
+	assert_string_equal(jp(cond(t, "Ready"), "reason"), "ChildConflict");
+	assert_null(jp(t, "status.tokenId"));
+	json_decref(t);
+	free(sname);
+	free(name);
+
+	/* an Environment with the label, an owner reference not controller */
+	name = new_task(NULL, NULL);
+	t = get_task(name);
+	ename = xasprintf("agent-preview-%s", name);
+	text = xasprintf("{\"apiVersion\":\"divergedev.com/v1alpha1\","
+	    "\"kind\":\"Environment\",\"metadata\":{\"name\":\"%s\","
+	    "\"labels\":{\"divergedev.com/task\":\"%s\"},"
+	    "\"ownerReferences\":[{\"apiVersion\":\"divergedev.com/v1alpha1\","
+	    "\"kind\":\"AgentTask\",\"name\":\"%s\",\"uid\":\"%s\","
+	    "\"controller\":false}]},\"spec\":{\"branch\":\"evil\","
+	    "\"image\":\"evil/image\"}}", ename, name, name,
+	    k8s_meta_str(t, "uid"));
+	json_decref(t);
+	create_text(&K8S_ENVIRONMENT, text);
+	free(text);
+	provision(name);
+	sec = get(&K8S_ENVIRONMENT, ename);
+	assert_string_equal(jp(sec, "spec.branch"), "evil");
+	assert_false(json_is_true(jget(sec,
+	    "metadata.ownerReferences.0.controller")));
+	json_decref(sec);
+	t = get_task(name);
+	assert_string_equal(jp(cond(t, "Ready"), "reason"), "ChildConflict");
+	json_decref(t);
+	free(ename);
+	free(name);
+
+	/* a Sandbox with the label, the tenant's pod, no owner reference */
+	name = new_task(NULL, NULL);
+	text = xasprintf("{\"apiVersion\":\"agents.x-k8s.io/v1beta1\","
+	    "\"kind\":\"Sandbox\",\"metadata\":{\"name\":\"%s\","
+	    "\"labels\":{\"divergedev.com/task\":\"%s\"}},\"spec\":{"
+	    "\"podTemplate\":{\"spec\":{\"serviceAccountName\":\"admin\","
+	    "\"containers\":[]}}}}", name, name);
+	create_text(&K8S_SANDBOX, text);
+	free(text);
+	provision(name);
+	assert_sandbox_foreign(name);
+	t = get_task(name);
+	assert_string_equal(jp(cond(t, "SandboxReady"), "reason"),
+	    "ChildConflict");
+	json_decref(t);
 	free(name);
 }
 
@@ -4579,6 +4680,7 @@ main(void)
 		cmocka_unit_test(test_meter_pause_two_writes),
 		cmocka_unit_test(test_conflict),
 		cmocka_unit_test(test_foreign_token_secret),
+		cmocka_unit_test(test_foreign_labelled),
 		cmocka_unit_test(test_long_name),
 		cmocka_unit_test(test_sandbox_long_message),
 		cmocka_unit_test(test_no_preview),
