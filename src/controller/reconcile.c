@@ -1785,6 +1785,15 @@ reconcile_once(struct rctx *x)
 			env_exists = 1;
 		rc = 0;
 	}
+	/*
+	 * someone else's Environment of the name is not the task's preview:
+	 * the agent is not sent to it (its requests, with the preview
+	 * header, would reach whatever that Environment runs)
+	 */
+	if (o.env.conflict) {
+		free(purl);
+		purl = NULL;
+	}
 
 	/*
 	 * the Sandbox or SandboxClaim; the Sandbox mounts <task>-token by

@@ -1758,6 +1758,60 @@ test_foreign_labelled(void **state)
 	free(name);
 }
 
+/*
+ * Someone else's agent-preview-<task> Environment is not the task's
+ * preview: the agent is not sent to it (no DIVERGE_PREVIEW_* in its
+ * Sandbox) while it is there; once it is gone the task's own is made and
+ * the agent gets it.
+ */
+static void
+test_foreign_environment(void **state)
+{
+	struct k8s_status st = { 0 };
+	char *name = xasprintf("t%d", counter + 1), *text;
+	char *ename = xasprintf("agent-preview-%s", name);
+	const json_t *c;
+	json_t *sb, *t;
+
+	(void)state;
+	text = xasprintf("{\"apiVersion\":\"divergedev.com/v1alpha1\","
+	    "\"kind\":\"Environment\",\"metadata\":{\"name\":\"%s\"},"
+	    "\"spec\":{\"image\":\"tenant/listener\"}}", ename);
+	create_text(&K8S_ENVIRONMENT, text);
+	free(text);
+	free(name);
+	name = provisioned(NULL, NULL);
+	t = get_task(name);
+	assert_string_equal(jp(cond(t, "PreviewReady"), "reason"),
+	    "ChildConflict");
+	assert_null(jp(t, "status.previewUrl"));
+	json_decref(t);
+	sb = get(&K8S_SANDBOX, name);
+	assert_non_null(sb);
+	c = jget(sb, "spec.podTemplate.spec.containers.0");
+	assert_non_null(env_value(c, "DIVERGE_TASK_NAME"));
+	assert_null(env_value(c, "DIVERGE_PREVIEW_URL"));
+	assert_null(env_value(c, "DIVERGE_PREVIEW_HEADER_VALUE"));
+	json_decref(sb);
+
+	assert_int_equal(k8s_delete(env.api, &K8S_ENVIRONMENT, NS, ename,
+	    NULL, &st), 0);
+	k8s_status_release(&st);
+	reconcile(name);
+	t = get_task(name);
+	sb = get(&K8S_SANDBOX, name);
+	c = jget(sb, "spec.podTemplate.spec.containers.0");
+	assert_non_null(jp(t, "status.previewUrl"));
+	assert_string_equal(env_value(c, "DIVERGE_PREVIEW_URL"),
+	    jp(t, "status.previewUrl"));
+	assert_string_equal(env_value(c, "DIVERGE_PREVIEW_HEADER_VALUE"),
+	    ename);
+	json_decref(sb);
+	json_decref(t);
+	free(ename);
+	free(name);
+}
+
 /* No Environment without a repository URL or with preview disabled. */
 /*
  * Every child carries the task's name as a label value (at most 63
@@ -4681,6 +4735,7 @@ main(void)
 		cmocka_unit_test(test_conflict),
 		cmocka_unit_test(test_foreign_token_secret),
 		cmocka_unit_test(test_foreign_labelled),
+		cmocka_unit_test(test_foreign_environment),
 		cmocka_unit_test(test_long_name),
 		cmocka_unit_test(test_sandbox_long_message),
 		cmocka_unit_test(test_no_preview),
