@@ -99,6 +99,29 @@ keys_release(struct provider_keys *k)
 }
 
 /*
+ * Read a secret used as a C string (a token, a key in PEM): one with a
+ * NUL byte is refused, not cut short at it ("\0..." would be no token).
+ */
+static int
+text_secret_read(const char *ref, char **out, size_t *outlen, char **cause)
+{
+	char *v = NULL;
+	size_t len = 0;
+
+	if (config_secret_read(ref, &v, &len, cause) < 0)
+		return -1;
+	if (strlen(v) != len) {
+		secure_wipe(v, len);
+		free(v);
+		*cause = xstrdup("the secret holds a NUL byte");
+		return -1;
+	}
+	*out = v;
+	*outlen = len;
+	return 0;
+}
+
+/*
  * The error of a secret-valued key, "FILE:LINE: 'KEY': what" like the
  * parser's when the configuration file says where the key was written.
  */
@@ -314,7 +337,7 @@ secrets_check(const struct config *cfg, char **cause)
 
 		if (!refs[i].used || refs[i].ref == NULL || *refs[i].ref == '\0')
 			continue;
-		if (config_secret_read(refs[i].ref, &v, &len, &c) < 0) {
+		if (text_secret_read(refs[i].ref, &v, &len, &c) < 0) {
 			*cause = secret_error(cfg, refs[i].key, c);
 			free(c);
 			return -1;
@@ -1157,7 +1180,7 @@ start_apiserver(char **cause)
 	if (D.cfg.api.token != NULL && *D.cfg.api.token) {
 		char *c = NULL;
 
-		if (config_secret_read(D.cfg.api.token, &token, &tlen,
+		if (text_secret_read(D.cfg.api.token, &token, &tlen,
 		    &c) < 0) {
 			*cause = xasprintf("'api.token': %s", c);
 			free(c);
@@ -1184,7 +1207,7 @@ reload_api_token(const struct config *nc, char **cause)
 	if (D.apiserver == NULL || nc->api.token == NULL ||
 	    *nc->api.token == '\0')
 		return 0;
-	if (config_secret_read(nc->api.token, &token, &len, &c) < 0) {
+	if (text_secret_read(nc->api.token, &token, &len, &c) < 0) {
 		*cause = xasprintf("'api.token': %s", c);
 		free(c);
 		return -1;

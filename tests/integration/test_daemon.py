@@ -244,6 +244,30 @@ def operations(t):
     t.ok(any("stopped" in l for l in d.log()), "stop logged")
 
 
+def secrets_status(d, tok):
+    """The status of listing Secrets on d's API with bearer token tok."""
+    c = __import__("http.client").client.HTTPConnection(
+        "127.0.0.1", d.api_port, timeout=10)
+    try:
+        c.request("GET", "/api/v1/namespaces/default/secrets",
+                  headers={"Authorization": "Bearer " + tok})
+        r = c.getresponse()
+        r.read()
+        return r.status
+    finally:
+        c.close()
+
+
+def sighup_reloaded(d):
+    """Send d a SIGHUP and wait for the reload to be logged."""
+    n = sum("reloaded secrets" in l for l in d.log())
+    d.send_signal(signal.SIGHUP)
+    end = time.time() + 10
+    while time.time() < end and sum("reloaded secrets" in l
+                                    for l in d.log()) == n:
+        time.sleep(0.05)
+
+
 def api_token_rotation(t):
     """SIGHUP re-reads api.token: the old token stops working, the new one
     works (a revoked token must not live until the next restart)."""
@@ -253,32 +277,50 @@ def api_token_rotation(t):
         f.write("token-a\n")
     d.start()
 
-    def get(tok):
-        c = __import__("http.client").client.HTTPConnection(
-            "127.0.0.1", d.api_port, timeout=10)
-        try:
-            c.request("GET", "/api/v1/namespaces/default/secrets",
-                      headers={"Authorization": "Bearer " + tok})
-            r = c.getresponse()
-            r.read()
-            return r.status
-        finally:
-            c.close()
-
-    t.eq((get("token-a"), get("token-b")), (200, 401),
+    t.eq((secrets_status(d, "token-a"), secrets_status(d, "token-b")),
+         (200, 401),
          "api.token: the configured token works, another does not")
     with open(path, "w") as f:
         f.write("token-b\n")
-    n = sum("reloaded secrets" in l for l in d.log())
-    d.send_signal(signal.SIGHUP)
-    end = time.time() + 10
-    while time.time() < end and sum("reloaded secrets" in l
-                                    for l in d.log()) == n:
-        time.sleep(0.05)
-    t.eq((get("token-a"), get("token-b")), (401, 200),
+    sighup_reloaded(d)
+    t.eq((secrets_status(d, "token-a"), secrets_status(d, "token-b")),
+         (401, 200),
          "after SIGHUP: the old api.token is refused, the new one works")
     t.ok(not any("token-a" in l or "token-b" in l for l in d.log()),
          "the tokens are never logged")
+    t.eq(d.stop(), 0, "exit 0")
+
+
+def api_token_nul(t):
+    """An api.token file with a NUL byte is refused: the API server takes
+    the token as a C string, so "\\0secret" was an empty token and the
+    server ran without authentication (auth=none), "abc\\0secret" the
+    token "abc"."""
+    d = Daemon("log: {{level: info}}\napi: {{token: \"file:{tmp}/api-token\"}}\n")
+    path = os.path.join(d.tmp, "api-token")
+    for content in (b"\0api-secret\n", b"abc\0api-secret\n"):
+        with open(path, "wb") as f:
+            f.write(content)
+        for extra in (["--check-config"], []):
+            rc, out, err = run(d.command()[1:] + extra)
+            t.ok(rc == 2 and "'api.token'" in err and "NUL" in err and
+                 "api-secret" not in err + out,
+                 "api.token %r: exit 2%s" % (content[:4], " with "
+                                             "--check-config" if extra
+                                             else ""), (rc, out, err[-300:]))
+    # a SIGHUP to such a file keeps the running token
+    with open(path, "w") as f:
+        f.write("token-a\n")
+    d.start()
+
+    with open(path, "wb") as f:
+        f.write(b"abc\0api-secret\n")
+    sighup_reloaded(d)
+    t.eq((secrets_status(d, "token-a"), secrets_status(d, "abc")),
+         (200, 401),
+         "after SIGHUP to a token with a NUL byte: the running one stays")
+    t.ok(not any("api-secret" in l for l in d.log()),
+         "the token is never logged")
     t.eq(d.stop(), 0, "exit 0")
 
 
@@ -673,6 +715,7 @@ def main(t):
     embedded_default(t)
     operations(t)
     api_token_rotation(t)
+    api_token_nul(t)
     json_logs(t)
     graceful(t)
     address_in_use(t)
