@@ -1244,6 +1244,16 @@ reload_limit(const struct config *nc)
 	    a, "to", b, NULL);
 }
 
+/* A secret that could not be replaced on SIGHUP: log *cause, free it. */
+static void
+secret_kept(char **cause)
+{
+	log_kv(LOG_ERROR, "reload: a secret could not be replaced, keeping "
+	    "the running one", "error", *cause, NULL);
+	free(*cause);
+	*cause = NULL;
+}
+
 static void
 reload(void)
 {
@@ -1284,15 +1294,17 @@ reload(void)
 		config_release(&nc);
 		return;
 	}
-	/* the clients' tokens and keys, the API's bearer token */
-	if (scm_client_reload(D.github_client, &nc, &cause) < 0 ||
-	    scm_client_reload(D.gitlab_client, &nc, &cause) < 0 ||
-	    reload_api_token(&nc, &cause) < 0) {
-		log_kv(LOG_ERROR, "reload: a secret could not be replaced, "
-		    "keeping the running one", "error", cause, NULL);
-		free(cause);
-		cause = NULL;
-	}
+	/*
+	 * The clients' tokens and keys, the API's bearer token: each on its
+	 * own, so that one failing does not keep another in force (rotated
+	 * because it was revoked).
+	 */
+	if (scm_client_reload(D.github_client, &nc, &cause) < 0)
+		secret_kept(&cause);
+	if (scm_client_reload(D.gitlab_client, &nc, &cause) < 0)
+		secret_kept(&cause);
+	if (reload_api_token(&nc, &cause) < 0)
+		secret_kept(&cause);
 	log_setup((enum log_level)nc.log.level, nc.log.json);
 	snprintf(n, sizeof(n), "%zu", nc.repo_allowlist.n);
 	log_kv(LOG_INFO, "reloaded secrets, repo_allowlist and log settings",

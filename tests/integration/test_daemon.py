@@ -324,6 +324,32 @@ def api_token_nul(t):
     t.eq(d.stop(), 0, "exit 0")
 
 
+def reload_each_secret(t):
+    """A SIGHUP replaces every secret that loads even when another one does
+    not: a github.token file gone must not keep a rotated (revoked)
+    api.token in force."""
+    d = Daemon("log: {{level: info}}\n"
+               "api: {{token: \"file:{tmp}/api-token\"}}\n"
+               "github:\n  enabled: true\n  api_url: http://127.0.0.1:9\n"
+               "  webhook_secrets: [\"file:{secret_file}\"]\n"
+               "  token: \"file:{tmp}/gh-token\"\n")
+    path = os.path.join(d.tmp, "api-token")
+    with open(path, "w") as f:
+        f.write("token-a\n")
+    with open(os.path.join(d.tmp, "gh-token"), "w") as f:
+        f.write("ghp_x\n")
+    d.start()
+    os.unlink(os.path.join(d.tmp, "gh-token"))
+    with open(path, "w") as f:
+        f.write("token-b\n")
+    sighup_reloaded(d)
+    t.eq((secrets_status(d, "token-a"), secrets_status(d, "token-b")),
+         (401, 200), "github.token unreadable: api.token is rotated still")
+    t.ok(any("github.token" in l and "level=error" in l for l in d.log()),
+         "the github.token that failed is logged")
+    t.eq(d.stop(), 0, "exit 0")
+
+
 def json_logs(t):
     d = Daemon(GITHUB_CONFIG.replace("log: {{level: debug}}",
                                      "log: {{level: info, format: json}}"))
@@ -716,6 +742,7 @@ def main(t):
     operations(t)
     api_token_rotation(t)
     api_token_nul(t)
+    reload_each_secret(t)
     json_logs(t)
     graceful(t)
     address_in_use(t)
