@@ -398,7 +398,7 @@ static const char *const github_paths[] = {
 };
 
 static const char *const gitlab_paths[] = {
-	"object_attributes.noteable_type", "object_attributes.action",
+	"object_kind", "object_attributes.noteable_type", "object_attributes.action",
 	"object_attributes.system", "object_attributes.note",
 	"object_attributes.internal", "object_attributes.confidential",
 	"object_attributes.id", "object_attributes.url",
@@ -849,13 +849,34 @@ gitlab_normalize(const char *event, struct scan *sc,
     const struct webhook_identity *self, struct scm_event *ev,
     const char **reason)
 {
-	if (strcmp(event, "Note Hook") == 0 ||
-	    strcmp(event, "Confidential Note Hook") == 0)
+	const char *kind, *want = NULL;
+	int note;
+
+	note = strcmp(event, "Note Hook") == 0 ||
+	    strcmp(event, "Confidential Note Hook") == 0;
+	if (note)
+		want = "note";
+	else if (strcmp(event, "Merge Request Hook") == 0)
+		want = "merge_request";
+	if (want == NULL) {
+		*reason = "event not handled";
+		return WH_IGNORE;
+	}
+	/*
+	 * X-Gitlab-Event is not signed, the body is: a signed delivery of
+	 * another kind (an issue closed) replayed under this header must not
+	 * be read as one. GitLab sends object_kind in both hooks.
+	 */
+	kind = get_str(sc, "object_kind", 0, "invalid 'object_kind'");
+	if (sc->reason != NULL)
+		return WH_BAD_REQUEST;
+	if (kind != NULL && strcmp(kind, want) != 0) {
+		*reason = "object_kind does not match X-Gitlab-Event";
+		return WH_IGNORE;
+	}
+	if (note)
 		return gitlab_note(event, sc, self, ev, reason);
-	if (strcmp(event, "Merge Request Hook") == 0)
-		return gitlab_merge_request(sc, ev, reason);
-	*reason = "event not handled";
-	return WH_IGNORE;
+	return gitlab_merge_request(sc, ev, reason);
 }
 
 /* Classify an authenticated payload. */

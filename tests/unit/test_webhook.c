@@ -954,6 +954,19 @@ sign_standard(const unsigned char *key, size_t klen, const char *id,
 	return sig;
 }
 
+/* Put the shared vector's signing key in k; the caller frees it. */
+static unsigned char *
+vector_signing_key(struct webhook_keys *k, size_t *klen)
+{
+	unsigned char *key = NULL;
+
+	assert_int_equal(webhook_signing_key_decode(
+	    "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", &key, klen), 0);
+	k->signing_key = key;
+	k->signing_key_len = *klen;
+	return key;
+}
+
 /*
  * With a signing token the delivery is keyed by the signed webhook-id, never
  * by Idempotency-Key, which the signature does not cover: a captured
@@ -981,10 +994,7 @@ gitlab_signed_key(void **state)
 	    "sekrit", "Note Hook", id, "1614265330", NULL, id } };
 
 	one_key(&k, s, l, "sekrit");
-	assert_int_equal(webhook_signing_key_decode(
-	    "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", &key, &klen), 0);
-	k.signing_key = key;
-	k.signing_key_len = klen;
+	key = vector_signing_key(&k, &klen);
 	sig = sign_standard(key, klen, id, "1614265330", note);
 	g.v[5] = sig;
 	assert_gitlab_key(&k, &g, note, 1614265330, id);
@@ -1011,6 +1021,56 @@ gitlab_signed_key(void **state)
 	free(sig);
 	free(key);
 	free(note);
+}
+
+/*
+ * X-Gitlab-Event is not signed: a captured delivery of another kind (an
+ * issue closed, answered 200 ignored and never stored) replayed in its 5
+ * minutes as a Merge Request Hook must not become a merge request closed.
+ * The body's object_kind, which the signature covers, has to agree.
+ */
+static void
+gitlab_event_header_unsigned(void **state)
+{
+	static const char issue[] = "{\"object_kind\":\"issue\","
+	    "\"event_type\":\"issue\",\"user\":{\"id\":1,\"username\":"
+	    "\"root\"},\"project\":{\"id\":5,\"path_with_namespace\":"
+	    "\"gitlab-org/gitlab-test\"},\"object_attributes\":{\"id\":301,"
+	    "\"iid\":1,\"action\":\"close\",\"state\":\"closed\"}}";
+	const char *id = "7e1c2a9b-4d3f-4b8e-a5c6-1f0d2e3b4a59";
+	struct webhook_keys k;
+	unsigned char *key = NULL;
+	size_t klen;
+	struct scm_event ev;
+	const char *reason;
+	char *sig, *note;
+	struct hdrs g = { { "Content-Type", "X-Gitlab-Event", "webhook-id",
+	    "webhook-timestamp", "webhook-signature" }, { "application/json",
+	    "Issue Hook", id, "1614265330", NULL } };
+
+	memset(&k, 0, sizeof(k));
+	key = vector_signing_key(&k, &klen);
+	sig = sign_standard(key, klen, id, "1614265330", issue);
+	g.v[4] = sig;
+	memset(&ev, 0, sizeof(ev));
+	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, issue,
+	    strlen(issue), 1614265330, &ev, &reason), WH_IGNORE);
+	scm_event_release(&ev);
+	/* the same signed delivery, the header changed */
+	g.v[1] = "Merge Request Hook";
+	memset(&ev, 0, sizeof(ev));
+	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, issue,
+	    strlen(issue), 1614265330, &ev, &reason), WH_IGNORE);
+	assert_int_equal(ev.kind, SCM_EV_NONE);
+	scm_event_release(&ev);
+	free(sig);
+	/* a merge request closed, named a note: not taken for one either */
+	note = gitlab_edited("gitlab/go-gitlab--merge_request.json", "action",
+	    "close");
+	assert_int_not_equal(webhook_normalize(SCM_GITLAB, "Note Hook", "d",
+	    note, strlen(note), NULL, &ev, &reason), WH_ACCEPT);
+	free(note);
+	free(key);
 }
 
 static void
@@ -1073,6 +1133,7 @@ main(void)
 		cmocka_unit_test(allowlist_at_the_door),
 		cmocka_unit_test(gitlab_event_uuid),
 		cmocka_unit_test(gitlab_signed_key),
+		cmocka_unit_test(gitlab_event_header_unsigned),
 		cmocka_unit_test(event_roundtrip),
 	};
 
