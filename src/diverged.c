@@ -167,7 +167,7 @@ keys_load(struct provider_keys *out, const struct config *cfg,
 		size_t tlen = 0;
 		int r;
 
-		if (config_secret_read(signing_ref, &tok, &tlen, &c) < 0) {
+		if (text_secret_read(signing_ref, &tok, &tlen, &c) < 0) {
 			*cause = secret_error(cfg, "gitlab.signing_token", c);
 			free(c);
 			keys_release(&k);

@@ -398,9 +398,10 @@ static const char *const github_paths[] = {
 };
 
 static const char *const gitlab_paths[] = {
-	"object_kind", "object_attributes.noteable_type", "object_attributes.action",
-	"object_attributes.system", "object_attributes.note",
-	"object_attributes.internal", "object_attributes.confidential",
+	"object_kind", "object_attributes.noteable_type",
+	"object_attributes.action", "object_attributes.system",
+	"object_attributes.note", "object_attributes.internal",
+	"object_attributes.confidential",
 	"object_attributes.id", "object_attributes.url",
 	"object_attributes.iid", "object_attributes.target_project_id",
 	"object_attributes.source_branch", "object_attributes.target_branch",

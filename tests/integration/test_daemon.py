@@ -2,6 +2,7 @@
 config errors with file:line, health/readiness/metrics, JSON logs, SIGHUP
 secret rotation and graceful SIGTERM/SIGINT."""
 
+import base64
 import json
 import os
 import re
@@ -88,6 +89,17 @@ def config_errors(t):
     t.ok(rc == 2 and err.startswith(
         "config: %s:3: 'gitlab.signing_token': not a whsec_" % path),
         "a signing token not whsec_<base64>: config: FILE:LINE", (rc, err))
+    # a valid key followed by a NUL byte: refused, not cut short at it
+    with open(os.path.join(tmp, "signing"), "wb") as f:
+        f.write(b"whsec_" + base64.b64encode(b"k" * 24) + b"\0tail\n")
+    with open(path, "w") as f:
+        f.write("gitlab:\n  enabled: true\n"
+                "  signing_token: \"file:%s/signing\"\n" % tmp)
+    rc, _, err = run(["--config", path, "--check-config"])
+    t.ok(rc == 2 and err.startswith(
+        "config: %s:3: 'gitlab.signing_token': the secret holds a NUL byte"
+        % path), "a signing token with a NUL byte: config: FILE:LINE",
+        (rc, err))
     # every secret named, not only the webhook ones, with --check-config too
     with open(os.path.join(tmp, "hook"), "w") as f:
         f.write("s3cret\n")
