@@ -370,11 +370,62 @@ transport_reason(const struct k8s_status *st)
 	return p != NULL ? p + 2 : NULL;
 }
 
+/*
+ * The n bytes at s as text safe to print on a terminal, in *b (initialized
+ * here, released by the caller) when they need a change: C0 and C1
+ * controls, DEL and invalid UTF-8 become U+FFFD, newlines and tabs a
+ * space (one line per field). Returns 1 when *b was filled, 0 when s is
+ * safe as it is (*b untouched).
+ */
+static int
+term_safe(struct buf *b, const char *s, size_t n)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	size_t i, k;
+	uint32_t cp;
+	int dirty = 0;
+
+	for (i = 0; i < n; i++)
+		if (p[i] < 0x20 || p[i] == 0x7f || (p[i] == 0xc2 &&
+		    i + 1 < n && p[i + 1] >= 0x80 && p[i + 1] <= 0x9f))
+			dirty = 1;
+	if (!dirty)
+		return 0;
+	buf_init(b, n * 3 + 16);
+	for (i = 0; i < n; i += k) {
+		k = utf8_next(p + i, n - i, &cp);
+		if (k == 0) {
+			k = 1;
+			cp = 0xfffd;
+		}
+		if (cp == '\n' || cp == '\t')
+			buf_add(b, " ", 1);
+		else if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) ||
+		    cp == 0xfffd)
+			buf_addstr(b, "\xef\xbf\xbd");
+		else
+			buf_add(b, p + i, k);
+	}
+	return 1;
+}
+
+/* A copy of s safe to print on a terminal (see term_safe), to free. */
+static char *
+term_safe_dup(const char *s)
+{
+	struct buf b;
+
+	if (term_safe(&b, s, strlen(s)) == 0)
+		return xstrdup(s);
+	return b.data != NULL ? buf_detach(&b, NULL) : xstrdup("");
+}
+
 /* Report what the API (or the way to it) said; exit status 1. */
 static int
 api_fail(const struct k8s_status *st)
 {
 	const char *why = transport_reason(st), *m = st->message;
+	char *safe;
 
 	if (why != NULL) {
 		errorf("cannot reach the API at %s: %s", C.cluster.server, why);
@@ -382,11 +433,16 @@ api_fail(const struct k8s_status *st)
 	}
 	if (m != NULL && strncmp(m, "k8s: ", 5) == 0)
 		m += 5;
-	if (m != NULL && m[0] != '\0')
-		errorf("%s", m);
-	else
-		errorf("the API refused the request (%s)", st->reason != NULL ?
-		    st->reason : k8s_err_reason(st->err));
+	/* a Status carries the server's text (an admission webhook's) */
+	if (m != NULL && m[0] != '\0') {
+		safe = term_safe_dup(m);
+		errorf("%s", safe);
+	} else {
+		safe = term_safe_dup(st->reason != NULL ? st->reason :
+		    k8s_err_reason(st->err));
+		errorf("the API refused the request (%s)", safe);
+	}
+	free(safe);
 	if (st->maybe_done && (st->err == K8S_ETIMEOUT ||
 	    st->err == K8S_EUNAVAILABLE || st->err == K8S_EINTERNAL))
 		errorf("the server failed to answer: the change may have been "
@@ -1644,8 +1700,7 @@ static const char task_list_options[] =
  * terminal: status.message and the conditions carry what an agent or a
  * sandbox wrote, and an escape sequence there would run in the reader's
  * terminal (OSC 52 sets the clipboard, CSI 2J clears the screen, OSC 8
- * dresses a link). C0 and C1 controls and DEL become U+FFFD, newlines
- * and tabs a space (one line per field). -o json and -o yaml escape them
+ * dresses a link): see term_safe. -o json and -o yaml escape them
  * already and are left alone.
  */
 static void
@@ -1662,34 +1717,11 @@ term_clean(json_t *v)
 		json_array_foreach(v, i, child)
 			term_clean(child);
 	} else if (json_is_string(v)) {
-		const unsigned char *p = (const unsigned char *)
-		    json_string_value(v);
-		size_t n = json_string_length(v), k;
 		struct buf b;
-		uint32_t cp;
-		int dirty = 0;
 
-		for (i = 0; i < n; i++)
-			if (p[i] < 0x20 || p[i] == 0x7f || (p[i] == 0xc2 &&
-			    i + 1 < n && p[i + 1] >= 0x80 && p[i + 1] <= 0x9f))
-				dirty = 1;
-		if (!dirty)
+		if (term_safe(&b, json_string_value(v),
+		    json_string_length(v)) == 0)
 			return;
-		buf_init(&b, n * 3 + 16);
-		for (i = 0; i < n; i += k) {
-			k = utf8_next(p + i, n - i, &cp);
-			if (k == 0) {
-				k = 1;
-				cp = 0xfffd;
-			}
-			if (cp == '\n' || cp == '\t')
-				buf_add(&b, " ", 1);
-			else if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) ||
-			    cp == 0xfffd)
-				buf_addstr(&b, "\xef\xbf\xbd");
-			else
-				buf_add(&b, p + i, k);
-		}
 		json_string_setn(v, b.data, b.len);
 		buf_release(&b);
 	}

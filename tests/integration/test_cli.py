@@ -863,6 +863,55 @@ def server_down(t):
          "DIVERGE_SERVER sets the server", err)
 
 
+class RefusingServer(http.server.BaseHTTPRequestHandler):
+    """An API that refuses everything with a Status whose message carries
+    terminal escapes, as an admission webhook's denial may."""
+    protocol_version = "HTTP/1.1"
+    message = ("denied\x1b]0;pwned\x07 \x1b[2J\u009b31m\x7f\r\n"
+               "diverge: forged line")
+
+    def log_message(self, *args):
+        pass
+
+    def refuse(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(n)
+        data = json.dumps({"kind": "Status", "apiVersion": "v1",
+                           "status": "Failure", "reason": "Forbidden",
+                           "message": self.message, "code": 403}).encode()
+        self.send_response(403)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = refuse
+
+
+def refused_escapes(t):
+    """The message of an API refusal reaches stderr on one line, without
+    its escape sequences (it was written there as it came)."""
+    srv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), RefusingServer)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    cli = Cli(["--server", "http://127.0.0.1:%d" % srv.server_address[1]])
+    bad = ("\x1b", "\x07", "\x7f", "\u009b", "\r")
+    try:
+        for args in (("task", "list"), ("task", "status", "x"),
+                     ("task", "pause", "x"), ("task", "create", "o",
+                                              "--repo", "")):
+            rc, out, err = cli(*args)
+            t.ok(rc == 1 and out == "" and err.startswith("diverge: denied")
+                 and err.count("\n") == 1 and
+                 not any(c in err for c in bad),
+                 "API refusal with escapes in its message: diverge %s: "
+                 "one clean line on stderr, exit 1" % " ".join(args),
+                 (rc, out, err))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 def subsequence(lines, want):
     """Whether want appears in lines in order (other lines between)."""
     it = iter(lines)
@@ -1018,6 +1067,7 @@ def terminal_escapes(t, cli, api):
          (rc, out[:500]))
 
 
+
 def embedded(t):
     """diverged itself."""
     d = Daemon(config=None).start()
@@ -1041,6 +1091,7 @@ def embedded(t):
     daemon_commands(t, cli, api)
     init_and_agent_yaml(t, server)
     terminal_escapes(t, cli, api)
+    refused_escapes(t)
     rc, out, err = run(["--server", server, "task", "list", "-n",
                         "solo"])
     t.ok(rc == 0 and "first" in out,
