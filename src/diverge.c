@@ -783,17 +783,46 @@ table_release(struct table *t)
 	memset(t, 0, sizeof(*t));
 }
 
+/*
+ * Add the JSON text s, with what jansson leaves raw in its strings and
+ * neither a terminal nor YAML should get raw written as \uXXXX: DEL, the
+ * C1 controls (U+009B is a CSI) and U+FFFE, U+FFFF (YAML refuses all of
+ * them unescaped). Such bytes are only ever inside a string there.
+ */
+static void
+add_json_text(struct buf *b, const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s;
+
+	for (; *p != '\0'; p++) {
+		if (*p == 0x7f)
+			buf_addstr(b, "\\u007f");
+		else if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
+			buf_printf(b, "\\u%04x", *++p);
+		else if (p[0] == 0xef && p[1] == 0xbf && p[2] >= 0xbe) {
+			buf_printf(b, "\\u%04x", 0xffc0 | (p[2] & 0x3f));
+			p += 2;
+		} else
+			buf_add(b, p, 1);
+	}
+}
+
 /* JSON for scripts: keys sorted, 2-space indent, one trailing newline. */
 static void
 print_json(const json_t *v)
 {
 	char *s = json_dumps(v, JSON_INDENT(2) | JSON_SORT_KEYS |
 	    JSON_ENCODE_ANY);
+	struct buf b;
 
-	if (s != NULL) {
-		fputs(s, stdout);
-		fputc('\n', stdout);
-	}
+	if (s == NULL)
+		return;
+	buf_init(&b, strlen(s) * 6 + 16);
+	add_json_text(&b, s);
+	buf_addstr(&b, "\n");
+	if (b.data != NULL)
+		fwrite(b.data, 1, b.len, stdout);
+	buf_release(&b);
 	free(s);
 }
 
@@ -839,7 +868,7 @@ yaml_scalar(struct buf *b, const json_t *v)
 	}
 	/* a JSON string is a YAML double-quoted scalar */
 	s = json_dumps(v, JSON_ENCODE_ANY);
-	buf_addstr(b, s != NULL ? s : "null");
+	add_json_text(b, s != NULL ? s : "null");
 	free(s);
 }
 
@@ -1701,7 +1730,7 @@ static const char task_list_options[] =
  * sandbox wrote, and an escape sequence there would run in the reader's
  * terminal (OSC 52 sets the clipboard, CSI 2J clears the screen, OSC 8
  * dresses a link): see term_safe. -o json and -o yaml escape them
- * already and are left alone.
+ * (add_json_text) and are left alone.
  */
 static void
 term_clean(json_t *v)

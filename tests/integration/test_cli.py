@@ -1045,7 +1045,7 @@ def terminal_escapes(t, cli, api):
                        "solo")
     hostile = ("done\x1b]52;c;Y3VybCBldmlsIHwgc2g=\x07 \x1b[2J\x1b[H"
                "\x1b]8;;https://evil.example\x1b\\click\x1b]8;;\x1b\\"
-               "\u009b31m red\x7f\nnext line")
+               "\u009b31m red\x7f\ufffe\nnext line")
     api.set_status("esc", {
         "phase": "Failed", "reason": "AgentFailed", "message": hostile,
         "conditions": [{"type": "Ready", "status": "False",
@@ -1065,7 +1065,23 @@ def terminal_escapes(t, cli, api):
     t.ok(rc == 0 and json.loads(out)["status"]["message"] == hostile,
          "task status -o json keeps the message as it is (JSON-escaped)",
          (rc, out[:500]))
-
+    # DEL, the C1 controls (CSI U+009B) and U+FFFE were written as they
+    # came: -o yaml was no YAML (a YAML reader refuses them unescaped)
+    # and both let a C1 CSI reach the terminal
+    for fmt in ("json", "yaml"):
+        rc, out, err = cli("task", "status", "esc", "-n", "solo", "-o", fmt)
+        t.ok(rc == 0 and not any(c in out for c in bad + ("\ufffe",)) and
+             '"done' in out and "next line" in out,
+             "task status -o %s: no raw control character" % fmt,
+             (rc, out[:800]))
+        if fmt == "yaml":
+            import yaml
+            try:
+                got = yaml.safe_load(out)["status"]["message"]
+            except yaml.YAMLError as e:
+                got = e
+            t.ok(got == hostile, "task status -o yaml: the message reads "
+                 "back as it is", (got, out[:800]))
 
 
 def embedded(t):
