@@ -1274,7 +1274,9 @@ add_escaped(struct buf *b, const char *s, size_t n)
 			if (buf_add(b, p + i, 1) < 0)
 				return -1;
 			i++;
-		} else if (p[i] >= 0x80 && (u = utf8_len(p + i, n - i)) > 0) {
+		} else if (p[i] >= 0x80 && (u = utf8_len(p + i, n - i)) > 0 &&
+		    !(p[i] == 0xc2 && p[i + 1] <= 0x9f)) {
+			/* (U+0080..U+009F, the C1 controls, are escaped) */
 			if (buf_add(b, p + i, u) < 0)
 				return -1;
 			i += u;

@@ -161,6 +161,15 @@ def token_inspect(t):
     rc, out, err = run(["token", "inspect", tok])
     t.eq((rc, out), (0, "version: 2\nidentifier: x\nlocation: (none)\n"),
          "token inspect: no location, no caveat")
+    # the fields are escaped for the terminal: C0 controls, DEL and the
+    # backslash were, the C1 controls (U+009B is a CSI) went out raw
+    tok = mint(KEY, "id\x1b]0;x\x07", "loc\u009b2J\u0085\x7f\u00e9",
+               ["task_id = t\\n"])
+    rc, out, err = run(["token", "inspect", tok])
+    t.eq((rc, out), (0, "version: 2\nidentifier: id\\x1b]0;x\\x07\n"
+                     "location: loc\\xc2\\x9b2J\\xc2\\x85\\x7f\u00e9\n"
+                     "caveat: task_id = t\\x5cn\n"),
+         "token inspect: control characters escaped, C1 ones too")
     for name, bad in (("not base64", "!!!"), ("truncated", tok[:-6]),
                       ("empty", "")):
         rc, out, err = run(["token", "inspect", bad])
