@@ -6,9 +6,11 @@ both go through, every acknowledged delivery is handled exactly once, the
 retried charge is charged once, and the state survives a restart. Needs
 root (mount); skipped otherwise."""
 
+import errno
 import os
 import subprocess
 import tempfile
+import time
 import uuid
 
 from divtest import (Daemon, GITHUB_CONFIG, api, compact, fixture, meter,
@@ -25,6 +27,49 @@ TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks" % NS
 def charge(d, token, rid):
     return meter(d, token, {"requestId": rid, "iteration": 1, "model": "m",
                             "tokensUsed": 7, "costUSD": 0.0001})
+
+
+def settle(path, quiet=1.0, limit=20.0):
+    """Wait until no file under path has changed its size for quiet
+    seconds (the inbox's checkpoints, which free WAL space, are done)."""
+    def sizes():
+        out = {}
+        for root, _, files in os.walk(path):
+            for n in files:
+                try:
+                    out[os.path.join(root, n)] = os.path.getsize(
+                        os.path.join(root, n))
+                except OSError:
+                    pass
+        return out
+    end = time.time() + limit
+    last, since = sizes(), time.time()
+    while time.time() < end:
+        time.sleep(0.1)
+        now = sizes()
+        if now != last:
+            last, since = now, time.time()
+        elif time.time() - since >= quiet:
+            return
+
+
+def fill(mnt):
+    """Take every page left on the tmpfs: a checkpoint that truncated a
+    WAL after the inbox's last failed write gave some back, and the
+    store's next write could then fit."""
+    fd = os.open(os.path.join(mnt, "filler-%s" % uuid.uuid4().hex),
+                 os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (65536, 4096):
+            while True:
+                try:
+                    os.write(fd, b"\0" * size)
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    break
+    finally:
+        os.close(fd)
 
 
 def mount(mnt, opts):
@@ -74,6 +119,8 @@ def run(t, mnt):
          "the disk fills: 503 with Retry-After, after %d deliveries stored"
          % len(acked), full)
     refused = key
+    settle(mnt)
+    fill(mnt)
     s, h, j = charge(d, token, "on-full")
     t.ok(s == 503 and h.get("retry-after") == "5" and
          j == {"error": "the store is unavailable, retry"},

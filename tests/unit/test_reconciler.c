@@ -1700,7 +1700,14 @@ test_foreign_labelled(void **state)
 	    name);
 	create_text(&K8S_SECRET, text);
 	free(text);
-	name = provisioned(NULL, NULL);
+	{
+		char *made = provisioned(NULL, NULL);
+
+		/* the task the Secret was named for */
+		assert_string_equal(made, name);
+		free(name);
+		name = made;
+	}
 	sec = get(&K8S_SECRET, sname);
 	assert_null(jget(sec, "metadata.ownerReferences"));
 	assert_string_equal(jp(sec, "data.token"), "c2VjcmV0");
