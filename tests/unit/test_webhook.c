@@ -1067,8 +1067,10 @@ gitlab_event_header_unsigned(void **state)
 	/* a merge request closed, named a note: not taken for one either */
 	note = gitlab_edited("gitlab/go-gitlab--merge_request.json", "action",
 	    "close");
+	memset(&ev, 0, sizeof(ev));
 	assert_int_not_equal(webhook_normalize(SCM_GITLAB, "Note Hook", "d",
 	    note, strlen(note), NULL, &ev, &reason), WH_ACCEPT);
+	scm_event_release(&ev);
 	free(note);
 	free(key);
 }
