@@ -928,6 +928,21 @@ slow_get_main(void *arg)
 	return NULL;
 }
 
+/* One GET the fake API server answers 401, as a refused token. */
+static void
+refused_get(struct storeenv *env, struct k8s_api *api)
+{
+	struct k8s_status st = { 0 };
+	json_t *obj = NULL;
+
+	json_decref(storeenv_fake(env, "POST", "/_fake/faults",
+	    "{\"status\":401,\"count\":1,\"match\":\"/refused\"}"));
+	assert_int_equal(k8s_get(api, &K8S_SECRET, "default", "refused",
+	    &obj, &st), K8S_EUNAUTHORIZED);
+	json_decref(obj);
+	k8s_status_release(&st);
+}
+
 /*
  * A 401 to a request that went out with the plugin's old token, and came
  * back after another 401 had the plugin run again, does not throw the
@@ -940,10 +955,9 @@ test_exec_401_in_flight(void **state)
 	struct k8s_cluster c;
 	struct k8s_api *api = NULL;
 	struct slow_get g;
-	struct k8s_status st = { 0 };
-	json_t *obj = NULL;
 	pthread_t t;
 	char *dir = make_tmpdir(), *cause = NULL;
+	int i;
 
 	(void)state;
 	if (exec_fake(&env, &c, dir) < 0) {
@@ -963,13 +977,13 @@ test_exec_401_in_flight(void **state)
 	g.api = api;
 	g.rc = 0;
 	assert_int_equal(pthread_create(&t, NULL, slow_get_main, &g), 0);
-	sleep_ms(300);
+	/* sent (the fake logs a request as it comes, before its delay) */
+	for (i = 0; i < 500 && storeenv_fake_count(&env, "GET",
+	    "/slowone") == 0; i++)
+		sleep_ms(10);
+	assert_int_equal(storeenv_fake_count(&env, "GET", "/slowone"), 1);
 	/* meanwhile another 401: the plugin runs again, a second token */
-	json_decref(storeenv_fake(&env, "POST", "/_fake/faults",
-	    "{\"status\":401,\"count\":1,\"match\":\"/refused\"}"));
-	assert_int_equal(k8s_get(api, &K8S_SECRET, "default", "refused",
-	    &obj, &st), K8S_EUNAUTHORIZED);
-	k8s_status_release(&st);
+	refused_get(&env, api);
 	assert_int_equal(get_one(api), K8S_ENOTFOUND);
 	assert_int_equal(plugin_runs(dir), 2);
 	/* the slow 401 comes back: it went with the first token */
@@ -980,11 +994,7 @@ test_exec_401_in_flight(void **state)
 	assert_int_equal(plugin_runs(dir), 2);
 
 	/* a 401 to the current token still has the plugin run again */
-	json_decref(storeenv_fake(&env, "POST", "/_fake/faults",
-	    "{\"status\":401,\"count\":1,\"match\":\"/refused\"}"));
-	assert_int_equal(k8s_get(api, &K8S_SECRET, "default", "refused",
-	    &obj, &st), K8S_EUNAUTHORIZED);
-	k8s_status_release(&st);
+	refused_get(&env, api);
 	assert_int_equal(get_one(api), K8S_ENOTFOUND);
 	assert_int_equal(plugin_runs(dir), 3);
 
