@@ -900,11 +900,20 @@ prune(struct shard *sh)
 	};
 	struct inbox *ib = sh->ib;
 	int64_t keep = ib->cfg.retention_s * 1000, now = now_unix_ms();
-	int64_t cutoff[ARRAY_SIZE(sql)];
+	int64_t keep_done = keep, cutoff[ARRAY_SIZE(sql)];
 	int n = 0, ndead = 0, full = 0;
 	size_t i;
 
-	cutoff[0] = cutoff[1] = cutoff[4] = now - keep;
+	/*
+	 * A finished entry's key answers a replay of its signed delivery as
+	 * a duplicate: pruned while the signature still verifies, the
+	 * replay would be stored and acted on again. A shorter retention
+	 * applies to the audit rows alone.
+	 */
+	if (keep_done < INBOX_REPLAY_KEEP_S * 1000LL)
+		keep_done = INBOX_REPLAY_KEEP_S * 1000LL;
+	cutoff[0] = cutoff[1] = now - keep_done;
+	cutoff[4] = now - keep;
 	cutoff[2] = cutoff[3] = now - (keep > DEAD_KEEP_MS ? keep :
 	    DEAD_KEEP_MS);
 	if (db_step(sh->wdb, "BEGIN IMMEDIATE") < 0)

@@ -145,8 +145,15 @@ int webhook_gitlab_verify_token(const struct webhook_keys *keys,
     const char *token);
 
 /*
+ * A Standard Webhooks timestamp is accepted this many seconds either side
+ * of now.
+ */
+#define WEBHOOK_TIMESTAMP_WINDOW_S 300
+
+/*
  * Standard Webhooks check: signature list ("v1,<b64> v1,<b64>") over
- * "<id>.<timestamp>.<body>", timestamp within 300 s of now.
+ * "<id>.<timestamp>.<body>", timestamp within WEBHOOK_TIMESTAMP_WINDOW_S
+ * of now.
  * Returns 0 ok, -1 with *reason set.
  */
 int webhook_standard_verify(const unsigned char *key, size_t keylen,
@@ -205,11 +212,22 @@ char *inbox_shard_path(const char *path, int i);
 /* The shard of a delivery key. */
 int inbox_key_shard(const char *key);
 
+/*
+ * Finished entries, whose keys make a redelivery a duplicate, are kept at
+ * least this long whatever the retention: a signed delivery's timestamp
+ * may be up to WEBHOOK_TIMESTAMP_WINDOW_S ahead of our clock when it comes
+ * and is accepted until WEBHOOK_TIMESTAMP_WINDOW_S after it, so a replay
+ * verifies for twice the window after the first receipt; a minute more
+ * for a clock stepped meanwhile.
+ */
+#define INBOX_REPLAY_KEEP_S (2 * WEBHOOK_TIMESTAMP_WINDOW_S + 60)
+
 struct inbox_config {
 	int64_t capacity;	/* pending entries; beyond: INBOX_FULL */
 	int workers;
 	int max_attempts;	/* then dead-lettered */
-	int64_t retention_s;	/* finished entries kept this long */
+	int64_t retention_s;	/* finished entries kept this long, and
+				 * INBOX_REPLAY_KEEP_S at least */
 	int64_t backoff_base_ms;	/* first retry delay (default 1000) */
 	int64_t backoff_max_ms;		/* cap (default 300000) */
 	int hold;		/* tests: store but start no worker */

@@ -308,7 +308,8 @@ webhook_standard_verify(const unsigned char *key, size_t keylen,
 		*reason = "bad webhook-timestamp";
 		return -1;
 	}
-	if (ts < now - 300 || ts > now + 300) {
+	if (ts < now - WEBHOOK_TIMESTAMP_WINDOW_S ||
+	    ts > now + WEBHOOK_TIMESTAMP_WINDOW_S) {
 		*reason = "webhook-timestamp outside the 5 minute window";
 		return -1;
 	}

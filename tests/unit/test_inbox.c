@@ -1472,6 +1472,17 @@ stop_beside_readers(void **state)
 	free(path);
 }
 
+/* Move the finish of the entries matching where ms into the past. */
+static void
+backdate(const char *path, const char *where, long long ms)
+{
+	char *sql = xasprintf("UPDATE inbox SET finished_at = finished_at -"
+	    " %lld WHERE %s", ms, where);
+
+	exec_shards(path, sql);
+	free(sql);
+}
+
 static void
 prune_finished(void **state)
 {
@@ -1484,6 +1495,11 @@ prune_finished(void **state)
 	ib = open_started(path, &c, 100, 3, 0);
 	assert_int_equal(inbox_put(ib, "github:p", "github", EV), INBOX_STORED);
 	assert_int_equal(wait_calls(&c, 1, 5000), 1);
+	inbox_free(ib);
+	/* past the replay window too (see replay_kept_past_retention) */
+	backdate(path, "1", INBOX_REPLAY_KEEP_S * 1000LL + 1000);
+	counter_init(&c);
+	ib = open_started(path, &c, 100, 3, 0);
 	for (i = 0; i < 300; i++) {
 		if (query_int(path, "SELECT COUNT(*) FROM inbox") == 0)
 			break;
@@ -1522,6 +1538,50 @@ reopen_pruned(const char *path, struct counter *c, int64_t retention)
 	    "SELECT COUNT(*) FROM inbox") > 1; i++)
 		sleep_ms(10);
 	return ib;
+}
+
+/*
+ * A finished entry outlives a retention shorter than the replay window:
+ * a signed GitLab delivery replayed while its webhook-timestamp is still
+ * accepted is a duplicate, not stored and handled again.
+ */
+static void
+replay_kept_past_retention(void **state)
+{
+	char *path = tmpdb();
+	char old[32];
+	struct counter c;
+	struct inbox *ib;
+	int i;
+
+	(void)state;
+	/* a witness of the prune, in the same shard as the replayed key */
+	for (i = 0;; i++) {
+		snprintf(old, sizeof(old), "gitlab:old-%d", i);
+		if (inbox_key_shard(old) == inbox_key_shard("gitlab:replay"))
+			break;
+	}
+	counter_init(&c);
+	handle_two(path, &c, "gitlab:replay", old, 0);
+	/*
+	 * gitlab:replay finished a minute ago: past the retention (0),
+	 * within the window; the witness past the window
+	 */
+	backdate(path, "key = 'gitlab:replay'", 60000);
+	backdate(path, "key LIKE 'gitlab:old-%'",
+	    INBOX_REPLAY_KEEP_S * 1000LL + 1000);
+	ib = reopen_pruned(path, &c, 0);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM inbox WHERE key LIKE 'gitlab:old-%'"), 0);
+	assert_int_equal(inbox_put(ib, "gitlab:replay", "gitlab", EV),
+	    INBOX_DUPLICATE);
+	inbox_free(ib);
+	assert_int_equal(c.calls, 0);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM inbox WHERE key = 'gitlab:replay'"), 1);
+	assert_int_equal(query_int(path,
+	    "SELECT state FROM inbox WHERE key = 'gitlab:replay'"), 1);
+	free(path);
 }
 
 /*
@@ -1727,6 +1787,7 @@ main(void)
 		cmocka_unit_test(prune_finished),
 		cmocka_unit_test(prune_keeps_bodies),
 		cmocka_unit_test(prune_catches_up),
+		cmocka_unit_test(replay_kept_past_retention),
 		cmocka_unit_test(prune_dead_letters),
 		cmocka_unit_test(prune_audit_trail),
 		cmocka_unit_test(wal_stays_bounded),
