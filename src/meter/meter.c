@@ -534,19 +534,37 @@ field_is(const struct jfield *f, const char *s)
 	    memcmp(f->start, s, n) == 0;
 }
 
-/* Whether a scanned string holds an escape (an absent field holds none). */
+/*
+ * Whether jansson reads the JSON text (valid for jscan) as jscan does: it
+ * holds no escape (jansson refuses a \u0000 that jscan takes) and no
+ * number (jansson refuses one out of the range of json_int_t or double).
+ * Without escapes a string is the run between two quotes. The entries
+ * the daemon writes hold strings alone.
+ */
 static int
-escaped(const struct jfield *f)
+scan_agrees(const char *text, size_t n)
 {
-	return f->start != NULL && f->len > 0 &&
-	    memchr(f->start, '\\', f->len) != NULL;
+	size_t i;
+	int in_string = 0;
+
+	for (i = 0; i < n; i++) {
+		if (text[i] == '\\')
+			return 0;
+		if (text[i] == '"')
+			in_string = !in_string;
+		else if (!in_string && (text[i] == '-' ||
+		    (text[i] >= '0' && text[i] <= '9')))
+			return 0;
+	}
+	return 1;
 }
 
 /*
  * Whether the index names token id as active for task. Every charge asks,
  * so the entry is scanned in place (jscan on the decoded text, no tree);
- * an entry with escapes in those fields, or a duplicate key, takes the
- * parsing path, which is the reference.
+ * an entry with an escape or a number, which jansson might refuse, or a
+ * duplicate key takes the parsing path, which is the reference (revocation
+ * reads the entry with it): an entry it refuses is not active.
  */
 static int
 token_active(const json_t *index, const char *id, const char *task,
@@ -571,8 +589,8 @@ token_active(const json_t *index, const char *id, const char *task,
 		return 0;
 	}
 	/* an entry that names the task's uid names this very task */
-	if (!escaped(&f[0]) && !escaped(&f[1]) && !escaped(&f[2]) &&
-	    f[0].count <= 1 && f[1].count <= 1 && f[2].count <= 1) {
+	if (scan_agrees((const char *)raw, n) && f[0].count <= 1 &&
+	    f[1].count <= 1 && f[2].count <= 1) {
 		ok = field_is(&f[0], "active") && field_is(&f[1], task) &&
 		    (f[2].type == JT_ABSENT || uid == NULL ||
 		    field_is(&f[2], uid));
@@ -597,15 +615,24 @@ token_active(const json_t *index, const char *id, const char *task,
  * The same check on the stored text of the index Secret, without parsing
  * all of it: one scan for data.<id> (ids are hex: no dots).
  */
-/* Mark id revoked in index (JSON of the Secret); 1 if it changed. */
+/*
+ * Mark id revoked in index (JSON of the Secret); 1 if it changed. An
+ * entry that does not read as a JSON object (it authenticates nothing) is
+ * replaced by a revoked one, so that no reader can take it for active.
+ */
 static int
 index_revoke(json_t *index, const char *id)
 {
-	json_t *e = index_entry(index, id);
+	json_t *e;
 	char ts[32];
 
-	if (e == NULL)
+	if (json_object_get(json_object_get(index, "data"), id) == NULL)
 		return 0;
+	e = index_entry(index, id);
+	if (!json_is_object(e)) {
+		json_decref(e);
+		e = json_object();
+	}
 	if (strcmp(json_string_value(json_object_get(e, "state")) ?
 	    json_string_value(json_object_get(e, "state")) : "",
 	    "revoked") == 0) {

@@ -931,6 +931,16 @@ index_entries_as_written(void **state)
 		{ "{\"state\":\"activ\",\"task\":\"", "\"}", 401 },
 		{ "{\"state\":true,\"task\":\"", "\"}", 401 },
 		{ "{\"state\":\"active\",\"task\":\"", "\"", 401 },
+		/* a number is read as jansson reads it */
+		{ "{\"state\":\"active\",\"n\":-1.5e3,\"task\":\"",
+		    "\"}", 200 },
+		/* refused by jansson, as the revocation reads it: not active */
+		{ "{\"state\":\"active\",\"n\":1e999,\"task\":\"",
+		    "\"}", 401 },
+		{ "{\"state\":\"active\",\"task\":\"", "\",\"n\":"
+		    "99999999999999999999}", 401 },
+		{ "{\"state\":\"active\",\"x\":\"\\u0000\",\"task\":\"",
+		    "\"}", 401 },
 	};
 	struct task t;
 	size_t i;
@@ -954,6 +964,56 @@ index_entries_as_written(void **state)
 		free(b);
 		free(e);
 	}
+	task_release(&t);
+}
+
+/* Token id's entry in the index Secret, parsed (NULL: it does not). */
+static json_t *
+index_read(const char *id)
+{
+	struct k8s_status st = { 0 };
+	json_t *sec = NULL, *e = NULL;
+	const char *v;
+	unsigned char *raw = NULL;
+	size_t n;
+
+	assert_int_equal(k8s_get(env.api, &K8S_SECRET, NS, METER_INDEX_SECRET,
+	    &sec, &st), 0);
+	v = jstr(json_object_get(sec, "data"), id);
+	assert_non_null(v);
+	assert_int_equal(base64_decode(v, strlen(v), &raw, &n), 0);
+	e = json_loadb((const char *)raw, n, 0, NULL);
+	free(raw);
+	json_decref(sec);
+	return e;
+}
+
+/*
+ * An entry that jansson refuses (a number out of range) is not active,
+ * and revoking its token replaces it with a revoked entry: nothing that
+ * reads the index can take it for active afterwards.
+ */
+static void
+malformed_entry_revoked(void **state)
+{
+	struct task t;
+	char *e, *cause = NULL;
+	json_t *j;
+
+	(void)state;
+	make_task(&t, "{}", 0);
+	e = xasprintf("{\"state\":\"active\",\"task\":\"%s\",\"n\":1e999}",
+	    t.name);
+	index_write(t.id, e);
+	free(e);
+	assert_null(index_read(t.id));
+	assert_int_equal(charge_model(t.auth, "m1", "m"), 401);
+	assert_int_equal(meter_revoke_token(meter, NS, t.id, &cause), 0);
+	j = index_read(t.id);
+	assert_non_null(j);
+	assert_string_equal(jstr(j, "state"), "revoked");
+	json_decref(j);
+	assert_int_equal(charge_model(t.auth, "m2", "m"), 401);
 	task_release(&t);
 }
 
@@ -1269,6 +1329,7 @@ main(void)
 		cmocka_unit_test(body_validation),
 		cmocka_unit_test(authentication),
 		cmocka_unit_test(index_entries_as_written),
+		cmocka_unit_test(malformed_entry_revoked),
 		cmocka_unit_test(recreated_task),
 		cmocka_unit_test(revoke_task_tokens),
 		cmocka_unit_test(not_live),
