@@ -7,16 +7,20 @@
  * provideClusterInfo asks for it), stdin from /dev/null, and must print an
  * ExecCredential whose status holds a token and, usually, when it
  * expires. Its stderr is kept (cut) for the error; the token never
- * appears in one. A plugin that runs too long is killed.
+ * appears in one. A plugin that runs too long is killed. It gets none of
+ * the daemon's descriptors but those three, close-on-exec or not.
  */
 #include "config.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -42,6 +46,10 @@ int posix_spawn_file_actions_addclosefrom_np(posix_spawn_file_actions_t *fa,
 
 #define MAX_OUT		(1024 * 1024)	/* the ExecCredential */
 #define MAX_ERR		512		/* what an error shows of stderr */
+/* descriptors closed one by one at most (the kernel's default nr_open) */
+#define MAX_FDS		(1024 * 1024)
+
+int k8s_exec_test_fork;
 
 /*
  * A pipe whose ends no other spawned process keeps open (their copies
@@ -53,6 +61,219 @@ static int
 cloexec_pipe(int fd[2])
 {
 	return pipe2(fd, O_CLOEXEC);
+}
+
+/*
+ * The signals a plugin starts with at their default action: the daemon
+ * ignores SIGPIPE, and its threads block SIGTERM, SIGINT and SIGHUP,
+ * which a child would inherit (and pass to what it runs) through exec.
+ */
+static void
+default_signals(sigset_t *set)
+{
+	sigemptyset(set);
+	sigaddset(set, SIGPIPE);
+	sigaddset(set, SIGTERM);
+	sigaddset(set, SIGINT);
+	sigaddset(set, SIGHUP);
+}
+
+#ifdef HAVE_POSIX_SPAWN_FILE_ACTIONS_ADDCLOSEFROM_NP
+/* Start the plugin with posix_spawnp; 0 or an errno value. */
+static int
+spawn_posix(const char *cmd, char *const argv[], char *const envp[],
+    int out1, int err1, pid_t *pid)
+{
+	posix_spawn_file_actions_t fa;
+	posix_spawnattr_t sa;
+	sigset_t none, dfl;
+	int rc;
+
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+	posix_spawn_file_actions_adddup2(&fa, out1, 1);
+	posix_spawn_file_actions_adddup2(&fa, err1, 2);
+	/* not the daemon's sockets and files, close-on-exec or not */
+	posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+	posix_spawnattr_init(&sa);
+	sigemptyset(&none);
+	default_signals(&dfl);
+	posix_spawnattr_setsigmask(&sa, &none);
+	posix_spawnattr_setsigdefault(&sa, &dfl);
+	posix_spawnattr_setflags(&sa, POSIX_SPAWN_SETSIGMASK |
+	    POSIX_SPAWN_SETSIGDEF);
+	rc = posix_spawnp(pid, cmd, &fa, &sa, argv, envp);
+	posix_spawnattr_destroy(&sa);
+	posix_spawn_file_actions_destroy(&fa);
+	return rc;
+}
+#endif
+
+/*
+ * The files the plugin's command may be, in the order posix_spawnp tries
+ * them: the command itself when it holds a '/', else the command in each
+ * directory of PATH (an empty one: the current directory). Made before
+ * the fork: the child may not allocate.
+ */
+static char **
+exec_paths(const char *cmd)
+{
+	const char *path = getenv("PATH"), *p, *e;
+	size_t n = 1;
+	char **v;
+
+	if (strchr(cmd, '/') != NULL) {
+		v = xcalloc(2, sizeof(*v));
+		v[0] = xstrdup(cmd);
+		return v;
+	}
+	if (path == NULL)
+		path = "/bin:/usr/bin";
+	for (p = path; *p != '\0'; p++)
+		n += *p == ':';
+	v = xcalloc(n + 1, sizeof(*v));
+	for (n = 0, p = path;; p = e + 1) {
+		e = p + strcspn(p, ":");
+		v[n++] = xasprintf("%.*s%s%s", (int)(e - p), p,
+		    e > p ? "/" : "", cmd);
+		if (*e == '\0')
+			break;
+	}
+	return v;
+}
+
+/*
+ * Close every descriptor from 4 up: close_range when the kernel has it
+ * (Linux 5.9), else one by one up to the limit the parent read.
+ */
+static void
+close_from_4(long maxfd)
+{
+	long fd;
+
+#ifdef SYS_close_range
+	if (k8s_exec_test_fork != 2 &&
+	    syscall(SYS_close_range, 4U, ~0U, 0U) == 0)
+		return;
+#endif
+	for (fd = 4; fd < maxfd; fd++)
+		close((int)fd);
+}
+
+/*
+ * The child of spawn_fork, which never returns: between the fork and the
+ * exec only async-signal-safe calls (another thread of the daemon may
+ * have held any lock, malloc's included, at the fork; syscall() is a bare
+ * system call). It sets up what spawn_posix asks of posix_spawnp, then
+ * execs each of paths in turn as execvp does; on failure it writes errno
+ * to report (close-on-exec: it closes when the exec succeeds).
+ */
+static void
+child_exec(char *const *paths, char *const argv[], char *const envp[],
+    int out1, int err1, int report, long maxfd)
+{
+	struct sigaction sa;
+	sigset_t dfl, none;
+	int sig, fd, e = ENOENT, eacces = 0;
+	size_t i;
+
+	/* no handler of the daemon's may run here, nor SIGPIPE stay ignored */
+	default_signals(&dfl);
+	for (sig = 1; sig < NSIG; sig++) {
+		if (sigaction(sig, NULL, &sa) < 0 || sa.sa_handler == SIG_DFL ||
+		    (sa.sa_handler == SIG_IGN && !sigismember(&dfl, sig)))
+			continue;
+		memset(&sa, 0, sizeof(sa));
+		sa.sa_handler = SIG_DFL;
+		sigemptyset(&sa.sa_mask);
+		sigaction(sig, &sa, NULL);
+	}
+	fd = open("/dev/null", O_RDONLY);
+	if (fd < 0 || (fd != 0 && (dup2(fd, 0) < 0 || close(fd) < 0)) ||
+	    dup2(out1, 1) < 0 || dup2(err1, 2) < 0)
+		goto fail;
+	/* the report pipe to 3, then none of the daemon's descriptors */
+	if (report != 3 && (dup2(report, 3) < 0 ||
+	    fcntl(3, F_SETFD, FD_CLOEXEC) < 0))
+		goto fail;
+	report = 3;
+	close_from_4(maxfd);
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	for (i = 0; paths[i] != NULL; i++) {
+		execve(paths[i], argv, envp);
+		e = errno;
+		if (e == EACCES)
+			eacces = 1;
+		else if (e != ENOENT && e != ENOTDIR && e != ESTALE &&
+		    e != ENODEV && e != ETIMEDOUT)
+			break;
+	}
+	if (eacces && (e == ENOENT || e == ENOTDIR || e == ESTALE ||
+	    e == ENODEV || e == ETIMEDOUT))
+		e = EACCES;
+	(void)!write(report, &e, sizeof(e));
+	_exit(127);
+fail:
+	e = errno;
+	(void)!write(report, &e, sizeof(e));
+	_exit(127);
+}
+
+/*
+ * Start the plugin without posix_spawn_file_actions_addclosefrom_np
+ * (glibc before 2.34): fork, close every descriptor above 2, exec. The
+ * answer is posix_spawnp's: 0, or the errno of a failed exec (the child
+ * then reaped).
+ */
+static int
+spawn_fork(const char *cmd, char *const argv[], char *const envp[],
+    int out1, int err1, pid_t *pid)
+{
+	char **paths = exec_paths(cmd);
+	int rep[2] = { -1, -1 }, rc = 0, e = 0;
+	long maxfd = sysconf(_SC_OPEN_MAX);
+	struct rlimit rl;
+	sigset_t all, old;
+	ssize_t r;
+
+	/*
+	 * The hard limit, not the soft one: a descriptor opened before the
+	 * soft limit was lowered is still open above it.
+	 */
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+		maxfd = rl.rlim_max == RLIM_INFINITY ? MAX_FDS :
+		    (long)rl.rlim_max;
+	if (maxfd < 0 || maxfd > MAX_FDS)
+		maxfd = MAX_FDS;
+	if (cloexec_pipe(rep) < 0) {
+		rc = errno;
+		goto out;
+	}
+	/* no signal handler runs in the child before it resets them */
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	*pid = fork();
+	if (*pid == 0)
+		child_exec(paths, argv, envp, out1, err1, rep[1], maxfd);
+	if (*pid < 0)
+		rc = errno;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	close(rep[1]);
+	if (*pid > 0) {
+		while ((r = read(rep[0], &e, sizeof(e))) < 0 && errno == EINTR)
+			;
+		if (r == (ssize_t)sizeof(e)) {
+			rc = e;
+			while (waitpid(*pid, NULL, 0) < 0 && errno == EINTR)
+				;
+		}
+	}
+out:
+	if (rep[0] >= 0)
+		close(rep[0]);
+	k8s_strv_free(paths);
+	return rc;
 }
 
 /* KUBERNETES_EXEC_INFO for c. */
@@ -228,9 +449,6 @@ k8s_exec_credential(const struct k8s_cluster *c, int64_t timeout_ms,
     char **token, int64_t *expiry, char **cause)
 {
 	const char *cmd = c->exec_argv[0];
-	posix_spawn_file_actions_t fa;
-	posix_spawnattr_t sa;
-	sigset_t none, dfl;
 	int out[2] = { -1, -1 }, err[2] = { -1, -1 }, rc, status = 0, ret = -1;
 	struct buf ob, eb;
 	char **envp, *info, *line;
@@ -254,37 +472,17 @@ k8s_exec_credential(const struct k8s_cluster *c, int64_t timeout_ms,
 		    strerror(errno));
 		goto out;
 	}
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-	posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-	posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-#ifdef HAVE_POSIX_SPAWN_FILE_ACTIONS_ADDCLOSEFROM_NP
-	/* not the daemon's sockets and files, close-on-exec or not */
-	posix_spawn_file_actions_addclosefrom_np(&fa, 3);
-#endif
-	/*
-	 * Not the daemon's signal state: its threads block SIGTERM, SIGINT
-	 * and SIGHUP and it ignores SIGPIPE, which a child would inherit
-	 * (and pass to what it runs) through exec.
-	 */
-	posix_spawnattr_init(&sa);
-	sigemptyset(&none);
-	sigemptyset(&dfl);
-	sigaddset(&dfl, SIGPIPE);
-	sigaddset(&dfl, SIGTERM);
-	sigaddset(&dfl, SIGINT);
-	sigaddset(&dfl, SIGHUP);
-	posix_spawnattr_setsigmask(&sa, &none);
-	posix_spawnattr_setsigdefault(&sa, &dfl);
-	posix_spawnattr_setflags(&sa, POSIX_SPAWN_SETSIGMASK |
-	    POSIX_SPAWN_SETSIGDEF);
 	info = exec_info(c);
 	envp = exec_envp(c, info);
-	rc = posix_spawnp(&pid, cmd, &fa, &sa, c->exec_argv, envp);
+#ifdef HAVE_POSIX_SPAWN_FILE_ACTIONS_ADDCLOSEFROM_NP
+	if (!k8s_exec_test_fork)
+		rc = spawn_posix(cmd, c->exec_argv, envp, out[1], err[1],
+		    &pid);
+	else
+#endif
+		rc = spawn_fork(cmd, c->exec_argv, envp, out[1], err[1], &pid);
 	free(envp);
 	free(info);
-	posix_spawnattr_destroy(&sa);
-	posix_spawn_file_actions_destroy(&fa);
 	close(out[1]);
 	close(err[1]);
 	out[1] = err[1] = -1;

@@ -467,6 +467,13 @@ void k8s_cluster_release(struct k8s_cluster *c);
  */
 int k8s_exec_credential(const struct k8s_cluster *c, int64_t timeout_ms,
     char **token, int64_t *expiry, char **cause);
+/*
+ * For tests: nonzero makes k8s_exec_credential start its plugin as it
+ * does where the C library has no posix_spawn_file_actions_addclosefrom_np
+ * (glibc before 2.34): fork, close every descriptor above 2, exec; 2 does
+ * so without close_range (a kernel before Linux 5.9).
+ */
+extern int k8s_exec_test_fork;
 /* Free a NULL-terminated string vector (NULL is fine). */
 void k8s_strv_free(char **v);
 /* A deep copy of a NULL-terminated string vector (NULL for NULL). */

@@ -719,22 +719,24 @@ lines_with(const char *dir, const char *name, const char *prefix)
  * in every thread, the plugin starts with none of them ignored (the
  * shell clears its mask itself, so only SigIgn is seen here); and it
  * gets none of the daemon's descriptors (a socket opened without
- * close-on-exec, as a library may, here).
+ * close-on-exec, as a library may, here, and a copy of it at a high
+ * number). A command without a '/' is looked for in PATH; one found
+ * nowhere is an error that names it. mode: k8s_exec_test_fork.
  */
 static void
-test_exec_child(void **state)
+exec_child(int mode)
 {
 	struct k8s_cluster c;
 	char *dir = make_tmpdir(), *script, *cause = NULL, *tok = NULL, *s;
+	char *path, *oldpath;
 	int64_t exp;
 	sigset_t set, old;
 	void (*oldpipe)(int);
-	int sk;
+	int sk, high;
 	/* /proc's SigIgn bits of the daemon's signals */
 	unsigned long long mask = 1ULL << (SIGHUP - 1) | 1ULL << (SIGINT - 1) |
 	    1ULL << (SIGPIPE - 1) | 1ULL << (SIGTERM - 1);
 
-	(void)state;
 	memset(&c, 0, sizeof(c));
 	script = xasprintf("%s/plugin", dir);
 	write_file(script, child_sh);
@@ -753,10 +755,12 @@ test_exec_child(void **state)
 	oldpipe = signal(SIGPIPE, SIG_IGN);
 	sk = socket(AF_INET, SOCK_STREAM, 0);
 	assert_true(sk >= 0);
+	high = dup2(sk, 1000);
+	assert_int_equal(high, 1000);
+	k8s_exec_test_fork = mode;
 
 	assert_int_equal(k8s_exec_credential(&c, 5000, &tok, &exp, &cause),
 	    0);
-	close(sk);
 	assert_string_equal(tok, "t");
 	s = lines_with(dir, "env", "DIVERGE_T_REGION=");
 	assert_string_equal(s, "DIVERGE_T_REGION=eu\n");
@@ -766,9 +770,40 @@ test_exec_child(void **state)
 	free(s);
 	s = lines_with(dir, "fds", "l");
 	assert_non_null(strstr(s, "/dev/null"));	/* stdin: read */
+	if (strstr(s, "socket:") != NULL)
+		fprintf(stderr, "# the plugin's descriptors:\n%s", s);
 	assert_null(strstr(s, "socket:"));
 	free(s);
 
+	/* found in PATH, or not found: no child left either way */
+	oldpath = xstrdup(getenv("PATH") != NULL ? getenv("PATH") : "");
+	path = xasprintf("%s:%s", dir, oldpath);
+	setenv("PATH", path, 1);
+	c.exec_argv[0] = xstrdup("plugin");
+	free(tok);
+	tok = NULL;
+	assert_int_equal(k8s_exec_credential(&c, 5000, &tok, &exp, &cause),
+	    0);
+	assert_string_equal(tok, "t");
+	free(tok);
+	tok = NULL;
+	free(c.exec_argv[0]);
+	c.exec_argv[0] = xstrdup("diverge-no-such-plugin");
+	assert_int_equal(k8s_exec_credential(&c, 5000, &tok, &exp, &cause),
+	    -1);
+	assert_string_equal(cause, "k8s: exec plugin "
+	    "'diverge-no-such-plugin': No such file or directory");
+	assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
+	free(cause);
+	free(c.exec_argv[0]);
+	c.exec_argv[0] = script;
+	setenv("PATH", oldpath, 1);
+	free(oldpath);
+	free(path);
+
+	k8s_exec_test_fork = 0;
+	close(high);
+	close(sk);
 	signal(SIGPIPE, oldpipe);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	unsetenv("DIVERGE_T_REGION");
@@ -777,6 +812,26 @@ test_exec_child(void **state)
 	remove_tree(dir, (const char *const[]){ "plugin", "env", "sig",
 	    "fds", NULL });
 	free(dir);
+}
+
+/* posix_spawnp, with posix_spawn_file_actions_addclosefrom_np (glibc 2.34) */
+static void
+test_exec_child(void **state)
+{
+	(void)state;
+	exec_child(0);
+}
+
+/*
+ * The same without posix_spawn_file_actions_addclosefrom_np: fork, close,
+ * exec; with close_range, and without (a kernel before 5.9).
+ */
+static void
+test_exec_child_fork(void **state)
+{
+	(void)state;
+	exec_child(1);
+	exec_child(2);
 }
 
 /*
@@ -1564,6 +1619,7 @@ main(void)
 		cmocka_unit_test(test_exec_401_in_flight),
 		cmocka_unit_test(test_exec_limits),
 		cmocka_unit_test(test_exec_child),
+		cmocka_unit_test(test_exec_child_fork),
 		cmocka_unit_test(test_release),
 		cmocka_unit_test(test_err_no_file_in_list),
 		cmocka_unit_test(test_err_not_found_names_all_files),
