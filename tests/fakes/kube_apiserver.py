@@ -206,6 +206,10 @@ CONTINUE_EXPIRED_MSG = (
     "list result. You can start a new list without the continue parameter.")
 
 
+# etcd3 watcher.go, when the revision a watch stands on is compacted
+WATCH_EXPIRED_MSG = "The resourceVersion for the provided watch is too old."
+
+
 def err_continue_expired():
     return ApiError(410, status_body(410, "Expired", CONTINUE_EXPIRED_MSG))
 
@@ -1222,6 +1226,27 @@ class Store:
     def close_watch(self, q):
         with self.lock:
             self.watchers.discard(q)
+
+    def end_watches(self, mode):
+        """Ask every open watch stream to end, as the apiserver ends them
+        (its timeout, a restart): "close" with the clean end of the
+        chunked body, "cut" by dropping the connection in the middle of
+        the next event line it sends (half of it sent, no end), "expire"
+        with an ERROR event (410 Expired, as when etcd compacts the
+        revision a watch stands on) and the clean end.  Returns
+        how many streams were asked."""
+        with self.lock:
+            for q in self.watchers:
+                q.put(EndWatch(mode))
+            return len(self.watchers)
+
+
+class EndWatch:
+    """Queued to a watch stream by /_fake/end_watches."""
+    __slots__ = ("mode",)
+
+    def __init__(self, mode):
+        self.mode = mode
 
 
 def translate_event(ev, kind, matcher):
@@ -2353,6 +2378,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
         elif path == "/_fake/expire_continue":
             return self.control_rules(method, arg, ctl.expiries,
                                       "expiries", count=1)
+        elif path == "/_fake/end_watches":
+            if method == "POST":
+                mode = arg.get("mode", "close") if isinstance(arg, dict) \
+                    else None
+                if mode not in ("close", "cut", "expire"):
+                    raise err_bad_request("mode is \"close\", \"cut\" "
+                                          "or \"expire\"")
+                n = srv.store.end_watches(mode)
+                return self.send_json(200, {"watches": n})
         elif path == "/_fake/compact":
             if method == "POST":
                 rv, floor = srv.store.compact()
@@ -2761,6 +2795,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 self.close_connection = True
             return
         alive = True
+        cut = False
         try:
             for etype, oj in initial:
                 self.event(etype, oj)
@@ -2788,7 +2823,23 @@ class Handler(http.server.BaseHTTPRequestHandler):
                         alive = False
                         break
                     continue
+                if isinstance(ev, EndWatch):
+                    if ev.mode == "expire":
+                        self.event("ERROR", json.dumps(status_body(
+                            410, "Expired", WATCH_EXPIRED_MSG),
+                            separators=(",", ":")))
+                    if ev.mode in ("close", "expire"):
+                        break
+                    cut = True
+                    continue
                 out = translate_event(ev, kind, m)
+                if out and cut:
+                    # half the line, then the connection drops
+                    line = ('{"type":"%s","object":%s}\n' % out).encode()
+                    self.chunk(line[:len(line) // 2])
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    alive = False
+                    break
                 if out:
                     self.event(*out)
                     last = time.monotonic()

@@ -1839,6 +1839,125 @@ retry_deadline(void **state)
 	json_decref(obj);
 	free(name);
 }
+
+/* The next event of w that is not a BOOKMARK (10 s at most). */
+static int
+next_change(struct k8s_watch *w, struct k8s_event *ev,
+    struct k8s_status *st)
+{
+	int64_t end = now_mono_ms() + 10000;
+	int rc;
+
+	do {
+		memset(ev, 0, sizeof(*ev));
+		rc = k8s_watch_next(w, 1000, ev, st);
+		if (rc != 1 || ev->type != K8S_BOOKMARK)
+			return rc;
+		json_decref(ev->object);
+	} while (now_mono_ms() < end);
+	return 0;
+}
+
+/* Patch task name's maxIterations to n and check w sees just that. */
+static void
+patch_seen(struct k8s_watch *w, const char *ns, const char *name, int n,
+    int64_t *rv)
+{
+	struct k8s_status st = { 0 };
+	struct k8s_event ev;
+	json_t *p = json_pack("{s:{s:i}}", "spec", "maxIterations", n);
+	json_t *out = NULL;
+
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, ns, name, 0, p,
+	    &out, &st), 0);
+	*rv = k8s_resource_version(out);
+	assert_int_equal(next_change(w, &ev, &st), 1);
+	assert_int_equal(ev.type, K8S_MODIFIED);
+	assert_int_equal(ev.rv, *rv);
+	json_decref(ev.object);
+	json_decref(out);
+	json_decref(p);
+}
+
+/* The resourceVersion the i-th watch request in the fake's log asked. */
+static int64_t
+watch_request_rv(size_t want)
+{
+	json_t *reqs = storeenv_fake(&env, "GET", "/_fake/requests", NULL);
+	json_t *r;
+	const char *q, *v;
+	size_t i, n = 0;
+	int64_t rv = -1;
+
+	json_array_foreach(reqs, i, r) {
+		q = json_string_value(json_object_get(r, "query"));
+		if (q == NULL || strstr(q, "watch=true") == NULL)
+			continue;
+		if (n++ != want)
+			continue;
+		v = strstr(q, "resourceVersion=");
+		rv = v != NULL ? strtoll(v + 16, NULL, 10) : 0;
+		break;
+	}
+	json_decref(reqs);
+	return rv;
+}
+
+/*
+ * A watch stream the server ends (its timeout: the clean end of the
+ * body; a dropped connection in the middle of an event line) goes on
+ * from the last resourceVersion seen, without losing or repeating an
+ * event; when that version is gone meanwhile, next() says 410.
+ */
+static void
+watch_resume(void **state)
+{
+	char *ns = uniq("rs"), *name = uniq("rt");
+	struct k8s_status st = { 0 };
+	struct k8s_watch *w;
+	struct k8s_event ev;
+	json_t *obj, *j;
+	int64_t rv1, rv2, rv3, rv4;
+
+	(void)state;
+	requests_clear();
+	w = watch_from_now(&K8S_AGENTTASK, ns, NULL);
+	obj = create_task(ns, name);
+	rv1 = k8s_resource_version(obj);
+	assert_int_equal(next_change(w, &ev, &st), 1);
+	assert_int_equal(ev.type, K8S_ADDED);
+	assert_int_equal(ev.rv, rv1);
+	json_decref(ev.object);
+
+	/* the clean end of the stream */
+	j = storeenv_fake(&env, "POST", "/_fake/end_watches",
+	    "{\"mode\":\"close\"}");
+	assert_true(json_integer_value(json_object_get(j, "watches")) >= 1);
+	json_decref(j);
+	patch_seen(w, ns, name, 4, &rv2);
+	/* the stream cut in the middle of an event */
+	j = storeenv_fake(&env, "POST", "/_fake/end_watches",
+	    "{\"mode\":\"cut\"}");
+	assert_true(json_integer_value(json_object_get(j, "watches")) >= 1);
+	json_decref(j);
+	patch_seen(w, ns, name, 5, &rv3);
+	patch_seen(w, ns, name, 6, &rv4);	/* and rv3 once */
+	/* each reconnect asked for what followed the last event seen */
+	assert_true(watch_request_rv(1) >= rv1 && watch_request_rv(1) < rv2);
+	assert_true(watch_request_rv(2) >= rv2 && watch_request_rv(2) < rv3);
+
+	/* an ERROR event 410 (its revision compacted): the watch ends */
+	json_decref(storeenv_fake(&env, "POST", "/_fake/end_watches",
+	    "{\"mode\":\"expire\"}"));
+	assert_int_equal(next_change(w, &ev, &st), K8S_EGONE);
+	assert_int_equal(st.code, 410);
+	k8s_status_release(&st);
+	k8s_watch_free(w);
+	requests_clear();
+	json_decref(obj);
+	free(name);
+	free(ns);
+}
 #endif
 
 /*
@@ -2177,6 +2296,7 @@ main(void)
 		cmocka_unit_test(retry_lost_create),
 		cmocka_unit_test(retry_policy),
 		cmocka_unit_test(retry_deadline),
+		cmocka_unit_test(watch_resume),
 #endif
 	};
 
