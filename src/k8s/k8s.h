@@ -508,7 +508,11 @@ struct k8s_rest_config {
 	int connect_timeout_ms;		/* default 5000 */
 	int timeout_ms;			/* per attempt, default 30000 */
 	int max_retries;		/* on 429/5xx/transport, default 4 */
-	int64_t max_retry_wait_ms;	/* cap on one Retry-After wait */
+	/*
+	 * cap on one backoff wait, and the longest Retry-After waited for
+	 * (a longer one ends the call, as one longer than what is left)
+	 */
+	int64_t max_retry_wait_ms;
 	/*
 	 * One call in all, its attempts and the waits between them, default
 	 * 60000: an attempt gets at most what is left, no wait is begun that

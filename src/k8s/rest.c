@@ -14,12 +14,13 @@
  * shortly before the token expires or when the server answers 401.
  *
  * Retries (k8s_rest_config.max_retries, exponential backoff from 200 ms
- * with jitter, or the server's Retry-After in seconds, each wait capped at
- * max_retry_wait_ms), all within deadline_ms for the whole call: each
- * attempt gets at most what is left of it, a wait that would not leave
- * MIN_ATTEMPT_MS for another attempt, or a Retry-After longer than what is
- * left, ends the call with the last error (the caller requeues rather than
- * holding a worker). Retried, as client-go's, only where the request
+ * with jitter capped at max_retry_wait_ms, or the server's Retry-After in
+ * seconds), all within deadline_ms for the whole call: each attempt gets
+ * at most what is left of it, a wait that would not leave MIN_ATTEMPT_MS
+ * for another attempt, or a Retry-After longer than what is left or than
+ * max_retry_wait_ms (never retried sooner than the server asked), ends
+ * the call with the last error (the caller requeues rather than holding a
+ * worker). Retried, as client-go's, only where the request
  * cannot have taken effect, or taking effect twice is harmless:
  *   - 429 answers: every method (the server refused to look at it);
  *   - other 5xx answers (but 501): GET; any other method only when the
@@ -950,7 +951,14 @@ rest_call(struct rest *rs, const struct req *rq, json_t **out,
 			break;
 		wait = backoff_ms(rs, attempt, rp.retry_after_ms);
 		left = deadline - now_mono_ms();
-		if (rp.retry_after_ms > left || wait + MIN_ATTEMPT_MS > left) {
+		/*
+		 * a Retry-After beyond the cap is not cut short (the retry
+		 * would come before the server asked): the caller requeues,
+		 * as when it is longer than what is left
+		 */
+		if (rp.retry_after_ms > left ||
+		    rp.retry_after_ms > rs->cfg.max_retry_wait_ms ||
+		    wait + MIN_ATTEMPT_MS > left) {
 			/* no time for another try: the caller requeues */
 			if (log_enabled(LOG_INFO)) {
 				char ms[32];

@@ -1754,6 +1754,22 @@ retry_policy(void **state)
 	free(name);
 }
 
+/* A REST client of the fake with the retry settings cfg. */
+static struct k8s_api *
+fake_api(const struct k8s_rest_config *cfg)
+{
+	struct k8s_cluster c;
+	struct k8s_api *a = NULL;
+	char *cause = NULL;
+
+	memset(&c, 0, sizeof(c));
+	c.server = env.fake_server;
+	c.ca_file = env.fake_ca;
+	c.token = (char *)"contract-token";
+	assert_int_equal(k8s_rest_open(&a, &c, cfg, &cause), 0);
+	return a;
+}
+
 /*
  * A call ends within its deadline, attempts and waits included, and a
  * Retry-After longer than what is left ends it at once with the error.
@@ -1764,10 +1780,9 @@ retry_deadline(void **state)
 	struct k8s_rest_config cfg = { .connect_timeout_ms = 1000,
 	    .timeout_ms = 5000, .max_retries = 10,
 	    .max_retry_wait_ms = 10000, .deadline_ms = 2500 };
-	struct k8s_cluster c;
 	struct k8s_status st = { 0 };
-	struct k8s_api *short_api = NULL;
-	char *name = uniq("late"), *cause = NULL, *rule;
+	struct k8s_api *short_api;
+	char *name = uniq("late"), *rule;
 	json_t *obj = create_task("default", name), *out = NULL;
 	int64_t t0, took;
 
@@ -1784,11 +1799,7 @@ retry_deadline(void **state)
 	assert_true(took < 2000);
 	assert_int_equal(storeenv_fake_count(&env, "GET", name), 1);
 
-	memset(&c, 0, sizeof(c));
-	c.server = env.fake_server;
-	c.ca_file = env.fake_ca;
-	c.token = (char *)"contract-token";
-	assert_int_equal(k8s_rest_open(&short_api, &c, &cfg, &cause), 0);
+	short_api = fake_api(&cfg);
 
 	/* an answer slower than the deadline: the attempt is cut there */
 	requests_clear();
@@ -1836,6 +1847,49 @@ retry_deadline(void **state)
 	assert_int_equal(storeenv_fake_count(&env, "GET", name), 2);
 	requests_clear();
 	k8s_api_free(short_api);
+	json_decref(obj);
+	free(name);
+}
+
+/*
+ * A Retry-After longer than max_retry_wait_ms is not cut short to it:
+ * the call ends with the answer's error (the caller requeues) instead of
+ * asking again before the server said to (retry_deadline: one within it
+ * is waited for).
+ */
+static void
+retry_after_cap(void **state)
+{
+	struct k8s_rest_config cfg = { .connect_timeout_ms = 1000,
+	    .timeout_ms = 5000, .max_retries = 4,
+	    .max_retry_wait_ms = 1000, .deadline_ms = 20000 };
+	struct k8s_status st = { 0 };
+	struct k8s_api *capped = fake_api(&cfg);
+	char *name = uniq("cap");
+	json_t *obj = create_task("default", name), *out = NULL, *patch;
+
+	(void)state;
+	patch = json_pack("{s:{s:s}}", "spec", "objective", "capped");
+
+	/* 2 s asked, 1 s allowed: not sent again */
+	requests_clear();
+	fault("{\"status\":429,\"retry_after\":2,\"method\":\"GET\"}");
+	assert_int_equal(k8s_get(capped, &K8S_AGENTTASK, "default", name,
+	    &out, &st), K8S_EUNAVAILABLE);
+	assert_null(out);
+	assert_int_equal(st.code, 429);
+	k8s_status_release(&st);
+	assert_int_equal(storeenv_fake_count(&env, "GET", name), 1);
+	requests_clear();
+	fault("{\"status\":503,\"retry_after\":2,\"method\":\"PATCH\"}");
+	assert_int_equal(k8s_patch(capped, &K8S_AGENTTASK, "default", name,
+	    0, patch, NULL, &st), K8S_EUNAVAILABLE);
+	assert_int_equal(st.code, 503);
+	k8s_status_release(&st);
+	assert_int_equal(storeenv_fake_count(&env, "PATCH", name), 1);
+	requests_clear();
+	k8s_api_free(capped);
+	json_decref(patch);
 	json_decref(obj);
 	free(name);
 }
@@ -2296,6 +2350,7 @@ main(void)
 		cmocka_unit_test(retry_lost_create),
 		cmocka_unit_test(retry_policy),
 		cmocka_unit_test(retry_deadline),
+		cmocka_unit_test(retry_after_cap),
 		cmocka_unit_test(watch_resume),
 #endif
 	};
