@@ -53,7 +53,9 @@
  * guard to fire, the stream is simply re-opened from the last delivered
  * resourceVersion. When the server ends the stream (timeoutSeconds, a
  * proxy idle timeout, a reset) it is re-opened the same way, transparently;
- * only an ERROR event, a 410 or repeated failures end the watch.
+ * only an ERROR event, a 410 or repeated failures end the watch. A refused
+ * (re)connection is retried as a call is, but after the whole of its
+ * Retry-After (up to WATCH_RETRY_AFTER_MAX_MS).
  */
 #include "config.h"
 
@@ -95,6 +97,7 @@
 #define BACKOFF_MAX_MS		10000
 #define WATCH_TIMEOUT_S		300		/* + up to 300 s of jitter */
 #define WATCH_QUIET_S		60		/* low-speed guard on top */
+#define WATCH_RETRY_AFTER_MAX_MS (300 * 1000)	/* a watch waits that long */
 #define USER_AGENT		PACKAGE_NAME "/" PACKAGE_VERSION
 
 #define DEF_CONNECT_MS		5000
@@ -1911,7 +1914,7 @@ watch_main(void *arg)
 	struct k8s_status st;
 	char *path;
 	CURLcode rc;
-	int64_t t0;
+	int64_t t0, wait;
 	int failures = 0, err = 0, retry;
 
 	thread_name("kube-watch");
@@ -1975,8 +1978,17 @@ watch_main(void *arg)
 				    errbuf);
 			break;
 		}
-		if (watch_sleep(w, backoff_ms(rs, failures - 1,
-		    w->retry_after_ms)))
+		/*
+		 * the server's Retry-After in full, not cut to the cap of a
+		 * call's waits: this thread holds no worker, watch_free wakes
+		 * it, and ending the watch would have it opened again sooner
+		 */
+		if (w->retry_after_ms >= 0)
+			wait = w->retry_after_ms < WATCH_RETRY_AFTER_MAX_MS ?
+			    w->retry_after_ms : WATCH_RETRY_AFTER_MAX_MS;
+		else
+			wait = backoff_ms(rs, failures - 1, -1);
+		if (watch_sleep(w, wait))
 			break;
 	}
 	pthread_mutex_lock(&w->lock);

@@ -1933,28 +1933,53 @@ patch_seen(struct k8s_watch *w, const char *ns, const char *name, int n,
 	json_decref(p);
 }
 
-/* The resourceVersion the i-th watch request in the fake's log asked. */
-static int64_t
-watch_request_rv(size_t want)
+/* The i-th watch request in the fake's log (to json_decref), or NULL. */
+static json_t *
+watch_request(size_t want)
 {
 	json_t *reqs = storeenv_fake(&env, "GET", "/_fake/requests", NULL);
-	json_t *r;
-	const char *q, *v;
+	json_t *r, *found = NULL;
+	const char *q;
 	size_t i, n = 0;
-	int64_t rv = -1;
 
 	json_array_foreach(reqs, i, r) {
 		q = json_string_value(json_object_get(r, "query"));
-		if (q == NULL || strstr(q, "watch=true") == NULL)
-			continue;
-		if (n++ != want)
-			continue;
-		v = strstr(q, "resourceVersion=");
-		rv = v != NULL ? strtoll(v + 16, NULL, 10) : 0;
-		break;
+		if (q != NULL && strstr(q, "watch=true") != NULL &&
+		    n++ == want) {
+			found = json_incref(r);
+			break;
+		}
 	}
 	json_decref(reqs);
+	return found;
+}
+
+/* The resourceVersion the i-th watch request asked, 0 none, -1 no such. */
+static int64_t
+watch_request_rv(size_t want)
+{
+	json_t *r = watch_request(want);
+	const char *v = json_string_value(json_object_get(r, "query"));
+	int64_t rv = -1;
+
+	if (v != NULL) {
+		v = strstr(v, "resourceVersion=");
+		rv = v != NULL ? strtoll(v + 16, NULL, 10) : 0;
+	}
+	json_decref(r);
 	return rv;
+}
+
+/* When the fake saw the i-th watch request (its clock, s), -1 no such. */
+static double
+watch_request_time(size_t want)
+{
+	json_t *r = watch_request(want);
+	double t = r != NULL ? json_real_value(json_object_get(r, "time")) :
+	    -1;
+
+	json_decref(r);
+	return t;
 }
 
 /*
@@ -2010,6 +2035,43 @@ watch_resume(void **state)
 	requests_clear();
 	json_decref(obj);
 	free(name);
+	free(ns);
+}
+
+/*
+ * A watch refused with 429 and a Retry-After longer than the cap of a
+ * call's waits connects again only once that Retry-After has passed:
+ * the second request comes at least 3 s after the first (a lower bound,
+ * which load cannot break).
+ */
+static void
+watch_retry_after(void **state)
+{
+	struct k8s_rest_config cfg = { .connect_timeout_ms = 2000,
+	    .timeout_ms = 10000, .max_retries = 4,
+	    .max_retry_wait_ms = 1000, .deadline_ms = 20000 };
+	struct k8s_list_opts o = { NULL, NULL, NULL };
+	struct k8s_api *capped = fake_api(&cfg);
+	struct k8s_status st = { 0 };
+	struct k8s_watch *w = NULL;
+	char *ns = uniq("wra");
+	json_t *l = NULL;
+
+	(void)state;
+	assert_int_equal(k8s_list(capped, &K8S_AGENTTASK, ns, NULL, &l, &st),
+	    0);
+	o.resource_version = k8s_meta_str(l, "resourceVersion");
+	requests_clear();
+	fault("{\"status\":429,\"retry_after\":3,\"method\":\"GET\","
+	    "\"match\":\"watch=true\"}");
+	assert_int_equal(k8s_watch(capped, &K8S_AGENTTASK, ns, &o, &w, &st),
+	    0);
+	k8s_watch_free(w);
+	assert_true(watch_request_time(1) >= 0);
+	assert_true(watch_request_time(1) - watch_request_time(0) >= 3.0);
+	requests_clear();
+	json_decref(l);
+	k8s_api_free(capped);
 	free(ns);
 }
 #endif
@@ -2351,6 +2413,7 @@ main(void)
 		cmocka_unit_test(retry_policy),
 		cmocka_unit_test(retry_deadline),
 		cmocka_unit_test(retry_after_cap),
+		cmocka_unit_test(watch_retry_after),
 		cmocka_unit_test(watch_resume),
 #endif
 	};
