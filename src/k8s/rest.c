@@ -50,7 +50,7 @@
  * bounded queue (QUEUE_MAX events or QUEUE_MAX_BYTES). When the queue is
  * full the write callback blocks, curl stops reading and TCP flow control
  * pushes back on the server; if that lasts long enough for the low-speed
- * guard to fire, the stream is simply re-opened from the last delivered
+ * guard to fire, the stream is simply re-opened from the newest delivered
  * resourceVersion. When the server ends the stream (timeoutSeconds, a
  * proxy idle timeout, a reset) it is re-opened the same way, transparently;
  * only an ERROR event, a 410 or repeated failures end the watch. A refused
@@ -1708,6 +1708,31 @@ watch_fatal(struct rest_watch *w, int err, struct k8s_status *st)
 	memset(st, 0, sizeof(*st));	/* now owned by w */
 }
 
+/*
+ * Whether resourceVersion a is past b (NULL: none yet). Versions are
+ * opaque, but kube-apiserver's are etcd revisions, decimal: those compare
+ * as numbers; any other is taken as newer.
+ */
+static int
+rv_past(const char *a, const char *b)
+{
+	size_t la, lb;
+
+	if (b == NULL)
+		return 1;
+	while (*a == '0' && a[1] != '\0')
+		a++;
+	while (*b == '0' && b[1] != '\0')
+		b++;
+	la = strspn(a, "0123456789");
+	lb = strspn(b, "0123456789");
+	if (la == 0 || lb == 0 || a[la] != '\0' || b[lb] != '\0')
+		return 1;
+	if (la != lb)
+		return la > lb;
+	return strcmp(a, b) > 0;
+}
+
 /* One complete line of the stream; -1 ends the transfer. */
 static int
 watch_line(struct rest_watch *w, const char *s, size_t len)
@@ -1727,8 +1752,14 @@ watch_line(struct rest_watch *w, const char *s, size_t len)
 		watch_fatal(w, r, &st);
 		return -1;
 	}
+	/*
+	 * The resume point only moves forward: the synthetic ADDED events
+	 * of a watch without a resourceVersion come in name order, and
+	 * show the state as of the newest of them, not as of the last.
+	 */
 	rv = k8s_meta_str(ev.object, "resourceVersion");
-	rvcopy = rv != NULL && rv[0] != '\0' ? xstrdup(rv) : NULL;
+	rvcopy = rv != NULL && rv[0] != '\0' && rv_past(rv, w->rv) ?
+	    xstrdup(rv) : NULL;
 	if (watch_push(w, &ev, len) < 0) {
 		json_decref(ev.object);
 		free(rvcopy);

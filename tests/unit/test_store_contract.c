@@ -1912,8 +1912,13 @@ next_change(struct k8s_watch *w, struct k8s_event *ev,
 	return 0;
 }
 
-/* Patch task name's maxIterations to n and check w sees just that. */
-static void
+/*
+ * Patch task name's maxIterations to n (its new version in *rv); whether
+ * the next change w sees is just that. Not an assertion: a test fails
+ * only once its watch is freed (a failure would end the test, then the
+ * suite's api, under the watch's thread).
+ */
+static int
 patch_seen(struct k8s_watch *w, const char *ns, const char *name, int n,
     int64_t *rv)
 {
@@ -1921,16 +1926,18 @@ patch_seen(struct k8s_watch *w, const char *ns, const char *name, int n,
 	struct k8s_event ev;
 	json_t *p = json_pack("{s:{s:i}}", "spec", "maxIterations", n);
 	json_t *out = NULL;
+	int ok;
 
 	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, ns, name, 0, p,
 	    &out, &st), 0);
 	*rv = k8s_resource_version(out);
-	assert_int_equal(next_change(w, &ev, &st), 1);
-	assert_int_equal(ev.type, K8S_MODIFIED);
-	assert_int_equal(ev.rv, *rv);
+	ok = next_change(w, &ev, &st) == 1 && ev.type == K8S_MODIFIED &&
+	    ev.rv == *rv;
 	json_decref(ev.object);
+	k8s_status_release(&st);
 	json_decref(out);
 	json_decref(p);
+	return ok;
 }
 
 /* The i-th watch request in the fake's log (to json_decref), or NULL. */
@@ -1996,45 +2003,93 @@ watch_resume(void **state)
 	struct k8s_watch *w;
 	struct k8s_event ev;
 	json_t *obj, *j;
-	int64_t rv1, rv2, rv3, rv4;
+	int64_t rv1, rv2 = 0, rv3 = 0, rv4;
+	int ok, rc;
 
 	(void)state;
+	memset(&ev, 0, sizeof(ev));
 	requests_clear();
 	w = watch_from_now(&K8S_AGENTTASK, ns, NULL);
 	obj = create_task(ns, name);
 	rv1 = k8s_resource_version(obj);
-	assert_int_equal(next_change(w, &ev, &st), 1);
-	assert_int_equal(ev.type, K8S_ADDED);
-	assert_int_equal(ev.rv, rv1);
+	ok = next_change(w, &ev, &st) == 1 && ev.type == K8S_ADDED &&
+	    ev.rv == rv1;
 	json_decref(ev.object);
 
 	/* the clean end of the stream */
 	j = storeenv_fake(&env, "POST", "/_fake/end_watches",
 	    "{\"mode\":\"close\"}");
-	assert_true(json_integer_value(json_object_get(j, "watches")) >= 1);
+	ok = ok && json_integer_value(json_object_get(j, "watches")) >= 1;
 	json_decref(j);
-	patch_seen(w, ns, name, 4, &rv2);
+	ok = ok && patch_seen(w, ns, name, 4, &rv2);
 	/* the stream cut in the middle of an event */
 	j = storeenv_fake(&env, "POST", "/_fake/end_watches",
 	    "{\"mode\":\"cut\"}");
-	assert_true(json_integer_value(json_object_get(j, "watches")) >= 1);
+	ok = ok && json_integer_value(json_object_get(j, "watches")) >= 1;
 	json_decref(j);
-	patch_seen(w, ns, name, 5, &rv3);
-	patch_seen(w, ns, name, 6, &rv4);	/* and rv3 once */
-	/* each reconnect asked for what followed the last event seen */
-	assert_true(watch_request_rv(1) >= rv1 && watch_request_rv(1) < rv2);
-	assert_true(watch_request_rv(2) >= rv2 && watch_request_rv(2) < rv3);
+	ok = ok && patch_seen(w, ns, name, 5, &rv3);
+	ok = ok && patch_seen(w, ns, name, 6, &rv4);	/* and rv3 once */
 
 	/* an ERROR event 410 (its revision compacted): the watch ends */
 	json_decref(storeenv_fake(&env, "POST", "/_fake/end_watches",
 	    "{\"mode\":\"expire\"}"));
-	assert_int_equal(next_change(w, &ev, &st), K8S_EGONE);
+	rc = ok ? next_change(w, &ev, &st) : 0;
+	k8s_watch_free(w);
+	assert_true(ok);
+	assert_int_equal(rc, K8S_EGONE);
 	assert_int_equal(st.code, 410);
 	k8s_status_release(&st);
-	k8s_watch_free(w);
+	/* each reconnect asked for what followed the last event seen */
+	assert_true(watch_request_rv(1) >= rv1 && watch_request_rv(1) < rv2);
+	assert_true(watch_request_rv(2) >= rv2 && watch_request_rv(2) < rv3);
 	requests_clear();
 	json_decref(obj);
 	free(name);
+	free(ns);
+}
+
+/*
+ * A watch without a resourceVersion starts with a synthetic ADDED for
+ * each object, in name order, not in resourceVersion order; the state
+ * they show is as of the newest of them. A stream ended after them
+ * resumes from there, not from the last one's version: else the newer
+ * objects come again (or a 410, once the older version is compacted).
+ */
+static void
+watch_resume_initial(void **state)
+{
+	char *ns = uniq("ri"), *older = uniq("b"), *newer = uniq("a");
+	struct k8s_list_opts o = { NULL, NULL, NULL };
+	struct k8s_status st = { 0 };
+	struct k8s_watch *w = NULL;
+	struct k8s_event ev;
+	json_t *b = create_task(ns, older), *a = create_task(ns, newer);
+	int64_t rv;
+	int ok;
+
+	(void)state;
+	memset(&ev, 0, sizeof(ev));
+	requests_clear();
+	assert_int_equal(k8s_watch(api, &K8S_AGENTTASK, ns, &o, &w, &st), 0);
+	ok = next_change(w, &ev, &st) == 1 && ev.type == K8S_ADDED &&
+	    strcmp(k8s_meta_str(ev.object, "name"), newer) == 0;
+	json_decref(ev.object);
+	ok = ok && next_change(w, &ev, &st) == 1 && ev.type == K8S_ADDED &&
+	    strcmp(k8s_meta_str(ev.object, "name"), older) == 0;
+	json_decref(ev.object);
+	json_decref(storeenv_fake(&env, "POST", "/_fake/end_watches",
+	    "{\"mode\":\"close\"}"));
+	/* the next change is the patch, not the newer task again */
+	ok = ok && patch_seen(w, ns, older, 4, &rv);
+	k8s_watch_free(w);
+	k8s_status_release(&st);
+	assert_true(ok);
+	assert_true(watch_request_rv(1) >= k8s_resource_version(a));
+	requests_clear();
+	json_decref(a);
+	json_decref(b);
+	free(newer);
+	free(older);
 	free(ns);
 }
 
@@ -2415,6 +2470,7 @@ main(void)
 		cmocka_unit_test(retry_after_cap),
 		cmocka_unit_test(watch_retry_after),
 		cmocka_unit_test(watch_resume),
+		cmocka_unit_test(watch_resume_initial),
 #endif
 	};
 
