@@ -827,6 +827,42 @@ def t_watch(f):
     st, _, b = f.req("GET", AT + "?watch=true&labelSelector=a%20b")
     check("watch with a bad selector: 400 before streaming", st == 400, b)
 
+    rv = current_rv(f)
+    w = f.watch(AT + q(watch="true", resourceVersion=rv, timeoutSeconds=30))
+    f.req("PATCH", AT + "/t1", {"spec": {"maxIterations": 2}}, MERGE)
+    ev = w.next()
+    st, _, b = f.req("POST", "/_fake/end_watches", {"mode": "close"},
+                     token=None)
+    end = w.next()
+    w.close()
+    check("end_watches close: the stream ends cleanly after its events",
+          st == 200 and b["watches"] >= 1 and ev["type"] == "MODIFIED" and
+          end is None, (st, b, ev, end))
+    w = f.watch(AT + q(watch="true", resourceVersion=rv, timeoutSeconds=30))
+    w.next()
+    f.req("POST", "/_fake/end_watches", {"mode": "cut"}, token=None)
+    f.req("PATCH", AT + "/t1", {"spec": {"maxIterations": 3}}, MERGE)
+    try:
+        half = w.resp.read()
+    except http.client.IncompleteRead as e:
+        half = e.partial
+    w.close()
+    check("end_watches cut: half an event line, then the connection drops",
+          half.startswith(b'{"type":"MODIFIED"') and b"\n" not in half,
+          half)
+    w = f.watch(AT + q(watch="true", resourceVersion=current_rv(f),
+                       timeoutSeconds=30))
+    f.req("POST", "/_fake/end_watches", {"mode": "expire"}, token=None)
+    evs = [w.next(), w.next()]
+    w.close()
+    check("end_watches expire: one ERROR 410 Expired event, then EOF",
+          evs[1] is None and evs[0]["type"] == "ERROR" and
+          evs[0]["object"]["code"] == 410 and
+          evs[0]["object"]["reason"] == "Expired", evs)
+    st, _, b = f.req("POST", "/_fake/end_watches", {"mode": "x"},
+                     token=None)
+    check("end_watches: an unknown mode is 400", st == 400, b)
+
     def watchers_settle():
         deadline = time.monotonic() + 4
         while True:
