@@ -521,6 +521,7 @@ watch_main(void *arg)
 	int64_t last_resync = now_mono_ms(), resync_ms = c->cfg.resync_ms;
 	int64_t next_list = 0;	/* > 0: the list from scratch is owed */
 	unsigned failures = 0, list_failures = 0;
+	int64_t rv_max = 0;	/* rv, as a number (0: none) */
 	char rv[32] = "";
 
 	thread_name("ctrl-watch");
@@ -539,6 +540,7 @@ watch_main(void *arg)
 		if (rc < 0) {
 			if (rc == K8S_EGONE) {
 				rv[0] = '\0';
+				rv_max = 0;
 				pthread_mutex_lock(&c->mu);
 				c->relists++;
 				pthread_mutex_unlock(&c->mu);
@@ -587,9 +589,17 @@ watch_main(void *arg)
 			if (rc == 0)
 				continue;
 			failures = 0;
-			if (ev.rv > 0)
+			/*
+			 * the resume point only moves forward: the ADDED
+			 * events of a watch from scratch come in the order
+			 * of the names, and show the state as of the newest
+			 * of them, not as of the last
+			 */
+			if (ev.rv > rv_max) {
+				rv_max = ev.rv;
 				snprintf(rv, sizeof(rv), "%lld",
 				    (long long)ev.rv);
+			}
 			handle_event(w, &ev);
 			json_decref(ev.object);
 			/* bookmarks too: every change up to it was seen */
@@ -600,6 +610,7 @@ watch_main(void *arg)
 			log_kv(LOG_INFO, "controller watch expired, relisting",
 			    "resource", w->r->plural, NULL);
 			rv[0] = '\0';
+			rv_max = 0;
 			pthread_mutex_lock(&c->mu);
 			c->relists++;
 			pthread_mutex_unlock(&c->mu);

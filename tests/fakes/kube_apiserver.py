@@ -208,6 +208,7 @@ CONTINUE_EXPIRED_MSG = (
 
 # etcd3 watcher.go, when the revision a watch stands on is compacted
 WATCH_EXPIRED_MSG = "The resourceVersion for the provided watch is too old."
+WATCH_ERROR_MSG = "Internal error occurred: etcdserver: request timed out"
 
 
 def err_continue_expired():
@@ -1233,7 +1234,9 @@ class Store:
         chunked body, "cut" by dropping the connection in the middle of
         the next event line it sends (half of it sent, no end), "expire"
         with an ERROR event (410 Expired, as when etcd compacts the
-        revision a watch stands on) and the clean end.  Returns
+        revision a watch stands on) and the clean end, "error" with an
+        ERROR event (500 InternalError, as when etcd fails under the
+        watch cache) and the clean end.  Returns
         how many streams were asked."""
         with self.lock:
             for q in self.watchers:
@@ -2382,9 +2385,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if method == "POST":
                 mode = arg.get("mode", "close") if isinstance(arg, dict) \
                     else None
-                if mode not in ("close", "cut", "expire"):
-                    raise err_bad_request("mode is \"close\", \"cut\" "
-                                          "or \"expire\"")
+                if mode not in ("close", "cut", "expire", "error"):
+                    raise err_bad_request("mode is \"close\", \"cut\", "
+                                          "\"expire\" or \"error\"")
                 n = srv.store.end_watches(mode)
                 return self.send_json(200, {"watches": n})
         elif path == "/_fake/compact":
@@ -2828,7 +2831,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                         self.event("ERROR", json.dumps(status_body(
                             410, "Expired", WATCH_EXPIRED_MSG),
                             separators=(",", ":")))
-                    if ev.mode in ("close", "expire"):
+                    elif ev.mode == "error":
+                        self.event("ERROR", json.dumps(status_body(
+                            500, "InternalError", WATCH_ERROR_MSG),
+                            separators=(",", ":")))
+                    if ev.mode in ("close", "expire", "error"):
                         break
                     cut = True
                     continue

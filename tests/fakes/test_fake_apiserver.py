@@ -859,6 +859,15 @@ def t_watch(f):
           evs[1] is None and evs[0]["type"] == "ERROR" and
           evs[0]["object"]["code"] == 410 and
           evs[0]["object"]["reason"] == "Expired", evs)
+    w = f.watch(AT + q(watch="true", resourceVersion=current_rv(f),
+                       timeoutSeconds=30))
+    f.req("POST", "/_fake/end_watches", {"mode": "error"}, token=None)
+    evs = [w.next(), w.next()]
+    w.close()
+    check("end_watches error: one ERROR 500 InternalError event, then EOF",
+          evs[1] is None and evs[0]["type"] == "ERROR" and
+          evs[0]["object"]["code"] == 500 and
+          evs[0]["object"]["reason"] == "InternalError", evs)
     st, _, b = f.req("POST", "/_fake/end_watches", {"mode": "x"},
                      token=None)
     check("end_watches: an unknown mode is 400", st == 400, b)

@@ -2952,6 +2952,104 @@ test_stop_during_watch_backoff(void **state)
 	open_all(1);
 }
 
+/*
+ * The resourceVersion of the second watch of the tasks the fake has seen
+ * (its query's, "" when it had none), or NULL when there is none yet.
+ */
+static char *
+rewatch_rv(void)
+{
+	json_t *reqs = storeenv_fake(&env, "GET", "/_fake/requests", NULL);
+	json_t *r;
+	const char *p, *q, *v;
+	char *out = NULL;
+	size_t i;
+	int n = 0;
+
+	json_array_foreach(reqs, i, r) {
+		p = json_string_value(json_object_get(r, "path"));
+		q = json_string_value(json_object_get(r, "query"));
+		if (p == NULL || q == NULL || strlen(p) < 11 ||
+		    strcmp(p + strlen(p) - 11, "/agenttasks") != 0 ||
+		    strstr(q, "watch=") == NULL || ++n < 2)
+			continue;
+		v = strstr(q, "resourceVersion=");
+		out = v == NULL ? xstrdup("") : xstrndup(v + 16,
+		    strcspn(v + 16, "&"));
+		break;
+	}
+	json_decref(reqs);
+	return out;
+}
+
+/*
+ * A watch that ends in error (not 410 Gone) is opened again from the
+ * newest resourceVersion the controller was given, not the last: a watch
+ * from scratch sends its ADDED events in the order of the names, so the
+ * last can be old (on a real cluster long compacted: a 410, and a relist
+ * of everything). Through the fake kube-apiserver, whose request log
+ * shows the watches; every write is refused meanwhile, so that no pass
+ * moves the version on.
+ */
+static void
+test_watch_resume_newest(void **state)
+{
+	static const char *const writes[] = { "POST", "PUT", "PATCH",
+	    "DELETE" };
+	struct controller *c = NULL;
+	char *cause = NULL, *older, *newer, *want, *got = NULL, *rule;
+	int64_t end;
+	json_t *j;
+	size_t i;
+
+	(void)state;
+	close_all();
+	if (open_store(3, 1000) < 0) {
+		fprintf(stderr, "# skip: the fake kube-apiserver does not "
+		    "start (python3, openssl)\n");
+		storeenv_close(&env);
+		open_all(1);
+		skip();
+	}
+	/* made second, the first by name */
+	older = new_task_named(xstrdup("zz-older"), NULL, NULL);
+	newer = new_task_named(xstrdup("aa-newer"), NULL, NULL);
+	j = get_task(newer);
+	want = xstrdup(k8s_meta_str(j, "resourceVersion"));
+	json_decref(j);
+	for (i = 0; i < ARRAY_SIZE(writes); i++) {
+		rule = xasprintf("{\"status\":503,\"count\":100000,"
+		    "\"method\":\"%s\"}", writes[i]);
+		j = storeenv_fake(&env, "POST", "/_fake/faults", rule);
+		assert_non_null(j);
+		json_decref(j);
+		free(rule);
+	}
+	json_decref(storeenv_fake(&env, "DELETE", "/_fake/requests", NULL));
+	cc.workers = 1;
+	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	running = c;
+	/* the stream ends with an ERROR 500 once it is open */
+	end = now_mono_ms() + 60000;
+	while ((got = rewatch_rv()) == NULL && now_mono_ms() < end) {
+		json_decref(storeenv_fake(&env, "POST", "/_fake/end_watches",
+		    "{\"mode\":\"error\"}"));
+		sleep_ms(200);
+	}
+	stop_running(NULL);
+	json_decref(storeenv_fake(&env, "DELETE", "/_fake/faults", NULL));
+	fprintf(stderr, "# watched again from %s; the newest task: %s\n",
+	    got != NULL ? got : "(none)", want);
+	assert_non_null(got);
+	assert_string_equal(got, want);
+	free(got);
+	free(want);
+	free(older);
+	free(newer);
+	close_all();
+	open_all(1);
+}
+
 /* ---------------------------------------------- controller.max_active_tasks */
 
 /*
@@ -4768,6 +4866,8 @@ main(void)
 		cmocka_unit_test(test_watch_relist),
 		cmocka_unit_test(test_notifier_relist_drops_gone),
 		cmocka_unit_test_teardown(test_stop_during_watch_backoff,
+		    stop_running),
+		cmocka_unit_test_teardown(test_watch_resume_newest,
 		    stop_running),
 		cmocka_unit_test(test_dump),
 		cmocka_unit_test_teardown(test_stalled_task_fails, unlimit),
