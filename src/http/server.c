@@ -68,6 +68,8 @@ struct http_server {
 	int stopping;
 	pthread_cond_t rcond;
 	int quiesced;		/* new connections closed (atomic) */
+	int closing;		/* no more suspensions: the stop's last
+				 * sweep (under mu) */
 };
 
 struct reply_header {
@@ -269,6 +271,17 @@ set_reply(struct http_req *r, int status, const char *content_type,
 	r->replied = 1;
 }
 
+/* Answer 503 to a request the stop leaves no time for (r->mu held). */
+static void
+reply_shutting_down(struct http_req *r)
+{
+	if (r->replied)
+		return;
+	set_reply(r, 503, "application/json",
+	    "{\"error\":\"shutting down\"}", 25);
+	add_header(r, "Retry-After", "5");
+}
+
 /* Resume a suspended request (r->mu held) so that its reply goes out. */
 static void
 resume(struct http_req *r)
@@ -300,6 +313,13 @@ queue_reply(struct http_req *r)
 	for (i = 0; i < r->nhdrs; i++)
 		MHD_add_response_header(resp, r->hdrs[i].name,
 		    r->hdrs[i].value);
+	/*
+	 * Once stopping, a kept-alive connection gets its last reply: else
+	 * a client that keeps sending holds the drain to its timeout.
+	 */
+	if (__atomic_load_n(&r->srv->quiesced, __ATOMIC_ACQUIRE))
+		MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION,
+		    "close");
 	ret = MHD_queue_response(r->conn, (unsigned int)r->status, resp);
 	MHD_destroy_response(resp);
 	r->queued = 1;
@@ -594,8 +614,23 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 			pthread_mutex_unlock(&r->mu);
 			return ret;
 		}
-		r->suspended = 1;
 		pthread_mutex_lock(&s->mu);
+		if (s->closing) {
+			/*
+			 * The stop has answered every suspended request and
+			 * is about to stop libmicrohttpd, which aborts on a
+			 * suspended connection: this one is answered now,
+			 * like those (its handler's reply is dropped).
+			 */
+			MHD_RESULT ret;
+
+			pthread_mutex_unlock(&s->mu);
+			reply_shutting_down(r);
+			ret = queue_reply(r);
+			pthread_mutex_unlock(&r->mu);
+			return ret;
+		}
+		r->suspended = 1;
 		r->sprev = NULL;
 		r->snext = s->susp;
 		if (s->susp != NULL)
@@ -853,8 +888,13 @@ http_server_stop(struct http_server *s, int64_t timeout_ms)
 	 * libmicrohttpd aborts when stopped with suspended connections:
 	 * whatever still waits for its reply is answered 503 now (its own
 	 * reply, when it comes, finds the request answered and is dropped).
-	 * The request lock comes first elsewhere, hence the trylock.
+	 * The request lock comes first elsewhere, hence the trylock. From
+	 * now on no request is suspended (access_cb answers it at once), so
+	 * the list only shrinks and is empty at MHD_stop_daemon.
 	 */
+	pthread_mutex_lock(&s->mu);
+	s->closing = 1;
+	pthread_mutex_unlock(&s->mu);
 	for (;;) {
 		struct http_req *r;
 
@@ -871,11 +911,7 @@ http_server_stop(struct http_server *s, int64_t timeout_ms)
 		}
 		unlist(r);
 		pthread_mutex_unlock(&s->mu);
-		if (!r->replied) {
-			set_reply(r, 503, "application/json",
-			    "{\"error\":\"shutting down\"}", 25);
-			add_header(r, "Retry-After", "5");
-		}
+		reply_shutting_down(r);
 		resume(r);
 		pthread_mutex_unlock(&r->mu);
 	}

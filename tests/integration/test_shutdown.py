@@ -1,0 +1,164 @@
+"""Process lifecycle under load: signals while many keep-alive clients
+post signed webhooks and meter charges. Every request gets a whole answer
+or a connection error, the daemon exits 0 within its bound, and what was
+acknowledged (a 202, a meter 200) is on disk after the restart."""
+
+import collections
+import http.client
+import json
+import signal
+import threading
+import time
+import uuid
+
+from divtest import (Daemon, GITHUB_CONFIG, api, compact, fixture, run_tests,
+                     sign, task_token, wait, with_comment)
+
+NS = "default"
+TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks" % NS
+BODY = compact(with_comment(fixture(
+    "github/go-playground--pull-request-issue-comment.json"),
+    "/diverge fix keep it"))
+CLIENTS = 64
+
+
+class Load:
+    """CLIENTS threads, each on one kept-alive connection (a new one after
+    an error), half posting signed webhooks, half meter charges of one
+    token each; results: (kind, key, status or error name)."""
+
+    def __init__(self, d, token):
+        self.d, self.token = d, token
+        self.results = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.client, args=(i,))
+                        for i in range(CLIENTS)]
+
+    def one(self, c, kind, key):
+        if kind == "webhook":
+            c.request("POST", "/webhooks/github", body=BODY, headers={
+                "Content-Type": "application/json",
+                "X-GitHub-Event": "issue_comment",
+                "X-GitHub-Delivery": key,
+                "X-Hub-Signature-256": sign(self.d.secret, BODY)})
+        else:
+            c.request("POST", "/api/v1/agenttask/meter", body=json.dumps({
+                "requestId": key, "iteration": 1, "model": "m",
+                "tokensUsed": 1, "costUSD": 0}), headers={
+                "Content-Type": "application/json",
+                "Authorization": "Bearer " + self.token})
+        r = c.getresponse()
+        data = r.read()
+        json.loads(data)        # a whole JSON body, or a half reply
+        return r.status
+
+    def client(self, i):
+        kind = "webhook" if i % 2 == 0 else "meter"
+        c = None
+        while not self.stop.is_set():
+            if c is None:
+                c = http.client.HTTPConnection("127.0.0.1", self.d.port,
+                                               timeout=60)
+            key = str(uuid.uuid4())
+            try:
+                status = self.one(c, kind, key)
+            except (http.client.IncompleteRead, ValueError) as e:
+                status = "half reply: " + repr(e)[:80]
+            except (OSError, http.client.HTTPException):
+                status = "connection error"
+                c.close()
+                c = None
+                if self.d.proc.poll() is not None:
+                    return
+                time.sleep(0.01)
+            with self.lock:
+                self.results.append((kind, key, status))
+
+    def start(self):
+        for th in self.threads:
+            th.start()
+        return self
+
+    def wait_requests(self, n, timeout=60):
+        return wait(lambda: len(self.results) >= n, timeout)
+
+    def join(self):
+        self.stop.set()
+        for th in self.threads:
+            th.join()
+        return self.results
+
+
+def new_task(t, d, name):
+    s, _ = api(d, "POST", TASKS, {
+        "apiVersion": "divergedev.com/v1alpha1", "kind": "AgentTask",
+        "metadata": {"name": name},
+        "spec": {"objective": "load", "budgetUSD": "1000",
+                 "budgetTokens": 100000000, "maxIterations": 5}})
+    token, _ = task_token(d, name, NS, timeout=30)
+    t.ok(s == 201 and token is not None, "task %s has its token" % name)
+    return token
+
+
+def check_after(t, d, results, name, what):
+    """After the restart: every 202 on disk and handled once; the task's
+    tokens are at least the charges answered 200, at most those plus the
+    ones whose answer was lost (a 503 or a connection error: the contract
+    lets a retry with the same requestId find them charged once)."""
+    tally = collections.Counter((k, s) for k, _, s in results)
+    half = [r for r in results if str(r[2]).startswith("half reply")]
+    t.ok(not half, "%s: every answer whole or a connection error" % what,
+         (half[:5], tally))
+    acked = ["github:" + k for kind, k, s in results
+             if kind == "webhook" and s == 202]
+    stored = set(k for (k,) in d.query("SELECT key FROM inbox"))
+    missing = [k for k in acked if k not in stored]
+    t.ok(acked and not missing, "%s: every 202 (%d) is in the inbox after "
+         "the restart" % (what, len(acked)), missing[:5])
+    got = d.wait_handled(acked, timeout=120)
+    t.eq(len([k for k in acked if k in got]), len(acked),
+         "%s: every 202 handled" % what)
+    over = {k: c for k, c in got.items() if c != 1}
+    t.ok(not over, "%s: each handled once" % what, over)
+    ok = sum(1 for kind, _, s in results if kind == "meter" and s == 200)
+    lost = sum(1 for kind, _, s in results if kind == "meter" and s != 200)
+    s, obj = api(d, "GET", TASKS + "/" + name)
+    used = obj.get("status", {}).get("tokensConsumed", 0)
+    t.ok(ok > 0 and ok <= used <= ok + lost, "%s: charges kept: %d answered "
+         "200 <= %d counted <= %d sent" % (what, ok, used, ok + lost), tally)
+
+
+def stop_under_load(t, timeout_s):
+    """SIGTERM while 64 kept-alive clients post: libmicrohttpd aborted
+    (MHD_stop_daemon with suspended connections) on the requests that the
+    kept-alive clients sent after the stop had answered the suspended
+    ones, and the drain lasted its whole timeout while they kept
+    sending."""
+    what = "shutdown_timeout %ds" % timeout_s
+    d = Daemon(GITHUB_CONFIG.replace("debug", "info") +
+               "shutdown_timeout: %ds\n" % timeout_s).start()
+    token = new_task(t, d, "load")
+    load = Load(d, token).start()
+    load.wait_requests(2000)
+    start = time.time()
+    rc = d.stop(timeout=timeout_s + 60)
+    took = time.time() - start
+    results = load.join()
+    t.eq(rc, 0, "%s: SIGTERM under load: exit 0" % what)
+    # the drain ends with the last in-flight request, not its timeout;
+    # a generous bound for a loaded machine
+    t.ok(took < timeout_s + 20, "%s: stopped in %.1f s" % (what, took))
+    t.ok(not any("database is locked" in l for l in d.log()),
+         "%s: no 'database is locked'" % what)
+    d.start()
+    check_after(t, d, results, "load", what)
+    t.eq(d.stop(), 0, "%s: the restarted daemon stops with 0" % what)
+
+
+def main(t):
+    stop_under_load(t, 30)
+    stop_under_load(t, 0)
+
+
+run_tests(main)
