@@ -1520,6 +1520,13 @@ main(int argc, char **argv)
 	log_kv(LOG_INFO, "stopping", "signal", sig == SIGINT ? "SIGINT" :
 	    "SIGTERM", NULL);
 	D.stopping = 1;
+	/*
+	 * One shutdown_timeout for the requests and the workers: past it,
+	 * a worker's SCM call (a slow or failing API, retried with waits)
+	 * gives up and its entry stays pending for the next start.
+	 */
+	scm_give_up_at(now_mono_ms() + (int64_t)D.cfg.shutdown_timeout_s *
+	    1000);
 	http_server_quiesce(D.http);
 	http_server_stop(D.http, (int64_t)D.cfg.shutdown_timeout_s * 1000);
 	D.http = NULL;

@@ -127,6 +127,13 @@ struct attempt {
 };
 
 
+/*
+ * When calls give up (monotonic ms, 0: never; atomic): a stop sets it, so
+ * that a worker in a slow call or a retry's wait lets the process exit
+ * within its shutdown timeout. Process-wide: every transport stops at once.
+ */
+static int64_t give_up_at;
+
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc;
 
@@ -906,6 +913,52 @@ free_headers(struct curl_slist *l, const char *auth)
 	curl_slist_free_all(l);
 }
 
+/* Whether calls must give up now (a stop's deadline has passed). */
+static int
+giving_up(void)
+{
+	int64_t at = __atomic_load_n(&give_up_at, __ATOMIC_ACQUIRE);
+
+	return at > 0 && now_mono_ms() >= at;
+}
+
+/* libcurl's progress callback, at least once a second: abort on a stop. */
+static int
+on_progress(void *arg, curl_off_t dltotal, curl_off_t dlnow,
+    curl_off_t ultotal, curl_off_t ulnow)
+{
+	(void)arg;
+	(void)dltotal;
+	(void)dlnow;
+	(void)ultotal;
+	(void)ulnow;
+	return giving_up();
+}
+
+/*
+ * Wait ms before a retry, or less when a stop's deadline comes first. In
+ * whole sleeps, not to a clock reading: a rate limit's hold ends at the
+ * wall clock's millisecond, and a wait that ended a fraction early would
+ * find the credential still held.
+ */
+static void
+retry_wait(int64_t ms)
+{
+	while (ms > 0 && !giving_up()) {
+		int64_t step = ms < 100 ? ms : 100;
+
+		sleep_ms(step);
+		ms -= step;
+	}
+}
+
+/* Calls give up at mono_ms; see scm.h. */
+void
+scm_give_up_at(int64_t mono_ms)
+{
+	__atomic_store_n(&give_up_at, mono_ms, __ATOMIC_RELEASE);
+}
+
 /* One attempt; *sent says whether any of the request went out. */
 static CURLcode
 attempt_once(struct scm_http *h, CURL *c, const struct scm_req *rq,
@@ -936,6 +989,8 @@ attempt_once(struct scm_http *h, CURL *c, const struct scm_req *rq,
 	}
 	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, h->connect_ms);
 	curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, h->timeout_ms);
+	curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+	curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
 	curl_easy_setopt(c, CURLOPT_USERAGENT, USER_AGENT);
 	curl_easy_setopt(c, CURLOPT_ACCEPT_ENCODING, "");
 	curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
@@ -1207,6 +1262,12 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 			ret = SCM_ERATELIMITED;
 			goto out;
 		}
+		if (giving_up()) {
+			*cause = xasprintf("%s: %s %s: not sent: stopping",
+			    scm_http_name(h), rq->method, shown);
+			ret = SCM_EUNAVAILABLE;
+			goto out;
+		}
 		hdrs_reset(&at.hd);
 		at.overflow = 0;
 		sent = 0;
@@ -1238,7 +1299,10 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 		secondary = rc == CURLE_OK && h->provider == SCM_GITHUB &&
 		    (rp->code == 403 || rp->code == 429) && is_secondary(rp);
 		wait = -1;
-		if (rc != CURLE_OK) {
+		if (rc == CURLE_ABORTED_BY_CALLBACK) {
+			/* a stop: the entry is requeued, its next run retries */
+			retry = 0;
+		} else if (rc != CURLE_OK) {
 			retry = curl_transient(rc) && (!sent ||
 			    (rq->idempotent &&
 			    rc != CURLE_OPERATION_TIMEDOUT)) &&
@@ -1280,7 +1344,12 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 		} else if (rc == CURLE_OK)
 			spent(h, rq, &at.hd);
 		if (!retry) {
-			if (rc != CURLE_OK) {
+			if (rc == CURLE_ABORTED_BY_CALLBACK) {
+				*cause = xasprintf("%s: %s %s: given up: "
+				    "stopping", scm_http_name(h), rq->method,
+				    shown);
+				ret = SCM_EUNAVAILABLE;
+			} else if (rc != CURLE_OK) {
 				*cause = xasprintf("%s: %s %s: %s",
 				    scm_http_name(h), rq->method, shown,
 				    errbuf[0] != '\0' ? errbuf :
@@ -1318,7 +1387,7 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 		    "provider", scm_http_name(h), "op", rq->op, "method",
 		    rq->method, "path", shown, "error", what, "wait_ms", ms,
 		    NULL);
-		sleep_ms(wait);
+		retry_wait(wait);
 		waited += wait;
 	}
 out:

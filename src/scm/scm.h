@@ -511,6 +511,16 @@ int scm_github_new(struct scm_client **out, const struct config *cfg,
 int scm_gitlab_new(struct scm_client **out, const struct config *cfg,
     char **cause);
 void scm_client_free(struct scm_client *c);
+
+/*
+ * From the monotonic time mono_ms (now_mono_ms(); 0, the default: never)
+ * every API call of every client gives up: a transfer under way is
+ * aborted within about a second, a retry's wait ends, and a request not
+ * yet sent is not sent. Such a call fails with SCM_EUNAVAILABLE, so the
+ * work is requeued as for a server that is down. A stop sets it, so that
+ * a slow API cannot hold the process past its shutdown timeout.
+ */
+void scm_give_up_at(int64_t mono_ms);
 /* Read the client's secrets again (NULL: nothing to do). */
 int scm_client_reload(struct scm_client *c, const struct config *cfg,
     char **cause);

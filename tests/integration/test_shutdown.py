@@ -11,8 +11,10 @@ import threading
 import time
 import uuid
 
-from divtest import (Daemon, GITHUB_CONFIG, api, compact, fixture, run_tests,
-                     sign, task_token, wait, with_comment)
+from divtest import (Daemon, GITHUB_CONFIG, ScmFake, api, compact, fixture,
+                     run_tests, sign, task_token, wait, with_comment)
+from test_scm_commands import (CONFIG as BOT_CONFIG, bot_daemon, gh_comment,
+                               seed)
 
 NS = "default"
 TASKS = "/apis/divergedev.com/v1alpha1/namespaces/%s/agenttasks" % NS
@@ -156,9 +158,51 @@ def stop_under_load(t, timeout_s):
     t.eq(d.stop(), 0, "%s: the restarted daemon stops with 0" % what)
 
 
+def fault_hits(fake):
+    return sum(f.get("hits", 0) for f in fake.call("GET", "/_fake/faults"))
+
+
+def slow_api(t):
+    """SIGTERM while inbox workers wait on a failing, slow API (502s after
+    29 s each, retried): the workers' calls retried on past
+    shutdown_timeout, for minutes. Past it they give up, the entries stay
+    pending, and the next start handles each once."""
+    fake = ScmFake()
+    fake.call("POST", "/_fake/seed", seed())
+    d = bot_daemon(fake, BOT_CONFIG + "shutdown_timeout: 2s\n", {})
+    fake.call("POST", "/_fake/faults", {"provider": "github", "count": 1000,
+                                        "status": 502, "delay_ms": 29000})
+    keys = []
+    for i in range(2):
+        key = str(uuid.uuid4())
+        s, _, _ = d.github("issue_comment", gh_comment(
+            7000 + i, 43, "alice", "/diverge fix slow api"), key)
+        t.eq(s, 202, "comment %d accepted" % i)
+        keys.append("github:" + key)
+    t.ok(wait(lambda: fault_hits(fake) >= 2, 30), "both workers wait on "
+         "the API")
+    start = time.time()
+    rc = d.stop(timeout=90)
+    took = time.time() - start
+    t.eq(rc, 0, "SIGTERM with workers in slow API calls: exit 0")
+    # 2 s of shutdown_timeout, about a second for a transfer to notice,
+    # and room for a loaded machine; the calls alone would take minutes
+    t.ok(took < 20, "stopped in %.1f s, not when the API answers" % took)
+    t.ok(any("given up: stopping" in ln for ln in d.log()),
+         "the calls gave up, saying why")
+    fake.call("DELETE", "/_fake/faults")
+    d.start()
+    got = d.wait_handled(keys, timeout=60)
+    t.eq(dict((k, got.get(k)) for k in keys), dict((k, 1) for k in keys),
+         "after the restart each entry is handled once")
+    t.eq(d.stop(), 0, "the restarted daemon stops with 0")
+    fake.stop()
+
+
 def main(t):
     stop_under_load(t, 30)
     stop_under_load(t, 0)
+    slow_api(t)
 
 
 run_tests(main)
