@@ -1311,8 +1311,19 @@ reload(void)
 	    "repo_allowlist_entries", n, NULL);
 	warn_allowlist(&nc);
 	config_release(&nc);
-	/* a rotated token, or an API back: who the bot is, if unknown */
-	learn_identity();
+	/*
+	 * A rotated token, or an API back: who the bot is, if unknown. The
+	 * pruner asks, not this thread: a slow API would keep it from
+	 * taking signals, a SIGTERM among them, for as long as the call and
+	 * its retries last.
+	 */
+	if (D.pruner_running) {
+		pthread_mutex_lock(&D.prune_mu);
+		pthread_cond_signal(&D.prune_cv);
+		pthread_mutex_unlock(&D.prune_mu);
+	} else {
+		learn_identity();
+	}
 }
 
 int

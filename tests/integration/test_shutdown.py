@@ -162,6 +162,18 @@ def fault_hits(fake):
     return sum(f.get("hits", 0) for f in fake.call("GET", "/_fake/faults"))
 
 
+def stop_in_bound(t, d, what):
+    """SIGTERM d, with shutdown_timeout 2s, while a slow API holds one of
+    its threads: exit 0 in its 2 s, about a second for a transfer to
+    notice, and room for a loaded machine; not when the API answers
+    (minutes)."""
+    start = time.time()
+    rc = d.stop(timeout=90)
+    took = time.time() - start
+    t.eq(rc, 0, "%s: exit 0" % what)
+    t.ok(took < 20, "%s: stopped in %.1f s" % (what, took))
+
+
 def slow_api(t):
     """SIGTERM while inbox workers wait on a failing, slow API (502s after
     29 s each, retried): the workers' calls retried on past
@@ -181,13 +193,7 @@ def slow_api(t):
         keys.append("github:" + key)
     t.ok(wait(lambda: fault_hits(fake) >= 2, 30), "both workers wait on "
          "the API")
-    start = time.time()
-    rc = d.stop(timeout=90)
-    took = time.time() - start
-    t.eq(rc, 0, "SIGTERM with workers in slow API calls: exit 0")
-    # 2 s of shutdown_timeout, about a second for a transfer to notice,
-    # and room for a loaded machine; the calls alone would take minutes
-    t.ok(took < 20, "stopped in %.1f s, not when the API answers" % took)
+    stop_in_bound(t, d, "SIGTERM with workers in slow API calls")
     t.ok(any("given up: stopping" in ln for ln in d.log()),
          "the calls gave up, saying why")
     fake.call("DELETE", "/_fake/faults")
@@ -199,10 +205,36 @@ def slow_api(t):
     fake.stop()
 
 
+def hup_slow_identity(t):
+    """A SIGHUP while the bot's identity is unknown (GitHub down at the
+    start) asks GET /user again. Asked from the signal thread, a slow
+    GitHub (502 after 29 s, retried) kept it from taking the SIGTERM that
+    followed for minutes; asked from the pruner, the stop gives it up."""
+    fake = ScmFake()
+    fake.call("POST", "/_fake/seed", seed())
+    fake.call("POST", "/_fake/faults", {"provider": "github", "count": 1000,
+                                        "status": 502, "match": "/user"})
+    d = bot_daemon(fake, BOT_CONFIG + "shutdown_timeout: 2s\n",
+                   {"DIVERGE_SCM_MAX_WAIT_MS": "2000"})
+    t.ok(d.wait_log("github identity unknown", 30), "GitHub down at the "
+         "start: the bot's identity is unknown")
+    fake.call("DELETE", "/_fake/faults")
+    fake.call("POST", "/_fake/faults", {"provider": "github", "count": 1000,
+                                        "status": 502, "delay_ms": 29000,
+                                        "match": "/user"})
+    d.send_signal(signal.SIGHUP)
+    t.ok(d.wait_log("reloaded secrets") and
+         wait(lambda: fault_hits(fake) >= 1, 30),
+         "SIGHUP: GET /user asked again, and slow")
+    stop_in_bound(t, d, "SIGTERM during that call")
+    fake.stop()
+
+
 def main(t):
     stop_under_load(t, 30)
     stop_under_load(t, 0)
     slow_api(t)
+    hup_slow_identity(t)
 
 
 run_tests(main)
