@@ -71,6 +71,11 @@ struct daemon {
 	struct webhook_identity self;
 	char *self_github;
 	int stopping;
+	/* SIGTERM or SIGINT during the start (see start_watch_main) */
+	pthread_t start_watch;
+	int start_watching;
+	int start_done;		/* atomic */
+	int early_signal;	/* atomic */
 	char *db_path;
 	/* the command line's overrides, applied on reload too */
 	const char *ov_listen, *ov_api_listen, *ov_state_dir;
@@ -1326,6 +1331,48 @@ reload(void)
 	}
 }
 
+/*
+ * The start's signals. main() takes SIGTERM and SIGINT once the daemon
+ * runs; during the start it is busy, at times in an API call (the bot's
+ * identity: minutes, retried, when the API is slow) that would hold a
+ * stop up until it ends. This thread takes them meanwhile: the start's
+ * API calls give up at once, and the daemon stops as soon as it runs.
+ */
+static void *
+start_watch_main(void *arg)
+{
+	sigset_t stop;
+	struct timespec tick = { 0, 100 * 1000000 };
+	int sig;
+
+	(void)arg;
+	thread_name("start-watch");
+	sigemptyset(&stop);
+	sigaddset(&stop, SIGTERM);
+	sigaddset(&stop, SIGINT);
+	while (!__atomic_load_n(&D.start_done, __ATOMIC_ACQUIRE)) {
+		sig = sigtimedwait(&stop, NULL, &tick);
+		if (sig == SIGTERM || sig == SIGINT) {
+			__atomic_store_n(&D.early_signal, sig,
+			    __ATOMIC_RELEASE);
+			scm_give_up_at(now_mono_ms());
+			break;
+		}
+	}
+	return NULL;
+}
+
+/* The start is over: the signal it took, or 0. */
+static int
+start_watch_end(void)
+{
+	__atomic_store_n(&D.start_done, 1, __ATOMIC_RELEASE);
+	if (D.start_watching)
+		pthread_join(D.start_watch, NULL);
+	D.start_watching = 0;
+	return __atomic_load_n(&D.early_signal, __ATOMIC_ACQUIRE);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -1456,6 +1503,8 @@ main(int argc, char **argv)
 	sigaddset(&set, SIGHUP);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	if (pthread_create(&D.start_watch, NULL, start_watch_main, NULL) == 0)
+		D.start_watching = 1;
 
 	if (mkdir_p(D.cfg.state_dir, &cause) < 0 || state_dir_safe(&cause) < 0 ||
 	    state_dir_lock(&cause) < 0)
@@ -1519,14 +1568,14 @@ main(int argc, char **argv)
 		    "configuration file and start with --config FILE", NULL);
 	warn_allowlist(&D.cfg);
 
-	for (;;) {
-		if (sigwait(&set, &sig) != 0)
-			continue;
-		if (sig == SIGHUP) {
+	sig = start_watch_end();
+	while (sig == 0) {
+		if (sigwait(&set, &sig) != 0) {
+			sig = 0;
+		} else if (sig == SIGHUP) {
 			reload();
-			continue;
+			sig = 0;
 		}
-		break;
 	}
 	log_kv(LOG_INFO, "stopping", "signal", sig == SIGINT ? "SIGINT" :
 	    "SIGTERM", NULL);
@@ -1560,6 +1609,7 @@ main(int argc, char **argv)
 	log_kv(LOG_INFO, "stopped", NULL);
 	goto out;
 fail:
+	start_watch_end();
 	log_kv(LOG_ERROR, "cannot start", "error", cause, NULL);
 	free(cause);
 	ret = 1;

@@ -286,10 +286,11 @@ def gl_user_lookups(fake, uid):
             r["path"] == "/gitlab/api/v4/users/%d" % uid]
 
 
-def bot_daemon(fake, config, env, prepare=None):
+def bot_daemon(fake, config, env, prepare=None, wait=True):
     """diverged started with config (its {gh} and {gl} the fake's API
     URLs) and the bot's tokens in the files config names; prepare(d), if
-    given, runs just before the start."""
+    given, runs just before the start; without wait, the start is not
+    waited for."""
     d = Daemon(config.format(gh=fake.base + "/github",
                              gl=fake.base + "/gitlab/api/v4"), env=env)
     with open(os.path.join(d.tmp, "gh-token"), "w") as f:
@@ -298,7 +299,7 @@ def bot_daemon(fake, config, env, prepare=None):
         f.write("glpat-bot\n")
     if prepare is not None:
         prepare(d)
-    return d.start()
+    return d.start(wait=wait)
 
 
 def old_comment_table(d):

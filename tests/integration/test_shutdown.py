@@ -230,11 +230,32 @@ def hup_slow_identity(t):
     fake.stop()
 
 
+def start_slow_identity(t):
+    """SIGTERM while the start asks a slow GitHub who the bot is (502
+    after 29 s, retried): the signal waited for the start, minutes. Now
+    the start's call gives up, and the daemon stops once started."""
+    fake = ScmFake()
+    fake.call("POST", "/_fake/seed", seed())
+    fake.call("POST", "/_fake/faults", {"provider": "github", "count": 1000,
+                                        "status": 502, "delay_ms": 29000,
+                                        "match": "/user"})
+    d = bot_daemon(fake, BOT_CONFIG + "shutdown_timeout: 2s\n", {},
+                   wait=False)
+    t.ok(wait(lambda: fault_hits(fake) >= 1, 30), "the start asks GitHub "
+         "who the bot is, and waits")
+    stop_in_bound(t, d, "SIGTERM during the start")
+    t.ok(d.wait_log("github identity unknown", 5) and
+         d.wait_log("diverged started", 5),
+         "the start ends without the identity, then the daemon stops")
+    fake.stop()
+
+
 def main(t):
     stop_under_load(t, 30)
     stop_under_load(t, 0)
     slow_api(t)
     hup_slow_identity(t)
+    start_slow_identity(t)
 
 
 run_tests(main)
