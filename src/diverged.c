@@ -1534,6 +1534,7 @@ main(int argc, char **argv)
 
 	metrics_describe("diverge_webhook_deliveries_total", METRIC_COUNTER,
 	    "Webhook deliveries by provider, outcome and reason.");
+	metrics_process_register();
 	memset(&hc, 0, sizeof(hc));
 	hc.listen = D.cfg.listen;
 	hc.threads = D.cfg.http.threads;

@@ -163,9 +163,18 @@ void metrics_inc(const char *name, const char *labels, double v);
 void metrics_zero(const char *name, const char *const *labelsets);
 void metrics_set(const char *name, const char *labels, double v);
 void metrics_observe(const char *name, const char *labels, double v);
-/* Register a gauge whose value is read at render time. */
+/*
+ * Register a gauge whose value is read at render time (or a counter, when
+ * the family was described as one).
+ */
 void metrics_gauge_fn(const char *name, const char *labels,
     double (*fn)(void *), void *arg);
+/*
+ * The process's series (process_cpu_seconds_total, process_*_memory_bytes,
+ * process_open_fds, process_max_fds, process_start_time_seconds: now) and
+ * diverge_sqlite_memory_bytes (util/procmetrics.c).
+ */
+void metrics_process_register(void);
 /* Render every family into b; -1 if b's maximum is reached. */
 int metrics_render(struct buf *b);
 /* Escape a label value (\\, \", \n) into a new string. */

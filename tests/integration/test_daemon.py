@@ -189,7 +189,48 @@ def embedded_default(t):
     t.eq(d.stop(), 0, "SIGTERM: exit 0")
 
 
+def process_metrics(t, d, t0, m):
+    """The process_* series and diverge_sqlite_memory_bytes of /metrics
+    against what /proc says of the daemon's process and the test's clock
+    around its start (t0: before it)."""
+    vals = dict(l.split(" ", 1) for l in m.splitlines()
+                if l and not l.startswith("#") and "{" not in l)
+    vals = {k: float(v) for k, v in vals.items()}
+    pid = d.proc.pid
+    t.ok("# TYPE process_cpu_seconds_total counter" in m and
+         "# TYPE process_resident_memory_bytes gauge" in m,
+         "metrics: process_cpu_seconds_total is a counter, the rest gauges")
+    with open("/proc/%d/statm" % pid) as f:
+        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    got = vals.get("process_resident_memory_bytes", 0)
+    t.ok(rss / 2 <= got <= rss * 2,
+         "metrics: process_resident_memory_bytes is the daemon's RSS",
+         (got, rss))
+    fds = len(os.listdir("/proc/%d/fd" % pid))
+    got = vals.get("process_open_fds", 0)
+    t.ok(abs(got - fds) <= 8, "metrics: process_open_fds counts the "
+         "daemon's descriptors", (got, fds))
+    with open("/proc/%d/limits" % pid) as f:
+        soft = [l.split()[3] for l in f if l.startswith("Max open files")]
+    t.ok(soft and vals.get("process_max_fds") == float(soft[0]),
+         "metrics: process_max_fds is its RLIMIT_NOFILE", (vals.get(
+             "process_max_fds"), soft))
+    start = vals.get("process_start_time_seconds", 0)
+    t.ok(t0 - 1 <= start <= time.time(), "metrics: "
+         "process_start_time_seconds is when the daemon started",
+         (t0, start, time.time()))
+    cpu = vals.get("process_cpu_seconds_total", -1)
+    t.ok(0 < cpu <= (time.time() - t0) * os.cpu_count() + 1,
+         "metrics: process_cpu_seconds_total", cpu)
+    t.ok(vals.get("process_virtual_memory_bytes", 0) >= rss and
+         vals.get("diverge_sqlite_memory_bytes", 0) > 0,
+         "metrics: process_virtual_memory_bytes, diverge_sqlite_memory_bytes",
+         (vals.get("process_virtual_memory_bytes"),
+          vals.get("diverge_sqlite_memory_bytes")))
+
+
 def operations(t):
+    t0 = time.time()
     d = Daemon(GITHUB_CONFIG).start()
     s, _, j = d.json("GET", "/healthz")
     t.eq((s, j), (200, {"status": "ok"}), "/healthz")
@@ -216,6 +257,7 @@ def operations(t):
     t.ok(all(z in m.splitlines() for z in zero), "metrics: counters "
          "start at 0 before their first event",
          [z for z in zero if z not in m.splitlines()])
+    process_metrics(t, d, t0, m)
 
     # SIGHUP: rotate the secret file
     with open(d.secret_file, "w") as f:
