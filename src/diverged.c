@@ -1633,8 +1633,13 @@ out:
 	scm_client_free(D.gitlab_client);
 	free(D.self_gitlab);
 	controller_stop(D.controller);
-	meter_free(D.meter);
+	/*
+	 * The store first: its writer runs what is still queued before it
+	 * ends, charges among them (a request answered 503 by the stop),
+	 * and a charge uses the meter
+	 */
 	k8s_api_free(D.store);
+	meter_free(D.meter);
 	pthread_rwlock_wrlock(&D.github.lock);
 	keys_release(&D.github.keys);
 	config_strlist_release(&D.github.allow);
