@@ -183,32 +183,11 @@ busy_wait(void *arg, int tries)
 	return 1;
 }
 
-/*
- * The page cache of each connection, in KiB (SQLite's default is 2 MiB a
- * connection, and there are four or five to a shard): the writer's holds
- * the upper levels of the tables and the key index it inserts into; a
- * worker reads one entry by its id; the checkpointer copies pages from
- * the WAL and keeps none. The operating system caches the files anyway,
- * so a miss costs a read, not a disk access, and memory stays bounded
- * however large the inbox grows.
- */
-#define CACHE_WRITER_KIB	1024
-#define CACHE_WORKER_KIB	256
-#define CACHE_CKPT_KIB		128
-
 static int
-open_db(const char *path, int cache_kib, sqlite3 **out, char **cause)
+open_db(const char *path, sqlite3 **out, char **cause)
 {
-	char sql[64];
-
 	if (db_open(path, 1, out, cause) < 0)
 		return -1;
-	snprintf(sql, sizeof(sql), "PRAGMA cache_size = -%d;", cache_kib);
-	if (db_exec(*out, sql, cause) < 0) {
-		db_close(*out);
-		*out = NULL;
-		return -1;
-	}
 	sqlite3_busy_handler(*out, busy_wait, NULL);
 	return 0;
 }
@@ -415,7 +394,7 @@ shard_open(struct inbox *ib, int i, const char *path, char **cause)
 	sh->puts_tail = &sh->puts;
 	sh->dones_tail = &sh->dones;
 	pthread_cond_init(&sh->wcond, NULL);
-	if (open_db(sh->path, CACHE_WRITER_KIB, &sh->wdb, cause) < 0 ||
+	if (open_db(sh->path, &sh->wdb, cause) < 0 ||
 	    db_exec(sh->wdb, schema, cause) < 0 ||
 	    count_state(sh, ST_PENDING, &ib->pending, cause) < 0 ||
 	    count_state(sh, ST_DEAD, &ib->dead, cause) < 0)
@@ -1472,8 +1451,7 @@ checkpointer_main(void *arg)
 	thread_name("inbox-ckpt");
 	memset(c, 0, sizeof(c));
 	for (i = 0; i < INBOX_SHARDS; i++) {
-		if (open_db(ib->shards[i].path, CACHE_CKPT_KIB, &c[i].db,
-		    &cause) < 0) {
+		if (open_db(ib->shards[i].path, &c[i].db, &cause) < 0) {
 			log_kv(LOG_ERROR, "inbox checkpointer", "error", cause,
 			    NULL);
 			free(cause);
@@ -1549,8 +1527,7 @@ worker_new(struct inbox *ib, char **cause)
 
 	w->ib = ib;
 	for (i = 0; i < INBOX_SHARDS; i++) {
-		if (open_db(ib->shards[i].path, CACHE_WORKER_KIB, &w->db[i],
-		    cause) < 0)
+		if (open_db(ib->shards[i].path, &w->db[i], cause) < 0)
 			goto fail;
 		if (sqlite3_prepare_v2(w->db[i],
 		    "SELECT i.key, i.provider, COALESCE(b.event, i.event),"
