@@ -509,8 +509,8 @@ struct k8s_rest_config {
 	int timeout_ms;			/* per attempt, default 30000 */
 	int max_retries;		/* on 429/5xx/transport, default 4 */
 	/*
-	 * cap on one backoff wait, and the longest Retry-After waited for
-	 * (a longer one ends the call, as one longer than what is left)
+	 * cap on one backoff wait (a Retry-After is waited in full when the
+	 * call's deadline leaves room for it, else it ends the call)
 	 */
 	int64_t max_retry_wait_ms;
 	/*

@@ -15,12 +15,12 @@
  *
  * Retries (k8s_rest_config.max_retries, exponential backoff from 200 ms
  * with jitter capped at max_retry_wait_ms, or the server's Retry-After in
- * seconds), all within deadline_ms for the whole call: each attempt gets
- * at most what is left of it, a wait that would not leave MIN_ATTEMPT_MS
- * for another attempt, or a Retry-After longer than what is left or than
- * max_retry_wait_ms (never retried sooner than the server asked), ends
- * the call with the last error (the caller requeues rather than holding a
- * worker). Retried, as client-go's, only where the request
+ * seconds, in full: never sooner than the server asked), all within
+ * deadline_ms for the whole call: each attempt gets at most what is left
+ * of it, a wait that would not leave MIN_ATTEMPT_MS for another attempt,
+ * or a Retry-After longer than what is left, ends the call with the last
+ * error (the caller requeues rather than holding a worker). Retried, as
+ * client-go's, only where the request
  * cannot have taken effect, or taking effect twice is harmless:
  *   - 429 answers: every method (the server refused to look at it);
  *   - other 5xx answers (but 501): GET; any other method only when the
@@ -310,11 +310,11 @@ backoff_ms(const struct rest *rs, int attempt, int64_t retry_after_ms)
 {
 	int64_t wait;
 
+	/* the server's ask in full: never sooner (the caller checks time) */
 	if (retry_after_ms >= 0)
-		wait = retry_after_ms;
-	else
-		wait = backoff_jitter_ms(backoff_delay_ms(BACKOFF_BASE_MS,
-		    BACKOFF_MAX_MS, (unsigned)attempt));
+		return retry_after_ms;
+	wait = backoff_jitter_ms(backoff_delay_ms(BACKOFF_BASE_MS,
+	    BACKOFF_MAX_MS, (unsigned)attempt));
 	if (wait > rs->cfg.max_retry_wait_ms)
 		wait = rs->cfg.max_retry_wait_ms;
 	return wait < 0 ? 0 : wait;
@@ -955,13 +955,12 @@ rest_call(struct rest *rs, const struct req *rq, json_t **out,
 		wait = backoff_ms(rs, attempt, rp.retry_after_ms);
 		left = deadline - now_mono_ms();
 		/*
-		 * a Retry-After beyond the cap is not cut short (the retry
-		 * would come before the server asked): the caller requeues,
-		 * as when it is longer than what is left
+		 * a Retry-After is waited in full, as client-go does, when
+		 * the call has time left for it and another attempt; ended
+		 * instead, the caller's requeue (its backoff starts at a few
+		 * milliseconds) would come sooner than the server asked
 		 */
-		if (rp.retry_after_ms > left ||
-		    rp.retry_after_ms > rs->cfg.max_retry_wait_ms ||
-		    wait + MIN_ATTEMPT_MS > left) {
+		if (rp.retry_after_ms > left || wait + MIN_ATTEMPT_MS > left) {
 			/* no time for another try: the caller requeues */
 			if (log_enabled(LOG_INFO)) {
 				char ms[32];
