@@ -8,11 +8,13 @@
  */
 #include "config.h"
 
+#include <ctype.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <jansson.h>
 
@@ -457,6 +459,37 @@ out:
 	return ret;
 }
 
+/*
+ * Whether a membership's expires_at ("YYYY-MM-DD", older versions a full
+ * time) has come: GitLab counts a membership expired from the start of
+ * that day (UTC), but removes expired members only when its daily worker
+ * runs, so members/all may still list one. A value that is not a date
+ * counts as expired: fail closed.
+ */
+static int
+membership_expired(const json_t *v)
+{
+	const char *s;
+	char today[16];
+	struct tm tm;
+	time_t now = time(NULL);
+	size_t i;
+
+	if (v == NULL || json_is_null(v))
+		return 0;
+	s = json_string_value(v);
+	if (s == NULL || strlen(s) < 10)
+		return 1;
+	for (i = 0; i < 10; i++) {
+		if (i == 4 || i == 7 ? s[i] != '-' :
+		    !isdigit((unsigned char)s[i]))
+			return 1;
+	}
+	gmtime_r(&now, &tm);
+	strftime(today, sizeof(today), "%Y-%m-%d", &tm);
+	return strncmp(s, today, 10) <= 0;
+}
+
 static int
 gl_permission(struct scm_client *c, const struct scm_repo *repo,
     const char *login, int64_t user_id, enum scm_permission *out,
@@ -506,11 +539,12 @@ gl_permission(struct scm_client *c, const struct scm_repo *repo,
 	state = json_string_value(json_object_get(j, "state"));
 	mstate = json_string_value(json_object_get(j, "membership_state"));
 	/*
-	 * the account blocked, or the membership awaiting an owner's
-	 * approval (a user cap): no access yet
+	 * the account blocked, the membership awaiting an owner's approval
+	 * (a user cap) or expired: no access
 	 */
 	if ((state != NULL && strcmp(state, "active") != 0) ||
-	    (mstate != NULL && strcmp(mstate, "active") != 0))
+	    (mstate != NULL && strcmp(mstate, "active") != 0) ||
+	    membership_expired(json_object_get(j, "expires_at")))
 		*out = SCM_PERM_NONE;
 	else if (level >= 40)
 		*out = SCM_PERM_MAINTAIN;

@@ -1183,14 +1183,24 @@ permissions(void **state)
 		{ "read", "read", SCM_PERM_READ },
 		{ "none", "none", SCM_PERM_NONE },
 	};
+	/*
+	 * expires_at: an expired membership that members/all still lists
+	 * (until GitLab's daily worker removes it) gives nothing
+	 */
 	static const struct {
 		int level;
+		const char *expires;	/* JSON */
 		enum scm_permission want;
 	} gl[] = {
-		{ 50, SCM_PERM_MAINTAIN }, { 40, SCM_PERM_MAINTAIN },
-		{ 30, SCM_PERM_WRITE }, { 20, SCM_PERM_READ },
-		{ 10, SCM_PERM_READ }, { 5, SCM_PERM_READ },
-		{ 0, SCM_PERM_NONE },
+		{ 50, "null", SCM_PERM_MAINTAIN },
+		{ 40, "null", SCM_PERM_MAINTAIN },
+		{ 30, "null", SCM_PERM_WRITE }, { 20, "null", SCM_PERM_READ },
+		{ 10, "null", SCM_PERM_READ }, { 5, "null", SCM_PERM_READ },
+		{ 0, "null", SCM_PERM_NONE },
+		{ 40, "\"2020-01-31\"", SCM_PERM_NONE },
+		{ 40, "\"2012-10-22T14:13:35Z\"", SCM_PERM_NONE },
+		{ 40, "\"soon\"", SCM_PERM_NONE },	/* fail closed */
+		{ 40, "\"9999-12-31\"", SCM_PERM_MAINTAIN },
 	};
 	struct scm_client *c;
 	enum scm_permission p;
@@ -1233,7 +1243,8 @@ permissions(void **state)
 	    "/api/v4/projects/5/members/all/1");
 	for (i = 0; i < ARRAY_SIZE(gl); i++) {
 		body = xasprintf("{\"id\":1,\"access_level\":%d,"
-		    "\"state\":\"active\"}", gl[i].level);
+		    "\"state\":\"active\",\"expires_at\":%s}", gl[i].level,
+		    gl[i].expires);
 		push(200, body, NULL);
 		free(body);
 		p = 99;
