@@ -116,6 +116,7 @@ struct hdrs {
 	int64_t rl_reset;	/* unix seconds, -1: absent */
 	char *link_next;
 	int64_t next_page;
+	int64_t total;		/* x-total, -1: absent */
 	int64_t date;		/* unix seconds, 0: absent */
 };
 
@@ -741,6 +742,7 @@ scm_resp_init(struct scm_resp *rp)
 {
 	memset(rp, 0, sizeof(*rp));
 	buf_init(&rp->body, SCM_MAX_BODY);
+	rp->total = -1;
 }
 
 /* Free what a reply holds; it is empty afterwards. */
@@ -751,6 +753,7 @@ scm_resp_release(struct scm_resp *rp)
 	free(rp->link_next);
 	rp->link_next = NULL;
 	rp->next_page = 0;
+	rp->total = -1;
 	rp->date = 0;
 	rp->code = 0;
 }
@@ -764,6 +767,7 @@ hdrs_reset(struct hdrs *hd)
 	hd->rl_remaining = -1;
 	hd->rl_reset = -1;
 	hd->next_page = 0;
+	hd->total = -1;
 	hd->date = 0;
 }
 
@@ -883,7 +887,8 @@ on_header(char *data, size_t size, size_t nmemb, void *arg)
 	} else if (strcmp(line, "x-next-page") == 0) {
 		x = parse_num(v);
 		hd->next_page = x > 0 ? x : 0;
-	}
+	} else if (strcmp(line, "x-total") == 0)
+		hd->total = parse_num(v);
 out:
 	free(line);
 	return n;
@@ -1292,6 +1297,7 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 			rp->link_next = at.hd.link_next;
 			at.hd.link_next = NULL;	/* now the reply's */
 			rp->next_page = at.hd.next_page;
+			rp->total = at.hd.total;
 			ret = SCM_OK;
 			goto out;
 		}

@@ -91,6 +91,7 @@ struct scm_resp {
 	struct buf body;
 	char *link_next;	/* GitHub Link rel="next" (absolute URL) */
 	int64_t next_page;	/* GitLab x-next-page, 0: none */
+	int64_t total;		/* GitLab x-total, -1: absent */
 	int64_t date;		/* the Date header (unix seconds), 0: none */
 };
 

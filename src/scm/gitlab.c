@@ -23,6 +23,8 @@
 #include "scm/scm.h"
 #include "util/util.h"
 
+#define GL_MAX_RELISTS	3	/* a note list changing while it is read */
+
 struct gitlab {
 	struct scm_client c;	/* first: the ops */
 	struct scm_http *http;
@@ -245,10 +247,10 @@ gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
 	struct scm_resp rp;
 	struct scm_comment *v = NULL, *cm;
 	size_t nv = 0, cap = 0, i;
-	int64_t page = 1;
+	int64_t page = 1, total = -1;
 	char url[160];
 	json_t *j = NULL, *e, *author;
-	int ret, pages = 0;
+	int ret, pages = 0, relists = 0;
 
 	scm_resp_init(&rp);
 	ret = check_project(repo, cause);
@@ -272,6 +274,27 @@ gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
 		ret = scm_json_reply(&rp, 0, "gitlab: list notes", &j, cause);
 		if (ret != SCM_OK)
 			goto out;
+		/*
+		 * Pages are offsets: a note deleted before this page since
+		 * the first one moved a note of this page onto the last,
+		 * unseen (the sticky comment, found missing, would be posted
+		 * twice). x-total tells that the notes changed: list them
+		 * again, a few times at most, then take what was seen.
+		 */
+		if (page == 1)
+			total = rp.total;
+		else if (total >= 0 && rp.total >= 0 && rp.total != total &&
+		    relists < GL_MAX_RELISTS) {
+			relists++;
+			scm_comments_free(v, nv);
+			v = NULL;
+			nv = cap = 0;
+			json_decref(j);
+			j = NULL;
+			page = 1;
+			pages = 0;
+			continue;
+		}
 		json_array_foreach(j, i, e) {
 			if (!json_is_object(e))
 				continue;

@@ -614,6 +614,46 @@ pages_gitlab(void **state)
 	scm_client_free(c);
 }
 
+/*
+ * A note deleted between two pages of offsets: x-total changes and the
+ * notes are listed again, so the note that moved back a page is seen.
+ */
+static void
+pages_gitlab_relist(void **state)
+{
+#define NOTE(id) "[{\"id\":" #id ",\"body\":\"n\",\"system\":false," \
+	"\"author\":{\"id\":7,\"username\":\"bot\"}}]"
+	static const struct {
+		const char *body, *total, *next;
+	} pages[] = {
+		{ NOTE(1), "x-total: 3", "x-next-page: 2" },
+		/* note 1 deleted: 2 is on page 1 now, 3 on page 2 */
+		{ NOTE(3), "x-total: 2", "x-next-page: " },
+		{ NOTE(2), "x-total: 2", "x-next-page: 2" },
+		{ NOTE(3), "x-total: 2", "x-next-page: " },
+	};
+#undef NOTE
+	struct scm_client *c;
+	struct scm_comment *v = NULL;
+	size_t n = 0, i;
+	char *cause = NULL;
+
+	(void)state;
+	srv_reset();
+	c = gitlab_client("/api/v4");
+	for (i = 0; i < ARRAY_SIZE(pages); i++)
+		push(200, pages[i].body, pages[i].total, pages[i].next, NULL);
+	assert_int_equal(c->ops->list_comments(c, &gl_repo, 2, &v, &n,
+	    &cause), SCM_OK);
+	assert_int_equal(nrecs(), 4);
+	assert_int_equal(n, 2);
+	assert_int_equal(v[0].id, 2);
+	assert_int_equal(v[1].id, 3);
+	assert_non_null(strstr(srv.recs[2].query, "&page=1"));
+	scm_comments_free(v, n);
+	scm_client_free(c);
+}
+
 static void
 retry_after_429(void **state)
 {
@@ -1850,6 +1890,7 @@ main(void)
 		cmocka_unit_test(get_mr_gitlab),
 		cmocka_unit_test(pages_github),
 		cmocka_unit_test(pages_gitlab),
+		cmocka_unit_test(pages_gitlab_relist),
 		cmocka_unit_test(retry_after_429),
 		cmocka_unit_test(secondary_limit),
 		cmocka_unit_test(ratelimit_beyond_bound),
