@@ -570,12 +570,18 @@ class State:
                     "visibility": p.get("visibility", "public"),
                     "members": {}, "files": _files(p.get("files")),
                     "mrs": {}}
-            for who, level in p.get("members", {}).items():
+            for who, m in p.get("members", {}).items():
                 u = gl.user_by_id(int(who)) if str(who).isdigit() else \
                     gl.user(who)
                 if u is None:
                     continue
-                proj["members"][u["id"]] = int(level)
+                # a level, or {"access_level", "expires_at", "state"}
+                if not isinstance(m, dict):
+                    m = {"access_level": m}
+                proj["members"][u["id"]] = {
+                    "access_level": int(m["access_level"]),
+                    "expires_at": m.get("expires_at"),
+                    "state": m.get("state", "active")}
             gl.projects[pid] = proj
             for m in p.get("merge_requests", []):
                 iid = int(m["iid"])
@@ -2307,13 +2313,18 @@ class GitLabApi(Api):
                            f"{proj['path_with_namespace']}/-/merge_requests/"
                            f"{mr['iid']}"}
 
-    def member_obj(self, uid, level):
+    def member_obj(self, uid, m):
+        """A membership as members/all shows it: "state" is the user's
+        (active, blocked, ...), and an expired membership is still listed
+        with its old access_level until GitLab's daily worker removes it,
+        so expires_at is the reader's to check."""
         u = self.gl.user_by_id(uid)
         obj = copy.deepcopy(self.t.gl_member)
         obj.update({"id": u["id"], "username": u["username"],
                     "name": u["name"],
                     "web_url": f"http://gitlab.example.com/{u['username']}",
-                    "access_level": level, "email": u["email"]})
+                    "access_level": m["access_level"], "email": u["email"],
+                    "state": m["state"], "expires_at": m["expires_at"]})
         return obj
 
     def get_member(self, proj, uid):
@@ -2324,7 +2335,7 @@ class GitLabApi(Api):
     def list_members(self, proj):
         items = sorted(proj["members"].items())
         chunk, hs = self.paginate(items)
-        self.reply(200, [self.member_obj(uid, lvl) for uid, lvl in chunk],
+        self.reply(200, [self.member_obj(uid, m) for uid, m in chunk],
                    headers=hs)
 
     def get_file(self, proj, path, raw):

@@ -80,12 +80,20 @@ SEED = {
                   # a service account named like a person: only the
                   # Users API says it is a bot
                   {"username": "release-helper", "id": 13, "bot": True},
-                  {"username": "dana", "id": 15}],
+                  {"username": "dana", "id": 15},
+                  # a maintainer whose membership expired (members/all
+                  # still lists it) and a blocked maintainer
+                  {"username": "lapsed", "id": 16},
+                  {"username": "blocked", "id": 17}],
         "projects": [
             {"id": 5, "path_with_namespace": "myorg/diaspora",
              "default_branch": "main",
              "members": {"pipin": 40, "guest": 10, "release-helper": 30,
-                         "dana": 30},
+                         "dana": 30,
+                         "lapsed": {"access_level": 40,
+                                    "expires_at": "2020-01-31"},
+                         "blocked": {"access_level": 40,
+                                     "state": "blocked"}},
              "files": {"main": {".diverge/agent.yaml": AGENT_YAML}},
              "merge_requests": [
                  {"iid": 2, "id": 2002, "source_branch": "feature",
@@ -121,7 +129,8 @@ GH_REVIEW_COMMENTS = [(1040, 43, "alice")]
 GL_NOTES = [(3001, 2, "pipin"), (3002, 2, "guest"), (3003, 2, "pipin"),
             (3004, 2, "pipin"), (3101, 3, "release-helper"),
             (3102, 3, "release-helper"), (3103, 3, "pipin"),
-            (3104, 3, "dana"), (3201, 4, "pipin")]
+            (3104, 3, "dana"), (3201, 4, "pipin"), (3005, 2, "lapsed"),
+            (3006, 2, "blocked")]
 
 
 def seed():
@@ -596,6 +605,15 @@ def main(t):
     r = wait(lambda: gl_bot_replies(fake, 2))
     t.ok(r and "write access" in r[0], "GitLab guest (10): refused with a "
          "reply", r)
+    # a maintainer's expired membership, a blocked maintainer: no access
+    for nid, who, uid in ((3005, "lapsed", 16), (3006, "blocked", 17)):
+        seen = len(gl_bot_replies(fake, 2))
+        d.gitlab("Note Hook", gl_note(nid, 2, who, uid, "/diverge pause"),
+                 str(uuid.uuid4()))
+        r = wait(lambda: (lambda x: x if len(x) > seen else None)(
+            gl_bot_replies(fake, 2)))
+        t.ok(r and "write access" in r[-1], "GitLab %s maintainer: "
+             "refused with a reply" % who, r)
 
     gitlab_bots(t, fake, d)
 
