@@ -42,13 +42,17 @@ struct github {
 	struct scm_client c;	/* first: the ops */
 	struct scm_http *http;
 	/*
-	 * token and key are replaced on SIGHUP, under cred; whether each
-	 * is there never changes
+	 * token and key are replaced on SIGHUP, under cred: read them only
+	 * under it. Whether each is there never changes: has_token and
+	 * has_key say so, set before the client is shared and read without
+	 * the lock.
 	 */
 	pthread_rwlock_t cred;
 	char *token;		/* github.token, or NULL */
 	char *app_id;		/* NULL: no App */
 	EVP_PKEY *key;		/* the App's private key */
+	int has_token;		/* token != NULL, for ever */
+	int has_key;		/* key != NULL, for ever */
 	char *slug;		/* configured slug, or NULL */
 
 	pthread_mutex_t skew_lock;
@@ -456,7 +460,7 @@ gh_call(struct github *g, const struct scm_repo *repo, const char *rpath,
 	int64_t inst = repo != NULL ? repo->installation_id : 0;
 	int ret, again = 0;
 
-	if (g->key != NULL && inst == 0 && g->token == NULL &&
+	if (g->has_key && inst == 0 && !g->has_token &&
 	    rpath != NULL) {
 		ret = find_installation(g, rpath, &inst, cause);
 		if (ret != SCM_OK)
@@ -465,9 +469,9 @@ gh_call(struct github *g, const struct scm_repo *repo, const char *rpath,
 	for (;;) {
 		/* GitHub limits each installation apart from the token */
 		snprintf(cred, sizeof(cred), "installation:%" PRId64, inst);
-		if (g->key != NULL && inst > 0)
+		if (g->has_key && inst > 0)
 			ret = token_header(g, inst, &auth, cause);
-		else if (g->token != NULL) {
+		else if (g->has_token) {
 			snprintf(cred, sizeof(cred), "token");
 			pthread_rwlock_rdlock(&g->cred);
 			auth = xasprintf("Authorization: Bearer %s", g->token);
@@ -487,7 +491,7 @@ gh_call(struct github *g, const struct scm_repo *repo, const char *rpath,
 		rq->cred = NULL;
 		scm_secret_free(auth);
 		auth = NULL;
-		if (ret != SCM_EUNAUTHORIZED || g->key == NULL || inst <= 0 ||
+		if (ret != SCM_EUNAUTHORIZED || !g->has_key || inst <= 0 ||
 		    again)
 			break;
 		/* a revoked or early-expired token: mint a new one once */
@@ -857,7 +861,7 @@ gh_whoami(struct scm_client *c, char **login_out, int64_t *id_out,
 	struct scm_resp rp;
 	const char *name;
 	json_t *j = NULL;
-	int ret, app = g->token == NULL;
+	int ret, app = !g->has_token;
 
 	scm_resp_init(&rp);
 	rq.method = "GET";
@@ -1085,8 +1089,7 @@ gh_reload(struct scm_client *c, const struct config *cfg, char **cause)
 
 	if (gh_load_creds(cfg, &token, &key, cause) < 0)
 		return -1;
-	if ((token != NULL) != (g->token != NULL) ||
-	    (key != NULL) != (g->key != NULL)) {
+	if ((token != NULL) != g->has_token || (key != NULL) != g->has_key) {
 		*cause = xstrdup("github: adding or removing 'github.token' or "
 		    "'github.app' needs a restart");
 		scm_secret_free(token);
@@ -1153,6 +1156,8 @@ scm_github_new(struct scm_client **out, const struct config *cfg,
 		goto out;
 	if (gh_load_creds(cfg, &g->token, &g->key, cause) < 0)
 		goto out;
+	g->has_token = g->token != NULL;
+	g->has_key = g->key != NULL;
 	if (g->key != NULL) {
 		g->app_id = xstrdup(cfg->github.app.id);
 		if (cfg->github.app.slug != NULL)
