@@ -1264,6 +1264,7 @@ reload(void)
 {
 	struct config nc;
 	char *cause = NULL, *restart, n[24];
+	int hooks;
 
 	if (D.cfg.file == NULL) {
 		log_kv(LOG_INFO, "reload: no configuration file, nothing to do",
@@ -1292,18 +1293,19 @@ reload(void)
 	}
 	nc.github.enabled = D.cfg.github.enabled;
 	nc.gitlab.enabled = D.cfg.gitlab.enabled;
-	if (secrets_reload(&nc, &cause) < 0) {
-		log_kv(LOG_ERROR, "reload failed, keeping the running secrets",
-		    "error", cause, NULL);
-		free(cause);
-		config_release(&nc);
-		return;
-	}
 	/*
-	 * The clients' tokens and keys, the API's bearer token: each on its
+	 * The webhook secrets (with repo_allowlist, swapped with them), the
+	 * clients' tokens and keys, the API's bearer token: each on its
 	 * own, so that one failing does not keep another in force (rotated
 	 * because it was revoked).
 	 */
+	hooks = secrets_reload(&nc, &cause);
+	if (hooks < 0) {
+		log_kv(LOG_ERROR, "reload failed, keeping the running webhook "
+		    "secrets and repo_allowlist", "error", cause, NULL);
+		free(cause);
+		cause = NULL;
+	}
 	if (scm_client_reload(D.github_client, &nc, &cause) < 0)
 		secret_kept(&cause);
 	if (scm_client_reload(D.gitlab_client, &nc, &cause) < 0)
@@ -1311,10 +1313,15 @@ reload(void)
 	if (reload_api_token(&nc, &cause) < 0)
 		secret_kept(&cause);
 	log_setup((enum log_level)nc.log.level, nc.log.json);
-	snprintf(n, sizeof(n), "%zu", nc.repo_allowlist.n);
-	log_kv(LOG_INFO, "reloaded secrets, repo_allowlist and log settings",
-	    "repo_allowlist_entries", n, NULL);
-	warn_allowlist(&nc);
+	if (hooks < 0) {
+		log_kv(LOG_INFO, "reloaded secrets but the webhook ones, and "
+		    "log settings", NULL);
+	} else {
+		snprintf(n, sizeof(n), "%zu", nc.repo_allowlist.n);
+		log_kv(LOG_INFO, "reloaded secrets, repo_allowlist and log "
+		    "settings", "repo_allowlist_entries", n, NULL);
+		warn_allowlist(&nc);
+	}
 	config_release(&nc);
 	/*
 	 * A rotated token, or an API back: who the bot is, if unknown. The

@@ -401,6 +401,19 @@ def reload_each_secret(t):
          (401, 200), "github.token unreadable: api.token is rotated still")
     t.ok(any("github.token" in l and "level=error" in l for l in d.log()),
          "the github.token that failed is logged")
+    # a webhook secret gone must not keep the other secrets (nor the log
+    # settings) either
+    with open(os.path.join(d.tmp, "gh-token"), "w") as f:
+        f.write("ghp_x\n")
+    os.unlink(d.secret_file)
+    with open(path, "w") as f:
+        f.write("token-c\n")
+    sighup_reloaded(d)
+    t.eq((secrets_status(d, "token-b"), secrets_status(d, "token-c")),
+         (401, 200), "webhook secret unreadable: api.token is rotated still")
+    t.ok(any("keeping the running webhook secrets" in l and
+             "level=error" in l for l in d.log()),
+         "the webhook secret that failed is logged")
     t.eq(d.stop(), 0, "exit 0")
 
 
