@@ -1209,9 +1209,14 @@ reload_api_token(const struct config *nc, char **cause)
 	size_t len = 0;
 	int rc;
 
-	if (D.apiserver == NULL || nc->api.token == NULL ||
-	    *nc->api.token == '\0')
+	if (D.apiserver == NULL)
 		return 0;
+	if (nc->api.token == NULL || *nc->api.token == '\0') {
+		/* removed: said (a restart does it), the running one stays */
+		if (D.cfg.api.token == NULL || *D.cfg.api.token == '\0')
+			return 0;
+		return k8s_apiserver_set_token(D.apiserver, NULL, cause);
+	}
 	if (text_secret_read(nc->api.token, &token, &len, &c) < 0) {
 		*cause = xasprintf("'api.token': %s", c);
 		free(c);

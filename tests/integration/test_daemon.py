@@ -342,6 +342,15 @@ def api_token_rotation(t):
          "after SIGHUP: the old api.token is refused, the new one works")
     t.ok(not any("token-a" in l or "token-b" in l for l in d.log()),
          "the tokens are never logged")
+    # api.token removed from the file: it needs a restart, and says so
+    with open(d.config_file, "w") as f:
+        f.write("log: {level: info}\n")
+    sighup_reloaded(d)
+    t.eq((secrets_status(d, "token-b"), secrets_status(d, "token-x")), (200, 401),
+         "api.token removed, then SIGHUP: the running token stays")
+    t.ok(any("api.token" in l and "needs a restart" in l and
+             "level=error" in l for l in d.log()),
+         "and the log says the removal waits for a restart")
     t.eq(d.stop(), 0, "exit 0")
 
 
