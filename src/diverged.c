@@ -66,11 +66,12 @@ struct daemon {
 	int pruner_running;
 	pthread_mutex_t prune_mu;
 	pthread_cond_t prune_cv;
+	int prune_wake;		/* under prune_mu: look again now */
 	struct provider github;
 	struct provider gitlab;
 	struct webhook_identity self;
 	char *self_github;
-	int stopping;
+	int stopping;		/* atomic */
 	/* SIGTERM or SIGINT during the start (see start_watch_main) */
 	pthread_t start_watch;
 	int start_watching;
@@ -389,7 +390,7 @@ h_readyz(void *arg, struct http_req *req)
 {
 	const char *why = NULL;
 
-	if (D.stopping)
+	if (__atomic_load_n(&D.stopping, __ATOMIC_RELAXED))
 		why = "shutting down";
 	else if (!inbox_running(D.inbox))
 		why = "inbox workers not running";
@@ -1014,17 +1015,26 @@ pruner_main(void *arg)
 
 	thread_background("pruner");
 	pthread_mutex_lock(&D.prune_mu);
-	while (!D.stopping) {
+	while (!__atomic_load_n(&D.stopping, __ATOMIC_RELAXED)) {
 		char *cause = NULL;
 		int unknown;
 
 		pthread_mutex_unlock(&D.prune_mu);
 		unknown = identity_unknown();
 		pthread_mutex_lock(&D.prune_mu);
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_sec += unknown ? 60 : 600;
-		pthread_cond_timedwait(&D.prune_cv, &D.prune_mu, &ts);
-		if (D.stopping)
+		/*
+		 * A stop or a SIGHUP signalled while the mutex was not held
+		 * (just above, or while learning and pruning below) is not
+		 * waited out: prune_wake, set under the mutex, says so.
+		 */
+		if (!__atomic_load_n(&D.stopping, __ATOMIC_RELAXED) &&
+		    !D.prune_wake) {
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += unknown ? 60 : 600;
+			pthread_cond_timedwait(&D.prune_cv, &D.prune_mu, &ts);
+		}
+		D.prune_wake = 0;
+		if (__atomic_load_n(&D.stopping, __ATOMIC_RELAXED))
 			break;
 		pthread_mutex_unlock(&D.prune_mu);
 		learn_identity();
@@ -1336,6 +1346,7 @@ reload(void)
 	 */
 	if (D.pruner_running) {
 		pthread_mutex_lock(&D.prune_mu);
+		D.prune_wake = 1;
 		pthread_cond_signal(&D.prune_cv);
 		pthread_mutex_unlock(&D.prune_mu);
 	} else {
@@ -1592,7 +1603,7 @@ main(int argc, char **argv)
 	}
 	log_kv(LOG_INFO, "stopping", "signal", sig == SIGINT ? "SIGINT" :
 	    "SIGTERM", NULL);
-	D.stopping = 1;
+	__atomic_store_n(&D.stopping, 1, __ATOMIC_RELAXED);
 	/*
 	 * One shutdown_timeout for the requests and the workers: past it,
 	 * a worker's SCM call (a slow or failing API, retried with waits)
@@ -1631,7 +1642,7 @@ out:
 	if (D.apiserver != NULL)
 		k8s_apiserver_stop(D.apiserver);
 	if (D.pruner_running) {
-		D.stopping = 1;
+		__atomic_store_n(&D.stopping, 1, __ATOMIC_RELAXED);
 		pthread_mutex_lock(&D.prune_mu);
 		pthread_cond_signal(&D.prune_cv);
 		pthread_mutex_unlock(&D.prune_mu);
