@@ -521,8 +521,8 @@ watch_main(void *arg)
 	int64_t last_resync = now_mono_ms(), resync_ms = c->cfg.resync_ms;
 	int64_t next_list = 0;	/* > 0: the list from scratch is owed */
 	unsigned failures = 0, list_failures = 0;
-	int64_t rv_max = 0;	/* rv, as a number (0: none) */
-	char rv[32] = "";
+	int64_t rv = 0;		/* where the watch goes on from (0: scratch) */
+	char rvs[32];
 
 	thread_name("ctrl-watch");
 	while (!stopping(c)) {
@@ -534,13 +534,13 @@ watch_main(void *arg)
 		memset(&lo, 0, sizeof(lo));
 		if (!w->is_task)
 			lo.label_selector = CONTROLLER_LABEL_TASK;
-		lo.resource_version = rv[0] != '\0' ? rv : NULL;
+		snprintf(rvs, sizeof(rvs), "%lld", (long long)rv);
+		lo.resource_version = rv > 0 ? rvs : NULL;
 		rc = k8s_watch(c->cfg.store, w->r, c->cfg.namespace, &lo, &wt,
 		    &st);
 		if (rc < 0) {
 			if (rc == K8S_EGONE) {
-				rv[0] = '\0';
-				rv_max = 0;
+				rv = 0;
 				pthread_mutex_lock(&c->mu);
 				c->relists++;
 				pthread_mutex_unlock(&c->mu);
@@ -556,7 +556,7 @@ watch_main(void *arg)
 		 * one: the slot cache is made again at once from a list taken
 		 * now (the events then bring nothing older)
 		 */
-		if (w->is_task && rv[0] == '\0') {
+		if (w->is_task && rv == 0) {
 			list_failures = 0;
 			next_list = relist(c, 0) < 0 ? list_retry_at(
 			    ++list_failures) : 0;
@@ -595,11 +595,8 @@ watch_main(void *arg)
 			 * of the names, and show the state as of the newest
 			 * of them, not as of the last
 			 */
-			if (ev.rv > rv_max) {
-				rv_max = ev.rv;
-				snprintf(rv, sizeof(rv), "%lld",
-				    (long long)ev.rv);
-			}
+			if (ev.rv > rv)
+				rv = ev.rv;
 			handle_event(w, &ev);
 			json_decref(ev.object);
 			/* bookmarks too: every change up to it was seen */
@@ -609,8 +606,7 @@ watch_main(void *arg)
 		if (rc == K8S_EGONE) {
 			log_kv(LOG_INFO, "controller watch expired, relisting",
 			    "resource", w->r->plural, NULL);
-			rv[0] = '\0';
-			rv_max = 0;
+			rv = 0;
 			pthread_mutex_lock(&c->mu);
 			c->relists++;
 			pthread_mutex_unlock(&c->mu);

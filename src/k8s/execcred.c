@@ -160,6 +160,14 @@ close_from_4(long maxfd)
 		close((int)fd);
 }
 
+/* Whether a failed exec means "not in this directory": try the next. */
+static int
+not_there(int e)
+{
+	return e == ENOENT || e == ENOTDIR || e == ESTALE || e == ENODEV ||
+	    e == ETIMEDOUT;
+}
+
 /*
  * The child of spawn_fork, which never returns: between the fork and the
  * exec only async-signal-safe calls (another thread of the daemon may
@@ -205,12 +213,10 @@ child_exec(char *const *paths, char *const argv[], char *const envp[],
 		e = errno;
 		if (e == EACCES)
 			eacces = 1;
-		else if (e != ENOENT && e != ENOTDIR && e != ESTALE &&
-		    e != ENODEV && e != ETIMEDOUT)
+		else if (!not_there(e))
 			break;
 	}
-	if (eacces && (e == ENOENT || e == ENOTDIR || e == ESTALE ||
-	    e == ENODEV || e == ETIMEDOUT))
+	if (eacces && not_there(e))
 		e = EACCES;
 	(void)!write(report, &e, sizeof(e));
 	_exit(127);

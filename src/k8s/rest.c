@@ -960,14 +960,12 @@ rest_call(struct rest *rs, const struct req *rq, json_t **out,
 		 * instead, the caller's requeue (its backoff starts at a few
 		 * milliseconds) would come sooner than the server asked
 		 */
-		if (rp.retry_after_ms > left || wait + MIN_ATTEMPT_MS > left) {
+		if (wait + MIN_ATTEMPT_MS > left) {
 			/* no time for another try: the caller requeues */
 			if (log_enabled(LOG_INFO)) {
 				char ms[32];
 
-				snprintf(ms, sizeof(ms), "%" PRId64,
-				    rp.retry_after_ms >= 0 ?
-				    rp.retry_after_ms : wait);
+				snprintf(ms, sizeof(ms), "%" PRId64, wait);
 				log_kv(LOG_INFO, "k8s: no time left to retry",
 				    "method", rq->method, "path", shown,
 				    "wait_ms", ms, NULL);

@@ -1009,7 +1009,6 @@ delivery_ok(const char *d)
 	return 1;
 }
 
-
 static enum webhook_verdict
 handle_github(const struct webhook_keys *keys,
     const struct webhook_identity *self, webhook_header_fn header, void *arg,

@@ -171,7 +171,7 @@ void metrics_gauge_fn(const char *name, const char *labels,
     double (*fn)(void *), void *arg);
 /*
  * The process's series (process_cpu_seconds_total, process_*_memory_bytes,
- * process_open_fds, process_max_fds, process_start_time_seconds: now) and
+ * process_open_fds, process_max_fds, process_start_time_seconds) and
  * diverge_sqlite_memory_bytes (util/procmetrics.c).
  */
 void metrics_process_register(void);

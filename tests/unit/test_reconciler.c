@@ -82,6 +82,25 @@ close_all(void)
 	storeenv_close(&env);
 }
 
+/*
+ * The store of mode afresh; 0, or -1 when the fake kube-apiserver (mode
+ * 3) does not start: said, and the embedded store is back for the tests
+ * that follow.
+ */
+static int
+reopen_store(int mode)
+{
+	close_all();
+	if (open_store(mode, 1000) == 0)
+		return 0;
+	assert_int_equal(mode, 3);
+	fprintf(stderr, "# skip: the fake kube-apiserver does not start "
+	    "(python3, openssl)\n");
+	storeenv_close(&env);
+	open_all(1);
+	return -1;
+}
+
 static int
 setup(void **state)
 {
@@ -2921,14 +2940,8 @@ test_stop_during_watch_backoff(void **state)
 	json_t *j;
 
 	(void)state;
-	close_all();
-	if (open_store(3, 1000) < 0) {
-		fprintf(stderr, "# skip: the fake kube-apiserver does not "
-		    "start (python3, openssl)\n");
-		storeenv_close(&env);
-		open_all(1);
+	if (reopen_store(3) < 0)
 		skip();
-	}
 	j = storeenv_fake(&env, "POST", "/_fake/faults", "{\"status\":403,"
 	    "\"count\":100000,\"method\":\"GET\",\"match\":"
 	    "\"watch=true\"}");
@@ -3003,14 +3016,8 @@ test_watch_resume_newest(void **state)
 	size_t i;
 
 	(void)state;
-	close_all();
-	if (open_store(3, 1000) < 0) {
-		fprintf(stderr, "# skip: the fake kube-apiserver does not "
-		    "start (python3, openssl)\n");
-		storeenv_close(&env);
-		open_all(1);
+	if (reopen_store(3) < 0)
 		skip();
-	}
 	/* made second, the first by name */
 	older = new_task_named(xstrdup("zz-older"), NULL, NULL);
 	newer = new_task_named(xstrdup("aa-newer"), NULL, NULL);
@@ -3059,16 +3066,8 @@ test_watch_resume_newest(void **state)
 static int
 open_limited(int mode, int limit)
 {
-	close_all();
 	cfg.controller.max_active_tasks = limit;
-	if (open_store(mode, 1000) == 0)
-		return 0;
-	assert_int_equal(mode, 3);
-	fprintf(stderr, "# skip: the fake kube-apiserver does not start "
-	    "(python3, openssl)\n");
-	storeenv_close(&env);
-	open_all(1);
-	return -1;
+	return reopen_store(mode);
 }
 
 /*
