@@ -754,9 +754,13 @@ ring_has(const json_t *task, const char *id)
 	size_t i, n = strlen(id);
 	json_t *v;
 
-	/* ids of one agent share long prefixes: lengths first, then memcmp */
+	/*
+	 * ids of one agent share long prefixes and differ at the end (a
+	 * counter): lengths first, then the last byte, then memcmp
+	 */
 	json_array_foreach((json_t *)ring, i, v)
 		if (json_is_string(v) && json_string_length(v) == n &&
+		    (n == 0 || json_string_value(v)[n - 1] == id[n - 1]) &&
 		    memcmp(json_string_value(v), id, n) == 0)
 			return 1;
 	return 0;

@@ -78,6 +78,17 @@ buf_printf(struct buf *b, const char *fmt, ...)
 	char *s;
 	int ret;
 
+	char small[256];
+	int n;
+
+	/* most lines are short: no allocation for them */
+	va_start(ap, fmt);
+	n = vsnprintf(small, sizeof(small), fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return -1;
+	if ((size_t)n < sizeof(small))
+		return buf_add(b, small, (size_t)n);
 	va_start(ap, fmt);
 	s = xvasprintf(fmt, ap);
 	va_end(ap);

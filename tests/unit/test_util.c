@@ -59,6 +59,25 @@ buf_bounds(void **state)
 	assert_string_equal(b.data, "42-ab");
 	assert_int_equal(buf_printf(&b, "%s", "0123456789"), -1);
 	buf_release(&b);
+	/* formatted text longer than buf_printf's stack buffer, whole */
+	{
+		char longs[701];
+
+		memset(longs, 'z', 700);
+		longs[700] = '\0';
+		buf_init(&b, 1000);
+		assert_int_equal(buf_printf(&b, "<%s>%d", longs, 7), 0);
+		assert_int_equal(b.len, 703);
+		assert_int_equal(b.data[0], '<');
+		assert_int_equal(b.data[700], 'z');
+		assert_string_equal(b.data + 701, ">7");
+		buf_reset(&b);
+		assert_int_equal(buf_printf(&b, "%.*s", 255, longs), 0);
+		assert_int_equal(b.len, 255);
+		assert_int_equal(buf_printf(&b, "%.*s", 256, longs), 0);
+		assert_int_equal(b.len, 511);
+		buf_release(&b);
+	}
 	/* a huge n cannot wrap the length check */
 	buf_init(&b, 100);
 	assert_int_equal(buf_add(&b, "x", SIZE_MAX), -1);
