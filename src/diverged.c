@@ -1154,6 +1154,8 @@ static int
 start_notifier(char **cause)
 {
 	struct notifier_config nc;
+	char *gh_login = NULL, *gl_user = NULL;
+	int rc;
 
 	if (D.github_client == NULL && D.gitlab_client == NULL)
 		return 0;
@@ -1162,9 +1164,21 @@ start_notifier(char **cause)
 	nc.github = D.github_client;
 	nc.gitlab = D.gitlab_client;
 	nc.cfg = &D.cfg;
-	nc.github_login = D.self.github_login;
-	nc.gitlab_username = D.self.gitlab_username;
+	/*
+	 * Copies taken under the providers' locks: the pruner, woken by a
+	 * failed learn_identity at the start, may be writing them now.
+	 */
+	pthread_rwlock_rdlock(&D.github.lock);
+	if (D.self.github_login != NULL)
+		gh_login = xstrdup(D.self.github_login);
+	pthread_rwlock_unlock(&D.github.lock);
+	pthread_rwlock_rdlock(&D.gitlab.lock);
+	if (D.self.gitlab_username != NULL)
+		gl_user = xstrdup(D.self.gitlab_username);
 	nc.gitlab_user_id = D.self.gitlab_user_id;
+	pthread_rwlock_unlock(&D.gitlab.lock);
+	nc.github_login = gh_login;
+	nc.gitlab_username = gl_user;
 	/* a test hook: a shorter throttle of the content-only updates */
 	if (getenv("DIVERGE_TEST_NOTIFIER_THROTTLE_MS") != NULL)
 		nc.throttle_ms = strtoll(getenv(
@@ -1173,7 +1187,10 @@ start_notifier(char **cause)
 	if (getenv("DIVERGE_TEST_NOTIFIER_REFUSED_MS") != NULL)
 		nc.refused_ms = strtoll(getenv(
 		    "DIVERGE_TEST_NOTIFIER_REFUSED_MS"), NULL, 10);
-	return notifier_start(&D.notifier, &nc, cause);
+	rc = notifier_start(&D.notifier, &nc, cause);
+	free(gh_login);	/* notifier_start copied them */
+	free(gl_user);
+	return rc;
 }
 
 /* Serve the embedded store's Kubernetes API on api.listen. */
