@@ -45,6 +45,8 @@ struct provider {
 	/* repo_allowlist, a copy swapped with the keys on SIGHUP */
 	struct config_strlist allow;
 	char *host;		/* of its repositories; set before threads */
+	/* under lock: a reloaded token, the identity to ask again */
+	int relearn;
 };
 
 struct daemon {
@@ -922,7 +924,8 @@ load_root_key(unsigned char key[MACAROON_KEY_LEN], char **cause)
 
 /*
  * The client to ask provider pv who the bot is, when it has one and the
- * identity (*login) is unknown; else NULL. Read under pv's lock.
+ * identity (*login) is unknown or to be asked again (a reloaded token);
+ * else NULL. Read under pv's lock.
  */
 static struct scm_client *
 unknown_on(struct provider *pv, struct scm_client *const *cl,
@@ -931,7 +934,7 @@ unknown_on(struct provider *pv, struct scm_client *const *cl,
 	struct scm_client *c;
 
 	pthread_rwlock_rdlock(&pv->lock);
-	c = *login == NULL ? *cl : NULL;
+	c = *login == NULL || pv->relearn ? *cl : NULL;
 	pthread_rwlock_unlock(&pv->lock);
 	return c;
 }
@@ -945,9 +948,10 @@ identity_unknown(void)
 }
 
 /*
- * Ask provider pv who the bot is, when not known yet: *own (the string
- * kept), *login (what the webhook handlers read) and *id, if given, are
- * set under pv's lock. 1 when it is still unknown.
+ * Ask provider pv who the bot is, when not known yet or its token was
+ * reloaded: *own (the string kept), *login (what the webhook handlers
+ * read) and *id, if given, are set under pv's lock; the identity known
+ * before stays until whoami answers. 1 when it is still to be asked.
  */
 static int
 learn_one(struct provider *pv, struct scm_client *const *clp, char **own,
@@ -973,6 +977,7 @@ learn_one(struct provider *pv, struct scm_client *const *clp, char **own,
 	*login = got;
 	if (id != NULL)
 		*id = gid;
+	pv->relearn = 0;
 	pthread_rwlock_unlock(&pv->lock);
 	snprintf(msg, sizeof(msg), "%s identity", name);
 	log_kv(LOG_INFO, msg, pv->id == SCM_GITHUB ? "login" : "username", got,
@@ -1291,6 +1296,15 @@ secret_kept(char **cause)
 	*cause = NULL;
 }
 
+/* The identity of pv to be asked again (learn_identity). */
+static void
+relearn(struct provider *pv)
+{
+	pthread_rwlock_wrlock(&pv->lock);
+	pv->relearn = 1;
+	pthread_rwlock_unlock(&pv->lock);
+}
+
 static void
 reload(void)
 {
@@ -1338,10 +1352,19 @@ reload(void)
 		free(cause);
 		cause = NULL;
 	}
+	/*
+	 * A token may now be another user's: who the bot is gets asked
+	 * again (an App's name stays what github.app.slug says).
+	 */
 	if (scm_client_reload(D.github_client, &nc, &cause) < 0)
 		secret_kept(&cause);
+	else if (D.github_client != NULL && D.cfg.github.token != NULL)
+		relearn(&D.github);
 	if (scm_client_reload(D.gitlab_client, &nc, &cause) < 0)
 		secret_kept(&cause);
+	else if (D.gitlab_client != NULL)
+		relearn(&D.gitlab);
+	notifier_reload(D.notifier);
 	if (reload_api_token(&nc, &cause) < 0)
 		secret_kept(&cause);
 	log_setup((enum log_level)nc.log.level, nc.log.json);
@@ -1356,7 +1379,7 @@ reload(void)
 	}
 	config_release(&nc);
 	/*
-	 * A rotated token, or an API back: who the bot is, if unknown. The
+	 * A rotated token, or an API back: who the bot is now. The
 	 * pruner asks, not this thread: a slow API would keep it from
 	 * taking signals, a SIGTERM among them, for as long as the call and
 	 * its retries last.

@@ -161,6 +161,14 @@ void notifier_stop(struct notifier *n);
  */
 int notifier_task_cmp(const json_t *a, const json_t *b);
 
+/*
+ * The clients' tokens were reloaded (SIGHUP) and may be another user's:
+ * the bot's identity is asked again before its comments are looked for.
+ * A comment of the old identity that the provider refuses to edit (403)
+ * is left as it is and a new one made. NULL is fine.
+ */
+void notifier_reload(struct notifier *n);
+
 /* Comment updates and creations done so far, and failures. */
 uint64_t notifier_updates(struct notifier *n, uint64_t *failures);
 

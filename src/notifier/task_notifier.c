@@ -61,6 +61,9 @@ struct notifier {
 	char *gh_login;
 	char *gl_user;
 	int64_t gl_id;
+	/* ask whoami again (a reload: the token may be another user's) */
+	int gh_stale;
+	int gl_stale;
 	int stopping;
 	uint64_t updates;
 	uint64_t failures;
@@ -224,54 +227,63 @@ track(struct notifier *n, const json_t *task)
 
 /* ------------------------------------------------------------ scm side */
 
-/* The bot's own identity for provider p (asked once when unknown). */
+/*
+ * The bot's own identity for provider p, asked with whoami when unknown,
+ * when a reload made it stale, or when force (a write refused: the token
+ * may be another user's now). 1 when known (a stale one kept when whoami
+ * fails), 0 when not, or when force and whoami fails.
+ */
 static int
-self_known(struct notifier *n, struct scm_client *cl, enum scm_provider p)
+self_known(struct notifier *n, struct scm_client *cl, enum scm_provider p,
+    int force)
 {
-	char *login = NULL, *cause = NULL;
+	char *login = NULL, *cause = NULL, *old = NULL;
 	int64_t id = 0;
-	int known;
+	int known, stale, changed;
 
 	pthread_mutex_lock(&n->mu);
 	known = p == SCM_GITHUB ? n->gh_login != NULL :
 	    (n->gl_user != NULL || n->gl_id > 0);
+	stale = p == SCM_GITHUB ? n->gh_stale : n->gl_stale;
 	pthread_mutex_unlock(&n->mu);
-	if (known)
+	if (known && !stale && !force)
 		return 1;
 	if (cl->ops->whoami(cl, &login, &id, &cause) != 0) {
 		log_kv(LOG_WARN, "notifier: bot identity unknown", "provider",
 		    scm_provider_name(p), "error", cause, NULL);
 		free(cause);
-		return 0;
+		return known && !force;
 	}
 	pthread_mutex_lock(&n->mu);
-	if (p == SCM_GITHUB && n->gh_login == NULL) {
+	if (p == SCM_GITHUB) {
+		changed = n->gh_login == NULL ||
+		    strcasecmp(n->gh_login, login) != 0;
+		old = n->gh_login;
 		n->gh_login = login;
-		login = NULL;	/* now owned by the notifier */
-	} else if (p == SCM_GITLAB && n->gl_user == NULL) {
+		n->gh_stale = 0;
+	} else {
+		changed = n->gl_user == NULL ||
+		    strcasecmp(n->gl_user, login) != 0 || n->gl_id != id;
+		old = n->gl_user;
 		n->gl_user = login;
 		n->gl_id = id;
-		login = NULL;
+		n->gl_stale = 0;
 	}
 	pthread_mutex_unlock(&n->mu);
-	free(login);
+	if (changed && known)
+		log_kv(LOG_INFO, "notifier: bot identity changed", "provider",
+		    scm_provider_name(p), "from", old, "to", login, NULL);
+	free(old);
+	/* login is now owned by the notifier */
 	return 1;
 }
 
-/*
- * Whether comment c is the bot's own sticky comment: the bot's, and
- * opened by the marker (render puts it first). Anywhere else it may be a
- * reply of the bot's that quotes text with the marker in it.
- */
+/* Whether the bot wrote comment c (the identity as now known). */
 static int
-is_sticky(struct notifier *n, enum scm_provider p,
-    const struct scm_comment *c)
+is_mine(struct notifier *n, enum scm_provider p, const struct scm_comment *c)
 {
-	int mine = 0;
+	int mine;
 
-	if (c->body == NULL || strncmp(c->body, NOTIFIER_MARKER,
-	    strlen(NOTIFIER_MARKER)) != 0 || c->system)
-		return 0;
 	pthread_mutex_lock(&n->mu);
 	if (p == SCM_GITHUB)
 		mine = n->gh_login != NULL && c->author != NULL &&
@@ -283,6 +295,21 @@ is_sticky(struct notifier *n, enum scm_provider p,
 		    strcasecmp(c->author, n->gl_user) == 0;
 	pthread_mutex_unlock(&n->mu);
 	return mine;
+}
+
+/*
+ * Whether comment c is the bot's own sticky comment: the bot's, and
+ * opened by the marker (render puts it first). Anywhere else it may be a
+ * reply of the bot's that quotes text with the marker in it.
+ */
+static int
+is_sticky(struct notifier *n, enum scm_provider p,
+    const struct scm_comment *c)
+{
+	if (c->body == NULL || strncmp(c->body, NOTIFIER_MARKER,
+	    strlen(NOTIFIER_MARKER)) != 0 || c->system)
+		return 0;
+	return is_mine(n, p, c);
 }
 
 /*
@@ -301,6 +328,7 @@ ensure_comment(struct notifier *n, struct scm_client *cl,
 	size_t nv = 0, i;
 	int64_t keep = 0;
 	const char *keep_body = NULL;
+	char *refusal = NULL;
 	int rc;
 
 	if (id > 0) {
@@ -310,13 +338,27 @@ ensure_comment(struct notifier *n, struct scm_client *cl,
 			*out = id;
 			goto out;
 		}
-		if (rc != SCM_ENOTFOUND)
+		if (rc == SCM_EFORBIDDEN) {
+			/*
+			 * Perhaps no longer ours to edit: GitLab answers 403
+			 * to an edit of another user's note, and a reloaded
+			 * token may be another user's. Who is the bot now?
+			 * Its own comment refused: the refusal stands (a
+			 * locked discussion); another user's: a new one.
+			 */
+			if (!self_known(n, cl, t->provider, 1))
+				goto out;
+			refusal = *cause;
+			*cause = NULL;
+		} else if (rc != SCM_ENOTFOUND)
 			goto out;
-		/* a person deleted it: find or create it again */
-		free(*cause);
-		*cause = NULL;
+		else {
+			/* a person deleted it: find or create it again */
+			free(*cause);
+			*cause = NULL;
+		}
 	}
-	if (!self_known(n, cl, t->provider)) {
+	if (refusal == NULL && !self_known(n, cl, t->provider, 0)) {
 		*cause = xstrdup("the bot's identity is unknown");
 		rc = SCM_EUNAVAILABLE;
 		goto out;
@@ -324,6 +366,22 @@ ensure_comment(struct notifier *n, struct scm_client *cl,
 	rc = cl->ops->list_comments(cl, &repo, t->number, &v, &nv, cause);
 	if (rc != SCM_OK)
 		goto out;
+	for (i = 0; refusal != NULL && i < nv; i++) {
+		if (v[i].id == id && is_mine(n, t->provider, &v[i])) {
+			rc = SCM_EFORBIDDEN;
+			*cause = refusal;
+			refusal = NULL;	/* now the caller's */
+			goto out;
+		}
+	}
+	if (refusal != NULL) {
+		char idb[24];
+
+		snprintf(idb, sizeof(idb), "%" PRId64, id);
+		log_kv(LOG_INFO, "notifier: the comment is another user's now "
+		    "(a token of another user?): making the bot's own",
+		    "repo", t->project, "comment", idb, NULL);
+	}
 	for (i = 0; i < nv; i++) {
 		if (v[i].id == id || !is_sticky(n, t->provider, &v[i]))
 			continue;
@@ -364,6 +422,7 @@ ensure_comment(struct notifier *n, struct scm_client *cl,
 		rc = cl->ops->create_comment(cl, &repo, t->number, body, out,
 		    cause);
 out:
+	free(refusal);
 	scm_comments_free(v, nv);
 	return rc;
 }
@@ -1082,6 +1141,18 @@ notifier_free(struct notifier *n)
 	free(n->gl_user);
 	pthread_mutex_destroy(&n->mu);
 	free(n);
+}
+
+/* SIGHUP: ask who the bot is again before its comments are looked for. */
+void
+notifier_reload(struct notifier *n)
+{
+	if (n == NULL)
+		return;
+	pthread_mutex_lock(&n->mu);
+	n->gh_stale = n->c.github != NULL;
+	n->gl_stale = n->c.gitlab != NULL;
+	pthread_mutex_unlock(&n->mu);
 }
 
 /* Start the watch and the workers of the sticky comments. */

@@ -11,7 +11,8 @@ bot's writes (archived, locked, access lost); several tasks on one PR
 (the comment follows one, the same one every time; every task's
 finished run is notified once, also across a restart); a GitLab
 internal note's objective and the replies to internal notes stay
-internal.
+internal; gitlab.token rotated to another user's (SIGHUP): a new sticky
+note by that user, the old one not edited (GitLab: 403).
 
 DIVERGED_BIN runs another diverged binary (a private build)."""
 
@@ -506,6 +507,7 @@ def main(t):
     t.eq(d.stop(), 0, "clean stop")
     fake.stop()
     app_and_token(t)
+    rotated_to_another_user(t)
     refused(t)
     several_tasks(t)
     internal_notes(t)
@@ -553,6 +555,87 @@ def app_and_token(t):
     t.ok(len(gh42()) == 1, "token and app: the task made again finds "
          "the comment the token posted: still one sticky comment", gh42())
     t.eq(d.stop(), 0, "token and app: clean stop")
+    fake.stop()
+
+
+def rotated_to_another_user(t):
+    """gitlab.token rotated (SIGHUP) to a token of another user: GitLab
+    answers 403 to an edit of a note someone else wrote, so the sticky
+    note of the old user is not the bot's to edit any more. The bot's
+    identity is asked again, a new sticky note is made by the new user
+    and followed from then on (the old one is left); and the daemon
+    ignores the new user's own notes at the door."""
+    fake = ScmFake()
+    sd = seed()
+    sd["gitlab"]["tokens"] = {"glpat-bot": "diverge-bot",
+                              "glpat-rot": "diverge-rot"}
+    sd["gitlab"]["users"].append({"username": "diverge-rot", "id": 951})
+    fake.call("POST", "/_fake/seed", sd)
+    cfg = CONFIG.replace("namespace: default\n", "namespace: default\n"
+                         "controller:\n  enabled: false\n")
+    d = bot_daemon(fake, cfg, {
+        "DIVERGE_SCM_MAX_WAIT_MS": "2000",
+        "DIVERGE_TEST_NOTIFIER_THROTTLE_MS": "100",
+        "DIVERGE_TEST_NOTIFIER_REFUSED_MS": "1000"})
+    name = "fix-mr-2"
+    s, _ = api(d, "POST", TASKS, {
+        "apiVersion": "divergedev.com/v1alpha1", "kind": "AgentTask",
+        "metadata": {"name": name, "annotations": {
+            "divergedev.com/provider": "gitlab",
+            "divergedev.com/project": "myorg/diaspora",
+            "divergedev.com/mr-iid": "2",
+            "divergedev.com/project-id": "5"}},
+        "spec": {"objective": "x"}})
+
+    def status(**kw):
+        return api(d, "PATCH", TASKS + "/%s/status" % name,
+                   {"status": kw}, "application/merge-patch+json")[0]
+
+    def cid():
+        return (get_task(d, name) or {}).get("status", {}).get(
+            "notifier", {}).get("commentId")
+    old = lambda: stickies(gl_notes(fake), key="author")  # noqa: E731
+    new = lambda: stickies(gl_notes(fake), "diverge-rot",  # noqa: E731
+                           key="author")
+    t.ok(s == 201 and status(phase="Active", iteration=1) == 200 and
+         one_with(old, "**Iteration:** 1"),
+         "rotation: the sticky note is posted by diverge-bot", old())
+    old_id = old()[0]["id"] if old() else None
+    t.ok(wait(lambda: cid() == str(old_id)), "rotation: its id is in "
+         "status.notifier", cid())
+    with open(os.path.join(d.tmp, "gl-token"), "w") as f:
+        f.write("glpat-rot\n")
+    d.send_signal(__import__("signal").SIGHUP)
+    t.ok(d.wait_log('msg="gitlab identity" username=diverge-rot', 20),
+         "rotation: the daemon asks who the bot is again after SIGHUP",
+         [ln for ln in d.log() if "identity" in ln])
+    s, _, j = d.gitlab("Note Hook", gl_note(3801, 2, "diverge-rot", 951,
+                                            "/diverge fix loop"),
+                       str(uuid.uuid4()))
+    t.eq((s, j.get("ignored")), (200, "comment by diverge itself"),
+         "rotation: the new user's own note is ignored at the door")
+    status(iteration=2)
+    t.ok(one_with(new, "**Iteration:** 2", 20),
+         "rotation: the old note refused (403), a new sticky note is "
+         "made by diverge-rot", [(n["author"], n["body"][:60])
+                                 for n in gl_notes(fake)][-3:])
+    new_id = new()[0]["id"] if new() else None
+    t.ok(new_id is not None and new_id != old_id and
+         wait(lambda: cid() == str(new_id)),
+         "rotation: status.notifier follows the new note", (cid(), new_id))
+    status(iteration=3)
+    t.ok(one_with(new, "**Iteration:** 3", 20) and len(old()) == 1 and
+         "**Iteration:** 1" in old()[0]["body"],
+         "rotation: the next update edits the new note in place; the old "
+         "one is left as it was", (new(), old()))
+    puts403 = [r for r in fake.requests() if r.get("method") == "PUT" and
+               r.get("status") == 403]
+    t.ok(len(puts403) == 1 and str(old_id) in puts403[0].get("path", ""),
+         "rotation: one edit refused, not one per update",
+         [(r.get("path"), r.get("status")) for r in puts403])
+    t.ok(not [ln for ln in d.log() if "notifier: the provider refuses" in
+              ln], "rotation: not reported as a refusing MR")
+    t.eq(d.stop(), 0, "rotation: clean stop")
     fake.stop()
 
 
