@@ -115,7 +115,7 @@ struct hdrs {
 	int64_t rl_remaining;	/* -1: absent */
 	int64_t rl_reset;	/* unix seconds, -1: absent */
 	char *link_next;
-	int64_t next_page;
+	int64_t next_page;	/* x-next-page, 0: empty, -1: absent */
 	int64_t total;		/* x-total, -1: absent */
 	int64_t date;		/* unix seconds, 0: absent */
 };
@@ -742,6 +742,7 @@ scm_resp_init(struct scm_resp *rp)
 {
 	memset(rp, 0, sizeof(*rp));
 	buf_init(&rp->body, SCM_MAX_BODY);
+	rp->next_page = -1;
 	rp->total = -1;
 }
 
@@ -752,7 +753,7 @@ scm_resp_release(struct scm_resp *rp)
 	buf_release(&rp->body);
 	free(rp->link_next);
 	rp->link_next = NULL;
-	rp->next_page = 0;
+	rp->next_page = -1;
 	rp->total = -1;
 	rp->date = 0;
 	rp->code = 0;
@@ -766,7 +767,7 @@ hdrs_reset(struct hdrs *hd)
 	hd->retry_after_ms = -1;
 	hd->rl_remaining = -1;
 	hd->rl_reset = -1;
-	hd->next_page = 0;
+	hd->next_page = -1;
 	hd->total = -1;
 	hd->date = 0;
 }

@@ -90,7 +90,8 @@ struct scm_resp {
 	long code;		/* the last attempt's HTTP status, 0: none */
 	struct buf body;
 	char *link_next;	/* GitHub Link rel="next" (absolute URL) */
-	int64_t next_page;	/* GitLab x-next-page, 0: none */
+	int64_t next_page;	/* GitLab x-next-page, 0: empty (the last
+				 * page), -1: absent */
 	int64_t total;		/* GitLab x-total, -1: absent */
 	int64_t date;		/* the Date header (unix seconds), 0: none */
 };

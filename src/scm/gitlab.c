@@ -24,6 +24,7 @@
 #include "util/util.h"
 
 #define GL_MAX_RELISTS	3	/* a note list changing while it is read */
+#define GL_PER_PAGE	100	/* the most GitLab gives */
 
 struct gitlab {
 	struct scm_client c;	/* first: the ops */
@@ -239,6 +240,47 @@ out:
 	return ret;
 }
 
+/* The page= of a Link URL's query (offset pagination), 0: none. */
+static int64_t
+link_page(const char *url)
+{
+	const char *p = strchr(url, '?');
+	int64_t n = 0;
+
+	while (p != NULL) {
+		p++;
+		if (strncmp(p, "page=", 5) == 0) {
+			for (p += 5; *p >= '0' && *p <= '9'; p++)
+				if (n < INT64_MAX / 10 - 10)
+					n = n * 10 + (*p - '0');
+			return *p == '\0' || *p == '&' || *p == '#' ? n : 0;
+		}
+		p = strchr(p, '&');
+	}
+	return 0;
+}
+
+/*
+ * The page after page, of a reply that held got items: X-Next-Page
+ * (empty on the last page); when a proxy stripped it, the Link rel="next";
+ * when both are gone, the next page as long as one came back full. 0: no
+ * more. (X-Total and X-Total-Pages are not needed: GitLab.com leaves them
+ * out beyond 10,000 records.)
+ */
+static int64_t
+next_page(const struct scm_resp *rp, int64_t page, size_t got)
+{
+	int64_t next;
+
+	if (rp->next_page >= 0)
+		next = rp->next_page;
+	else if (rp->link_next != NULL)
+		next = link_page(rp->link_next);
+	else
+		next = got >= GL_PER_PAGE ? page + 1 : 0;
+	return next > page ? next : 0;
+}
+
 static int
 gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
     int64_t number, struct scm_comment **out, size_t *n, char **cause)
@@ -246,7 +288,7 @@ gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
 	struct gitlab *g = gl_of(c);
 	struct scm_resp rp;
 	struct scm_comment *v = NULL, *cm;
-	size_t nv = 0, cap = 0, i;
+	size_t nv = 0, cap = 0, i, got;
 	int64_t page = 1, total = -1;
 	char url[160];
 	json_t *j = NULL, *e, *author;
@@ -264,9 +306,9 @@ gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
 			goto out;
 		}
 		snprintf(url, sizeof(url), "/projects/%" PRId64
-		    "/merge_requests/%" PRId64 "/notes?per_page=100&sort=asc"
+		    "/merge_requests/%" PRId64 "/notes?per_page=%d&sort=asc"
 		    "&order_by=created_at&page=%" PRId64, repo->project_id,
-		    number, page);
+		    number, GL_PER_PAGE, page);
 		ret = gl_call(g, "list_comments", "GET", url, NULL, NULL, 1,
 		    &rp, cause);
 		if (ret != SCM_OK)
@@ -295,6 +337,7 @@ gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
 			pages = 0;
 			continue;
 		}
+		got = json_array_size(j);
 		json_array_foreach(j, i, e) {
 			if (!json_is_object(e))
 				continue;
@@ -315,8 +358,7 @@ gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
 		}
 		json_decref(j);
 		j = NULL;
-		/* x-next-page is empty on the last page */
-		page = rp.next_page > page ? rp.next_page : 0;
+		page = next_page(&rp, page, got);
 	}
 	*out = v;
 	*n = nv;

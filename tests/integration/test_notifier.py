@@ -12,7 +12,8 @@ bot's writes (archived, locked, access lost); several tasks on one PR
 finished run is notified once, also across a restart); a GitLab
 internal note's objective and the replies to internal notes stay
 internal; gitlab.token rotated to another user's (SIGHUP): a new sticky
-note by that user, the old one not edited (GitLab: 403).
+note by that user, the old one not edited (GitLab: 403); GitLab pages
+without X-Total, X-Next-Page or Link (the sticky note on page 3).
 
 DIVERGED_BIN runs another diverged binary (a private build)."""
 
@@ -508,6 +509,7 @@ def main(t):
     fake.stop()
     app_and_token(t)
     rotated_to_another_user(t)
+    gitlab_pages_without_headers(t)
     refused(t)
     several_tasks(t)
     internal_notes(t)
@@ -558,6 +560,18 @@ def app_and_token(t):
     fake.stop()
 
 
+def gl_task(d, name, iid):
+    """A task on MR iid of project 5 (myorg/diaspora): the status code."""
+    return api(d, "POST", TASKS, {
+        "apiVersion": "divergedev.com/v1alpha1", "kind": "AgentTask",
+        "metadata": {"name": name, "annotations": {
+            "divergedev.com/provider": "gitlab",
+            "divergedev.com/project": "myorg/diaspora",
+            "divergedev.com/mr-iid": str(iid),
+            "divergedev.com/project-id": "5"}},
+        "spec": {"objective": "x"}})[0]
+
+
 def rotated_to_another_user(t):
     """gitlab.token rotated (SIGHUP) to a token of another user: GitLab
     answers 403 to an edit of a note someone else wrote, so the sticky
@@ -578,14 +592,7 @@ def rotated_to_another_user(t):
         "DIVERGE_TEST_NOTIFIER_THROTTLE_MS": "100",
         "DIVERGE_TEST_NOTIFIER_REFUSED_MS": "1000"})
     name = "fix-mr-2"
-    s, _ = api(d, "POST", TASKS, {
-        "apiVersion": "divergedev.com/v1alpha1", "kind": "AgentTask",
-        "metadata": {"name": name, "annotations": {
-            "divergedev.com/provider": "gitlab",
-            "divergedev.com/project": "myorg/diaspora",
-            "divergedev.com/mr-iid": "2",
-            "divergedev.com/project-id": "5"}},
-        "spec": {"objective": "x"}})
+    s = gl_task(d, name, 2)
 
     def status(**kw):
         return api(d, "PATCH", TASKS + "/%s/status" % name,
@@ -636,6 +643,69 @@ def rotated_to_another_user(t):
     t.ok(not [ln for ln in d.log() if "notifier: the provider refuses" in
               ln], "rotation: not reported as a refusing MR")
     t.eq(d.stop(), 0, "rotation: clean stop")
+    fake.stop()
+
+
+def gitlab_pages_without_headers(t):
+    """The bot's sticky note on page 3 of an MR's notes is found when the
+    pagination headers are missing: GitLab.com sends no X-Total,
+    X-Total-Pages (nor rel="last") for more than 10,000 records, and a
+    proxy may strip the X-* headers (the Link rel="next" left) or all of
+    them (then a full page means look at the next). Not found, the
+    notifier would post a second sticky note."""
+    variants = [
+        (3, "no X-Total", ["X-Total", "X-Total-Pages"]),
+        (4, "no X-* (Link only)", ["X-Total", "X-Total-Pages",
+                                    "X-Next-Page", "X-Page", "X-Per-Page",
+                                    "X-Prev-Page"]),
+        (5, "no X-*, no Link", ["X-Total", "X-Total-Pages", "X-Next-Page",
+                                "X-Page", "X-Per-Page", "X-Prev-Page",
+                                "Link"])]
+    fake = ScmFake()
+    sd = seed()
+    mrs = sd["gitlab"]["projects"][0]["merge_requests"]
+    for iid, _, _ in variants:
+        base = 1000 * (iid + 3)
+        mrs.append({
+            "iid": iid, "id": 2000 + iid, "source_branch": "b%d" % iid,
+            "target_branch": "main", "author": "pipin",
+            "notes": [{"id": base + i, "author": "pipin", "body": "(n)"}
+                      for i in range(FILLER)] +
+            [{"id": base + 900, "author": "diverge-bot",
+              "body": MARKER + "\nold run"}]})
+    fake.call("POST", "/_fake/seed", sd)
+    cfg = CONFIG.replace("namespace: default\n", "namespace: default\n"
+                         "controller:\n  enabled: false\n")
+    d = bot_daemon(fake, cfg, {"DIVERGE_SCM_MAX_WAIT_MS": "2000",
+                               "DIVERGE_TEST_NOTIFIER_THROTTLE_MS": "100"})
+
+    def notes(iid):
+        return fake.state()["gitlab"]["projects"]["5"]["merge_requests"][
+            str(iid)]["notes"]
+    for iid, label, omit in variants:
+        fake.call("POST", "/_fake/faults", {
+            "provider": "gitlab", "method": "GET", "count": 1000,
+            "match": "/merge_requests/%d/notes" % iid,
+            "omit_headers": omit})
+        name = "fix-mr-%d" % iid
+        s = gl_task(d, name, iid)
+        s2 = api(d, "PATCH", TASKS + "/%s/status" % name,
+                 {"status": {"phase": "Active", "iteration": 7}},
+                 "application/merge-patch+json")[0]
+        mine = lambda: stickies(notes(iid), key="author")  # noqa: E731
+        got = one_with(mine, "**Iteration:** 7")
+        t.ok(s == 201 and s2 == 200 and got and
+             got[0]["id"] == 1000 * (iid + 3) + 900,
+             "pages, %s: the sticky note on page 3 is found and edited, "
+             "no second one" % label,
+             [(n["id"], n["body"][:40]) for n in mine()])
+        lists = [r for r in fake.requests() if r.get("method") == "GET" and
+                 "/merge_requests/%d/notes" % iid in r.get("path", "")]
+        t.ok(len(lists) == 3,
+             "pages, %s: three pages listed" % label,
+             [r.get("query") for r in lists])
+        fake.call("DELETE", "/_fake/faults")
+    t.eq(d.stop(), 0, "pages: clean stop")
     fake.stop()
 
 

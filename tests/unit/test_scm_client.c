@@ -654,6 +654,91 @@ pages_gitlab_relist(void **state)
 	scm_client_free(c);
 }
 
+/* A JSON array of notes with ids from, from + 1, ... (n of them). */
+static char *
+notes_json(int from, int n)
+{
+	struct buf b;
+	int i;
+
+	buf_init(&b, 1 << 20);
+	buf_addstr(&b, "[");
+	for (i = 0; i < n; i++) {
+		char one[128];
+
+		snprintf(one, sizeof(one), "%s{\"id\":%d,\"body\":\"n\","
+		    "\"system\":false,\"author\":{\"id\":7,\"username\":"
+		    "\"bot\"}}", i > 0 ? "," : "", from + i);
+		buf_addstr(&b, one);
+	}
+	buf_addstr(&b, "]");
+	return buf_detach(&b, NULL);
+}
+
+/* A list of notes and how many requests it took. */
+static void
+list_gitlab(size_t want_notes, size_t want_reqs)
+{
+	struct scm_client *c = gitlab_client("/api/v4");
+	struct scm_comment *v = NULL;
+	size_t n = 0;
+	char *cause = NULL;
+
+	assert_int_equal(c->ops->list_comments(c, &gl_repo, 2, &v, &n,
+	    &cause), SCM_OK);
+	assert_int_equal(n, want_notes);
+	assert_int_equal(nrecs(), want_reqs);
+	scm_comments_free(v, n);
+	scm_client_free(c);
+}
+
+/*
+ * Pages without their headers: GitLab.com sends no X-Total and
+ * X-Total-Pages beyond 10,000 records, and a proxy may strip X-Next-Page
+ * (the Link rel="next" left) or every pagination header.
+ */
+static void
+pages_gitlab_stripped(void **state)
+{
+	char *full = notes_json(1, 100), *one = notes_json(101, 1);
+
+	(void)state;
+	/* no X-Total: X-Next-Page alone leads */
+	srv_reset();
+	push(200, full, "x-next-page: 2", NULL);
+	push(200, one, "x-next-page: ", NULL);
+	list_gitlab(101, 2);
+	/* no X-Next-Page: the Link's rel="next" */
+	srv_reset();
+	push(200, "[{\"id\":1,\"author\":{\"id\":7}}]", "Link: <{base}/api/v4/"
+	    "projects/5/merge_requests/2/notes?order_by=created_at&page=2&"
+	    "per_page=100&sort=asc>; rel=\"next\", <{base}/api/v4/projects/5/"
+	    "merge_requests/2/notes?page=1&per_page=100>; rel=\"first\"",
+	    NULL);
+	push(200, "[{\"id\":2,\"author\":{\"id\":7}}]", "Link: <{base}/api/"
+	    "v4/projects/5/merge_requests/2/notes?page=1&per_page=100>; "
+	    "rel=\"first\"", NULL);
+	list_gitlab(2, 2);
+	assert_non_null(strstr(srv.recs[1].query, "&page=2"));
+	/* a Link that leads back: no loop */
+	srv_reset();
+	push(200, "[{\"id\":1,\"author\":{\"id\":7}}]", "Link: <{base}/api/v4/"
+	    "projects/5/merge_requests/2/notes?page=1>; rel=\"next\"", NULL);
+	list_gitlab(1, 1);
+	/* neither: the next page while one comes back full */
+	srv_reset();
+	push(200, full, NULL);
+	push(200, one, NULL);
+	list_gitlab(101, 2);
+	assert_non_null(strstr(srv.recs[1].query, "&page=2"));
+	srv_reset();
+	push(200, full, NULL);
+	push(200, "[]", NULL);
+	list_gitlab(100, 2);
+	free(full);
+	free(one);
+}
+
 static void
 retry_after_429(void **state)
 {
@@ -1891,6 +1976,7 @@ main(void)
 		cmocka_unit_test(pages_github),
 		cmocka_unit_test(pages_gitlab),
 		cmocka_unit_test(pages_gitlab_relist),
+		cmocka_unit_test(pages_gitlab_stripped),
 		cmocka_unit_test(retry_after_429),
 		cmocka_unit_test(secondary_limit),
 		cmocka_unit_test(ratelimit_beyond_bound),
