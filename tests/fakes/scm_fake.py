@@ -49,6 +49,8 @@ GH_REACTIONS = ("+1", "-1", "laugh", "confused", "heart", "hooray", "rocket",
                 "eyes")
 GH_BODY_MAX = 65536
 GL_BODY_MAX = 1000000
+GL_APP_LIMIT_MSG = ("This endpoint has been requested too many times. "
+                    "Try again later.")
 # GitHub role -> "permission" field (§3: maintain->write, triage->read)
 GH_ROLE_PERMISSION = {"admin": "admin", "maintain": "write", "write": "write",
                       "push": "write", "triage": "read", "read": "read",
@@ -2041,7 +2043,13 @@ class GitLabApi(Api):
             override["remaining"] = int(f["ratelimit_remaining"])
         if f.get("ratelimit_reset_in") is not None:
             override["reset"] = int(now() + f["ratelimit_reset_in"])
-        if status == 429:
+        msg = f.get("message")
+        # the application limiter (notes_create_limit, ...): one
+        # endpoint's count, answered by render_api_error! without
+        # Retry-After; the user's RateLimit-* budget is not what ran out
+        app = status == 429 and (f.get("app_limiter") or
+                                 GL_APP_LIMIT_MSG in (msg or ""))
+        if status == 429 and not app:
             override.setdefault("remaining", 0)
             ra = f.get("retry_after", 60)
             override.setdefault("reset", int(now() + ra))
@@ -2052,7 +2060,9 @@ class GitLabApi(Api):
         self.rate_override = override or None
         if "body" in f:
             return ApiError(status, f["body"], hs)
-        msg = f.get("message")
+        if app:
+            return ApiError(status, {"message": {"error": msg or
+                                                 GL_APP_LIMIT_MSG}}, hs)
         if status == 429:
             if msg:
                 return ApiError(status, {"message": {"error": msg}}, hs)

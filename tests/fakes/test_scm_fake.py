@@ -789,6 +789,13 @@ def test_gitlab_faults(f):
     check("GitLab 429 with the application limiter message",
           r.status == 429 and "too many times" in r.json["message"]["error"],
           r.raw)
+    check("GitLab application limiter: no Retry-After, the user's "
+          "RateLimit-* budget not used up (render_api_error!)",
+          r.h("retry-after") is None and
+          int(r.h("ratelimit-remaining") or 0) > 0, r.headers)
+    r = f.gl("GET", "/gitlab/api/v4/user")
+    check("GitLab application limiter: other endpoints still served",
+          r.status == 200, r.raw)
     f.ctl("DELETE", "faults")
     f.ctl("POST", "faults", {"status": 500, "count": 3,
                              "provider": "gitlab"})

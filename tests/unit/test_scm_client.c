@@ -895,6 +895,25 @@ ratelimit_beyond_bound(void **state)
 	    &cause), SCM_OK);
 	assert_int_equal(scm_ratelimit_reset_ms(), 0);
 	scm_client_free(c);
+	/*
+	 * The application limiter (notes_create_limit): no Retry-After and
+	 * budget left; its window is a clock minute as the RateLimit-Reset
+	 * of the API's throttle is: that reset, one request only
+	 */
+	c = gitlab_client("/api/v4");
+	srv_reset();
+	reset = xasprintf("RateLimit-Reset: %" PRId64, now_unix() + 40);
+	push(429, "{\"message\":{\"error\":\"This endpoint has been "
+	    "requested too many times. Try again later.\"}}",
+	    "RateLimit-Remaining: 1990", reset, NULL);
+	assert_int_equal(c->ops->create_comment(c, &gl_repo, 1, "x", NULL,
+	    &cause), SCM_ERATELIMITED);
+	assert_int_equal(nrecs(), 1);
+	assert_in_range(scm_ratelimit_reset_ms() - now_unix_ms(),
+	    38 * 1000, 41 * 1000);
+	free(cause);
+	free(reset);
+	scm_client_free(c);
 
 	/* the gauge and the counter */
 	buf_init(&m, 1 << 20);
