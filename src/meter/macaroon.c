@@ -91,12 +91,34 @@ struct macaroon {
 	size_t identifier_len;
 	struct caveat *caveats;
 	size_t ncaveats;
+	size_t cap;		/* of caveats (parsed tokens) */
 	unsigned char sig[MACAROON_SIG_LEN];
 	int unknown;		/* some caveat is not one of ours */
 	struct claim claims[K_COUNT];
 };
 
 /* ---- small helpers ---- */
+
+/*
+ * The slot for caveat m->ncaveats of a token being parsed (zeroed), the
+ * array grown by doubling: a token has a handful of caveats, and zeroing
+ * room for MACAROON_MAX_CAVEATS on every meter call cost 4 KiB of memset.
+ */
+static struct caveat *
+caveat_slot(struct macaroon *m)
+{
+	if (m->ncaveats == m->cap) {
+		size_t cap = m->cap ? m->cap * 2 : 8;
+
+		if (cap > MACAROON_MAX_CAVEATS)
+			cap = MACAROON_MAX_CAVEATS;
+		m->caveats = xrealloc(m->caveats, cap * sizeof(*m->caveats));
+		memset(m->caveats + m->cap, 0, (cap - m->cap) *
+		    sizeof(*m->caveats));
+		m->cap = cap;
+	}
+	return &m->caveats[m->ncaveats];
+}
 
 static void
 set_cause(char **cause, int code, const char *detail)
@@ -510,7 +532,6 @@ parse_v2(const unsigned char *p, size_t len, struct macaroon *m,
 		    "unexpected field in the header");
 
 	/* caveats: [location] identifier [vid] EOS, until an empty section */
-	m->caveats = xcalloc(MACAROON_MAX_CAVEATS, sizeof(*m->caveats));
 	for (;;) {
 		struct caveat *c;
 
@@ -523,7 +544,7 @@ parse_v2(const unsigned char *p, size_t len, struct macaroon *m,
 		if (read_section(&r, f, 3, &n, e) < 0)
 			return -1;
 		i = 0;
-		c = &m->caveats[m->ncaveats];
+		c = caveat_slot(m);
 		if (i < n && f[i].type == F_LOCATION) {
 			if (f[i].len > MACAROON_MAX_LOCATION)
 				return fail(e, MACAROON_ETOOLARGE,
@@ -648,7 +669,6 @@ parse_v1(const unsigned char *p, size_t len, struct macaroon *m,
 		return fail(e, MACAROON_ETOOLARGE, "identifier is too long");
 	m->identifier = dup_bytes(val, vlen);
 	m->identifier_len = vlen;
-	m->caveats = xcalloc(MACAROON_MAX_CAVEATS, sizeof(*m->caveats));
 	for (;;) {
 		if (read_packet(&r, &key, &klen, &val, &vlen, e) < 0)
 			return -1;
@@ -660,7 +680,8 @@ parse_v1(const unsigned char *p, size_t len, struct macaroon *m,
 			if (vlen > MACAROON_MAX_CAVEAT)
 				return fail(e, MACAROON_ETOOLARGE,
 				    "caveat is too long");
-			c = &m->caveats[m->ncaveats++];
+			c = caveat_slot(m);
+			m->ncaveats++;
 			c->id = dup_bytes(val, vlen);
 			c->id_len = vlen;
 			c->location = dup_bytes("", 0);
