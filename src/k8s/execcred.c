@@ -301,6 +301,10 @@ exec_info(const struct k8s_cluster *c)
 		if (c->tls_server_name != NULL)
 			json_object_set_new(cl, "tls-server-name",
 			    json_string(c->tls_server_name));
+		/* as client-go's ConfigToExecCluster: as written */
+		if (c->proxy_url != NULL)
+			json_object_set_new(cl, "proxy-url",
+			    json_string(c->proxy_url));
 		json_object_set_new(spec, "cluster", cl);
 	}
 	info = json_pack("{s:s,s:s,s:o}", "apiVersion", c->exec_api_version,

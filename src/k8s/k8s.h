@@ -438,6 +438,14 @@ struct k8s_cluster {
 	char *ca_data;		/* PEM bytes, or NULL */
 	int insecure;		/* insecure-skip-tls-verify */
 	char *tls_server_name;
+	/*
+	 * proxy-url: every request to the server goes through this http://,
+	 * https:// or socks5:// proxy (its credentials, if any, in it: wiped
+	 * on release, never in a message), whatever HTTPS_PROXY and NO_PROXY
+	 * say; NULL: the environment's proxy settings, as client-go's
+	 * ProxyFromEnvironment.
+	 */
+	char *proxy_url;
 	char *cert_file, *key_file;	/* client certificate paths */
 	char *cert_data, *key_data;	/* client certificate PEM */
 	char *token;		/* bearer token, or NULL */
@@ -484,6 +492,14 @@ char **k8s_strv_dup(char *const *v);
  * path, userinfo or space.
  */
 int k8s_host_name_ok(const char *s);
+
+/*
+ * Check a proxy-url as client-go does: an http, https or socks5 URL (the
+ * scheme in any case) naming a host. 0, or -1 with *why (to free) saying
+ * what is wrong ("has no host", ...) without quoting the URL, which may
+ * carry a password.
+ */
+int k8s_proxy_url_check(const char *url, char **why);
 
 /*
  * Load a kubeconfig: paths is a ':'-separated list (KUBECONFIG syntax;

@@ -105,6 +105,7 @@ k8s_cluster_release(struct k8s_cluster *c)
 	free(c->ca_file);
 	free(c->ca_data);
 	free(c->tls_server_name);
+	free_secret(c->proxy_url);	/* may hold the proxy's password */
 	free(c->cert_file);
 	free(c->key_file);
 	free_secret(c->cert_data);
@@ -687,6 +688,7 @@ load_cluster(struct kc *kc, const char *name, struct k8s_cluster *c,
     char **cause)
 {
 	struct kc_entry e;
+	char *why = NULL;
 	int r;
 
 	r = kc_find(kc, "clusters", "cluster", "cluster", name, &e, cause);
@@ -703,7 +705,8 @@ load_cluster(struct kc *kc, const char *name, struct k8s_cluster *c,
 	    cause) < 0 ||
 	    entry_bool(&e, "insecure-skip-tls-verify", &c->insecure,
 	    cause) < 0 ||
-	    entry_dup(&e, "tls-server-name", &c->tls_server_name, cause) < 0)
+	    entry_dup(&e, "tls-server-name", &c->tls_server_name, cause) < 0 ||
+	    entry_dup(&e, "proxy-url", &c->proxy_url, cause) < 0)
 		return -1;
 	if (c->server == NULL) {
 		fail(cause, "cluster '%s' in '%s' has no server", name,
@@ -716,6 +719,14 @@ load_cluster(struct kc *kc, const char *name, struct k8s_cluster *c,
 	    !k8s_host_name_ok(c->tls_server_name)) {
 		fail(cause, "cluster '%s' in '%s': tls-server-name '%s' is not "
 		    "a host name", name, e.file->path, c->tls_server_name);
+		return -1;
+	}
+	if (c->proxy_url != NULL &&
+	    k8s_proxy_url_check(c->proxy_url, &why) < 0) {
+		/* client-go's check, but the URL is not quoted: a password */
+		fail(cause, "cluster '%s' in '%s': 'proxy-url' %s", name,
+		    e.file->path, why);
+		free(why);
 		return -1;
 	}
 	if (c->insecure && (c->ca_file != NULL || c->ca_data != NULL)) {

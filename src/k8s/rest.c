@@ -10,6 +10,10 @@
  * insecure-skip-tls-verify; credentials are only sent over https, as
  * kubectl does. A tokenFile is re-read whenever its inode, size or mtime
  * changes, so projected service account tokens rotate without a restart.
+ * A cluster's proxy-url carries every connection, as client-go's
+ * rest.Config.Proxy does (socks5 as socks5h: the proxy resolves the
+ * name), whatever https_proxy and no_proxy say; without one, libcurl
+ * follows those as client-go's ProxyFromEnvironment would.
  * An exec credential plugin (execcred.c) is run for a token, again
  * shortly before the token expires or when the server answers 401.
  *
@@ -107,6 +111,13 @@
 #define DEF_DEADLINE_MS		60000
 #define MIN_ATTEMPT_MS		1000	/* worth starting an attempt */
 
+/* A proxy-url taken apart: what libcurl is given, and what messages show. */
+struct proxy {
+	char *curl;		/* scheme://host:port; socks5h for socks5 */
+	char *shown;		/* scheme://host:port, without credentials */
+	char *user, *pass;	/* URL-decoded, or NULL */
+};
+
 struct rest {
 	struct k8s_api api;		/* first: the ops */
 	struct k8s_cluster c;		/* our copy */
@@ -117,6 +128,7 @@ struct rest {
 	char *host_hdr;		/* "Host: ..." in that case */
 	int creds;		/* send credentials (https only) */
 	struct curl_blob ca_blob, cert_blob, key_blob;
+	struct proxy proxy;	/* the cluster's proxy-url, or all NULL */
 
 	CURLSH *share;
 	pthread_mutex_t share_lock[CURL_LOCK_DATA_LAST];
@@ -223,6 +235,145 @@ static char *
 dup_or_null(const char *s)
 {
 	return s != NULL ? xstrdup(s) : NULL;
+}
+
+/* ---- proxy-url ---- */
+
+static void
+proxy_release(struct proxy *p)
+{
+	free(p->curl);
+	free(p->shown);
+	free_secret(p->user);
+	free_secret(p->pass);
+	memset(p, 0, sizeof(*p));
+}
+
+/* Whether s[0..n) looks like a URL scheme, so that it may be quoted. */
+static int
+scheme_like(const char *s, size_t n)
+{
+	size_t i;
+
+	if (n == 0 || n > 16 || !((s[0] >= 'a' && s[0] <= 'z') ||
+	    (s[0] >= 'A' && s[0] <= 'Z')))
+		return 0;
+	for (i = 1; i < n; i++)
+		if (!((s[i] >= 'a' && s[i] <= 'z') ||
+		    (s[i] >= 'A' && s[i] <= 'Z') ||
+		    (s[i] >= '0' && s[i] <= '9') || s[i] == '+' ||
+		    s[i] == '-' || s[i] == '.'))
+			return 0;
+	return 1;
+}
+
+/*
+ * Take proxy-url url apart into *out (NULL: only check it), as client-go
+ * takes it (clientcmd's parseProxyURL, then http.ProxyURL): the scheme is
+ * http, https or socks5 in any case, a missing port is the scheme's (80,
+ * 443, 1080), any path is ignored. socks5 becomes socks5h for libcurl:
+ * the proxy resolves the server's name, as Go's SOCKS5 dialer has it do.
+ * 0, or -1 with *why, which never quotes the URL (it may carry a
+ * password).
+ */
+static int
+proxy_parse(const char *url, struct proxy *out, char **why)
+{
+	static const struct {
+		const char *scheme, *curl, *port;
+	} schemes[] = {
+		{ "http", "http", "80" },
+		{ "https", "https", "443" },
+		{ "socks5", "socks5h", "1080" },
+	};
+	const char *sep = strstr(url, "://");
+	char *host = NULL, *port = NULL, *user = NULL, *pass = NULL;
+	CURLU *u = NULL;
+	CURLUcode uc;
+	size_t i, n;
+	int ret = -1;
+
+	if (sep == NULL) {
+		*why = xstrdup("has no scheme: http://, https:// or "
+		    "socks5:// is required");
+		return -1;
+	}
+	n = (size_t)(sep - url);
+	for (i = 0; i < ARRAY_SIZE(schemes); i++)
+		if (strlen(schemes[i].scheme) == n &&
+		    strncasecmp(url, schemes[i].scheme, n) == 0)
+			break;
+	if (i == ARRAY_SIZE(schemes)) {
+		*why = scheme_like(url, n) ? xasprintf("scheme '%.*s' is not "
+		    "http, https or socks5", (int)n, url) : xstrdup("scheme "
+		    "is not http, https or socks5");
+		return -1;
+	}
+	u = curl_url();
+	if (u == NULL)
+		abort();	/* out of memory */
+	uc = curl_url_set(u, CURLUPART_URL, url, CURLU_NON_SUPPORT_SCHEME);
+	if (uc == CURLUE_OK)
+		uc = curl_url_get(u, CURLUPART_HOST, &host, 0);
+	/* libcurl reads "http:///x" as host x: there is none */
+	if (uc == CURLUE_NO_HOST || (uc == CURLUE_OK && (host[0] == '\0' ||
+	    sep[3] == '/'))) {
+		*why = xstrdup("has no host");
+		goto out;
+	}
+	if (uc != CURLUE_OK) {
+		*why = xstrdup("is not a valid URL");
+		goto out;
+	}
+	if (out != NULL) {
+		if (curl_url_get(u, CURLUPART_PORT, &port, 0) != CURLUE_OK)
+			port = NULL;
+		if (curl_url_get(u, CURLUPART_USER, &user, CURLU_URLDECODE) ==
+		    CURLUE_OK && user[0] != '\0')
+			out->user = xstrdup(user);
+		if (curl_url_get(u, CURLUPART_PASSWORD, &pass,
+		    CURLU_URLDECODE) == CURLUE_OK)
+			out->pass = xstrdup(pass);
+		out->curl = xasprintf("%s://%s:%s", schemes[i].curl, host,
+		    port != NULL ? port : schemes[i].port);
+		out->shown = xasprintf("%s://%s:%s", schemes[i].scheme, host,
+		    port != NULL ? port : schemes[i].port);
+	}
+	ret = 0;
+out:
+	curl_free(host);
+	curl_free(port);
+	if (user != NULL) {
+		secure_wipe(user, strlen(user));
+		curl_free(user);
+	}
+	if (pass != NULL) {
+		secure_wipe(pass, strlen(pass));
+		curl_free(pass);
+	}
+	curl_url_cleanup(u);
+	return ret;
+}
+
+/* Check a proxy-url (kubeconfig.c, before anything is sent). */
+int
+k8s_proxy_url_check(const char *url, char **why)
+{
+	return proxy_parse(url, NULL, why);
+}
+
+/*
+ * The reason a transfer failed, for a message: libcurl's, and the proxy
+ * it went through (its address, never its credentials), to a new string.
+ */
+static char *
+transport_why(const struct rest *rs, const char *errbuf, CURLcode rc)
+{
+	const char *why = errbuf[0] != '\0' ? errbuf : curl_easy_strerror(rc);
+
+	if (rs->proxy.shown == NULL)
+		return xstrdup(why);
+	return xasprintf("%s (through the proxy %s)", why, rs->proxy.shown);
 }
 
 /* Percent-encode everything but RFC 3986 unreserved characters. */
@@ -625,6 +776,27 @@ setup_common(struct rest *rs, CURL *h, const char *accept, uint64_t *gen)
 		curl_easy_setopt(h, CURLOPT_CONNECT_TO, rs->connect_to);
 		hdrs = add_header(hdrs, rs->host_hdr);
 	}
+	if (rs->proxy.curl != NULL) {
+		/*
+		 * The cluster's proxy-url for every request, as client-go's
+		 * http.ProxyURL: the environment's no_proxy must not send
+		 * one around it. An https proxy's certificate is verified
+		 * against the system's CAs (libcurl's default CA bundle; the
+		 * cluster's CA and insecure-skip-tls-verify are for the API
+		 * server only), always.
+		 */
+		curl_easy_setopt(h, CURLOPT_PROXY, rs->proxy.curl);
+		curl_easy_setopt(h, CURLOPT_NOPROXY, "");
+		curl_easy_setopt(h, CURLOPT_PROXY_SSL_VERIFYPEER, 1L);
+		curl_easy_setopt(h, CURLOPT_PROXY_SSL_VERIFYHOST, 2L);
+		if (rs->proxy.user != NULL) {
+			curl_easy_setopt(h, CURLOPT_PROXYUSERNAME,
+			    rs->proxy.user);
+			curl_easy_setopt(h, CURLOPT_PROXYPASSWORD,
+			    rs->proxy.pass != NULL ? rs->proxy.pass : "");
+		}
+	}
+	/* else libcurl follows https_proxy, no_proxy, ... as client-go */
 
 	hdrs = add_header(hdrs, accept);
 	auth = bearer_header(rs, gen);
@@ -908,7 +1080,7 @@ rest_call(struct rest *rs, const struct req *rq, json_t **out,
     struct k8s_status *st)
 {
 	char errbuf[CURL_ERROR_SIZE];
-	char *shown = path_shown(rq->path), *msg;
+	char *shown = path_shown(rq->path), *msg, *why;
 	struct resp rp;
 	CURL *h = NULL;
 	CURLcode rc;
@@ -989,9 +1161,10 @@ rest_call(struct rest *rs, const struct req *rq, json_t **out,
 		sleep_ms(wait);
 	}
 	if (rc != CURLE_OK) {
+		why = transport_why(rs, errbuf, rc);
 		msg = xasprintf("k8s: %s %s%s: %s", rq->method, rs->shown,
-		    shown, errbuf[0] != '\0' ? errbuf :
-		    curl_easy_strerror(rc));
+		    shown, why);
+		free(why);
 		ret = k8s_status_set(st, rc == CURLE_OPERATION_TIMEDOUT ?
 		    K8S_ETIMEOUT : K8S_EUNAVAILABLE, msg, NULL);
 		if (st != NULL)
@@ -1038,7 +1211,7 @@ k8s_rest_stream(struct k8s_api *api, const char *path, int64_t timeout_ms,
     k8s_stream_fn fn, void *arg, struct k8s_status *st)
 {
 	struct rest *rs = (struct rest *)api;
-	char errbuf[CURL_ERROR_SIZE], *url, *shown, *msg;
+	char errbuf[CURL_ERROR_SIZE], *url, *shown, *msg, *why;
 	struct curl_slist *hdrs;
 	struct stream sm;
 	CURLcode rc;
@@ -1075,8 +1248,9 @@ k8s_rest_stream(struct k8s_api *api, const char *path, int64_t timeout_ms,
 	curl_easy_setopt(sm.h, CURLOPT_HTTPHEADER, NULL);
 	free_headers(hdrs);
 	if (rc != CURLE_OK && !(sm.code >= 300 && rc == CURLE_WRITE_ERROR)) {
-		msg = xasprintf("k8s: GET %s%s: %s", rs->shown, shown,
-		    errbuf[0] != '\0' ? errbuf : curl_easy_strerror(rc));
+		why = transport_why(rs, errbuf, rc);
+		msg = xasprintf("k8s: GET %s%s: %s", rs->shown, shown, why);
+		free(why);
 		ret = k8s_status_set(st, rc == CURLE_OPERATION_TIMEDOUT ?
 		    K8S_ETIMEOUT : K8S_EUNAVAILABLE, msg, NULL);
 		free(msg);
@@ -1921,11 +2095,12 @@ watch_transport_error(struct rest_watch *w, struct k8s_status *st,
     CURLcode rc, const char *errbuf)
 {
 	char *path = path_shown(w->query), *msg;
+	char *why = transport_why(w->rs, errbuf, rc);
 	int err = rc == CURLE_OPERATION_TIMEDOUT ? K8S_ETIMEOUT :
 	    K8S_EUNAVAILABLE;
 
-	msg = xasprintf("k8s: watch %s%s: %s", w->rs->shown, path,
-	    errbuf[0] != '\0' ? errbuf : curl_easy_strerror(rc));
+	msg = xasprintf("k8s: watch %s%s: %s", w->rs->shown, path, why);
+	free(why);
 	k8s_status_set(st, err, msg, NULL);
 	st->code = err == K8S_ETIMEOUT ? 504 : 503;
 	free(msg);
@@ -2219,6 +2394,7 @@ rest_free(struct k8s_api *api)
 	pthread_mutex_destroy(&rs->pool_lock);
 	pthread_mutex_destroy(&rs->token_lock);
 	k8s_cluster_release(&rs->c);
+	proxy_release(&rs->proxy);
 	free_secret(rs->token);
 	free_secret(rs->exec_token);
 	free(rs->base);
@@ -2273,6 +2449,8 @@ copy_cluster(struct k8s_cluster *d, const struct k8s_cluster *s)
 	d->insecure = s->insecure;
 	d->tls_server_name = s->tls_server_name != NULL &&
 	    s->tls_server_name[0] != '\0' ? xstrdup(s->tls_server_name) : NULL;
+	d->proxy_url = s->proxy_url != NULL && s->proxy_url[0] != '\0' ?
+	    xstrdup(s->proxy_url) : NULL;
 	d->cert_file = dup_or_null(s->cert_file);
 	d->key_file = dup_or_null(s->key_file);
 	d->cert_data = dup_or_null(s->cert_data);
@@ -2306,7 +2484,7 @@ k8s_rest_open(struct k8s_api **out, const struct k8s_cluster *c,
 	struct rest *rs = NULL;
 	CURLU *u = NULL;
 	char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL;
-	char *user = NULL, *query = NULL, *ct;
+	char *user = NULL, *query = NULL, *ct, *why = NULL;
 	size_t i, plen;
 	int ret = -1, https;
 
@@ -2411,6 +2589,15 @@ k8s_rest_open(struct k8s_api **out, const struct k8s_cluster *c,
 		    "with the insecure flag is not allowed");
 		goto out;
 	}
+	if (rs->c.proxy_url != NULL &&
+	    proxy_parse(rs->c.proxy_url, &rs->proxy, &why) < 0) {
+		*cause = xasprintf("k8s: proxy-url %s", why);
+		free(why);
+		goto out;
+	}
+	if (rs->proxy.shown != NULL)
+		log_kv(LOG_INFO, "k8s: the API server through a proxy",
+		    "server", rs->shown, "proxy", rs->proxy.shown, NULL);
 	rs->creds = https;
 	if (!https && (rs->c.token != NULL || rs->c.token_file != NULL ||
 	    rs->c.username != NULL || rs->c.cert_file != NULL ||

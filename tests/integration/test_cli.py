@@ -1179,6 +1179,10 @@ contexts:
   context: {cluster: fake, user: me, namespace: team-a}
 - name: intruder
   context: {cluster: fake, user: wrong}
+- name: proxied
+  context: {cluster: fake-proxied, user: me, namespace: default}
+- name: proxy-down
+  context: {cluster: fake-proxy-down, user: me, namespace: default}
 - name: unverified
   context: {cluster: fake-insecure, user: me, namespace: default}
 clusters:
@@ -1188,6 +1192,12 @@ clusters:
   cluster: {server: "%(server)s", insecure-skip-tls-verify: true}
 - name: plain
   cluster: {server: "%(plain)s"}
+- name: fake-proxied
+  cluster: {server: "%(server)s", certificate-authority: "%(ca)s",
+            proxy-url: "%(proxy)s"}
+- name: fake-proxy-down
+  cluster: {server: "%(server)s", certificate-authority: "%(ca)s",
+            proxy-url: "%(dead)s"}
 users:
 - name: me
   user: {token: "%(token)s"}
@@ -1255,13 +1265,25 @@ def kubernetes(t, store_items):
     logsrv.daemon_threads = True
     threading.Thread(target=logsrv.serve_forever, daemon=True).start()
     tmp = tempfile.mkdtemp(prefix="diverge-cli-kube-")
+    proxy_log = os.path.join(tmp, "proxy.log")
+    proxy = subprocess.Popen(
+        [sys.executable, os.path.join(TOP_SRCDIR, "tests", "fakes",
+                                      "connect_proxy.py"),
+         "--port", "0", "--log", proxy_log], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True)
+    dead = socketserver.TCPServer(("127.0.0.1", 0), None)
+    dead_url = "http://127.0.0.1:%d" % dead.server_address[1]
+    dead.server_close()         # a port that refuses
     try:
+        proxy_url = "http://127.0.0.1:%d" % json.loads(
+            proxy.stdout.readline())["port"]
         kc = os.path.join(tmp, "kubeconfig")
         with open(kc, "w") as f:
             f.write(KUBECONFIG % {
                 "server": fake.info["server"], "ca": fake.info["ca_file"],
                 "token": fake.info["token"],
-                "plain": "http://127.0.0.1:%d" % logsrv.server_address[1]})
+                "plain": "http://127.0.0.1:%d" % logsrv.server_address[1],
+                "proxy": proxy_url, "dead": dead_url})
         api = Api("127.0.0.1", fake.info["port"], fake.info["ca_file"],
                   fake.info["token"])
         cli = Cli(["--kubeconfig", kc])
@@ -1297,6 +1319,25 @@ def kubernetes(t, store_items):
                            env={"KUBECONFIG": kc})
         t.ok(rc == 1 and "nope" in err, "kubernetes: an unknown context: "
              "exit 1", (rc, err))
+        # the cluster's proxy-url, over https_proxy and no_proxy
+        rc, out, err = run(["--kubeconfig", kc, "--context", "proxied",
+                            "task", "list"],
+                           env={"https_proxy": dead_url,
+                                "no_proxy": "127.0.0.1"})
+        with open(proxy_log) as f:
+            tunnels = f.read().splitlines()
+        t.ok(rc == 0 and "fix-checkout-latency" in out and
+             "CONNECT 127.0.0.1:%d" % fake.info["port"] in tunnels,
+             "kubernetes: proxy-url: through the proxy (a CONNECT to the "
+             "API server), whatever https_proxy and no_proxy say",
+             (rc, err, tunnels))
+        fake.control("DELETE", "/_fake/requests")
+        rc, out, err = run(["--kubeconfig", kc, "--context", "proxy-down",
+                            "task", "list"])
+        t.ok(rc == 1 and out == "" and "through the proxy %s" % dead_url
+             in err and fake.control("GET", "/_fake/requests") == [],
+             "kubernetes: proxy-url refusing: exit 1 naming the proxy, "
+             "nothing sent direct", (rc, err))
         rc, out, err = cli("task", "list", "--kubeconfig",
                            os.path.join(tmp, "absent"))
         t.ok(rc == 1 and "absent" in err, "kubernetes: a missing "
@@ -1411,6 +1452,9 @@ def kubernetes(t, store_items):
              "kubernetes: task logs -f streams the pod named by the "
              "Sandbox", (rc, out, err, LogServer.seen))
     finally:
+        proxy.stdin.close()     # the proxy exits at end of input
+        proxy.wait()
+        proxy.stdout.close()
         logsrv.shutdown()
         logsrv.server_close()
         fake.stop()

@@ -167,6 +167,24 @@ def config_errors(t):
               in err), "--check-config reads the kubeconfig: %s" %
              ("a good one, exit 0" if ok else "a plugin that needs a "
               "terminal, exit 2 naming the user"), (rc, out, err))
+    # ... and its cluster's proxy-url, whose password is never shown
+    for proxy, why in (("socks5://u:S3CRET@127.0.0.1:1080", None),
+                       ("ftp://u:S3CRET@127.0.0.1:21",
+                        "'proxy-url' scheme 'ftp' is not http, https or "
+                        "socks5")):
+        with open(kc, "w") as f:
+            f.write("current-context: m\n"
+                    "contexts: [{name: m, context: {cluster: c, user: u}}]\n"
+                    "clusters: [{name: c, cluster: {server: "
+                    "'https://k.example', proxy-url: '%s'}}]\n"
+                    "users: [{name: u, user: {token: t}}]\n" % proxy)
+        rc, out, err = run(["--config", cfg, "--check-config"], cwd=tmp)
+        t.ok((rc == 0 and "configuration ok" in out) if why is None else
+             (rc == 2 and "config: cluster 'c' in '%s': %s" % (kc, why)
+              in err and "S3CRET" not in out + err),
+             "--check-config: a kubeconfig with proxy-url %s" %
+             ("socks5://, exit 0" if why is None else "ftp://, exit 2 "
+              "naming the cluster, not the password"), (rc, out, err))
 
 
 def embedded_default(t):

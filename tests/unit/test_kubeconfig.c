@@ -3,7 +3,8 @@
  * (contexts, data and path fields, tokens, relative paths, KUBECONFIG
  * merges, every error with its exact message), the in-cluster service
  * account under a fake root, and the parts of rest.c that need no server:
- * k8s_rest_open's checks, a refused connection, and the watch line parser.
+ * k8s_rest_open's checks, a refused connection, and the watch line parser;
+ * then proxy-url against the fake API server and tests/fakes/connect_proxy.py.
  */
 #include "config.h"
 
@@ -494,14 +495,18 @@ test_parse_mem(void **state)
 	free(cause);
 }
 
-/* Parse a kubeconfig whose user u is "{user: {USER}}". */
+/*
+ * Parse a kubeconfig at /etc/kube/config whose cluster c is
+ * "{cluster: {CLUSTER}}" and user u "{user: {USER}}".
+ */
 static int
-parse_user(struct k8s_cluster *c, const char *user, char **cause)
+parse_kc(struct k8s_cluster *c, const char *cluster, const char *user,
+    char **cause)
 {
 	char *text = xasprintf("current-context: m\n"
 	    "contexts: [{name: m, context: {cluster: c, user: u}}]\n"
-	    "clusters: [{name: c, cluster: {server: 'https://k.example'}}]\n"
-	    "users: [{name: u, user: {%s}}]\n", user);
+	    "clusters: [{name: c, cluster: {%s}}]\n"
+	    "users: [{name: u, user: {%s}}]\n", cluster, user);
 	int rc;
 
 	memset(c, 0, sizeof(*c));
@@ -510,6 +515,90 @@ parse_user(struct k8s_cluster *c, const char *user, char **cause)
 	    strlen(text), NULL, cause);
 	free(text);
 	return rc;
+}
+
+/* Parse a kubeconfig whose user u is "{user: {USER}}". */
+static int
+parse_user(struct k8s_cluster *c, const char *user, char **cause)
+{
+	return parse_kc(c, "server: 'https://k.example'", user, cause);
+}
+
+/* Parse a kubeconfig whose cluster c is "{cluster: {CLUSTER}}". */
+static int
+parse_cluster(struct k8s_cluster *c, const char *cluster, char **cause)
+{
+	return parse_kc(c, cluster, "", cause);
+}
+
+/*
+ * proxy-url is kept as written when it is an http, https or socks5 URL
+ * (any case) with a host, credentials included; empty or null is none.
+ * A bad one is a load error naming the cluster and the file, never
+ * quoting the URL (it may carry a password).
+ */
+static void
+test_proxy_url(void **state)
+{
+	static const char *const good[] = {
+	    "http://127.0.0.1:3128", "https://proxy.example",
+	    "socks5://u:p%40ss@[::1]:1080", "HTTP://Proxy.Example:8080/",
+	};
+	static const struct {
+		const char *url, *why;
+	} bad[] = {
+		{ "'ftp://u:TOPSECRET@p.example'",
+		  "scheme 'ftp' is not http, https or socks5" },
+		{ "'socks4://p.example:1080'",
+		  "scheme 'socks4' is not http, https or socks5" },
+		{ "'u:TOPSECRET@p.example:3128'",
+		  "has no scheme: http://, https:// or socks5:// is required" },
+		{ "'u/TOPSECRET?://p.example'",
+		  "scheme is not http, https or socks5" },
+		{ "'http://'", "has no host" },
+		{ "'socks5://:1080'", "has no host" },
+		{ "'https:///TOPSECRET'", "has no host" },
+		{ "'http://p.example:99999'", "is not a valid URL" },
+		{ "'http://TOPSECRET host'", "is not a valid URL" },
+		{ "[http://p.example]", "is not a string" },
+	};
+	struct k8s_cluster c;
+	char *cause = NULL, *f, *want;
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < ARRAY_SIZE(good); i++) {
+		f = xasprintf("server: 'https://k.example', proxy-url: '%s'",
+		    good[i]);
+		if (parse_cluster(&c, f, &cause) != 0)
+			fail_msg("'%s': %s", good[i], cause);
+		assert_string_equal(c.proxy_url, good[i]);
+		k8s_cluster_release(&c);
+		assert_null(c.proxy_url);
+		free(f);
+	}
+	assert_int_equal(parse_cluster(&c, "server: 'https://k.example', "
+	    "proxy-url: ''", &cause), 0);
+	assert_null(c.proxy_url);
+	k8s_cluster_release(&c);
+	assert_int_equal(parse_cluster(&c, "server: 'https://k.example', "
+	    "proxy-url: ~", &cause), 0);
+	assert_null(c.proxy_url);
+	k8s_cluster_release(&c);
+
+	for (i = 0; i < ARRAY_SIZE(bad); i++) {
+		f = xasprintf("server: 'https://k.example', proxy-url: %s",
+		    bad[i].url);
+		assert_int_equal(parse_cluster(&c, f, &cause), -1);
+		want = xasprintf("cluster 'c' in '/etc/kube/config': "
+		    "'proxy-url' %s", bad[i].why);
+		assert_string_equal(cause, want);
+		assert_null(strstr(cause, "TOPSECRET"));
+		k8s_cluster_release(&c);
+		free(want);
+		free(cause);
+		free(f);
+	}
 }
 
 /*
@@ -941,6 +1030,25 @@ test_exec_rest(void **state)
 	assert_int_equal(two_gets(api, K8S_EUNAUTHORIZED, dir), 6);
 	k8s_api_free(api);
 
+	/* the cluster's proxy-url goes to the plugin, as client-go's */
+	{
+		char *tok = NULL;
+		int64_t exp;
+
+		plugin_answer(dir, "good", 3600);
+		c.proxy_url = xstrdup("socks5://u:p@127.0.0.1:1080");
+		assert_int_equal(k8s_exec_credential(&c, 5000, &tok, &exp,
+		    &cause), 0);
+		free(tok);
+		f = fopen(info, "r");
+		assert_non_null(f);
+		n = fread(buf, 1, sizeof(buf) - 1, f);
+		buf[n] = '\0';
+		fclose(f);
+		assert_non_null(strstr(buf, "\"proxy-url\":"
+		    "\"socks5://u:p@127.0.0.1:1080\""));
+	}
+
 	/* a command that does not exist: its install hint in the error */
 	{
 		char *tok = NULL;
@@ -1138,6 +1246,16 @@ static const struct err_case error_cases[] = {
 	{ "err_bad_bool", "bad-bool.yaml", NULL,
 	    "cluster 'c1' in '%s': 'insecure-skip-tls-verify' is not a "
 	    "boolean", NULL },
+	{ "err_proxy_bad_scheme", "proxy-bad-scheme.yaml", NULL,
+	    "cluster 'c1' in '%s': 'proxy-url' scheme 'ftp' is not http, "
+	    "https or socks5", "TOPSECRET" },
+	{ "err_proxy_no_host", "proxy-no-host.yaml", NULL,
+	    "cluster 'c1' in '%s': 'proxy-url' has no host", "TOPSECRET" },
+	{ "err_proxy_not_string", "proxy-not-string.yaml", NULL,
+	    "cluster 'c1' in '%s': 'proxy-url' is not a string", "TOPSECRET" },
+	{ "err_proxy_no_scheme", "proxy-no-scheme.yaml", NULL,
+	    "cluster 'c1' in '%s': 'proxy-url' has no scheme: http://, "
+	    "https:// or socks5:// is required", "TOPSECRET" },
 };
 
 /* fmt with its one "%s" replaced by path. */
@@ -1533,6 +1651,415 @@ test_rest_tls_server_name(void **state)
 	free(server);
 }
 
+/* ---- proxy-url against real processes ---- */
+
+/* tests/fakes/connect_proxy.py, running. */
+struct proxy_proc {
+	pid_t pid;
+	FILE *in;		/* closed: it ends */
+	int port;
+	char *log;		/* the tunnels it was asked for */
+};
+
+/*
+ * Start the proxy with its log in dir and extra arguments (NULL-ended);
+ * -1 when it cannot run.
+ */
+static int
+proxy_start(struct proxy_proc *p, const char *dir, const char *name,
+    const char *const *extra)
+{
+	const char *top = getenv("top_srcdir");
+	const char *argv[16];
+	char *script = xasprintf("%s/tests/fakes/connect_proxy.py",
+	    top ? top : ".");
+	char line[256];
+	int in[2], outp[2];
+	size_t n = 0;
+	FILE *f;
+
+	memset(p, 0, sizeof(*p));
+	p->log = xasprintf("%s/%s.log", dir, name);
+	argv[n++] = "python3";
+	argv[n++] = script;
+	argv[n++] = "--port";
+	argv[n++] = "0";
+	argv[n++] = "--log";
+	argv[n++] = p->log;
+	while (extra != NULL && *extra != NULL && n < ARRAY_SIZE(argv) - 1)
+		argv[n++] = *extra++;
+	argv[n] = NULL;
+	if (access(script, R_OK) != 0 || pipe(in) < 0 || pipe(outp) < 0) {
+		free(script);
+		return -1;
+	}
+	p->pid = fork();
+	if (p->pid == 0) {
+		dup2(in[0], 0);
+		dup2(outp[1], 1);
+		close(in[1]);
+		close(outp[0]);
+		execvp("python3", (char *const *)(uintptr_t)argv);
+		_exit(127);
+	}
+	free(script);
+	close(in[0]);
+	close(outp[1]);
+	p->in = fdopen(in[1], "w");
+	f = fdopen(outp[0], "r");
+	if (f == NULL || fgets(line, sizeof(line), f) == NULL ||
+	    sscanf(line, "{\"port\": %d}", &p->port) != 1) {
+		if (f != NULL)
+			fclose(f);
+		return -1;
+	}
+	fclose(f);
+	return 0;
+}
+
+static void
+proxy_stop(struct proxy_proc *p)
+{
+	if (p->in != NULL)
+		fclose(p->in);
+	if (p->pid > 0) {
+		kill(p->pid, SIGTERM);
+		waitpid(p->pid, NULL, 0);
+	}
+	free(p->log);
+	memset(p, 0, sizeof(*p));
+}
+
+/* The proxy's log so far (to free; "" when empty), then emptied. */
+static char *
+proxy_log_take(struct proxy_proc *p)
+{
+	char buf[8192];
+	FILE *f = fopen(p->log, "r");
+	size_t n = 0;
+
+	if (f != NULL) {
+		n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+	}
+	buf[n] = '\0';
+	f = fopen(p->log, "w");
+	if (f != NULL)
+		fclose(f);
+	return xstrdup(buf);
+}
+
+/* A loopback port nothing listens on (bound, then closed). */
+static int
+closed_port(void)
+{
+	int port, fd = silent_listener(&port);
+
+	close(fd);
+	return port;
+}
+
+/* The fake apiserver, and a kubeconfig for it in dir. */
+struct proxy_env {
+	struct storeenv env;
+	struct k8s_cluster fake;	/* server, CA, token */
+	char *dir, *kc;
+	int fake_port;
+};
+
+/* Write dir/kubeconfig for the fake, through proxy (NULL: none). */
+static void
+proxy_kubeconfig(struct proxy_env *pe, const char *proxy)
+{
+	char *text, *px = proxy != NULL ?
+	    xasprintf("    proxy-url: '%s'\n", proxy) : xstrdup("");
+
+	text = xasprintf("apiVersion: v1\nkind: Config\n"
+	    "current-context: fake\n"
+	    "clusters:\n- name: fake\n  cluster:\n"
+	    "    server: '%s'\n    certificate-authority: '%s'\n%s"
+	    "users:\n- name: me\n  user: {token: '%s'}\n"
+	    "contexts:\n- name: fake\n  context: {cluster: fake, user: me}\n",
+	    pe->fake.server, pe->fake.ca_file, px, pe->fake.token);
+	write_file(pe->kc, text);
+	free(text);
+	free(px);
+}
+
+/* Open a REST client from pe's kubeconfig: fresh connections, few retries. */
+static struct k8s_api *
+proxy_api(struct proxy_env *pe, const char *want_proxy)
+{
+	struct k8s_rest_config cfg = { .connect_timeout_ms = 3000,
+	    .timeout_ms = 5000, .max_retries = 1, .max_retry_wait_ms = 10,
+	    .deadline_ms = 10000 };
+	struct k8s_cluster c;
+	struct k8s_api *api = NULL;
+	char *cause = NULL;
+
+	load_ok(&c, pe->kc, NULL);
+	if (want_proxy != NULL)
+		assert_string_equal(c.proxy_url, want_proxy);
+	else
+		assert_null(c.proxy_url);
+	if (k8s_rest_open(&api, &c, &cfg, &cause) != 0)
+		fail_msg("k8s_rest_open: %s", cause);
+	k8s_cluster_release(&c);
+	return api;
+}
+
+/* A get, a list and a watch that sees a create: 0, or the first error. */
+static int
+get_list_watch(struct k8s_api *api, struct k8s_status *st)
+{
+	struct k8s_watch *w = NULL;
+	struct k8s_event ev;
+	json_t *obj = NULL, *sec;
+	int rc;
+
+	rc = k8s_get(api, &K8S_SECRET, "default", "nope", &obj, st);
+	if (rc != K8S_ENOTFOUND)
+		return rc != 0 ? rc : K8S_EINTERNAL;
+	k8s_status_release(st);
+	rc = k8s_list(api, &K8S_SECRET, "default", NULL, &obj, st);
+	json_decref(obj);
+	if (rc != 0)
+		return rc;
+	rc = k8s_watch(api, &K8S_SECRET, "default", NULL, &w, st);
+	if (rc != 0)
+		return rc;
+	sec = json_pack("{s:s,s:s,s:{s:s}}", "apiVersion", "v1", "kind",
+	    "Secret", "metadata", "generateName", "px-");
+	rc = k8s_create(api, &K8S_SECRET, "default", sec, NULL, st);
+	json_decref(sec);
+	while (rc == 0) {
+		memset(&ev, 0, sizeof(ev));
+		rc = k8s_watch_next(w, 5000, &ev, st);
+		if (rc != 1)
+			break;
+		json_decref(ev.object);
+		if (ev.type == K8S_ADDED) {
+			rc = 0;
+			break;
+		}
+	}
+	k8s_watch_free(w);
+	return rc == 0 ? 0 : rc < 0 ? rc : K8S_ETIMEOUT;
+}
+
+static int
+proxy_env_open(struct proxy_env *pe)
+{
+	memset(pe, 0, sizeof(*pe));
+	if (storeenv_start_fake(&pe->env, 100, &pe->fake) < 0)
+		return -1;
+	pe->fake_port = (int)strtol(strrchr(pe->fake.server, ':') + 1, NULL, 10);
+	pe->dir = make_tmpdir();
+	pe->kc = xasprintf("%s/kubeconfig", pe->dir);
+	return 0;
+}
+
+static void
+proxy_env_close(struct proxy_env *pe)
+{
+	k8s_cluster_release(&pe->fake);
+	storeenv_close(&pe->env);
+	free(pe->kc);
+	free(pe->dir);
+}
+
+/* Requests the fake has seen since the last call (its log cleared). */
+static size_t
+fake_requests(struct proxy_env *pe)
+{
+	json_t *reqs = storeenv_fake(&pe->env, "GET", "/_fake/requests",
+	    NULL);
+	size_t n = json_array_size(reqs);
+
+	json_decref(reqs);
+	json_decref(storeenv_fake(&pe->env, "DELETE", "/_fake/requests",
+	    NULL));
+	return n;
+}
+
+static void
+proxy_env_unset(void)
+{
+	unsetenv("https_proxy");
+	unsetenv("HTTPS_PROXY");
+	unsetenv("http_proxy");
+	unsetenv("all_proxy");
+	unsetenv("ALL_PROXY");
+	unsetenv("no_proxy");
+	unsetenv("NO_PROXY");
+}
+
+/*
+ * One round through proxy-url url (NULL: none), as the kubeconfig says:
+ * a get, a list and a watch from a fresh client (new connections); its
+ * result (st filled on error), and in *log (to free) what p logged
+ * meanwhile.
+ */
+static int
+proxy_round(struct proxy_env *pe, const char *url, struct proxy_proc *p,
+    char **log, struct k8s_status *st)
+{
+	struct k8s_api *api;
+	int rc;
+
+	proxy_kubeconfig(pe, url);
+	api = proxy_api(pe, url);
+	rc = get_list_watch(api, st);
+	k8s_api_free(api);
+	*log = proxy_log_take(p);
+	return rc;
+}
+
+/*
+ * proxy-url against the fake API server (TLS, its own CA) and
+ * tests/fakes/connect_proxy.py, real processes on loopback: with it, the
+ * get, list and watch go through the proxy (it logs a CONNECT to the
+ * server's port), whatever https_proxy and no_proxy say; credentials in
+ * it are sent to the proxy, never shown; a proxy that refuses, or whose
+ * certificate is not trusted, makes the calls fail saying so, without
+ * going direct. socks5 works the same. Without proxy-url, libcurl follows
+ * https_proxy and no_proxy as client-go's ProxyFromEnvironment does.
+ */
+static void
+test_rest_proxy(void **state)
+{
+	struct proxy_env pe;
+	struct proxy_proc px, auth, socks, tls;
+	struct k8s_status st = { 0 };
+	struct k8s_watch *w = NULL;
+	struct k8s_api *api;
+	char *url, *want, *sock_want, *got, *crt, *key, *dir, env[64];
+	int dead = closed_port();
+
+	(void)state;
+	if (proxy_env_open(&pe) < 0)
+		skip();
+	if (proxy_start(&px, pe.dir, "px", NULL) < 0) {
+		proxy_env_close(&pe);
+		skip();
+	}
+	want = xasprintf("CONNECT 127.0.0.1:%d\n", pe.fake_port);
+	sock_want = xasprintf("SOCKS5 127.0.0.1:%d\n", pe.fake_port);
+
+	/* proxy-url wins over https_proxy (a dead port) and no_proxy */
+	snprintf(env, sizeof(env), "http://127.0.0.1:%d", dead);
+	setenv("https_proxy", env, 1);
+	setenv("HTTPS_PROXY", env, 1);
+	setenv("no_proxy", "127.0.0.1,localhost", 1);
+	setenv("NO_PROXY", "127.0.0.1,localhost", 1);
+	url = xasprintf("http://127.0.0.1:%d", px.port);
+	assert_int_equal(proxy_round(&pe, url, &px, &got, &st), 0);
+	assert_non_null(strstr(got, want));
+	/* the watch had a connection of its own: another CONNECT */
+	assert_non_null(strstr(strstr(got, want) + 1, want));
+	assert_null(strstr(got, "405"));
+	free(got);
+	free(url);
+
+	/* a proxy that refuses: the calls fail, saying so, none direct */
+	fake_requests(&pe);
+	url = xasprintf("http://127.0.0.1:%d", dead);
+	assert_int_equal(proxy_round(&pe, url, &px, &got, &st),
+	    K8S_EUNAVAILABLE);
+	free(got);
+	got = xasprintf("(through the proxy http://127.0.0.1:%d)", dead);
+	if (strstr(st.message, got) == NULL)
+		fail_msg("message: %s", st.message);
+	k8s_status_release(&st);
+	api = proxy_api(&pe, url);
+	assert_int_equal(k8s_watch(api, &K8S_SECRET, "default", NULL, &w,
+	    &st), K8S_EUNAVAILABLE);
+	assert_null(w);
+	assert_non_null(strstr(st.message, "k8s: watch "));
+	assert_non_null(strstr(st.message, got));
+	k8s_status_release(&st);
+	k8s_api_free(api);
+	assert_int_equal(fake_requests(&pe), 0);
+	free(got);
+	free(url);
+	proxy_env_unset();
+
+	/* credentials in proxy-url go to the proxy, never into messages */
+	if (proxy_start(&auth, pe.dir, "auth", (const char *const[]){
+	    "--auth", "pxuser:pw-S3CRET", NULL }) < 0)
+		fail_msg("cannot start the proxy again");
+	url = xasprintf("http://pxuser:pw-S3CRET@127.0.0.1:%d", auth.port);
+	assert_int_equal(proxy_round(&pe, url, &auth, &got, &st), 0);
+	assert_non_null(strstr(got, want));
+	assert_null(strstr(got, "407"));
+	free(got);
+	free(url);
+	url = xasprintf("http://pxuser:wrong-S3CRET@127.0.0.1:%d", auth.port);
+	assert_int_not_equal(proxy_round(&pe, url, &auth, &got, &st), 0);
+	assert_non_null(strstr(got, "407 CONNECT"));
+	assert_null(strstr(st.message, "S3CRET"));
+	assert_non_null(strstr(st.message, "through the proxy http://"
+	    "127.0.0.1:"));
+	k8s_status_release(&st);
+	free(got);
+	free(url);
+	proxy_stop(&auth);
+
+	/* socks5: the same through a SOCKS5 proxy */
+	if (proxy_start(&socks, pe.dir, "socks", (const char *const[]){
+	    "--socks5", NULL }) < 0)
+		fail_msg("cannot start the SOCKS5 proxy");
+	url = xasprintf("socks5://127.0.0.1:%d", socks.port);
+	assert_int_equal(proxy_round(&pe, url, &socks, &got, &st), 0);
+	assert_non_null(strstr(got, sock_want));
+	free(got);
+	free(url);
+	proxy_stop(&socks);
+
+	/*
+	 * An https proxy is verified against the system's CAs, not the
+	 * cluster's: one with a certificate of the fake's test CA is
+	 * refused, and nothing reaches the server
+	 */
+	dir = xstrndup(pe.fake.ca_file, (size_t)(strrchr(pe.fake.ca_file,
+	    '/') - pe.fake.ca_file));
+	crt = xasprintf("%s/server.crt", dir);
+	key = xasprintf("%s/server.key", dir);
+	if (proxy_start(&tls, pe.dir, "tls", (const char *const[]){
+	    "--tls", crt, key, NULL }) < 0)
+		fail_msg("cannot start the TLS proxy");
+	fake_requests(&pe);
+	url = xasprintf("https://127.0.0.1:%d", tls.port);
+	assert_int_not_equal(proxy_round(&pe, url, &tls, &got, &st), 0);
+	assert_non_null(strstr(st.message, "through the proxy https://"));
+	assert_null(strstr(got, "CONNECT"));
+	assert_int_equal(fake_requests(&pe), 0);
+	k8s_status_release(&st);
+	free(got);
+	free(url);
+	proxy_stop(&tls);
+	free(crt);
+	free(key);
+	free(dir);
+
+	/* no proxy-url: https_proxy is followed, and no_proxy bypasses it */
+	snprintf(env, sizeof(env), "http://127.0.0.1:%d", px.port);
+	setenv("https_proxy", env, 1);
+	assert_int_equal(proxy_round(&pe, NULL, &px, &got, &st), 0);
+	assert_non_null(strstr(got, want));
+	free(got);
+	setenv("no_proxy", "127.0.0.1", 1);
+	assert_int_equal(proxy_round(&pe, NULL, &px, &got, &st), 0);
+	assert_string_equal(got, "");
+	free(got);
+	proxy_env_unset();
+
+	free(want);
+	free(sock_want);
+	proxy_stop(&px);
+	proxy_env_close(&pe);
+}
+
 static void
 test_watch_lines(void **state)
 {
@@ -1614,6 +2141,7 @@ main(void)
 		cmocka_unit_test(test_home_default),
 		cmocka_unit_test(test_relative_paths_tmp),
 		cmocka_unit_test(test_parse_mem),
+		cmocka_unit_test(test_proxy_url),
 		cmocka_unit_test(test_exec_plugin),
 		cmocka_unit_test(test_exec_rest),
 		cmocka_unit_test(test_exec_401_in_flight),
@@ -1630,6 +2158,7 @@ main(void)
 		cmocka_unit_test(test_rest_open_errors),
 		cmocka_unit_test(test_rest_refused),
 		cmocka_unit_test(test_rest_tls_server_name),
+		cmocka_unit_test(test_rest_proxy),
 		cmocka_unit_test(test_watch_lines),
 	};
 	size_t nfixed = ARRAY_SIZE(fixed), nerr = ARRAY_SIZE(error_cases);
