@@ -57,6 +57,12 @@ enum { ST_PENDING = 0, ST_DONE = 1, ST_DEAD = 2 };
 #define PRUNE_BATCH 10000
 #define PRUNE_BATCH_S "10000"
 
+/*
+ * The events of entries just stored that their first worker takes from
+ * memory, at most this many bytes of them (beyond, it reads them back).
+ */
+#define INBOX_HELD_MAX (4u << 20)
+
 /* Queue ids carry their shard in the low bits. */
 #define ID_MAKE(rowid, shard) ((rowid) * INBOX_SHARDS + (shard))
 #define ID_SHARD(id) ((int)((id) % INBOX_SHARDS))
@@ -67,10 +73,13 @@ struct put_req {
 	char *key;
 	char *provider;
 	char *event;
+	size_t event_len;
 	inbox_put_cb cb;
 	void *arg;
 	enum inbox_put_result result;
 	int64_t id;
+	int64_t received_ms;	/* INBOX_STORED, INBOX_REQUEUED: as stored */
+	struct fresh *fresh;	/* for its first worker, when none took it */
 	int dead_attempts;	/* INBOX_REQUEUED: what the dead letter had */
 	char *dead_error;
 };
@@ -97,6 +106,27 @@ struct done_req {
 struct delayed {
 	int64_t id;
 	int64_t at_ms;
+};
+
+/*
+ * An entry just stored (or requeued), as its put gave it: its first
+ * worker takes it from here instead of reading back the row it was
+ * written to a moment before (a read transaction, the pages from the WAL,
+ * the event copied out). Its row says the same: pending, no attempt yet,
+ * received when the put was committed.
+ */
+struct fresh {
+	char *key;
+	char *provider;
+	char *event;
+	size_t len;
+	int64_t received_ms;
+};
+
+/* In the ready queue: an entry's id and, for a fresh one, what it is. */
+struct ready_ent {
+	int64_t id;
+	struct fresh *fresh;
 };
 
 struct shard {
@@ -132,8 +162,9 @@ struct inbox {
 	pthread_cond_t qcond;	/* workers wait here */
 	pthread_cond_t pcond;	/* inbox_put waiters */
 
-	int64_t *ready;		/* ring of ids */
+	struct ready_ent *ready;	/* ring of ids */
 	size_t rhead, rlen, rcap;
+	size_t held;		/* bytes of the fresh events in it */
 	struct delayed *delayed;
 	size_t ndelayed, cdelayed;
 
@@ -193,11 +224,23 @@ open_db(const char *path, sqlite3 **out, char **cause)
 }
 
 static void
-ready_push(struct inbox *ib, int64_t id)
+fresh_free(struct fresh *f)
+{
+	if (f == NULL)
+		return;
+	free(f->key);
+	free(f->provider);
+	free(f->event);
+	free(f);
+}
+
+/* Queue entry id; fresh (or NULL) is now the queue's (ib->mu held). */
+static void
+ready_push(struct inbox *ib, int64_t id, struct fresh *fresh)
 {
 	if (ib->rlen == ib->rcap) {
 		size_t ncap = ib->rcap ? ib->rcap * 2 : 1024, i;
-		int64_t *n = xmalloc(ncap * sizeof(*n));
+		struct ready_ent *n = xmalloc(ncap * sizeof(*n));
 
 		for (i = 0; i < ib->rlen; i++)
 			n[i] = ib->ready[(ib->rhead + i) % ib->rcap];
@@ -206,18 +249,32 @@ ready_push(struct inbox *ib, int64_t id)
 		ib->rcap = ncap;
 		ib->rhead = 0;
 	}
-	ib->ready[(ib->rhead + ib->rlen) % ib->rcap] = id;
+	ib->ready[(ib->rhead + ib->rlen) % ib->rcap].id = id;
+	ib->ready[(ib->rhead + ib->rlen) % ib->rcap].fresh = fresh;
+	if (fresh != NULL)
+		ib->held += fresh->len;
 	ib->rlen++;
 }
 
-static int64_t
+/* Take the next entry; its fresh (or NULL) is the caller's. */
+static struct ready_ent
 ready_pop(struct inbox *ib)
 {
-	int64_t id = ib->ready[ib->rhead];
+	struct ready_ent e = ib->ready[ib->rhead];
 
 	ib->rhead = (ib->rhead + 1) % ib->rcap;
 	ib->rlen--;
-	return id;
+	if (e.fresh != NULL)
+		ib->held -= e.fresh->len;
+	return e;
+}
+
+/* Empty the ready queue (ib->mu held, or no thread left). */
+static void
+ready_clear(struct inbox *ib)
+{
+	while (ib->rlen > 0)
+		fresh_free(ready_pop(ib).fresh);
 }
 
 /*
@@ -277,7 +334,7 @@ static int64_t
 delayed_release(struct inbox *ib, int64_t now)
 {
 	while (ib->ndelayed > 0 && ib->delayed[0].at_ms <= now)
-		ready_push(ib, delayed_pop(ib).id);
+		ready_push(ib, delayed_pop(ib).id, NULL);
 	if (ib->ndelayed > 0 && ib->delayed[0].at_ms - now < 1000)
 		return ib->delayed[0].at_ms - now;
 	return 1000;
@@ -511,7 +568,9 @@ inbox_put_async(struct inbox *ib, const char *key, const char *provider,
 	p = xcalloc(1, sizeof(*p));
 	p->key = xstrdup(key);
 	p->provider = xstrdup(provider);
-	p->event = xstrdup(event_json);
+	p->event_len = strlen(event_json);
+	p->event = xmalloc(p->event_len + 1);
+	memcpy(p->event, event_json, p->event_len + 1);
 	p->cb = cb;
 	p->arg = arg;
 	sh = &ib->shards[inbox_key_shard(key)];
@@ -630,11 +689,12 @@ struct batch_counts {
 
 /* Write the event of entry row (a new one's, or a requeued one's anew). */
 static int
-put_body(sqlite3_stmt *body, int64_t row, const char *event)
+put_body(sqlite3_stmt *body, int64_t row, const struct put_req *p)
 {
 	sqlite3_reset(body);
 	sqlite3_bind_int64(body, 1, row);
-	sqlite3_bind_text(body, 2, event, -1, SQLITE_STATIC);
+	sqlite3_bind_text(body, 2, p->event, (int)p->event_len,
+	    SQLITE_STATIC);
 	return sqlite3_step(body) == SQLITE_DONE ? 0 : -1;
 }
 
@@ -682,9 +742,10 @@ put_stored(struct shard *sh, sqlite3_stmt *find, sqlite3_stmt *requeue,
 	sqlite3_bind_int64(requeue, 1, row);
 	sqlite3_bind_int64(requeue, 2, now);
 	if (sqlite3_step(requeue) != SQLITE_DONE ||
-	    sqlite3_changes(sh->wdb) != 1 || put_body(body, row, p->event) < 0)
+	    sqlite3_changes(sh->wdb) != 1 || put_body(body, row, p) < 0)
 		return -1;
 	p->result = INBOX_REQUEUED;
+	p->received_ms = now;
 	p->id = ID_MAKE(row, sh->idx);
 	return 0;
 }
@@ -745,11 +806,12 @@ commit_batch(struct shard *sh, struct put_req *puts, struct done_req *dones,
 		if (room && sqlite3_changes(sh->wdb) == 1) {
 			int64_t row = sqlite3_last_insert_rowid(sh->wdb);
 
-			if (put_body(body, row, p->event) < 0) {
+			if (put_body(body, row, p) < 0) {
 				room_give(ib, 1);
 				goto rollback;
 			}
 			p->result = INBOX_STORED;
+			p->received_ms = now;
 			p->id = ID_MAKE(row, sh->idx);
 			n->stored++;
 			continue;
@@ -1027,6 +1089,21 @@ writer_main(void *arg)
 		} else {
 			memset(&n, 0, sizeof(n));
 		}
+		for (p = puts; p != NULL; p = p->next) {
+			struct fresh *f;
+
+			if (p->result != INBOX_STORED &&
+			    p->result != INBOX_REQUEUED)
+				continue;
+			f = xmalloc(sizeof(*f));
+			f->key = xstrdup(p->key);
+			f->provider = xstrdup(p->provider);
+			f->event = p->event;	/* now the fresh entry's */
+			p->event = NULL;
+			f->len = p->event_len;
+			f->received_ms = p->received_ms;
+			p->fresh = f;
+		}
 		pthread_mutex_lock(&ib->mu);
 		/*
 		 * A retry's wall-clock time becomes a monotonic one: the wall
@@ -1040,10 +1117,19 @@ writer_main(void *arg)
 		ib->pending += n.stored - n.finished;
 		ib->dead += n.dead;
 		/* a requeued dead letter is in no queue: it joins as new */
-		for (p = puts; p != NULL; p = p->next)
-			if (p->result == INBOX_STORED ||
-			    p->result == INBOX_REQUEUED)
-				ready_push(ib, p->id);
+		for (p = puts; p != NULL; p = p->next) {
+			struct fresh *f = p->fresh;
+
+			if (p->result != INBOX_STORED &&
+			    p->result != INBOX_REQUEUED)
+				continue;
+			/* past the bound, the worker reads it back */
+			if (ib->held + f->len <= INBOX_HELD_MAX)
+				p->fresh = NULL;	/* now the queue's */
+			else
+				f = NULL;
+			ready_push(ib, p->id, f);
+		}
 		for (d = dones; d != NULL; d = d->next) {
 			if (d->outcome == INBOX_RETRY && !ib->stopping)
 				delayed_push(ib, d->id, now +
@@ -1083,6 +1169,7 @@ writer_main(void *arg)
 			free(p->provider);
 			free(p->event);
 			free(p->dead_error);
+			fresh_free(p->fresh);
 			free(p);
 		}
 		for (d = dones; d != NULL; d = dn) {
@@ -1216,9 +1303,13 @@ recovered_release(struct inbox *ib, struct shard *sh, size_t rec,
 	pthread_mutex_unlock(&ib->mu);
 }
 
-/* Handle entry id; rec: its index + 1 among the recovered, else 0. */
-static void
-process(struct worker *w, int64_t id, size_t rec)
+/*
+ * The entry of id as stored, for its handling, into a new done_req (NULL
+ * when there is none to handle, or it cannot be read now); rec: its index
+ * + 1 among the recovered, else 0.
+ */
+static struct done_req *
+entry_read(struct worker *w, int64_t id, size_t rec)
 {
 	struct inbox *ib = w->ib;
 	struct shard *sh = &ib->shards[ID_SHARD(id)];
@@ -1235,7 +1326,7 @@ process(struct worker *w, int64_t id, size_t rec)
 		pthread_mutex_lock(&ib->mu);
 		delayed_push(ib, id, now_mono_ms() + 1000);
 		pthread_mutex_unlock(&ib->mu);
-		return;
+		return NULL;
 	}
 	sqlite3_reset(get);
 	sqlite3_bind_int64(get, 1, ID_ROW(id));
@@ -1252,12 +1343,10 @@ process(struct worker *w, int64_t id, size_t rec)
 		sqlite3_reset(get);
 		if (counted)
 			recovered_release(ib, sh, rec, 0);
-		return;
+		return NULL;
 	}
 	d = xcalloc(1, sizeof(*d));
 	d->recovered = counted;
-	d->id = id;
-	d->shard = sh->idx;
 	d->key = xstrdup((const char *)sqlite3_column_text(get, 0));
 	d->provider = xstrdup((const char *)sqlite3_column_text(get, 1));
 	d->attempts = sqlite3_column_int(get, 3) + (counted ? 0 : 1);
@@ -1266,6 +1355,40 @@ process(struct worker *w, int64_t id, size_t rec)
 	d->have_ev = ev != NULL && scm_event_decode(&d->ev, ev,
 	    (size_t)sqlite3_column_bytes(get, 2)) == 0;
 	sqlite3_reset(get);
+	return d;
+}
+
+/*
+ * Handle entry id; rec: its index + 1 among the recovered, else 0; fresh:
+ * the entry as its put stored it, or NULL (freed here).
+ */
+static void
+process(struct worker *w, int64_t id, size_t rec, struct fresh *fresh)
+{
+	struct inbox *ib = w->ib;
+	struct shard *sh = &ib->shards[ID_SHARD(id)];
+	struct done_req *d;
+	int counted = rec > 0;
+
+	if (fresh != NULL && !counted) {
+		/* its first attempt: what the row holds, without a read */
+		d = xcalloc(1, sizeof(*d));
+		d->key = fresh->key;	/* now d's */
+		d->provider = fresh->provider;
+		d->attempts = 1;
+		d->received_ms = fresh->received_ms;
+		d->have_ev = scm_event_decode(&d->ev, fresh->event,
+		    fresh->len) == 0;
+		free(fresh->event);
+		free(fresh);
+	} else {
+		fresh_free(fresh);
+		d = entry_read(w, id, rec);
+		if (d == NULL)
+			return;
+	}
+	d->id = id;
+	d->shard = sh->idx;
 	d->item.id = id;
 	d->item.key = d->key;
 	d->item.provider = d->have_ev ? scm_provider_name(d->ev.provider) :
@@ -1317,8 +1440,9 @@ worker_main(void *arg)
 		int64_t wait = delayed_release(ib, now_mono_ms());
 
 		if (ib->rlen > 0) {
-			int64_t id = ib->ready[ib->rhead];
+			int64_t id = ib->ready[ib->rhead].id;
 			struct shard *sh = &ib->shards[ID_SHARD(id)];
+			struct fresh *fresh;
 			ssize_t at = sh->nrecovered > 0 ?
 			    recovered_find(sh, ID_ROW(id)) : -1;
 
@@ -1327,13 +1451,13 @@ worker_main(void *arg)
 				timed_wait(&ib->qcond, &ib->mu, 100);
 				continue;
 			}
-			(void)ready_pop(ib);
+			fresh = ready_pop(ib).fresh;
 			if (at >= 0) {
 				sh->recovered_taken[at] = 1;
 				ib->recovered_busy = 1;
 			}
 			pthread_mutex_unlock(&ib->mu);
-			process(w, id, at >= 0 ? (size_t)at + 1 : 0);
+			process(w, id, at >= 0 ? (size_t)at + 1 : 0, fresh);
 			pthread_mutex_lock(&ib->mu);
 			continue;
 		}
@@ -1499,7 +1623,7 @@ load_pending(struct shard *sh, int64_t now, int64_t now_wall, char **cause)
 		if (at > now_wall)
 			delayed_push(ib, id, now + (at - now_wall));
 		else
-			ready_push(ib, id);
+			ready_push(ib, id, NULL);
 		if (clean)
 			continue;
 		if (sh->nrecovered == cap) {
@@ -1650,7 +1774,7 @@ inbox_stop(struct inbox *ib)
 	ib->accepting = 0;
 	ib->stopping = 1;
 	/* entries not yet taken stay pending in the database */
-	ib->rlen = 0;
+	ready_clear(ib);
 	ib->ndelayed = 0;
 	pthread_cond_broadcast(&ib->qcond);
 	pthread_mutex_unlock(&ib->mu);
@@ -1720,6 +1844,7 @@ inbox_free(struct inbox *ib)
 	pthread_cond_destroy(&ib->qcond);
 	pthread_cond_destroy(&ib->pcond);
 	pthread_cond_destroy(&ib->ccond);
+	ready_clear(ib);
 	free(ib->ready);
 	free(ib->delayed);
 	free(ib->workers);
