@@ -3,9 +3,13 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "util/jscan.h"
 #include "util/util.h"
@@ -21,9 +25,9 @@ struct scanner {
 	const char *end;
 	struct jfield *fields;
 	size_t n;
-	struct field_path paths[JSCAN_MAX_FIELDS];
 	int max_depth;
 	const char *err;
+	struct field_path paths[JSCAN_MAX_FIELDS];	/* last: see jscan() */
 };
 
 static void
@@ -72,7 +76,10 @@ special(unsigned char c, int ascii)
  * and with ascii set, below 0x80. Eight bytes at a time: a word with no
  * byte equal to '"' or '\\', none below 0x20 (and none with the high bit)
  * is skipped whole; the usual zero-byte tests have no false negatives,
- * and a false positive only sends that word through the byte loop.
+ * and a false positive only sends that word through the byte loop. Where
+ * the compiler targets SSE2 (every x86-64), sixteen bytes at a time
+ * first, each byte tested exactly: the scan of a delivery spends most of
+ * its time here, in the long strings (a comment, its escaped copy).
  */
 static size_t
 plain_run(const char *p, const char *end, int ascii)
@@ -82,6 +89,26 @@ plain_run(const char *p, const char *end, int ascii)
 	const char *q = p;
 	int i;
 
+#ifdef __SSE2__
+	const __m128i quote = _mm_set1_epi8('"');
+	const __m128i bslash = _mm_set1_epi8('\\');
+	const __m128i ctl = _mm_set1_epi8(0x1f);
+
+	while (end - q >= 16) {
+		__m128i v = _mm_loadu_si128((const __m128i *)(const void *)q);
+		/* a byte at most 0x1f is its own unsigned minimum with it */
+		__m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote),
+		    _mm_cmpeq_epi8(v, bslash)),
+		    _mm_cmpeq_epi8(_mm_min_epu8(v, ctl), v));
+		unsigned bits = (unsigned)_mm_movemask_epi8(m);
+
+		if (ascii)	/* the high bits: bytes from 0x80 */
+			bits |= (unsigned)_mm_movemask_epi8(v);
+		if (bits != 0)
+			return (size_t)(q - p) + (size_t)__builtin_ctz(bits);
+		q += 16;
+	}
+#endif
 	while (end - q >= 8) {
 		uint64_t v, a, b, t;
 
@@ -301,12 +328,21 @@ object(struct scanner *s, int depth, uint64_t mask)
 		s->p++;
 		ws(s);
 		if (mask != 0) {
-			ktlen = key_text(k, klen, kbuf, sizeof(kbuf), &kt);
-			for (i = 0; i < s->n; i++) {
-				const struct field_path *fp = &s->paths[i];
+			uint64_t m;
 
-				if (!(mask & (UINT64_C(1) << i)) ||
-				    fp->clen[depth] != ktlen ||
+			ktlen = key_text(k, klen, kbuf, sizeof(kbuf), &kt);
+			/*
+			 * only the fields whose path leads here: a large
+			 * object (a repository has some 90 keys) on the way
+			 * to one or two of them would otherwise test every
+			 * field at every key
+			 */
+			for (m = mask; m != 0; m &= m - 1) {
+				const struct field_path *fp;
+
+				i = (size_t)__builtin_ctzll(m);
+				fp = &s->paths[i];
+				if (fp->clen[depth] != ktlen ||
 				    memcmp(fp->comp[depth], kt, ktlen) != 0)
 					continue;
 				if (fp->ncomp == depth + 1)
@@ -419,11 +455,13 @@ jscan(const char *text, size_t len, struct jfield *fields, size_t n,
 	size_t i;
 	uint64_t mask = 0;
 
-	memset(&s, 0, sizeof(s));
 	if (n > JSCAN_MAX_FIELDS) {
 		*err = "too many fields requested";
 		return -1;
 	}
+	/* the paths of the n fields only: all of them are 8 KiB to clear */
+	memset(&s, 0, offsetof(struct scanner, paths));
+	memset(s.paths, 0, n * sizeof(s.paths[0]));
 	s.p = text;
 	s.end = text + len;
 	s.fields = fields;

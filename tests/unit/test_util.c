@@ -364,9 +364,10 @@ jscan_validity(void **state)
 }
 
 /*
- * Strings are scanned eight bytes at a time: put every kind of byte that
- * ends a plain run at every offset around the word boundaries, and check
- * validation, decoding and re-escaping against what a byte loop expects.
+ * Strings are scanned sixteen (SSE2) or eight bytes at a time: put every
+ * kind of byte that ends a plain run at every offset of the first three
+ * blocks, and check validation, decoding and re-escaping against what a
+ * byte loop expects.
  */
 static void
 jscan_word_runs(void **state)
@@ -383,19 +384,21 @@ jscan_word_runs(void **state)
 		{ "\t", NULL }, { "\xff", NULL }, { "\xc3", NULL },
 		{ "\\x", NULL },
 	};
+	static const char filler[] = "abcdefghijklmnopqrstuvwxyz"
+	    "ABCDEFGHIJKLMNOPQRSTUVWXYZ";
 	char doc[128], want[128], *got, *again;
 	struct jfield f[1];
 	const char *err;
 	struct buf b;
 	size_t k, i, n, m;
 
-	for (k = 0; k < 20; k++) {
+	for (k = 0; k < 50; k++) {
 		for (i = 0; i < ARRAY_SIZE(mid); i++) {
 			memset(f, 0, sizeof(f));
 			f[0].path = "a";
 			n = (size_t)snprintf(doc, sizeof(doc),
-			    "{\"a\":\"%.*s%sxyzxyzxyz\"}", (int)k,
-			    "abcdefghijklmnopqrstuvwxyz", mid[i].raw);
+			    "{\"a\":\"%.*s%sxyzxyzxyz\"}", (int)k, filler,
+			    mid[i].raw);
 			if (mid[i].dec == NULL) {
 				assert_int_equal(jscan(doc, n, f, 1, 8, &err),
 				    -1);
@@ -403,8 +406,7 @@ jscan_word_runs(void **state)
 			}
 			assert_int_equal(jscan(doc, n, f, 1, 8, &err), 0);
 			snprintf(want, sizeof(want), "%.*s%sxyzxyzxyz",
-			    (int)k, "abcdefghijklmnopqrstuvwxyz",
-			    mid[i].dec);
+			    (int)k, filler, mid[i].dec);
 			assert_int_equal(jscan_string(&f[0], &got, &m), 0);
 			assert_string_equal(got, want);
 			buf_init(&b, 1024);
