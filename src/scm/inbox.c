@@ -1041,8 +1041,11 @@ writer_main(void *arg)
 		/*
 		 * Puts are committed at once: a client waits for each.
 		 * Completions wait up to DONE_LINGER_MS to share a commit
-		 * with puts or with each other; nobody waits for them, and a
-		 * crash before their commit only means a second attempt.
+		 * with each other (and the puts then); nobody waits for them,
+		 * and a crash before their commit only means a second
+		 * attempt. Taken with every commit of puts, they came a few
+		 * at a time, and each few wrote again the pages they share
+		 * (the handled_events leaf and indexes, the inbox indexes).
 		 */
 		for (;;) {
 			int64_t t = now_mono_ms(), wait = 1000;
@@ -1064,12 +1067,17 @@ writer_main(void *arg)
 		if (sh->puts == NULL && sh->dones == NULL && ib->workers_done)
 			break;
 		puts = sh->puts;
-		dones = sh->dones;
 		sh->puts = NULL;
 		sh->puts_tail = &sh->puts;
-		sh->dones = NULL;
-		sh->dones_tail = &sh->dones;
-		sh->ndones = 0;
+		dones = NULL;
+		if (sh->dones != NULL && (ib->workers_done ||
+		    sh->ndones >= DONE_BATCH || now_mono_ms() -
+		    sh->dones_since_ms >= DONE_LINGER_MS)) {
+			dones = sh->dones;
+			sh->dones = NULL;
+			sh->dones_tail = &sh->dones;
+			sh->ndones = 0;
+		}
 		pthread_mutex_unlock(&ib->mu);
 
 		if (puts != NULL || dones != NULL) {
