@@ -238,6 +238,91 @@ put_dup_and_record(void **state)
 	free(path);
 }
 
+/* What a handler was given, call by call. */
+struct seen {
+	pthread_mutex_t mu;
+	int calls;
+	char *key[2], *provider[2], *body[2];
+	int attempts[2];
+	int64_t received_ms[2], number[2];
+};
+
+/* Note what the entry looks like; the first call retries. */
+static int
+seen_handle(void *arg, struct inbox_item *item, char **cause)
+{
+	struct seen *s = arg;
+	int n;
+
+	pthread_mutex_lock(&s->mu);
+	n = s->calls++;
+	if (n < 2) {
+		s->key[n] = xstrdup(item->key);
+		s->provider[n] = xstrdup(item->provider);
+		s->body[n] = xstrdup(item->event->comment_body);
+		s->attempts[n] = item->attempts;
+		s->received_ms[n] = item->received_ms;
+		s->number[n] = item->event->number;
+	}
+	pthread_mutex_unlock(&s->mu);
+	if (n == 0) {
+		*cause = xstrdup("planned failure");
+		return INBOX_RETRY;
+	}
+	return INBOX_DONE;
+}
+
+/*
+ * The first attempt of an entry just stored is handed over from memory,
+ * a retry reads it back from its row: the handler sees the same entry
+ * either way (key, provider, event, receipt time), and the attempts
+ * counted.
+ */
+static void
+first_attempt_as_stored(void **state)
+{
+	char *path = tmpdb(), *cause = NULL;
+	struct inbox_config cfg = test_config(100, 5, 3600);
+	struct inbox_handler h;
+	struct seen s;
+	struct inbox *ib = NULL;
+	int64_t end = now_mono_ms() + 5000;
+	int i, calls = 0;
+
+	memset(&s, 0, sizeof(s));
+	pthread_mutex_init(&s.mu, NULL);
+	h.handle = seen_handle;
+	h.arg = &s;
+	assert_int_equal(inbox_open(&ib, path, &cfg, &cause), 0);
+	assert_int_equal(inbox_start(ib, &h, &cause), 0);
+	assert_int_equal(inbox_put(ib, "github:f", "github", EV),
+	    INBOX_STORED);
+	while (calls < 2 && now_mono_ms() < end) {
+		sleep_ms(5);
+		pthread_mutex_lock(&s.mu);
+		calls = s.calls;
+		pthread_mutex_unlock(&s.mu);
+	}
+	inbox_free(ib);
+	assert_int_equal(calls, 2);
+	for (i = 0; i < 2; i++) {
+		assert_string_equal(s.key[i], "github:f");
+		assert_string_equal(s.provider[i], "github");
+		assert_string_equal(s.body[i], "/diverge x");
+		assert_int_equal(s.number[i], 7);
+		assert_int_equal(s.attempts[i], i);
+		assert_int_equal(s.received_ms[i], query_int(path,
+		    "SELECT received_at FROM inbox WHERE key = 'github:f'"));
+		free(s.key[i]);
+		free(s.provider[i]);
+		free(s.body[i]);
+	}
+	assert_int_equal(query_int(path,
+	    "SELECT state FROM inbox WHERE key = 'github:f'"), 1);
+	pthread_mutex_destroy(&s.mu);
+	free(path);
+}
+
 /* An entry stored before inbox_body existed (event in the inbox row). */
 static void
 legacy_row(void **state)
@@ -1764,6 +1849,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(put_dup_and_record),
+		cmocka_unit_test(first_attempt_as_stored),
 		cmocka_unit_test(legacy_row),
 		cmocka_unit_test(audit_body_capped),
 		cmocka_unit_test(capacity_refuses),
