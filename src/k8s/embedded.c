@@ -546,10 +546,10 @@ batch_truncate(struct batch *b, size_t n)
 static void
 set_rv_to(json_t *obj, int64_t v)
 {
-	char *rv = rv_string(v);
+	char rv[24];
 
+	snprintf(rv, sizeof(rv), "%lld", (long long)v);
 	json_object_set_new(meta(obj), "resourceVersion", json_string(rv));
-	free(rv);
 }
 
 static void
@@ -820,6 +820,16 @@ do_create(struct embedded *e, struct op *op, struct batch *b)
  * Replace cur by next: keep the server-owned fields, bump generation when
  * the spec changed, validate, store, record the event.
  */
+/* obj[key] = s, leaving an equal string as it is. */
+static void
+set_str(json_t *obj, const char *key, const char *s)
+{
+	const char *cur = json_string_value(json_object_get(obj, key));
+
+	if (cur == NULL || strcmp(cur, s) != 0)
+		json_object_set_new(obj, key, json_string(s));
+}
+
 static int
 commit_object(struct embedded *e, struct op *op, struct batch *b,
     json_t *cur, json_t *next, int status_only)
@@ -840,14 +850,14 @@ commit_object(struct embedded *e, struct op *op, struct batch *b,
 	for (i = 0; i < ARRAY_SIZE(owned); i++) {
 		json_t *v = json_object_get(cm, owned[i]);
 
-		if (v != NULL)
+		/* next is mostly cur's values (a status write): kept as is */
+		if (v != NULL && json_object_get(m, owned[i]) != v)
 			json_object_set(m, owned[i], v);
-		else
+		else if (v == NULL)
 			json_object_del(m, owned[i]);
 	}
-	json_object_set_new(next, "apiVersion",
-	    json_string(k8s_api_version(r)));
-	json_object_set_new(next, "kind", json_string(r->kind));
+	set_str(next, "apiVersion", k8s_api_version(r));
+	set_str(next, "kind", r->kind);
 	if (!status_only && !spec_equal(cur, next))
 		json_object_set_new(m, "generation", json_integer(gen + 1));
 	rc = k8s_validate(r, next, &op->st);
@@ -2105,6 +2115,65 @@ e_free(struct k8s_api *api)
 	free(e);
 }
 
+/*
+ * The objects table is a rowid table with a unique key. It was a WITHOUT
+ * ROWID table keyed by (rkey, namespace, name): there a row longer than
+ * about 1,000 bytes (every AgentTask) spills into an overflow page, so
+ * that each status write (a meter charge) wrote the leaf, a new overflow
+ * page and the freelist: three pages where a rowid table, which keeps rows
+ * of up to about 4,000 bytes in the leaf, writes one. The key's index
+ * holds the key and the rowid only, and a status write leaves it alone.
+ * Both layouts take the same statements, so an older diverged still
+ * reads and writes the converted table (no schema version bump).
+ */
+#define OBJECTS_COLUMNS \
+	" rkey TEXT NOT NULL, namespace TEXT NOT NULL," \
+	" name TEXT NOT NULL, uid TEXT NOT NULL, rv INTEGER NOT NULL," \
+	" body TEXT NOT NULL, UNIQUE (rkey, namespace, name)"
+
+/* Convert a WITHOUT ROWID objects table, in one transaction. */
+static int
+migrate_objects(sqlite3 *db, const char *path, char **cause)
+{
+	char *why = NULL;
+	sqlite3_stmt *st = db_stmt(db, "SELECT sql FROM sqlite_master WHERE"
+	    " type = 'table' AND name = 'objects'");
+	const char *sql;
+	int old;
+
+	if (st == NULL) {
+		*cause = xasprintf("database '%s': %s", path,
+		    sqlite3_errmsg(db));
+		return -1;
+	}
+	if (sqlite3_step(st) != SQLITE_ROW) {
+		sqlite3_reset(st);
+		return 0;	/* a new database */
+	}
+	sql = (const char *)sqlite3_column_text(st, 0);
+	old = sql != NULL && strstr(sql, "WITHOUT ROWID") != NULL;
+	sqlite3_reset(st);
+	if (!old)
+		return 0;
+	if (db_exec(db, "BEGIN IMMEDIATE;"
+	    "CREATE TABLE objects_new (" OBJECTS_COLUMNS ");"
+	    "INSERT INTO objects_new (rkey, namespace, name, uid, rv, body)"
+	    " SELECT rkey, namespace, name, uid, rv, body FROM objects"
+	    " ORDER BY rkey, namespace, name;"
+	    "DROP TABLE objects;"
+	    "ALTER TABLE objects_new RENAME TO objects;"
+	    "COMMIT;", &why) < 0) {
+		exec_sql(db, "ROLLBACK");
+		*cause = xasprintf("database '%s': cannot convert the objects "
+		    "table: %s", path, why);
+		free(why);
+		return -1;
+	}
+	log_kv(LOG_INFO, "store: objects table converted to a rowid table",
+	    NULL);
+	return 0;
+}
+
 /* Open the embedded store. */
 int
 k8s_embedded_open(struct k8s_api **out, const char *path,
@@ -2134,12 +2203,10 @@ k8s_embedded_open(struct k8s_api **out, const char *path,
 	pthread_cond_init(&e->econd, NULL);
 	if (open_db(path, &e->wdb, cause) < 0)
 		goto fail;
+	if (migrate_objects(e->wdb, path, cause) < 0)
+		goto fail;
 	if (exec_sql(e->wdb,
-	    "CREATE TABLE IF NOT EXISTS objects ("
-	    " rkey TEXT NOT NULL, namespace TEXT NOT NULL,"
-	    " name TEXT NOT NULL, uid TEXT NOT NULL, rv INTEGER NOT NULL,"
-	    " body TEXT NOT NULL, PRIMARY KEY (rkey, namespace, name))"
-	    " WITHOUT ROWID;"
+	    "CREATE TABLE IF NOT EXISTS objects (" OBJECTS_COLUMNS ");"
 	    "CREATE TABLE IF NOT EXISTS owners ("
 	    " owner_uid TEXT NOT NULL, rkey TEXT NOT NULL,"
 	    " namespace TEXT NOT NULL, name TEXT NOT NULL,"

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <sqlite3.h>
 
 #include "k8s/k8s.h"
 #include "storeenv.h"
@@ -1528,6 +1529,103 @@ watch_window_bytes(void **state)
 	free(path);
 	free(dir);
 }
+
+/* The SQL that made the objects table, from the file at path. */
+static char *
+objects_sql(const char *path)
+{
+	sqlite3 *db = NULL;
+	sqlite3_stmt *q = NULL;
+	char *sql = NULL;
+
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	assert_int_equal(sqlite3_prepare_v2(db, "SELECT sql FROM sqlite_master"
+	    " WHERE type = 'table' AND name = 'objects'", -1, &q, NULL),
+	    SQLITE_OK);
+	if (sqlite3_step(q) == SQLITE_ROW)
+		sql = xstrdup((const char *)sqlite3_column_text(q, 0));
+	sqlite3_finalize(q);
+	sqlite3_close(db);
+	assert_non_null(sql);
+	return sql;
+}
+
+/*
+ * Embedded only: a database whose objects table is the older WITHOUT ROWID
+ * layout (where every task spilled into an overflow page) is converted at
+ * open, keeping every object and the resourceVersion, and works as before;
+ * opening it again changes nothing.
+ */
+static void
+objects_layout_migration(void **state)
+{
+	struct k8s_status st = { 0 };
+	struct k8s_api *s = NULL;
+	char *dir = storeenv_tmpdir(), *path, *cause = NULL, *sql, *rv;
+	json_t *in = task("old", "from an older diverged"), *out = NULL;
+	json_t *p;
+	sqlite3 *db = NULL;
+	int i;
+
+	(void)state;
+	path = xasprintf("%s/diverge.db", dir);
+	assert_int_equal(k8s_embedded_open(&s, path, NULL, &cause), 0);
+	assert_int_equal(k8s_create(s, &K8S_AGENTTASK, "m", in, &out, &st),
+	    0);
+	rv = xstrdup(k8s_meta_str(out, "resourceVersion"));
+	json_decref(out);
+	k8s_api_free(s);
+	sql = objects_sql(path);
+	assert_null(strstr(sql, "WITHOUT ROWID"));
+	free(sql);
+	/* back to the layout an older diverged made */
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	assert_int_equal(sqlite3_exec(db, "BEGIN;"
+	    "CREATE TABLE objects_old (rkey TEXT NOT NULL,"
+	    " namespace TEXT NOT NULL, name TEXT NOT NULL, uid TEXT NOT NULL,"
+	    " rv INTEGER NOT NULL, body TEXT NOT NULL,"
+	    " PRIMARY KEY (rkey, namespace, name)) WITHOUT ROWID;"
+	    "INSERT INTO objects_old SELECT rkey, namespace, name, uid, rv,"
+	    " body FROM objects;"
+	    "DROP TABLE objects;"
+	    "ALTER TABLE objects_old RENAME TO objects;"
+	    "COMMIT;", NULL, NULL, NULL), SQLITE_OK);
+	sqlite3_close(db);
+	sql = objects_sql(path);
+	assert_non_null(strstr(sql, "WITHOUT ROWID"));
+	free(sql);
+	for (i = 0; i < 2; i++) {
+		assert_int_equal(k8s_embedded_open(&s, path, NULL, &cause), 0);
+		sql = objects_sql(path);
+		assert_null(strstr(sql, "WITHOUT ROWID"));
+		free(sql);
+		out = NULL;
+		assert_int_equal(k8s_get(s, &K8S_AGENTTASK, "m", "old", &out,
+		    &st), 0);
+		assert_string_equal(spec_str(out, "objective"),
+		    "from an older diverged");
+		if (i == 0)
+			assert_string_equal(k8s_meta_str(out,
+			    "resourceVersion"), rv);
+		json_decref(out);
+		/* a write and a unique key as before */
+		p = json_pack("{s:{s:s}}", "status", "phase", "Active");
+		out = NULL;
+		assert_int_equal(k8s_patch(s, &K8S_AGENTTASK, "m", "old", 1, p,
+		    &out, &st), 0);
+		json_decref(out);
+		json_decref(p);
+		out = NULL;
+		assert_int_equal(k8s_create(s, &K8S_AGENTTASK, "m", in, &out,
+		    &st), K8S_EEXISTS);
+		k8s_status_release(&st);
+		k8s_api_free(s);
+	}
+	json_decref(in);
+	free(rv);
+	free(path);
+	free(dir);
+}
 #endif
 
 #if STORE_MODE == 3
@@ -2490,6 +2588,7 @@ main(void)
 #if STORE_MODE == 1
 		cmocka_unit_test(transactions),
 		cmocka_unit_test(watch_window_bytes),
+		cmocka_unit_test(objects_layout_migration),
 #endif
 #if STORE_MODE == 3
 		cmocka_unit_test(retry_lost_patch),
