@@ -816,10 +816,6 @@ do_create(struct embedded *e, struct op *op, struct batch *b)
 	return 0;
 }
 
-/*
- * Replace cur by next: keep the server-owned fields, bump generation when
- * the spec changed, validate, store, record the event.
- */
 /* obj[key] = s, leaving an equal string as it is. */
 static void
 set_str(json_t *obj, const char *key, const char *s)
@@ -830,6 +826,10 @@ set_str(json_t *obj, const char *key, const char *s)
 		json_object_set_new(obj, key, json_string(s));
 }
 
+/*
+ * Replace cur by next: keep the server-owned fields, bump generation when
+ * the spec changed, validate, store, record the event.
+ */
 static int
 commit_object(struct embedded *e, struct op *op, struct batch *b,
     json_t *cur, json_t *next, int status_only)

@@ -75,11 +75,8 @@ int
 buf_printf(struct buf *b, const char *fmt, ...)
 {
 	va_list ap;
-	char *s;
-	int ret;
-
-	char small[256];
-	int n;
+	char *s, small[256];
+	int ret, n;
 
 	/* most lines are short: no allocation for them */
 	va_start(ap, fmt);
