@@ -2333,8 +2333,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 self.log_line("closed")
                 return
             if fault:
-                raise fault_error(int(fault["status"]),
-                                  fault.get("retry_after"))
+                code = int(fault["status"])
+                # a real apiserver's 429 (max-in-flight, priority and
+                # fairness) always says Retry-After: 1; null: none
+                retry_after = fault.get("retry_after",
+                                        1 if code == 429 else None)
+                raise fault_error(code, retry_after)
             self.route(method, path, query, body)
         except ApiError as e:
             self.send_json(e.code, e.body, e.headers)

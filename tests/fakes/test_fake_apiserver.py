@@ -930,6 +930,16 @@ def t_faults(f):
     check("fault restricted to a method: 429 TooManyRequests",
           a == 200 and b[0] == 429 and b[2]["reason"] == "TooManyRequests"
           and c == 201, (a, b[2], c))
+    check("a 429 says Retry-After: 1 unless told, as a real apiserver's "
+          "max-in-flight filter", b[1].getheader("Retry-After") == "1" and
+          b[2].get("details") == {"retryAfterSeconds": 1},
+          (b[1].getheader("Retry-After"), b[2].get("details")))
+    f.req("POST", "/_fake/faults", {"status": 429, "count": 1,
+                                    "retry_after": None}, token=None)
+    b = f.req("GET", AT)
+    check("a 429 with \"retry_after\": null has no Retry-After",
+          b[0] == 429 and b[1].getheader("Retry-After") is None and
+          "details" not in b[2], (b[0], b[1].getheader("Retry-After"), b[2]))
     f.req("POST", "/_fake/faults", {"status": 500, "count": 1,
                                     "match": "watch=true"}, token=None)
     st, _, b = f.req("GET", AT + "?watch=true")
@@ -946,10 +956,10 @@ def t_faults(f):
           d2 < 0.4, (d1, d2))
     _, _, reqs = f.req("GET", "/_fake/requests", token=None)
     first = reqs[0] if reqs else {}
-    check("request log", len(reqs) == 10 and first["method"] == "GET" and
+    check("request log", len(reqs) == 11 and first["method"] == "GET" and
           first["path"] == AT and first["authorization_present"] is True and
           reqs[5]["content_type"] == "application/json" and
-          reqs[7]["query"] == "watch=true", reqs)
+          reqs[8]["query"] == "watch=true", reqs)
     f.req("DELETE", "/_fake/requests", token=None)
     f.req("GET", AT, token=None)
     _, _, reqs = f.req("GET", "/_fake/requests", token=None)
