@@ -119,12 +119,25 @@ def run(t, mnt):
          "the disk fills: 503 with Retry-After, after %d deliveries stored"
          % len(acked), full)
     refused = key
-    settle(mnt)
-    fill(mnt)
-    s, h, j = charge(d, token, "on-full")
+    # A charge writes two or three WAL frames. Room given back after the
+    # fill (an inbox checkpoint truncating its WAL, a worker's last
+    # write failing) can hold that: such a charge is durable and
+    # answered 200. Then the disk is filled again and another charge
+    # tried; one must meet the full disk.
+    fits = 0
+    for attempt in range(20):
+        settle(mnt)
+        fill(mnt)
+        rid = "on-full-%d" % attempt
+        s, h, j = charge(d, token, rid)
+        if s != 200:
+            break
+        fits += 1
     t.ok(s == 503 and h.get("retry-after") == "5" and
          j == {"error": "the store is unavailable, retry"},
-         "a charge on the full disk: 503 with Retry-After", (s, h, j))
+         "a charge on the full disk: 503 with Retry-After (%d charge(s) "
+         "found room first)" % fits, (s, h, j))
+    total = 14 + 7 * fits
     t.eq(d.request("GET", "/healthz")[0], 200, "the daemon keeps serving")
     t.ok(d.wait_log("inbox write failed") and
          d.wait_log("meter: store failed"), "and says why in its log")
@@ -133,12 +146,12 @@ def run(t, mnt):
     s, _, j = d.github("issue_comment", body, refused)
     t.ok(s == 202, "room again: the refused delivery is taken", (s, j))
     acked.append(refused)
-    s, _, j = charge(d, token, "on-full")
+    s, _, j = charge(d, token, rid)
     t.ok(s == 200 and j.get("charged") is True, "and the refused charge, "
          "retried, is charged", j)
-    s, _, j = charge(d, token, "on-full")
+    s, _, j = charge(d, token, rid)
     t.ok(s == 200 and j.get("charged") is False and
-         j.get("totalTokensUsed") == 14, "once", j)
+         j.get("totalTokensUsed") == total, "once", j)
     got = d.wait_handled(["github:" + k for k in acked], timeout=60)
     t.ok(len(got) == len(acked) and set(got.values()) == {1},
          "every acknowledged delivery handled exactly once (%d)"
@@ -146,8 +159,8 @@ def run(t, mnt):
     t.eq(d.stop(), 0, "clean stop")
     d.start()
     s, task = api(d, "GET", TASKS + "/fix-pr-9")
-    t.ok(s == 200 and task["status"].get("tokensConsumed") == 14,
-         "after a restart: the two charges, no more", task.get("status"))
+    t.ok(s == 200 and task["status"].get("tokensConsumed") == total,
+         "after a restart: the charges made, no more", task.get("status"))
     s, _, j = d.github("issue_comment", body, acked[0])
     t.ok(s == 200 and j.get("duplicate") is True, "and a stored delivery "
          "is still a duplicate", j)
