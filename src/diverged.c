@@ -986,6 +986,20 @@ learn_one(struct provider *pv, struct scm_client *const *clp, char **own,
 }
 
 /*
+ * Wake the pruner: to look again now (wake, as after a SIGHUP), or only
+ * to wait anew, as long as the identity's state says (or to see a stop).
+ */
+static void
+pruner_poke(int wake)
+{
+	pthread_mutex_lock(&D.prune_mu);
+	if (wake)
+		D.prune_wake = 1;
+	pthread_cond_signal(&D.prune_cv);
+	pthread_mutex_unlock(&D.prune_mu);
+}
+
+/*
  * Learn the bot's own identity (so that its comments are ignored) where
  * it is not known yet: at start, and after a failure (an API outage at
  * start) on SIGHUP and every minute, from the pruner, until it is. The
@@ -1000,12 +1014,9 @@ learn_identity(void)
 	    &D.self.github_login, NULL);
 	failed |= learn_one(&D.gitlab, &D.gitlab_client, &D.self_gitlab,
 	    &D.self.gitlab_username, &D.self.gitlab_user_id);
-	if (failed) {
-		/* the pruner may be waiting out its ten minutes: a minute */
-		pthread_mutex_lock(&D.prune_mu);
-		pthread_cond_signal(&D.prune_cv);
-		pthread_mutex_unlock(&D.prune_mu);
-	}
+	/* the pruner may be waiting out its ten minutes: a minute */
+	if (failed)
+		pruner_poke(0);
 }
 
 /*
@@ -1384,14 +1395,10 @@ reload(void)
 	 * taking signals, a SIGTERM among them, for as long as the call and
 	 * its retries last.
 	 */
-	if (D.pruner_running) {
-		pthread_mutex_lock(&D.prune_mu);
-		D.prune_wake = 1;
-		pthread_cond_signal(&D.prune_cv);
-		pthread_mutex_unlock(&D.prune_mu);
-	} else {
+	if (D.pruner_running)
+		pruner_poke(1);
+	else
 		learn_identity();
-	}
 }
 
 /*
@@ -1663,9 +1670,7 @@ main(int argc, char **argv)
 	D.notifier = NULL;
 	controller_stop(D.controller);
 	D.controller = NULL;
-	pthread_mutex_lock(&D.prune_mu);
-	pthread_cond_signal(&D.prune_cv);
-	pthread_mutex_unlock(&D.prune_mu);
+	pruner_poke(0);
 	if (D.pruner_running)
 		pthread_join(D.pruner, NULL);
 	D.pruner_running = 0;
@@ -1683,9 +1688,7 @@ out:
 		k8s_apiserver_stop(D.apiserver);
 	if (D.pruner_running) {
 		__atomic_store_n(&D.stopping, 1, __ATOMIC_RELAXED);
-		pthread_mutex_lock(&D.prune_mu);
-		pthread_cond_signal(&D.prune_cv);
-		pthread_mutex_unlock(&D.prune_mu);
+		pruner_poke(0);
 		pthread_join(D.pruner, NULL);
 	}
 	http_pool_free(D.pool);

@@ -850,24 +850,18 @@ def t_watch(f):
     check("end_watches cut: half an event line, then the connection drops",
           half.startswith(b'{"type":"MODIFIED"') and b"\n" not in half,
           half)
-    w = f.watch(AT + q(watch="true", resourceVersion=current_rv(f),
-                       timeoutSeconds=30))
-    f.req("POST", "/_fake/end_watches", {"mode": "expire"}, token=None)
-    evs = [w.next(), w.next()]
-    w.close()
-    check("end_watches expire: one ERROR 410 Expired event, then EOF",
-          evs[1] is None and evs[0]["type"] == "ERROR" and
-          evs[0]["object"]["code"] == 410 and
-          evs[0]["object"]["reason"] == "Expired", evs)
-    w = f.watch(AT + q(watch="true", resourceVersion=current_rv(f),
-                       timeoutSeconds=30))
-    f.req("POST", "/_fake/end_watches", {"mode": "error"}, token=None)
-    evs = [w.next(), w.next()]
-    w.close()
-    check("end_watches error: one ERROR 500 InternalError event, then EOF",
-          evs[1] is None and evs[0]["type"] == "ERROR" and
-          evs[0]["object"]["code"] == 500 and
-          evs[0]["object"]["reason"] == "InternalError", evs)
+    for mode, code, reason in (("expire", 410, "Expired"),
+                               ("error", 500, "InternalError")):
+        w = f.watch(AT + q(watch="true", resourceVersion=current_rv(f),
+                           timeoutSeconds=30))
+        f.req("POST", "/_fake/end_watches", {"mode": mode}, token=None)
+        evs = [w.next(), w.next()]
+        w.close()
+        check("end_watches %s: one ERROR %d %s event, then EOF"
+              % (mode, code, reason),
+              evs[1] is None and evs[0]["type"] == "ERROR" and
+              evs[0]["object"]["code"] == code and
+              evs[0]["object"]["reason"] == reason, evs)
     st, _, b = f.req("POST", "/_fake/end_watches", {"mode": "x"},
                      token=None)
     check("end_watches: an unknown mode is 400", st == 400, b)
