@@ -1328,7 +1328,7 @@ reload(void)
 		    NULL);
 		return;
 	}
-	if (config_load(&nc, D.cfg.file, &cause) < 0) {
+	if (config_reload_file(&nc, D.cfg.file, &cause) < 0) {
 		log_kv(LOG_ERROR, "reload failed, keeping the running "
 		    "configuration", "error", cause, NULL);
 		free(cause);
@@ -1432,6 +1432,18 @@ start_watch_main(void *arg)
 	return NULL;
 }
 
+/*
+ * SIGTERM or SIGINT before anything is open (the configuration is being
+ * read): nothing to finish or flush, so a clean stop is an exit 0 now.
+ * Still a way out of a start stuck reading its configuration from a pipe.
+ */
+static void
+early_stop(int sig)
+{
+	(void)sig;
+	_exit(0);
+}
+
 /* The start is over: the signal it took, or 0. */
 static int
 start_watch_end(void)
@@ -1465,6 +1477,15 @@ main(int argc, char **argv)
 	struct inbox_config ic;
 	sigset_t set;
 
+	/*
+	 * A reload asked for while the start reads the configuration is
+	 * taken once started (the signal stays pending): it no longer kills
+	 * the process, which SIGHUP's default action did until the mask
+	 * below was set.
+	 */
+	sigemptyset(&set);
+	sigaddset(&set, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	while ((ch = getopt_long(argc, argv, "c:l:a:s:Vh", opts, NULL)) != -1) {
 		switch (ch) {
 		case 'c':
@@ -1503,6 +1524,11 @@ main(int argc, char **argv)
 		return 2;
 	}
 
+	/* --check-config must not say "ok" (exit 0) when it was stopped */
+	if (!check) {
+		signal(SIGTERM, early_stop);
+		signal(SIGINT, early_stop);
+	}
 	util_json_init();
 	pthread_rwlock_init(&D.github.lock, NULL);
 	pthread_mutex_init(&D.prune_mu, NULL);
@@ -1572,6 +1598,9 @@ main(int argc, char **argv)
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGHUP);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	/* from here they are taken by sigwait(), on the start's terms */
+	signal(SIGTERM, SIG_DFL);
+	signal(SIGINT, SIG_DFL);
 	signal(SIGPIPE, SIG_IGN);
 	if (pthread_create(&D.start_watch, NULL, start_watch_main, NULL) == 0)
 		D.start_watching = 1;

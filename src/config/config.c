@@ -1767,21 +1767,14 @@ out:
 	return ret;
 }
 
-/* Read and parse the file at path; see config_parse. */
-int
-config_load(struct config *out, const char *path, char **cause)
+/* Read and parse f, opened from path (closed here); see config_parse. */
+static int
+load_stream(struct config *out, const char *path, FILE *f, char **cause)
 {
-	FILE *f = NULL;
 	char *data = NULL;
 	size_t n;
 	int ret = -1;
 
-	f = fopen(path, "rb");
-	if (f == NULL) {
-		if (cause != NULL)
-			*cause = xasprintf("%s: %s", path, strerror(errno));
-		goto out;
-	}
 	/* one byte more than allowed, so that config_parse sees too much */
 	data = xmalloc(MAX_FILE + 1);
 	n = fread(data, 1, MAX_FILE + 1, f);
@@ -1792,10 +1785,54 @@ config_load(struct config *out, const char *path, char **cause)
 	}
 	ret = config_parse(out, path, data, n, cause);
 out:
-	if (f != NULL)
-		fclose(f);
+	fclose(f);
 	free(data);
 	return ret;
+}
+
+/* Read and parse the file at path; see config_parse. */
+int
+config_load(struct config *out, const char *path, char **cause)
+{
+	FILE *f = fopen(path, "rb");
+
+	if (f == NULL) {
+		if (cause != NULL)
+			*cause = xasprintf("%s: %s", path, strerror(errno));
+		return -1;
+	}
+	return load_stream(out, path, f, cause);
+}
+
+/*
+ * config_load for a SIGHUP: a regular file only, opened without
+ * blocking. The start reads a pipe too (--config <(make-config)), but a
+ * pipe is read once: opened again it has no writer, or a new one, and
+ * the thread that takes signals would wait there, deaf to SIGTERM.
+ */
+int
+config_reload_file(struct config *out, const char *path, char **cause)
+{
+	struct stat sb;
+	FILE *f;
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+
+	if (fd < 0) {
+		*cause = xasprintf("%s: %s", path, strerror(errno));
+		return -1;
+	}
+	if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
+		*cause = xasprintf("%s: not a regular file (a pipe is read "
+		    "once, at the start)", path);
+		close(fd);
+		return -1;
+	}
+	if ((f = fdopen(fd, "rb")) == NULL) {
+		*cause = xasprintf("%s: %s", path, strerror(errno));
+		close(fd);
+		return -1;
+	}
+	return load_stream(out, path, f, cause);
 }
 
 /* Free what l holds; l is then empty. */

@@ -176,6 +176,9 @@ void config_defaults(struct config *c);
  * (a provider enabled without any webhook secret/token is an error).
  */
 int config_load(struct config *out, const char *path, char **cause);
+/* The same on SIGHUP: a regular file only, never waiting on a pipe. */
+int config_reload_file(struct config *out, const char *path,
+    char **cause);
 
 /*
  * Parse YAML text held in memory (name is used in messages); same

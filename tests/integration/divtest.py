@@ -352,6 +352,11 @@ class Daemon:
                              daemon=True).start()
         if not wait:
             return self
+        return self.wait_started(timeout)
+
+    def wait_started(self, timeout=15):
+        """Wait for the start line of a process start(wait=False) ran, and
+        take its ports."""
         end = time.time() + timeout
         while time.time() < end:
             with self.lock:

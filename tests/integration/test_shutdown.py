@@ -6,7 +6,9 @@ acknowledged (a 202, a meter 200) is on disk after the restart."""
 import collections
 import http.client
 import json
+import os
 import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -250,7 +252,71 @@ def start_slow_identity(t):
     fake.stop()
 
 
+def fifo_start(t, sig, check=False):
+    """sig while the start reads its configuration from a pipe (as in
+    `--config <(make-config)`): it is in main(), before anything is open.
+    Returns the Daemon, the pipe written and closed."""
+    d = Daemon("")
+    os.unlink(d.config_file)
+    os.mkfifo(d.config_file)
+    if check:
+        d.args = ["--check-config"]
+    d.start(wait=False)
+    try:
+        # returns once diverged has opened it: it is reading it
+        with open(d.config_file, "w") as f:
+            d.send_signal(sig)
+            time.sleep(0.2)     # delivered: the default action would act
+            f.write("log:\n  level: info\n")
+    except BrokenPipeError:
+        pass
+    return d
+
+
+def signals_at_start(t):
+    """Signals while the configuration is read. SIGHUP killed the daemon
+    there (its default action: the mask came later); now the reload
+    waits for the start. SIGTERM there is a clean stop, exit 0, before
+    anything is made; --check-config stopped so does not exit 0 ("ok").
+    The reload reads a regular file only: it waited on the pipe, for
+    ever, and took no SIGTERM."""
+    d = fifo_start(t, signal.SIGHUP)
+    try:
+        d.wait_started()
+        started = True
+    except RuntimeError as e:
+        started = False
+        print("# " + str(e).replace("\n", "\n# "))
+    t.ok(started, "SIGHUP while the configuration is read: the daemon "
+         "starts")
+    # the reload does not open the pipe again: it would wait there for a
+    # writer, and take no SIGTERM
+    t.ok(started and d.wait_log("not a regular file (a pipe is read once",
+                                10),
+         "and takes the reload once started (a pipe is not read again)")
+    t.ok(started and d.request("GET", "/healthz")[0] == 200, "and serves")
+    t.eq(d.stop(), 0, "and stops with 0")
+    d = fifo_start(t, signal.SIGTERM)
+    try:
+        rc = d.proc.wait(10)
+    except subprocess.TimeoutExpired:
+        d.proc.kill()
+        rc = d.proc.wait()
+    t.eq(rc, 0, "SIGTERM while the configuration is read: exit 0")
+    t.ok(not os.path.exists(d.state_dir), "nothing was made (no state "
+         "dir)")
+    d = fifo_start(t, signal.SIGTERM, check=True)
+    try:
+        rc = d.proc.wait(10)
+    except subprocess.TimeoutExpired:
+        d.proc.kill()
+        rc = d.proc.wait()
+    t.ok(rc != 0 and not any("configuration ok" in ln for ln in d.log()),
+         "--check-config stopped while reading: not ok (%r)" % rc)
+
+
 def main(t):
+    signals_at_start(t)
     stop_under_load(t, 30)
     stop_under_load(t, 0)
     slow_api(t)
