@@ -1044,11 +1044,12 @@ class Api:
         omit = {str(k).lower() for k in
                 (self.fault or {}).get("omit_headers") or ()}
         if omit:
-            # a proxy that strips headers, or GitLab.com counting no more
-            # than 10,000 records: no X-Total, X-Total-Pages, nor the
-            # rel="last" link (§8)
+            # a proxy that strips headers (GitHub's Link, GitLab's X-*),
+            # or GitLab.com counting no more than 10,000 records: no
+            # X-Total, X-Total-Pages, nor the rel="last" link (§8);
+            # GitHub sends no X-Total, its Link stays whole
             hs = [(k, v) for k, v in hs if k.lower() not in omit]
-            if "x-total" in omit:
+            if "x-total" in omit and self.provider == "gitlab":
                 hs = [(k, ", ".join(x for x in str(v).split(", ")
                                     if not x.endswith('rel="last"'))
                        if k.lower() == "link" else v) for k, v in hs]

@@ -382,6 +382,26 @@ def test_github_pagination(f):
                    ["first", "prev"]], rels)
     check("GitHub Link keeps per_page",
           "per_page=3" in (url or r.links().get("first", "")), r.h("link"))
+    # a proxy that strips Link: the page as usual without it; GitHub
+    # behind it still answers ?page=N
+    f.ctl("POST", "faults", {"provider": "github", "count": 2,
+                             "omit_headers": ["link"]})
+    r = f.gh("GET", path)
+    r2 = f.gh("GET", path + "&page=3")
+    check("omit_headers: no Link, the rest as usual (pages by ?page=N)",
+          r.status == 200 and [c["id"] for c in r.json] == [100, 101, 102]
+          and r.h("link") is None and
+          r.h("x-ratelimit-remaining") is not None and
+          r2.status == 200 and [c["id"] for c in r2.json] == [106] and
+          r2.h("link") is None, (r.headers, r2.headers))
+    r = f.gh("GET", path + "&page=2")
+    check("omit_headers: for count requests only",
+          sorted(r.links()) == ["first", "last", "next", "prev"], r.headers)
+    f.ctl("POST", "faults", {"provider": "github", "count": 1,
+                             "omit_headers": ["X-Total"]})
+    r = f.gh("GET", path)
+    check("omit_headers X-Total on GitHub (it sends none): the Link keeps "
+          "rel=\"last\"", sorted(r.links()) == ["last", "next"], r.headers)
     r = f.gh("GET", "/github/repos/octocat/paged/issues/5/comments")
     check("GitHub: one page (default per_page 30): no Link header",
           r.status == 200 and len(r.json) == 7 and r.h("link") is None)
