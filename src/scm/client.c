@@ -301,6 +301,41 @@ scm_json_reply(const struct scm_resp *rp, int want_object, const char *what,
 	return SCM_OK;
 }
 
+/* The page= of a Link URL's query (offset pagination), 0: none. */
+static int64_t
+link_page(const char *url)
+{
+	const char *p = strchr(url, '?');
+	int64_t n = 0;
+
+	while (p != NULL) {
+		p++;
+		if (strncmp(p, "page=", 5) == 0) {
+			for (p += 5; *p >= '0' && *p <= '9'; p++)
+				if (n < INT64_MAX / 10 - 10)
+					n = n * 10 + (*p - '0');
+			return *p == '\0' || *p == '&' || *p == '#' ? n : 0;
+		}
+		p = strchr(p, '&');
+	}
+	return 0;
+}
+
+/* The next page of an offset-paged list: headers first, then fullness. */
+int64_t
+scm_next_page(const struct scm_resp *rp, int64_t page, size_t got)
+{
+	int64_t next;
+
+	if (rp->next_page >= 0)
+		next = rp->next_page;
+	else if (rp->link_next != NULL)
+		next = link_page(rp->link_next);
+	else
+		next = got >= SCM_PER_PAGE ? page + 1 : 0;
+	return next > page ? next : 0;
+}
+
 /* Parse an RFC 3339 time; -1 when malformed. */
 int64_t
 scm_parse_time(const char *s)

@@ -29,6 +29,7 @@
 #define SCM_MAX_BODY		((size_t)8 << 20)	/* one JSON reply */
 #define SCM_MAX_FILE		((size_t)4 << 20)	/* read_file */
 #define SCM_MAX_PAGES		200			/* list_comments */
+#define SCM_PER_PAGE		100			/* the most both give */
 
 /* The transport of one provider: base URL, TLS, handle pool, retries. */
 struct scm_http;
@@ -133,6 +134,15 @@ int64_t scm_json_int(const json_t *obj, const char *key);
  */
 int scm_json_reply(const struct scm_resp *rp, int want_object,
     const char *what, json_t **out, char **cause);
+/*
+ * The page after page of a list paged by offset (page=1, 2, ... of
+ * SCM_PER_PAGE each), whose reply rp held got items: the page its
+ * X-Next-Page names (empty on the last page), else the page= of its
+ * Link rel="next"; when a proxy stripped both, the next page as long as
+ * this one came back full. 0: no more (also for a page that would not
+ * move on).
+ */
+int64_t scm_next_page(const struct scm_resp *rp, int64_t page, size_t got);
 /* Wipe and free a secret string (NULL is fine). */
 void scm_secret_free(char *s);
 /* Read a secret reference into a new string: -1 with *cause. */

@@ -24,7 +24,6 @@
 #include "util/util.h"
 
 #define GL_MAX_RELISTS	3	/* a note list changing while it is read */
-#define GL_PER_PAGE	100	/* the most GitLab gives */
 
 struct gitlab {
 	struct scm_client c;	/* first: the ops */
@@ -240,47 +239,6 @@ out:
 	return ret;
 }
 
-/* The page= of a Link URL's query (offset pagination), 0: none. */
-static int64_t
-link_page(const char *url)
-{
-	const char *p = strchr(url, '?');
-	int64_t n = 0;
-
-	while (p != NULL) {
-		p++;
-		if (strncmp(p, "page=", 5) == 0) {
-			for (p += 5; *p >= '0' && *p <= '9'; p++)
-				if (n < INT64_MAX / 10 - 10)
-					n = n * 10 + (*p - '0');
-			return *p == '\0' || *p == '&' || *p == '#' ? n : 0;
-		}
-		p = strchr(p, '&');
-	}
-	return 0;
-}
-
-/*
- * The page after page, of a reply that held got items: X-Next-Page
- * (empty on the last page); when a proxy stripped it, the Link rel="next";
- * when both are gone, the next page as long as one came back full. 0: no
- * more. (X-Total and X-Total-Pages are not needed: GitLab.com leaves them
- * out beyond 10,000 records.)
- */
-static int64_t
-next_page(const struct scm_resp *rp, int64_t page, size_t got)
-{
-	int64_t next;
-
-	if (rp->next_page >= 0)
-		next = rp->next_page;
-	else if (rp->link_next != NULL)
-		next = link_page(rp->link_next);
-	else
-		next = got >= GL_PER_PAGE ? page + 1 : 0;
-	return next > page ? next : 0;
-}
-
 static int
 gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
     int64_t number, struct scm_comment **out, size_t *n, char **cause)
@@ -308,7 +266,7 @@ gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
 		snprintf(url, sizeof(url), "/projects/%" PRId64
 		    "/merge_requests/%" PRId64 "/notes?per_page=%d&sort=asc"
 		    "&order_by=created_at&page=%" PRId64, repo->project_id,
-		    number, GL_PER_PAGE, page);
+		    number, SCM_PER_PAGE, page);
 		ret = gl_call(g, "list_comments", "GET", url, NULL, NULL, 1,
 		    &rp, cause);
 		if (ret != SCM_OK)
@@ -358,7 +316,11 @@ gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
 		}
 		json_decref(j);
 		j = NULL;
-		page = next_page(&rp, page, got);
+		/*
+		 * X-Total and X-Total-Pages are not needed: GitLab.com leaves
+		 * them out beyond 10,000 records
+		 */
+		page = scm_next_page(&rp, page, got);
 	}
 	*out = v;
 	*n = nv;
