@@ -591,7 +591,8 @@ gh_list_comments(struct scm_client *c, const struct scm_repo *repo,
 	struct scm_req rq = { 0 };
 	struct scm_resp rp;
 	struct scm_comment *v = NULL, *cm;
-	size_t nv = 0, cap = 0, i, pages = 0;
+	size_t nv = 0, cap = 0, i, pages = 0, got;
+	int64_t page = 1, next;
 	char *rpath = NULL, *url = NULL;
 	json_t *j = NULL, *e, *user;
 	int ret;
@@ -600,8 +601,8 @@ gh_list_comments(struct scm_client *c, const struct scm_repo *repo,
 	ret = repo_path(repo, &rpath, cause);
 	if (ret != SCM_OK)
 		goto out;
-	url = xasprintf("%s/issues/%" PRId64 "/comments?per_page=100", rpath,
-	    number);
+	url = xasprintf("%s/issues/%" PRId64 "/comments?per_page=%d", rpath,
+	    number, SCM_PER_PAGE);
 	rq.op = "list_comments";
 	rq.method = "GET";
 	rq.idempotent = 1;
@@ -620,6 +621,7 @@ gh_list_comments(struct scm_client *c, const struct scm_repo *repo,
 		    cause);
 		if (ret != SCM_OK)
 			goto out;
+		got = json_array_size(j);
 		json_array_foreach(j, i, e) {
 			if (!json_is_object(e))
 				continue;
@@ -639,8 +641,23 @@ gh_list_comments(struct scm_client *c, const struct scm_repo *repo,
 		json_decref(j);
 		j = NULL;
 		free(url);
-		url = rp.link_next;
-		rp.link_next = NULL;	/* now ours */
+		url = NULL;
+		next = scm_next_page(&rp, page, got);
+		if (rp.link_next != NULL) {
+			/* as written: client.c keeps it on our host */
+			url = rp.link_next;
+			rp.link_next = NULL;	/* now ours */
+			page = next > 0 ? next : page + 1;
+		} else if (next > 0) {
+			/*
+			 * A proxy stripped the Link: a full page may have a
+			 * next one; a short or empty one is the last
+			 */
+			url = xasprintf("%s/issues/%" PRId64 "/comments?"
+			    "per_page=%d&page=%" PRId64, rpath, number,
+			    SCM_PER_PAGE, next);
+			page = next;
+		}
 	}
 	*out = v;
 	*n = nv;

@@ -13,7 +13,8 @@ finished run is notified once, also across a restart); a GitLab
 internal note's objective and the replies to internal notes stay
 internal; gitlab.token rotated to another user's (SIGHUP): a new sticky
 note by that user, the old one not edited (GitLab: 403); GitLab pages
-without X-Total, X-Next-Page or Link (the sticky note on page 3).
+without X-Total, X-Next-Page or Link, GitHub pages without Link (the
+sticky comment on page 3, or ending a full page 2).
 
 DIVERGED_BIN runs another diverged binary (a private build)."""
 
@@ -509,7 +510,7 @@ def main(t):
     fake.stop()
     app_and_token(t)
     rotated_to_another_user(t)
-    gitlab_pages_without_headers(t)
+    pages_without_headers(t)
     refused(t)
     several_tasks(t)
     internal_notes(t)
@@ -560,15 +561,20 @@ def app_and_token(t):
     fake.stop()
 
 
-def gl_task(d, name, iid):
-    """A task on MR iid of project 5 (myorg/diaspora): the status code."""
+def task_on(d, name, prov, number):
+    """A task on MR number of project 5 (myorg/diaspora) or, prov
+    "github", PR number of myorg/checkout: the status code."""
+    if prov == "github":
+        where = {"divergedev.com/project": "myorg/checkout",
+                 "divergedev.com/pr-number": str(number)}
+    else:
+        where = {"divergedev.com/project": "myorg/diaspora",
+                 "divergedev.com/mr-iid": str(number),
+                 "divergedev.com/project-id": "5"}
+    where["divergedev.com/provider"] = prov
     return api(d, "POST", TASKS, {
         "apiVersion": "divergedev.com/v1alpha1", "kind": "AgentTask",
-        "metadata": {"name": name, "annotations": {
-            "divergedev.com/provider": "gitlab",
-            "divergedev.com/project": "myorg/diaspora",
-            "divergedev.com/mr-iid": str(iid),
-            "divergedev.com/project-id": "5"}},
+        "metadata": {"name": name, "annotations": where},
         "spec": {"objective": "x"}})[0]
 
 
@@ -592,7 +598,7 @@ def rotated_to_another_user(t):
         "DIVERGE_TEST_NOTIFIER_THROTTLE_MS": "100",
         "DIVERGE_TEST_NOTIFIER_REFUSED_MS": "1000"})
     name = "fix-mr-2"
-    s = gl_task(d, name, 2)
+    s = task_on(d, name, "gitlab", 2)
 
     def status(**kw):
         return api(d, "PATCH", TASKS + "/%s/status" % name,
@@ -646,64 +652,81 @@ def rotated_to_another_user(t):
     fake.stop()
 
 
-def gitlab_pages_without_headers(t):
-    """The bot's sticky note on page 3 of an MR's notes is found when the
-    pagination headers are missing: GitLab.com sends no X-Total,
-    X-Total-Pages (nor rel="last") for more than 10,000 records, and a
-    proxy may strip the X-* headers (the Link rel="next" left) or all of
-    them (then a full page means look at the next). Not found, the
-    notifier would post a second sticky note."""
-    variants = [
-        (3, "no X-Total", ["X-Total", "X-Total-Pages"]),
-        (4, "no X-* (Link only)", ["X-Total", "X-Total-Pages",
-                                    "X-Next-Page", "X-Page", "X-Per-Page",
-                                    "X-Prev-Page"]),
-        (5, "no X-*, no Link", ["X-Total", "X-Total-Pages", "X-Next-Page",
-                                "X-Page", "X-Per-Page", "X-Prev-Page",
-                                "Link"])]
+def pages_without_headers(t):
+    """The bot's sticky comment on page 3 of an MR's notes or a PR's
+    comments is found when the pagination headers are missing: GitLab.com
+    sends no X-Total, X-Total-Pages (nor rel="last") for more than 10,000
+    records, and a proxy may strip the X-* headers (the Link rel="next"
+    left) or all of them (then a full page means look at the next); a
+    proxy or API gateway in front of GitHub may strip its Link (the same:
+    a full page of 100 means look at the next, until a short or an empty
+    one; PR 48's sticky comment ends a full page 2, page 3 is empty). Not
+    found, the notifier would post a second sticky comment."""
+    gl_x = ["X-Total", "X-Total-Pages", "X-Next-Page", "X-Page",
+            "X-Per-Page", "X-Prev-Page"]
+    cases = [
+        ("gitlab", 3, "no X-Total", ["X-Total", "X-Total-Pages"], FILLER),
+        ("gitlab", 4, "no X-* (Link only)", gl_x, FILLER),
+        ("gitlab", 5, "no X-*, no Link", gl_x + ["Link"], FILLER),
+        ("github", 47, "GitHub, no Link", ["Link"], FILLER),
+        ("github", 48, "GitHub, no Link, a full last page", ["Link"], 199)]
     fake = ScmFake()
     sd = seed()
     mrs = sd["gitlab"]["projects"][0]["merge_requests"]
-    for iid, _, _ in variants:
-        base = 1000 * (iid + 3)
-        mrs.append({
-            "iid": iid, "id": 2000 + iid, "source_branch": "b%d" % iid,
-            "target_branch": "main", "author": "pipin",
-            "notes": [{"id": base + i, "author": "pipin", "body": "(n)"}
-                      for i in range(FILLER)] +
-            [{"id": base + 900, "author": "diverge-bot",
-              "body": MARKER + "\nold run"}]})
+    pulls = sd["github"]["repos"][0]["pulls"]
+    for prov, num, _, _, filler in cases:
+        base = 1000 * (num + 3)
+        key, person = (("author", "pipin") if prov == "gitlab" else
+                       ("user", "bob"))
+        old = [{"id": base + i, key: person, "body": "(n)"}
+               for i in range(filler)]
+        old.append({"id": base + 900, key: "diverge-bot",
+                    "body": MARKER + "\nold run"})
+        if prov == "gitlab":
+            mrs.append({"iid": num, "id": 2000 + num,
+                        "source_branch": "b%d" % num,
+                        "target_branch": "main", "author": "pipin",
+                        "notes": old})
+        else:
+            pulls.append({"number": num, "title": "pages", "user": "bob",
+                          "head": {"ref": "b%d" % num},
+                          "base": {"ref": "main"}, "comments": old})
     fake.call("POST", "/_fake/seed", sd)
     cfg = CONFIG.replace("namespace: default\n", "namespace: default\n"
                          "controller:\n  enabled: false\n")
     d = bot_daemon(fake, cfg, {"DIVERGE_SCM_MAX_WAIT_MS": "2000",
                                "DIVERGE_TEST_NOTIFIER_THROTTLE_MS": "100"})
 
-    def notes(iid):
+    def comments(prov, num):
+        if prov == "github":
+            return gh_comments(fake, num)
         return fake.state()["gitlab"]["projects"]["5"]["merge_requests"][
-            str(iid)]["notes"]
-    for iid, label, omit in variants:
+            str(num)]["notes"]
+    for prov, num, label, omit, filler in cases:
+        where = ("/merge_requests/%d/notes" if prov == "gitlab" else
+                 "/issues/%d/comments") % num
         fake.call("POST", "/_fake/faults", {
-            "provider": "gitlab", "method": "GET", "count": 1000,
-            "match": "/merge_requests/%d/notes" % iid,
-            "omit_headers": omit})
-        name = "fix-mr-%d" % iid
-        s = gl_task(d, name, iid)
+            "provider": prov, "method": "GET", "count": 1000,
+            "match": where, "omit_headers": omit})
+        name = "fix-%s-%d" % ("mr" if prov == "gitlab" else "pr", num)
+        s = task_on(d, name, prov, num)
         s2 = api(d, "PATCH", TASKS + "/%s/status" % name,
                  {"status": {"phase": "Active", "iteration": 7}},
                  "application/merge-patch+json")[0]
-        mine = lambda: stickies(notes(iid), key="author")  # noqa: E731
+        key = "author" if prov == "gitlab" else "user"
+        mine = lambda: stickies(comments(prov, num), key=key)  # noqa: E731
         got = one_with(mine, "**Iteration:** 7")
+        reqs = [r for r in fake.requests() if where in r.get("path", "")]
         t.ok(s == 201 and s2 == 200 and got and
-             got[0]["id"] == 1000 * (iid + 3) + 900,
-             "pages, %s: the sticky note on page 3 is found and edited, "
-             "no second one" % label,
+             got[0]["id"] == 1000 * (num + 3) + 900 and
+             not [r for r in reqs if r.get("method") == "POST"],
+             "pages, %s: the sticky comment on page %d is found and "
+             "edited, no second one" % (label, filler // 100 + 1),
              [(n["id"], n["body"][:40]) for n in mine()])
-        lists = [r for r in fake.requests() if r.get("method") == "GET" and
-                 "/merge_requests/%d/notes" % iid in r.get("path", "")]
-        t.ok(len(lists) == 3,
-             "pages, %s: three pages listed" % label,
-             [r.get("query") for r in lists])
+        lists = [r.get("query") for r in reqs if r.get("method") == "GET"]
+        t.ok(len(lists) == 3 and (prov == "gitlab" or lists == [
+            "per_page=100", "per_page=100&page=2", "per_page=100&page=3"]),
+             "pages, %s: three pages listed" % label, lists)
         fake.call("DELETE", "/_fake/faults")
     t.eq(d.stop(), 0, "pages: clean stop")
     fake.stop()

@@ -654,9 +654,12 @@ pages_gitlab_relist(void **state)
 	scm_client_free(c);
 }
 
-/* A JSON array of notes with ids from, from + 1, ... (n of them). */
+/*
+ * A JSON array of GitHub comments or GitLab notes with ids from,
+ * from + 1, ... (n of them).
+ */
 static char *
-notes_json(int from, int n)
+items_json(enum scm_provider p, int from, int n)
 {
 	struct buf b;
 	int i;
@@ -666,27 +669,36 @@ notes_json(int from, int n)
 	for (i = 0; i < n; i++) {
 		char one[128];
 
-		snprintf(one, sizeof(one), "%s{\"id\":%d,\"body\":\"n\","
-		    "\"system\":false,\"author\":{\"id\":7,\"username\":"
-		    "\"bot\"}}", i > 0 ? "," : "", from + i);
+		snprintf(one, sizeof(one), p == SCM_GITHUB ?
+		    "%s{\"id\":%d,\"body\":\"c\",\"user\":{\"login\":"
+		    "\"bot\",\"id\":7}}" :
+		    "%s{\"id\":%d,\"body\":\"n\",\"system\":false,"
+		    "\"author\":{\"id\":7,\"username\":\"bot\"}}",
+		    i > 0 ? "," : "", from + i);
 		buf_addstr(&b, one);
 	}
 	buf_addstr(&b, "]");
 	return buf_detach(&b, NULL);
 }
 
-/* A list of notes and how many requests it took. */
+/*
+ * The list of comments of PR 2 (GitHub) or notes of MR 2 (GitLab) holds
+ * ids 1 to want_items, in order, and took want_reqs requests.
+ */
 static void
-list_gitlab(size_t want_notes, size_t want_reqs)
+list_check(enum scm_provider p, size_t want_items, size_t want_reqs)
 {
-	struct scm_client *c = gitlab_client("/api/v4");
+	struct scm_client *c = p == SCM_GITHUB ?
+	    github_client(GH_TOKEN_MODE, "") : gitlab_client("/api/v4");
 	struct scm_comment *v = NULL;
-	size_t n = 0;
+	size_t n = 0, i;
 	char *cause = NULL;
 
-	assert_int_equal(c->ops->list_comments(c, &gl_repo, 2, &v, &n,
-	    &cause), SCM_OK);
-	assert_int_equal(n, want_notes);
+	assert_int_equal(c->ops->list_comments(c, p == SCM_GITHUB ? &gh_repo :
+	    &gl_repo, 2, &v, &n, &cause), SCM_OK);
+	assert_int_equal(n, want_items);
+	for (i = 0; i < n; i++)
+		assert_int_equal(v[i].id, (int64_t)i + 1);
 	assert_int_equal(nrecs(), want_reqs);
 	scm_comments_free(v, n);
 	scm_client_free(c);
@@ -700,14 +712,15 @@ list_gitlab(size_t want_notes, size_t want_reqs)
 static void
 pages_gitlab_stripped(void **state)
 {
-	char *full = notes_json(1, 100), *one = notes_json(101, 1);
+	char *full = items_json(SCM_GITLAB, 1, 100);
+	char *one = items_json(SCM_GITLAB, 101, 1);
 
 	(void)state;
 	/* no X-Total: X-Next-Page alone leads */
 	srv_reset();
 	push(200, full, "x-next-page: 2", NULL);
 	push(200, one, "x-next-page: ", NULL);
-	list_gitlab(101, 2);
+	list_check(SCM_GITLAB, 101, 2);
 	/* no X-Next-Page: the Link's rel="next" */
 	srv_reset();
 	push(200, "[{\"id\":1,\"author\":{\"id\":7}}]", "Link: <{base}/api/v4/"
@@ -718,25 +731,128 @@ pages_gitlab_stripped(void **state)
 	push(200, "[{\"id\":2,\"author\":{\"id\":7}}]", "Link: <{base}/api/"
 	    "v4/projects/5/merge_requests/2/notes?page=1&per_page=100>; "
 	    "rel=\"first\"", NULL);
-	list_gitlab(2, 2);
+	list_check(SCM_GITLAB, 2, 2);
 	assert_non_null(strstr(srv.recs[1].query, "&page=2"));
 	/* a Link that leads back: no loop */
 	srv_reset();
 	push(200, "[{\"id\":1,\"author\":{\"id\":7}}]", "Link: <{base}/api/v4/"
 	    "projects/5/merge_requests/2/notes?page=1>; rel=\"next\"", NULL);
-	list_gitlab(1, 1);
+	list_check(SCM_GITLAB, 1, 1);
 	/* neither: the next page while one comes back full */
 	srv_reset();
 	push(200, full, NULL);
 	push(200, one, NULL);
-	list_gitlab(101, 2);
+	list_check(SCM_GITLAB, 101, 2);
 	assert_non_null(strstr(srv.recs[1].query, "&page=2"));
 	srv_reset();
 	push(200, full, NULL);
 	push(200, "[]", NULL);
-	list_gitlab(100, 2);
+	list_check(SCM_GITLAB, 100, 2);
 	free(full);
 	free(one);
+}
+
+#define GH_LIST	"/repos/octocat/Hello-World/issues/2/comments"
+
+/* The requests of a GitHub list asked pages 1 to n by ?page=. */
+static void
+asked_pages(size_t n)
+{
+	char want[64];
+	size_t i;
+
+	assert_int_equal(nrecs(), n);
+	assert_string_equal(srv.recs[0].query, "per_page=100");
+	for (i = 1; i < n; i++) {
+		snprintf(want, sizeof(want), "per_page=100&page=%zu", i + 1);
+		assert_string_equal(srv.recs[i].path, GH_LIST);
+		assert_string_equal(srv.recs[i].query, want);
+	}
+}
+
+/*
+ * A proxy or API gateway that strips the Link header: a full page (100
+ * comments) means ask for the next, by page=, until a short or empty one
+ * (GitHub answers [] past the last page). Missing a later page, the
+ * notifier would not find its sticky comment there and post a second.
+ */
+static void
+pages_github_stripped(void **state)
+{
+	char *p1 = items_json(SCM_GITHUB, 1, 100);
+	char *p2 = items_json(SCM_GITHUB, 101, 100);
+	char *p3 = items_json(SCM_GITHUB, 201, 50);
+	char *short2 = items_json(SCM_GITHUB, 101, 50);
+	char *reset = NULL, *cause = NULL;
+	struct scm_client *c;
+	struct scm_comment *v = NULL;
+	size_t n = 0;
+	int64_t t0;
+
+	(void)state;
+	/* 250 comments: 100, 100, 50 */
+	srv_reset();
+	push(200, p1, NULL);
+	push(200, p2, NULL);
+	push(200, p3, NULL);
+	list_check(SCM_GITHUB, 250, 3);
+	asked_pages(3);
+	/* exactly 100: a full last page, then the empty one ends it */
+	srv_reset();
+	push(200, p1, NULL);
+	push(200, "[]", NULL);
+	list_check(SCM_GITHUB, 100, 2);
+	asked_pages(2);
+	/* a Link without rel="next" tells nothing more than none */
+	srv_reset();
+	push(200, p1, "Link: <{base}" GH_LIST "?per_page=100&page=1>; "
+	    "rel=\"first\"", NULL);
+	push(200, short2, NULL);
+	list_check(SCM_GITHUB, 150, 2);
+	asked_pages(2);
+	/*
+	 * A Link is followed as written, and its page= counted: the
+	 * stripped reply after it goes on with page 3
+	 */
+	srv_reset();
+	push(200, p1, "Link: <{base}/repositories/1/issues/2/comments?"
+	    "per_page=100&page=2>; rel=\"next\"", NULL);
+	push(200, p2, NULL);
+	push(200, p3, NULL);
+	list_check(SCM_GITHUB, 250, 3);
+	assert_string_equal(srv.recs[1].path, "/repositories/1/issues/2/"
+	    "comments");
+	assert_string_equal(srv.recs[1].query, "per_page=100&page=2");
+	assert_string_equal(srv.recs[2].path, GH_LIST);
+	assert_string_equal(srv.recs[2].query, "per_page=100&page=3");
+
+	/* the page asked for goes through the rate limits as any call */
+	srv_reset();
+	push(200, p1, NULL);
+	push(429, "{\"message\":\"slow down\"}", "Retry-After: 1", NULL);
+	push(200, short2, NULL);
+	t0 = now_mono_ms();
+	list_check(SCM_GITHUB, 150, 3);
+	assert_true(now_mono_ms() - t0 >= 950);
+	assert_string_equal(srv.recs[2].query, "per_page=100&page=2");
+	/* the budget spent by page 1: page 2 is not sent */
+	srv_reset();
+	reset = xasprintf("x-ratelimit-reset: %" PRId64, now_unix() + 3600);
+	push(200, p1, "x-ratelimit-remaining: 0", reset, NULL);
+	c = github_client(GH_TOKEN_MODE, "");
+	assert_int_equal(c->ops->list_comments(c, &gh_repo, 2, &v, &n,
+	    &cause), SCM_ERATELIMITED);
+	assert_int_equal(nrecs(), 1);
+	assert_non_null(strstr(cause, "rate limited"));
+	assert_in_range(scm_ratelimit_reset_ms() - now_unix_ms(),
+	    3600 * 1000 - 2000, 3601 * 1000 + 1000);
+	free(cause);
+	free(reset);
+	scm_client_free(c);
+	free(p1);
+	free(p2);
+	free(p3);
+	free(short2);
 }
 
 static void
@@ -1996,6 +2112,7 @@ main(void)
 		cmocka_unit_test(pages_gitlab),
 		cmocka_unit_test(pages_gitlab_relist),
 		cmocka_unit_test(pages_gitlab_stripped),
+		cmocka_unit_test(pages_github_stripped),
 		cmocka_unit_test(retry_after_429),
 		cmocka_unit_test(secondary_limit),
 		cmocka_unit_test(ratelimit_beyond_bound),
