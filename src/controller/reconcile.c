@@ -60,6 +60,7 @@ struct rctx {
 	char *cause;
 	int stale;		/* the slot cache knows a later task */
 	int admitted;		/* this pass took a slot */
+	int again;		/* pass once more: it held a Sandbox back */
 	int64_t running;	/* when admitted: the tasks in slots, with it */
 };
 
@@ -1110,12 +1111,16 @@ plan_phase(struct rctx *x, const json_t *task, const struct sbview *v,
  * earlier task resuming or re-run meanwhile would take it and the two
  * would run over the limit.
  *
- * The record is in memory: a restart between an admitted pass's Sandbox
+ * The record is in memory: a restart between an admitted pass's token
  * and its Provisioning status write loses it, and the task is then
- * Pending (or Paused, on a resume) with its Sandbox running and a live
- * token. Its own Sandbox, running for the current run (not Suspended, no
- * shutdownTime: a finished run's has one), is that record: its next pass
- * is admitted whatever the queue, as a pass whose record stands. What
+ * Pending (or Paused, on a resume) with a live token but no Sandbox
+ * running (a Sandbox starts only once the status is live, see
+ * reconcile_once): it waits in the queue again and, queued, its token
+ * is revoked. A Sandbox running for the current run (not Suspended, no
+ * shutdownTime: a finished run's has one) beside a status not yet live
+ * (one an older diverged started before that write, or one the meter's
+ * pause has not stopped yet) stands for the record: its next pass is
+ * admitted whatever the queue, as a pass whose record stands. What
  * remains is the time from the restart to that pass (the start relists
  * and queues every task): a decision of another task meanwhile does not
  * count it, and may admit, say, an earlier task resuming; both then run,
@@ -1565,8 +1570,9 @@ reconcile_once(struct rctx *x)
 	char *tid = NULL, *kept = NULL, shutdown[32], ts[32];
 	const char *sec_id, *mode, *tok_live_id = NULL, *tok_extends = NULL;
 	const char *ctok = NULL, *sb_tok;
+	const json_t *sb_cur;
 	int rc, live, children, paused, asleep, preview, has_shutdown = 0;
-	int env_exists = 0, tok_issued, sb_write, roll, hold;
+	int env_exists = 0, tok_issued, sb_write, roll, hold, defer;
 	int writes = x->writes;
 	int64_t active, open_since = 0, end, timeout, deadline;
 	const json_t *tc;
@@ -1768,6 +1774,25 @@ reconcile_once(struct rctx *x)
 		log_kv(LOG_INFO, "sandbox restart", "task", x->name,
 		    "namespace", x->ns, "reason", "token replaced", NULL);
 	mode = asleep || roll ? "Suspended" : "Running";
+	/*
+	 * The agent calls the meter as soon as its pod starts, and the meter
+	 * takes a call only while the task's stored status is live and its
+	 * token active (DESIGN.md sections 6 and 7): a pod started before
+	 * the status says so gets 401 "task not live", on which an agent may
+	 * well give up. So only a pass that read a live status tells a
+	 * Sandbox to run (makes it, or takes it out of Suspended). One that
+	 * would from another phase (a start, a resume; the token is active
+	 * by now) leaves the Sandbox as it is, writes the live status and
+	 * passes again (controller_reconcile): that pass reads the status
+	 * back and starts the Sandbox, and so does any later one when its
+	 * write fails. A Sandbox already running is not held back.
+	 */
+	sb_cur = x->cfg->sandbox.warm_pool ? o.bound : o.sandbox.obj;
+	defer = live && streq(mode, "Running") && !phase_live(jstr(old,
+	    "phase")) && (sb_cur == NULL || streq(jpath(sb_cur, "spec",
+	    "operatingMode"), "Suspended"));
+	if (defer)
+		mode = "Suspended";
 
 	/* the Environment */
 	if (hold) {
@@ -1800,14 +1825,15 @@ reconcile_once(struct rctx *x)
 	 * name, so while that Secret is not ours (a conflict, reported) the
 	 * Sandbox is not created, and an existing one only suspended or ended
 	 */
-	sb_write = !hold && (!o.secret.conflict || (o.sandbox.obj != NULL &&
-	    (asleep || phase_terminal(p.phase))));
+	sb_write = !hold && !(defer && o.sandbox.obj == NULL) &&
+	    (!o.secret.conflict || (o.sandbox.obj != NULL && (asleep ||
+	    phase_terminal(p.phase))));
 	if (!x->cfg->sandbox.warm_pool && !o.sandbox.conflict && sb_write &&
 	    (children || o.sandbox.obj != NULL)) {
 		rc = apply_child(x, &K8S_SANDBOX, o.sandbox.obj,
 		    desired_sandbox(x, o.task, purl, mode, has_shutdown ?
-		    shutdown : NULL, asleep || roll ? NULL : tok_live_id), 0,
-		    &sbres);
+		    shutdown : NULL, asleep || roll || defer ? NULL :
+		    tok_live_id), 0, &sbres);
 		if (rc < 0)
 			goto out;
 		if (rc == 1)
@@ -1821,8 +1847,8 @@ reconcile_once(struct rctx *x)
 			    jpath(o.task, "status", "phase"), NULL);
 		rc = 0;
 	} else if (x->cfg->sandbox.warm_pool && !o.claim.conflict && !hold &&
-	    ((children && (tok_live_id != NULL || paused)) ||
-	    o.claim.obj != NULL)) {
+	    !(defer && o.claim.obj == NULL) && ((children && (tok_live_id !=
+	    NULL || paused)) || o.claim.obj != NULL)) {
 		/* the claim carries the live token, else the one it had */
 		rc = apply_child(x, &K8S_SANDBOXCLAIM, o.claim.obj,
 		    desired_claim(x, o.task, purl, ctok, has_shutdown ?
@@ -1849,7 +1875,7 @@ reconcile_once(struct rctx *x)
 	 */
 	if (sbres != NULL)
 		view_sandbox(sbres, o.claim.obj, &v);
-	if (streq(p.phase, "Active") && (!v.ready || roll)) {
+	if (streq(p.phase, "Active") && (!v.ready || roll || defer)) {
 		p.phase = "Provisioning";
 		p.reason = NULL;
 		plan_transition(&p, jstr(old, "phase"));
@@ -1915,6 +1941,8 @@ reconcile_once(struct rctx *x)
 		else if (roll)
 			m = xstrdup("restarting the sandbox with the new "
 			    "token");
+		else if (defer)
+			m = xstrdup("starting the sandbox");
 		else if (v.message != NULL)
 			m = xasprintf("waiting for the sandbox: %.*s",
 			    quote_len(v.message), v.message);
@@ -2013,6 +2041,11 @@ reconcile_once(struct rctx *x)
 	}
 	if (rc == 0 && p.transition && streq(p.phase, "Pending"))
 		want_requeue(x, 0);
+	if (rc == 0 && defer) {
+		/* now live: the next pass starts the Sandbox held back */
+		x->again = 1;
+		want_requeue(x, 0);
+	}
 	if (rc == 0)
 		log_admission(x, old, &p);
 	if (rc == 0 && phase_terminal(p.phase))
@@ -2148,8 +2181,10 @@ controller_reconcile(const struct controller_config *cfg, const char *ns,
 	for (tries = 0; tries < MAX_TASK_RETRIES; tries++) {
 		x.now = now_unix();
 		x.requeue_ms = -1;
+		x.again = 0;
 		rc = reconcile_once(&x);
-		if (rc != K8S_ECONFLICT)
+		/* a Sandbox held back until the status said live: start it */
+		if (rc != K8S_ECONFLICT && !(rc == 0 && x.again))
 			break;
 	}
 	if (rc == K8S_ECONFLICT && x.cause == NULL)

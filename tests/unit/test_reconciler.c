@@ -1102,6 +1102,264 @@ test_resume_before_stopped(void **state)
 	free(name);
 }
 
+/* ------------------------------------------ the order of the Sandbox writes */
+
+/*
+ * The store's ops with the Sandbox writes watched (watch_sandbox_writes):
+ * at each write that tells a Sandbox to run (made Running, or Running
+ * after Suspended) they record what an agent whose pod starts at that
+ * very moment meets: the phase of watched_task and the meter's answer to
+ * a call with the token of its Secret (the one the pod gets); while
+ * fail_runs is above 0 such a write fails instead (after the record).
+ * At each write that suspends a Sandbox that ran, the meter's answer to
+ * a call with stop_token (the token the stopping pod holds). Nothing
+ * here waits: the records are taken in the write itself, before it is
+ * made.
+ */
+static struct k8s_ops sandbox_watch_ops;
+static const struct k8s_ops *watched_ops;
+static int seen_runs, seen_run_charge, seen_stops, seen_stop_charge;
+static int fail_runs;
+static char *seen_phase;
+static const char *watched_task, *stop_token;
+
+/* Record (see above) the write of Sandbox name as obj; 0 or an error. */
+static int
+sandbox_write_seen(struct k8s_api *api, const char *ns, const char *name,
+    const json_t *obj, struct k8s_status *st)
+{
+	struct k8s_status gst = { 0 };
+	json_t *cur = NULL, *t;
+	const char *mode = jp(obj, "spec.operatingMode"), *was;
+	char *tok, *rid;
+	int rc = 0;
+
+	if (watched_ops->get(api, &K8S_SANDBOX, ns, name, &cur, &gst) < 0)
+		cur = NULL;
+	k8s_status_release(&gst);
+	was = cur != NULL ? jp(cur, "spec.operatingMode") : NULL;
+	if (streq_safe(mode, "Running") && (cur == NULL ||
+	    streq_safe(was, "Suspended"))) {
+		seen_runs++;
+		t = get_task(watched_task);
+		free(seen_phase);
+		seen_phase = jp(t, "status.phase") != NULL ?
+		    xstrdup(jp(t, "status.phase")) : NULL;
+		json_decref(t);
+		tok = token_of(watched_task);
+		rid = xasprintf("at-run-%d", seen_runs);
+		seen_run_charge = charge(tok, 1, rid);
+		free(rid);
+		free(tok);
+		if (fail_runs > 0) {
+			fail_runs--;
+			rc = k8s_status_set(st, K8S_EUNAVAILABLE,
+			    "injected: the sandbox write failed", NULL);
+		}
+	} else if (streq_safe(mode, "Suspended") && cur != NULL &&
+	    !streq_safe(was, "Suspended") && stop_token != NULL) {
+		seen_stops++;
+		rid = xasprintf("at-stop-%d", seen_stops);
+		seen_stop_charge = charge(stop_token, 1, rid);
+		free(rid);
+	}
+	json_decref(cur);
+	return rc;
+}
+
+static int
+watched_create(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const json_t *obj, json_t **out, struct k8s_status *st)
+{
+	int rc = r == &K8S_SANDBOX ? sandbox_write_seen(api, ns,
+	    k8s_meta_str(obj, "name"), obj, st) : 0;
+
+	if (rc < 0)
+		return rc;
+	return watched_ops->create(api, r, ns, obj, out, st);
+}
+
+static int
+watched_update(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, const json_t *obj, json_t **out,
+    struct k8s_status *st)
+{
+	int rc = r == &K8S_SANDBOX ? sandbox_write_seen(api, ns, name, obj,
+	    st) : 0;
+
+	if (rc < 0)
+		return rc;
+	return watched_ops->update(api, r, ns, name, obj, out, st);
+}
+
+/* A merge patch of a Sandbox (warm-pool mode: the bound one's mode). */
+static int
+watched_patch(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const char *name, int status, const json_t *patch,
+    json_t **out, struct k8s_status *st)
+{
+	int rc = r == &K8S_SANDBOX && !status ? sandbox_write_seen(api, ns,
+	    name, patch, st) : 0;
+
+	if (rc < 0)
+		return rc;
+	return watched_ops->patch(api, r, ns, name, status, patch, out, st);
+}
+
+/* The Sandbox writes of task are watched (see above). */
+static void
+watch_sandbox_writes(const char *task)
+{
+	watched_ops = env.api->ops;
+	sandbox_watch_ops = *watched_ops;
+	sandbox_watch_ops.create = watched_create;
+	sandbox_watch_ops.update = watched_update;
+	sandbox_watch_ops.patch = watched_patch;
+	watched_task = task;
+	seen_runs = seen_stops = fail_runs = 0;
+	seen_run_charge = seen_stop_charge = 0;
+	stop_token = NULL;
+	env.api->ops = &sandbox_watch_ops;
+}
+
+static void
+unwatch_sandbox_writes(void)
+{
+	env.api->ops = watched_ops;
+	free(seen_phase);
+	seen_phase = NULL;
+	watched_task = stop_token = NULL;
+}
+
+/*
+ * The order of the writes of a start, a pause and a resume, on the store
+ * of mode: a Sandbox is told to run only once the task's status is live
+ * and its token active, so the agent's first meter call is taken (not a
+ * 401 "task not live"); it is suspended only once the token its pod
+ * holds is revoked, so a paused agent spends nothing more.
+ */
+static void
+sandbox_write_order(int mode)
+{
+	char *name, *old_tok, *id;
+
+	if (mode != 1 && reopen_store(mode) < 0)
+		return;
+	/* the start: made Running once Provisioning */
+	name = new_task(NULL, NULL);
+	watch_sandbox_writes(name);
+	provision(name);
+	assert_int_equal(seen_runs, 1);
+	assert_string_equal(seen_phase, "Provisioning");
+	assert_int_equal(seen_run_charge, 200);
+	play(name, "True", "DependenciesReady", 0, "10.0.0.7", 0, 0);
+	reconcile(name);
+	assert_phase(name, "Active");
+
+	/* the pause: the token revoked before the Sandbox is suspended */
+	old_tok = token_of(name);
+	stop_token = old_tok;
+	set_suspended(name, 1);
+	reconcile(name);
+	assert_phase(name, "Pausing");
+	assert_int_equal(seen_stops, 1);
+	assert_int_equal(seen_stop_charge, 401);
+	play(name, "False", "SandboxSuspended", 0, NULL, 1, 0);
+	reconcile(name);
+	assert_phase(name, "Paused");
+	assert_int_equal(seen_runs, 1);
+
+	/* the resume: Running once live, with a new token that charges */
+	set_suspended(name, 0);
+	reconcile(name);
+	assert_int_equal(seen_runs, 2);
+	assert_string_equal(seen_phase, "Provisioning");
+	assert_int_equal(seen_run_charge, 200);
+	assert_phase(name, "Provisioning");
+	id = task_token_id(name);
+	assert_sandbox(name, "Running", id);
+	assert_int_equal(charge(old_tok, 1, "old-after-resume"), 401);
+	unwatch_sandbox_writes();
+	free(id);
+	free(old_tok);
+	free(name);
+	if (mode != 1) {
+		close_all();
+		open_all(1);
+	}
+}
+
+static void
+test_sandbox_write_order(void **state)
+{
+	(void)state;
+	sandbox_write_order(1);
+}
+
+static void
+test_rest_sandbox_write_order(void **state)
+{
+	(void)state;
+	sandbox_write_order(2);
+}
+
+static void
+test_kube_sandbox_write_order(void **state)
+{
+	(void)state;
+	sandbox_write_order(3);
+}
+
+/*
+ * A resume whose status is written but whose Sandbox write fails: the
+ * task is live (its token charges) but nothing runs, which neither its
+ * status nor its sticky comment calls running; the next pass starts the
+ * Sandbox.
+ */
+static void
+test_resume_sandbox_write_fails(void **state)
+{
+	char *name = active(), *cause = NULL, *body;
+	size_t len;
+	json_t *t;
+	int rc;
+
+	(void)state;
+	pause_task(name);
+	watch_sandbox_writes(name);
+	fail_runs = 1;
+	set_suspended(name, 0);
+	rc = controller_reconcile(&cc, NS, name, NULL, &cause);
+	assert_true(rc < 0);
+	free(cause);
+	assert_int_equal(seen_runs, 1);
+	assert_int_equal(seen_run_charge, 200);
+	assert_sandbox(name, "Suspended", NULL);
+	t = get_task(name);
+	assert_string_equal(jp(t, "status.phase"), "Provisioning");
+	assert_string_equal(jp(t, "status.message"), "starting the sandbox");
+	assert_string_equal(jp(cond(t, "Ready"), "status"), "False");
+	assert_string_equal(jp(cond(t, "TokenIssued"), "status"), "True");
+	body = notifier_render(t, NULL, &len);
+	assert_non_null(strstr(body, "(provisioning)"));
+	assert_non_null(strstr(body, "starting the sandbox"));
+	assert_null(strstr(body, "the agent is running"));
+	free(body);
+	json_decref(t);
+	/* the next pass finishes the job */
+	reconcile(name);
+	assert_int_equal(seen_runs, 2);
+	assert_string_equal(seen_phase, "Provisioning");
+	assert_int_equal(seen_run_charge, 200);
+	assert_sandbox(name, "Running", NULL);
+	assert_phase(name, "Provisioning");
+	unwatch_sandbox_writes();
+	play(name, "True", "DependenciesReady", 0, "10.0.0.8", 0, 0);
+	reconcile(name);
+	assert_phase(name, "Active");
+	free(name);
+}
+
 /*
  * A pass that puts back the task's preview annotations keeps an unchanged
  * phase (Paused, Failed): the phase must not point into the task object
@@ -2316,6 +2574,31 @@ test_warm_pool_resume(void **state)
 }
 
 /*
+ * Warm-pool mode: the bound Sandbox of a resumed task runs again only
+ * once its status is live, with the new token (a merge patch of it).
+ */
+static void
+test_warm_pool_write_order(void **state)
+{
+	char *name, *old_id, *old_tok;
+
+	(void)state;
+	cfg.sandbox.warm_pool = 2;
+	name = warm_paused_resumed(&old_id, &old_tok);
+	watch_sandbox_writes(name);
+	reconcile(name);
+	assert_int_equal(seen_runs, 1);
+	assert_string_equal(seen_phase, "Provisioning");
+	assert_int_equal(seen_run_charge, 200);
+	unwatch_sandbox_writes();
+	assert_warm_resumed(name, old_id, old_tok);
+	cfg.sandbox.warm_pool = 0;
+	free(old_tok);
+	free(old_id);
+	free(name);
+}
+
+/*
  * Warm-pool mode, the token replaced while the claim's pod may still run
  * (resumed before it stopped, the Secret lost): the Sandbox stays or goes
  * Suspended, its template unchanged, until the pod is gone, and then runs
@@ -3500,13 +3783,14 @@ test_queue_admitted_counts(void **state)
 }
 
 /*
- * A task admitted whose pass fails after it made its children (its
- * status write keeps losing to another writer, or the API server fails)
- * keeps its slot: its Sandbox runs with its token, so until it is
- * Provisioning it still counts as running, and an earlier task that
- * resumes meanwhile (or a re-run, FIFO puts both first) waits. Given the
- * slot back, the resumed task was admitted too: two Sandboxes running
- * with a limit of 1, and the first task then queued beside its own.
+ * A task admitted whose pass fails after it made its token (its status
+ * write keeps losing to another writer, or the API server fails) keeps
+ * its slot: its token is live and its next pass starts its Sandbox, so
+ * until it is Provisioning it still counts as running, and an earlier
+ * task that resumes meanwhile (or a re-run, FIFO puts both first)
+ * waits. Given the slot back, the resumed task was admitted too: two
+ * Sandboxes running with a limit of 1, and the first task then queued
+ * beside its own.
  */
 static const char *conflict_task;
 
@@ -3542,8 +3826,10 @@ test_queue_failed_write_keeps_slot(void **state)
 	cc.test_hook = NULL;
 	conflict_task = NULL;
 	assert_phase(b, "Pending");
-	assert_sandbox(b, "Running", NULL);
-	/* a resumes: b's Sandbox runs, so a waits */
+	/* no Sandbox runs before the status says Provisioning */
+	t = get(&K8S_SANDBOX, b);
+	assert_null(t);
+	/* a resumes: b's slot stands, so a waits */
 	set_suspended(a, 0);
 	reconcile(a);
 	assert_queued(a, "Paused", "waiting for a free slot to resume: 1 of 1 "
@@ -3551,6 +3837,7 @@ test_queue_failed_write_keeps_slot(void **state)
 	/* b's next pass takes its slot up again */
 	reconcile(b);
 	assert_phase(b, "Provisioning");
+	assert_sandbox(b, "Running", NULL);
 	t = get_task(b);
 	assert_index(jp(t, "status.tokenId"), "active");
 	json_decref(t);
@@ -3628,7 +3915,8 @@ backdate_stalled(const char *name, int64_t secs)
 /*
  * A pass the API server refuses for good (here a 403 on every Sandbox
  * create: RBAC, a quota, an admission webhook) no longer leaves the task
- * Pending for ever in the only slot: the task says so at once (condition
+ * Provisioning (its status is live before its Sandbox is made) for ever
+ * in the only slot: the task says so at once (condition
  * Stalled, the cause; status.message does not carry it to the pull
  * request), asks for another look when the grace ends, and fails once it
  * has been stalled for longer than CONTROLLER_ERROR_GRACE_S; its token is
@@ -3654,7 +3942,7 @@ test_stalled_task_fails(void **state)
 	assert_true(requeue > (CONTROLLER_ERROR_GRACE_S - 5) * 1000);
 	assert_true(requeue <= (CONTROLLER_ERROR_GRACE_S + 1) * 1000);
 	t = get_task(a);
-	assert_string_equal(jp(t, "status.phase"), "Pending");
+	assert_string_equal(jp(t, "status.phase"), "Provisioning");
 	assert_string_equal(jp(cond(t, "Stalled"), "status"), "True");
 	assert_string_equal(jp(cond(t, "Stalled"), "reason"),
 	    CONTROLLER_REASON_STALLED);
@@ -3700,7 +3988,7 @@ test_stalled_task_fails(void **state)
 	assert_null(cond(t, "Stalled"));
 	assert_string_equal(jp(cond(t, "TokenIssued"), "status"), "False");
 	json_decref(t);
-	/* the token its first pass made (no status write recorded it) */
+	/* the token its first pass made */
 	t = get(&K8S_SECRET, "stall-a-token");
 	assert_non_null(t);
 	assert_index(jp(t, "metadata.annotations.divergedev.com/token-id"),
@@ -3869,43 +4157,46 @@ relist_slots(void)
 }
 
 /*
- * kill -9 of an admitted pass after it made the Sandbox, before its
+ * kill -9 of an admitted pass after it made its token and before its
  * Provisioning write: the admission record (in memory) is lost, and the
- * task is Pending with its Sandbox running and a live token. Its own
- * Sandbox, running for the current run, stands for the record: after
- * the restart (its relist shows a, earlier, resumed meanwhile) b is
- * admitted again with its token, and a waits; queued, b's token was
- * revoked while its Sandbox ran, and a was admitted beside it.
+ * task is Pending with a live token, but no Sandbox: one is made only
+ * once the status says Provisioning. After the restart (its relist
+ * shows a, earlier, resumed meanwhile) a takes the slot, first in line,
+ * and b waits, its token revoked; nothing of b ever ran with it, so
+ * never two tasks run with a limit of 1.
  */
 static void
 test_queue_crash_admitted(void **state)
 {
-	char *a, *b, *id;
-	json_t *t, *sb;
+	char *a, *b, *sname, *id;
+	json_t *sec;
 
 	(void)state;
 	paused_and_pending("x1", &a, "x2", &b);
 	crash_reconcile(b, 4);
-	t = get_task(b);
-	assert_string_equal(jp(t, "status.phase"), "Pending");
-	json_decref(t);
-	assert_sandbox(b, "Running", NULL);
-	sb = get(&K8S_SANDBOX, b);
-	id = xstrdup(jp(sb, "metadata.annotations.divergedev.com/token-id"));
-	json_decref(sb);
+	assert_phase(b, "Pending");
+	assert_null(get(&K8S_SANDBOX, b));
+	sname = xasprintf("%s-token", b);
+	sec = get(&K8S_SECRET, sname);
+	assert_non_null(sec);
+	id = xstrdup(jp(sec, "metadata.annotations.divergedev.com/token-id"));
+	json_decref(sec);
 	assert_index(id, "active");
 	set_suspended(a, 0);
 	relist_slots();
 	reconcile(b);
-	assert_phase(b, "Provisioning");
-	t = get_task(b);
-	assert_string_equal(jp(t, "status.tokenId"), id);
-	json_decref(t);
-	assert_index(id, "active");
+	assert_queued(b, "Pending", "waiting for a free slot: 0 of 1 tasks "
+	    "are running; 1 queued ahead");
+	assert_index(id, "revoked");
+	assert_null(get(&K8S_SANDBOX, b));
 	reconcile(a);
-	assert_queued(a, "Paused", "waiting for a free slot to resume: 1 of 1 "
-	    "tasks are running; 0 queued ahead");
+	assert_phase(a, "Provisioning");
+	assert_sandbox(a, "Running", NULL);
+	reconcile(b);
+	assert_queued(b, "Pending", "waiting for a free slot: 1 of 1 tasks "
+	    "are running; 0 queued ahead");
 	free(id);
+	free(sname);
 	free(a);
 	free(b);
 }
@@ -4825,6 +5116,11 @@ main(void)
 		cmocka_unit_test(test_active_not_on_replaced_generation),
 		cmocka_unit_test(test_pause_resume),
 		cmocka_unit_test(test_resume_before_stopped),
+		cmocka_unit_test(test_sandbox_write_order),
+		cmocka_unit_test(test_rest_sandbox_write_order),
+		cmocka_unit_test(test_kube_sandbox_write_order),
+		cmocka_unit_test(test_resume_sandbox_write_fails),
+		cmocka_unit_test(test_warm_pool_write_order),
 		cmocka_unit_test(test_annotations_keep_phase),
 		cmocka_unit_test(test_token_replaced_revoked),
 		cmocka_unit_test(test_token_extended),
