@@ -1,4 +1,7 @@
-/* One line per event, key=value text or JSON, to stderr. */
+/*
+ * One line per event, key=value text or JSON, to stderr, with credentials
+ * redacted (util/redact.c).
+ */
 #include "config.h"
 
 #include <pthread.h>
@@ -132,6 +135,7 @@ log_vkv(enum log_level level, const char *msg, va_list ap)
 	/* one format for the whole line, whatever SIGHUP does meanwhile */
 	int json = __atomic_load_n(&log_json, __ATOMIC_RELAXED);
 	const char *k, *v;
+	char *r;
 
 	if (!log_enabled(level))
 		return;
@@ -142,12 +146,20 @@ log_vkv(enum log_level level, const char *msg, va_list ap)
 	if (json) {
 		buf_printf(&b, "{\"ts\":\"%s.%03dZ\",\"level\":\"%s\",\"msg\":",
 		    ts, (int)(ms % 1000), level_names[level]);
-		add_json_string(&b, msg);
 	} else {
 		buf_printf(&b, "ts=%s.%03dZ level=%s msg=", ts,
 		    (int)(ms % 1000), level_names[level]);
-		add_text_value(&b, msg);
 	}
+	/*
+	 * Redacted before escaping and cutting: a secret is found as it
+	 * was registered, and a cut cannot leave the start of one behind.
+	 */
+	r = redact(msg);
+	if (json)
+		add_json_string(&b, r != NULL ? r : msg);
+	else
+		add_text_value(&b, r != NULL ? r : msg);
+	free(r);
 	while ((k = va_arg(ap, const char *)) != NULL) {
 		v = va_arg(ap, const char *);
 		if (v == NULL)
@@ -155,6 +167,9 @@ log_vkv(enum log_level level, const char *msg, va_list ap)
 		/* room for this pair and the end of the line, or stop here */
 		if (b.len + 6 * (strlen(k) + LOG_VALUE_MAX) + 64 > LOG_LINE_MAX)
 			break;
+		r = redact(v);
+		if (r != NULL)
+			v = r;
 		if (json) {
 			buf_addstr(&b, ",");
 			add_json_string(&b, k);
@@ -166,6 +181,7 @@ log_vkv(enum log_level level, const char *msg, va_list ap)
 			buf_addstr(&b, "=");
 			add_text_value(&b, v);
 		}
+		free(r);
 	}
 	buf_addstr(&b, json ? "}\n" : "\n");
 	if (b.data != NULL) {

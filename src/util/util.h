@@ -76,11 +76,41 @@ int log_level_parse(const char *s);
 /*
  * Log msg with key/value string pairs, terminated by NULL:
  *   log_kv(LOG_INFO, "webhook accepted", "delivery", id, NULL);
- * A NULL value prints as "-". Never pass secrets.
+ * A NULL value prints as "-". Never pass secrets: registered ones and
+ * credential shapes are redacted (redact() below), but only as a backstop.
  */
 void log_kv(enum log_level level, const char *msg, ...);
 void log_vkv(enum log_level level, const char *msg, va_list ap);
 int log_enabled(enum log_level level);
+
+/*
+ * ---- redaction (util/redact.c) ----
+ * log_vkv passes the message and every value through redact(); code that
+ * copies an upstream message (an API's error, a plugin's stderr, a libcurl
+ * error) into something users see (a status, a comment, a reply) calls it
+ * too.
+ */
+#define REDACTED "[redacted]"
+/* Values shorter than this are not registered: they would shred words. */
+#define REDACT_MIN_LEN 8
+/*
+ * Register a secret value (a copy is kept, wiped when dropped): it is
+ * trimmed of surrounding white space, and each line of a multi-line value
+ * (a PEM key) is registered as well. Values are kept after a rotation; the
+ * oldest go when 256 are held.
+ */
+void redact_secret_add(const char *v, size_t len);
+/* Forget every registered value (tests). */
+void redact_secrets_clear(void);
+/*
+ * A new copy of s with every registered secret (raw or JSON-escaped), and
+ * the credentials of an Authorization-like header, of "Bearer x", of a
+ * ?token=/&password= query parameter and of a URL's userinfo replaced by
+ * REDACTED; NULL when nothing in s needs hiding (or s is NULL).
+ */
+char *redact(const char *s);
+/* Like redact() but always a new string (NULL only for NULL). */
+char *redact_xstrdup(const char *s);
 
 /* ---- crypto and encodings ---- */
 /* HMAC-SHA256 of data with key; out gets 32 bytes. */

@@ -654,6 +654,25 @@ dump_compact(void **state)
 }
 
 /*
+ * Put stderr back (saved) after logging into fd, and quiet the log: fd
+ * to read from the start.
+ */
+static FILE *
+log_captured(int fd, int saved)
+{
+	FILE *f;
+
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	log_setup(LOG_ERROR, 0);
+	f = fdopen(fd, "r");
+	assert_non_null(f);
+	rewind(f);
+	return f;
+}
+
+/*
  * Log lines stay lines: a value of any size or bytes (a delivery id is
  * logged before its signature is checked) is escaped and cut, the line
  * is ended, JSON lines are valid JSON in valid UTF-8.
@@ -678,13 +697,7 @@ log_lines(void **state)
 		log_kv(LOG_INFO, "huge", "did", huge, "after", "x", NULL);
 		log_kv(LOG_INFO, "next", "did", "after", NULL);
 	}
-	fflush(stderr);
-	dup2(saved, 2);
-	close(saved);
-	log_setup(LOG_ERROR, 0);
-	f = fdopen(fd, "r");
-	assert_non_null(f);
-	rewind(f);
+	f = log_captured(fd, saved);
 	for (json = 1; json >= 0; json--) {
 		int i;
 
@@ -729,6 +742,199 @@ log_lines(void **state)
 	free(huge);
 }
 
+/* redact(s) as a string: s itself when nothing was hidden. */
+static char *
+redacted(const char *s)
+{
+	char *r = redact(s);
+
+	return r != NULL ? r : xstrdup(s);
+}
+
+static void
+redact_is(const char *in, const char *want)
+{
+	char *r = redacted(in);
+
+	assert_string_equal(r, want);
+	free(r);
+}
+
+/*
+ * Registered secrets are hidden wherever they occur, overlapping or not,
+ * raw or JSON-escaped, and when text cut short ends in their first part;
+ * short values are not registered.
+ */
+static void
+redact_secrets(void **state)
+{
+	static const char pem[] = "-----BEGIN RSA PRIVATE KEY-----\n"
+	    "MIIEowIBAAKCAQEAxyzLINEONEOFTHEKEY0123456789\n"
+	    "ANOTHERLINEofthekey+/0123456789abcdefgh==\n"
+	    "-----END RSA PRIVATE KEY-----\n";
+
+	(void)state;
+	redact_secrets_clear();
+	assert_null(redact("nothing to see: the token was refused"));
+	redact_secret_add("ghp_SECRETtoken123\n", 19);
+	redact_secret_add("whsec-OTHER-secret", 18);
+	redact_secret_add("short", 5);
+	redact_secret_add("1234567", 7);
+	/* a second time is the same value */
+	redact_secret_add("ghp_SECRETtoken123", 18);
+	redact_is("Bad credentials for ghp_SECRETtoken123 (ghp_SECRETtoken123)",
+	    "Bad credentials for [redacted] ([redacted])");
+	redact_is("a=ghp_SECRETtoken123whsec-OTHER-secret;",
+	    "a=[redacted];");
+	/* short values stay: they would shred words */
+	redact_is("a short message, 1234567", "a short message, 1234567");
+	/* overlapping secrets: one run */
+	redact_secret_add("abcdefgh12345678", 16);
+	redact_secret_add("12345678XYZXYZXY", 16);
+	redact_is("[abcdefgh12345678XYZXYZXY]", "[[redacted]]");
+	redact_is("xabcdefgh12345678abcdefgh12345678x", "x[redacted]x");
+	/* a message cut in the middle of a secret */
+	redact_is("the header was Bearer-less ghp_SECRETt",
+	    "the header was Bearer-less [redacted]");
+	redact_is("ends in ghp_SEC", "ends in ghp_SEC");
+	/* a secret with JSON's special characters, as a JSON body has it */
+	redact_secret_add("pa\"ss\\word-1", 12);
+	redact_is("{\"password\":\"pa\\\"ss\\\\word-1\"}",
+	    "{\"password\":\"[redacted]\"}");
+	redact_is("raw pa\"ss\\word-1 here", "raw [redacted] here");
+	/* each line of a key */
+	redact_secret_add(pem, sizeof(pem) - 1);
+	redact_is("bad key line ANOTHERLINEofthekey+/0123456789abcdefgh==",
+	    "bad key line [redacted]");
+	redact_is("-----END RSA PRIVATE KEY----- is fine",
+	    "-----END RSA PRIVATE KEY----- is fine");
+	redact_secrets_clear();
+	redact_is("ghp_SECRETtoken123", "ghp_SECRETtoken123");
+}
+
+/* Credential shapes that are not ours, without false positives. */
+static void
+redact_shapes(void **state)
+{
+	(void)state;
+	redact_secrets_clear();
+	redact_is("proxy said: Authorization: Bearer abc.def-ghi_1 (denied)",
+	    "proxy said: Authorization: Bearer [redacted] (denied)");
+	redact_is("{\"authorization\":\"token ghp_x\"}",
+	    "{\"authorization\":\"token [redacted]\"}");
+	redact_is("Proxy-Authorization: Basic dXNlcjpwYXNz",
+	    "Proxy-Authorization: Basic [redacted]");
+	redact_is("PRIVATE-TOKEN: glpat-abcdefgh1234",
+	    "PRIVATE-TOKEN: [redacted]");
+	redact_is("invalid bearer eyJhbGciOi.J9x-y",
+	    "invalid bearer [redacted]");
+	redact_is("GET /x?page=2&access_token=abc123&per_page=5 failed",
+	    "GET /x?page=2&access_token=[redacted]&per_page=5 failed");
+	redact_is("https://u?token=s3cr3t", "https://u?token=[redacted]");
+	redact_is("push to https://x-access-token:ghs_abc@github.com/o/r.git",
+	    "push to https://[redacted]@github.com/o/r.git");
+	redact_is("proxy http://bob:hunter2@10.0.0.1:3128 refused",
+	    "proxy http://[redacted]@10.0.0.1:3128 refused");
+	/* ordinary text stays as it is */
+	redact_is("Authorization: required for this endpoint",
+	    "Authorization: required for this endpoint");
+	redact_is("invalid bearer credentials", "invalid bearer credentials");
+	redact_is("the bearer token is invalid", "the bearer token is invalid");
+	redact_is("ssh://git@github.com/o/r.git",
+	    "ssh://git@github.com/o/r.git");
+	redact_is("GET /repos/o/r/pulls?state=open&page=2",
+	    "GET /repos/o/r/pulls?state=open&page=2");
+	redact_is("token expired, password reset, authorization failed",
+	    "token expired, password reset, authorization failed");
+	redact_is("", "");
+}
+
+static void *
+redact_loop(void *arg)
+{
+	int i;
+
+	(void)arg;
+	for (i = 0; i < 2000; i++)
+		free(redact("fault: secret-value-0000100 and more text"));
+	return NULL;
+}
+
+/*
+ * Lines are redacted while secrets come and go (a rotation, a SIGHUP):
+ * more than the registry keeps, so the oldest are dropped meanwhile.
+ */
+static void
+redact_threads(void **state)
+{
+	pthread_t th[4];
+	char v[32];
+	int i;
+
+	(void)state;
+	redact_secrets_clear();
+	for (i = 0; i < 4; i++)
+		assert_int_equal(pthread_create(&th[i], NULL, redact_loop,
+		    NULL), 0);
+	for (i = 0; i < 300; i++) {
+		snprintf(v, sizeof(v), "secret-value-%07d", i);
+		redact_secret_add(v, strlen(v));
+	}
+	for (i = 0; i < 4; i++)
+		pthread_join(th[i], NULL);
+	/* the newest 256 are kept, the first ones went */
+	redact_is("secret-value-0000299", "[redacted]");
+	redact_is("secret-value-0000000", "secret-value-0000000");
+	redact_secrets_clear();
+}
+
+/* Both log formats hide secrets, in the message and in values. */
+static void
+log_redacts(void **state)
+{
+	char path[] = "/tmp/diverge-log-XXXXXX", line[4096];
+	int fd = mkstemp(path), saved = dup(2), json;
+	FILE *f;
+
+	(void)state;
+	assert_true(fd >= 0 && saved >= 0);
+	redact_secrets_clear();
+	redact_secret_add("tok\"en\\0123456", 14);
+	assert_int_equal(dup2(fd, 2), 2);
+	for (json = 1; json >= 0; json--) {
+		log_setup(LOG_INFO, json);
+		log_kv(LOG_INFO, "msg tok\"en\\0123456", "error",
+		    "HTTP 401: 'Bad credentials tok\"en\\0123456'", "auth",
+		    "Authorization: Bearer zzz-9999-yyy", NULL);
+	}
+	f = log_captured(fd, saved);
+	for (json = 1; json >= 0; json--) {
+		json_t *j;
+
+		assert_non_null(fgets(line, sizeof(line), f));
+		assert_null(strstr(line, "0123456"));
+		assert_null(strstr(line, "zzz-9999"));
+		if (!json) {
+			assert_non_null(strstr(line, "msg=\"msg [redacted]\""));
+			assert_non_null(strstr(line,
+			    "error=\"HTTP 401: 'Bad credentials [redacted]'\""));
+			continue;
+		}
+		j = json_loads(line, 0, NULL);
+		assert_non_null(j);
+		assert_string_equal(json_string_value(json_object_get(j,
+		    "msg")), "msg [redacted]");
+		assert_string_equal(json_string_value(json_object_get(j,
+		    "error")), "HTTP 401: 'Bad credentials [redacted]'");
+		assert_string_equal(json_string_value(json_object_get(j,
+		    "auth")), "Authorization: Bearer [redacted]");
+		json_decref(j);
+	}
+	fclose(f);
+	unlink(path);
+	redact_secrets_clear();
+}
+
 int
 main(void)
 {
@@ -747,6 +953,10 @@ main(void)
 		cmocka_unit_test(jscan_word_runs),
 		cmocka_unit_test(dump_compact),
 		cmocka_unit_test(log_lines),
+		cmocka_unit_test(redact_secrets),
+		cmocka_unit_test(redact_shapes),
+		cmocka_unit_test(redact_threads),
+		cmocka_unit_test(log_redacts),
 	};
 
 	util_json_init();
