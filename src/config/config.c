@@ -2083,6 +2083,8 @@ config_secret_read(const char *ref, char **out, size_t *outlen,
 		    "env:NAME");
 		goto out;
 	}
+	/* every secret read, at start or on SIGHUP, is hidden from logs */
+	redact_secret_add(value, len);
 	*out = value;
 	if (outlen != NULL)
 		*outlen = len;

@@ -445,6 +445,8 @@ parse_credential(const struct k8s_cluster *c, const char *cmd,
 		*cause = xasprintf("k8s: exec plugin '%s': expirationTimestamp "
 		    "'%.64s' is not a time", cmd, exp);
 	} else {
+		/* each new token joins the old ones (util/redact.c) */
+		redact_secret_add(tok, strlen(tok));
 		*token = xstrdup(tok);
 		ret = 0;
 	}

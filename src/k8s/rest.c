@@ -580,6 +580,8 @@ read_token(const char *path)
 		buf_release(&b);
 		return NULL;
 	}
+	/* a rotated token is hidden from logs like the first one */
+	redact_secret_add(b.data, b.len);
 	return buf_detach(&b, NULL);
 }
 
@@ -2595,6 +2597,13 @@ k8s_rest_open(struct k8s_api **out, const struct k8s_cluster *c,
 		free(why);
 		goto out;
 	}
+	/* hidden from logs: an upstream error may quote them */
+	if (rs->c.token != NULL)
+		redact_secret_add(rs->c.token, strlen(rs->c.token));
+	if (rs->c.password != NULL)
+		redact_secret_add(rs->c.password, strlen(rs->c.password));
+	if (rs->proxy.pass != NULL)
+		redact_secret_add(rs->proxy.pass, strlen(rs->proxy.pass));
 	if (rs->proxy.shown != NULL)
 		log_kv(LOG_INFO, "k8s: the API server through a proxy",
 		    "server", rs->shown, "proxy", rs->proxy.shown, NULL);

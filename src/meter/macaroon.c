@@ -1374,6 +1374,8 @@ parse_key(const char *text, size_t len, unsigned char key[MACAROON_KEY_LEN],
 		*why = xstrdup("the key is all zeros");
 		goto out;
 	}
+	/* the hex text is the key: hidden from logs wherever it shows */
+	redact_secret_add(text, len);
 	memcpy(key, tmp, MACAROON_KEY_LEN);
 	ret = 0;
 out:
@@ -1562,6 +1564,7 @@ meter_root_key_ensure_file(const char *path,
 		    strerror(errno));
 		goto out;
 	}
+	redact_secret_add(text, 2 * MACAROON_KEY_LEN);
 	memcpy(key, raw, MACAROON_KEY_LEN);
 	ret = 0;
 out:

@@ -303,6 +303,8 @@ token_mint(struct github *g, int64_t installation, char **tok,
 		ret = SCM_EINTERNAL;
 		goto out;
 	}
+	/* minted every hour: older ones are kept too (util/redact.c) */
+	redact_secret_add(t, strlen(t));
 	*tok = xstrdup(t);
 	*expires = scm_parse_time(exp);
 	if (*expires < 0)	/* GitHub says one hour */
