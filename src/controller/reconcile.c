@@ -1220,6 +1220,21 @@ plan_admission(struct rctx *x, const struct obs *o, struct plan *p)
 	return 0;
 }
 
+/*
+ * A status message as a JSON string, credentials redacted: messages quote
+ * upstream errors (the API server's, a sandbox's), and a task's status is
+ * read by everyone who may read the task, and copied to the PR.
+ */
+static json_t *
+status_message(const char *m)
+{
+	char *r = redact(m);
+	json_t *j = json_string(r != NULL ? r : m);
+
+	free(r);
+	return j;
+}
+
 /* Set a condition in conds; lastTransitionTime moves with status only. */
 static void
 set_cond(json_t *conds, const json_t *old, const char *type, int ok,
@@ -1232,15 +1247,15 @@ set_cond(json_t *conds, const json_t *old, const char *type, int ok,
 
 	if (o != NULL && streq(jstr(o, "status"), status) &&
 	    jstr(o, "lastTransitionTime") != NULL) {
-		c = json_pack("{s:s,s:s,s:s,s:s,s:s}", "type", type, "status",
-		    status, "reason", reason, "message", message != NULL ?
-		    message : "", "lastTransitionTime", jstr(o,
-		    "lastTransitionTime"));
+		c = json_pack("{s:s,s:s,s:s,s:o,s:s}", "type", type, "status",
+		    status, "reason", reason, "message", status_message(
+		    message != NULL ? message : ""), "lastTransitionTime",
+		    jstr(o, "lastTransitionTime"));
 	} else {
 		time_rfc3339(now, ts);
-		c = json_pack("{s:s,s:s,s:s,s:s,s:s}", "type", type, "status",
-		    status, "reason", reason, "message", message != NULL ?
-		    message : "", "lastTransitionTime", ts);
+		c = json_pack("{s:s,s:s,s:s,s:o,s:s}", "type", type, "status",
+		    status, "reason", reason, "message", status_message(
+		    message != NULL ? message : ""), "lastTransitionTime", ts);
 	}
 	json_array_append_new(conds, c);
 }
@@ -1924,10 +1939,11 @@ reconcile_once(struct rctx *x)
 		json_object_set_new(status, "reason", json_string(p.reason));
 		if (p.message != NULL)
 			json_object_set_new(status, "message",
-			    json_string(p.message));
+			    status_message(p.message));
 	}
 	if (conflict != NULL && !phase_terminal(p.phase))
-		json_object_set_new(status, "message", json_string(conflict));
+		json_object_set_new(status, "message",
+		    status_message(conflict));
 	else if (!phase_terminal(p.phase) && !streq(p.phase, "Paused") &&
 	    p.message == NULL) {
 		char *m;
@@ -1948,7 +1964,7 @@ reconcile_once(struct rctx *x)
 			    quote_len(v.message), v.message);
 		else
 			m = xstrdup("waiting for the sandbox: not ready");
-		json_object_set_new(status, "message", json_string(m));
+		json_object_set_new(status, "message", status_message(m));
 		free(m);
 	} else if ((p.transition || p.restate) && streq(p.phase, "Paused") &&
 	    p.message == NULL) {
@@ -2099,7 +2115,7 @@ note_stall(struct rctx *x, int64_t *requeue_ms)
 	json_t *task = NULL, *status, *conds;
 	const char *cause = x->cause != NULL ? x->cause : "reconcile failed";
 	int64_t since = x->now;
-	char *msg = NULL;
+	char *msg = NULL, *red;
 	size_t i;
 	int fail;
 
@@ -2122,7 +2138,10 @@ note_stall(struct rctx *x, int64_t *requeue_ms)
 	json_array_foreach(json_object_get(old, "conditions"), i, it)
 		if (!streq(jstr(it, "type"), "Stalled"))
 			json_array_append(conds, (json_t *)it);
-	msg = xasprintf("%.*s", quote_len(cause), cause);
+	/* redacted before the cut, which could keep a secret's start */
+	red = redact_xstrdup(cause);
+	msg = xasprintf("%.*s", quote_len(red), red);
+	free(red);
 	set_cond(conds, task, "Stalled", 1, CONTROLLER_REASON_STALLED, msg,
 	    x->now);
 	json_object_set_new(status, "conditions", conds);

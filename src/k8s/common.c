@@ -339,11 +339,17 @@ k8s_status_from_json(struct k8s_status *st, int code, const json_t *j)
 	const char *msg = json_string_value(json_object_get(j, "message"));
 	json_t *det = json_object_get(j, "details");
 	enum k8s_err err = k8s_err_from_http(code, reason);
-	char *m = NULL;
+	char *m;
 
+	/*
+	 * The server's (or a proxy's) message may quote our token; it goes
+	 * to logs, task conditions and replies from here.
+	 */
 	if (msg == NULL)
 		m = xasprintf("the server answered %d", code);
-	k8s_status_set(st, err, msg ? msg : m, det ? json_incref(det) : NULL);
+	else
+		m = redact_xstrdup(msg);
+	k8s_status_set(st, err, m, det ? json_incref(det) : NULL);
 	if (st != NULL) {
 		st->code = code;
 		if (reason != NULL) {

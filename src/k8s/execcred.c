@@ -411,10 +411,19 @@ static char *
 err_line(const struct buf *eb)
 {
 	size_t n = 0;
+	char *line, *r;
 
 	while (eb->data != NULL && n < eb->len && eb->data[n] != '\n')
 		n++;
-	return n > 0 ? xasprintf(": %.*s", (int)n, eb->data) : xstrdup("");
+	if (n == 0)
+		return xstrdup("");
+	/* a plugin may print the token, or the one it was refused */
+	line = xasprintf(": %.*s", (int)n, eb->data);
+	r = redact(line);
+	if (r == NULL)
+		return line;
+	free(line);
+	return r;
 }
 
 /* Parse the ExecCredential the plugin printed. */

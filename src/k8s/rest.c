@@ -369,11 +369,15 @@ k8s_proxy_url_check(const char *url, char **why)
 static char *
 transport_why(const struct rest *rs, const char *errbuf, CURLcode rc)
 {
-	const char *why = errbuf[0] != '\0' ? errbuf : curl_easy_strerror(rc);
+	/* libcurl's text may quote a URL with its userinfo */
+	char *why = redact_xstrdup(errbuf[0] != '\0' ? errbuf :
+	    curl_easy_strerror(rc)), *s;
 
 	if (rs->proxy.shown == NULL)
-		return xstrdup(why);
-	return xasprintf("%s (through the proxy %s)", why, rs->proxy.shown);
+		return why;
+	s = xasprintf("%s (through the proxy %s)", why, rs->proxy.shown);
+	free(why);
+	return s;
 }
 
 /* Percent-encode everything but RFC 3986 unreserved characters. */

@@ -660,9 +660,15 @@ notifier_render(const json_t *task, const struct notifier_render_opts *opts,
 		    "`/diverge status`)\n\n", K8S_TASK_QUEUE_WAIT,
 		    is_phase(phase, "Paused") ? " to resume" : "");
 	} else if (s != NULL && *s) {
+		/* it may quote an upstream error; no token goes to a PR */
+		char *r = redact(s);
+
+		if (r != NULL)
+			s = r;
 		buf_addstr(&b, "**Message:** ");
 		notifier_escape_inline(&b, s, strlen(s), NOTIFIER_CAP_MESSAGE);
 		buf_addstr(&b, "\n\n");
+		free(r);
 	}
 	s = json_string_value(json_object_get(json_object_get(
 	    json_object_get(task, "metadata"), "annotations"),

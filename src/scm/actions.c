@@ -1307,11 +1307,14 @@ on_comment(struct run *r, char **cause)
 		    "delivery", ev->delivery, NULL);
 	} else if (r->reply.len > 0) {
 		int64_t id = 0;
+		/* replies quote errors, which may quote a credential */
+		char *body = redact_xstrdup(r->reply.data);
 
 		/* an internal note's reply: as internal as the note */
 		rc = (ev->internal ? r->client->ops->create_internal_comment :
 		    r->client->ops->create_comment)(r->client, &r->repo,
-		    ev->number, r->reply.data, &id, cause);
+		    ev->number, body, &id, cause);
+		free(body);
 		if (scm_retry(r, rc)) {
 			ret = INBOX_RETRY;
 			goto out;

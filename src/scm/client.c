@@ -1196,7 +1196,7 @@ static int
 http_error(struct scm_http *h, const struct scm_req *rq, const char *shown,
     const struct scm_resp *rp, int ratelimited, char **cause)
 {
-	char msg[MAX_MESSAGE + 1];
+	char msg[MAX_MESSAGE + 1], *red;
 	const char *m = NULL;
 	json_t *j = NULL;
 	size_t i;
@@ -1217,12 +1217,20 @@ http_error(struct scm_http *h, const struct scm_req *rq, const char *shown,
 	msg[0] = '\0';
 	if (!rq->secret_reply)
 		m = reply_message(rp, &j);
+	/*
+	 * It may quote our token (a proxy echoing the header): redacted
+	 * before the cut, which could otherwise keep the token's start.
+	 */
+	red = redact(m);
+	if (red != NULL)
+		m = red;
 	if (m != NULL) {
 		/* printable ASCII only, bounded */
 		for (i = 0; m[i] != '\0' && i < MAX_MESSAGE; i++)
 			msg[i] = m[i] >= 0x20 && m[i] < 0x7f ? m[i] : '?';
 		msg[i] = '\0';
 	}
+	free(red);
 	*cause = xasprintf("%s: %s %s: HTTP %ld (%s%s%s%s)%s",
 	    scm_http_name(h), rq->method, shown, rp->code, code_text(rp->code),
 	    msg[0] != '\0' ? ": '" : "", msg, msg[0] != '\0' ? "'" : "",
@@ -1392,10 +1400,13 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 				    shown);
 				ret = SCM_EUNAVAILABLE;
 			} else if (rc != CURLE_OK) {
+				/* libcurl's text may name a proxy's URL */
+				char *why = redact_xstrdup(errbuf[0] != '\0' ?
+				    errbuf : curl_easy_strerror(rc));
+
 				*cause = xasprintf("%s: %s %s: %s",
-				    scm_http_name(h), rq->method, shown,
-				    errbuf[0] != '\0' ? errbuf :
-				    curl_easy_strerror(rc));
+				    scm_http_name(h), rq->method, shown, why);
+				free(why);
 				ret = SCM_EUNAVAILABLE;
 			} else
 				ret = http_error(h, rq, shown, rp, rl, cause);
