@@ -236,8 +236,12 @@ FAULT_REASONS = {
 }
 
 
-def fault_error(code, retry_after):
+def fault_error(code, retry_after, echo=None):
+    """echo: the Authorization header line to quote in the message, as
+    an authenticating proxy in front of the API server may."""
     reason, msg = FAULT_REASONS.get(code, ("InternalError", "injected fault"))
+    if echo is not None:
+        msg = "%s (request had Authorization: %s)" % (msg, echo)
     details = None
     headers = {}
     if retry_after is not None:
@@ -2338,7 +2342,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 # fairness) always says Retry-After: 1; null: none
                 retry_after = fault.get("retry_after",
                                         1 if code == 429 else None)
-                raise fault_error(code, retry_after)
+                raise fault_error(code, retry_after, self.headers.get(
+                    "Authorization", "") if fault.get("echo_auth") else None)
             self.route(method, path, query, body)
         except ApiError as e:
             self.send_json(e.code, e.body, e.headers)

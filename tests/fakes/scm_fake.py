@@ -1085,12 +1085,30 @@ class Api:
         """Whose rate limits the request spends (None: nobody known)."""
         return None
 
+    def echo_auth(self, f):
+        """The fault's message quoting the credential the request came
+        with, as some proxies and gateways in front of an API do:
+        "header" the whole Authorization (or PRIVATE-TOKEN) header line,
+        "token" the bare token."""
+        h = self.h.headers
+        name = "Authorization" if h.get("Authorization") else "PRIVATE-TOKEN"
+        value = h.get(name) or ""
+        base = f.get("message") or {401: "Bad credentials",
+                                    403: "Forbidden"}.get(
+            int(f["status"]), "Error")
+        if f["echo_auth"] == "token":
+            tok = value.split(" ", 1)[-1].strip()
+            return "%s: token '%s' may not do this" % (base, tok)
+        return "%s (request had %s: %s)" % (base, name, value)
+
     def run(self):
         try:
             f = self.fault
             if not (f and f.get("status")):
                 f = self.st.held(self.cred_key())
             if f and f.get("status"):
+                if f.get("echo_auth"):
+                    f = dict(f, message=self.echo_auth(f))
                 raise self.fault_error(f)
             self.route()
         except ApiError as e:

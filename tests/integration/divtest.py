@@ -49,20 +49,20 @@ atexit.register(_remove_tmp)
 
 class FakeKube:
     """tests/fakes/kube_apiserver.py on a loopback port: HTTPS with a test
-    CA, bearer token s3cret. info: server, port, ca_file, token. With rbac
-    (a list of YAML files of RBAC objects), that token is the service
+    CA, bearer token s3cret (or token). info: server, port, ca_file,
+    token. With rbac (a list of YAML files of RBAC objects), that token is the service
     account diverge-system/diverged and may do only what they grant, while
     the test's own requests (request()) use an unrestricted admin token."""
 
     ADMIN = "admin-s3cret"
 
-    def __init__(self, rbac=None):
-        argv = [sys.executable, FAKE_KUBE, "--port", "0", "--token", "s3cret"]
+    def __init__(self, rbac=None, token="s3cret"):
+        argv = [sys.executable, FAKE_KUBE, "--port", "0", "--token", token]
         for path in rbac or []:
             argv += ["--rbac", path]
         if rbac:
             argv += ["--admin-token", self.ADMIN]
-        self.own_token = self.ADMIN if rbac else "s3cret"
+        self.own_token = self.ADMIN if rbac else token
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True)
