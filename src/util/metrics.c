@@ -1,11 +1,15 @@
 /*
  * A small Prometheus registry: families declared once, series keyed by
  * their preformatted label set. A mutex guards everything; the number of
- * series is small (routes x codes, providers x reasons).
+ * series is small (routes x codes, providers x reasons). The one
+ * exception is a histogram its owner keeps (struct metrics_hist): a hot
+ * path updates it with atomics alone, the registry only reads it when
+ * rendering.
  */
 #include "config.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,9 +26,10 @@ struct series {
 	char *labels;
 	double value;		/* counter, gauge, or histogram sum */
 	uint64_t count;		/* histogram */
-	uint64_t bucket[NBUCKETS];
+	uint64_t *bucket;	/* histogram: one per bound of its family */
 	double (*fn)(void *);
 	void *arg;
+	struct metrics_hist *hist;	/* kept by its owner, or NULL */
 };
 
 struct family {
@@ -33,6 +38,8 @@ struct family {
 	const char *help;
 	char *owned_name;	/* set when the family was never declared */
 	enum metric_type type;
+	const double *bounds;	/* histogram: upper bounds, ascending */
+	size_t nbounds;
 	struct series *series;
 };
 
@@ -50,9 +57,10 @@ family_get(const char *name)
 	return NULL;
 }
 
-/* Declare a family (idempotent). */
-void
-metrics_describe(const char *name, enum metric_type type, const char *help)
+/* Declare a family once, in the order of the first declarations. */
+static void
+describe(const char *name, enum metric_type type, const char *help,
+    const double *bounds, size_t nbounds)
 {
 	struct family *f, **tail;
 
@@ -62,6 +70,8 @@ metrics_describe(const char *name, enum metric_type type, const char *help)
 		f->name = name;
 		f->help = help;
 		f->type = type;
+		f->bounds = bounds;
+		f->nbounds = nbounds;
 		for (tail = &families; *tail != NULL; tail = &(*tail)->next)
 			;
 		*tail = f;
@@ -69,8 +79,25 @@ metrics_describe(const char *name, enum metric_type type, const char *help)
 	pthread_mutex_unlock(&lock);
 }
 
+/* Declare a histogram family with its own bounds (idempotent). */
+void
+metrics_describe_buckets(const char *name, const char *help,
+    const double *bounds, size_t nbounds)
+{
+	describe(name, METRIC_HISTOGRAM, help, bounds, nbounds);
+}
+
+/* Declare a family (idempotent). */
+void
+metrics_describe(const char *name, enum metric_type type, const char *help)
+{
+	describe(name, type, help, buckets, NBUCKETS);
+}
+
+/* The series of a family (made when new); *fout its family. */
 static struct series *
-series_get(const char *name, const char *labels, enum metric_type type)
+series_get(const char *name, const char *labels, enum metric_type type,
+    struct family **fout)
 {
 	struct family *f = family_get(name);
 	struct series *s;
@@ -81,14 +108,19 @@ series_get(const char *name, const char *labels, enum metric_type type)
 		f->name = f->owned_name;
 		f->help = "";
 		f->type = type;
+		f->bounds = buckets;
+		f->nbounds = NBUCKETS;
 		f->next = families;
 		families = f;
 	}
+	if (fout != NULL)
+		*fout = f;
 	for (s = f->series; s != NULL; s = s->next)
 		if (strcmp(s->labels, labels) == 0)
 			return s;
 	s = xcalloc(1, sizeof(*s));
 	s->labels = xstrdup(labels);
+	s->bucket = xcalloc(f->nbounds ? f->nbounds : 1, sizeof(*s->bucket));
 	s->next = f->series;
 	f->series = s;
 	return s;
@@ -99,7 +131,7 @@ void
 metrics_inc(const char *name, const char *labels, double v)
 {
 	pthread_mutex_lock(&lock);
-	series_get(name, labels, METRIC_COUNTER)->value += v;
+	series_get(name, labels, METRIC_COUNTER, NULL)->value += v;
 	pthread_mutex_unlock(&lock);
 }
 
@@ -116,7 +148,7 @@ void
 metrics_set(const char *name, const char *labels, double v)
 {
 	pthread_mutex_lock(&lock);
-	series_get(name, labels, METRIC_GAUGE)->value = v;
+	series_get(name, labels, METRIC_GAUGE, NULL)->value = v;
 	pthread_mutex_unlock(&lock);
 }
 
@@ -124,16 +156,60 @@ metrics_set(const char *name, const char *labels, double v)
 void
 metrics_observe(const char *name, const char *labels, double v)
 {
+	struct family *f;
 	struct series *s;
 	size_t i;
 
 	pthread_mutex_lock(&lock);
-	s = series_get(name, labels, METRIC_HISTOGRAM);
+	s = series_get(name, labels, METRIC_HISTOGRAM, &f);
 	s->value += v;
 	s->count++;
-	for (i = 0; i < NBUCKETS; i++)
-		if (v <= buckets[i])
+	for (i = 0; i < f->nbounds; i++)
+		if (v <= f->bounds[i])
 			s->bucket[i]++;
+	pthread_mutex_unlock(&lock);
+}
+
+/* Add a sample to an owner's histogram: atomics only (see util.h). */
+void
+metrics_hist_observe(struct metrics_hist *h, double v)
+{
+	uint64_t old, new;
+	double sum;
+	size_t i;
+
+	for (i = 0; i < h->nbounds && v > h->bounds[i]; i++)
+		;
+	atomic_fetch_add_explicit(&h->bucket[i], 1, memory_order_relaxed);
+	/* no atomic add for a double: swap its bits until no one else did */
+	old = atomic_load_explicit(&h->sum_bits, memory_order_relaxed);
+	do {
+		memcpy(&sum, &old, sizeof(sum));
+		sum += v;
+		memcpy(&new, &sum, sizeof(new));
+	} while (!atomic_compare_exchange_weak_explicit(&h->sum_bits, &old,
+	    new, memory_order_relaxed, memory_order_relaxed));
+}
+
+/* The samples of an owner's histogram so far. */
+uint64_t
+metrics_hist_count(struct metrics_hist *h)
+{
+	uint64_t n = 0;
+	size_t i;
+
+	for (i = 0; i <= h->nbounds; i++)
+		n += atomic_load_explicit(&h->bucket[i], memory_order_relaxed);
+	return n;
+}
+
+/* Render h as the series labels of the histogram family name. */
+void
+metrics_hist_register(const char *name, const char *labels,
+    struct metrics_hist *h)
+{
+	pthread_mutex_lock(&lock);
+	series_get(name, labels, METRIC_HISTOGRAM, NULL)->hist = h;
 	pthread_mutex_unlock(&lock);
 }
 
@@ -145,7 +221,7 @@ metrics_gauge_fn(const char *name, const char *labels, double (*fn)(void *),
 	struct series *s;
 
 	pthread_mutex_lock(&lock);
-	s = series_get(name, labels, METRIC_GAUGE);
+	s = series_get(name, labels, METRIC_GAUGE, NULL);
 	s->fn = fn;
 	s->arg = arg;
 	pthread_mutex_unlock(&lock);
@@ -164,11 +240,37 @@ type_name(enum metric_type t)
 	}
 }
 
+/*
+ * An owner's histogram, read into s (whose bucket array it may replace):
+ * cumulative buckets, and the count their total, so that +Inf and _count
+ * agree however the owner races with this read.
+ */
+static void
+hist_snapshot(struct series *s, const double **bounds, size_t *nbounds)
+{
+	struct metrics_hist *h = s->hist;
+	uint64_t bits, n = 0;
+	size_t i;
+
+	*bounds = h->bounds;
+	*nbounds = h->nbounds;
+	s->bucket = xrealloc(s->bucket, (h->nbounds + 1) *
+	    sizeof(*s->bucket));
+	for (i = 0; i <= h->nbounds; i++) {
+		n += atomic_load_explicit(&h->bucket[i], memory_order_relaxed);
+		s->bucket[i] = n;
+	}
+	s->count = n;
+	bits = atomic_load_explicit(&h->sum_bits, memory_order_relaxed);
+	memcpy(&s->value, &bits, sizeof(s->value));
+}
+
 static int
-render_series(struct buf *b, const struct family *f, const struct series *s)
+render_series(struct buf *b, const struct family *f, struct series *s)
 {
 	const char *sep = s->labels[0] ? "," : "";
-	size_t i;
+	const double *bounds = f->bounds;
+	size_t i, nbounds = f->nbounds;
 	int r = 0;
 
 	if (f->type != METRIC_HISTOGRAM) {
@@ -179,9 +281,11 @@ render_series(struct buf *b, const struct family *f, const struct series *s)
 			    s->labels, v);
 		return buf_printf(b, "%s %.17g\n", f->name, v);
 	}
-	for (i = 0; i < NBUCKETS && r == 0; i++)
+	if (s->hist != NULL)
+		hist_snapshot(s, &bounds, &nbounds);
+	for (i = 0; i < nbounds && r == 0; i++)
 		r = buf_printf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", f->name,
-		    s->labels, sep, buckets[i],
+		    s->labels, sep, bounds[i],
 		    (unsigned long long)s->bucket[i]);
 	r |= buf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", f->name,
 	    s->labels, sep, (unsigned long long)s->count);
@@ -253,6 +357,7 @@ metrics_reset(void)
 		fn = f->next;
 		for (s = f->series; s != NULL; s = sn) {
 			sn = s->next;
+			free(s->bucket);
 			free(s->labels);
 			free(s);
 		}

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <time.h>
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
@@ -193,6 +194,35 @@ void metrics_inc(const char *name, const char *labels, double v);
 void metrics_zero(const char *name, const char *const *labelsets);
 void metrics_set(const char *name, const char *labels, double v);
 void metrics_observe(const char *name, const char *labels, double v);
+/*
+ * Declare a histogram family whose buckets have these upper bounds
+ * (static, ascending; +Inf is implied) instead of the default ones
+ * (0.5 ms to 10 s), e.g. for calls that may take a minute.
+ */
+void metrics_describe_buckets(const char *name, const char *help,
+    const double *bounds, size_t nbounds);
+
+/*
+ * A histogram its owner keeps and the registry only reads: for a hot
+ * path, an observation is a few relaxed atomic additions, with no lock
+ * and no allocation. Give it static storage (it is never freed, so it
+ * outlives metrics_reset) with METRICS_HIST_INIT and register it once.
+ */
+#define METRICS_HIST_MAX 20
+struct metrics_hist {
+	const double *bounds;	/* ascending, at most METRICS_HIST_MAX */
+	size_t nbounds;
+	/* per bucket, not cumulative; [nbounds]: above every bound */
+	atomic_uint_fast64_t bucket[METRICS_HIST_MAX + 1];
+	atomic_uint_fast64_t sum_bits;	/* the sum, as a double's bits */
+};
+#define METRICS_HIST_INIT(b) { .bounds = (b), .nbounds = ARRAY_SIZE(b) }
+void metrics_hist_observe(struct metrics_hist *h, double v);
+/* The number of observations so far (the histogram's _count). */
+uint64_t metrics_hist_count(struct metrics_hist *h);
+/* Render h as the series labels ("" for none) of the family name. */
+void metrics_hist_register(const char *name, const char *labels,
+    struct metrics_hist *h);
 /*
  * Register a gauge whose value is read at render time (or a counter, when
  * the family was described as one).

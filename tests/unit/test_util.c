@@ -250,6 +250,43 @@ metrics_text(void **state)
 	metrics_reset();
 }
 
+/* A family's own bounds, and a histogram its owner keeps lock-free. */
+static void
+metrics_buckets(void **state)
+{
+	static const double slow[] = { 0.005, 1, 60 };
+	static const double fast[] = { 0.001, 0.01 };
+	static struct metrics_hist h = METRICS_HIST_INIT(fast);
+	struct buf b;
+
+	metrics_reset();
+	metrics_describe_buckets("t_call_seconds", "Calls.", slow,
+	    ARRAY_SIZE(slow));
+	metrics_observe("t_call_seconds", "verb=\"get\"", 30);
+	metrics_observe("t_call_seconds", "verb=\"get\"", 90);
+	metrics_describe("t_commit_seconds", METRIC_HISTOGRAM, "Commits.");
+	metrics_hist_register("t_commit_seconds", "", &h);
+	metrics_hist_observe(&h, 0.0005);
+	metrics_hist_observe(&h, 0.005);
+	metrics_hist_observe(&h, 0.25);
+	assert_int_equal(metrics_hist_count(&h), 3);
+	buf_init(&b, 1 << 20);
+	assert_int_equal(metrics_render(&b), 0);
+	assert_non_null(strstr(b.data,
+	    "t_call_seconds_bucket{verb=\"get\",le=\"1\"} 0\n"
+	    "t_call_seconds_bucket{verb=\"get\",le=\"60\"} 1\n"
+	    "t_call_seconds_bucket{verb=\"get\",le=\"+Inf\"} 2\n"
+	    "t_call_seconds_sum{verb=\"get\"} 120\n"));
+	assert_non_null(strstr(b.data, "# TYPE t_commit_seconds histogram\n"
+	    "t_commit_seconds_bucket{le=\"0.001\"} 1\n"
+	    "t_commit_seconds_bucket{le=\"0.01\"} 2\n"
+	    "t_commit_seconds_bucket{le=\"+Inf\"} 3\n"
+	    "t_commit_seconds_sum 0.2555\n"
+	    "t_commit_seconds_count 3\n"));
+	buf_release(&b);
+	metrics_reset();
+}
+
 static void
 time_format(void **state)
 {
@@ -945,6 +982,7 @@ main(void)
 		cmocka_unit_test(hex_and_hmac),
 		cmocka_unit_test(hmac_vectors),
 		cmocka_unit_test(metrics_text),
+		cmocka_unit_test(metrics_buckets),
 		cmocka_unit_test(time_format),
 		cmocka_unit_test(time_parse),
 		cmocka_unit_test(time_ages),
