@@ -2231,9 +2231,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
         sys.stderr.write(f"{self.command} {self.path} {code}\n")
         sys.stderr.flush()
 
+    def answering(self, code):
+        """Record the answer's status in the request log (as an audit
+        log's responseStatus.code) before it goes out, so that a client
+        that has it finds it there."""
+        entry = getattr(self, "entry", None)
+        if entry is not None:
+            entry["code"] = code
+
     def send_bytes(self, code, data, ctype="application/json", headers=None):
         if getattr(self, "swallow", False):
             return                      # an "after" fault answers instead
+        self.answering(code)
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
@@ -2288,6 +2297,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         query = {k: v[0] for k, v in urllib.parse.parse_qs(
             u.query, keep_blank_values=True).items()}
         method = self.command
+        self.entry = None               # this request's, when an API one
         try:
             if path == "/_fake" or path.startswith("/_fake/"):
                 return self.control(method, path, body)
@@ -2300,8 +2310,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 "body": body.decode("utf-8", "replace") if body else None,
                 "time": time.time(),
                 "user": None,           # set below: values change, not keys
-                "forbidden": False}
+                "forbidden": False,
+                "code": None}           # the status answered, when known
             srv.control.record(entry)
+            self.entry = entry
             self.restricted = False
             if srv.token is not None:
                 auth = self.headers.get("Authorization") or ""
@@ -2316,7 +2328,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     self.restricted = srv.rbac is not None
                 else:
                     raise err_unauthorized()
-            self.entry = entry
             entry["user"] = srv.rbac.user if self.restricted else "admin"
             target = path + ("?" + u.query if u.query else "")
             delay = srv.control.take(srv.control.delays, method, target)
@@ -2334,6 +2345,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     self.swallow = False
             if fault and fault.get("close"):
                 self.close_connection = True
+                self.answering("closed")
                 self.log_line("closed")
                 return
             if fault:
@@ -2791,6 +2803,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     f"invalid timeoutSeconds: {query['timeoutSeconds']!r}")
         initial, q, _ = srv.store.open_watch(
             kind, m, query.get("resourceVersion"), send_initial)
+        self.answering(200)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")

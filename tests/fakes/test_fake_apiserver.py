@@ -954,11 +954,16 @@ def t_faults(f):
           first["path"] == AT and first["authorization_present"] is True and
           reqs[5]["content_type"] == "application/json" and
           reqs[8]["query"] == "watch=true", reqs)
+    codes = [r.get("code") for r in reqs]
+    check("request log: the status each request was answered",
+          codes == [503, 200, 503, 200, 200, 429, 201, 429, 500, 200, 200],
+          codes)
     f.req("DELETE", "/_fake/requests", token=None)
     f.req("GET", AT, token=None)
     _, _, reqs = f.req("GET", "/_fake/requests", token=None)
     check("request log cleared; unauthenticated requests recorded",
-          len(reqs) == 1 and reqs[0]["authorization_present"] is False, reqs)
+          len(reqs) == 1 and reqs[0]["authorization_present"] is False and
+          reqs[0]["code"] == 401, reqs)
 
     # a lost answer: the write happens, the client hears 504 or nothing
     f.req("POST", "/_fake/faults", {"status": 504, "after": True,
