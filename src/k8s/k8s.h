@@ -547,7 +547,8 @@ int k8s_rest_open(struct k8s_api **out, const struct k8s_cluster *c,
  * hand the body to fn as it arrives (pods/log), with the client's TLS,
  * credentials and connect timeout; timeout_ms bounds the whole transfer
  * (0: none, for a followed log). fn returns 0 to go on. 0 on a 2xx, else
- * the error (the answer's Status, or the way there) in st.
+ * the error (the answer's Status, or the way there) in st. Counted in
+ * diverge_kube_requests_total as a get of pods/log, its one use.
  */
 typedef int (*k8s_stream_fn)(void *arg, const char *data, size_t len);
 int k8s_rest_stream(struct k8s_api *api, const char *path,

@@ -60,6 +60,20 @@
  * only an ERROR event, a 410 or repeated failures end the watch. A refused
  * (re)connection is retried as a call is, but after the whole of its
  * Retry-After (up to WATCH_RETRY_AFTER_MAX_MS).
+ *
+ * Metrics, as client-go's rest_client_* ones but by Kubernetes verb and
+ * resource: every attempt, retries included, counts in
+ * diverge_kube_requests_total{verb,resource,code} (code "error": no
+ * complete answer) and its time in diverge_kube_request_duration_seconds{verb}
+ * (a watch: until its answer's headers; a log stream is not timed). A
+ * watch started again counts in diverge_kube_watch_restarts_total
+ * {resource,reason}: here after the stream ended (closed: cleanly, e.g.
+ * timeoutSeconds; timeout: the low-speed guard; error: a reset) or its
+ * reconnection was refused and retried (throttled: 429; error: another
+ * status or no answer), and gone when it ends with 410 Expired (its
+ * caller relists and watches from scratch). Labels never carry names,
+ * namespaces or URLs: resource is the plural, with /status for the
+ * subresource.
  */
 #include "config.h"
 
@@ -156,6 +170,9 @@ struct rest {
 
 /* One request. */
 struct req {
+	const char *verb;	/* the Kubernetes verb, for the metrics */
+	const struct k8s_resource *r;
+	int status;		/* to the status subresource */
 	const char *method;
 	char *path;		/* from the prefix on, with the query */
 	const char *ctype;	/* of the body, or NULL */
@@ -184,6 +201,7 @@ struct wev {
 struct rest_watch {
 	struct k8s_watch w;	/* first: the api */
 	struct rest *rs;
+	const struct k8s_resource *r;
 	char *query;		/* path and query, without resourceVersion */
 	char *rv;		/* resume point: last resourceVersion seen */
 	pthread_t thread;
@@ -208,6 +226,7 @@ struct rest_watch {
 	long code;
 	uint64_t auth_gen;	/* the credentials it went with */
 	int64_t retry_after_ms;
+	int timed;		/* this connection's answer was timed */
 	int timeout_s;
 	int fatal;		/* the stream itself ended the watch */
 	int fatal_err;
@@ -219,6 +238,76 @@ int k8s_rest_watch_parse_line(const char *line, size_t len,
     struct k8s_event *out, struct k8s_status *st);
 
 static const struct k8s_ops rest_ops;
+
+/* ---- metrics ---- */
+
+/* Up to the call's deadline: an API server may hold a request a minute. */
+static const double request_bounds[] = {
+	0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
+};
+
+static void
+metrics_init(void)
+{
+	metrics_describe("diverge_kube_requests_total", METRIC_COUNTER,
+	    "Kubernetes API requests by verb, resource and HTTP code "
+	    "(error: no complete answer); every attempt of a retried call "
+	    "counts");
+	metrics_describe_buckets("diverge_kube_request_duration_seconds",
+	    "Duration of one Kubernetes API request, by verb (a watch: until "
+	    "its answer's headers)", request_bounds,
+	    ARRAY_SIZE(request_bounds));
+	metrics_describe("diverge_kube_watch_restarts_total", METRIC_COUNTER,
+	    "Kubernetes watches started again, by resource and reason "
+	    "(closed, timeout, error, throttled, gone)");
+}
+
+/*
+ * One attempt: its count and, unless seconds < 0, its duration. code 0:
+ * no (complete) answer. sub is "" or a subresource ("/status").
+ */
+static void
+count_request(const char *verb, const char *plural, const char *sub,
+    long code, double seconds)
+{
+	char labels[192], c[24];
+
+	if (code > 0)
+		snprintf(c, sizeof(c), "%ld", code);
+	else
+		snprintf(c, sizeof(c), "error");
+	snprintf(labels, sizeof(labels),
+	    "verb=\"%s\",resource=\"%s%s\",code=\"%s\"", verb, plural, sub,
+	    c);
+	metrics_inc("diverge_kube_requests_total", labels, 1);
+	if (seconds < 0)
+		return;
+	snprintf(labels, sizeof(labels), "verb=\"%s\"", verb);
+	metrics_observe("diverge_kube_request_duration_seconds", labels,
+	    seconds);
+}
+
+/* A watch of r started again, for reason. */
+static void
+count_restart(const struct k8s_resource *r, const char *reason)
+{
+	char labels[160];
+
+	snprintf(labels, sizeof(labels), "resource=\"%s\",reason=\"%s\"",
+	    r->plural, reason);
+	metrics_inc("diverge_kube_watch_restarts_total", labels, 1);
+}
+
+/* A curl time (microseconds) in seconds. */
+static double
+curl_seconds(CURL *h, CURLINFO what)
+{
+	curl_off_t us = 0;
+
+	if (curl_easy_getinfo(h, what, &us) != CURLE_OK || us < 0)
+		return 0;
+	return (double)us / 1e6;
+}
 
 /* ---- small helpers ---- */
 
@@ -1006,6 +1095,9 @@ do_once(struct rest *rs, CURL *h, const struct req *rq, int64_t timeout_ms,
 	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &rp->code);
 	curl_easy_getinfo(h, CURLINFO_REQUEST_SIZE, &reqsize);
 	*sent = reqsize > 0;
+	count_request(rq->verb, rq->r->plural, rq->status ? "/status" : "",
+	    rc == CURLE_OK ? rp->code : 0,
+	    curl_seconds(h, CURLINFO_TOTAL_TIME_T));
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
 	free_headers(hdrs);
 	free(url);
@@ -1251,6 +1343,9 @@ k8s_rest_stream(struct k8s_api *api, const char *path, int64_t timeout_ms,
 	rc = curl_easy_perform(sm.h);
 	if (sm.code == 0)
 		curl_easy_getinfo(sm.h, CURLINFO_RESPONSE_CODE, &sm.code);
+	/* its one use (k8s.h); a followed log lasts: counted, not timed */
+	count_request("get", "pods", "/log", sm.code >= 200 &&
+	    (rc == CURLE_OK || rc == CURLE_WRITE_ERROR) ? sm.code : 0, -1);
 	curl_easy_setopt(sm.h, CURLOPT_HTTPHEADER, NULL);
 	free_headers(hdrs);
 	if (rc != CURLE_OK && !(sm.code >= 300 && rc == CURLE_WRITE_ERROR)) {
@@ -1360,7 +1455,8 @@ rest_get(struct k8s_api *api, const struct k8s_resource *r,
     const char *ns, const char *name, json_t **out, struct k8s_status *st)
 {
 	struct rest *rs = rest_of(api);
-	struct req rq = { .method = "GET", .max = MAX_BODY };
+	struct req rq = { .verb = "get", .r = r, .method = "GET",
+	    .max = MAX_BODY };
 	int ret;
 
 	if (name == NULL)
@@ -1419,7 +1515,8 @@ list_page(struct rest *rs, const struct k8s_resource *r, const char *ns,
     const struct k8s_list_opts *opts, const char *cont, json_t **out,
     struct k8s_status *st)
 {
-	struct req rq = { .method = "GET", .max = MAX_LIST_BODY };
+	struct req rq = { .verb = "list", .r = r, .method = "GET",
+	    .max = MAX_LIST_BODY };
 	json_t *page = NULL;
 	int ret;
 
@@ -1594,8 +1691,8 @@ rest_create(struct k8s_api *api, const struct k8s_resource *r,
     const char *ns, const json_t *obj, json_t **out, struct k8s_status *st)
 {
 	struct rest *rs = rest_of(api);
-	struct req rq = { .method = "POST", .max = MAX_BODY,
-	    .ctype = "application/json" };
+	struct req rq = { .verb = "create", .r = r, .method = "POST",
+	    .max = MAX_BODY, .ctype = "application/json" };
 	int ret;
 
 	if (!json_is_object(obj))
@@ -1618,8 +1715,8 @@ put_object(struct k8s_api *api, const struct k8s_resource *r,
     json_t **out, struct k8s_status *st)
 {
 	struct rest *rs = rest_of(api);
-	struct req rq = { .method = "PUT", .max = MAX_BODY,
-	    .ctype = "application/json" };
+	struct req rq = { .verb = "update", .r = r, .status = status,
+	    .method = "PUT", .max = MAX_BODY, .ctype = "application/json" };
 	int ret;
 
 	if (!json_is_object(obj))
@@ -1660,7 +1757,8 @@ rest_patch(struct k8s_api *api, const struct k8s_resource *r,
     json_t **out, struct k8s_status *st)
 {
 	struct rest *rs = rest_of(api);
-	struct req rq = { .method = "PATCH", .max = MAX_BODY,
+	struct req rq = { .verb = "patch", .r = r, .status = status,
+	    .method = "PATCH", .max = MAX_BODY,
 	    .ctype = "application/merge-patch+json" };
 	int ret;
 
@@ -1686,8 +1784,8 @@ rest_del(struct k8s_api *api, const struct k8s_resource *r,
     const char *uid, const char *rv, json_t **out, struct k8s_status *st)
 {
 	struct rest *rs = rest_of(api);
-	struct req rq = { .method = "DELETE", .max = MAX_BODY,
-	    .ctype = "application/json", .keep_status = 1 };
+	struct req rq = { .verb = "delete", .r = r, .method = "DELETE",
+	    .max = MAX_BODY, .ctype = "application/json", .keep_status = 1 };
 	json_t *opts, *pre;
 	int ret;
 
@@ -2013,6 +2111,10 @@ watch_header(char *data, size_t size, size_t nmemb, void *arg)
 		curl_easy_getinfo(w->h, CURLINFO_RESPONSE_CODE, &code);
 		if (code >= 200) {
 			w->code = code;
+			/* a watch's time is the wait for its answer */
+			w->timed = 1;
+			count_request("watch", w->r->plural, "", code,
+			    curl_seconds(w->h, CURLINFO_STARTTRANSFER_TIME_T));
 			if (code == 200) {
 				pthread_mutex_lock(&w->lock);
 				w->started = 1;
@@ -2036,6 +2138,7 @@ watch_connect(struct rest_watch *w, char *errbuf)
 	int running = 1, left;
 
 	w->code = 0;
+	w->timed = 0;
 	w->nevents = 0;
 	w->retry_after_ms = -1;
 	buf_reset(&w->line);
@@ -2088,6 +2191,10 @@ watch_connect(struct rest_watch *w, char *errbuf)
 	while ((msg = curl_multi_info_read(w->multi, &left)) != NULL)
 		if (msg->msg == CURLMSG_DONE)
 			rc = msg->data.result;
+	/* no answer, and not because watch_free stopped it: an error */
+	if (!w->timed && rc != CURLE_ABORTED_BY_CALLBACK)
+		count_request("watch", w->r->plural, "", 0,
+		    curl_seconds(w->h, CURLINFO_TOTAL_TIME_T));
 	curl_multi_remove_handle(w->multi, w->h);
 out:
 	curl_easy_setopt(w->h, CURLOPT_HTTPHEADER, NULL);
@@ -2165,6 +2272,9 @@ watch_main(void *arg)
 			if (failures > 0 && watch_sleep(w,
 			    backoff_ms(rs, failures - 1, -1)))
 				break;
+			count_restart(w->r, rc == CURLE_OK ? "closed" :
+			    rc == CURLE_OPERATION_TIMEDOUT ? "timeout" :
+			    "error");
 			continue;
 		}
 		if (w->code == 401)
@@ -2199,7 +2309,11 @@ watch_main(void *arg)
 			wait = backoff_ms(rs, failures - 1, -1);
 		if (watch_sleep(w, wait))
 			break;
+		count_restart(w->r, w->code == 429 ? "throttled" : "error");
 	}
+	/* the caller lists and watches again from scratch */
+	if (err == K8S_EGONE)
+		count_restart(w->r, "gone");
 	pthread_mutex_lock(&w->lock);
 	w->done = 1;
 	w->err = err;
@@ -2317,6 +2431,7 @@ rest_watch(struct k8s_api *api, const struct k8s_resource *r,
 	w = xcalloc(1, sizeof(*w));
 	w->w.api = api;
 	w->rs = rs;
+	w->r = r;
 	pthread_mutex_init(&w->lock, NULL);
 	time_cond_init(&w->cond);
 	time_cond_init(&w->space);
@@ -2426,6 +2541,7 @@ static const struct k8s_ops rest_ops = {
 };
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static pthread_once_t metrics_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc;
 
 static void
@@ -2495,6 +2611,7 @@ k8s_rest_open(struct k8s_api **out, const struct k8s_cluster *c,
 	int ret = -1, https;
 
 	pthread_once(&curl_once, curl_init);
+	pthread_once(&metrics_once, metrics_init);
 	if (curl_init_rc != CURLE_OK) {
 		*cause = xasprintf("k8s: curl_global_init: %s",
 		    curl_easy_strerror(curl_init_rc));
