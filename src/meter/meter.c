@@ -239,16 +239,9 @@ reply_error(struct meter_reply *out, int status, const char *error,
 static atomic_uint_fast64_t n_charges, n_tokens, n_micro_usd, n_duplicates;
 
 static double
-read_counter(void *arg)
-{
-	return (double)atomic_load_explicit((atomic_uint_fast64_t *)arg,
-	    memory_order_relaxed);
-}
-
-static double
 read_usd(void *arg)
 {
-	return read_counter(arg) / 1e6;
+	return metrics_read_atomic(arg) / 1e6;
 }
 
 /* Declare the meter's metrics (idempotent: every meter_new). */
@@ -261,14 +254,14 @@ metrics_init(void)
 		atomic_uint_fast64_t *v;
 	} counters[] = {
 		{ "diverge_meter_charges_total", "LLM calls charged to their "
-		  "task.", read_counter, &n_charges },
+		  "task.", metrics_read_atomic, &n_charges },
 		{ "diverge_meter_charged_tokens_total", "Tokens charged, all "
-		  "tasks.", read_counter, &n_tokens },
+		  "tasks.", metrics_read_atomic, &n_tokens },
 		{ "diverge_meter_charged_usd_total", "US dollars charged, all "
 		  "tasks.", read_usd, &n_micro_usd },
 		{ "diverge_meter_duplicates_total", "Retried calls answered "
-		  "from the requestId ring, not charged again.", read_counter,
-		  &n_duplicates },
+		  "from the requestId ring, not charged again.",
+		  metrics_read_atomic, &n_duplicates },
 	};
 	size_t i;
 

@@ -213,6 +213,14 @@ metrics_hist_register(const char *name, const char *labels,
 	pthread_mutex_unlock(&lock);
 }
 
+/* A metrics_gauge_fn reader of an atomic_uint_fast64_t (util.h). */
+double
+metrics_read_atomic(void *arg)
+{
+	return (double)atomic_load_explicit((atomic_uint_fast64_t *)arg,
+	    memory_order_relaxed);
+}
+
 /* A gauge computed when rendered. */
 void
 metrics_gauge_fn(const char *name, const char *labels, double (*fn)(void *),

@@ -44,6 +44,16 @@ now_mono_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Monotonic microseconds, to time what takes less than a millisecond. */
+int64_t
+now_mono_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 /* Wall clock in seconds. */
 int64_t
 now_unix(void)

@@ -149,6 +149,8 @@ int random_bytes(void *buf, size_t n);
 /* ---- time ---- */
 /* Monotonic milliseconds. */
 int64_t now_mono_ms(void);
+/* Monotonic microseconds. */
+int64_t now_mono_us(void);
 struct timespec;
 void time_deadline(clockid_t clk, int64_t ms, struct timespec *ts);
 /* Initialize cv to time its waits on CLOCK_MONOTONIC (time_deadline). */
@@ -229,6 +231,11 @@ void metrics_hist_register(const char *name, const char *labels,
  */
 void metrics_gauge_fn(const char *name, const char *labels,
     double (*fn)(void *), void *arg);
+/*
+ * A fn for metrics_gauge_fn whose arg is an atomic_uint_fast64_t a hot
+ * path adds to (relaxed): a counter with no lock.
+ */
+double metrics_read_atomic(void *arg);
 /*
  * The process's series (process_cpu_seconds_total, process_*_memory_bytes,
  * process_open_fds, process_max_fds, process_start_time_seconds) and
