@@ -227,6 +227,8 @@ FAULT_REASONS = {
     404: ("NotFound", "the server could not find the requested resource"),
     409: ("Conflict", "injected fault"),
     410: ("Expired", "injected fault"),
+    # an admission webhook's denial or a validation: NewInvalid's reason
+    422: ("Invalid", "injected fault"),
     429: ("TooManyRequests", "Too many requests, please try again later."),
     500: ("InternalError", "Internal error occurred: injected fault"),
     503: ("ServiceUnavailable",
@@ -236,10 +238,13 @@ FAULT_REASONS = {
 }
 
 
-def fault_error(code, retry_after, echo=None):
+def fault_error(code, retry_after, echo=None, message=None):
     """echo: the Authorization header line to quote in the message, as
-    an authenticating proxy in front of the API server may."""
+    an authenticating proxy in front of the API server may; message: the
+    text instead of the code's (a quota's "exceeded quota: ..." 403)."""
     reason, msg = FAULT_REASONS.get(code, ("InternalError", "injected fault"))
+    if message is not None:
+        msg = message
     if echo is not None:
         msg = "%s (request had Authorization: %s)" % (msg, echo)
     details = None
@@ -2355,7 +2360,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 retry_after = fault.get("retry_after",
                                         1 if code == 429 else None)
                 raise fault_error(code, retry_after, self.headers.get(
-                    "Authorization", "") if fault.get("echo_auth") else None)
+                    "Authorization", "") if fault.get("echo_auth") else None,
+                    fault.get("message"))
             self.route(method, path, query, body)
         except ApiError as e:
             self.send_json(e.code, e.body, e.headers)
