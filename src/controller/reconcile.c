@@ -211,6 +211,28 @@ managed_netpol(const json_t *obj)
 	    CONTROLLER_LABEL_MANAGED), "diverged");
 }
 
+/* Whether the API server refused a pass for good (see note_stall). */
+static int
+refused_for_good(int rc)
+{
+	return rc == K8S_EFORBIDDEN || rc == K8S_EINVALID ||
+	    rc == K8S_EBADREQUEST || rc == K8S_ENOTFOUND ||
+	    rc == K8S_EUNSUPPORTED;
+}
+
+/*
+ * The error a pass returns for a write of the token index (the meter's
+ * answer rc): the API's own when it refused the write for good, so that
+ * the task stalls as for any child; K8S_EUNAVAILABLE for anything else,
+ * retried with the back-off as before (an index conflict that outlasted
+ * the meter's retries is not a change of the task to read again).
+ */
+static int
+index_error(int rc)
+{
+	return refused_for_good(rc) ? rc : K8S_EUNAVAILABLE;
+}
+
 static void
 note_cause(struct rctx *x, const char *what, const struct k8s_status *st)
 {
@@ -1345,7 +1367,7 @@ write_annotations(struct rctx *x, json_t **task, const char *env,
 	return rc;
 }
 
-/* The result of a revocation: 0, or K8S_EUNAVAILABLE keeping its cause. */
+/* The result of a revocation: 0, or index_error() keeping its cause. */
 static int
 revoked(struct rctx *x, int rc, char *cause)
 {
@@ -1355,7 +1377,7 @@ revoked(struct rctx *x, int rc, char *cause)
 		x->cause = cause;
 	else
 		free(cause);
-	return K8S_EUNAVAILABLE;
+	return index_error(rc);
 }
 
 /* Revoke id (idempotent: the meter writes nothing when it is not live). */
@@ -1402,11 +1424,12 @@ issue_token(struct rctx *x, struct obs *o, int64_t exp, const char *extends,
 	json_t *sec;
 	int rc;
 
-	if (meter_issue_token(x->cc->meter, o->task, exp, token, tid,
-	    &cause) < 0) {
-		x->cause = xasprintf("token: %s", cause ? cause : "?");
+	rc = meter_issue_token(x->cc->meter, o->task, exp, token, tid, &cause);
+	if (rc < 0) {
+		if (x->cause == NULL)
+			x->cause = xasprintf("token: %s", cause ? cause : "?");
 		free(cause);
-		return K8S_EUNAVAILABLE;
+		return index_error(rc);
 	}
 	count_write(x);
 	sname = token_secret_name(x->name);
@@ -2081,15 +2104,6 @@ out:
 	return rc;
 }
 
-/* Whether the API server refused a pass for good (see note_stall). */
-static int
-refused_for_good(int rc)
-{
-	return rc == K8S_EFORBIDDEN || rc == K8S_EINVALID ||
-	    rc == K8S_EBADREQUEST || rc == K8S_ENOTFOUND ||
-	    rc == K8S_EUNSUPPORTED;
-}
-
 /*
  * A pass the API server refused for good (refused_for_good: RBAC, a
  * quota, an admission webhook, a missing namespace or CRD) fails the same
@@ -2201,6 +2215,9 @@ controller_reconcile(const struct controller_config *cfg, const char *ns,
 		x.now = now_unix();
 		x.requeue_ms = -1;
 		x.again = 0;
+		/* the cause is the last try's: a stall names what refused */
+		free(x.cause);
+		x.cause = NULL;
 		rc = reconcile_once(&x);
 		/* a Sandbox held back until the status said live: start it */
 		if (rc != K8S_ECONFLICT && !(rc == 0 && x.again))

@@ -1699,7 +1699,10 @@ out:
 
 /*
  * Read-modify-write of the index Secret of ns with its resourceVersion,
- * retried on 409; create it when missing (AlreadyExists: retry).
+ * retried on 409; create it when missing (AlreadyExists: retry), and
+ * again when it went between the read and the update. 0 or the API's
+ * negative enum k8s_err: the reconciler tells a refusal for good (403,
+ * 422) from one that passes by that code.
  */
 static int
 index_update(struct meter *m, const char *ns,
@@ -1733,18 +1736,19 @@ index_update(struct meter *m, const char *ns,
 			rc = k8s_create(m->cfg.store, &K8S_SECRET, ns, index,
 			    NULL, &st);
 		json_decref(index);
-		if (rc == K8S_ECONFLICT || rc == K8S_EEXISTS) {
+		if (rc == K8S_ECONFLICT || rc == K8S_EEXISTS ||
+		    (exists && rc == K8S_ENOTFOUND)) {
 			k8s_status_release(&st);
 			continue;
 		}
 		break;
 	}
 	if (rc < 0 && cause != NULL)
-		*cause = xasprintf("token index '%s/%s': %s", ns,
+		*cause = xasprintf("token index secret '%s/%s': %s", ns,
 		    METER_INDEX_SECRET, st.message ? st.message :
 		    "too many conflicting writers");
 	k8s_status_release(&st);
-	return rc < 0 ? -1 : 0;
+	return rc < 0 ? rc : 0;
 }
 
 struct issue_arg {
@@ -1821,7 +1825,7 @@ meter_issue_token(struct meter *m, const json_t *task, int64_t expires,
 
 	if (name == NULL || ns == NULL) {
 		*cause = xstrdup("the task has no name or namespace");
-		return -1;
+		return K8S_EINVALID;
 	}
 	random_bytes(rnd, sizeof(rnd));
 	hex_encode(rnd, sizeof(rnd), id);
@@ -1863,15 +1867,16 @@ meter_issue_token(struct meter *m, const json_t *task, int64_t expires,
 		free(cav[i]);
 	free(cav);
 	if (rc < 0)
-		return -1;
+		return K8S_EINTERNAL;	/* not the API's: not for good */
 	ia.id = id;
 	ia.task = name;
 	ia.uid = json_string_value(json_object_get(json_object_get(task,
 	    "metadata"), "uid"));
 	ia.expires = expires;
-	if (index_update(m, ns, edit_issue, &ia, cause) < 0) {
+	rc = index_update(m, ns, edit_issue, &ia, cause);
+	if (rc < 0) {
 		free(token);
-		return -1;
+		return rc;
 	}
 	*token_out = token;
 	*id_out = xstrdup(id);

@@ -354,14 +354,18 @@ void meter_complete(struct meter *m, const char *authorization,
  * from the task (task_id, namespace, repo, branch, tools, models,
  * max_cost_usd, max_tokens, expires), recorded "active" in the
  * namespace's index Secret (created when missing; optimistic concurrency).
- * *token_out and *id_out are new strings.
+ * *token_out and *id_out are new strings. 0, or a negative enum k8s_err
+ * with *cause: the index write's as the API answered it (K8S_EFORBIDDEN
+ * for RBAC or a quota, K8S_EINVALID for an admission webhook, ...),
+ * K8S_EINTERNAL when the token could not be minted.
  */
 int meter_issue_token(struct meter *m, const json_t *task, int64_t expires,
     char **token_out, char **id_out, char **cause);
 
 /*
  * Mark token id revoked in the index of ns; absent ids are fine.
- * Idempotent.
+ * Idempotent. 0, or the index write's negative enum k8s_err with *cause,
+ * as meter_issue_token().
  */
 int meter_revoke_token(struct meter *m, const char *ns, const char *id,
     char **cause);
@@ -370,7 +374,7 @@ int meter_revoke_token(struct meter *m, const char *ns, const char *id,
  * Mark every token of the task named task in the index of ns revoked,
  * except keep (may be NULL): a task may hold several active tokens, the
  * live one and those it extended (they stay active until they expire).
- * Idempotent.
+ * Idempotent. Returns as meter_revoke_token().
  */
 int meter_revoke_task_tokens(struct meter *m, const char *ns,
     const char *task, const char *keep, char **cause);

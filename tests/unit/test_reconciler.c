@@ -3854,17 +3854,34 @@ test_queue_failed_write_keeps_slot(void **state)
 
 /* ------------------------------------------------------- stalled tasks */
 
-/* The fake kube-apiserver answers the next count Sandbox requests of method status. */
+/*
+ * The fake kube-apiserver answers the next count requests of method whose
+ * path contains match with status, and a Status whose message is message
+ * (NULL: the fake's for status).
+ */
+static void
+refuse_calls(const char *method, const char *match, int status, int count,
+    const char *message)
+{
+	json_t *rule = json_pack("{s:i,s:i,s:s,s:s}", "status", status,
+	    "count", count, "method", method, "match", match), *j;
+	char *text;
+
+	if (message != NULL)
+		json_object_set_new(rule, "message", json_string(message));
+	text = json_dumps(rule, JSON_COMPACT);
+	j = storeenv_fake(&env, "POST", "/_fake/faults", text);
+	assert_non_null(j);
+	json_decref(j);
+	json_decref(rule);
+	free(text);
+}
+
+/* The next count Sandbox requests of method are answered status. */
 static void
 refuse_sandbox_calls(const char *method, int status, int count)
 {
-	char *rule = xasprintf("{\"status\":%d,\"count\":%d,\"method\":"
-	    "\"%s\",\"match\":\"/sandboxes\"}", status, count, method);
-	json_t *j = storeenv_fake(&env, "POST", "/_fake/faults", rule);
-
-	assert_non_null(j);
-	json_decref(j);
-	free(rule);
+	refuse_calls(method, "/sandboxes", status, count, NULL);
 }
 
 /* ... of the next count Sandbox creates. */
@@ -4060,6 +4077,103 @@ test_stalled_suspended(void **state)
 	t = get_task(a);
 	assert_null(cond(t, "Stalled"));
 	json_decref(t);
+	free(a);
+}
+
+/* The API server answers every request again. */
+static void
+grant_all(void)
+{
+	json_decref(storeenv_fake(&env, "DELETE", "/_fake/faults", NULL));
+}
+
+/* The Stalled condition of name is True and its message quotes each of want. */
+static void
+assert_stalled(const char *name, const char *const *want)
+{
+	json_t *t = get_task(name);
+	const char *msg;
+
+	assert_string_equal(jp(cond(t, "Stalled"), "status"), "True");
+	assert_string_equal(jp(cond(t, "Stalled"), "reason"),
+	    CONTROLLER_REASON_STALLED);
+	msg = jp(cond(t, "Stalled"), "message");
+	for (; *want != NULL; want++)
+		if (strstr(msg, *want) == NULL)
+			fail_msg("Stalled says '%s', not '%s'", msg, *want);
+	json_decref(t);
+}
+
+/*
+ * The token index Secret is written as any child is, and a refusal of it
+ * stalls the task as theirs do, where it was retried with the back-off
+ * for ever, unseen: a quota on Secrets refuses the index's create (the
+ * first token of the namespace), RBAC its update (a revocation on pause).
+ * The condition names the Secret and quotes the API's refusal; once the
+ * quota is raised or the RBAC granted, the next pass clears it and goes
+ * on. Through the fake kube-apiserver, whose refusals are real Status
+ * objects (403 Forbidden).
+ */
+static void
+test_stalled_token_index(void **state)
+{
+	static const char *const quota[] = { "token index secret '" NS "/"
+	    METER_INDEX_SECRET "'", "exceeded quota: secrets", NULL };
+	static const char *const rbac[] = { "token index secret '" NS "/"
+	    METER_INDEX_SECRET "'", "forbidden: injected fault", NULL };
+	char *a, *id;
+	json_t *t;
+	int64_t requeue;
+
+	(void)state;
+	if (open_limited(3, 0) < 0)
+		skip();
+	a = new_task_named(xstrdup("stall-index"), NULL, NULL);
+	reconcile(a);		/* Pending: its next pass mints its token */
+	refuse_calls("POST", "/namespaces/" NS "/secrets", 403, 100000,
+	    "secrets \"" METER_INDEX_SECRET "\" is forbidden: exceeded quota: "
+	    "secrets, requested: count/secrets=1, used: count/secrets=10, "
+	    "limited: count/secrets=10");
+	requeue = reconcile_fails(a, "exceeded quota");
+	/* the grace, as for any refusal */
+	assert_true(requeue > (CONTROLLER_ERROR_GRACE_S - 5) * 1000);
+	assert_stalled(a, quota);
+	assert_phase(a, "Pending");
+	assert_null((t = get(&K8S_SECRET, "stall-index-token")));
+
+	/* the quota raised: the next pass clears the condition, goes on */
+	grant_all();
+	reconcile(a);
+	assert_phase(a, "Provisioning");
+	t = get_task(a);
+	assert_null(cond(t, "Stalled"));
+	assert_string_equal(jp(cond(t, "TokenIssued"), "status"), "True");
+	json_decref(t);
+	id = task_token_id(a);
+	assert_index(id, "active");
+
+	/* a transient error is retried with the back-off: no condition */
+	set_suspended(a, 1);
+	refuse_calls("PUT", "/secrets/" METER_INDEX_SECRET, 500, 1, NULL);
+	assert_int_equal(reconcile_fails(a, "Internal error occurred"), -1);
+	assert_not_stalled(a);
+
+	/* no update of the index: a pause cannot revoke the token */
+	refuse_calls("PUT", "/secrets/" METER_INDEX_SECRET, 403, 100000, NULL);
+	reconcile_fails(a, "forbidden: injected fault");
+	assert_stalled(a, rbac);
+	assert_phase(a, "Provisioning");
+	assert_index(id, "active");
+
+	/* granted: revoked, and pausing */
+	grant_all();
+	reconcile(a);
+	assert_phase(a, "Pausing");
+	t = get_task(a);
+	assert_null(cond(t, "Stalled"));
+	json_decref(t);
+	assert_index(id, "revoked");
+	free(id);
 	free(a);
 }
 
@@ -5167,6 +5281,7 @@ main(void)
 		cmocka_unit_test(test_dump),
 		cmocka_unit_test_teardown(test_stalled_task_fails, unlimit),
 		cmocka_unit_test_teardown(test_stalled_suspended, unlimit),
+		cmocka_unit_test_teardown(test_stalled_token_index, unlimit),
 		cmocka_unit_test_teardown(test_ttl_after_finished, no_ttl),
 		cmocka_unit_test_teardown(test_queue_admission, unlimit),
 		cmocka_unit_test_teardown(test_queue_timeout_rerun, unlimit),
