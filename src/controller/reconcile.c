@@ -1538,6 +1538,16 @@ controller_ttl_due(const struct controller_config *cc, const json_t *task,
 	    resync_ms(cc);
 }
 
+/* Whether the finished task's ttl_after_finished has ended by now. */
+static int
+ttl_due_now(const struct rctx *x, const json_t *task)
+{
+	int64_t ttl = x->cfg->controller.ttl_after_finished_s;
+	int64_t end = parse_time(jpath(task, "status", "completedAt"));
+
+	return ttl > 0 && end > 0 && x->now >= end + ttl;
+}
+
 /*
  * controller.ttl_after_finished: a finished task is deleted that long
  * after its completedAt, as a Job is after ttlSecondsAfterFinished; its
@@ -2066,6 +2076,16 @@ reconcile_once(struct rctx *x)
 	else
 		set_cond(conds, o.task, "PreviewReady", 0, "NotCreated", NULL,
 		    x->now);
+	/*
+	 * a finished task due for deletion keeps its Stalled: the deletion
+	 * comes after this write, and only from a pass that wrote nothing,
+	 * so a pass dropping it would let a refused deletion write the
+	 * condition and take it away again at every pass
+	 */
+	if (phase_terminal(p.phase) && ttl_due_now(x, o.task) &&
+	    k8s_task_stalled(o.task))
+		json_array_append(conds, (json_t *)find_cond(o.task,
+		    "Stalled"));
 	json_object_set_new(status, "conditions", conds);
 	rc = write_status(x, o.task, status);
 	if (rc == 0 && p.transition) {
@@ -2114,8 +2134,9 @@ out:
  * lastTransitionTime is the first of these failures; any pass that
  * succeeds writes the conditions without it. A task stalled for longer
  * than CONTROLLER_ERROR_GRACE_S fails (reason ReconcileError), unless it
- * is suspended: failing would not stop what a pause could not. Its next
- * pass then revokes its token and frees its slot. The cause, which may
+ * is suspended: failing would not stop what a pause could not, or
+ * already finished. Its next pass then revokes its token and frees its
+ * slot. The cause, which may
  * name service accounts and namespaces, stays in the condition and the
  * log; status.message, which the pull request's comment shows, only
  * points at it. *requeue_ms gets the time the grace ends, while it is
@@ -2131,20 +2152,24 @@ note_stall(struct rctx *x, int64_t *requeue_ms)
 	int64_t since = x->now;
 	char *msg = NULL, *red;
 	size_t i;
-	int fail;
+	int fail, done;
 
 	if (k8s_get(x->cc->store, &K8S_AGENTTASK, x->ns, x->name, &task,
-	    &st) < 0 || phase_terminal(jpath(task, "status", "phase"))) {
+	    &st) < 0) {
 		k8s_status_release(&st);
-		json_decref(task);
 		return;
 	}
+	/*
+	 * a finished task stalls too (its token's revocation or its deletion
+	 * refused) but does not fail again: its phase stays
+	 */
+	done = phase_terminal(jpath(task, "status", "phase"));
 	old = json_object_get(task, "status");
 	c = find_cond(task, "Stalled");
 	if (c != NULL && streq(jstr(c, "status"), "True") &&
 	    parse_time(jstr(c, "lastTransitionTime")) > 0)
 		since = parse_time(jstr(c, "lastTransitionTime"));
-	fail = x->now - since > CONTROLLER_ERROR_GRACE_S &&
+	fail = !done && x->now - since > CONTROLLER_ERROR_GRACE_S &&
 	    !json_is_true(json_object_get(json_object_get(task, "spec"),
 	    "suspended"));
 	status = json_object();
@@ -2186,10 +2211,11 @@ note_stall(struct rctx *x, int64_t *requeue_ms)
 		}
 	}
 	/*
-	 * a suspended task past the grace does not fail: its passes keep
-	 * the error backoff (a hint in the past would queue each at once)
+	 * a suspended task past the grace does not fail, nor a finished
+	 * one: their passes keep the error backoff (a hint in the past
+	 * would queue each at once)
 	 */
-	if (!fail && requeue_ms != NULL &&
+	if (!fail && !done && requeue_ms != NULL &&
 	    since + CONTROLLER_ERROR_GRACE_S + 1 > x->now)
 		*requeue_ms = (since + CONTROLLER_ERROR_GRACE_S + 1 - x->now) *
 		    1000;

@@ -4094,6 +4094,7 @@ assert_stalled(const char *name, const char *const *want)
 	json_t *t = get_task(name);
 	const char *msg;
 
+	assert_non_null(cond(t, "Stalled"));
 	assert_string_equal(jp(cond(t, "Stalled"), "status"), "True");
 	assert_string_equal(jp(cond(t, "Stalled"), "reason"),
 	    CONTROLLER_REASON_STALLED);
@@ -4491,6 +4492,78 @@ test_ttl_after_finished(void **state)
 	(void)state;
 	ttl_after_finished(1);
 	ttl_after_finished(3);
+}
+
+/*
+ * A finished task whose token cannot be revoked (an admission webhook
+ * denies the index's update: 422 Invalid) or that cannot be deleted when
+ * its ttl_after_finished ends (RBAC: 403) stalls too, where its passes
+ * were retried for ever, unseen: Stalled names what was refused, the
+ * phase stays (it is not failed again, even past the grace), the same
+ * refusal writes nothing again, and once granted the next pass revokes
+ * the token (the condition goes), the one after deletes the task.
+ */
+static void
+test_stalled_finished(void **state)
+{
+	static const char *const webhook[] = { "token index secret '" NS "/"
+	    METER_INDEX_SECRET "'", "admission webhook", NULL };
+	static const char *const rbac[] = { "task delete",
+	    "forbidden: injected fault", NULL };
+	char *a, *id, *rv;
+	json_t *t;
+
+	(void)state;
+	if (open_limited(3, 0) < 0)
+		skip();
+	a = active();
+	id = task_token_id(a);
+	refuse_calls("PUT", "/secrets/" METER_INDEX_SECRET, 422, 100000,
+	    "admission webhook \"tokens.example.com\" denied the request: "
+	    "secrets in " NS " are frozen");
+	patch_status(a, "{\"status\":{\"phase\":\"Completed\","
+	    "\"reason\":\"Succeeded\"}}");
+	assert_true(reconcile_fails(a, "denied the request") < 0);
+	assert_stalled(a, webhook);
+	assert_phase(a, "Completed");
+	assert_index(id, "active");
+	backdate_stalled(a, CONTROLLER_ERROR_GRACE_S + 10);
+	reconcile_fails(a, "denied the request");
+	t = get_task(a);
+	assert_string_equal(jp(t, "status.phase"), "Completed");
+	assert_string_equal(jp(t, "status.reason"), "Succeeded");
+	json_decref(t);
+
+	grant_all();
+	reconcile(a);
+	t = get_task(a);
+	assert_null(cond(t, "Stalled"));
+	json_decref(t);
+	assert_index(id, "revoked");
+
+	/* due for deletion, which RBAC refuses */
+	cfg.controller.ttl_after_finished_s = 2 * 86400;
+	backdate_completed(a, 2 * 86400 + 5);
+	reconcile(a);		/* the Sandbox's shutdownTime moved */
+	refuse_calls("DELETE", "/agenttasks/", 403, 100000, NULL);
+	reconcile_fails(a, "forbidden: injected fault");
+	assert_stalled(a, rbac);
+	assert_phase(a, "Completed");
+	t = get_task(a);
+	rv = xstrdup(jp(t, "metadata.resourceVersion"));
+	json_decref(t);
+	/* the next refused pass writes nothing: no flapping condition */
+	reconcile_fails(a, "forbidden: injected fault");
+	t = get_task(a);
+	assert_string_equal(jp(t, "metadata.resourceVersion"), rv);
+	json_decref(t);
+
+	grant_all();
+	reconcile(a);
+	assert_null((t = get(&K8S_AGENTTASK, a)));
+	free(rv);
+	free(id);
+	free(a);
 }
 
 /*
@@ -5282,6 +5355,7 @@ main(void)
 		cmocka_unit_test_teardown(test_stalled_task_fails, unlimit),
 		cmocka_unit_test_teardown(test_stalled_suspended, unlimit),
 		cmocka_unit_test_teardown(test_stalled_token_index, unlimit),
+		cmocka_unit_test_teardown(test_stalled_finished, no_ttl),
 		cmocka_unit_test_teardown(test_ttl_after_finished, no_ttl),
 		cmocka_unit_test_teardown(test_queue_admission, unlimit),
 		cmocka_unit_test_teardown(test_queue_timeout_rerun, unlimit),
