@@ -4105,6 +4105,16 @@ assert_stalled(const char *name, const char *const *want)
 	json_decref(t);
 }
 
+/* The task has no Stalled condition. */
+static void
+assert_not_stalled(const char *name)
+{
+	json_t *t = get_task(name);
+
+	assert_null(cond(t, "Stalled"));
+	json_decref(t);
+}
+
 /*
  * The token index Secret is written as any child is, and a refusal of it
  * stalls the task as theirs do, where it was retried with the back-off
@@ -4170,12 +4180,60 @@ test_stalled_token_index(void **state)
 	grant_all();
 	reconcile(a);
 	assert_phase(a, "Pausing");
-	t = get_task(a);
-	assert_null(cond(t, "Stalled"));
-	json_decref(t);
+	assert_not_stalled(a);
 	assert_index(id, "revoked");
 	free(id);
 	free(a);
+}
+
+/*
+ * The task's own children were already refused for good as the Sandbox
+ * is, and stay so: RBAC refusing the <task>-token Secret's create, then
+ * an admission webhook the NetworkPolicy's, each give Stalled naming the
+ * kind and quoting the API server (as it words them), and the next pass
+ * once granted clears it and provisions the task.
+ */
+static void
+test_stalled_children(void **state)
+{
+	static const char *const secret[] = { "secret: ", "cannot create "
+	    "resource \"secrets\"", NULL };
+	static const char *const netpol[] = { "networkpolicy: ",
+	    "denied the request", NULL };
+	char *a, *b;
+
+	(void)state;
+	if (open_limited(3, 0) < 0)
+		skip();
+	a = new_task_named(xstrdup("stall-netpol"), NULL, NULL);
+	reconcile(a);
+	refuse_calls("POST", "/networkpolicies", 422, 100000,
+	    "admission webhook \"policy.example.com\" denied the request: "
+	    "egress to 0.0.0.0/0 is not allowed");
+	reconcile_fails(a, "denied the request");
+	assert_stalled(a, netpol);
+	assert_phase(a, "Pending");
+	grant_all();
+	reconcile(a);
+	assert_phase(a, "Provisioning");
+	assert_not_stalled(a);
+
+	/* the index exists: its update is a PUT, the first POST the Secret's */
+	b = new_task_named(xstrdup("stall-secret"), NULL, NULL);
+	reconcile(b);
+	refuse_calls("POST", "/namespaces/" NS "/secrets", 403, 100000,
+	    "secrets \"stall-secret-token\" is forbidden: User \"system:"
+	    "serviceaccount:diverge-system:diverged\" cannot create resource "
+	    "\"secrets\" in API group \"\" in the namespace \"" NS "\"");
+	reconcile_fails(b, "cannot create resource");
+	assert_stalled(b, secret);
+	assert_phase(b, "Pending");
+	grant_all();
+	reconcile(b);
+	assert_phase(b, "Provisioning");
+	assert_not_stalled(b);
+	free(a);
+	free(b);
 }
 
 /*
@@ -4536,9 +4594,7 @@ test_stalled_finished(void **state)
 
 	grant_all();
 	reconcile(a);
-	t = get_task(a);
-	assert_null(cond(t, "Stalled"));
-	json_decref(t);
+	assert_not_stalled(a);
 	assert_index(id, "revoked");
 
 	/* due for deletion, which RBAC refuses */
@@ -5356,6 +5412,7 @@ main(void)
 		cmocka_unit_test_teardown(test_stalled_suspended, unlimit),
 		cmocka_unit_test_teardown(test_stalled_token_index, unlimit),
 		cmocka_unit_test_teardown(test_stalled_finished, no_ttl),
+		cmocka_unit_test_teardown(test_stalled_children, unlimit),
 		cmocka_unit_test_teardown(test_ttl_after_finished, no_ttl),
 		cmocka_unit_test_teardown(test_queue_admission, unlimit),
 		cmocka_unit_test_teardown(test_queue_timeout_rerun, unlimit),
