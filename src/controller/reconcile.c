@@ -1450,6 +1450,14 @@ issue_token(struct rctx *x, struct obs *o, int64_t exp, const char *extends,
 		o->secret.conflict = 1;
 		revoke(x, *tid);
 	} else if (rc < 0) {
+		/*
+		 * refused for good, the Secret does not hold the token: no
+		 * one can, and it would stay active in the index until it
+		 * expires, one more at every refused pass
+		 */
+		if (refused_for_good(rc))
+			(void)revoke(x, *tid);
+		secure_wipe(*token, strlen(*token));
 		free(*token);
 		free(*tid);
 		*token = *tid = NULL;

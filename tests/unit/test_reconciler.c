@@ -372,6 +372,32 @@ index_state(const char *id)
 	return state;
 }
 
+/* How many tokens of the task named name the index has active. */
+static int
+index_active_tokens(const char *name)
+{
+	json_t *idx = get(&K8S_SECRET, METER_INDEX_SECRET), *e, *v;
+	unsigned char *raw = NULL;
+	const char *k;
+	size_t n;
+	int count = 0;
+
+	json_object_foreach(json_object_get(idx, "data"), k, v) {
+		if (base64_decode(json_string_value(v), strlen(
+		    json_string_value(v)), &raw, &n) < 0)
+			continue;
+		e = json_loadb((char *)raw, n, 0, NULL);
+		if (streq_safe(jp(e, "task"), name) &&
+		    streq_safe(jp(e, "state"), "active"))
+			count++;
+		json_decref(e);
+		free(raw);
+		raw = NULL;
+	}
+	json_decref(idx);
+	return count;
+}
+
 static void
 assert_index(const char *id, const char *state)
 {
@@ -4191,7 +4217,8 @@ test_stalled_token_index(void **state)
  * is, and stay so: RBAC refusing the <task>-token Secret's create, then
  * an admission webhook the NetworkPolicy's, each give Stalled naming the
  * kind and quoting the API server (as it words them), and the next pass
- * once granted clears it and provisions the task.
+ * once granted clears it and provisions the task. A token minted for a
+ * Secret that was refused is revoked: no one holds it.
  */
 static void
 test_stalled_children(void **state)
@@ -4226,12 +4253,16 @@ test_stalled_children(void **state)
 	    "serviceaccount:diverge-system:diverged\" cannot create resource "
 	    "\"secrets\" in API group \"\" in the namespace \"" NS "\"");
 	reconcile_fails(b, "cannot create resource");
+	reconcile_fails(b, "cannot create resource");
 	assert_stalled(b, secret);
 	assert_phase(b, "Pending");
+	/* the tokens minted for it, in no Secret, are revoked */
+	assert_int_equal(index_active_tokens(b), 0);
 	grant_all();
 	reconcile(b);
 	assert_phase(b, "Provisioning");
 	assert_not_stalled(b);
+	assert_int_equal(index_active_tokens(b), 1);
 	free(a);
 	free(b);
 }
