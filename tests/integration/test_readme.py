@@ -1,7 +1,9 @@
 """README.md and the reference pages say what the code does, checked by
 machine where that is cheap: every YAML block of README.md and
 doc/config.md, and the EXAMPLE of diverged.yaml(5), passes diverged
---check-config; the metric table of README.md names exactly the metrics a
+--check-config; doc/config.md and diverged.yaml(5) have exactly the keys
+of config.c's field tables, with the range and default the code gives
+them; the metric table of README.md names exactly the metrics a
 running daemon (both providers, with API tokens, against the fake SCM
 APIs) exports, with their types (the diverge_kube_* of a daemon on a
 cluster: test_kube_metrics.py); the options of diverged --help are those
@@ -135,6 +137,178 @@ gitlab:
          "the README gives each metric its exported type")
 
 
+CONSTS = {"KIB": 1024, "MIB": 1024 ** 2, "GIB": 1024 ** 3, "USD": 10 ** 6,
+          "DAY": 86400}
+
+
+def c_value(expr):
+    """The value of a constant C expression of config.c: digits, INT64_C,
+    KIB/MIB/GIB/USD/DAY, * and +."""
+    expr = re.sub(r"INT64_C\((\d+)\)", r"\1", expr)
+    expr = re.sub(r"[A-Z]+", lambda m: str(CONSTS[m.group(0)]), expr)
+    if not re.fullmatch(r"[\d\s*+()]+", expr):
+        raise ValueError(expr)
+    return eval(expr)  # digits and operators only
+
+
+def config_fields():
+    """{key: (parser, member, lo, hi)} of the field tables of config.c,
+    keys as the reference pages write them (repos[].match)."""
+    src = read("src", "config", "config.c")
+    tables = {}
+    for m in re.finditer(r"static const struct field (\w+)\[\] = \{(.*?)"
+                         r"\n\};", src, re.S):
+        rows = []
+        for e in re.finditer(
+                r"\b(F|FS|FR|FIELD|MAP)\((?:struct \w+,\s*)?\"(\w+)\",\s*"
+                r"(\w+)(?:,\s*([\w.]+))?((?:[^()]|\([^()]*\))*)\)",
+                m.group(2)):
+            kind, key, fn, member, rest = e.groups()
+            lo = hi = None
+            args = [a.strip() for a in rest.split(",") if a.strip()]
+            if kind == "FR":
+                lo, hi = args[0], args[1]
+            elif kind == "FIELD":
+                lo, hi = args[0], args[1]
+            rows.append((kind, key, fn, member, lo, hi))
+        tables[m.group(1)] = rows
+    out = {}
+
+    def walk(table, prefix):
+        for kind, key, fn, member, lo, hi in tables[table]:
+            if kind == "MAP":
+                walk(fn, prefix + key + ".")
+            elif fn == "p_repos":
+                walk("repo_fields", prefix + key + "[].")
+            else:
+                out[prefix + key] = (fn, member, lo, hi)
+    walk("root_fields", "")
+    return out
+
+
+def config_md_keys():
+    """{key: type column} of the tables of doc/config.md."""
+    rows = re.findall(r"^\| `([a-zA-Z_.\[\]]+)` \| ([^|]*) \|",
+                      read("doc", "config.md"), re.M)
+    # the top level's mapping and sequence rows stand for their tables
+    return {re.sub(r"^(\w+)\[\]$", r"\1", k): v.strip()
+            for k, v in rows if v.strip() not in ("mapping", "sequence")}
+
+
+def man5_keys():
+    """{key: parenthesis} of the .TP tags of diverged.yaml(5)."""
+    roff = read("doc", "diverged.yaml.5").replace("\\-", "-")
+    out = {}
+    for tag in re.findall(r"^\.TP\n\.BR? (.*)$", roff, re.M):
+        words = [a or b for a, b in re.findall(r"\"([^\"]*)\"|(\S+)", tag)]
+        head, _, paren = "".join(words).partition(" (")
+        if not re.fullmatch(r"[a-z][a-zA-Z_.\[\], ]*", head):
+            continue
+        for key in re.findall(r"[a-zA-Z_.\[\]]+", head):
+            out[re.sub(r"^(\w+)\[\]$", r"\1", key)] = paren.rstrip(")")
+    return out
+
+
+def duration(s):
+    if re.fullmatch(r"\d+", s):
+        return int(s)
+    total = 0
+    for n, u in re.findall(r"(\d+)([dhms])", s):
+        total += int(n) * {"d": 86400, "h": 3600, "m": 60, "s": 1}[u]
+    return total
+
+
+def size(s):
+    m = re.fullmatch(r"(\d+)(B|KiB|MiB|GiB)?", s)
+    return int(m.group(1)) * {None: 1, "B": 1, "KiB": 1024,
+                              "MiB": 1024 ** 2, "GiB": 1024 ** 3}[m.group(2)]
+
+
+def doc_number(fn, s):
+    s = s.strip().strip("`")
+    s = re.sub(r"10\^(\d+)", lambda m: str(10 ** int(m.group(1))), s)
+    if fn == "p_duration":
+        return duration(s)
+    if fn == "p_size":
+        return size(s)
+    if fn == "p_usd":
+        return round(float(s) * 10 ** 6)
+    return int(s)
+
+
+def config_defaults():
+    """{member: C expression} of config_defaults()."""
+    src = read("src", "config", "config.c")
+    body = src.split("\nconfig_defaults(struct config *c)\n{", 1)[1]
+    body = body.split("\n}", 1)[0]
+    return dict(re.findall(r"c->([\w.]+) = (.*);", body))
+
+
+def config_keys(t):
+    fields = config_fields()
+    t.ok(len(fields) >= 60, "config.c has field tables", len(fields))
+    md = config_md_keys()
+    man = man5_keys()
+    t.eq(sorted(set(fields) - set(md)), [],
+         "doc/config.md has every key config.c accepts")
+    t.eq(sorted(set(md) - set(fields)), [],
+         "every key of doc/config.md is one config.c accepts")
+    t.eq(sorted(set(fields) - set(man)), [],
+         "diverged.yaml(5) has every key config.c accepts")
+    t.eq(sorted(set(man) - set(fields)), [],
+         "every key of diverged.yaml(5) is one config.c accepts")
+    # the range of each bounded key, in both pages
+    wrong = []
+    for key, (fn, member, lo, hi) in sorted(fields.items()):
+        if lo is None or fn not in ("p_int", "p_duration", "p_size",
+                                    "p_usd"):
+            continue
+        want = (c_value(lo), c_value(hi))
+        for page, text in (("config.md", md.get(key, "")),
+                           ("diverged.yaml.5", man.get(key, ""))):
+            m = re.search(r"([\w^.]+) to ([\w^.]+)", text)
+            got = ((doc_number(fn, m.group(1)), doc_number(fn, m.group(2)))
+                   if m else None)
+            if got != want:
+                wrong.append("%s %s: %s, code %s" % (page, key, text, want))
+    t.eq(wrong, [], "the reference pages give each key its range")
+    # the default of each number, boolean and string key, in both pages
+    defaults = config_defaults()
+    md_text = read("doc", "config.md")
+    wrong = []
+    for key, (fn, member, lo, hi) in sorted(fields.items()):
+        if "[]" in key:
+            continue    # a repos rule's fields: required, no default
+        if fn in ("p_int", "p_duration", "p_size", "p_usd", "p_bool"):
+            expr = defaults.get(member, "0")
+            want = c_value(expr)
+        elif member in defaults and defaults[member].startswith("xstrdup"):
+            want = re.match(r"xstrdup\(\"(.*)\"\)",
+                            defaults[member]).group(1)
+        else:
+            continue
+        row = re.search(r"^\| `%s` \| [^|]* \| ([^|]*) \|" % re.escape(key),
+                        md_text, re.M)
+        md_default = row.group(1).strip() if row else ""
+        m = re.search(r"default (\S+?)\)?$", man.get(key, ""))
+        man_default = m.group(1) if m else ""
+        for page, got in (("config.md", md_default),
+                          ("diverged.yaml.5", man_default)):
+            got = got.strip("`")
+            if fn == "p_bool":
+                ok = got == ("true" if want else "false")
+            elif isinstance(want, str):
+                ok = got == want or (want == "" and got in ('""', '\\(dq\\(dq'))
+            else:
+                try:
+                    ok = doc_number(fn, got) == want
+                except (ValueError, AttributeError, KeyError):
+                    ok = False
+            if not ok:
+                wrong.append("%s %s: %r, code %r" % (page, key, got, want))
+    t.eq(wrong, [], "the reference pages give each key its default")
+
+
 def long_options(text):
     return set(re.findall(r"(--[a-z][a-z-]+)", text))
 
@@ -178,6 +352,7 @@ def options(t):
 def main(t):
     tmp = tempfile.mkdtemp(prefix="diverge-readme-")
     configs(t, tmp)
+    config_keys(t)
     options(t)
     metrics(t)
 
