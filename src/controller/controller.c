@@ -721,7 +721,7 @@ controller_start(struct controller **out,
 	metrics_describe("diverge_tasks_stalled", METRIC_GAUGE, "AgentTasks "
 	    "whose reconcile the API server refuses for good (condition "
 	    "Stalled: RBAC, a quota, an admission webhook); each fails after "
-	    "5 minutes.");
+	    "5 minutes, unless it is suspended or already finished.");
 	metrics_set("diverge_tasks_active", "", 0);
 	metrics_set("diverge_tasks_queued", "", 0);
 	metrics_set("diverge_tasks_stalled", "", 0);

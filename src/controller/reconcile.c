@@ -1128,10 +1128,10 @@ plan_phase(struct rctx *x, const json_t *task, const struct sbview *v,
  * meanwhile sees one or the other and two workers never take the same
  * last slot. A pass that fails after its decision (a status write that
  * keeps losing to other writers, an API server error) keeps the record:
- * it may have made the task's token and Sandbox, which run, so the task
- * keeps its slot and its next pass takes it up again; given back, an
- * earlier task resuming or re-run meanwhile would take it and the two
- * would run over the limit.
+ * it may have minted the task's token (its Sandbox starts only once the
+ * status is live), so the task keeps its slot and its next pass takes it
+ * up again; given back, an earlier task resuming or re-run meanwhile
+ * would take it and the two would run over the limit.
  *
  * The record is in memory: a restart between an admitted pass's token
  * and its Provisioning status write loses it, and the task is then
