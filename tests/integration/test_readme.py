@@ -5,10 +5,10 @@ doc/config.md, and the EXAMPLE of diverged.yaml(5), passes diverged
 of config.c's field tables, with the range and default the code gives
 them; the metric table of README.md names exactly the metrics a
 running daemon (both providers, with API tokens, against the fake SCM
-APIs) exports, with their types (the diverge_kube_* of a daemon on a
-cluster: test_kube_metrics.py); the options of diverged --help are those
-of the README's and diverged(8)'s synopses; the diverge commands the
-README shows are in diverge --help."""
+APIs) exports, with their types and the labels of their samples (the
+diverge_kube_* of a daemon on a cluster: test_kube_metrics.py); the
+options of diverged --help are those of the README's and diverged(8)'s
+synopses; the diverge commands the README shows are in diverge --help."""
 
 import os
 import re
@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 
 from divtest import (DIVERGED, TOP_BUILDDIR, TOP_SRCDIR, Daemon, ScmFake,
-                     run_tests)
+                     meter, run_tests)
 
 DIVERGE = os.path.join(TOP_BUILDDIR, "diverge")
 
@@ -98,6 +98,26 @@ def readme_metrics():
                            re.M))
 
 
+def readme_metric_labels():
+    """{name: the words in backquotes of its labels column}."""
+    text = read("README.md")
+    section = text.split("### Metrics", 1)[1].split("\n### ", 1)[0]
+    return {n: set(re.findall(r"`([a-z_]+)`", rest)) for n, rest in
+            re.findall(r"^\| `(diverge_[a-z_]+)` \| \w+ \|(.*)$", section,
+                       re.M)}
+
+
+def exported_labels(text):
+    """{family: label names} of the samples of a /metrics text, le aside."""
+    out = {}
+    for name, labels in re.findall(r"^(diverge_[a-z_]+)\{([^}]*)\}", text,
+                                   re.M):
+        name = re.sub(r"_(bucket|sum|count)$", "", name)
+        out.setdefault(name, set()).update(
+            n for n in re.findall(r"([a-z_]+)=\"", labels) if n != "le")
+    return out
+
+
 def metrics(t):
     # a daemon on a cluster's are checked by test_kube_metrics.py
     documented = {n: k for n, k in readme_metrics().items()
@@ -122,6 +142,10 @@ gitlab:
             with open(os.path.join(d.tmp, name), "w") as f:
                 f.write("not-a-real-token\n")
         d.start()
+        # samples of the labelled families: a route, a delivery, a refusal
+        d.request("GET", "/healthz")
+        d.github("ping", {"zen": "x"}, "readme-1")
+        meter(d, None, {})
         text = d.metrics()
         d.stop()
     finally:
@@ -135,6 +159,11 @@ gitlab:
     t.eq(sorted(n for n in documented if n in exported and
                 documented[n] != exported[n]), [],
          "the README gives each metric its exported type")
+    names = readme_metric_labels()
+    t.eq(sorted("%s{%s}" % (n, ",".join(sorted(ls - names.get(n, set()))))
+                for n, ls in exported_labels(text).items()
+                if ls - names.get(n, set())), [],
+         "the README names every label of the exported samples")
 
 
 CONSTS = {"KIB": 1024, "MIB": 1024 ** 2, "GIB": 1024 ** 3, "USD": 10 ** 6,
@@ -298,7 +327,8 @@ def config_keys(t):
             if fn == "p_bool":
                 ok = got == ("true" if want else "false")
             elif isinstance(want, str):
-                ok = got == want or (want == "" and got in ('""', '\\(dq\\(dq'))
+                ok = got == want or (want == "" and
+                                     got in ('""', '\\(dq\\(dq'))
             else:
                 try:
                     ok = doc_number(fn, got) == want
