@@ -3,12 +3,13 @@ machine where that is cheap: every YAML block of README.md and
 doc/config.md, and the EXAMPLE of diverged.yaml(5), passes diverged
 --check-config; doc/config.md and diverged.yaml(5) have exactly the keys
 of config.c's field tables, with the range and default the code gives
-them; the metric table of README.md names exactly the metrics a
-running daemon (both providers, with API tokens, against the fake SCM
-APIs) exports, with their types and the labels of their samples (the
-diverge_kube_* of a daemon on a cluster: test_kube_metrics.py); the
-options of diverged --help are those of the README's and diverged(8)'s
-synopses; the diverge commands the README shows are in diverge --help."""
+them, and every key README.md and bench/README.md quote is one; the
+metric table of README.md names exactly the metrics a running daemon
+(both providers, with API tokens, against the fake SCM APIs) exports,
+with their types and the labels of their samples (the diverge_kube_* of
+a daemon on a cluster: test_kube_metrics.py); the options of diverged
+--help are those of the README's and diverged(8)'s synopses; the diverge
+commands the README shows are in diverge --help."""
 
 import os
 import re
@@ -337,6 +338,21 @@ def config_keys(t):
             if not ok:
                 wrong.append("%s %s: %r, code %r" % (page, key, got, want))
     t.eq(wrong, [], "the reference pages give each key its default")
+    # the keys README.md and bench/README.md quote are keys, or mappings
+    known = set(fields)
+    for key in fields:
+        parts = key.split(".")
+        known.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    sections = "|".join(sorted({k.split(".")[0].rstrip("[]")
+                                for k in fields if "." in k}))
+    quoted = set()
+    for rel in (("README.md",), ("bench", "README.md")):
+        quoted.update(re.findall(r"`((?:%s)(?:\[\])?\.[a-zA-Z_.\[\]]*"
+                                 r"[a-zA-Z_\]])[`: ]" % sections,
+                                 read(*rel)))
+    t.eq(sorted(k for k in quoted - known
+                if not re.search(r"\.(com|io|org)$", k)), [],
+         "every key README.md and bench/README.md quote is in config.c")
 
 
 def long_options(text):
