@@ -298,8 +298,11 @@ struct controller {
 	 * which the admission decides on): the task watch feeds it
 	 */
 	struct controller_slots *slots;
-	/* "ns/name" of the tasks Stalled (k8s_task_stalled); the task
-	 * watcher's thread alone uses it */
+	/*
+	 * "ns/name" -> STALL_* bits of the tasks stalled: the condition
+	 * Stalled (the task watcher's) or a status the API server refuses
+	 * (the workers'), under mu
+	 */
 	json_t *stalled;
 	/* the gauges of the slots as last set (the task watcher's) */
 	int64_t holds_set, queued_set;
@@ -387,37 +390,101 @@ controller_limit_changed(struct controller *c)
 		controller_slots_look(c->slots);
 }
 
+/* Why a task counts in diverge_tasks_stalled (bits of c->stalled). */
+#define STALL_CONDITION 1	/* its condition Stalled is True */
+#define STALL_STATUS 2		/* its status write is refused for good */
+
+/*
+ * Set or clear bit of key in the stalled set, with c->mu held; whether
+ * the bit changed.
+ */
+static int
+stall_bit_locked(struct controller *c, const char *key, int bit, int on)
+{
+	int was = (int)json_integer_value(json_object_get(c->stalled, key));
+	int now = on ? was | bit : was & ~bit;
+
+	if (now == was)
+		return 0;
+	if (now == 0)
+		json_object_del(c->stalled, key);
+	else
+		json_object_set_new(c->stalled, key, json_integer(now));
+	return 1;
+}
+
+static void
+stalled_gauge_locked(struct controller *c)
+{
+	metrics_set("diverge_tasks_stalled", "",
+	    (double)json_object_size(c->stalled));
+}
+
 /*
  * Record whether the task (NULL: deleted) is Stalled, for the gauge
  * diverge_tasks_stalled, which an operator alerts on: a stalled task
- * waits for someone to fix RBAC, a quota or a webhook. 1 when the set
- * changed. Called for every task event (a meter charge's included): it
- * does nothing while no task is stalled and this one is not.
+ * waits for someone to fix RBAC, a quota or a webhook. A task that goes
+ * away leaves the set whatever the reason it was in. Called for every
+ * task event (a meter charge's included): it does nothing while no task
+ * is stalled and this one is not.
  */
-static int
+static void
 mark_stalled(struct controller *c, const char *ns, const char *name,
     const json_t *task)
 {
 	int stalled = task != NULL && k8s_task_stalled(task);
-	size_t was = json_object_size(c->stalled);
 	char *key;
 
-	if (ns == NULL || name == NULL || (!stalled && was == 0))
-		return 0;
-	key = xasprintf("%s/%s", ns, name);
-	if (stalled)
-		json_object_set_new(c->stalled, key, json_true());
-	else
-		json_object_del(c->stalled, key);
-	free(key);
-	return json_object_size(c->stalled) != was;
+	if (ns == NULL || name == NULL)
+		return;
+	pthread_mutex_lock(&c->mu);
+	if (stalled || json_object_size(c->stalled) > 0) {
+		key = xasprintf("%s/%s", ns, name);
+		if (task == NULL) {
+			if (json_object_get(c->stalled, key) != NULL) {
+				json_object_del(c->stalled, key);
+				stalled_gauge_locked(c);
+			}
+		} else if (stall_bit_locked(c, key, STALL_CONDITION,
+		    stalled)) {
+			stalled_gauge_locked(c);
+		}
+		free(key);
+	}
+	pthread_mutex_unlock(&c->mu);
 }
 
+/*
+ * After a pass of the task key ("ns/name") that learnt its status write
+ * went through (status 1) or was refused for good (-1, cause quoting the
+ * API server): no Stalled condition can tell the second, so the task
+ * counts in diverge_tasks_stalled until a write goes through or the
+ * task goes away, and the change is logged once, not at every back-off
+ * pass.
+ */
 static void
-stalled_gauge(struct controller *c)
+mark_status(struct controller *c, const char *ns, const char *name,
+    int status, const char *cause)
 {
-	metrics_set("diverge_tasks_stalled", "",
-	    (double)json_object_size(c->stalled));
+	char *key;
+	int changed;
+
+	if (status == 0)
+		return;
+	key = xasprintf("%s/%s", ns, name);
+	pthread_mutex_lock(&c->mu);
+	changed = stall_bit_locked(c, key, STALL_STATUS, status < 0);
+	if (changed)
+		stalled_gauge_locked(c);
+	pthread_mutex_unlock(&c->mu);
+	free(key);
+	if (changed && status < 0)
+		/* error, not warn: the task's own status cannot say it */
+		log_kv(LOG_ERROR, "task status refused", "task", name,
+		    "namespace", ns, "error", cause, NULL);
+	else if (changed)
+		log_kv(LOG_INFO, "task status no longer refused", "task", name,
+		    "namespace", ns, NULL);
 }
 
 /*
@@ -434,7 +501,7 @@ static int
 relist(struct controller *c, int enqueue)
 {
 	struct k8s_status st = { 0 };
-	json_t *list = NULL, *it;
+	json_t *list = NULL, *it, *was;
 	size_t i;
 
 	if (k8s_list(c->cfg.store, &K8S_AGENTTASK, c->cfg.namespace, NULL,
@@ -450,11 +517,29 @@ relist(struct controller *c, int enqueue)
 			    controller_ttl_due(&c->cfg, it, now_unix()))
 				enqueue_key(c, k8s_meta_str(it, "namespace"),
 				    k8s_meta_str(it, "name"));
-	json_object_clear(c->stalled);
-	json_array_foreach(json_object_get(list, "items"), i, it)
-		(void)mark_stalled(c, k8s_meta_str(it, "namespace"),
-		    k8s_meta_str(it, "name"), it);
-	stalled_gauge(c);
+	/*
+	 * the set afresh: a task not listed went away; one listed keeps
+	 * the refusal of its status a pass saw
+	 */
+	pthread_mutex_lock(&c->mu);
+	was = c->stalled;
+	c->stalled = json_object();
+	json_array_foreach(json_object_get(list, "items"), i, it) {
+		char *key = xasprintf("%s/%s", k8s_meta_str(it, "namespace"),
+		    k8s_meta_str(it, "name"));
+		int bits = (int)json_integer_value(json_object_get(was, key)) &
+		    STALL_STATUS;
+
+		if (k8s_task_stalled(it))
+			bits |= STALL_CONDITION;
+		if (bits != 0)
+			json_object_set_new(c->stalled, key,
+			    json_integer(bits));
+		free(key);
+	}
+	stalled_gauge_locked(c);
+	pthread_mutex_unlock(&c->mu);
+	json_decref(was);
 	controller_slots_relist(c->slots, list);
 	slots_changed(c);
 	json_decref(list);
@@ -473,9 +558,8 @@ handle_event(struct watcher *w, struct k8s_event *ev)
 		(void)controller_slots_observe(w->c->slots, o,
 		    ev->type == K8S_DELETED);
 		slots_changed(w->c);
-		if (mark_stalled(w->c, ns, k8s_meta_str(o, "name"),
-		    ev->type == K8S_DELETED ? NULL : o))
-			stalled_gauge(w->c);
+		mark_stalled(w->c, ns, k8s_meta_str(o, "name"),
+		    ev->type == K8S_DELETED ? NULL : o);
 		if (ev->type == K8S_DELETED) {
 			controller_task_deleted(&w->c->cfg, o);
 			return;
@@ -630,7 +714,7 @@ worker_main(void *arg)
 	for (;;) {
 		char *slash, *cause = NULL;
 		int64_t requeue = -1, t0;
-		int rc;
+		int rc, status = 0;
 
 		key = controller_queue_get(c->q, 1000);
 		if (key == NULL) {
@@ -649,7 +733,8 @@ worker_main(void *arg)
 		*slash = '\0';
 		t0 = now_mono_ms();
 		rc = controller_reconcile(&c->cfg, key, slash + 1, &requeue,
-		    &cause);
+		    &status, &cause);
+		mark_status(c, key, slash + 1, status, cause);
 		metrics_observe("diverge_reconcile_duration_seconds", "",
 		    (double)(now_mono_ms() - t0) / 1000.0);
 		metrics_inc("diverge_reconciles_total", rc < 0 ?
@@ -721,7 +806,9 @@ controller_start(struct controller **out,
 	metrics_describe("diverge_tasks_stalled", METRIC_GAUGE, "AgentTasks "
 	    "whose reconcile the API server refuses for good (condition "
 	    "Stalled: RBAC, a quota, an admission webhook); each fails after "
-	    "5 minutes, unless it is suspended or already finished.");
+	    "5 minutes, unless it is suspended or already finished. Also "
+	    "those whose status it refuses, which no condition can tell "
+	    "(logged once: 'task status refused').");
 	metrics_set("diverge_tasks_active", "", 0);
 	metrics_set("diverge_tasks_queued", "", 0);
 	metrics_set("diverge_tasks_stalled", "", 0);

@@ -162,10 +162,18 @@ uint64_t controller_relists(struct controller *c);
  * for none. A negative enum k8s_err, with a new
  * message in *cause (may be NULL), when a read or write failed: retry
  * with backoff, or after *requeue_ms when that is not -1 and sooner (the
- * end of a stalled task's grace).
+ * end of a stalled task's grace). *status (may be NULL) gets what the
+ * pass learnt of the task's status subresource: 1 when its last write
+ * went through (or the stored status was already as wanted, or the task
+ * is gone: nothing is left to write), -1 when the
+ * API server refused it for good (RBAC without agenttasks/status, an
+ * admission webhook: no Stalled condition can then be written, so the
+ * caller tells; *cause quotes the refusal), 0 when no write was tried or
+ * it failed for now.
  */
 int controller_reconcile(const struct controller_config *cfg,
-    const char *ns, const char *name, int64_t *requeue_ms, char **cause);
+    const char *ns, const char *name, int64_t *requeue_ms, int *status,
+    char **cause);
 
 /*
  * Whether the finished task's controller.ttl_after_finished ends before

@@ -62,6 +62,12 @@ struct rctx {
 	int admitted;		/* this pass took a slot */
 	int again;		/* pass once more: it held a Sandbox back */
 	int64_t running;	/* when admitted: the tasks in slots, with it */
+	/*
+	 * the last status write's outcome (controller_reconcile's *status)
+	 * and, when refused for good, what the API server said
+	 */
+	int status;
+	char *status_cause;
 };
 
 /* ------------------------------------------------------------ helpers */
@@ -1307,6 +1313,7 @@ write_status(struct rctx *x, json_t *task, const json_t *want)
 	}
 	if (json_object_size(s) == 0) {
 		json_decref(s);
+		x->status = 1;	/* the stored status is what we want */
 		return 0;
 	}
 	if (x->cc->test_hook != NULL)
@@ -1328,6 +1335,19 @@ write_status(struct rctx *x, json_t *task, const json_t *want)
 		x->writes++;
 	else if (rc != K8S_ECONFLICT)
 		note_cause(x, "task status", &st);
+	if (rc == 0) {
+		x->status = 1;
+	} else if (refused_for_good(rc)) {
+		/*
+		 * no condition can say so: the controller tells (a 404: the
+		 * task deleted meanwhile, which note_stall's read tells, or
+		 * a CRD with no status subresource)
+		 */
+		x->status = -1;
+		free(x->status_cause);
+		x->status_cause = xasprintf("task status: %s", st.message ?
+		    st.message : "failed");
+	}
 	k8s_status_release(&st);
 	return rc;
 }
@@ -1642,6 +1662,8 @@ reconcile_once(struct rctx *x)
 		/* what the task watch's DELETED event also says */
 		controller_slots_not_found(controller_slots_of(x->cc->store),
 		    x->ns, x->name);
+		/* a pass refused before it went has nothing left to tell */
+		x->status = 1;
 		k8s_status_release(&st);
 		return 0;
 	}
@@ -2160,10 +2182,13 @@ note_stall(struct rctx *x, int64_t *requeue_ms)
 	int64_t since = x->now;
 	char *msg = NULL, *red;
 	size_t i;
-	int fail, done;
+	int fail, done, rc;
 
-	if (k8s_get(x->cc->store, &K8S_AGENTTASK, x->ns, x->name, &task,
-	    &st) < 0) {
+	if ((rc = k8s_get(x->cc->store, &K8S_AGENTTASK, x->ns, x->name,
+	    &task, &st)) < 0) {
+		/* deleted since: its refusals no longer matter */
+		if (rc == K8S_ENOTFOUND)
+			x->status = 1;
 		k8s_status_release(&st);
 		return;
 	}
@@ -2235,7 +2260,7 @@ note_stall(struct rctx *x, int64_t *requeue_ms)
 /* Reconcile one task. */
 int
 controller_reconcile(const struct controller_config *cfg, const char *ns,
-    const char *name, int64_t *requeue_ms, char **cause)
+    const char *name, int64_t *requeue_ms, int *status, char **cause)
 {
 	struct rctx x;
 	int tries, rc = 0;
@@ -2263,6 +2288,17 @@ controller_reconcile(const struct controller_config *cfg, const char *ns,
 		*requeue_ms = rc == 0 ? x.requeue_ms : -1;
 	if (rc < 0 && refused_for_good(rc))
 		note_stall(&x, requeue_ms);
+	if (status != NULL)
+		*status = x.status;
+	/* a child refused, and the condition that would say so too */
+	if (x.status < 0 && x.cause != NULL && strcmp(x.cause,
+	    x.status_cause) != 0) {
+		char *both = xasprintf("%s; %s", x.cause, x.status_cause);
+
+		free(x.cause);
+		x.cause = both;
+	}
+	free(x.status_cause);
 	if (rc < 0 && cause != NULL)
 		*cause = x.cause != NULL ? x.cause : xstrdup("reconcile "
 		    "failed");

@@ -224,7 +224,7 @@ static void
 reconcile(const char *name)
 {
 	char *cause = NULL;
-	int rc = controller_reconcile(&cc, NS, name, NULL, &cause);
+	int rc = controller_reconcile(&cc, NS, name, NULL, NULL, &cause);
 
 	if (rc != 0)
 		fprintf(stderr, "# reconcile: %s\n", cause ? cause : "?");
@@ -1355,7 +1355,7 @@ test_resume_sandbox_write_fails(void **state)
 	watch_sandbox_writes(name);
 	fail_runs = 1;
 	set_suspended(name, 0);
-	rc = controller_reconcile(&cc, NS, name, NULL, &cause);
+	rc = controller_reconcile(&cc, NS, name, NULL, NULL, &cause);
 	assert_true(rc < 0);
 	free(cause);
 	assert_int_equal(seen_runs, 1);
@@ -1677,7 +1677,7 @@ test_reconciler_error(void **state)
 
 	(void)state;
 	play(name, "False", "ReconcilerError", 0, NULL, 0, now_unix() - 10);
-	assert_int_equal(controller_reconcile(&cc, NS, name, &requeue,
+	assert_int_equal(controller_reconcile(&cc, NS, name, &requeue, NULL,
 	    &cause), 0);
 	assert_phase(name, "Provisioning");
 	assert_true(requeue > 280 * 1000 && requeue <= 292 * 1000);
@@ -2711,7 +2711,7 @@ crash_reconcile(const char *name, int crash_at)
 		cc.store = env.api;
 		cc.meter = meter;
 		cc.crash_after_writes = crash_at;
-		controller_reconcile(&cc, NS, name, NULL, &cause);
+		controller_reconcile(&cc, NS, name, NULL, NULL, &cause);
 		_exit(3);
 	}
 	assert_int_equal(waitpid(pid, &status, 0), pid);
@@ -3662,7 +3662,7 @@ racer_main(void *arg)
 	char *cause = NULL;
 
 	pthread_barrier_wait(r->go);
-	r->rc = controller_reconcile(&cc, NS, r->name, NULL, &cause);
+	r->rc = controller_reconcile(&cc, NS, r->name, NULL, NULL, &cause);
 	free(cause);
 	return NULL;
 }
@@ -3847,7 +3847,7 @@ test_queue_failed_write_keeps_slot(void **state)
 	/* b is admitted, makes its children, its status write fails */
 	conflict_task = b;
 	cc.test_hook = status_conflict_hook;
-	assert_true(controller_reconcile(&cc, NS, b, NULL, &cause) < 0);
+	assert_true(controller_reconcile(&cc, NS, b, NULL, NULL, &cause) < 0);
 	free(cause);
 	cc.test_hook = NULL;
 	conflict_task = NULL;
@@ -3924,7 +3924,8 @@ reconcile_fails(const char *name, const char *want_cause)
 	int64_t requeue = 0;
 	char *cause = NULL;
 
-	assert_true(controller_reconcile(&cc, NS, name, &requeue, &cause) < 0);
+	assert_true(controller_reconcile(&cc, NS, name, &requeue, NULL,
+	    &cause) < 0);
 	assert_non_null(cause);
 	assert_non_null(strstr(cause, want_cause));
 	free(cause);
@@ -4452,7 +4453,7 @@ reconcile_requeue(const char *name)
 {
 	int64_t requeue = 0;
 	char *cause = NULL;
-	int rc = controller_reconcile(&cc, NS, name, &requeue, &cause);
+	int rc = controller_reconcile(&cc, NS, name, &requeue, NULL, &cause);
 
 	if (rc != 0)
 		fprintf(stderr, "# reconcile: %s\n", cause ? cause : "?");
@@ -4877,6 +4878,208 @@ test_stalled_gauge(void **state)
 	assert_true(wait_phase(name, "Provisioning", 5000));
 	stop_running(NULL);
 	free(name);
+}
+
+/* RBAC without agenttasks/status, as the API server words the refusal. */
+#define STATUS_RBAC "agenttasks.divergedev.com \"stall-status\" is " \
+	"forbidden: User \"system:serviceaccount:diverge-system:diverged\" " \
+	"cannot patch resource \"agenttasks/status\" in API group " \
+	"\"divergedev.com\" in the namespace \"" NS "\""
+
+/* The status of stall-status is refused for good (RBAC). */
+static void
+refuse_status(void)
+{
+	refuse_calls("PATCH", "/agenttasks/stall-status/status", 403, 100000,
+	    STATUS_RBAC);
+}
+
+/* The test hook that deletes stall-status before its status write. */
+static void
+delete_hook(void *arg, const char *point)
+{
+	(void)arg;
+	if (strcmp(point, "status") == 0)
+		delete_task("stall-status");
+}
+
+/* One pass of name; its status outcome, and its cause has want. */
+static int
+reconcile_status(const char *name, int want_rc, const char *want)
+{
+	char *cause = NULL;
+	int status = 7, rc;
+
+	rc = controller_reconcile(&cc, NS, name, NULL, &status, &cause);
+	if (want_rc == 0)
+		assert_int_equal(rc, 0);
+	else
+		assert_true(rc < 0);
+	if (want != NULL && (cause == NULL || strstr(cause, want) == NULL))
+		fail_msg("cause '%s', not '%s'", cause, want);
+	free(cause);
+	return status;
+}
+
+/*
+ * A status the API server refuses for good (RBAC without
+ * agenttasks/status, an admission webhook on status) leaves no condition
+ * to tell it: the pass tells its caller (status -1, the cause quoting the
+ * refusal), and a write that goes through (1). When a child was refused
+ * too, the cause names both: the Stalled condition that would say the
+ * first could not be written.
+ */
+static void
+test_status_refused(void **state)
+{
+	char *a;
+	json_t *t;
+
+	(void)state;
+	if (open_limited(3, 0) < 0)
+		skip();
+	a = new_task_named(xstrdup("stall-status"), NULL, NULL);
+	refuse_status();
+	assert_int_equal(reconcile_status(a, -1, "task status: " STATUS_RBAC),
+	    -1);
+	assert_int_equal(reconcile_status(a, -1, "cannot patch resource"),
+	    -1);
+	t = get_task(a);
+	assert_null(json_object_get(t, "status"));
+	json_decref(t);
+	grant_all();
+	assert_int_equal(reconcile_status(a, 0, NULL), 1);
+	assert_phase(a, "Pending");
+
+	refuse_calls("POST", "/networkpolicies", 403, 100000, NULL);
+	refuse_status();
+	assert_int_equal(reconcile_status(a, -1, "networkpolicy: forbidden: "
+	    "injected fault; task status: " STATUS_RBAC), -1);
+	assert_phase(a, "Pending");
+	assert_not_stalled(a);
+	grant_all();
+	assert_int_equal(reconcile_status(a, 0, NULL), 1);
+	assert_phase(a, "Provisioning");
+	/* nothing to write: the stored status is as wanted */
+	assert_int_equal(reconcile_status(a, 0, NULL), 1);
+
+	/* a 404 of a task still there: its CRD has no status subresource */
+	set_suspended(a, 1);
+	refuse_calls("PATCH", "/agenttasks/stall-status/status", 404, 100000,
+	    NULL);
+	assert_int_equal(reconcile_status(a, -1, "task status: the server "
+	    "could not find the requested resource"), -1);
+	/* ... of a task deleted during the pass: nothing left to tell */
+	grant_all();
+	cc.test_hook = delete_hook;
+	assert_int_equal(reconcile_status(a, -1, NULL), 1);
+	cc.test_hook = NULL;
+	assert_null((t = get(&K8S_AGENTTASK, a)));
+	free(a);
+}
+
+/* Run fn with stderr in a file; the file's text (a new string). */
+static char *
+capture_stderr(void (*fn)(void))
+{
+	char path[] = "/tmp/test_reconciler.XXXXXX";
+	struct buf b;
+	char chunk[4096];
+	size_t n;
+	int fd, saved;
+	FILE *f;
+
+	fd = mkstemp(path);
+	assert_true(fd >= 0);
+	fflush(stderr);
+	saved = dup(2);
+	dup2(fd, 2);
+	fn();
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	close(fd);
+	f = fopen(path, "r");
+	assert_non_null(f);
+	buf_init(&b, 1 << 24);
+	while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
+		assert_int_equal(buf_add(&b, chunk, n), 0);
+	buf_add(&b, "", 1);
+	fclose(f);
+	unlink(path);
+	return buf_detach(&b, NULL);
+}
+
+static int
+count_of(const char *text, const char *what)
+{
+	int n = 0;
+
+	for (; (text = strstr(text, what)) != NULL; text += strlen(what))
+		n++;
+	return n;
+}
+
+/* The running controller with every status write of stall-status refused. */
+static void
+run_status_refused(void)
+{
+	struct controller *c = NULL;
+	char *name, *cause = NULL;
+	int64_t end;
+
+	refuse_status();
+	cc.workers = 1;
+	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	running = c;
+	assert_true(wait_metric("diverge_tasks_stalled", 0, 5000));
+	name = new_task_named(xstrdup("stall-status"), NULL, NULL);
+	assert_true(wait_metric("diverge_tasks_stalled", 1, 10000));
+	/* back-off passes, each refused: logged once */
+	end = now_mono_ms() + 10000;
+	while (storeenv_fake_count(&env, "PATCH", "/stall-status/status") <
+	    8 && now_mono_ms() < end)
+		sleep_ms(20);
+	assert_true(storeenv_fake_count(&env, "PATCH",
+	    "/stall-status/status") >= 8);
+	assert_true(metric("diverge_tasks_stalled") == 1);
+	grant_all();
+	assert_true(wait_metric("diverge_tasks_stalled", 0, 15000));
+	assert_true(wait_phase(name, "Provisioning", 5000));
+	free(name);
+}
+
+/*
+ * diverge_tasks_stalled counts a task whose status the API server
+ * refuses for good, which no Stalled condition can tell, until a status
+ * write goes through or the task is deleted; the refusal is logged once
+ * (the first stretch of refusals: the second ends in a deletion, which
+ * may race with a pass in flight),
+ * at error level, naming the task and namespace and quoting the API
+ * server, not at every back-off pass.
+ */
+static void
+test_status_refused_gauge(void **state)
+{
+	char *log;
+
+	(void)state;
+	if (open_limited(3, 0) < 0)
+		skip();
+	log = capture_stderr(run_status_refused);
+	if (count_of(log, "task status refused") != 1)
+		fail_msg("log: %s", log);
+	assert_non_null(strstr(log, "task=stall-status namespace=" NS));
+	assert_non_null(strstr(log, "cannot patch resource"));
+	free(log);
+
+	/* refused again, then the task goes away: so does the count */
+	refuse_status();
+	set_suspended("stall-status", 1);
+	assert_true(wait_metric("diverge_tasks_stalled", 1, 10000));
+	delete_task("stall-status");
+	assert_true(wait_metric("diverge_tasks_stalled", 0, 10000));
+	stop_running(NULL);
 }
 
 /* The list of failing_list_ops (above). */
@@ -5444,6 +5647,8 @@ main(void)
 		cmocka_unit_test_teardown(test_stalled_token_index, unlimit),
 		cmocka_unit_test_teardown(test_stalled_finished, no_ttl),
 		cmocka_unit_test_teardown(test_stalled_children, unlimit),
+		cmocka_unit_test_teardown(test_status_refused, unlimit),
+		cmocka_unit_test_teardown(test_status_refused_gauge, unlimit),
 		cmocka_unit_test_teardown(test_ttl_after_finished, no_ttl),
 		cmocka_unit_test_teardown(test_queue_admission, unlimit),
 		cmocka_unit_test_teardown(test_queue_timeout_rerun, unlimit),
