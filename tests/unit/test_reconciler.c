@@ -4269,6 +4269,124 @@ test_stalled_children(void **state)
 }
 
 /*
+ * With every request of method whose path has match refused (status,
+ * message as the API server words it), a pass of name fails and stalls
+ * it in phase, with Stalled quoting each of want (want[1] in the pass's
+ * cause too); once granted, the next pass clears it and brings it to
+ * next.
+ */
+static void
+stall_then_grant(const char *name, const char *method, const char *match,
+    int status, const char *message, const char *const *want,
+    const char *phase, const char *next)
+{
+	refuse_calls(method, match, status, 100000, message);
+	reconcile_fails(name, want[1]);
+	assert_stalled(name, want);
+	assert_phase(name, phase);
+	grant_all();
+	reconcile(name);
+	assert_phase(name, next);
+	assert_not_stalled(name);
+}
+
+/*
+ * The preview Environment goes through apply_child as the Secret and the
+ * NetworkPolicy do, and a refusal of it stalls the task in the same way:
+ * an admission webhook denying its create (the task stays Pending), RBAC
+ * its update (the hibernation of a pause). Stalled names the kind and
+ * quotes the API server; once granted the next pass clears it and goes
+ * on. This guards code that already worked.
+ */
+static void
+test_stalled_environment(void **state)
+{
+	static const char *const webhook[] = { "environment: ",
+	    "denied the request: previews are frozen", NULL };
+	static const char *const rbac[] = { "environment: ",
+	    "cannot update resource \"environments\"", NULL };
+	json_t *o;
+	char *a;
+
+	(void)state;
+	if (open_limited(3, 0) < 0)
+		skip();
+	a = new_task_named(xstrdup("stall-env"), NULL, NULL);
+	reconcile(a);
+	stall_then_grant(a, "POST", "/environments", 422, "admission webhook "
+	    "\"previews.example.com\" denied the request: previews are "
+	    "frozen in namespace " NS, webhook, "Pending", "Provisioning");
+	assert_non_null((o = get(&K8S_ENVIRONMENT, "agent-preview-stall-env")));
+	json_decref(o);
+
+	set_suspended(a, 1);
+	stall_then_grant(a, "PUT", "/environments/agent-preview-stall-env",
+	    403, "environments.divergedev.com \"agent-preview-stall-env\" is "
+	    "forbidden: User \"system:serviceaccount:diverge-system:diverged\""
+	    " cannot update resource \"environments\" in API group \""
+	    "divergedev.com\" in the namespace \"" NS "\"", rbac,
+	    "Provisioning", "Pausing");
+	o = get(&K8S_ENVIRONMENT, "agent-preview-stall-env");
+	assert_string_equal(jp(o, "metadata.annotations.divergedev.com/"
+	    "hibernated"), "true");
+	json_decref(o);
+	free(a);
+}
+
+/*
+ * Warm-pool mode: RBAC refusing the SandboxClaim's create, then the
+ * patch of the Sandbox it bound (apply_bound: the live token into its
+ * pod template, its id into its annotation), each stall the task, named
+ * as the API server names them, and the next pass once granted clears
+ * the condition: the claim is made, then the task is Active with its
+ * token in the bound Sandbox. This guards code that already worked.
+ */
+static void
+test_stalled_warm_pool(void **state)
+{
+	static const char *const claim[] = { "sandboxclaim: ",
+	    "cannot create resource \"sandboxclaims\"", NULL };
+	static const char *const bound[] = { "sandbox: ",
+	    "cannot patch resource \"sandboxes\"", NULL };
+	json_t *o;
+	char *a;
+
+	(void)state;
+	if (open_limited(3, 0) < 0)
+		skip();
+	cfg.sandbox.warm_pool = 2;
+	a = new_task_named(xstrdup("stall-warm"), NULL, NULL);
+	reconcile(a);
+	stall_then_grant(a, "POST", "/sandboxclaims", 403, "sandboxclaims."
+	    "extensions.agents.x-k8s.io is forbidden: User \"system:"
+	    "serviceaccount:diverge-system:diverged\" cannot create resource "
+	    "\"sandboxclaims\" in API group \"extensions.agents.x-k8s.io\" "
+	    "in the namespace \"" NS "\"", claim, "Provisioning",
+	    "Provisioning");
+	assert_non_null((o = get(&K8S_SANDBOXCLAIM, a)));
+	json_decref(o);
+
+	/* the claim controller binds a Sandbox, which diverged patches */
+	play_claim_cold(a);
+	stall_then_grant(a, "PATCH", "/sandboxes/stall-warm", 403, "sandboxes."
+	    "agents.x-k8s.io \"stall-warm\" is forbidden: User \"system:"
+	    "serviceaccount:diverge-system:diverged\" cannot patch resource "
+	    "\"sandboxes\" in API group \"agents.x-k8s.io\" in the "
+	    "namespace \"" NS "\"", bound, "Provisioning", "Active");
+	assert_warm_current(a);
+	cfg.sandbox.warm_pool = 0;
+	free(a);
+}
+
+/* After a warm-pool test on a limited store (also one that failed). */
+static int
+warm_unlimit(void **state)
+{
+	warm_off(state);
+	return unlimit(state);
+}
+
+/*
  * Admission reads the slot cache, not the store: with 2,000 finished
  * tasks in the store (they are never deleted), deciding three tasks
  * lists none of them. Through the fake kube-apiserver, whose request log
@@ -5647,6 +5765,9 @@ main(void)
 		cmocka_unit_test_teardown(test_stalled_token_index, unlimit),
 		cmocka_unit_test_teardown(test_stalled_finished, no_ttl),
 		cmocka_unit_test_teardown(test_stalled_children, unlimit),
+		cmocka_unit_test_teardown(test_stalled_environment, unlimit),
+		cmocka_unit_test_teardown(test_stalled_warm_pool,
+		    warm_unlimit),
 		cmocka_unit_test_teardown(test_status_refused, unlimit),
 		cmocka_unit_test_teardown(test_status_refused_gauge, unlimit),
 		cmocka_unit_test_teardown(test_ttl_after_finished, no_ttl),
