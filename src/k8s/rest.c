@@ -458,9 +458,7 @@ k8s_proxy_url_check(const char *url, char **why)
 static char *
 transport_why(const struct rest *rs, const char *errbuf, CURLcode rc)
 {
-	/* libcurl's text may quote a URL with its userinfo */
-	char *why = redact_xstrdup(errbuf[0] != '\0' ? errbuf :
-	    curl_easy_strerror(rc)), *s;
+	char *why = curl_why(errbuf, rc), *s;
 
 	if (rs->proxy.shown == NULL)
 		return why;

@@ -1400,9 +1400,7 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 				    shown);
 				ret = SCM_EUNAVAILABLE;
 			} else if (rc != CURLE_OK) {
-				/* libcurl's text may name a proxy's URL */
-				char *why = redact_xstrdup(errbuf[0] != '\0' ?
-				    errbuf : curl_easy_strerror(rc));
+				char *why = curl_why(errbuf, rc);
 
 				*cause = xasprintf("%s: %s %s: %s",
 				    scm_http_name(h), rq->method, shown, why);

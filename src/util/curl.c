@@ -30,3 +30,11 @@ curl_transient(int code)
 		return 0;
 	}
 }
+
+/* Why a transfer failed, redacted, to a new string (see util.h). */
+char *
+curl_why(const char *errbuf, int code)
+{
+	return redact_xstrdup(errbuf[0] != '\0' ? errbuf :
+	    curl_easy_strerror((CURLcode)code));
+}

@@ -128,6 +128,12 @@ int hex_digit(int c);
 
 /* A libcurl result (CURLcode) worth another try: 1, else 0. */
 int curl_transient(int code);
+/*
+ * Why a transfer failed, for a message, to a new string: libcurl's error
+ * buffer when it says something, else its code's text; redacted, since
+ * libcurl may quote a URL with its userinfo (a proxy's password).
+ */
+char *curl_why(const char *errbuf, int code);
 /* Decode exactly 2*n hex chars into n bytes; -1 on a bad digit. */
 int hex_decode(const char *in, size_t inlen, unsigned char *out,
     size_t *outlen);
