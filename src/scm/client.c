@@ -336,6 +336,41 @@ scm_next_page(const struct scm_resp *rp, int64_t page, size_t got)
 	return next > page ? next : 0;
 }
 
+/* Whether a list's next page goes back to one read already: logged. */
+int
+scm_next_page_stale(const struct scm_resp *rp, int64_t page,
+    char *const *seen, size_t nseen, const char *what)
+{
+	char pb[24], nb[24], *shown;
+	const char *link;
+	int64_t next = -1;
+	size_t i;
+	int stale = 0;
+
+	if (rp->next_page >= 0) {
+		next = rp->next_page;
+		stale = next > 0 && next <= page;
+	} else if (rp->link_next != NULL) {
+		next = link_page(rp->link_next);
+		stale = next > 0 && next <= page;
+		for (i = 0; !stale && i < nseen; i++)
+			stale = strcmp(seen[i], rp->link_next) == 0;
+	}
+	if (!stale)
+		return 0;
+	/* the query may carry a token a proxy added: the path only */
+	link = rp->next_page < 0 ? rp->link_next : NULL;
+	shown = link != NULL ? xstrndup(link, strcspn(link, "?#")) : NULL;
+	snprintf(pb, sizeof(pb), "%" PRId64, page);
+	snprintf(nb, sizeof(nb), "%" PRId64, next);
+	log_kv(LOG_WARN, "scm: the next page of a list goes back to one "
+	    "read already: the list is not complete, the call fails",
+	    "call", what, "page", pb, "next", next > 0 ? nb : "(no page=)",
+	    "link", shown, NULL);
+	free(shown);
+	return 1;
+}
+
 /* Parse an RFC 3339 time; -1 when malformed. */
 int64_t
 scm_parse_time(const char *s)

@@ -140,9 +140,22 @@ int scm_json_reply(const struct scm_resp *rp, int want_object,
  * X-Next-Page names (empty on the last page), else the page= of its
  * Link rel="next"; when a proxy stripped both, the next page as long as
  * this one came back full. 0: no more (also for a page that would not
- * move on).
+ * move on: scm_next_page_stale() below tells that one apart).
  */
 int64_t scm_next_page(const struct scm_resp *rp, int64_t page, size_t got);
+/*
+ * Whether the next page that list reply rp names does not move on from
+ * page, the one just read: an X-Next-Page, or else a Link rel="next"
+ * page=, not after it, or a Link rel="next" equal to one of the nseen
+ * URLs in seen (the ones read already). A server or proxy answering so
+ * would have the list read the same pages again until SCM_MAX_PAGES.
+ * When it does not, the list cannot be known complete (the caller fails
+ * rather than taking it as the whole list: a sticky comment on a page
+ * never read would be posted twice); logged at warn here, once per call,
+ * with what naming the call and the Link without its query.
+ */
+int scm_next_page_stale(const struct scm_resp *rp, int64_t page,
+    char *const *seen, size_t nseen, const char *what);
 /* Wipe and free a secret string (NULL is fine). */
 void scm_secret_free(char *s);
 /* Read a secret reference into a new string: -1 with *cause. */

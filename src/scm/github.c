@@ -595,7 +595,8 @@ gh_list_comments(struct scm_client *c, const struct scm_repo *repo,
 	struct scm_comment *v = NULL, *cm;
 	size_t nv = 0, cap = 0, i, pages = 0, got;
 	int64_t page = 1, next;
-	char *rpath = NULL, *url = NULL;
+	char *rpath = NULL, *url = NULL, **seen = NULL;
+	size_t nseen = 0;
 	json_t *j = NULL, *e, *user;
 	int ret;
 
@@ -642,8 +643,16 @@ gh_list_comments(struct scm_client *c, const struct scm_repo *repo,
 		}
 		json_decref(j);
 		j = NULL;
-		free(url);
-		url = NULL;
+		seen = xrealloc(seen, (nseen + 1) * sizeof(*seen));
+		seen[nseen++] = url;
+		url = NULL;	/* now in seen */
+		if (scm_next_page_stale(&rp, page, seen, nseen,
+		    "github: list comments")) {
+			*cause = xstrdup("github: list comments: the Link "
+			    "rel=\"next\" goes back to a page read already");
+			ret = SCM_EINTERNAL;
+			goto out;
+		}
 		next = scm_next_page(&rp, page, got);
 		if (rp.link_next != NULL) {
 			/* as written: client.c keeps it on our host */
@@ -671,6 +680,9 @@ out:
 	scm_resp_release(&rp);
 	free(rpath);
 	free(url);
+	for (i = 0; i < nseen; i++)
+		free(seen[i]);
+	free(seen);
 	return ret;
 }
 

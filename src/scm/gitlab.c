@@ -320,6 +320,13 @@ gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
 		 * X-Total and X-Total-Pages are not needed: GitLab.com leaves
 		 * them out beyond 10,000 records
 		 */
+		if (scm_next_page_stale(&rp, page, NULL, 0,
+		    "gitlab: list notes")) {
+			*cause = xstrdup("gitlab: list notes: the next page "
+			    "goes back to a page read already");
+			ret = SCM_EINTERNAL;
+			goto out;
+		}
 		page = scm_next_page(&rp, page, got);
 	}
 	*out = v;

@@ -1072,6 +1072,18 @@ class Api:
             page = 1
         return page, per
 
+    def stale_next(self, page, last):
+        """The page a broken server or proxy names as the next one (a
+        fault's "stale_next"), else None: "same" the page just served,
+        "back" page 1 from page 2 on (page 1 names page 2 as usual, if
+        any)."""
+        how = (self.fault or {}).get("stale_next")
+        if how == "same":
+            return page
+        if how == "back":
+            return 1 if page > 1 else (2 if last > 1 else None)
+        return None
+
     def url_with(self, **params):
         q = urllib.parse.parse_qsl(self.query_raw, keep_blank_values=True)
         q = [(k, v) for k, v in q if k not in params]
@@ -1770,12 +1782,16 @@ class GitHubApi(Api):
         last = max(1, (total + per - 1) // per)
         chunk = items[(page - 1) * per: page * per]
         links = []
-        if total > per:
+        stale = self.stale_next(page, last)
+        if total > per or stale:
             if page > 1:
                 links.append((self.url_with(page=min(page - 1, last)),
                               "prev"))
-            if page < last:
+            if stale:
+                links.append((self.url_with(page=stale), "next"))
+            elif page < last:
                 links.append((self.url_with(page=page + 1), "next"))
+            if page < last:
                 links.append((self.url_with(page=last), "last"))
             if page > 1:
                 links.append((self.url_with(page=1), "first"))
@@ -2161,7 +2177,8 @@ class GitLabApi(Api):
         total = len(items)
         pages = max(1, (total + per - 1) // per)
         chunk = items[(page - 1) * per: page * per]
-        nxt = page + 1 if page < pages else ""
+        nxt = self.stale_next(page, pages) or (page + 1 if page < pages
+                                                 else "")
         prv = page - 1 if page > 1 else ""
         links = []
         if prv:

@@ -402,6 +402,26 @@ def test_github_pagination(f):
     r = f.gh("GET", path)
     check("omit_headers X-Total on GitHub (it sends none): the Link keeps "
           "rel=\"last\"", sorted(r.links()) == ["last", "next"], r.headers)
+    # a broken server or proxy whose next page goes back
+    f.ctl("POST", "faults", {"provider": "github", "count": 3,
+                             "stale_next": "same"})
+    r = f.gh("GET", path + "&page=2")
+    r1 = f.gh("GET", "/github/repos/octocat/paged/issues/5/comments")
+    f.ctl("DELETE", "faults")
+    f.ctl("POST", "faults", {"provider": "github", "count": 2,
+                             "stale_next": "back"})
+    rb1 = f.gh("GET", path)
+    rb3 = f.gh("GET", path + "&page=3")
+    check("stale_next: next names this page (also a page of its own), or "
+          "page 1 from page 2 on; the items as usual",
+          "page=2" in r.links().get("next", "") and
+          [c["id"] for c in r.json] == [103, 104, 105] and
+          "page=1" in r1.links().get("next", "") and
+          "page=2" in rb1.links().get("next", "") and
+          "page=1" in rb3.links().get("next", "") and
+          [c["id"] for c in rb3.json] == [106],
+          (r.headers, r1.headers, rb1.headers, rb3.headers))
+    f.ctl("DELETE", "faults")
     r = f.gh("GET", "/github/repos/octocat/paged/issues/5/comments")
     check("GitHub: one page (default per_page 30): no Link header",
           r.status == 200 and len(r.json) == 7 and r.h("link") is None)
@@ -788,6 +808,13 @@ def test_gitlab_pagination(f):
     r = f.gl("GET", path)
     check("omit_headers: for count requests only", r.h("x-total") == "7" and
           r.h("x-next-page") == "2", r.headers)
+    f.ctl("POST", "faults", {"provider": "gitlab", "count": 1,
+                             "stale_next": "same"})
+    r = f.gl("GET", path + "&page=2")
+    check("stale_next: X-Next-Page and Link rel=next name this page",
+          r.h("x-next-page") == "2" and
+          "page=2" in r.links().get("next", "") and
+          [n["id"] for n in r.json] == [503, 504, 505], r.headers)
 
 
 def test_gitlab_faults(f):

@@ -14,7 +14,8 @@ internal note's objective and the replies to internal notes stay
 internal; gitlab.token rotated to another user's (SIGHUP): a new sticky
 note by that user, the old one not edited (GitLab: 403); GitLab pages
 without X-Total, X-Next-Page or Link, GitHub pages without Link (the
-sticky comment on page 3, or ending a full page 2).
+sticky comment on page 3, or ending a full page 2); a next page that
+goes back to one read already (a retry, not a second sticky comment).
 
 DIVERGED_BIN runs another diverged binary (a private build)."""
 
@@ -511,6 +512,7 @@ def main(t):
     app_and_token(t)
     rotated_to_another_user(t)
     pages_without_headers(t)
+    stale_next_page(t)
     refused(t)
     several_tasks(t)
     internal_notes(t)
@@ -652,29 +654,15 @@ def rotated_to_another_user(t):
     fake.stop()
 
 
-def pages_without_headers(t):
-    """The bot's sticky comment on page 3 of an MR's notes or a PR's
-    comments is found when the pagination headers are missing: GitLab.com
-    sends no X-Total, X-Total-Pages (nor rel="last") for more than 10,000
-    records, and a proxy may strip the X-* headers (the Link rel="next"
-    left) or all of them (then a full page means look at the next); a
-    proxy or API gateway in front of GitHub may strip its Link (the same:
-    a full page of 100 means look at the next, until a short or an empty
-    one; PR 48's sticky comment ends a full page 2, page 3 is empty). Not
-    found, the notifier would post a second sticky comment."""
-    gl_x = ["X-Total", "X-Total-Pages", "X-Next-Page", "X-Page",
-            "X-Per-Page", "X-Prev-Page"]
-    cases = [
-        ("gitlab", 3, "no X-Total", ["X-Total", "X-Total-Pages"], FILLER),
-        ("gitlab", 4, "no X-* (Link only)", gl_x, FILLER),
-        ("gitlab", 5, "no X-*, no Link", gl_x + ["Link"], FILLER),
-        ("github", 47, "GitHub, no Link", ["Link"], FILLER),
-        ("github", 48, "GitHub, no Link, a full last page", ["Link"], 199)]
-    fake = ScmFake()
+def paged_bot(fake, prs):
+    """Seed the fake with seed() and PRs/MRs (provider, number, filler):
+    filler comments by a person (ids 1000 * (number + 3) + i), then the
+    bot's sticky one (+ 900); start a daemon without the reconciler.
+    (daemon, comments(provider, number))."""
     sd = seed()
     mrs = sd["gitlab"]["projects"][0]["merge_requests"]
     pulls = sd["github"]["repos"][0]["pulls"]
-    for prov, num, _, _, filler in cases:
+    for prov, num, filler in prs:
         base = 1000 * (num + 3)
         key, person = (("author", "pipin") if prov == "gitlab" else
                        ("user", "bob"))
@@ -702,6 +690,29 @@ def pages_without_headers(t):
             return gh_comments(fake, num)
         return fake.state()["gitlab"]["projects"]["5"]["merge_requests"][
             str(num)]["notes"]
+    return d, comments
+
+
+def pages_without_headers(t):
+    """The bot's sticky comment on page 3 of an MR's notes or a PR's
+    comments is found when the pagination headers are missing: GitLab.com
+    sends no X-Total, X-Total-Pages (nor rel="last") for more than 10,000
+    records, and a proxy may strip the X-* headers (the Link rel="next"
+    left) or all of them (then a full page means look at the next); a
+    proxy or API gateway in front of GitHub may strip its Link (the same:
+    a full page of 100 means look at the next, until a short or an empty
+    one; PR 48's sticky comment ends a full page 2, page 3 is empty). Not
+    found, the notifier would post a second sticky comment."""
+    gl_x = ["X-Total", "X-Total-Pages", "X-Next-Page", "X-Page",
+            "X-Per-Page", "X-Prev-Page"]
+    cases = [
+        ("gitlab", 3, "no X-Total", ["X-Total", "X-Total-Pages"], FILLER),
+        ("gitlab", 4, "no X-* (Link only)", gl_x, FILLER),
+        ("gitlab", 5, "no X-*, no Link", gl_x + ["Link"], FILLER),
+        ("github", 47, "GitHub, no Link", ["Link"], FILLER),
+        ("github", 48, "GitHub, no Link, a full last page", ["Link"], 199)]
+    fake = ScmFake()
+    d, comments = paged_bot(fake, [(p, n, f) for p, n, _, _, f in cases])
     for prov, num, label, omit, filler in cases:
         where = ("/merge_requests/%d/notes" if prov == "gitlab" else
                  "/issues/%d/comments") % num
@@ -729,6 +740,64 @@ def pages_without_headers(t):
              "pages, %s: three pages listed" % label, lists)
         fake.call("DELETE", "/_fake/faults")
     t.eq(d.stop(), 0, "pages: clean stop")
+    fake.stop()
+
+
+STALE = "the next page of a list goes back to one read already"
+
+
+def stale_next_page(t):
+    """A server or proxy whose next page goes back to one read already
+    (GitHub's Link rel="next", GitLab's X-Next-Page naming the page just
+    served, or page 1 again): the list stops there, one warning without
+    the Link's query, and the search fails (a retry later) instead of
+    reading up to 200 pages or taking the pages read for the whole list,
+    which would post a second sticky comment (the bot's is on a later
+    page). Once the pages move on again, the comment is found and edited."""
+    cases = [
+        ("github", 49, "GitHub, next = this page", "same", 150, 1),
+        ("github", 50, "GitHub, next = page 1 from page 2", "back", 250, 2),
+        ("gitlab", 6, "GitLab, next = this page", "same", 150, 1)]
+    fake = ScmFake()
+    d, comments = paged_bot(fake, [(p, n, f) for p, n, _, _, f, _ in cases])
+    for prov, num, label, how, _, read in cases:
+        where = ("/merge_requests/%d/notes" if prov == "gitlab" else
+                 "/issues/%d/comments") % num
+        fake.call("POST", "/_fake/faults", {
+            "provider": prov, "method": "GET", "count": 1000,
+            "match": where, "stale_next": how})
+        warned = len([ln for ln in d.log() if STALE in ln])
+        name = "stale-%s-%d" % ("mr" if prov == "gitlab" else "pr", num)
+        s = task_on(d, name, prov, num)
+        s2 = api(d, "PATCH", TASKS + "/%s/status" % name,
+                 {"status": {"phase": "Active", "iteration": 7}},
+                 "application/merge-patch+json")[0]
+        warns = wait(lambda: [ln for ln in d.log() if STALE in ln][warned:],
+                     20)
+        fake.call("DELETE", "/_fake/faults")
+        reqs = [r for r in fake.requests() if where in r.get("path", "")]
+        lists = [r for r in reqs if r.get("method") == "GET"]
+        t.ok(s == 201 and s2 == 200 and warns and
+             len(lists) <= read * len(warns) + read,
+             "stale next, %s: the list stops at the page that goes back "
+             "(%d page(s) read per try)" % (label, read),
+             (len(lists), len(warns)))
+        t.ok(warns and "?" not in warns[0] and "per_page" not in warns[0],
+             "stale next, %s: warned without the Link's query" % label,
+             warns[:1])
+        t.ok(not [r for r in reqs if r.get("method") == "POST"],
+             "stale next, %s: no second sticky comment" % label,
+             [(r.get("method"), r.get("path")) for r in reqs])
+        key = "author" if prov == "gitlab" else "user"
+        mine = lambda: stickies(comments(prov, num), key=key)  # noqa: E731
+        got = one_with(mine, "**Iteration:** 7")
+        reqs = [r for r in fake.requests() if where in r.get("path", "")]
+        t.ok(got and got[0]["id"] == 1000 * (num + 3) + 900 and
+             not [r for r in reqs if r.get("method") == "POST"],
+             "stale next, %s: once the pages move on, the comment is "
+             "found and edited, no second one" % label,
+             [(n["id"], n["body"][:40]) for n in mine()])
+    t.eq(d.stop(), 0, "stale next: clean stop")
     fake.stop()
 
 

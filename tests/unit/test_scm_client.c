@@ -705,6 +705,28 @@ list_check(enum scm_provider p, size_t want_items, size_t want_reqs)
 }
 
 /*
+ * The list of PR 2 or MR 2 fails after want_reqs requests: its next page
+ * went back to one read already.
+ */
+static void
+list_stale(enum scm_provider p, size_t want_reqs)
+{
+	struct scm_client *c = p == SCM_GITHUB ?
+	    github_client(GH_TOKEN_MODE, "") : gitlab_client("/api/v4");
+	struct scm_comment *v = NULL;
+	size_t n = 0;
+	char *cause = NULL;
+
+	assert_int_equal(c->ops->list_comments(c, p == SCM_GITHUB ? &gh_repo :
+	    &gl_repo, 2, &v, &n, &cause), SCM_EINTERNAL);
+	assert_non_null(strstr(cause, "goes back to a page read already"));
+	assert_null(v);
+	assert_int_equal(nrecs(), want_reqs);
+	free(cause);
+	scm_client_free(c);
+}
+
+/*
  * Pages without their headers: GitLab.com sends no X-Total and
  * X-Total-Pages beyond 10,000 records, and a proxy may strip X-Next-Page
  * (the Link rel="next" left) or every pagination header.
@@ -733,11 +755,19 @@ pages_gitlab_stripped(void **state)
 	    "rel=\"first\"", NULL);
 	list_check(SCM_GITLAB, 2, 2);
 	assert_non_null(strstr(srv.recs[1].query, "&page=2"));
-	/* a Link that leads back: no loop */
+	/*
+	 * A Link or an X-Next-Page that leads back: no loop, and not the
+	 * whole list either (a sticky note further on would be posted
+	 * twice)
+	 */
 	srv_reset();
 	push(200, "[{\"id\":1,\"author\":{\"id\":7}}]", "Link: <{base}/api/v4/"
 	    "projects/5/merge_requests/2/notes?page=1>; rel=\"next\"", NULL);
-	list_check(SCM_GITLAB, 1, 1);
+	list_stale(SCM_GITLAB, 1);
+	srv_reset();
+	push(200, full, "x-next-page: 2", NULL);
+	push(200, full, "x-next-page: 1", NULL);
+	list_stale(SCM_GITLAB, 2);
 	/* neither: the next page while one comes back full */
 	srv_reset();
 	push(200, full, NULL);
@@ -825,6 +855,17 @@ pages_github_stripped(void **state)
 	assert_string_equal(srv.recs[1].query, "per_page=100&page=2");
 	assert_string_equal(srv.recs[2].path, GH_LIST);
 	assert_string_equal(srv.recs[2].query, "per_page=100&page=3");
+	/* a Link rel="next" that leads back: no loop, an error */
+	srv_reset();
+	push(200, p1, "Link: <{base}" GH_LIST "?per_page=100&page=1>; "
+	    "rel=\"next\"", NULL);
+	list_stale(SCM_GITHUB, 1);
+	srv_reset();
+	push(200, p1, "Link: <{base}" GH_LIST "?per_page=100&after=x>; "
+	    "rel=\"next\"", NULL);
+	push(200, p2, "Link: <{base}" GH_LIST "?per_page=100&after=x>; "
+	    "rel=\"next\"", NULL);
+	list_stale(SCM_GITHUB, 2);
 
 	/* the page asked for goes through the rate limits as any call */
 	srv_reset();
