@@ -357,8 +357,8 @@ exec_envp(const struct k8s_cluster *c, char *info)
 
 /*
  * Read the plugin's stdout and stderr until both close or the deadline;
- * 0, or with *why what went wrong (it ran too long, printed too much, or
- * poll failed) -1.
+ * 0, or with *why what went wrong: -2 it ran too long, -1 it printed too
+ * much or poll failed.
  */
 static int
 drain(int out, int err, struct buf *ob, struct buf *eb, int64_t deadline,
@@ -374,7 +374,7 @@ drain(int out, int err, struct buf *ob, struct buf *eb, int64_t deadline,
 		left = deadline - now_mono_ms();
 		if (left <= 0) {
 			*why = "did not finish in time";
-			return -1;
+			return -2;
 		}
 		if (poll(p, 2, (int)left) < 0) {
 			if (errno == EINTR)
@@ -473,7 +473,7 @@ k8s_exec_credential(const struct k8s_cluster *c, int64_t timeout_ms,
 	int out[2] = { -1, -1 }, err[2] = { -1, -1 }, rc, status = 0, ret = -1;
 	struct buf ob, eb;
 	char **envp, *info, *line;
-	const char *why = NULL;
+	const char *why = NULL, *result = "result=\"error\"";
 	pid_t pid = -1;
 	int late;
 	int64_t deadline = now_mono_ms() + timeout_ms;
@@ -513,7 +513,9 @@ k8s_exec_credential(const struct k8s_cluster *c, int64_t timeout_ms,
 		    c->exec_hint != NULL ? c->exec_hint : "");
 		goto out;
 	}
-	late = drain(out[0], err[0], &ob, &eb, deadline, &why) < 0;
+	late = drain(out[0], err[0], &ob, &eb, deadline, &why);
+	if (late == -2)
+		result = "result=\"timeout\"";
 	if (late)
 		kill(pid, SIGKILL);
 	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
@@ -536,6 +538,8 @@ k8s_exec_credential(const struct k8s_cluster *c, int64_t timeout_ms,
 	}
 	ret = parse_credential(c, cmd, &ob, token, expiry, cause);
 out:
+	metrics_inc("diverge_kube_exec_plugin_runs_total", ret == 0 ?
+	    "result=\"ok\"" : result, 1);
 	if (ob.data != NULL)
 		secure_wipe(ob.data, ob.len);
 	buf_release(&ob);

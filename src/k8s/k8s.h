@@ -471,7 +471,9 @@ void k8s_cluster_release(struct k8s_cluster *c);
  * Run c's exec credential plugin (c->exec_argv set) for a token: *token
  * (the caller wipes and frees it) and *expiry (unix seconds; 0 when the
  * plugin gave none). A plugin still running after timeout_ms is killed.
- * -1 with *cause, which never holds the token.
+ * -1 with *cause, which never holds the token. Each run counts in
+ * diverge_kube_exec_plugin_runs_total{result}: ok, timeout (killed), or
+ * error (any other failure).
  */
 int k8s_exec_credential(const struct k8s_cluster *c, int64_t timeout_ms,
     char **token, int64_t *expiry, char **cause);

@@ -73,7 +73,12 @@
  * status or no answer), and gone when it ends with 410 Expired (its
  * caller relists and watches from scratch). Labels never carry names,
  * namespaces or URLs: resource is the plural, with /status for the
- * subresource.
+ * subresource. The exec credential plugin's runs count in
+ * diverge_kube_exec_plugin_runs_total{result} (execcred.c). Series whose
+ * labels are known before their first event start at 0: the duration of
+ * each verb, the restarts of a resource once it is watched, the plugin's
+ * runs when the kubeconfig has one (not a request's code: only its
+ * answer tells).
  */
 #include "config.h"
 
@@ -246,6 +251,13 @@ static const double request_bounds[] = {
 	0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
 };
 
+/* Every verb a request is counted under. */
+static const char *const verb_labels[] = {
+	"verb=\"get\"", "verb=\"list\"", "verb=\"watch\"",
+	"verb=\"create\"", "verb=\"update\"", "verb=\"patch\"",
+	"verb=\"delete\"", NULL
+};
+
 static void
 metrics_init(void)
 {
@@ -260,6 +272,37 @@ metrics_init(void)
 	metrics_describe("diverge_kube_watch_restarts_total", METRIC_COUNTER,
 	    "Kubernetes watches started again, by resource and reason "
 	    "(closed, timeout, error, throttled, gone)");
+	metrics_describe("diverge_kube_exec_plugin_runs_total",
+	    METRIC_COUNTER, "Runs of the kubeconfig's exec credential "
+	    "plugin, by result (ok, error, timeout)");
+	/*
+	 * The series whose labels are known before their first event, at
+	 * 0 (rate() and absent() then work from the start): the verbs'
+	 * durations here, a watched resource's restarts when its first
+	 * watch starts, the plugin's runs when the kubeconfig has one. A
+	 * request's code is only known from its answer.
+	 */
+	metrics_zero("diverge_kube_request_duration_seconds", verb_labels);
+}
+
+/* The restarts of r's watches at 0, before the first one. */
+static void
+zero_restarts(const struct k8s_resource *r)
+{
+	static const char *const reasons[] = {
+		"closed", "timeout", "error", "throttled", "gone"
+	};
+	char labels[ARRAY_SIZE(reasons)][160];
+	const char *sets[ARRAY_SIZE(reasons) + 1];
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(reasons); i++) {
+		snprintf(labels[i], sizeof(labels[i]),
+		    "resource=\"%s\",reason=\"%s\"", r->plural, reasons[i]);
+		sets[i] = labels[i];
+	}
+	sets[i] = NULL;
+	metrics_zero("diverge_kube_watch_restarts_total", sets);
 }
 
 /*
@@ -2426,6 +2469,7 @@ rest_watch(struct k8s_api *api, const struct k8s_resource *r,
 		ns = NULL;
 	if (ns != NULL && bad_segment(ns))
 		return bad_request(st, "a valid namespace is required");
+	zero_restarts(r);
 	w = xcalloc(1, sizeof(*w));
 	w->w.api = api;
 	w->rs = rs;
@@ -2732,6 +2776,10 @@ k8s_rest_open(struct k8s_api **out, const struct k8s_cluster *c,
 	    rs->c.cert_data != NULL || rs->c.exec_argv != NULL))
 		log_kv(LOG_WARN, "k8s: plain http: credentials are not sent",
 		    "server", rs->shown, NULL);
+	if (rs->c.exec_argv != NULL)
+		metrics_zero("diverge_kube_exec_plugin_runs_total",
+		    (const char *const[]){ "result=\"ok\"",
+		    "result=\"error\"", "result=\"timeout\"", NULL });
 	if (check_file("certificate-authority", rs->c.ca_file, cause) < 0 ||
 	    check_file("client-certificate", rs->c.cert_file, cause) < 0 ||
 	    check_file("client-key", rs->c.key_file, cause) < 0)

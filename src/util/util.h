@@ -197,8 +197,9 @@ void metrics_describe(const char *name, enum metric_type type,
  * been escaped with metrics_label_escape when they come from input.
  */
 void metrics_inc(const char *name, const char *labels, double v);
-/* Counters at 0 for each label set of a NULL-terminated list ("": none),
- * so that a series exists (and rate() works) before its first event. */
+/* Counters (or histograms: no sample) at 0 for each label set of a
+ * NULL-terminated list ("": none), so that a series exists (and rate()
+ * works) before its first event. */
 void metrics_zero(const char *name, const char *const *labelsets);
 void metrics_set(const char *name, const char *labels, double v);
 void metrics_observe(const char *name, const char *labels, double v);

@@ -110,6 +110,35 @@ class FakeKube:
         self.proc.stdin.close()     # the fake exits at end of input
         reap(self.proc)
 
+    def kubeconfig(self, path, user, ns="default"):
+        """Write a kubeconfig (JSON is YAML) for this server to path: one
+        context, namespace ns, whose user is the kubeconfig user given."""
+        with open(path, "w") as f:
+            json.dump({"apiVersion": "v1", "kind": "Config",
+                       "current-context": "main",
+                       "contexts": [{"name": "main", "context": {
+                           "cluster": "fake", "user": "me",
+                           "namespace": ns}}],
+                       "clusters": [{"name": "fake", "cluster": {
+                           "server": self.info["server"],
+                           "certificate-authority": self.info["ca_file"]}}],
+                       "users": [{"name": "me", "user": user}]}, f)
+
+    def exec_user(self, d, prelude=""):
+        """A kubeconfig user whose token comes from an exec credential
+        plugin, d.tmp/get-token (written here): the shell lines prelude,
+        then an ExecCredential with this server's token."""
+        plugin = os.path.join(d.tmp, "get-token")
+        with open(plugin, "w") as f:
+            f.write("#!/bin/sh\n%sprintf '%%s' '%s'\n" % (prelude, json.dumps({
+                "apiVersion": "client.authentication.k8s.io/v1",
+                "kind": "ExecCredential",
+                "status": {"token": self.info["token"]}})))
+        os.chmod(plugin, 0o700)
+        return {"exec": {"apiVersion": "client.authentication.k8s.io/v1",
+                         "command": "./get-token",
+                         "interactiveMode": "Never"}}
+
 
 class ScmFake:
     """tests/fakes/scm_fake.py (GitHub and GitLab) on a loopback port:

@@ -5,10 +5,13 @@ them (the fake's own request log is the reference), retries included; a
 409 Conflict and 429s injected into the reconciler's writes and the watches
 show there; diverge_kube_watch_restarts_total counts the watches the
 server closed (closed), refused (throttled) and expired (gone);
-diverge_kube_request_duration_seconds times each request; the README
+diverge_kube_request_duration_seconds times each request; the series
+whose labels are known up front (each verb's duration, each watched
+resource's restart reasons, the exec plugin's results) are there at 0
+before their first event; diverge_kube_exec_plugin_runs_total counts the
+runs of a kubeconfig's exec credential plugin by result; the README
 documents exactly these families."""
 
-import json
 import os
 import re
 import shutil
@@ -27,6 +30,8 @@ RBAC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
 SA = "system:serviceaccount:diverge-system:diverged"
 VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch",
          "DELETE": "delete"}
+ALL_VERBS = ("get", "list", "watch", "create", "update", "patch", "delete")
+REASONS = ("closed", "timeout", "error", "throttled", "gone")
 
 CONFIG = """log: {{level: info}}
 kubernetes: {{mode: kubeconfig, kubeconfig: "{tmp}/kc"}}
@@ -128,25 +133,69 @@ def main(t):
     fake = FakeKube(rbac=[RBAC])
     try:
         run(t, fake)
+        exec_plugin(t, fake)
     finally:
         fake.stop()
 
 
+def exec_plugin(t, fake):
+    """A kubeconfig whose token comes from an exec credential plugin:
+    its runs are counted by result, each result's series there from the
+    start; a 401 has it run again, and then it fails."""
+    d = Daemon(CONFIG)
+    fake.kubeconfig(os.path.join(d.tmp, "kc"), fake.exec_user(
+        d, "if [ -e \"$(dirname \"$0\")/broken\" ]; then\n"
+        "  echo 'no credentials' >&2; exit 1\nfi\n"), NS)
+    d.start()
+    stable_watchers(fake)
+
+    def runs():
+        return {k[0]: v for k, v in series(
+            d.metrics(), "diverge_kube_exec_plugin_runs_total").items()}
+    t.eq(runs(), {"ok": 1.0, "error": 0.0, "timeout": 0.0},
+         "exec plugin: one run, ok; error and timeout at 0")
+    open(os.path.join(d.tmp, "broken"), "w").close()
+    fake.control("POST", "/_fake/faults", {"status": 401, "count": 1,
+                                           "method": "GET"})
+    s, _ = fake.request("POST", TASKS, {
+        "apiVersion": "divergedev.com/v1alpha1", "kind": "AgentTask",
+        "metadata": {"name": "km2"},
+        "spec": {"objective": "count the runs", "repository": {
+            "url": "https://github.com/myorg/checkout"}}})
+    got = wait(lambda: (lambda r: r if r.get("error") else None)(runs()),
+               timeout=20)
+    t.ok(s == 201 and got and got.get("ok") == 1 and
+         got.get("error") >= 1 and got.get("timeout") == 0,
+         "exec plugin: run again after a 401, failing: counted as error",
+         got)
+    t.eq(d.stop(), 0, "exec plugin: SIGTERM: exit 0")
+
+
 def run(t, fake):
     d = Daemon(CONFIG)
-    with open(os.path.join(d.tmp, "kc"), "w") as f:
-        json.dump({"apiVersion": "v1", "kind": "Config",
-                   "current-context": "main",
-                   "contexts": [{"name": "main", "context": {
-                       "cluster": "fake", "user": "me", "namespace": NS}}],
-                   "clusters": [{"name": "fake", "cluster": {
-                       "server": fake.info["server"],
-                       "certificate-authority": fake.info["ca_file"]}}],
-                   "users": [{"name": "me", "user": {
-                       "token": fake.info["token"]}}]}, f)
+    fake.kubeconfig(os.path.join(d.tmp, "kc"),
+                    {"token": fake.info["token"]}, NS)
     d.start()
     n = stable_watchers(fake)
     t.ok(n, "the daemon watches the cluster (%s watches)" % n)
+
+    # before any restart, and for verbs not used yet: the series whose
+    # labels are known up front are there, at 0
+    text = d.metrics()
+    watched = {served(r)[1] for r in fake.control("GET", "/_fake/requests")
+               if r.get("user") == SA and "watch=true" in r["query"]}
+    got = series(text, "diverge_kube_watch_restarts_total")
+    want = {(r, why): 0.0 for r in watched for why in REASONS}
+    t.ok(watched and got == want, "watch restarts: each watched resource's "
+         "reasons at 0 before the first restart (%s)" % sorted(watched),
+         (got, want))
+    hist = series(text, "diverge_kube_request_duration_seconds_count")
+    t.ok(set(k[0] for k in hist) == set(ALL_VERBS) and
+         hist.get(("delete",)) == 0,
+         "request durations: every verb's series from the start, at 0 "
+         "until its first request", hist)
+    t.ok(not series(text, "diverge_kube_exec_plugin_runs_total"),
+         "no exec plugin runs without an exec plugin", text.count("exec"))
 
     # the reconciler's first status write (a merge patch guarded by the
     # resourceVersion it read) conflicts, and its first create of a Secret
@@ -224,7 +273,7 @@ def run(t, fake):
     per_verb = {}
     for (verb, _, _), v in got.items():
         per_verb[verb] = per_verb.get(verb, 0) + v
-    t.eq({k[0]: int(v) for k, v in hist.items()}, per_verb,
+    t.eq({k[0]: int(v) for k, v in hist.items() if v}, per_verb,
          "diverge_kube_request_duration_seconds: one sample per request, "
          "by verb")
     t.ok(re.search(r'^diverge_kube_request_duration_seconds_bucket\{verb='

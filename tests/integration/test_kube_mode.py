@@ -85,27 +85,8 @@ def write_files(d, fake):
     """The daemon's kubeconfig (JSON is YAML) and GitHub token. Its user
     gets the fake's token from an exec credential plugin, as a managed
     cluster's kubeconfig does (the plugin counts its runs in a file)."""
-    plugin = os.path.join(d.tmp, "get-token")
-    with open(plugin, "w") as f:
-        f.write("#!/bin/sh\necho run >> \"$(dirname \"$0\")/plugin-runs\"\n"
-                "printf '%%s' '%s'\n" % json.dumps({
-                    "apiVersion": "client.authentication.k8s.io/v1",
-                    "kind": "ExecCredential",
-                    "status": {"token": fake.info["token"]}}))
-    os.chmod(plugin, 0o700)
-    with open(os.path.join(d.tmp, "kc"), "w") as f:
-        json.dump({"apiVersion": "v1", "kind": "Config",
-                   "current-context": "main",
-                   "contexts": [{"name": "main", "context": {
-                       "cluster": "fake", "user": "me",
-                       "namespace": NS}}],
-                   "clusters": [{"name": "fake", "cluster": {
-                       "server": fake.info["server"],
-                       "certificate-authority": fake.info["ca_file"]}}],
-                   "users": [{"name": "me", "user": {"exec": {
-                       "apiVersion": "client.authentication.k8s.io/v1",
-                       "command": "./get-token",
-                       "interactiveMode": "Never"}}}]}, f)
+    fake.kubeconfig(os.path.join(d.tmp, "kc"), fake.exec_user(
+        d, "echo run >> \"$(dirname \"$0\")/plugin-runs\"\n"), NS)
     with open(os.path.join(d.tmp, "gh-token"), "w") as f:
         f.write("ghp_bot\n")
 

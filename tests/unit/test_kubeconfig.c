@@ -923,21 +923,49 @@ test_exec_child_fork(void **state)
 	exec_child(2);
 }
 
+/* diverge_kube_exec_plugin_runs_total{result} as metrics show it. */
+static double
+exec_runs(const char *result)
+{
+	struct buf m;
+	char *want, *p;
+	double v = 0;
+
+	buf_init(&m, 1 << 20);
+	assert_int_equal(metrics_render(&m), 0);
+	want = xasprintf("\ndiverge_kube_exec_plugin_runs_total{result=\"%s\"} ",
+	    result);
+	p = m.data != NULL ? strstr(m.data, want) : NULL;
+	if (p != NULL)
+		v = strtod(p + strlen(want), NULL);
+	free(want);
+	buf_release(&m);
+	return v;
+}
+
 /*
  * A plugin that runs too long is killed at the limit; one that prints
- * more than an ExecCredential can be is refused; each says which.
+ * more than an ExecCredential can be is refused; each says which, and
+ * counts as a timeout or an error.
  */
 static void
 test_exec_limits(void **state)
 {
 	static const struct {
-		const char *sh, *want;
+		const char *sh, *want, *result;
 		int64_t timeout_ms;
 	} cases[] = {
-		{ "#!/bin/sh\nexec sleep 30\n", "did not finish in time", 300 },
+		{ "#!/bin/sh\nexec sleep 30\n", "did not finish in time",
+		  "timeout", 300 },
 		{ "#!/bin/sh\nexec head -c 3000000 /dev/zero\n",
-		  "printed too much", 20000 },
+		  "printed too much", "error", 20000 },
+		{ "#!/bin/sh\nprintf '{\"kind\":\"ExecCredential\",\"apiVersion\":"
+		  "\"client.authentication.k8s.io/v1\",\"status\":{\"token\":"
+		  "\"t\"}}'\n", NULL, "ok", 5000 },
 	};
+	static const char *const results[] = { "ok", "error", "timeout" };
+	double before[ARRAY_SIZE(results)];
+	size_t k;
 	struct k8s_cluster c;
 	char *dir = make_tmpdir(), *script, *cause, *tok, *want;
 	int64_t exp, t0;
@@ -953,10 +981,20 @@ test_exec_limits(void **state)
 		write_file(script, cases[i].sh);
 		assert_int_equal(chmod(script, 0700), 0);
 		cause = tok = NULL;
+		for (k = 0; k < ARRAY_SIZE(results); k++)
+			before[k] = exec_runs(results[k]);
 		t0 = now_mono_ms();
 		assert_int_equal(k8s_exec_credential(&c, cases[i].timeout_ms,
-		    &tok, &exp, &cause), -1);
+		    &tok, &exp, &cause), cases[i].want != NULL ? -1 : 0);
 		assert_true(now_mono_ms() - t0 < 10000);
+		for (k = 0; k < ARRAY_SIZE(results); k++)
+			assert_true(exec_runs(results[k]) - before[k] ==
+			    (strcmp(results[k], cases[i].result) == 0));
+		if (cases[i].want == NULL) {
+			assert_string_equal(tok, "t");
+			free(tok);
+			continue;
+		}
 		want = xasprintf("k8s: exec plugin '%s' %s", script,
 		    cases[i].want);
 		assert_string_equal(cause, want);
