@@ -951,7 +951,9 @@ identity_unknown(void)
  * Ask provider pv who the bot is, when not known yet or its token was
  * reloaded: *own (the string kept), *login (what the webhook handlers
  * read) and *id, if given, are set under pv's lock; the identity known
- * before stays until whoami answers. 1 when it is still to be asked.
+ * before stays until whoami answers. The client's answer serves the
+ * notifier too (scm_client_whoami): one request per reload. 1 when it is
+ * still to be asked.
  */
 static int
 learn_one(struct provider *pv, struct scm_client *const *clp, char **own,
@@ -964,7 +966,7 @@ learn_one(struct provider *pv, struct scm_client *const *clp, char **own,
 
 	if (cl == NULL)
 		return 0;
-	if (cl->ops->whoami(cl, &got, &gid, &c) != 0) {
+	if (scm_client_whoami(cl, 0, &got, &gid, &c) != SCM_OK) {
 		snprintf(msg, sizeof(msg), "%s identity unknown, tried again in "
 		    "a minute", name);
 		log_kv(LOG_WARN, msg, "error", c, NULL);

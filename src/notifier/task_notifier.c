@@ -228,10 +228,12 @@ track(struct notifier *n, const json_t *task)
 /* ------------------------------------------------------------ scm side */
 
 /*
- * The bot's own identity for provider p, asked with whoami when unknown,
- * when a reload made it stale, or when force (a write refused: the token
- * may be another user's now). 1 when known (a stale one kept when whoami
- * fails), 0 when not, or when force and whoami fails.
+ * The bot's own identity for provider p, asked when unknown, when a
+ * reload made it stale, or when force (a write refused: the token may be
+ * another user's now), through scm_client_whoami: after a reload the
+ * daemon's own asking and this one share one request. 1 when known (a
+ * stale one kept when whoami fails), 0 when not, or when force and
+ * whoami fails.
  */
 static int
 self_known(struct notifier *n, struct scm_client *cl, enum scm_provider p,
@@ -248,7 +250,7 @@ self_known(struct notifier *n, struct scm_client *cl, enum scm_provider p,
 	pthread_mutex_unlock(&n->mu);
 	if (known && !stale && !force)
 		return 1;
-	if (cl->ops->whoami(cl, &login, &id, &cause) != 0) {
+	if (scm_client_whoami(cl, force, &login, &id, &cause) != SCM_OK) {
 		log_kv(LOG_WARN, "notifier: bot identity unknown", "provider",
 		    scm_provider_name(p), "error", cause, NULL);
 		free(cause);

@@ -1526,21 +1526,117 @@ scm_comments_free(struct scm_comment *v, size_t n)
 	free(v);
 }
 
+/* ---- the bot's identity, one whoami for every asker ---- */
+
+struct scm_who {
+	pthread_mutex_t mu;
+	pthread_cond_t answered;
+	int asking;		/* a whoami under way: the others wait */
+	uint64_t gen;		/* reloads so far: an older answer is not kept */
+	uint64_t answers;	/* answers kept so far */
+	char *login;		/* NULL: to be asked */
+	int64_t id;
+};
+
+struct scm_who *
+scm_who_new(void)
+{
+	struct scm_who *w = xcalloc(1, sizeof(*w));
+
+	pthread_mutex_init(&w->mu, NULL);
+	time_cond_init(&w->answered);
+	return w;
+}
+
+static void
+who_free(struct scm_who *w)
+{
+	if (w == NULL)
+		return;
+	pthread_mutex_destroy(&w->mu);
+	pthread_cond_destroy(&w->answered);
+	free(w->login);
+	free(w);
+}
+
+/* Who the bot is: kept, or asked once for every caller. */
+int
+scm_client_whoami(struct scm_client *c, int fresh, char **login_out,
+    int64_t *id_out, char **cause)
+{
+	struct scm_who *w = c->who;
+	char *login = NULL;
+	uint64_t gen, seen;
+	int64_t id = 0;
+	int ret;
+
+	if (w == NULL)
+		return c->ops->whoami(c, login_out, id_out, cause);
+	pthread_mutex_lock(&w->mu);
+	seen = w->answers;
+	while (w->asking)
+		pthread_cond_wait(&w->answered, &w->mu);
+	if (w->login != NULL && (!fresh || w->answers != seen)) {
+		*login_out = xstrdup(w->login);
+		if (id_out != NULL)
+			*id_out = w->id;
+		pthread_mutex_unlock(&w->mu);
+		return SCM_OK;
+	}
+	w->asking = 1;
+	gen = w->gen;
+	pthread_mutex_unlock(&w->mu);
+	ret = c->ops->whoami(c, &login, &id, cause);
+	pthread_mutex_lock(&w->mu);
+	w->asking = 0;
+	if (ret == SCM_OK && gen == w->gen) {
+		/* asked with the token of now: kept for the next askers */
+		free(w->login);
+		w->login = xstrdup(login);
+		w->id = id;
+		w->answers++;
+	}
+	pthread_cond_broadcast(&w->answered);
+	pthread_mutex_unlock(&w->mu);
+	if (ret != SCM_OK)
+		return ret;
+	*login_out = login;	/* now the caller's */
+	if (id_out != NULL)
+		*id_out = id;
+	return SCM_OK;
+}
+
 /* Free a client of either provider. */
 void
 scm_client_free(struct scm_client *c)
 {
-	if (c != NULL && c->ops != NULL && c->ops->free != NULL)
-		c->ops->free(c);
+	struct scm_who *w;
+
+	if (c == NULL || c->ops == NULL || c->ops->free == NULL)
+		return;
+	w = c->who;
+	c->ops->free(c);
+	who_free(w);
 }
 
 int
 scm_client_reload(struct scm_client *c, const struct config *cfg,
     char **cause)
 {
+	int ret;
+
 	if (c == NULL || c->ops == NULL || c->ops->reload == NULL)
 		return 0;
-	return c->ops->reload(c, cfg, cause);
+	ret = c->ops->reload(c, cfg, cause);
+	if (ret == 0 && c->who != NULL) {
+		/* perhaps another user's token now: ask again */
+		pthread_mutex_lock(&c->who->mu);
+		c->who->gen++;
+		free(c->who->login);
+		c->who->login = NULL;
+		pthread_mutex_unlock(&c->who->mu);
+	}
+	return ret;
 }
 
 void

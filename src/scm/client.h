@@ -156,6 +156,8 @@ int64_t scm_next_page(const struct scm_resp *rp, int64_t page, size_t got);
  */
 int scm_next_page_stale(const struct scm_resp *rp, int64_t page,
     char *const *seen, size_t nseen, const char *what);
+/* A client's kept identity (scm_client_whoami), freed with the client. */
+struct scm_who *scm_who_new(void);
 /* Wipe and free a secret string (NULL is fine). */
 void scm_secret_free(char *s);
 /* Read a secret reference into a new string: -1 with *cause. */

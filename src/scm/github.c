@@ -1199,6 +1199,7 @@ scm_github_new(struct scm_client **out, const struct config *cfg,
 		    "'github.app' is configured");
 		goto out;
 	}
+	g->c.who = scm_who_new();
 	*out = &g->c;
 	g = NULL;	/* now the caller's */
 	ret = 0;

@@ -775,6 +775,7 @@ scm_gitlab_new(struct scm_client **out, const struct config *cfg,
 		goto out;
 	if (gl_load_auth(cfg, &g->auth, cause) < 0)
 		goto out;
+	g->c.who = scm_who_new();
 	*out = &g->c;
 	g = NULL;	/* now the caller's */
 	ret = 0;

@@ -497,8 +497,15 @@ struct scm_ops {
 	void (*free)(struct scm_client *c);
 };
 
+struct scm_who;
+
 struct scm_client {
 	const struct scm_ops *ops;
+	/*
+	 * The identity whoami gave, for every asker (scm_client_whoami);
+	 * NULL (a client made elsewhere, as a test's): none kept.
+	 */
+	struct scm_who *who;
 };
 
 /*
@@ -521,9 +528,26 @@ void scm_client_free(struct scm_client *c);
  * a slow API cannot hold the process past its shutdown timeout.
  */
 void scm_give_up_at(int64_t mono_ms);
-/* Read the client's secrets again (NULL: nothing to do). */
+/*
+ * Read the client's secrets again (NULL: nothing to do). Once they are,
+ * the identity kept for scm_client_whoami is forgotten: the token may be
+ * another user's.
+ */
 int scm_client_reload(struct scm_client *c, const struct config *cfg,
     char **cause);
+/*
+ * Who the bot is on c, as ops->whoami says (*login_out is the caller's;
+ * id_out may be NULL), asked once for all its askers (the daemon, which
+ * ignores the bot's own comments, and the notifier, which looks for its
+ * sticky comment): the answer is kept until scm_client_reload, and a
+ * caller asking while a whoami is under way waits for its answer instead
+ * of sending another. fresh: an answer from after the call began (a
+ * write refused: the token may be another user's). A failure is not
+ * kept, so the next caller asks again. SCM_OK, or an SCM_E* with
+ * *cause.
+ */
+int scm_client_whoami(struct scm_client *c, int fresh, char **login_out,
+    int64_t *id_out, char **cause);
 /*
  * Keep the rate limits c's credentials meet in state_dir (the file
  * ratelimits-<provider>.json), so that a restart does not forget them.

@@ -15,7 +15,9 @@ internal; gitlab.token rotated to another user's (SIGHUP): a new sticky
 note by that user, the old one not edited (GitLab: 403); GitLab pages
 without X-Total, X-Next-Page or Link, GitHub pages without Link (the
 sticky comment on page 3, or ending a full page 2); a next page that
-goes back to one read already (a retry, not a second sticky comment).
+goes back to one read already (a retry, not a second sticky comment);
+one GET /user per provider after a SIGHUP, for the daemon and the
+notifier.
 
 DIVERGED_BIN runs another diverged binary (a private build)."""
 
@@ -513,6 +515,7 @@ def main(t):
     rotated_to_another_user(t)
     pages_without_headers(t)
     stale_next_page(t)
+    one_identity_per_reload(t)
     refused(t)
     several_tasks(t)
     internal_notes(t)
@@ -740,6 +743,47 @@ def pages_without_headers(t):
              "pages, %s: three pages listed" % label, lists)
         fake.call("DELETE", "/_fake/faults")
     t.eq(d.stop(), 0, "pages: clean stop")
+    fake.stop()
+
+
+def one_identity_per_reload(t):
+    """After a SIGHUP (the tokens re-read: perhaps another user's), the
+    daemon (to ignore the bot's own comments) and the notifier (to find
+    its sticky comment) both need to know who the bot is: one GET /user
+    per provider serves both."""
+    fake = ScmFake()
+    d, _ = paged_bot(fake, [])
+
+    def learned():
+        return sum('msg="github identity"' in ln or
+                   'msg="gitlab identity"' in ln for ln in d.log())
+    t.ok(wait(lambda: learned() == 2), "identity: learned at the start")
+    fake.call("DELETE", "/_fake/requests")
+    d.send_signal(__import__("signal").SIGHUP)
+    t.ok(wait(lambda: learned() == 4, 20),
+         "identity: asked again after SIGHUP, for both providers",
+         [ln for ln in d.log() if "identity" in ln])
+    for prov, num, name in (("github", 42, "who-pr-42"),
+                            ("gitlab", 2, "who-mr-2")):
+        task_on(d, name, prov, num)
+        api(d, "PATCH", TASKS + "/%s/status" % name,
+            {"status": {"phase": "Active", "iteration": 4}},
+            "application/merge-patch+json")
+    t.ok(one_with(lambda: stickies(gh_comments(fake, 42)),
+                  "**Iteration:** 4") and
+         one_with(lambda: stickies(gl_notes(fake), key="author"),
+                  "**Iteration:** 4"),
+         "identity: the notifier, its identity stale after SIGHUP, finds "
+         "no comment of the bot's and posts one on PR 42 and MR 2")
+    time.sleep(0.5)
+    users = [(r.get("provider"), r.get("path")) for r in fake.requests()
+             if r.get("method") == "GET" and
+             r.get("path", "").endswith("/user")]
+    t.eq(sorted(users), [("github", "/github/user"),
+                         ("gitlab", "/gitlab/api/v4/user")],
+         "identity: one GET /user per provider after SIGHUP, for the "
+         "daemon and the notifier")
+    t.eq(d.stop(), 0, "identity: clean stop")
     fake.stop()
 
 

@@ -896,6 +896,85 @@ pages_github_stripped(void **state)
 	free(short2);
 }
 
+static void *
+whoami_thread(void *arg)
+{
+	struct scm_client *c = arg;
+	char *login = NULL, *cause = NULL;
+
+	assert_int_equal(scm_client_whoami(c, 0, &login, NULL, &cause),
+	    SCM_OK);
+	assert_string_equal(login, "diverge-bot");
+	free(login);
+	return NULL;
+}
+
+/*
+ * One whoami serves every asker of a client (the daemon and the
+ * notifier): two at once send one request (the second waits for the
+ * first's answer, here slowed by a 429), the next ones none, until a
+ * reload of the secrets or a caller that wants a fresh answer. A
+ * failure is not kept.
+ */
+static void
+whoami_shared(void **state)
+{
+	struct scm_client *c;
+	struct config cfg;
+	char *login = NULL, *cause = NULL;
+	pthread_t th[2];
+	int64_t id = 0;
+	int i;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	push(429, "{\"message\":\"slow down\"}", "Retry-After: 1", NULL);
+	push(200, "{\"login\":\"diverge-bot\",\"id\":42}", NULL);
+	for (i = 0; i < 2; i++)
+		assert_int_equal(pthread_create(&th[i], NULL, whoami_thread, c),
+		    0);
+	for (i = 0; i < 2; i++)
+		pthread_join(th[i], NULL);
+	assert_int_equal(nrecs(), 2);
+	assert_int_equal(scm_client_whoami(c, 0, &login, &id, &cause),
+	    SCM_OK);
+	assert_string_equal(login, "diverge-bot");
+	assert_int_equal(id, 42);
+	free(login);
+	assert_int_equal(nrecs(), 2);
+	/* fresh: asked again */
+	push(200, "{\"login\":\"diverge-bot\",\"id\":42}", NULL);
+	assert_int_equal(scm_client_whoami(c, 1, &login, &id, &cause),
+	    SCM_OK);
+	free(login);
+	assert_int_equal(nrecs(), 3);
+	/* a reload forgets it; a failure is not kept */
+	config_defaults(&cfg);
+	cfg.github.enabled = 1;
+	cfg.github.token = xstrdup("env:TEST_GH_TOKEN");
+	assert_int_equal(scm_client_reload(c, &cfg, &cause), 0);
+	config_release(&cfg);
+	push(404, "{\"message\":\"Not Found\"}", NULL);
+	assert_int_equal(scm_client_whoami(c, 0, &login, &id, &cause),
+	    SCM_ENOTFOUND);
+	free(cause);
+	cause = NULL;
+	assert_int_equal(nrecs(), 4);
+	push(200, "{\"login\":\"diverge-rot\",\"id\":43}", NULL);
+	assert_int_equal(scm_client_whoami(c, 0, &login, &id, &cause),
+	    SCM_OK);
+	assert_string_equal(login, "diverge-rot");
+	assert_int_equal(id, 43);
+	free(login);
+	assert_int_equal(scm_client_whoami(c, 0, &login, &id, &cause),
+	    SCM_OK);
+	assert_string_equal(login, "diverge-rot");
+	free(login);
+	assert_int_equal(nrecs(), 5);
+	scm_client_free(c);
+}
+
 static void
 retry_after_429(void **state)
 {
@@ -2154,6 +2233,7 @@ main(void)
 		cmocka_unit_test(pages_gitlab_relist),
 		cmocka_unit_test(pages_gitlab_stripped),
 		cmocka_unit_test(pages_github_stripped),
+		cmocka_unit_test(whoami_shared),
 		cmocka_unit_test(retry_after_429),
 		cmocka_unit_test(secondary_limit),
 		cmocka_unit_test(ratelimit_beyond_bound),
