@@ -260,11 +260,15 @@ notifier_escape_block(struct buf *b, const char *s, size_t len, size_t cap)
 	buf_release(&body);
 }
 
-/* A line opening or closing a fence: its character and length, or 0. */
+/*
+ * A line opening or closing a fence: its character and length, or 0;
+ * *bare set when only blanks follow the fence, as they must on a closing
+ * one (```text inside a fence is text).
+ */
 static size_t
-fence_of(const char *line, size_t n, char *ch)
+fence_of(const char *line, size_t n, char *ch, int *bare)
 {
-	size_t i = 0, k = 0;
+	size_t i = 0, k = 0, j;
 
 	while (i < n && i < 3 && line[i] == ' ')
 		i++;
@@ -273,6 +277,9 @@ fence_of(const char *line, size_t n, char *ch)
 	*ch = line[i];
 	while (i + k < n && line[i + k] == *ch)
 		k++;
+	for (j = i + k; j < n && (line[j] == ' ' || line[j] == '\t'); j++)
+		;
+	*bare = j == n;
 	return k >= 3 ? k : 0;
 }
 
@@ -282,6 +289,7 @@ notifier_truncate(char *s, size_t len, size_t max)
 	size_t note = strlen(TRUNC_NOTE), cut, start, open_at = SIZE_MAX;
 	size_t fence_len = 0, details = 0, details_at = SIZE_MAX;
 	char fence_ch = 0, ch;
+	int bare;
 
 	if (len <= max)
 		return len;
@@ -298,12 +306,13 @@ notifier_truncate(char *s, size_t len, size_t max)
 		const char *nl = memchr(s + start, '\n', cut - start);
 		size_t n = nl ? (size_t)(nl - (s + start)) : cut - start, k;
 
-		k = fence_of(s + start, n, &ch);
+		k = fence_of(s + start, n, &ch, &bare);
 		if (fence_len == 0 && k > 0) {
 			fence_len = k;
 			fence_ch = ch;
 			open_at = start;
-		} else if (fence_len > 0 && k >= fence_len && ch == fence_ch) {
+		} else if (fence_len > 0 && k >= fence_len && ch == fence_ch &&
+		    bare) {
 			fence_len = 0;
 			open_at = SIZE_MAX;
 		} else if (fence_len == 0 && n >= 8 &&

@@ -77,6 +77,17 @@ valid_utf8(const char *s, size_t n)
 	return 1;
 }
 
+/*
+ * Whether only blanks follow on the line, as they must after a closing
+ * fence (```text inside a fence is text).
+ */
+static int
+bare_after(const char *p)
+{
+	p += strspn(p, " \t");
+	return *p == '\n' || *p == '\0';
+}
+
 /* Lines opening or closing a fence of backticks or tildes. */
 static int
 fences_balanced(const char *s)
@@ -100,7 +111,8 @@ fences_balanced(const char *s)
 			if (open == 0) {
 				open = k;
 				ch = line[i];
-			} else if (line[i] == ch && k >= open)
+			} else if (line[i] == ch && k >= open &&
+			    bare_after(line + i + k))
 				open = 0;
 		}
 		if (nl == NULL)
@@ -136,7 +148,8 @@ outside_fences(const char *s)
 				open = k;
 				ch = line[i];
 				fence = 1;
-			} else if (k >= open && open && line[i] == ch) {
+			} else if (k >= open && open && line[i] == ch &&
+			    bare_after(line + i + k)) {
 				open = 0;
 				fence = 1;
 			}
@@ -514,6 +527,31 @@ test_truncate(void **state)
 	free(s);
 }
 
+/*
+ * A fence's line with an info string (```text) inside the fence does not
+ * close it: the cut goes before the fence, not after that line.
+ */
+static void
+test_truncate_fence_info(void **state)
+{
+	struct buf b;
+	char *s;
+	size_t len, n, i;
+
+	(void)state;
+	buf_init(&b, 1u << 16);
+	buf_addstr(&b, "head\n```\nabc\n```text\nmore\n");
+	for (i = 0; i < 200; i++)
+		buf_add(&b, "x", 1);
+	buf_addstr(&b, "\n```\ntail\n");
+	s = buf_detach(&b, &len);
+	n = notifier_truncate(s, len, 60);
+	assert_string_equal(s, "head\n\n\n\xe2\x80\xa6 (truncated)\n");
+	assert_int_equal(n, strlen(s));
+	assert_true(fences_balanced(s));
+	free(s);
+}
+
 static void
 test_utf8_cut(void **state)
 {
@@ -637,6 +675,7 @@ main(void)
 		cmocka_unit_test(test_huge),
 		cmocka_unit_test(test_small_limits),
 		cmocka_unit_test(test_truncate),
+		cmocka_unit_test(test_truncate_fence_info),
 		cmocka_unit_test(test_utf8_cut),
 		cmocka_unit_test(test_escape_inline),
 		cmocka_unit_test(test_invisible),
