@@ -263,7 +263,9 @@ notifier_escape_block(struct buf *b, const char *s, size_t len, size_t cap)
 /*
  * A line opening or closing a fence: its character and length, or 0;
  * *bare set when only blanks follow the fence, as they must on a closing
- * one (```text inside a fence is text).
+ * one (```text inside a fence is text). A run of backticks followed by
+ * another backtick on the line is no fence at all (``` a`b is a code
+ * span), as CommonMark has it.
  */
 static size_t
 fence_of(const char *line, size_t n, char *ch, int *bare)
@@ -277,6 +279,8 @@ fence_of(const char *line, size_t n, char *ch, int *bare)
 	*ch = line[i];
 	while (i + k < n && line[i + k] == *ch)
 		k++;
+	if (*ch == '`' && memchr(line + i + k, '`', n - i - k) != NULL)
+		return 0;
 	for (j = i + k; j < n && (line[j] == ' ' || line[j] == '\t'); j++)
 		;
 	*bare = j == n;

@@ -259,7 +259,8 @@ outside_ok(const char *s, size_t n, int fenced, int *ok)
 		if (j < le && (s[j] == '`' || s[j] == '~')) {
 			for (k = 0; j + k < le && s[j + k] == s[j]; k++)
 				;
-			if (k >= 3 && open == 0) {
+			if (k >= 3 && open == 0 && (s[j] != '`' ||
+			    memchr(s + j + k, '`', le - j - k) == NULL)) {
 				open = k;
 				ch = s[j];
 				fence = 1;

@@ -88,6 +88,20 @@ bare_after(const char *p)
 	return *p == '\n' || *p == '\0';
 }
 
+/*
+ * Whether the run of k fence characters at p may open a fence: three or
+ * more, and no backtick after backticks on the line (``` a`b is a code
+ * span).
+ */
+static int
+may_open(const char *p, size_t k)
+{
+	const char *nl = strchr(p + k, '\n');
+	size_t n = nl ? (size_t)(nl - (p + k)) : strlen(p + k);
+
+	return k >= 3 && (*p != '`' || memchr(p + k, '`', n) == NULL);
+}
+
 /* Lines opening or closing a fence of backticks or tildes. */
 static int
 fences_balanced(const char *s)
@@ -108,10 +122,10 @@ fences_balanced(const char *s)
 		for (k = 0; line[i + k] == line[i]; k++)
 			;
 		if (k >= 3) {
-			if (open == 0) {
+			if (open == 0 && may_open(line + i, k)) {
 				open = k;
 				ch = line[i];
-			} else if (line[i] == ch && k >= open &&
+			} else if (open && line[i] == ch && k >= open &&
 			    bare_after(line + i + k))
 				open = 0;
 		}
@@ -144,7 +158,7 @@ outside_fences(const char *s)
 		if (line[i] == '`' || line[i] == '~') {
 			for (k = 0; line[i + k] == line[i]; k++)
 				;
-			if (k >= 3 && open == 0) {
+			if (open == 0 && may_open(line + i, k)) {
 				open = k;
 				ch = line[i];
 				fence = 1;
@@ -528,27 +542,58 @@ test_truncate(void **state)
 }
 
 /*
+ * head, a line too long to keep, then tail, cut to max bytes by
+ * notifier_truncate: a new string, checked for length and fences.
+ */
+static char *
+cut_at_long_line(const char *head, const char *tail, size_t max)
+{
+	struct buf b;
+	char *s;
+	size_t len, n, i;
+
+	buf_init(&b, 1u << 16);
+	buf_addstr(&b, head);
+	for (i = 0; i < 200; i++)
+		buf_add(&b, "x", 1);
+	buf_addstr(&b, "\n");
+	buf_addstr(&b, tail);
+	s = buf_detach(&b, &len);
+	n = notifier_truncate(s, len, max);
+	assert_int_equal(n, strlen(s));
+	assert_true(fences_balanced(s));
+	return s;
+}
+
+/*
  * A fence's line with an info string (```text) inside the fence does not
  * close it: the cut goes before the fence, not after that line.
  */
 static void
 test_truncate_fence_info(void **state)
 {
-	struct buf b;
 	char *s;
-	size_t len, n, i;
 
 	(void)state;
-	buf_init(&b, 1u << 16);
-	buf_addstr(&b, "head\n```\nabc\n```text\nmore\n");
-	for (i = 0; i < 200; i++)
-		buf_add(&b, "x", 1);
-	buf_addstr(&b, "\n```\ntail\n");
-	s = buf_detach(&b, &len);
-	n = notifier_truncate(s, len, 60);
+	s = cut_at_long_line("head\n```\nabc\n```text\nmore\n",
+	    "```\ntail\n", 60);
 	assert_string_equal(s, "head\n\n\n\xe2\x80\xa6 (truncated)\n");
-	assert_int_equal(n, strlen(s));
-	assert_true(fences_balanced(s));
+	free(s);
+}
+
+/*
+ * Backticks with a backtick after them on the line make a code span, not
+ * a fence: the fence opened below it, closed before the cut, stays whole.
+ */
+static void
+test_truncate_fence_backtick_info(void **state)
+{
+	char *s;
+
+	(void)state;
+	s = cut_at_long_line("a\n``` x`y\n```\ncode\n```\n", "", 60);
+	assert_string_equal(s, "a\n``` x`y\n```\ncode\n```\n\n\n"
+	    "\xe2\x80\xa6 (truncated)\n");
 	free(s);
 }
 
@@ -676,6 +721,7 @@ main(void)
 		cmocka_unit_test(test_small_limits),
 		cmocka_unit_test(test_truncate),
 		cmocka_unit_test(test_truncate_fence_info),
+		cmocka_unit_test(test_truncate_fence_backtick_info),
 		cmocka_unit_test(test_utf8_cut),
 		cmocka_unit_test(test_escape_inline),
 		cmocka_unit_test(test_invisible),
