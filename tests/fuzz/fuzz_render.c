@@ -305,6 +305,37 @@ outside(const char *s, size_t n, int fenced)
 	return out;
 }
 
+/*
+ * Whether every line of out (the body outside fences) starts as one of
+ * ours does: untrusted text starts no line there (no heading, quote, list,
+ * table, HTML block or link definition of its own).
+ */
+static int
+lines_ours(const char *out)
+{
+	static const char *const starts[] = { NOTIFIER_MARKER, "### ",
+	    "**Diverge agent task** ", "**Objective**", "- **Branch:** ",
+	    "- **Iteration:** ", "- **Spend:** ", "- **Preview:** ",
+	    "**Message:** ", "**Latest guidance**",
+	    "(set in an internal note)", "**Commands:** ", "<sub>Updated ",
+	    "\xe2\x80\xa6 (truncated)", NULL };
+	const char *line, *nl;
+	size_t i;
+
+	for (line = out; *line; line = nl + 1) {
+		nl = strchr(line, '\n');
+		CHECK(nl != NULL);
+		if (nl == line)
+			continue;
+		for (i = 0; starts[i] != NULL; i++)
+			if (strncmp(line, starts[i], strlen(starts[i])) == 0)
+				break;
+		if (starts[i] == NULL)
+			return 0;
+	}
+	return 1;
+}
+
 /* The whole body. */
 static void
 check_body(const char *body, size_t len, size_t max)
@@ -338,6 +369,7 @@ check_body(const char *body, size_t len, size_t max)
 		    strncmp(p, "<hint>`", 7) == 0 ||
 		    strncmp(p, "<objective>`", 12) == 0);
 	CHECK(strstr(out, "://") == NULL);
+	CHECK(lines_ours(out));
 	free(out);
 }
 
