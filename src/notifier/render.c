@@ -170,19 +170,20 @@ notifier_escape_inline(struct buf *b, const char *s, size_t len, size_t cap)
 				i += 2;
 			}
 			break;
-		case '#': case '~': case '!':
+		case '#': case '~': case '!': case '[':
 			/*
 			 * The hosts link references in the rendered text, so
 			 * the backslash alone does not stop #12, org/repo#12,
-			 * !12 or ~label from becoming links and "mentioned
-			 * in" entries on other issues and merge requests
+			 * !12, ~label or GitLab's [work_item:12] and [epic:3]
+			 * from becoming links and "mentioned in" entries on
+			 * other issues, epics and merge requests
 			 */
 			buf_add(b, "\\", 1);
 			buf_add(b, &c, 1);
 			if (reference_follows(&clean, i))
 				buf_addstr(b, ZWSP);
 			break;
-		case '\\': case '`': case '*': case '_': case '[': case ']':
+		case '\\': case '`': case '*': case '_': case ']':
 		case '(': case ')': case '|':
 			buf_add(b, "\\", 1);
 			buf_add(b, &c, 1);

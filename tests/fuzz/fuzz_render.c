@@ -170,8 +170,11 @@ check_inline(const char *s, size_t n, size_t cap)
 		unsigned char c = (unsigned char)t[i], next = (unsigned char)
 		    t[i + 1];
 
-		/* a reference: #12 !12 ~bug ~"a b" %v1 &7 $3 */
-		if (strchr("#!~%&$", c) != NULL)
+		/*
+		 * a reference: #12 !12 ~bug ~"a b" %v1 &7 $3, GitLab's
+		 * [work_item:12]
+		 */
+		if (strchr("#!~%&$[", c) != NULL)
 			CHECK(!isalnum(next) && next != '"');
 		/* an autolink: scheme:// or www. */
 		if (c == ':')

@@ -651,6 +651,16 @@ test_escape_inline(void **state)
 	    "GH\xe2\x80\x8b-4 gh\xe2\x80\x8b-5 \\!\xe2\x80\x8b" "6 "
 	    "\\~\xe2\x80\x8b" "bug \\~\xe2\x80\x8b\"a b\" %\xe2\x80\x8b" "v1 "
 	    "&amp;\xe2\x80\x8b" "7 ahGH-8 \\# x");
+	/*
+	 * nor GitLab's bracketed references (18.2): [work_item:12] and
+	 * [epic:g/p/3] are issues and epics, "mentioned in" like #12
+	 */
+	buf_reset(&b);
+	s = "[work_item:12] [epic:g/p/3] [vulnerability:4] [x] [ y";
+	notifier_escape_inline(&b, s, strlen(s), 100);
+	assert_string_equal(b.data, "\\[\xe2\x80\x8bwork\\_item:12\\] "
+	    "\\[\xe2\x80\x8b" "epic:g/p/3\\] \\[\xe2\x80\x8bvulnerability:4\\] "
+	    "\\[\xe2\x80\x8bx\\] \\[ y");
 	buf_release(&b);
 }
 
