@@ -8,7 +8,9 @@
  * escapes it. And credential shapes that need not be ours, since an
  * upstream error may quote what a proxy or a client sent: the value of an
  * Authorization-like header, "Bearer <token>", a ?token=/&password=
- * query parameter and the userinfo of a URL.
+ * query parameter and the userinfo of a URL; and, wherever they stand,
+ * the tokens GitHub and GitLab issue (by their documented prefixes), JWTs
+ * and PEM private keys (an agent's message or a kubeconfig may hold one).
  *
  * Values shorter than REDACT_MIN_LEN are not registered: a 3-byte secret
  * would shred ordinary words, and is no secret worth the name anyway.
@@ -322,21 +324,164 @@ userinfo(const char *s, size_t n, size_t i, char **mask)
 		mark(mask, n, i + 3, j);
 }
 
-/* The first sc in [p, p + n), or NULL (memmem is a GNU extension). */
+/* The first v of len in [p, p + n), or NULL (memmem is a GNU extension). */
 static const char *
-find(const char *p, size_t n, const struct secret *sc)
+find(const char *p, size_t n, const char *v, size_t len)
 {
 	const char *end = p + n, *q;
 
-	while ((size_t)(end - p) >= sc->len) {
-		q = memchr(p, sc->v[0], (size_t)(end - p) - sc->len + 1);
+	while ((size_t)(end - p) >= len) {
+		q = memchr(p, v[0], (size_t)(end - p) - len + 1);
 		if (q == NULL)
 			return NULL;
-		if (memcmp(q, sc->v, sc->len) == 0)
+		if (memcmp(q, v, len) == 0)
 			return q;
 		p = q + 1;
 	}
 	return NULL;
+}
+
+/* A byte of base64url (RFC 4648 section 5). */
+static int
+b64url_char(unsigned char c)
+{
+	return isalnum(c) || c == '-' || c == '_';
+}
+
+/* The end of the run of base64url bytes from i. */
+static size_t
+b64url_run(const char *s, size_t n, size_t i)
+{
+	while (i < n && b64url_char((unsigned char)s[i]))
+		i++;
+	return i;
+}
+
+/*
+ * The tokens GitHub and GitLab issue start with a prefix of their type,
+ * which secret scanners look for. GitHub (changelog, 2021-03-31): ghp_
+ * personal, gho_ OAuth, ghu_ user-to-server, ghs_ server-to-server, ghr_
+ * refresh, then 36 of [A-Za-z0-9_] (up to 255 announced); github_pat_
+ * fine-grained, 22 + '_' + 59. GitLab (its token overview): glpat-
+ * personal, project, group and impersonation, gloas- OAuth application
+ * secret, gldt- deploy, glrt-/glrtr- runner, glcbt- CI/CD job, glptt-
+ * trigger, glft- feed, glimt- incoming mail, glagent- agent for
+ * Kubernetes, glwt- workspace, glsoat- SCIM, glffct- feature flags client;
+ * 20 or more of [A-Za-z0-9_-], with '.' in the routable form.
+ */
+static const struct {
+	const char *prefix;
+	size_t min;	/* bytes after the prefix */
+	int gitlab;	/* '-' and '.' in the body too */
+} vendor_tokens[] = {
+	{ "ghp_", 36, 0 }, { "gho_", 36, 0 }, { "ghu_", 36, 0 },
+	{ "ghs_", 36, 0 }, { "ghr_", 36, 0 }, { "github_pat_", 22, 0 },
+	{ "glpat-", 20, 1 }, { "gloas-", 20, 1 }, { "gldt-", 20, 1 },
+	{ "glrt-", 20, 1 }, { "glrtr-", 20, 1 }, { "glcbt-", 20, 1 },
+	{ "glptt-", 20, 1 }, { "glft-", 20, 1 }, { "glimt-", 20, 1 },
+	{ "glagent-", 20, 1 }, { "glwt-", 20, 1 }, { "glsoat-", 20, 1 },
+	{ "glffct-", 20, 1 },
+};
+
+/* A GitHub or GitLab token at s[i] ('g'): its end, or 0. */
+static size_t
+vendor_token(const char *s, size_t n, size_t i)
+{
+	size_t k, pl, j;
+	int gl;
+
+	/* a word start ("SIE-glpat-": an instance prefix is kept) */
+	if (n - i < 5 || (s[i + 1] != 'h' && s[i + 1] != 'l' &&
+	    s[i + 1] != 'i') || (i > 0 && isalnum((unsigned char)s[i - 1])))
+		return 0;
+	for (k = 0; k < ARRAY_SIZE(vendor_tokens); k++) {
+		pl = strlen(vendor_tokens[k].prefix);
+		if (n - i < pl || memcmp(s + i, vendor_tokens[k].prefix, pl))
+			continue;
+		gl = vendor_tokens[k].gitlab;
+		for (j = i + pl; j < n && (isalnum((unsigned char)s[j]) ||
+		    s[j] == '_' || (gl && (s[j] == '-' || s[j] == '.'))); j++)
+			;
+		while (j > i + pl && s[j - 1] == '.')	/* a full stop */
+			j--;
+		return j - i - pl >= vendor_tokens[k].min ? j : 0;
+	}
+	return 0;
+}
+
+/* The shortest first or second segment taken for a JWT. */
+#define JWT_MIN_SEGMENT 10
+
+/*
+ * A JWT (RFC 7519, JWS compact form) at s[i] ('e'): three base64url
+ * segments joined by '.', the first two JSON objects, so starting "eyJ"
+ * ('{"'); the third (the signature) is empty for alg "none". Its end, or
+ * 0.
+ */
+static size_t
+jwt(const char *s, size_t n, size_t i)
+{
+	size_t j, k;
+
+	if (n - i < 3 || s[i + 1] != 'y' || s[i + 2] != 'J' ||
+	    (i > 0 && (b64url_char((unsigned char)s[i - 1]) ||
+	    s[i - 1] == '.')))
+		return 0;
+	j = b64url_run(s, n, i);
+	if (j - i < JWT_MIN_SEGMENT || j >= n || s[j] != '.')
+		return 0;
+	k = j + 1;
+	if (n - k < 3 || memcmp(s + k, "eyJ", 3) != 0)
+		return 0;
+	j = b64url_run(s, n, k);
+	if (j - k < JWT_MIN_SEGMENT || j >= n || s[j] != '.')
+		return 0;
+	return b64url_run(s, n, j + 1);
+}
+
+/*
+ * The armour line "-----<what><label>-----" at s[i], its label of
+ * [A-Z0-9 ] naming a private key ("RSA PRIVATE KEY", "PRIVATE KEY",
+ * "ENCRYPTED PRIVATE KEY", "OPENSSH PRIVATE KEY", PGP's "PGP PRIVATE KEY
+ * BLOCK"): its end, or 0.
+ */
+static size_t
+pem_armour(const char *s, size_t n, size_t i, const char *what)
+{
+	size_t wl = strlen(what), from = i + 5 + wl, j;
+
+	if (n - i < 5 + wl || memcmp(s + i, "-----", 5) != 0 ||
+	    memcmp(s + i + 5, what, wl) != 0)
+		return 0;
+	for (j = from; j < n && (isupper((unsigned char)s[j]) ||
+	    isdigit((unsigned char)s[j]) || s[j] == ' '); j++)
+		;
+	if (n - j < 5 || memcmp(s + j, "-----", 5) != 0 ||
+	    find(s + from, j - from, "PRIVATE KEY", 11) == NULL)
+		return 0;
+	return j + 5;
+}
+
+/*
+ * A PEM private key (RFC 7468) at s[i] ('-'), its lines split by
+ * newlines or by JSON's "\n": from its BEGIN line through its END line,
+ * or through the end of the text when it was cut before its END line.
+ * Its end, or 0.
+ */
+static size_t
+pem_key(const char *s, size_t n, size_t i)
+{
+	const char *e;
+	size_t j, end;
+
+	j = pem_armour(s, n, i, "BEGIN ");
+	if (j == 0)
+		return 0;
+	for (e = s + j; (e = find(e, (size_t)(s + n - e), "-----END ", 9));
+	    e++)
+		if ((end = pem_armour(s, n, (size_t)(e - s), "END ")) != 0)
+			return end;
+	return n;
 }
 
 /* Mark every occurrence of the registered values. */
@@ -353,7 +498,7 @@ ours(const char *s, size_t n, char **mask)
 	for (i = 0; i < nsecrets; i++) {
 		sc = &secrets[i];
 		for (p = s; (size_t)(s + n - p) >= sc->len; p = hit + 1) {
-			hit = find(p, (size_t)(s + n - p), sc);
+			hit = find(p, (size_t)(s + n - p), sc->v, sc->len);
 			if (hit == NULL)
 				break;
 			mark(mask, n, (size_t)(hit - s),
@@ -380,17 +525,31 @@ redact(const char *s)
 {
 	struct buf b;
 	char *mask = NULL, *ret;
-	size_t n, i;
+	size_t n, i, end;
 
 	if (s == NULL)
 		return NULL;
 	n = strlen(s);
 	ours(s, n, &mask);
 	for (i = 0; i < n; i++) {
+		end = 0;
 		switch (s[i]) {
-		case 'a': case 'A': case 'p': case 'P': case 'j': case 'J':
-		case 'x': case 'X':
+		case 'a': case 'p': case 'P': case 'j': case 'J': case 'x':
+		case 'X':
 			header_value(s, n, i, &mask);
+			break;
+		case 'A':
+			header_value(s, n, i, &mask);
+			break;
+		case 'e':
+			end = jwt(s, n, i);
+			break;
+		case 'g':
+			end = vendor_token(s, n, i);
+			break;
+		case '-':
+			if (n - i > 5 && s[i + 1] == '-')
+				end = pem_key(s, n, i);
 			break;
 		case 'b': case 'B':
 			bearer(s, n, i, &mask);
@@ -402,6 +561,11 @@ redact(const char *s)
 			if (n - i > 3 && s[i + 1] == '/' && s[i + 2] == '/')
 				userinfo(s, n, i, &mask);
 			break;
+		}
+		/* a whole token: nothing in it starts another */
+		if (end > i) {
+			mark(&mask, n, i, end);
+			i = end - 1;
 		}
 	}
 	if (mask == NULL)

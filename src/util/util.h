@@ -104,9 +104,11 @@ void redact_secret_add(const char *v, size_t len);
 /* Forget every registered value (tests). */
 void redact_secrets_clear(void);
 /*
- * A new copy of s with every registered secret (raw or JSON-escaped), and
- * the credentials of an Authorization-like header, of "Bearer x", of a
- * ?token=/&password= query parameter and of a URL's userinfo replaced by
+ * A new copy of s with every registered secret (raw or JSON-escaped), the
+ * credentials of an Authorization-like header, of "Bearer x", of a
+ * ?token=/&password= query parameter and of a URL's userinfo, GitHub and
+ * GitLab tokens (ghp_..., github_pat_..., glpat-...), JWTs and PEM private
+ * keys (also JSON-escaped, or cut before their END line) replaced by
  * REDACTED; NULL when nothing in s needs hiding (or s is NULL).
  */
 char *redact(const char *s);

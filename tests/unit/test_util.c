@@ -886,6 +886,80 @@ redact_shapes(void **state)
 	redact_is("", "");
 }
 
+/*
+ * Tokens GitHub and GitLab issue, JWTs and PEM private keys are hidden
+ * wherever they are quoted, as whole tokens; the text around them, and
+ * words and blocks that only look alike, stay.
+ */
+static void
+redact_vendor_shapes(void **state)
+{
+	(void)state;
+	redact_secrets_clear();
+	redact_is("Bad credentials: ghp_R8xq2Lm0vZ7kT4nB9cW1yH6jF3sD5aP0gE2u "
+	    "(401)", "Bad credentials: [redacted] (401)");
+	redact_is("gho_0123456789abcdefghijABCDEFGHIJ012345,"
+	    "\"ghu_0123456789abcdefghijABCDEFGHIJ012345\","
+	    "x-access-token:ghs_0123456789abcdefghijABCDEFGHIJ012345_x "
+	    "ghr_0123456789abcdefghijABCDEFGHIJ0123456789abcdef",
+	    "[redacted],\"[redacted]\",x-access-token:[redacted] [redacted]");
+	redact_is("token github_pat_11ABCDEFG0123456789abc_"
+	    "defghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ0123"
+	    " was revoked", "token [redacted] was revoked");
+	redact_is("glpat-Zx81mQpL0vNw7Rk2TcYh, gloas-0123456789abcdef0123, "
+	    "gldt-0123456789_abcdef-0123 glrt-t1_0123456789abcdefghij "
+	    "glrtr-0123456789abcdefghij glcbt-64_0123456789abcdefghij "
+	    "glptt-0123456789abcdef0123456789abcdef01234567 "
+	    "glft-0123456789abcdefghij glimt-0123456789abcdefghij "
+	    "glagent-0123456789abcdefghij0123456789abcdefghij "
+	    "glwt-0123456789abcdefghij glsoat-0123456789abcdefghij "
+	    "glffct-0123456789abcdefghij",
+	    "[redacted], [redacted], [redacted] [redacted] [redacted] "
+	    "[redacted] [redacted] [redacted] [redacted] [redacted] "
+	    "[redacted] [redacted] [redacted]");
+	/* the routable form, at the end of a sentence; an instance prefix */
+	redact_is("revoked glpat-Ab3dEf6hIj9lMn2pQr5t.01.171abc2de.",
+	    "revoked [redacted].");
+	redact_is("SIE-glpat-0123456789abcdefghij", "SIE-[redacted]");
+	/* too short, or no token at all */
+	redact_is("ghp_R8xq2Lm0vZ7kT4nB9cW1yH6jF3sD5aP0gE2 ghp_ github_pat_x "
+	    "glpat-tooshort gl-project glrt- gloss ghost",
+	    "ghp_R8xq2Lm0vZ7kT4nB9cW1yH6jF3sD5aP0gE2 ghp_ github_pat_x "
+	    "glpat-tooshort gl-project glrt- gloss ghost");
+	/* JWTs, signed or not, in text and in JSON */
+	redact_is("kube said eyJhbGciOiJSUzI1NiIsImtpZCI6IjEifQ."
+	    "eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQifQ."
+	    "dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U is expired",
+	    "kube said [redacted] is expired");
+	redact_is("{\"id_token\":\"eyJhbGciOiJub25lIn0."
+	    "eyJzdWIiOiJ4In0.\",\"n\":1}",
+	    "{\"id_token\":\"[redacted]\",\"n\":1}");
+	redact_is("eyJ is how JSON starts; eyJhbGciOiJub25lIn0.e30.x and "
+	    "eyJhbGciOiJub25lIn0 alone",
+	    "eyJ is how JSON starts; eyJhbGciOiJub25lIn0.e30.x and "
+	    "eyJhbGciOiJub25lIn0 alone");
+	/* PEM private keys: raw, JSON-escaped, cut before their end */
+	redact_is("key: -----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAxyz\n"
+	    "Zm9vYmFy+/0123==\n-----END RSA PRIVATE KEY-----\nnext line",
+	    "key: [redacted]\nnext line");
+	redact_is("{\"key\":\"-----BEGIN PRIVATE KEY-----\\nMIIEvQIBADAN\\n"
+	    "-----END PRIVATE KEY-----\\n\",\"ok\":true}",
+	    "{\"key\":\"[redacted]\\n\",\"ok\":true}");
+	redact_is("-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIA\n-----END EC "
+	    "PRIVATE KEY----- and -----BEGIN PGP PRIVATE KEY BLOCK-----\n\n"
+	    "lQOYBF\n-----END PGP PRIVATE KEY BLOCK-----",
+	    "[redacted] and [redacted]");
+	redact_is("bad key -----BEGIN OPENSSH PRIVATE KEY-----\n"
+	    "b3BlbnNzaC1rZXktdjEAAAAA", "bad key [redacted]");
+	/* certificates, public keys and a lone END line are no secret */
+	redact_is("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
+	    " -----BEGIN PUBLIC KEY-----\nMFkw\n-----END PUBLIC KEY----- "
+	    "-----END RSA PRIVATE KEY----- ---- --",
+	    "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
+	    " -----BEGIN PUBLIC KEY-----\nMFkw\n-----END PUBLIC KEY----- "
+	    "-----END RSA PRIVATE KEY----- ---- --");
+}
+
 static void *
 redact_loop(void *arg)
 {
@@ -993,6 +1067,7 @@ main(void)
 		cmocka_unit_test(log_lines),
 		cmocka_unit_test(redact_secrets),
 		cmocka_unit_test(redact_shapes),
+		cmocka_unit_test(redact_vendor_shapes),
 		cmocka_unit_test(redact_threads),
 		cmocka_unit_test(log_redacts),
 	};
