@@ -10,7 +10,8 @@
  * Authorization-like header, "Bearer <token>", a ?token=/&password=
  * query parameter and the userinfo of a URL; and, wherever they stand,
  * the tokens GitHub and GitLab issue (by their documented prefixes), JWTs
- * and PEM private keys (an agent's message or a kubeconfig may hold one).
+ * and PEM private keys (an agent's message or a kubeconfig may hold one),
+ * and our own macaroons: there is one per task, too many to register.
  *
  * Values shorter than REDACT_MIN_LEN are not registered: a 3-byte secret
  * would shred ordinary words, and is no secret worth the name anyway.
@@ -409,6 +410,46 @@ vendor_token(const char *s, size_t n, size_t i)
 	return 0;
 }
 
+/*
+ * The shortest base64 taken for a macaroon: the smallest V2 one (an empty
+ * identifier, no caveat, the 32-byte signature) is 39 bytes, 52
+ * characters; no word is this long without a space.
+ */
+#define MACAROON_MIN_B64 48
+
+/*
+ * A serialized macaroon at s[i] ('A' or 'M'), in the forms
+ * meter/macaroon.c writes and reads: base64 (either alphabet, padded or
+ * not) of V2 binary, 0x02 (the version) then 0x01 or 0x02 (the type of the
+ * first field: location, identifier) then the first byte of its length,
+ * so "Ag" and one of E to L; or of V1 packets, "HHHHlocation ..." with HHHH
+ * the packet's length in hex (below 0x4000), so 'M', five characters
+ * that vary, then "xvY2F0aW9u" ("location" from its second byte). Its
+ * end, or 0.
+ */
+static size_t
+macaroon(const char *s, size_t n, size_t i)
+{
+	size_t j;
+
+	if (n - i < MACAROON_MIN_B64 ||
+	    (i > 0 && (b64url_char((unsigned char)s[i - 1]) ||
+	    s[i - 1] == '+' || s[i - 1] == '/')))
+		return 0;
+	if (!(s[i] == 'A' && s[i + 1] == 'g' && s[i + 2] >= 'E' &&
+	    s[i + 2] <= 'L') &&
+	    !(s[i] == 'M' && memcmp(s + i + 6, "xvY2F0aW9u", 10) == 0))
+		return 0;
+	for (j = i; j < n && (b64url_char((unsigned char)s[j]) ||
+	    s[j] == '+' || s[j] == '/'); j++)
+		;
+	if (j - i < MACAROON_MIN_B64)
+		return 0;
+	if (j < n && s[j] == '=')
+		j += j + 1 < n && s[j + 1] == '=' ? 2 : 1;
+	return j;
+}
+
 /* The shortest first or second segment taken for a JWT. */
 #define JWT_MIN_SEGMENT 10
 
@@ -540,6 +581,10 @@ redact(const char *s)
 			break;
 		case 'A':
 			header_value(s, n, i, &mask);
+			end = macaroon(s, n, i);
+			break;
+		case 'M':
+			end = macaroon(s, n, i);
 			break;
 		case 'e':
 			end = jwt(s, n, i);

@@ -107,8 +107,9 @@ void redact_secrets_clear(void);
  * A new copy of s with every registered secret (raw or JSON-escaped), the
  * credentials of an Authorization-like header, of "Bearer x", of a
  * ?token=/&password= query parameter and of a URL's userinfo, GitHub and
- * GitLab tokens (ghp_..., github_pat_..., glpat-...), JWTs and PEM private
- * keys (also JSON-escaped, or cut before their END line) replaced by
+ * GitLab tokens (ghp_..., github_pat_..., glpat-...), JWTs, PEM private
+ * keys (also JSON-escaped, or cut before their END line) and serialized
+ * macaroons (V2 or V1, 48 base64 characters or more) replaced by
  * REDACTED; NULL when nothing in s needs hiding (or s is NULL).
  */
 char *redact(const char *s);

@@ -402,6 +402,70 @@ vector_v1(void **state)
 	json_decref(root);
 }
 
+/* "refused tok, retry" redacted is "refused [redacted], retry". */
+static void
+redacted_in_text(const char *tok)
+{
+	char *line = xasprintf("refused %s, retry", tok), *r = redact(line);
+
+	assert_non_null(r);
+	assert_string_equal(r, "refused [redacted], retry");
+	free(r);
+	free(line);
+}
+
+/* redacted_in_text() of tok, and of tok in base64's standard alphabet. */
+static void
+redacted_both_alphabets(const char *tok)
+{
+	unsigned char *raw = NULL;
+	size_t rawlen = 0;
+	char *std;
+
+	redacted_in_text(tok);
+	assert_int_equal(base64_decode(tok, strlen(tok), &raw, &rawlen), 0);
+	std = base64_encode(raw, rawlen, 0, 1);
+	redacted_in_text(std);
+	free(std);
+	free(raw);
+}
+
+/*
+ * Tokens are not registered secrets (one per task), yet quoted anywhere
+ * they are redacted by their shape: the vectors in both alphabets, padded
+ * or not, V1, and what macaroon_mint() writes, down to the smallest.
+ */
+static void
+redact_shape(void **state)
+{
+	json_t *root = load_vectors(), *v;
+	const char *cavs[] = { "task_id = t1", "namespace = ns1" };
+	size_t i;
+	char *tok = NULL;
+
+	(void)state;
+	redact_secrets_clear();
+	json_array_foreach(json_object_get(root, "vectors"), i, v) {
+		const char *t = json_string_value(json_object_get(v,
+		    "v2_base64url_with_empty_location"));
+
+		redacted_both_alphabets(json_string_value(json_object_get(v,
+		    "v2_base64url")));
+		if (t != NULL)
+			redacted_in_text(t);
+	}
+	redacted_both_alphabets(TV1_V1);
+	assert_int_equal(macaroon_mint(K, 32, "i", NULL, NULL, 0, &tok, NULL),
+	    0);
+	redacted_in_text(tok);
+	free(tok);
+	assert_int_equal(macaroon_mint(K, 32, "agent-token-1",
+	    "https://diverge.test", cavs, 2, &tok, NULL), 0);
+	redacted_in_text(tok);
+	free(tok);
+	json_decref(root);
+}
+
 static void
 base64_variants(void **state)
 {
@@ -1872,6 +1936,7 @@ main(void)
 		cmocka_unit_test(vector_empty_location),
 		cmocka_unit_test(vector_v1),
 		cmocka_unit_test(base64_variants),
+		cmocka_unit_test(redact_shape),
 		cmocka_unit_test(mint_and_read_back),
 		cmocka_unit_test(mint_matches_hand_built),
 		cmocka_unit_test(tamper_binary_bits),

@@ -887,9 +887,9 @@ redact_shapes(void **state)
 }
 
 /*
- * Tokens GitHub and GitLab issue, JWTs and PEM private keys are hidden
- * wherever they are quoted, as whole tokens; the text around them, and
- * words and blocks that only look alike, stay.
+ * Tokens GitHub and GitLab issue, JWTs, PEM private keys and macaroons are
+ * hidden wherever they are quoted, as whole tokens; the text around them,
+ * and words and blocks that only look alike, stay.
  */
 static void
 redact_vendor_shapes(void **state)
@@ -938,6 +938,19 @@ redact_vendor_shapes(void **state)
 	    "eyJhbGciOiJub25lIn0 alone",
 	    "eyJ is how JSON starts; eyJhbGciOiJub25lIn0.e30.x and "
 	    "eyJhbGciOiJub25lIn0 alone");
+	/*
+	 * Macaroons (tests/unit/test_macaroon.c has the vectors): not words
+	 * that start alike, nor base64 that is too short for one
+	 */
+	redact_is("macaroon AgEYaHR0cHM6Ly9kaXZlcmdlZGV2LmxvY2FsAg1hZ2VudC10b2tl"
+	    "bi0xAAAGIKoXMMugMzCEuv0n2XtrAIvzZdaGwRNR1H_5G3ntVfij refused",
+	    "macaroon [redacted] refused");
+	redact_is("Again, Agile AgEYaHR0cHM6Ly9kaXZlcmdlZGV2LmxvY2FsAg1hZ2Vu "
+	    "MDN Makefile.am MDAyNmxvY2F0aW9uIGh0dHBzOi8vZGl2ZXJn "
+	    "xAgEYaHR0cHM6Ly9kaXZlcmdlZGV2LmxvY2FsAg1hZ2VudC10b2tlbi0xAAAG",
+	    "Again, Agile AgEYaHR0cHM6Ly9kaXZlcmdlZGV2LmxvY2FsAg1hZ2Vu "
+	    "MDN Makefile.am MDAyNmxvY2F0aW9uIGh0dHBzOi8vZGl2ZXJn "
+	    "xAgEYaHR0cHM6Ly9kaXZlcmdlZGV2LmxvY2FsAg1hZ2VudC10b2tlbi0xAAAG");
 	/* PEM private keys: raw, JSON-escaped, cut before their end */
 	redact_is("key: -----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAxyz\n"
 	    "Zm9vYmFy+/0123==\n-----END RSA PRIVATE KEY-----\nnext line",
