@@ -15,6 +15,8 @@
  *
  * Values shorter than REDACT_MIN_LEN are not registered: a 3-byte secret
  * would shred ordinary words, and is no secret worth the name anyway.
+ * Of a value of REDACT_FRAG_SECRET bytes or more, a fragment is hidden
+ * too, wherever it stands (see fragments() below).
  * Registered values are kept (up to REDACT_KEEP, the oldest then goes):
  * after a rotation the old value may still be valid, and may still be
  * quoted by a reply to a request that went out before it.
@@ -30,10 +32,14 @@
 #include "util/util.h"
 
 #define REDACT_KEEP	256
+/* The bytes of a fragment's index key, and the step of the text's samples. */
+#define FRAG_KEY	8
+#define FRAG_STEP	(REDACT_FRAG_LEN - FRAG_KEY + 1)
 
 struct secret {
 	char *v;
 	size_t len;
+	int frags;	/* its fragments are in the index */
 };
 
 /* A ring: secrets[next] is the oldest once it is full. */
@@ -41,25 +47,105 @@ static struct secret secrets[REDACT_KEEP];
 static size_t nsecrets, next_slot;
 static pthread_rwlock_t secrets_lock = PTHREAD_RWLOCK_INITIALIZER;
 
-/* Keep one value (the caller holds the write lock). */
+/*
+ * The index of fragments: every FRAG_KEY bytes of each value with frags
+ * set, at every offset, in an open-addressing table (linear probing, at
+ * most half full); NULL when no value has them. Rebuilt under the write
+ * lock when the values change.
+ */
+struct frag {
+	uint64_t key;		/* the bytes as they load */
+	uint32_t secret;	/* 1 + the index in secrets; 0: a free slot */
+	uint32_t off;		/* where the bytes start in it */
+};
+static struct frag *frags;
+static size_t frags_mask, frags_size;
+static int frags_stale;
+
+static uint64_t
+load_key(const char *p)
+{
+	uint64_t k;
+
+	memcpy(&k, p, sizeof(k));
+	return k;
+}
+
+static size_t
+frag_slot(uint64_t key)
+{
+	key *= 0x9e3779b97f4a7c15ULL;
+	return (size_t)(key ^ (key >> 29)) & frags_mask;
+}
+
+/* Rebuild the index of fragments (the caller holds the write lock). */
 static void
-keep(const char *v, size_t len)
+frags_rebuild(void)
+{
+	size_t i, off, h, count = 0;
+
+	if (frags != NULL) {
+		secure_wipe(frags, frags_size * sizeof(*frags));
+		free(frags);
+		frags = NULL;
+	}
+	frags_stale = 0;
+	for (i = 0; i < nsecrets; i++)
+		if (secrets[i].frags)
+			count += secrets[i].len - FRAG_KEY + 1;
+	if (count == 0)
+		return;
+	for (frags_size = 16; frags_size < 2 * count; frags_size *= 2)
+		;
+	frags_mask = frags_size - 1;
+	frags = xcalloc(frags_size, sizeof(*frags));
+	for (i = 0; i < nsecrets; i++) {
+		if (!secrets[i].frags)
+			continue;
+		for (off = 0; off + FRAG_KEY <= secrets[i].len; off++) {
+			uint64_t key = load_key(secrets[i].v + off);
+
+			for (h = frag_slot(key); frags[h].secret != 0;
+			    h = (h + 1) & frags_mask)
+				;
+			frags[h].key = key;
+			frags[h].secret = (uint32_t)i + 1;
+			frags[h].off = (uint32_t)off;
+		}
+	}
+}
+
+/*
+ * Keep one value, its fragments too when frags is set and it is long
+ * enough (the caller holds the write lock, and calls frags_rebuild()
+ * after when frags_stale is set).
+ */
+static void
+keep(const char *v, size_t len, int frag)
 {
 	struct secret *s;
 	size_t i;
 
 	if (len < REDACT_MIN_LEN)
 		return;
+	frag = frag && len >= REDACT_FRAG_SECRET;
 	for (i = 0; i < nsecrets; i++)
-		if (secrets[i].len == len && memcmp(secrets[i].v, v, len) == 0)
+		if (secrets[i].len == len &&
+		    memcmp(secrets[i].v, v, len) == 0) {
+			if (frag && !secrets[i].frags)
+				secrets[i].frags = frags_stale = 1;
 			return;
+		}
 	s = &secrets[next_slot];
 	if (s->v != NULL) {
+		frags_stale |= s->frags;
 		secure_wipe(s->v, s->len);
 		free(s->v);
 	}
 	s->v = xstrndup(v, len);
 	s->len = len;
+	s->frags = frag;
+	frags_stale |= frag;
 	next_slot = (next_slot + 1) % REDACT_KEEP;
 	/* read without the lock by ours() to skip the lock when empty */
 	if (nsecrets < REDACT_KEEP)
@@ -68,7 +154,7 @@ keep(const char *v, size_t len)
 
 /* Keep v and, when it differs, v as it reads inside a JSON string. */
 static void
-keep_forms(const char *v, size_t len)
+keep_forms(const char *v, size_t len, int frag)
 {
 	struct buf b;
 	size_t i;
@@ -81,7 +167,7 @@ keep_forms(const char *v, size_t len)
 		len--;
 	if (len < REDACT_MIN_LEN)
 		return;
-	keep(v, len);
+	keep(v, len, frag);
 	buf_init(&b, 6 * len + 1);
 	for (i = 0; i < len; i++) {
 		if (v[i] == '"' || v[i] == '\\')
@@ -94,7 +180,7 @@ keep_forms(const char *v, size_t len)
 			buf_add(&b, v + i, 1);
 	}
 	if (b.len != len)
-		keep(b.data, b.len);
+		keep(b.data, b.len, frag);
 	secure_wipe(b.data, b.len);
 	buf_release(&b);
 }
@@ -104,24 +190,32 @@ void
 redact_secret_add(const char *v, size_t len)
 {
 	const char *p, *nl, *end = v + len;
+	int lines;
 
 	if (v == NULL)
 		return;
+	lines = memchr(v, '\n', len) != NULL;
 	pthread_rwlock_wrlock(&secrets_lock);
-	keep_forms(v, len);
+	/*
+	 * The fragments of a multi-line value are those of its lines: the
+	 * whole would bring its armour lines, no secret, into the index.
+	 */
+	keep_forms(v, len, !lines);
 	/*
 	 * Each line of a multi-line secret too (a PEM key): an error may
 	 * quote one line. The armour lines are no secret.
 	 */
-	if (memchr(v, '\n', len) != NULL) {
+	if (lines) {
 		for (p = v; p < end; p = nl + 1) {
 			nl = memchr(p, '\n', (size_t)(end - p));
 			if (nl == NULL)
 				nl = end;
 			if (strncmp(p, "-----", 5) != 0)
-				keep_forms(p, (size_t)(nl - p));
+				keep_forms(p, (size_t)(nl - p), 1);
 		}
 	}
+	if (frags_stale)
+		frags_rebuild();
 	pthread_rwlock_unlock(&secrets_lock);
 }
 
@@ -139,9 +233,11 @@ redact_secrets_clear(void)
 		}
 		secrets[i].v = NULL;
 		secrets[i].len = 0;
+		secrets[i].frags = 0;
 	}
 	__atomic_store_n(&nsecrets, 0, __ATOMIC_RELAXED);
 	next_slot = 0;
+	frags_rebuild();
 	pthread_rwlock_unlock(&secrets_lock);
 }
 
@@ -525,6 +621,50 @@ pem_key(const char *s, size_t n, size_t i)
 	return n;
 }
 
+/*
+ * Mark the fragments of registered values in s (the caller holds the
+ * lock). An upstream may quote a window of what it was sent (a request
+ * line, a header cut to its last bytes, a body from an offset), so a long
+ * secret can show up neither whole nor cut at its end. The rule: a run of
+ * REDACT_FRAG_LEN (16) bytes or more of s that also occurs in a value of
+ * REDACT_FRAG_SECRET (24) bytes or more is hidden, all of it, wherever it
+ * stands. 16 bytes of a random token are 64 bits (hex) to 95 (base62):
+ * ordinary text does not hold them by chance, so words are not shredded,
+ * and a shorter run leaves 9 bytes or more of the value unsaid. Shorter
+ * values keep the rules above (whole, or cut at the end of s).
+ *
+ * The cost is bounded without a scan per value: the index holds every
+ * FRAG_KEY (8) bytes of each value, and s is looked up only every
+ * FRAG_STEP (9) bytes. A run of 16 holds 9 consecutive starts of 8 bytes,
+ * one of them a sample, which is then extended both ways along the value.
+ */
+static void
+fragments(const char *s, size_t n, char **mask)
+{
+	const struct secret *sc;
+	size_t p, h, a, b, o;
+	uint64_t key;
+
+	for (p = 0; p + FRAG_KEY <= n; p += FRAG_STEP) {
+		key = load_key(s + p);
+		for (h = frag_slot(key); frags[h].secret != 0;
+		    h = (h + 1) & frags_mask) {
+			if (frags[h].key != key)
+				continue;
+			sc = &secrets[frags[h].secret - 1];
+			o = frags[h].off;
+			for (a = 0; a < p && a < o &&
+			    s[p - a - 1] == sc->v[o - a - 1]; a++)
+				;
+			for (b = FRAG_KEY; p + b < n && o + b < sc->len &&
+			    s[p + b] == sc->v[o + b]; b++)
+				;
+			if (a + b >= REDACT_FRAG_LEN)
+				mark(mask, n, p - a, p + b);
+		}
+	}
+}
+
 /* Mark every occurrence of the registered values. */
 static void
 ours(const char *s, size_t n, char **mask)
@@ -557,6 +697,8 @@ ours(const char *s, size_t n, char **mask)
 				break;
 			}
 	}
+	if (frags != NULL && n >= REDACT_FRAG_LEN)
+		fragments(s, n, mask);
 	pthread_rwlock_unlock(&secrets_lock);
 }
 

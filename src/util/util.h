@@ -95,6 +95,12 @@ int log_enabled(enum log_level level);
 /* Values shorter than this are not registered: they would shred words. */
 #define REDACT_MIN_LEN 8
 /*
+ * Of a registered value this long or longer, any run of REDACT_FRAG_LEN
+ * bytes or more that a text holds is redacted too, wherever it stands.
+ */
+#define REDACT_FRAG_SECRET 24
+#define REDACT_FRAG_LEN 16
+/*
  * Register a secret value (a copy is kept, wiped when dropped): it is
  * trimmed of surrounding white space, and each line of a multi-line value
  * (a PEM key) is registered as well. Values are kept after a rotation; the
@@ -104,7 +110,8 @@ void redact_secret_add(const char *v, size_t len);
 /* Forget every registered value (tests). */
 void redact_secrets_clear(void);
 /*
- * A new copy of s with every registered secret (raw or JSON-escaped), the
+ * A new copy of s with every registered secret (raw or JSON-escaped; cut
+ * at its end, or a run of REDACT_FRAG_LEN bytes of a long one), the
  * credentials of an Authorization-like header, of "Bearer x", of a
  * ?token=/&password= query parameter and of a URL's userinfo, GitHub and
  * GitLab tokens (ghp_..., github_pat_..., glpat-...), JWTs, PEM private

@@ -4,8 +4,9 @@
  * the secrets to register, separated by 0x01, then a NUL, then the text
  * (to its next NUL); no NUL: all text, nothing registered. Besides
  * crashes and sanitizer reports it checks the contract: the copy is NULL
- * (nothing to hide) or no longer than the worst case, and no registered
- * secret is left in it.
+ * (nothing to hide) or no longer than the worst case, no registered
+ * secret is left in it, nor REDACT_FRAG_LEN bytes of one of
+ * REDACT_FRAG_SECRET bytes or more.
  */
 #include "config.h"
 
@@ -58,6 +59,23 @@ contains(const char *hay, const char *s, size_t len)
 	return 0;
 }
 
+/*
+ * Whether hay holds a run of REDACT_FRAG_LEN bytes of s: checked for a
+ * one-line value (the fragments of a multi-line one are its lines').
+ */
+static int
+contains_fragment(const char *hay, const char *s, size_t len)
+{
+	size_t i;
+
+	if (len < REDACT_FRAG_SECRET || memchr(s, '\n', len) != NULL)
+		return 0;
+	for (i = 0; i + REDACT_FRAG_LEN <= len; i++)
+		if (contains(hay, s + i, REDACT_FRAG_LEN))
+			return 1;
+	return 0;
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -89,13 +107,15 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			v = sv[i];
 			len = sl[i];
 			if (checkable(v, len))
-				CHECK(!contains(out, v, len));
+				CHECK(!contains(out, v, len) &&
+				    !contains_fragment(out, v, len));
 		}
 	} else {
 		/* nothing hidden: no registered secret was in the text */
 		for (i = 0; i < ns; i++)
 			if (checkable(sv[i], sl[i]))
-				CHECK(!contains(text, sv[i], sl[i]));
+				CHECK(!contains(text, sv[i], sl[i]) &&
+				    !contains_fragment(text, sv[i], sl[i]));
 	}
 	free(out);
 	free(text);

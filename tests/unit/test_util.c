@@ -973,6 +973,80 @@ redact_vendor_shapes(void **state)
 	    "-----END RSA PRIVATE KEY----- ---- --");
 }
 
+/* redact(s) is exactly "<before>[redacted]<after>". */
+static void
+redact_window(const char *before, const char *v, size_t len,
+    const char *after)
+{
+	char *in = xasprintf("%s%.*s%s", before, (int)len, v, after);
+	char *want = xasprintf("%s[redacted]%s", before, after);
+
+	redact_is(in, want);
+	free(want);
+	free(in);
+}
+
+/*
+ * Of a long secret, any run of 16 bytes or more is hidden wherever it
+ * stands in the text (cut at the start, in the middle), at any offset;
+ * shorter runs, and runs of short secrets, stay as they were.
+ */
+static void
+redact_fragments(void **state)
+{
+	static const char sec[] =
+	    "Zq7Lm0vZ7kT4nB9cW1yH6jF3sD5aP0gE2uR8xq2Lm0vYt5Hk3Pn8Wb6Cd1Ge9Jx";
+	static const char pem[] = "-----BEGIN RSA PRIVATE KEY-----\n"
+	    "MIIEowIBAAKCAQEAxyzLINEONEOFTHEKEY0123456789\n"
+	    "-----END RSA PRIVATE KEY-----\n";
+	const size_t len = sizeof(sec) - 1;
+	char pad[16], v[40];
+	size_t off, from;
+	int i;
+
+	(void)state;
+	redact_secrets_clear();
+	redact_secret_add(sec, len);
+	/* the last 30 bytes, an upstream's window of the request */
+	redact_window("401 for token ending ", sec + len - 30, 30,
+	    " (expired)");
+	redact_window("", sec + 3, 20, " at the start of a header");
+	redact_window("a quoted window: ", sec + 20, 16, "");
+	/* every run of 16 at every offset of the text, against sampling */
+	for (off = 0; off < 9; off++) {
+		memset(pad, '.', off);
+		pad[off] = '\0';
+		for (from = 0; from + 16 <= len; from++)
+			redact_window(pad, sec + from, 16, " tail");
+	}
+	/* two runs; 15 bytes are not enough */
+	redact_window("a ", sec + 30, 17, " b [redacted] c");
+	redact_is("x Zq7Lm0vZ7kT4nB9 y", "x Zq7Lm0vZ7kT4nB9 y");
+	/* values shorter than 24 bytes keep the rules of before */
+	redact_secret_add("kube-tok-REDACTme-98765", 23);
+	redact_is("a kube-tok-REDACTme-9876 b", "a kube-tok-REDACTme-9876 b");
+	redact_is("a kube-tok-REDACTme-98765 b", "a [redacted] b");
+	/* the lines of a key, not its armour */
+	redact_secret_add(pem, sizeof(pem) - 1);
+	redact_is("line: LINEONEOFTHEKEY0123 bad",
+	    "line: [redacted] bad");
+	redact_is("the armour: RSA PRIVATE KEY-----\n-----END RSA PRIVATE KEY",
+	    "the armour: RSA PRIVATE KEY-----\n-----END RSA PRIVATE KEY");
+	/* a value read from a file with its newline */
+	redact_secret_add("file-tok-0123456789abcdefABCDEF\n", 32);
+	redact_is("x 23456789abcdefABCDEF", "x [redacted]");
+	/* the index follows rotations: evicted values are no longer hidden */
+	for (i = 0; i < 300; i++) {
+		snprintf(v, sizeof(v), "rotated-secret-value-%07d-xyz", i);
+		redact_secret_add(v, strlen(v));
+	}
+	redact_is("ret-value-0000299-x", "[redacted]");
+	redact_is("ret-value-0000000-x", "ret-value-0000000-x");
+	redact_secrets_clear();
+	redact_is("a quoted window: LINEONEOFTHEKEY0123",
+	    "a quoted window: LINEONEOFTHEKEY0123");
+}
+
 static void *
 redact_loop(void *arg)
 {
@@ -1081,6 +1155,7 @@ main(void)
 		cmocka_unit_test(redact_secrets),
 		cmocka_unit_test(redact_shapes),
 		cmocka_unit_test(redact_vendor_shapes),
+		cmocka_unit_test(redact_fragments),
 		cmocka_unit_test(redact_threads),
 		cmocka_unit_test(log_redacts),
 	};
