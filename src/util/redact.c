@@ -466,44 +466,65 @@ b64url_run(const char *s, size_t n, size_t i)
  * Kubernetes, glwt- workspace, glsoat- SCIM, glffct- feature flags client;
  * 20 or more of [A-Za-z0-9_-], with '.' in the routable form.
  */
-static const struct {
-	const char *prefix;
-	size_t min;	/* bytes after the prefix */
-	int gitlab;	/* '-' and '.' in the body too */
-} vendor_tokens[] = {
-	{ "ghp_", 36, 0 }, { "gho_", 36, 0 }, { "ghu_", 36, 0 },
-	{ "ghs_", 36, 0 }, { "ghr_", 36, 0 }, { "github_pat_", 22, 0 },
-	{ "glpat-", 20, 1 }, { "gloas-", 20, 1 }, { "gldt-", 20, 1 },
-	{ "glrt-", 20, 1 }, { "glrtr-", 20, 1 }, { "glcbt-", 20, 1 },
-	{ "glptt-", 20, 1 }, { "glft-", 20, 1 }, { "glimt-", 20, 1 },
-	{ "glagent-", 20, 1 }, { "glwt-", 20, 1 }, { "glsoat-", 20, 1 },
-	{ "glffct-", 20, 1 },
+#define GITHUB_MIN 36
+#define GITHUB_PAT_MIN 22
+#define GITLAB_MIN 20
+static const char *const gitlab_prefixes[] = {
+	"glpat-", "gloas-", "gldt-", "glrt-", "glrtr-", "glcbt-", "glptt-",
+	"glft-", "glimt-", "glagent-", "glwt-", "glsoat-", "glffct-",
 };
 
-/* A GitHub or GitLab token at s[i] ('g'): its end, or 0. */
+/* The length of a GitLab prefix at s[i] ("gl", letters, '-'), or 0. */
+static size_t
+gitlab_prefix(const char *s, size_t n, size_t i)
+{
+	size_t j, k, pl;
+
+	for (j = i + 2; j < n && j < i + 8 && islower((unsigned char)s[j]);
+	    j++)
+		;
+	if (j >= n || s[j] != '-')
+		return 0;
+	pl = j + 1 - i;
+	for (k = 0; k < ARRAY_SIZE(gitlab_prefixes); k++)
+		if (strlen(gitlab_prefixes[k]) == pl &&
+		    memcmp(s + i, gitlab_prefixes[k], pl) == 0)
+			return pl;
+	return 0;
+}
+
+/*
+ * A GitHub or GitLab token at s[i] ('g' at a word start, after a '-' too:
+ * GitLab's instance prefix, "SIE-glpat-", stays): its end, or 0.
+ */
 static size_t
 vendor_token(const char *s, size_t n, size_t i)
 {
-	size_t k, pl, j;
-	int gl;
+	size_t pl, min, j;
+	int gl = 0;
 
-	/* a word start ("SIE-glpat-": an instance prefix is kept) */
-	if (n - i < 5 || (s[i + 1] != 'h' && s[i + 1] != 'l' &&
-	    s[i + 1] != 'i') || (i > 0 && isalnum((unsigned char)s[i - 1])))
+	if (n - i < 5)
 		return 0;
-	for (k = 0; k < ARRAY_SIZE(vendor_tokens); k++) {
-		pl = strlen(vendor_tokens[k].prefix);
-		if (n - i < pl || memcmp(s + i, vendor_tokens[k].prefix, pl))
-			continue;
-		gl = vendor_tokens[k].gitlab;
-		for (j = i + pl; j < n && (isalnum((unsigned char)s[j]) ||
-		    s[j] == '_' || (gl && (s[j] == '-' || s[j] == '.'))); j++)
-			;
-		while (j > i + pl && s[j - 1] == '.')	/* a full stop */
-			j--;
-		return j - i - pl >= vendor_tokens[k].min ? j : 0;
+	if (s[i + 1] == 'h' && strchr("pousr", s[i + 2]) != NULL &&
+	    s[i + 3] == '_') {
+		pl = 4;
+		min = GITHUB_MIN;
+	} else if (s[i + 1] == 'i' && n - i > 11 &&
+	    memcmp(s + i, "github_pat_", 11) == 0) {
+		pl = 11;
+		min = GITHUB_PAT_MIN;
+	} else if (s[i + 1] == 'l' && (pl = gitlab_prefix(s, n, i)) != 0) {
+		min = GITLAB_MIN;
+		gl = 1;
+	} else {
+		return 0;
 	}
-	return 0;
+	for (j = i + pl; j < n && (isalnum((unsigned char)s[j]) ||
+	    s[j] == '_' || (gl && (s[j] == '-' || s[j] == '.'))); j++)
+		;
+	while (j > i + pl && s[j - 1] == '.')	/* a full stop */
+		j--;
+	return j - i - pl >= min ? j : 0;
 }
 
 /*
@@ -702,6 +723,21 @@ ours(const char *s, size_t n, char **mask)
 	pthread_rwlock_unlock(&secrets_lock);
 }
 
+/*
+ * The bytes where a shape can start: a letter only at a word start (every
+ * shape above wants one), punctuation anywhere. Most bytes of a text are
+ * neither and are passed over with one load, without the switch below.
+ */
+#define AT_WORD 1
+#define ANYWHERE 2
+static const unsigned char starts[256] = {
+	['a'] = AT_WORD, ['A'] = AT_WORD, ['p'] = AT_WORD, ['P'] = AT_WORD,
+	['j'] = AT_WORD, ['J'] = AT_WORD, ['x'] = AT_WORD, ['X'] = AT_WORD,
+	['b'] = AT_WORD, ['B'] = AT_WORD, ['M'] = AT_WORD, ['e'] = AT_WORD,
+	['g'] = AT_WORD,
+	['-'] = ANYWHERE, ['?'] = ANYWHERE, ['&'] = ANYWHERE, [':'] = ANYWHERE,
+};
+
 /* A copy of s with what needs hiding as "[redacted]", or NULL if none. */
 char *
 redact(const char *s)
@@ -709,14 +745,19 @@ redact(const char *s)
 	struct buf b;
 	char *mask = NULL, *ret;
 	size_t n, i, end;
+	unsigned char c;
 
 	if (s == NULL)
 		return NULL;
 	n = strlen(s);
 	ours(s, n, &mask);
 	for (i = 0; i < n; i++) {
+		c = (unsigned char)s[i];
+		if (starts[c] == 0 || (starts[c] == AT_WORD && i > 0 &&
+		    isalnum((unsigned char)s[i - 1])))
+			continue;
 		end = 0;
-		switch (s[i]) {
+		switch (c) {
 		case 'a': case 'p': case 'P': case 'j': case 'J': case 'x':
 		case 'X':
 			header_value(s, n, i, &mask);
