@@ -1101,16 +1101,19 @@ class Api:
         """The fault's message quoting the credential the request came
         with, as some proxies and gateways in front of an API do:
         "header" the whole Authorization (or PRIVATE-TOKEN) header line,
-        "token" the bare token."""
+        "token" the bare token, "tail" its last 20 characters (a window
+        of the request, as a log excerpt may quote it)."""
         h = self.h.headers
         name = "Authorization" if h.get("Authorization") else "PRIVATE-TOKEN"
         value = h.get(name) or ""
         base = f.get("message") or {401: "Bad credentials",
                                     403: "Forbidden"}.get(
             int(f["status"]), "Error")
+        tok = value.split(" ", 1)[-1].strip()
         if f["echo_auth"] == "token":
-            tok = value.split(" ", 1)[-1].strip()
             return "%s: token '%s' may not do this" % (base, tok)
+        if f["echo_auth"] == "tail":
+            return "%s: token '...%s' may not do this" % (base, tok[-20:])
         return "%s (request had %s: %s)" % (base, name, value)
 
     def run(self):
