@@ -621,7 +621,7 @@ pem_armour(const char *s, size_t n, size_t i, const char *what)
 }
 
 /*
- * A PEM private key (RFC 7468) at s[i] ('-'), its lines split by
+ * A PEM private key (RFC 7468) at s[i], its lines split by
  * newlines or by JSON's "\n": from its BEGIN line through its END line,
  * or through the end of the text when it was cut before its END line.
  * Its end, or 0.
@@ -640,6 +640,28 @@ pem_key(const char *s, size_t n, size_t i)
 		if ((end = pem_armour(s, n, (size_t)(e - s), "END ")) != 0)
 			return end;
 	return n;
+}
+
+/*
+ * Mark the PEM private keys of s. A pass of its own: the BEGIN line may
+ * follow a token without a space ("...-----BEGIN"), which the token's
+ * run would take in, leaving the key after it to the loop in redact().
+ */
+static void
+pem_keys(const char *s, size_t n, char **mask)
+{
+	const char *b = s;
+	size_t end;
+
+	while ((b = find(b, (size_t)(s + n - b), "-----BEGIN ", 11))) {
+		end = pem_key(s, n, (size_t)(b - s));
+		if (end == 0) {
+			b++;
+			continue;
+		}
+		mark(mask, n, (size_t)(b - s), end);
+		b = s + end;
+	}
 }
 
 /*
@@ -735,7 +757,7 @@ static const unsigned char starts[256] = {
 	['j'] = AT_WORD, ['J'] = AT_WORD, ['x'] = AT_WORD, ['X'] = AT_WORD,
 	['b'] = AT_WORD, ['B'] = AT_WORD, ['M'] = AT_WORD, ['e'] = AT_WORD,
 	['g'] = AT_WORD,
-	['-'] = ANYWHERE, ['?'] = ANYWHERE, ['&'] = ANYWHERE, [':'] = ANYWHERE,
+	['?'] = ANYWHERE, ['&'] = ANYWHERE, [':'] = ANYWHERE,
 };
 
 /* A copy of s with what needs hiding as "[redacted]", or NULL if none. */
@@ -751,6 +773,7 @@ redact(const char *s)
 		return NULL;
 	n = strlen(s);
 	ours(s, n, &mask);
+	pem_keys(s, n, &mask);
 	for (i = 0; i < n; i++) {
 		c = (unsigned char)s[i];
 		if (starts[c] == 0 || (starts[c] == AT_WORD && i > 0 &&
@@ -774,10 +797,6 @@ redact(const char *s)
 			break;
 		case 'g':
 			end = vendor_token(s, n, i);
-			break;
-		case '-':
-			if (n - i > 5 && s[i + 1] == '-')
-				end = pem_key(s, n, i);
 			break;
 		case 'b': case 'B':
 			bearer(s, n, i, &mask);

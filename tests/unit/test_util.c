@@ -964,6 +964,10 @@ redact_vendor_shapes(void **state)
 	    "[redacted] and [redacted]");
 	redact_is("bad key -----BEGIN OPENSSH PRIVATE KEY-----\n"
 	    "b3BlbnNzaC1rZXktdjEAAAAA", "bad key [redacted]");
+	/* glued to a token: the token's run does not swallow its start */
+	redact_is("x glpat-0123456789abcdefghij-----BEGIN RSA PRIVATE KEY-----"
+	    "\nMIIsecretbody\n-----END RSA PRIVATE KEY----- y",
+	    "x [redacted] y");
 	/* certificates, public keys and a lone END line are no secret */
 	redact_is("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
 	    " -----BEGIN PUBLIC KEY-----\nMFkw\n-----END PUBLIC KEY----- "
