@@ -62,6 +62,10 @@ enum slot {
 	S_APP_KEY,
 	S_TASK_TTL,
 	S_AUDIT_WINDOW,
+	S_LE_ENABLED,
+	S_LE_DURATION,
+	S_LE_RENEW,
+	S_LE_RETRY,
 	S_MAX
 };
 
@@ -494,6 +498,24 @@ fmt_duration(int64_t s, char *out, size_t size)
 	}
 }
 
+/* A duration in milliseconds: "15s", "1s500ms", "250ms". */
+static void
+fmt_duration_ms(int64_t ms, char *out, size_t size)
+{
+	size_t n;
+
+	if (ms % 1000 == 0 || ms < 1000) {
+		if (ms % 1000 == 0)
+			fmt_duration(ms / 1000, out, size);
+		else
+			snprintf(out, size, "%" PRId64 "ms", ms);
+		return;
+	}
+	fmt_duration(ms / 1000, out, size);
+	n = strlen(out);
+	snprintf(out + n, size - n, "%" PRId64 "ms", ms % 1000);
+}
+
 static void
 fmt_size(int64_t v, char *out, size_t size)
 {
@@ -832,6 +854,37 @@ p_namespace(struct ctx *c, const struct field *f, void *base)
 	return 0;
 }
 
+/*
+ * An object name (a DNS-1123 subdomain: lowercase letters, digits, '-'
+ * and '.', at most 253), as a Lease's.
+ */
+static int
+p_object_name(struct ctx *c, const struct field *f, void *base)
+{
+	int r = scalar_start(c, 0);
+	const char *s;
+	size_t n;
+	int ok;
+
+	if (r != 0)
+		return r < 0 ? -1 : 0;
+	s = sval(c);
+	n = strlen(s);
+	ok = n > 0 && n <= 253 && s[0] != '.' && s[n - 1] != '.' &&
+	    s[0] != '-' && s[n - 1] != '-' &&
+	    strspn(s, "abcdefghijklmnopqrstuvwxyz0123456789-.") == n &&
+	    strstr(s, "..") == NULL && strstr(s, ".-") == NULL &&
+	    strstr(s, "-.") == NULL;
+	if (!ok) {
+		ctx_fail_key(c, ev_line(c), "expected an object name "
+		    "(lowercase letters, digits, '-' and '.', at most 253), "
+		    "got %s", what(c, 0));
+		return -1;
+	}
+	set_str(dst(base, f), s);
+	return 0;
+}
+
 /* The current scalar is a glob on "host/owner/name" (not a null). */
 static int
 check_glob(struct ctx *c)
@@ -1093,6 +1146,34 @@ p_duration(struct ctx *c, const struct field *f, void *base)
 	return 0;
 }
 
+/* A duration that may have milliseconds ("250ms"), stored in ms. */
+static int
+p_duration_ms(struct ctx *c, const struct field *f, void *base)
+{
+	int r = scalar_start(c, 0);
+	char lo[32], hi[32];
+	int64_t v;
+
+	if (r != 0)
+		return r < 0 ? -1 : 0;
+	v = config_parse_duration_ms(sval(c));
+	if (v < 0) {
+		ctx_fail_key(c, ev_line(c), "expected a duration like 15s, "
+		    "1s500ms or 250ms, got %s", what(c, 0));
+		return -1;
+	}
+	if (v < f->min || v > f->max) {
+		fmt_duration_ms(f->min, lo, sizeof(lo));
+		fmt_duration_ms(f->max, hi, sizeof(hi));
+		ctx_fail_key(c, ev_line(c),
+		    "expected a duration from %s to %s, got %s", lo, hi,
+		    what(c, 0));
+		return -1;
+	}
+	set_int(dst(base, f), f->size, v);
+	return 0;
+}
+
 static int
 p_size(struct ctx *c, const struct field *f, void *base)
 {
@@ -1280,10 +1361,28 @@ static const struct field log_fields[] = {
 	END
 };
 
+static const struct field leader_election_fields[] = {
+	FS("enabled", p_bool, kubernetes.leader_election.enabled,
+	    S_LE_ENABLED),
+	F("lease_name", p_object_name, kubernetes.leader_election.lease_name),
+	F("namespace", p_namespace, kubernetes.leader_election.namespace),
+	FIELD(struct config, "lease_duration", p_duration_ms,
+	    kubernetes.leader_election.lease_duration_ms, 1000, 3600 * 1000,
+	    S_LE_DURATION),
+	FIELD(struct config, "renew_deadline", p_duration_ms,
+	    kubernetes.leader_election.renew_deadline_ms, 100, 3600 * 1000,
+	    S_LE_RENEW),
+	FIELD(struct config, "retry_period", p_duration_ms,
+	    kubernetes.leader_election.retry_period_ms, 100, 3600 * 1000,
+	    S_LE_RETRY),
+	END
+};
+
 static const struct field kubernetes_fields[] = {
 	F("mode", p_kube_mode, kubernetes.mode),
 	F("kubeconfig", p_string, kubernetes.kubeconfig),
 	F("context", p_string, kubernetes.context),
+	MAP("leader_election", leader_election_fields),
 	END
 };
 
@@ -1500,7 +1599,7 @@ field_differs(const struct field *f, const char *a, const char *b)
 
 	if (p == p_string || p == p_name || p == p_path || p == p_listen ||
 	    p == p_url || p == p_template || p == p_namespace ||
-	    p == p_quantity || p == p_secret)
+	    p == p_quantity || p == p_secret || p == p_object_name)
 		return str_differ(*(char *const *)(a + f->off),
 		    *(char *const *)(b + f->off));
 	if (p == p_secrets || p == p_capabilities || p == p_globs)
@@ -1602,6 +1701,55 @@ run_pass(struct ctx *c, int (*pass)(struct ctx *))
 
 /* ---- cross-key rules ---- */
 
+/*
+ * kubernetes.leader_election: for a cluster only, and durations in
+ * client-go's order (a renewal is tried several times before the lease
+ * runs out; the jitter of the retries, up to 1.2 times retry_period, fits
+ * in renew_deadline).
+ */
+static int
+check_leader_election(struct ctx *c)
+{
+	const struct config *g = c->cfg;
+	int64_t dur = g->kubernetes.leader_election.lease_duration_ms;
+	int64_t renew = g->kubernetes.leader_election.renew_deadline_ms;
+	int64_t retry = g->kubernetes.leader_election.retry_period_ms;
+	char a[32], b[32];
+
+	if (g->kubernetes.leader_election.enabled &&
+	    g->kubernetes.mode == KUBE_EMBEDDED) {
+		ctx_fail(c, c->lines[S_LE_ENABLED], "'kubernetes.leader_election"
+		    ".enabled' is true but 'kubernetes.mode' is embedded: the "
+		    "embedded store has one daemon by construction (its state "
+		    "directory is locked by the one process that serves it), so "
+		    "there is nothing to elect; set kubernetes.mode to "
+		    "kubeconfig or in-cluster, or leader_election.enabled to "
+		    "false");
+		return -1;
+	}
+	if (dur <= renew) {
+		fmt_duration_ms(dur, a, sizeof(a));
+		fmt_duration_ms(renew, b, sizeof(b));
+		ctx_fail(c, c->lines[S_LE_RENEW] ? c->lines[S_LE_RENEW] :
+		    c->lines[S_LE_DURATION], "'kubernetes.leader_election."
+		    "lease_duration' (%s) must be longer than 'kubernetes."
+		    "leader_election.renew_deadline' (%s): a leader gives up "
+		    "before its lease runs out", a, b);
+		return -1;
+	}
+	if (renew * 10 <= retry * 12) {
+		fmt_duration_ms(renew, a, sizeof(a));
+		fmt_duration_ms(retry, b, sizeof(b));
+		ctx_fail(c, c->lines[S_LE_RETRY] ? c->lines[S_LE_RETRY] :
+		    c->lines[S_LE_RENEW], "'kubernetes.leader_election."
+		    "renew_deadline' (%s) must be longer than 1.2 times "
+		    "'kubernetes.leader_election.retry_period' (%s): a renewal "
+		    "is tried again within the deadline", a, b);
+		return -1;
+	}
+	return 0;
+}
+
 static int
 check_rules(struct ctx *c)
 {
@@ -1660,6 +1808,8 @@ check_rules(struct ctx *c)
 		    "window keeps", ttl, audit);
 		return -1;
 	}
+	if (check_leader_election(c) < 0)
+		return -1;
 	if (g->github.enabled && g->github.webhook_secrets.n == 0) {
 		ctx_fail(c, c->lines[S_GH_ENABLED], "'github.enabled' is true "
 		    "but 'github.webhook_secrets' is empty");
@@ -1690,6 +1840,11 @@ config_defaults(struct config *c)
 	c->kubernetes.mode = KUBE_EMBEDDED;
 	c->kubernetes.kubeconfig = xstrdup("");
 	c->kubernetes.context = xstrdup("");
+	c->kubernetes.leader_election.enabled = 0;
+	c->kubernetes.leader_election.lease_name = xstrdup("diverged");
+	c->kubernetes.leader_election.lease_duration_ms = 15000;
+	c->kubernetes.leader_election.renew_deadline_ms = 10000;
+	c->kubernetes.leader_election.retry_period_ms = 2000;
 	c->namespace = xstrdup("default");
 	c->controller.namespace = xstrdup("diverge-system");
 	c->controller.workers = 4;
@@ -1874,6 +2029,8 @@ config_release(struct config *c)
 	free(c->api.token);
 	free(c->kubernetes.kubeconfig);
 	free(c->kubernetes.context);
+	free(c->kubernetes.leader_election.lease_name);
+	free(c->kubernetes.leader_election.namespace);
 	free(c->namespace);
 	free(c->controller.namespace);
 	free(c->meter.public_url);
@@ -2129,6 +2286,42 @@ config_parse_duration(const char *s)
 			return -1;
 		total += v * secs[u - units];
 		s++;
+	}
+	return total;
+}
+
+/* The same with a last "ms" unit ("1s500ms", "250ms"), in milliseconds. */
+int64_t
+config_parse_duration_ms(const char *s)
+{
+	static const char *const units[] = { "d", "h", "m", "s", "ms" };
+	static const int64_t mult[] = { DAY * 1000, 3600000, 60000, 1000, 1 };
+	int64_t total = 0, v;
+	size_t i, last = 0, n;
+
+	if (s == NULL || *s == '\0')
+		return -1;
+	if (parse_u64(s, &v) == 0)
+		return v <= INT64_MAX / 1000 ? v * 1000 : -1;
+	while (*s != '\0') {
+		if (*s < '0' || *s > '9')
+			return -1;
+		for (v = 0; *s >= '0' && *s <= '9'; s++) {
+			if (v > (INT64_MAX - (*s - '0')) / 10)
+				return -1;
+			v = v * 10 + (*s - '0');
+		}
+		n = strcspn(s, "0123456789");
+		for (i = last; i < ARRAY_SIZE(units); i++)
+			if (strlen(units[i]) == n && strncmp(s, units[i], n) == 0)
+				break;
+		if (n == 0 || i == ARRAY_SIZE(units))
+			return -1;		/* missing, unknown, out of order */
+		last = i + 1;
+		if (v > (INT64_MAX - total) / mult[i])
+			return -1;
+		total += v * mult[i];
+		s += n;
 	}
 	return total;
 }

@@ -55,6 +55,19 @@ struct config {
 		enum kube_mode mode;
 		char *kubeconfig;	/* "" = $KUBECONFIG then ~/.kube/config */
 		char *context;
+		/*
+		 * A coordination.k8s.io/v1 Lease elects the one process
+		 * that runs the reconciler and the notifier (a cluster
+		 * only); durations in milliseconds.
+		 */
+		struct {
+			int enabled;		/* default 0 */
+			char *lease_name;	/* default diverged */
+			char *namespace;	/* NULL: controller.namespace */
+			int64_t lease_duration_ms;	/* default 15s */
+			int64_t renew_deadline_ms;	/* default 10s */
+			int64_t retry_period_ms;	/* default 2s */
+		} leader_election;
 	} kubernetes;
 
 	char *namespace;	/* default "default" */
@@ -235,6 +248,12 @@ int config_secret_read(const char *ref, char **out, size_t *outlen,
 
 /* Parse "24h", "90m", "30s", "2d", "1h30m" into seconds; -1 if bad. */
 int64_t config_parse_duration(const char *s);
+
+/*
+ * The same with milliseconds: a last "ms" unit ("1s500ms", "250ms"); a
+ * bare number is seconds. The value in milliseconds; -1 if bad.
+ */
+int64_t config_parse_duration_ms(const char *s);
 
 /*
  * Parse a decimal USD amount ("5", "5.00", "0.5") into micro-USD;

@@ -248,6 +248,17 @@ def duration(s):
     return total
 
 
+def duration_ms(s):
+    """A duration that may have milliseconds (p_duration_ms), in ms."""
+    if re.fullmatch(r"\d+", s):
+        return int(s) * 1000
+    total = 0
+    for n, u in re.findall(r"(\d+)(ms|[dhms])", s):
+        total += int(n) * {"d": 86400000, "h": 3600000, "m": 60000,
+                           "s": 1000, "ms": 1}[u]
+    return total
+
+
 def size(s):
     m = re.fullmatch(r"(\d+)(B|KiB|MiB|GiB)?", s)
     return int(m.group(1)) * {None: 1, "B": 1, "KiB": 1024,
@@ -259,6 +270,8 @@ def doc_number(fn, s):
     s = re.sub(r"10\^(\d+)", lambda m: str(10 ** int(m.group(1))), s)
     if fn == "p_duration":
         return duration(s)
+    if fn == "p_duration_ms":
+        return duration_ms(s)
     if fn == "p_size":
         return size(s)
     if fn == "p_usd":
@@ -290,8 +303,8 @@ def config_keys(t):
     # the range of each bounded key, in both pages
     wrong = []
     for key, (fn, member, lo, hi) in sorted(fields.items()):
-        if lo is None or fn not in ("p_int", "p_duration", "p_size",
-                                    "p_usd"):
+        if lo is None or fn not in ("p_int", "p_duration",
+                                    "p_duration_ms", "p_size", "p_usd"):
             continue
         want = (c_value(lo), c_value(hi))
         for page, text in (("config.md", md.get(key, "")),
@@ -309,7 +322,8 @@ def config_keys(t):
     for key, (fn, member, lo, hi) in sorted(fields.items()):
         if "[]" in key:
             continue    # a repos rule's fields: required, no default
-        if fn in ("p_int", "p_duration", "p_size", "p_usd", "p_bool"):
+        if fn in ("p_int", "p_duration", "p_duration_ms", "p_size",
+                  "p_usd", "p_bool"):
             expr = defaults.get(member, "0")
             want = c_value(expr)
         elif member in defaults and defaults[member].startswith("xstrdup"):

@@ -150,6 +150,45 @@ static const struct error_case error_cases[] = {
 	{ "kubernetes.mode", "kubernetes:\n  mode: foo\n",
 	  "t.yaml:2: 'kubernetes.mode': expected embedded, kubeconfig or "
 	  "in-cluster, got 'foo'" },
+	{ "leader election with the embedded store",
+	  "kubernetes:\n  mode: embedded\n  leader_election:\n"
+	  "    enabled: true\n",
+	  "t.yaml:4: 'kubernetes.leader_election.enabled' is true but "
+	  "'kubernetes.mode' is embedded: the embedded store has one daemon "
+	  "by construction (its state directory is locked by the one process "
+	  "that serves it), so there is nothing to elect; set kubernetes.mode "
+	  "to kubeconfig or in-cluster, or leader_election.enabled to false" },
+	{ "leader election by default with the embedded store",
+	  "kubernetes: {leader_election: {enabled: true}}\n",
+	  "t.yaml:1: 'kubernetes.leader_election.enabled' is true but "
+	  "'kubernetes.mode' is embedded: the embedded store has one daemon "
+	  "by construction (its state directory is locked by the one process "
+	  "that serves it), so there is nothing to elect; set kubernetes.mode "
+	  "to kubeconfig or in-cluster, or leader_election.enabled to false" },
+	{ "lease_duration not above renew_deadline",
+	  "kubernetes:\n  leader_election:\n    lease_duration: 10s\n",
+	  "t.yaml:3: 'kubernetes.leader_election.lease_duration' (10s) must be "
+	  "longer than 'kubernetes.leader_election.renew_deadline' (10s): a "
+	  "leader gives up before its lease runs out" },
+	{ "renew_deadline too close to retry_period",
+	  "kubernetes:\n  leader_election:\n    renew_deadline: 2s\n"
+	  "    retry_period: 1s700ms\n",
+	  "t.yaml:4: 'kubernetes.leader_election.renew_deadline' (2s) must be "
+	  "longer than 1.2 times 'kubernetes.leader_election.retry_period' "
+	  "(1s700ms): a renewal is tried again within the deadline" },
+	{ "lease_duration below a second",
+	  "kubernetes:\n  leader_election: {lease_duration: 500ms}\n",
+	  "t.yaml:2: 'kubernetes.leader_election.lease_duration': expected a "
+	  "duration from 1s to 1h, got '500ms'" },
+	{ "retry_period not a duration",
+	  "kubernetes:\n  leader_election: {retry_period: 1.5s}\n",
+	  "t.yaml:2: 'kubernetes.leader_election.retry_period': expected a "
+	  "duration like 15s, 1s500ms or 250ms, got '1.5s'" },
+	{ "lease_name not an object name",
+	  "kubernetes:\n  leader_election: {lease_name: Diverged}\n",
+	  "t.yaml:2: 'kubernetes.leader_election.lease_name': expected an "
+	  "object name (lowercase letters, digits, '-' and '.', at most 253), "
+	  "got 'Diverged'" },
 	{ "listen without a port", "listen: 127.0.0.1\n",
 	  "t.yaml:1: 'listen': expected host:port or [v6]:port, "
 	  "got '127.0.0.1'" },
@@ -631,6 +670,15 @@ check_defaults(const struct config *c)
 	assert_int_equal(c->kubernetes.mode, KUBE_EMBEDDED);
 	assert_string_equal(c->kubernetes.kubeconfig, "");
 	assert_string_equal(c->kubernetes.context, "");
+	assert_int_equal(c->kubernetes.leader_election.enabled, 0);
+	assert_string_equal(c->kubernetes.leader_election.lease_name,
+	    "diverged");
+	assert_null(c->kubernetes.leader_election.namespace);
+	assert_int_equal(c->kubernetes.leader_election.lease_duration_ms,
+	    15000);
+	assert_int_equal(c->kubernetes.leader_election.renew_deadline_ms,
+	    10000);
+	assert_int_equal(c->kubernetes.leader_election.retry_period_ms, 2000);
 	assert_string_equal(c->namespace, "default");
 	assert_string_equal(c->controller.namespace, "diverge-system");
 	assert_int_equal(c->controller.workers, 4);
@@ -753,6 +801,16 @@ check_full(const struct config *c)
 	assert_int_equal(c->kubernetes.mode, KUBE_KUBECONFIG);
 	assert_string_equal(c->kubernetes.kubeconfig, "/home/op/.kube/config");
 	assert_string_equal(c->kubernetes.context, "prod");
+	assert_int_equal(c->kubernetes.leader_election.enabled, 1);
+	assert_string_equal(c->kubernetes.leader_election.lease_name,
+	    "diverged-prod");
+	assert_string_equal(c->kubernetes.leader_election.namespace,
+	    "diverge-leases");
+	assert_int_equal(c->kubernetes.leader_election.lease_duration_ms,
+	    20000);
+	assert_int_equal(c->kubernetes.leader_election.renew_deadline_ms,
+	    12500);
+	assert_int_equal(c->kubernetes.leader_election.retry_period_ms, 3000);
 	assert_string_equal(c->namespace, "agents");
 	assert_string_equal(c->controller.namespace, "diverge");
 	assert_int_equal(c->controller.workers, 8);
@@ -839,8 +897,8 @@ test_full_file(void **state)
 		fail_msg("%s", cause);
 	assert_string_equal(c.file, path);
 	check_full(&c);
-	assert_int_equal(c.repos[0].line, 66);
-	assert_int_equal(c.repos[1].line, 68);
+	assert_int_equal(c.repos[0].line, 73);
+	assert_int_equal(c.repos[1].line, 75);
 	config_release(&c);
 	free(path);
 }
@@ -900,7 +958,8 @@ test_restart_keys(void **state)
 		"allow_forks: true", "ca_file: /etc/ssl/ghe-ca.pem",
 		"namespace: team-b", "gpt-4o]", "budgetUSD: \"12.50\"",
 		"workspace_size: 10Gi", "?_diverge_env={env}",
-		"max_body_bytes: 10MiB",
+		"max_body_bytes: 10MiB", "retry_period: 3s",
+		"lease_name: diverged-prod",
 	};
 	static const char *const to[] = {
 		"listen: 0.0.0.0:9091", "mode: in-cluster", "context: prod-2",
@@ -909,6 +968,7 @@ test_restart_keys(void **state)
 		"allow_forks: false", "ca_file: /etc/ssl/other-ca.pem",
 		"namespace: team-c", "gpt-4.1]", "budgetUSD: \"12.51\"",
 		"workspace_size: 20Gi", "?env={env}", "max_body_bytes: 11MiB",
+		"retry_period: 2s500ms", "lease_name: diverged-2",
 	};
 	struct config a, b;
 	char *keys;
@@ -928,7 +988,8 @@ test_restart_keys(void **state)
 	keys = config_restart_keys(&a, &b);
 	assert_non_null(keys);
 	assert_string_equal(keys, "listen,kubernetes.mode,kubernetes.context,"
-	    "namespace,controller.workers,controller.ttl_after_finished,"
+	    "kubernetes.leader_election.lease_name,"
+	    "kubernetes.leader_election.retry_period,namespace,controller.workers,controller.ttl_after_finished,"
 	    "meter.public_url,github.app.id,github.allow_forks,"
 	    "github.ca_file,repos,defaults.capabilities,defaults.budgetUSD,"
 	    "sandbox.workspace_size,preview.url_template,"
@@ -1506,6 +1567,35 @@ test_parse_duration(void **state)
 }
 
 static void
+test_parse_duration_ms(void **state)
+{
+	static const struct {
+		const char *s;
+		int64_t want;
+	} cases[] = {
+		{ "15s", 15000 }, { "250ms", 250 }, { "1s500ms", 1500 },
+		{ "2", 2000 }, { "0", 0 }, { "0ms", 0 }, { "1m1ms", 60001 },
+		{ "1d", 86400000 }, { "1h30m", 5400000 },
+		{ "", -1 }, { "ms", -1 }, { "1.5s", -1 }, { "500ms1s", -1 },
+		{ "1s1s", -1 }, { "1msx", -1 }, { "1us", -1 }, { "-1ms", -1 },
+		{ "1s500", -1 }, { "9223372036854775807", -1 },
+		{ "9223372036854775807ms", INT64_MAX },
+		{ "9223372036854776s", -1 },
+	};
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < ARRAY_SIZE(cases); i++) {
+		if (config_parse_duration_ms(cases[i].s) != cases[i].want)
+			fail_msg("duration '%s': got %" PRId64 ", want %"
+			    PRId64, cases[i].s,
+			    config_parse_duration_ms(cases[i].s),
+			    cases[i].want);
+	}
+	assert_int_equal(config_parse_duration_ms(NULL), -1);
+}
+
+static void
 test_parse_usd(void **state)
 {
 	static const struct {
@@ -1596,6 +1686,7 @@ main(void)
 		cmocka_unit_test(test_secret_env),
 		cmocka_unit_test(test_secret_not_echoed),
 		cmocka_unit_test(test_parse_duration),
+		cmocka_unit_test(test_parse_duration_ms),
 		cmocka_unit_test(test_parse_usd),
 		cmocka_unit_test(test_sizes),
 	};
