@@ -76,7 +76,11 @@ KINDS = [
          "sandboxclaim", "SandboxClaim", True, ["sandboxclaim"]),
     Kind("networking.k8s.io", "v1", "networkpolicies", "networkpolicy",
          "NetworkPolicy", False, ["netpol"], builtin=True),
+    # leader election (coordination.k8s.io): no status, no generation
+    Kind("coordination.k8s.io", "v1", "leases", "lease", "Lease", False,
+         generation=False, builtin=True),
 ]
+KIND_LEASE = KINDS[-1]
 # (group, version) -> {plural: Kind}
 GV = collections.OrderedDict()
 for _k in KINDS:
@@ -1339,9 +1343,57 @@ def meta_causes(kind, name, md):
     return causes
 
 
+MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?"
+                        r"(Z|[+-]\d\d:\d\d)$")
+
+
+def lease_check(obj):
+    """A Lease as the apiserver decodes and validates it: the MicroTime
+    fields parse (else 400, as the JSON decoder fails), the integers are
+    integers, leaseDurationSeconds is above 0 (ValidateLeaseSpec)."""
+    spec = obj.get("spec")
+    if spec is None:
+        return
+    pre = 'Lease in version "v1" cannot be handled as a Lease: '
+    if not isinstance(spec, dict):
+        raise err_bad_request(pre + "spec: expected an object")
+    for f in ("acquireTime", "renewTime"):
+        v = spec.get(f)
+        if v is not None and (not isinstance(v, str) or
+                              not MICRO_TIME.match(v)):
+            raise err_bad_request(
+                pre + f'parsing time {json.dumps(v)} as '
+                '"2006-01-02T15:04:05.000000Z07:00": cannot parse')
+    for f in ("leaseDurationSeconds", "leaseTransitions"):
+        v = spec.get(f)
+        if v is not None and (isinstance(v, bool) or
+                              not isinstance(v, int)):
+            raise err_bad_request(pre + f"spec.{f}: expected an integer")
+    v = spec.get("holderIdentity")
+    if v is not None and not isinstance(v, str):
+        raise err_bad_request(pre + "spec.holderIdentity: expected a "
+                              "string")
+    causes = []
+    if spec.get("leaseDurationSeconds") is not None and \
+            spec["leaseDurationSeconds"] <= 0:
+        causes.append(("FieldValueInvalid", "spec.leaseDurationSeconds",
+                       f"Invalid value: {spec['leaseDurationSeconds']}: "
+                       "must be greater than 0"))
+    if spec.get("leaseTransitions") is not None and \
+            spec["leaseTransitions"] < 0:
+        causes.append(("FieldValueInvalid", "spec.leaseTransitions",
+                       f"Invalid value: {spec['leaseTransitions']}: "
+                       "must be greater than or equal to 0"))
+    if causes:
+        raise err_invalid(KIND_LEASE, obj["metadata"]["name"], causes)
+
+
 def apply_defaults(kind, obj):
-    """The defaulting a real apiserver does for the two built-in kinds."""
-    if kind.kind == "Secret":
+    """The defaulting (and, for a Lease, the validation) a real apiserver
+    does for the built-in kinds."""
+    if kind.kind == "Lease":
+        lease_check(obj)
+    elif kind.kind == "Secret":
         data = obj.get("data")
         if data is None:
             data = {}

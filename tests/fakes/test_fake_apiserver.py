@@ -30,6 +30,7 @@ SB = "/apis/agents.x-k8s.io/v1beta1/namespaces/ns1/sandboxes"
 SC = "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/ns1/sandboxclaims"
 NP = "/apis/networking.k8s.io/v1/namespaces/ns1/networkpolicies"
 SEC = "/api/v1/namespaces/ns1/secrets"
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/ns1/leases"
 MERGE = "application/merge-patch+json"
 SPEC = {"objective": "fix the build"}       # a valid AgentTask spec
 JSONP = "application/json-patch+json"
@@ -187,9 +188,10 @@ def t_discovery(f):
           ["v1"], b)
     _, _, b = f.req("GET", "/apis")
     groups = {g["name"] for g in b["groups"]}
-    check("/apis lists the four groups", b["kind"] == "APIGroupList" and
+    check("/apis lists the five groups", b["kind"] == "APIGroupList" and
           groups == {"divergedev.com", "agents.x-k8s.io",
-                     "extensions.agents.x-k8s.io", "networking.k8s.io"}, b)
+                     "extensions.agents.x-k8s.io", "networking.k8s.io",
+                     "coordination.k8s.io"}, b)
     _, _, b = f.req("GET", "/apis/divergedev.com/v1alpha1")
     rn = {r["name"] for r in b["resources"]}
     check("divergedev.com resources incl. status", {
@@ -637,6 +639,113 @@ def t_builtins(f):
     check("secret: DELETE answers Status Success", st == 200 and
           b["kind"] == "Status" and b["status"] == "Success" and
           b["details"]["kind"] == "secrets", b)
+
+
+def lease(name, holder, **spec):
+    spec = dict({"holderIdentity": holder, "leaseDurationSeconds": 15,
+                 "acquireTime": "2026-01-01T00:00:00.000000Z",
+                 "renewTime": "2026-01-01T00:00:01.123456Z",
+                 "leaseTransitions": 0}, **spec)
+    return obj("Lease", name, api="coordination.k8s.io/v1", spec=spec)
+
+
+def t_leases(f):
+    """coordination.k8s.io/v1 leases, as leader election uses them."""
+    st, _, b = f.req("GET", "/apis/coordination.k8s.io/v1")
+    check("lease: discovery lists leases, namespaced", st == 200 and
+          [(r["name"], r["namespaced"], r["kind"]) for r in b["resources"]]
+          == [("leases", True, "Lease")], b)
+    st, _, b = f.req("GET", LEASES + "/le")
+    check("lease: get of a missing one: 404 NotFound, its Status",
+          st == 404 and b.get("reason") == "NotFound" and
+          b.get("message") == 'leases.coordination.k8s.io "le" not found'
+          and b.get("details") == {"name": "le", "group":
+                                   "coordination.k8s.io", "kind": "leases"},
+          b)
+    st, _, b = f.req("POST", LEASES, lease("le", "a"))
+    check("lease: create: 201, the spec as sent, no generation",
+          st == 201 and b["spec"]["holderIdentity"] == "a" and
+          b["spec"]["renewTime"] == "2026-01-01T00:00:01.123456Z" and
+          b["kind"] == "Lease" and b["apiVersion"] ==
+          "coordination.k8s.io/v1" and "generation" not in b["metadata"], b)
+    first = b
+    st, _, b = f.req("POST", LEASES, lease("le", "b"))
+    check("lease: a second create: 409 AlreadyExists", st == 409 and
+          b.get("reason") == "AlreadyExists" and b.get("message") ==
+          'leases.coordination.k8s.io "le" already exists', b)
+    upd = dict(first, spec=dict(first["spec"], holderIdentity="b",
+                                leaseTransitions=1))
+    st, _, b = f.req("PUT", LEASES + "/le", upd)
+    check("lease: update with the current resourceVersion: 200",
+          st == 200 and b["spec"]["holderIdentity"] == "b" and
+          b["metadata"]["resourceVersion"] !=
+          first["metadata"]["resourceVersion"], b)
+    st, _, b = f.req("PUT", LEASES + "/le", dict(first, spec=dict(
+        first["spec"], holderIdentity="c")))
+    check("lease: update with a stale resourceVersion: 409 Conflict, the "
+          "apiserver's Status", st == 409 and b.get("reason") == "Conflict"
+          and b.get("code") == 409 and b.get("message") ==
+          'Operation cannot be fulfilled on leases.coordination.k8s.io '
+          '"le": the object has been modified; please apply your changes '
+          'to the latest version and try again' and b.get("details") ==
+          {"name": "le", "group": "coordination.k8s.io", "kind": "leases"},
+          b)
+    st, _, b = f.req("POST", LEASES, lease("bad-time", "a",
+                                           renewTime="yesterday"))
+    check("lease: a renewTime that is no MicroTime: 400", st == 400 and
+          b.get("reason") == "BadRequest" and "parsing time" in
+          b.get("message", ""), b)
+    st, _, b = f.req("POST", LEASES, lease("bad-dur", "a",
+                                           leaseDurationSeconds=0))
+    check("lease: leaseDurationSeconds 0: 422 Invalid", st == 422 and
+          b.get("message") == 'Lease.coordination.k8s.io "bad-dur" is '
+          'invalid: spec.leaseDurationSeconds: Invalid value: 0: must be '
+          'greater than 0', b)
+
+
+LEASE_RBAC_YAML = """
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: leader, namespace: ns1}
+rules:
+  - apiGroups: ["coordination.k8s.io"]
+    resources: ["leases"]
+    verbs: ["create"]
+  - apiGroups: ["coordination.k8s.io"]
+    resources: ["leases"]
+    resourceNames: ["mine"]
+    verbs: ["get", "update"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: leader, namespace: ns1}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: leader}
+subjects: [{kind: ServiceAccount, name: bot, namespace: sys}]
+"""
+
+
+def t_lease_rbac(d):
+    """--rbac holds leases to a Role like the other kinds."""
+    path = os.path.join(d, "lease-rbac.yaml")
+    with open(path, "w") as fh:
+        fh.write(LEASE_RBAC_YAML)
+    f = Fake("--token", TOKEN, "--admin-token", "adm", "--rbac", path,
+             "--rbac-user", "system:serviceaccount:sys:bot", "--plain-http")
+    try:
+        a, _, _ = f.req("POST", LEASES, lease("mine", "a"))
+        b, _, _ = f.req("GET", LEASES + "/mine")
+        c, _, o = f.req("GET", LEASES + "/other")
+        check("lease rbac: create and the named lease's get granted, "
+              "another's refused", (a, b, c) == (201, 200, 403) and
+              o.get("message") == 'leases.coordination.k8s.io "other" is '
+              'forbidden: User "system:serviceaccount:sys:bot" cannot get '
+              'resource "leases" in API group "coordination.k8s.io" in the '
+              'namespace "ns1"', (a, b, c, o))
+        a, _, o = f.req("GET", "/apis/coordination.k8s.io/v1/namespaces/"
+                        "ns2/leases/mine")
+        check("lease rbac: ... in its namespace only", a == 403, o)
+    finally:
+        f.stop()
 
 
 def t_delete(f):
@@ -1399,12 +1508,14 @@ def main():
                          ("put", t_put), ("status", t_status),
                          ("merge patch", t_merge_patch),
                          ("json patch", t_json_patch),
-                         ("builtins", t_builtins), ("delete", t_delete),
+                         ("builtins", t_builtins), ("leases", t_leases),
+                         ("delete", t_delete),
                          ("watch", t_watch), ("faults", t_faults),
                          ("schema", t_schema)]:
             run(name, fn, f)
         run("no schemas", t_no_schemas)
         run("rbac", t_rbac, d)
+        run("lease rbac", t_lease_rbac, d)
         g = Fake("--plain-http", "--history", "2")
         run("plain", t_plain, g)
         g.proc.send_signal(signal.SIGTERM)
