@@ -39,22 +39,33 @@ const struct k8s_resource K8S_NETWORKPOLICY = {
 	"NetworkPolicy", "netpol", 1, 0
 };
 
+/* Used on a cluster only (leader election); the embedded store has none. */
+const struct k8s_resource K8S_LEASE = {
+	"coordination.k8s.io", "v1", "leases", "lease", "Lease", NULL, 1, 0
+};
+
 const struct k8s_resource *const k8s_resources[] = {
 	&K8S_AGENTTASK, &K8S_ENVIRONMENT, &K8S_SECRET, &K8S_SANDBOX,
 	&K8S_SANDBOXCLAIM, &K8S_NETWORKPOLICY, NULL
 };
 
-/* Precomputed names, index-aligned with k8s_resources. */
+/* Every resource known, the served ones first. */
+static const struct k8s_resource *const known[] = {
+	&K8S_AGENTTASK, &K8S_ENVIRONMENT, &K8S_SECRET, &K8S_SANDBOX,
+	&K8S_SANDBOXCLAIM, &K8S_NETWORKPOLICY, &K8S_LEASE, NULL
+};
+
+/* Precomputed names, index-aligned with known. */
 static const char *const api_versions[] = {
 	"divergedev.com/v1alpha1", "divergedev.com/v1alpha1", "v1",
 	"agents.x-k8s.io/v1beta1", "extensions.agents.x-k8s.io/v1beta1",
-	"networking.k8s.io/v1"
+	"networking.k8s.io/v1", "coordination.k8s.io/v1"
 };
 static const char *const qualified[] = {
 	"agenttasks.divergedev.com", "environments.divergedev.com",
 	"secrets", "sandboxes.agents.x-k8s.io",
 	"sandboxclaims.extensions.agents.x-k8s.io",
-	"networkpolicies.networking.k8s.io"
+	"networkpolicies.networking.k8s.io", "leases.coordination.k8s.io"
 };
 
 static int
@@ -62,10 +73,9 @@ resource_index(const struct k8s_resource *r)
 {
 	int i;
 
-	for (i = 0; k8s_resources[i] != NULL; i++)
-		if (k8s_resources[i] == r ||
-		    (strcmp(k8s_resources[i]->group, r->group) == 0 &&
-		    strcmp(k8s_resources[i]->plural, r->plural) == 0))
+	for (i = 0; known[i] != NULL; i++)
+		if (known[i] == r || (strcmp(known[i]->group, r->group) == 0 &&
+		    strcmp(known[i]->plural, r->plural) == 0))
 			return i;
 	return -1;
 }

@@ -41,6 +41,8 @@ extern const struct k8s_resource K8S_SANDBOX;	/* agents.x-k8s.io/v1beta1 */
 extern const struct k8s_resource K8S_SANDBOXCLAIM;
 	/* extensions.agents.x-k8s.io/v1beta1 */
 extern const struct k8s_resource K8S_NETWORKPOLICY; /* networking.k8s.io/v1 */
+/* coordination.k8s.io/v1, for leader election: not in k8s_resources */
+extern const struct k8s_resource K8S_LEASE;
 
 /* The kinds the embedded store serves, NULL-terminated. */
 extern const struct k8s_resource *const k8s_resources[];

@@ -1,0 +1,250 @@
+/*
+ * leader: the record logic of the Lease election, without an API server
+ * (tests/integration/test_leader.py runs the election itself).
+ */
+#include "config.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "leader/leader.h"
+#include "testutil.h"
+
+#define DUR_MS	15000
+/* 2026-12-01T11:43:10.123456Z */
+#define WALL_US	INT64_C(1796125390123456)
+
+static json_t *
+lease(const char *holder, int secs, int transitions, const char *acquire)
+{
+	return json_pack("{s:s,s:s,s:{s:s,s:s,s:s},s:{s:s,s:i,s:s,s:s,s:i}}",
+	    "apiVersion", "coordination.k8s.io/v1", "kind", "Lease",
+	    "metadata", "name", "le", "namespace", "ns", "resourceVersion",
+	    "42", "spec", "holderIdentity", holder, "leaseDurationSeconds",
+	    secs, "acquireTime", acquire, "renewTime",
+	    "2026-01-01T00:00:05.000000Z", "leaseTransitions", transitions);
+}
+
+static const char *
+spec_s(const json_t *o, const char *k)
+{
+	return json_string_value(json_object_get(json_object_get(o, "spec"),
+	    k));
+}
+
+static json_int_t
+spec_i(const json_t *o, const char *k)
+{
+	return json_integer_value(json_object_get(json_object_get(o, "spec"),
+	    k));
+}
+
+static void
+test_micro_time(void **state)
+{
+	char s[40];
+
+	(void)state;
+	leader_micro_time(WALL_US, s);
+	assert_string_equal(s, "2026-12-01T11:43:10.123456Z");
+	leader_micro_time(INT64_C(1796125390000001), s);
+	assert_string_equal(s, "2026-12-01T11:43:10.000001Z");
+}
+
+/* No Lease: create one with our record, transitions 0. */
+static void
+test_create(void **state)
+{
+	struct leader_observed obs = { 0 };
+	json_t *out = NULL;
+	const char *holder = NULL;
+
+	(void)state;
+	assert_int_equal(leader_decide(&obs, NULL, "ns", "le", "me", 0,
+	    1500, 1000, WALL_US, &out, &holder), LEADER_WRITE);
+	assert_string_equal(holder, "");
+	assert_string_equal(json_string_value(json_object_get(
+	    json_object_get(out, "metadata"), "name")), "le");
+	assert_string_equal(spec_s(out, "holderIdentity"), "me");
+	/* rounded up to whole seconds */
+	assert_int_equal(spec_i(out, "leaseDurationSeconds"), 2);
+	assert_string_equal(spec_s(out, "acquireTime"),
+	    "2026-12-01T11:43:10.123456Z");
+	assert_string_equal(spec_s(out, "renewTime"),
+	    "2026-12-01T11:43:10.123456Z");
+	assert_int_equal(spec_i(out, "leaseTransitions"), 0);
+	json_decref(out);
+	leader_observed_release(&obs);
+}
+
+/*
+ * Another holder: not ours until its record has stayed the same for its
+ * leaseDurationSeconds on our clock, then taken with its
+ * resourceVersion, one transition more.
+ */
+static void
+test_expiry_on_our_clock(void **state)
+{
+	struct leader_observed obs = { 0 };
+	json_t *cur = lease("them", 10, 3, "2026-01-01T00:00:00.000000Z");
+	json_t *out = NULL;
+
+	(void)state;
+	assert_int_equal(leader_decide(&obs, cur, "ns", "le", "me", 0,
+	    DUR_MS, 1000, WALL_US, &out, NULL), LEADER_NOT_OURS);
+	assert_int_equal(obs.at_ms, 1000);
+	/* the same record later: still the first sight that counts */
+	assert_int_equal(leader_decide(&obs, cur, "ns", "le", "me", 0,
+	    DUR_MS, 10999, WALL_US, &out, NULL), LEADER_NOT_OURS);
+	assert_int_equal(obs.at_ms, 1000);
+	assert_int_equal(leader_decide(&obs, cur, "ns", "le", "me", 0,
+	    DUR_MS, 11000, WALL_US, &out, NULL), LEADER_WRITE);
+	assert_string_equal(spec_s(out, "holderIdentity"), "me");
+	assert_int_equal(spec_i(out, "leaseTransitions"), 4);
+	assert_string_equal(spec_s(out, "acquireTime"),
+	    "2026-12-01T11:43:10.123456Z");
+	assert_string_equal(json_string_value(json_object_get(
+	    json_object_get(out, "metadata"), "resourceVersion")), "42");
+	assert_int_equal(spec_i(out, "leaseDurationSeconds"), 15);
+	json_decref(out);
+	json_decref(cur);
+	leader_observed_release(&obs);
+}
+
+/* A renewal seen resets the wait: the holder is alive. */
+static void
+test_renewal_resets(void **state)
+{
+	struct leader_observed obs = { 0 };
+	json_t *a = lease("them", 10, 0, "2026-01-01T00:00:00.000000Z");
+	json_t *b = lease("them", 10, 0, "2026-01-01T00:00:00.000000Z");
+	json_t *out = NULL;
+
+	(void)state;
+	json_object_set_new(json_object_get(b, "spec"), "renewTime",
+	    json_string("2026-01-01T00:00:07.000000Z"));
+	assert_int_equal(leader_decide(&obs, a, "ns", "le", "me", 0, DUR_MS,
+	    0, WALL_US, &out, NULL), LEADER_NOT_OURS);
+	assert_int_equal(leader_decide(&obs, b, "ns", "le", "me", 0, DUR_MS,
+	    9000, WALL_US, &out, NULL), LEADER_NOT_OURS);
+	assert_int_equal(leader_decide(&obs, b, "ns", "le", "me", 0, DUR_MS,
+	    18999, WALL_US, &out, NULL), LEADER_NOT_OURS);
+	assert_int_equal(leader_decide(&obs, b, "ns", "le", "me", 0, DUR_MS,
+	    19000, WALL_US, &out, NULL), LEADER_WRITE);
+	json_decref(out);
+	json_decref(a);
+	json_decref(b);
+	leader_observed_release(&obs);
+}
+
+/* A released Lease (no holder) is taken at once. */
+static void
+test_released(void **state)
+{
+	struct leader_observed obs = { 0 };
+	json_t *cur = lease("them", 10, 2, "2026-01-01T00:00:00.000000Z");
+	json_t *rel = leader_release_object(cur, WALL_US), *out = NULL;
+
+	(void)state;
+	assert_string_equal(spec_s(rel, "holderIdentity"), "");
+	assert_int_equal(spec_i(rel, "leaseDurationSeconds"), 1);
+	assert_int_equal(spec_i(rel, "leaseTransitions"), 2);
+	assert_string_equal(spec_s(rel, "renewTime"),
+	    "2026-12-01T11:43:10.123456Z");
+	assert_int_equal(leader_decide(&obs, rel, "ns", "le", "me", 0,
+	    DUR_MS, 5, WALL_US, &out, NULL), LEADER_WRITE);
+	assert_string_equal(spec_s(out, "holderIdentity"), "me");
+	assert_int_equal(spec_i(out, "leaseTransitions"), 3);
+	json_decref(out);
+	json_decref(rel);
+	json_decref(cur);
+	leader_observed_release(&obs);
+}
+
+/*
+ * The leader renews: acquireTime and transitions kept, renewTime now,
+ * whatever the age of the record; another holder means it was taken.
+ */
+static void
+test_renew_and_taken(void **state)
+{
+	struct leader_observed obs = { 0 };
+	json_t *mine = lease("me", 15, 1, "2026-01-01T00:00:00.000000Z");
+	json_t *theirs = lease("them", 15, 2, "2026-01-01T00:00:09.000000Z");
+	json_t *out = NULL;
+
+	(void)state;
+	assert_int_equal(leader_decide(&obs, mine, "ns", "le", "me", 1,
+	    DUR_MS, 0, WALL_US, &out, NULL), LEADER_WRITE);
+	assert_string_equal(spec_s(out, "acquireTime"),
+	    "2026-01-01T00:00:00.000000Z");
+	assert_string_equal(spec_s(out, "renewTime"),
+	    "2026-12-01T11:43:10.123456Z");
+	assert_int_equal(spec_i(out, "leaseTransitions"), 1);
+	json_decref(out);
+	out = NULL;
+	assert_int_equal(leader_decide(&obs, theirs, "ns", "le", "me", 1,
+	    DUR_MS, 100000, WALL_US, &out, NULL), LEADER_TAKEN);
+	assert_null(out);
+	json_decref(mine);
+	json_decref(theirs);
+	leader_observed_release(&obs);
+}
+
+/* No leaseDurationSeconds in the record: ours stands in. */
+static void
+test_no_duration(void **state)
+{
+	struct leader_observed obs = { 0 };
+	json_t *cur = lease("them", 0, 0, "2026-01-01T00:00:00.000000Z");
+	json_t *out = NULL;
+
+	(void)state;
+	json_object_del(json_object_get(cur, "spec"), "leaseDurationSeconds");
+	assert_int_equal(leader_decide(&obs, cur, "ns", "le", "me", 0,
+	    DUR_MS, 0, WALL_US, &out, NULL), LEADER_NOT_OURS);
+	assert_int_equal(leader_decide(&obs, cur, "ns", "le", "me", 0,
+	    DUR_MS, DUR_MS - 1, WALL_US, &out, NULL), LEADER_NOT_OURS);
+	assert_int_equal(leader_decide(&obs, cur, "ns", "le", "me", 0,
+	    DUR_MS, DUR_MS, WALL_US, &out, NULL), LEADER_WRITE);
+	json_decref(out);
+	json_decref(cur);
+	leader_observed_release(&obs);
+}
+
+static void
+test_identity(void **state)
+{
+	char *a = leader_identity_new(), *b = leader_identity_new();
+	const char *us = strrchr(a, '_');
+
+	(void)state;
+	assert_non_null(us);
+	assert_int_equal(strlen(us + 1), 16);
+	assert_int_equal(strspn(us + 1, "0123456789abcdef"), 16);
+	assert_string_not_equal(a, b);
+	free(a);
+	free(b);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_micro_time),
+		cmocka_unit_test(test_create),
+		cmocka_unit_test(test_expiry_on_our_clock),
+		cmocka_unit_test(test_renewal_resets),
+		cmocka_unit_test(test_released),
+		cmocka_unit_test(test_renew_and_taken),
+		cmocka_unit_test(test_no_duration),
+		cmocka_unit_test(test_identity),
+	};
+
+	return cmocka_run_group_tests_name("leader", tests, NULL, NULL);
+}
