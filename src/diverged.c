@@ -23,6 +23,7 @@
 #include "controller/controller.h"
 #include "http/http.h"
 #include "k8s/k8s.h"
+#include "leader/leader.h"
 #include "meter/meter.h"
 #include "notifier/notifier.h"
 #include "scm/scm.h"
@@ -54,6 +55,17 @@ struct daemon {
 	struct inbox *inbox;
 	struct http_server *http;
 	struct k8s_api *store;
+	/*
+	 * Leader election (kubernetes.leader_election): its own client,
+	 * whose calls give up within renew_deadline, and the election.
+	 * The controller and the notifier start, on the main thread, only
+	 * once it says LEADER_LEADING; leader_work says they did.
+	 */
+	struct k8s_api *lease_api;
+	struct leader *leader;
+	int leader_work;
+	pthread_t main_thread;
+	int leader_work_stopped;	/* atomic: for the lost watchdog */
 	struct k8s_apiserver *apiserver;
 	struct meter *meter;
 	struct controller *controller;
@@ -840,6 +852,19 @@ open_store(char **cause)
 		    D.cfg.kubernetes.context, cause);
 	if (rc == 0)
 		rc = k8s_rest_open(&D.store, &c, NULL, cause);
+	if (rc == 0 && D.cfg.kubernetes.leader_election.enabled) {
+		struct k8s_rest_config rc_lease;
+		int64_t renew = D.cfg.kubernetes.leader_election.
+		    renew_deadline_ms;
+
+		/* a renewal, its retries included, within renew_deadline */
+		memset(&rc_lease, 0, sizeof(rc_lease));
+		rc_lease.timeout_ms = (int)renew;
+		rc_lease.connect_timeout_ms = (int)(renew < 5000 ? renew :
+		    5000);
+		rc_lease.deadline_ms = renew;
+		rc = k8s_rest_open(&D.lease_api, &c, &rc_lease, cause);
+	}
 	if (rc == 0)
 		log_kv(LOG_INFO, "using a kubernetes cluster", "server",
 		    c.server, "namespace", c.namespace, NULL);
@@ -1288,15 +1313,134 @@ reload_limit(const struct config *nc)
 	int now = nc->controller.max_active_tasks;
 	char a[16], b[16];
 
-	if (old == now || old <= 0 || now <= 0 || D.controller == NULL)
+	if (old == now || old <= 0 || now <= 0)
 		return;
+	/* a standby's controller starts later, with the new limit */
 	__atomic_store_n(&D.cfg.controller.max_active_tasks, now,
 	    __ATOMIC_RELAXED);
-	controller_limit_changed(D.controller);
+	if (D.controller != NULL)
+		controller_limit_changed(D.controller);
 	snprintf(a, sizeof(a), "%d", old);
 	snprintf(b, sizeof(b), "%d", now);
 	log_kv(LOG_INFO, "reload: controller.max_active_tasks changed", "from",
 	    a, "to", b, NULL);
+}
+
+/*
+ * The lost watchdog: a leader that lost the Lease must stop its
+ * reconciler and notifier before another process may take the Lease
+ * over (lease_duration after the last renewal, renew_deadline of which
+ * have passed when the loss is seen). The main thread stops them first
+ * thing; if that takes longer, the process exits at once (exit 1, as
+ * controller-runtime does), its inbox safe on disk as after a kill.
+ */
+static void *
+lost_watchdog_main(void *arg)
+{
+	const struct config *cfg = arg;
+	int64_t end = now_mono_ms() +
+	    cfg->kubernetes.leader_election.lease_duration_ms -
+	    cfg->kubernetes.leader_election.renew_deadline_ms;
+
+	thread_name("lost-watchdog");
+	while (now_mono_ms() < end) {
+		if (__atomic_load_n(&D.leader_work_stopped, __ATOMIC_ACQUIRE))
+			return NULL;
+		sleep_ms(20);
+	}
+	if (__atomic_load_n(&D.leader_work_stopped, __ATOMIC_ACQUIRE))
+		return NULL;
+	log_kv(LOG_ERROR, "leader election lost: the reconciler and the "
+	    "notifier did not stop before the lease could be taken over, "
+	    "exiting now", NULL);
+	_exit(1);
+}
+
+/* The election's news, on its thread: the gauge, and the main thread. */
+static void
+leader_changed(void *arg, enum leader_state state)
+{
+	pthread_t w;
+
+	(void)arg;
+	metrics_set("diverge_leader", "", state == LEADER_LEADING ? 1 : 0);
+	if (state == LEADER_LOST && pthread_create(&w, NULL,
+	    lost_watchdog_main, &D.cfg) == 0)
+		pthread_detach(w);
+	pthread_kill(D.main_thread, SIGUSR2);
+}
+
+/*
+ * kubernetes.leader_election: the election thread, started once the
+ * daemon serves (a standby serves webhooks and the meter too).
+ */
+static int
+start_leader(char **cause)
+{
+	struct leader_config lc;
+	char *id;
+	int rc;
+
+	if (!D.cfg.kubernetes.leader_election.enabled)
+		return 0;
+	id = leader_identity_new();
+	memset(&lc, 0, sizeof(lc));
+	lc.api = D.lease_api;
+	lc.namespace = D.cfg.kubernetes.leader_election.namespace != NULL ?
+	    D.cfg.kubernetes.leader_election.namespace :
+	    D.cfg.controller.namespace;
+	lc.name = D.cfg.kubernetes.leader_election.lease_name;
+	lc.identity = id;
+	lc.lease_duration_ms = D.cfg.kubernetes.leader_election.
+	    lease_duration_ms;
+	lc.renew_deadline_ms = D.cfg.kubernetes.leader_election.
+	    renew_deadline_ms;
+	lc.retry_period_ms = D.cfg.kubernetes.leader_election.retry_period_ms;
+	lc.changed = leader_changed;
+	rc = leader_start(&D.leader, &lc, cause);
+	free(id);
+	return rc;
+}
+
+/*
+ * SIGUSR2 from the election: start the reconciler and the notifier once
+ * leading. -1 (stop, exit 1) when the Lease was lost or they could not
+ * start.
+ */
+static int
+leader_news(void)
+{
+	char *cause = NULL;
+
+	if (D.leader == NULL)
+		return 0;
+	switch (leader_state(D.leader)) {
+	case LEADER_STANDBY:
+		return 0;
+	case LEADER_LEADING:
+		if (D.leader_work)
+			return 0;
+		D.leader_work = 1;
+		if (start_controller(&cause) < 0 || start_notifier(&cause) < 0) {
+			log_kv(LOG_ERROR, "leader election: cannot start the "
+			    "reconciler and the notifier", "error", cause,
+			    NULL);
+			free(cause);
+			return -1;
+		}
+		return 0;
+	case LEADER_LOST:
+		break;
+	}
+	/* first of all, before another process takes the Lease over */
+	notifier_stop(D.notifier);
+	D.notifier = NULL;
+	controller_stop(D.controller);
+	D.controller = NULL;
+	__atomic_store_n(&D.leader_work_stopped, 1, __ATOMIC_RELEASE);
+	log_kv(LOG_ERROR, "leader election lost: stopped the reconciler and "
+	    "the notifier; exiting", NULL);
+	return -1;
 }
 
 /* A secret that could not be replaced on SIGHUP: log *cause, free it. */
@@ -1599,7 +1743,10 @@ main(int argc, char **argv)
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGHUP);
+	/* the election's news (leader_changed), for the main thread */
+	sigaddset(&set, SIGUSR2);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	D.main_thread = pthread_self();
 	/* from here they are taken by sigwait(), on the start's terms */
 	signal(SIGTERM, SIG_DFL);
 	signal(SIGINT, SIG_DFL);
@@ -1621,9 +1768,12 @@ main(int argc, char **argv)
 	ic.backoff_max_ms = 0;
 	/* a test hook: keep entries pending (back-pressure, crash tests) */
 	ic.hold = getenv("DIVERGE_TEST_HOLD_INBOX") != NULL;
+	/* with leader election, the controller and notifier: leader_news */
 	if (open_store(&cause) < 0 || start_meter(&cause) < 0 ||
-	    start_controller(&cause) < 0 || start_scm(&cause) < 0 ||
-	    start_notifier(&cause) < 0)
+	    (!D.cfg.kubernetes.leader_election.enabled &&
+	    start_controller(&cause) < 0) || start_scm(&cause) < 0 ||
+	    (!D.cfg.kubernetes.leader_election.enabled &&
+	    start_notifier(&cause) < 0))
 		goto fail;
 	{
 		struct inbox_handler h = actions_handler(D.actions);
@@ -1635,6 +1785,11 @@ main(int argc, char **argv)
 
 	metrics_describe("diverge_webhook_deliveries_total", METRIC_COUNTER,
 	    "Webhook deliveries by provider, outcome and reason.");
+	metrics_describe("diverge_leader", METRIC_GAUGE, "1 when this process "
+	    "runs the reconciler and the notifier: it holds the leader "
+	    "election's Lease, or leader election is off; 0 on a standby.");
+	metrics_set("diverge_leader", "",
+	    D.cfg.kubernetes.leader_election.enabled ? 0 : 1);
 	metrics_process_register();
 	memset(&hc, 0, sizeof(hc));
 	hc.listen = D.cfg.listen;
@@ -1648,7 +1803,7 @@ main(int argc, char **argv)
 	if (http_server_start(&D.http, &hc, routes, ARRAY_SIZE(routes),
 	    &cause) < 0)
 		goto fail;
-	if (start_apiserver(&cause) < 0)
+	if (start_apiserver(&cause) < 0 || start_leader(&cause) < 0)
 		goto fail;
 	{
 		char port[16], aport[16];
@@ -1677,10 +1832,12 @@ main(int argc, char **argv)
 		} else if (sig == SIGHUP) {
 			reload();
 			sig = 0;
+		} else if (sig == SIGUSR2) {
+			sig = leader_news() < 0 ? SIGUSR2 : 0;
 		}
 	}
 	log_kv(LOG_INFO, "stopping", "signal", sig == SIGINT ? "SIGINT" :
-	    "SIGTERM", NULL);
+	    sig == SIGUSR2 ? "none (leader election)" : "SIGTERM", NULL);
 	__atomic_store_n(&D.stopping, 1, __ATOMIC_RELAXED);
 	/*
 	 * One shutdown_timeout for the requests and the workers: past it,
@@ -1701,11 +1858,15 @@ main(int argc, char **argv)
 	D.notifier = NULL;
 	controller_stop(D.controller);
 	D.controller = NULL;
+	__atomic_store_n(&D.leader_work_stopped, 1, __ATOMIC_RELEASE);
+	/* a leader releases the Lease: a standby takes over at once */
+	leader_stop(D.leader);
+	D.leader = NULL;
 	pruner_poke(0);
 	if (D.pruner_running)
 		pthread_join(D.pruner, NULL);
 	D.pruner_running = 0;
-	ret = 0;
+	ret = sig == SIGUSR2 ? 1 : 0;
 	log_kv(LOG_INFO, "stopped", NULL);
 	goto out;
 fail:
@@ -1730,12 +1891,14 @@ out:
 	scm_client_free(D.gitlab_client);
 	free(D.self_gitlab);
 	controller_stop(D.controller);
+	leader_stop(D.leader);
 	/*
 	 * The store first: its writer runs what is still queued before it
 	 * ends, charges among them (a request answered 503 by the stop),
 	 * and a charge uses the meter
 	 */
 	k8s_api_free(D.store);
+	k8s_api_free(D.lease_api);
 	meter_free(D.meter);
 	pthread_rwlock_wrlock(&D.github.lock);
 	keys_release(&D.github.keys);
