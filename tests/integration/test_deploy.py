@@ -186,6 +186,8 @@ def kubernetes(t, tmp):
                            r'"([^"]*)", "[^"]*", "([^"]*)"', f.read())
     missing = []
     for group, plural in table:
+        if plural == "leases":
+            continue        # a Role, below
         granted = set()
         for r in rules:
             if group in r["apiGroups"] and plural in r["resources"]:
@@ -199,6 +201,30 @@ def kubernetes(t, tmp):
              "agenttasks/status" in r["resources"] and "update" in r["verbs"]
              for r in rules), "and agenttasks/status, where the meter and "
          "the reconciler write")
+
+    # leader election: on, and its Lease's Role in its namespace
+    le = cfg["kubernetes"].get("leader_election") or {}
+    lease_ns = le.get("namespace", cfg["controller"]["namespace"])
+    lease_name = le.get("lease_name", "diverged")
+    t.ok(le.get("enabled") is True, "the ConfigMap turns leader election "
+         "on", le)
+    granted = set()
+    for b in rbac:
+        if b["kind"] != "RoleBinding" or \
+                b["metadata"].get("namespace") != lease_ns or not any(
+                    SA % (s.get("namespace", lease_ns), s["name"]) == user
+                    for s in b["subjects"] if s["kind"] == "ServiceAccount"):
+            continue
+        role = by.get((b["roleRef"]["kind"], b["roleRef"]["name"]))
+        for r in (role or {}).get("rules", []):
+            if "coordination.k8s.io" in r["apiGroups"] and \
+                    "leases" in r["resources"] and \
+                    lease_name in r.get("resourceNames", [lease_name]):
+                granted |= set(r["verbs"])
+    t.ok({"get", "create", "update"} <= granted,
+         "a Role bound to the service account grants get, create and "
+         "update on the Lease %s/%s, which leader election calls" %
+         (lease_ns, lease_name), sorted(granted))
 
 
 def image(t):

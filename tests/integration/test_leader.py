@@ -172,6 +172,10 @@ def two(t, fake):
              wait(lambda: (reconciles(standby) or 0) >= 1, 10),
              "the new leader reconciles it", (phase(fake, "le2"),
                                                reconciles(standby)))
+        denied = [(r["method"], r["path"]) for r in fake.control(
+            "GET", "/_fake/requests") if r.get("forbidden")]
+        t.eq(denied, [], "deploy/kubernetes/rbac.yaml allows every call "
+             "(the Lease's Role among them)")
 
         # SIGTERM of a leader: released, the standby takes over at once
         third = daemon(fake)
@@ -286,7 +290,8 @@ def main(t):
         t.skip_all("PyYAML is not installed (python3-yaml)")
     tmp = tempfile.mkdtemp(prefix="diverge-leader-")
     config_errors(t, tmp)
-    fake = FakeKube()
+    # the daemons' token is held to the RBAC we ship (its Lease Role)
+    fake = FakeKube(rbac=[RBAC])
     try:
         two(t, fake)
     finally:
