@@ -1119,8 +1119,12 @@ p_int(struct ctx *c, const struct field *f, void *base)
 	return -1;
 }
 
+/*
+ * A duration, stored in seconds, or with ms in milliseconds ("250ms"
+ * allowed then); f's range is in the same unit.
+ */
 static int
-p_duration(struct ctx *c, const struct field *f, void *base)
+duration_field(struct ctx *c, const struct field *f, void *base, int ms)
 {
 	int r = scalar_start(c, 0);
 	char lo[32], hi[32];
@@ -1128,15 +1132,17 @@ p_duration(struct ctx *c, const struct field *f, void *base)
 
 	if (r != 0)
 		return r < 0 ? -1 : 0;
-	v = config_parse_duration(sval(c));
+	v = ms ? config_parse_duration_ms(sval(c)) :
+	    config_parse_duration(sval(c));
 	if (v < 0) {
-		ctx_fail_key(c, ev_line(c), "expected a duration like 30s, "
-		    "15m, 24h, 7d or 1h30m, got %s", what(c, 0));
+		ctx_fail_key(c, ev_line(c), ms ? "expected a duration like "
+		    "15s, 1s500ms or 250ms, got %s" : "expected a duration "
+		    "like 30s, 15m, 24h, 7d or 1h30m, got %s", what(c, 0));
 		return -1;
 	}
 	if (v < f->min || v > f->max) {
-		fmt_duration(f->min, lo, sizeof(lo));
-		fmt_duration(f->max, hi, sizeof(hi));
+		(ms ? fmt_duration_ms : fmt_duration)(f->min, lo, sizeof(lo));
+		(ms ? fmt_duration_ms : fmt_duration)(f->max, hi, sizeof(hi));
 		ctx_fail_key(c, ev_line(c),
 		    "expected a duration from %s to %s, got %s", lo, hi,
 		    what(c, 0));
@@ -1146,32 +1152,16 @@ p_duration(struct ctx *c, const struct field *f, void *base)
 	return 0;
 }
 
-/* A duration that may have milliseconds ("250ms"), stored in ms. */
+static int
+p_duration(struct ctx *c, const struct field *f, void *base)
+{
+	return duration_field(c, f, base, 0);
+}
+
 static int
 p_duration_ms(struct ctx *c, const struct field *f, void *base)
 {
-	int r = scalar_start(c, 0);
-	char lo[32], hi[32];
-	int64_t v;
-
-	if (r != 0)
-		return r < 0 ? -1 : 0;
-	v = config_parse_duration_ms(sval(c));
-	if (v < 0) {
-		ctx_fail_key(c, ev_line(c), "expected a duration like 15s, "
-		    "1s500ms or 250ms, got %s", what(c, 0));
-		return -1;
-	}
-	if (v < f->min || v > f->max) {
-		fmt_duration_ms(f->min, lo, sizeof(lo));
-		fmt_duration_ms(f->max, hi, sizeof(hi));
-		ctx_fail_key(c, ev_line(c),
-		    "expected a duration from %s to %s, got %s", lo, hi,
-		    what(c, 0));
-		return -1;
-	}
-	set_int(dst(base, f), f->size, v);
-	return 0;
+	return duration_field(c, f, base, 1);
 }
 
 static int
