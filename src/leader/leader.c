@@ -360,6 +360,22 @@ leader_main(void *arg)
 
 /* ---------------------------------------------------------- public */
 
+/* Free l (its thread not running). */
+static void
+leader_free(struct leader *l)
+{
+	leader_observed_release(&l->obs);
+	free(l->last_error);
+	free(l->last_holder);
+	pthread_cond_destroy(&l->cv);
+	pthread_mutex_destroy(&l->mu);
+	free((char *)l->c.namespace);
+	free((char *)l->c.name);
+	free((char *)l->c.identity);
+	free(l->where);
+	free(l);
+}
+
 /* Start the election thread. */
 int
 leader_start(struct leader **out, const struct leader_config *cfg,
@@ -376,13 +392,7 @@ leader_start(struct leader **out, const struct leader_config *cfg,
 	time_cond_init(&l->cv);
 	if (pthread_create(&l->thread, NULL, leader_main, l) != 0) {
 		*cause = xstrdup("leader election: cannot start its thread");
-		pthread_cond_destroy(&l->cv);
-		pthread_mutex_destroy(&l->mu);
-		free((char *)l->c.namespace);
-		free((char *)l->c.name);
-		free((char *)l->c.identity);
-		free(l->where);
-		free(l);
+		leader_free(l);
 		return -1;
 	}
 	log_kv(LOG_INFO, "leader election: started", "lease", l->where,
@@ -445,14 +455,5 @@ leader_stop(struct leader *l)
 	pthread_join(l->thread, NULL);
 	if (leader_state(l) == LEADER_LEADING)
 		release(l);
-	leader_observed_release(&l->obs);
-	free(l->last_error);
-	free(l->last_holder);
-	pthread_cond_destroy(&l->cv);
-	pthread_mutex_destroy(&l->mu);
-	free((char *)l->c.namespace);
-	free((char *)l->c.name);
-	free((char *)l->c.identity);
-	free(l->where);
-	free(l);
+	leader_free(l);
 }
