@@ -454,6 +454,20 @@ mark_stalled(struct controller *c, const char *ns, const char *name,
 	pthread_mutex_unlock(&c->mu);
 }
 
+/* Whether the store says the task ns/name is not there (a 404). */
+static int
+task_gone(struct controller *c, const char *ns, const char *name)
+{
+	struct k8s_status st = { 0 };
+	json_t *task = NULL;
+	int rc;
+
+	rc = k8s_get(c->cfg.store, &K8S_AGENTTASK, ns, name, &task, &st);
+	json_decref(task);
+	k8s_status_release(&st);
+	return rc == K8S_ENOTFOUND;
+}
+
 /*
  * After a pass of the task key ("ns/name") that learnt its status write
  * went through (status 1) or was refused for good (-1, cause quoting the
@@ -477,6 +491,22 @@ mark_status(struct controller *c, const char *ns, const char *name,
 	if (changed)
 		stalled_gauge_locked(c);
 	pthread_mutex_unlock(&c->mu);
+	/*
+	 * The task may have been deleted since the pass read it, and the
+	 * watcher, seeing it go, may have taken it out of the set before the
+	 * bit above put it back. So a bit just set is checked against the
+	 * store: a task gone now takes it out again, and one still there is
+	 * taken out by its deletion's event, which comes after this read.
+	 */
+	if (changed && status < 0 && task_gone(c, ns, name)) {
+		pthread_mutex_lock(&c->mu);
+		if (json_object_get(c->stalled, key) != NULL) {
+			json_object_del(c->stalled, key);
+			stalled_gauge_locked(c);
+		}
+		pthread_mutex_unlock(&c->mu);
+		changed = 0;
+	}
 	free(key);
 	if (changed && status < 0)
 		/* error, not warn: the task's own status cannot say it */
@@ -561,6 +591,9 @@ handle_event(struct watcher *w, struct k8s_event *ev)
 		mark_stalled(w->c, ns, k8s_meta_str(o, "name"),
 		    ev->type == K8S_DELETED ? NULL : o);
 		if (ev->type == K8S_DELETED) {
+			if (w->c->cfg.test_hook != NULL)
+				w->c->cfg.test_hook(w->c->cfg.test_arg,
+				    "deleted");
 			controller_task_deleted(&w->c->cfg, o);
 			return;
 		}
@@ -734,6 +767,8 @@ worker_main(void *arg)
 		t0 = now_mono_ms();
 		rc = controller_reconcile(&c->cfg, key, slash + 1, &requeue,
 		    &status, &cause);
+		if (status < 0 && c->cfg.test_hook != NULL)
+			c->cfg.test_hook(c->cfg.test_arg, "refused");
 		mark_status(c, key, slash + 1, status, cause);
 		metrics_observe("diverge_reconcile_duration_seconds", "",
 		    (double)(now_mono_ms() - t0) / 1000.0);

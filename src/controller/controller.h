@@ -120,8 +120,10 @@ struct controller_config {
 	int crash_after_writes;
 	/*
 	 * Tests only: called at named points, "status" before a task status
-	 * write, "delete" before a finished task's deletion and "watch"
-	 * before each wait for a watch event.
+	 * write, "delete" before a finished task's deletion, "watch"
+	 * before each wait for a watch event, "deleted" when the task
+	 * watcher sees a task go, and "refused" after a pass whose status
+	 * write was refused for good, before the worker counts it.
 	 */
 	void (*test_hook)(void *arg, const char *point);
 	void *test_arg;

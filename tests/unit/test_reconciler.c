@@ -5200,6 +5200,75 @@ test_status_refused_gauge(void **state)
 	stop_running(NULL);
 }
 
+/*
+ * race_hook: the task stall-status is deleted after a pass found its
+ * status refused and before the worker counts the refusal, and the
+ * worker goes on only once the task watcher has seen the deletion.
+ */
+static volatile int race_armed, race_deleted;
+
+static void
+race_hook(void *arg, const char *point)
+{
+	int64_t end;
+
+	(void)arg;
+	if (strcmp(point, "deleted") == 0) {
+		race_deleted = 1;
+		return;
+	}
+	if (strcmp(point, "refused") != 0 || !race_armed)
+		return;
+	race_armed = 0;
+	delete_task("stall-status");
+	end = now_mono_ms() + 10000;
+	while (!race_deleted && now_mono_ms() < end)
+		sleep_ms(2);
+}
+
+/*
+ * A task deleted while the pass that found its status refused is still
+ * in flight: the watcher takes it out of diverge_tasks_stalled before
+ * the worker counts the refusal, and the worker must not put it back
+ * (nothing would take it out before the next resync, an hour here).
+ */
+static void
+test_status_refused_deleted(void **state)
+{
+	struct controller *c = NULL;
+	const char *errors = "diverge_reconciles_total{result=\"error\"}";
+	char *name, *cause = NULL;
+	double before;
+	int64_t end;
+
+	(void)state;
+	if (open_limited(3, 0) < 0)
+		skip();
+	refuse_status();
+	race_deleted = 0;
+	race_armed = 1;
+	cc.test_hook = race_hook;
+	cc.resync_ms = 3600 * 1000;
+	cc.workers = 1;
+	before = metric(errors);
+	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	running = c;
+	name = new_task_named(xstrdup("stall-status"), NULL, NULL);
+	/* the refused pass is counted once its refusal is marked */
+	end = now_mono_ms() + 10000;
+	while ((race_armed || metric(errors) <= before) &&
+	    now_mono_ms() < end)
+		sleep_ms(10);
+	assert_false(race_armed);
+	assert_true(race_deleted);
+	assert_true(metric(errors) > before);
+	assert_true(metric("diverge_tasks_stalled") == 0);
+	assert_null(get(&K8S_AGENTTASK, name));
+	stop_running(NULL);
+	cc.test_hook = NULL;
+	free(name);
+}
+
 /* The list of failing_list_ops (above). */
 static int
 failing_list(struct k8s_api *api, const struct k8s_resource *r,
@@ -5770,6 +5839,7 @@ main(void)
 		    warm_unlimit),
 		cmocka_unit_test_teardown(test_status_refused, unlimit),
 		cmocka_unit_test_teardown(test_status_refused_gauge, unlimit),
+		cmocka_unit_test_teardown(test_status_refused_deleted, unlimit),
 		cmocka_unit_test_teardown(test_ttl_after_finished, no_ttl),
 		cmocka_unit_test_teardown(test_queue_admission, unlimit),
 		cmocka_unit_test_teardown(test_queue_timeout_rerun, unlimit),
