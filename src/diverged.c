@@ -1356,7 +1356,7 @@ lost_watchdog_main(void *arg)
 	_exit(1);
 }
 
-/* The election's news, on its thread: the gauge, and the main thread. */
+/* The election's news, on its threads: the gauge, and the main thread. */
 static void
 leader_changed(void *arg, enum leader_state state)
 {

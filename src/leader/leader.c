@@ -22,13 +22,18 @@ struct leader {
 	struct leader_config c;		/* strings owned */
 	char *where;			/* "namespace/name", for the logs */
 	pthread_t thread;
+	pthread_t deadline;		/* the renew_deadline's own thread */
+	int deadline_running;
 	pthread_mutex_t mu;
-	pthread_cond_t cv;
+	pthread_cond_t cv;		/* broadcast: both threads wait */
 	int stopping;			/* under mu */
+	int leading;			/* under mu: acquired, not lost */
+	int lost;			/* under mu: said once, by either */
+	int64_t last_ok_ms;		/* under mu: the last renewal */
 	int state;			/* enum leader_state, atomic */
 	/* the election thread's own */
 	struct leader_observed obs;
-	char *last_error;		/* said once until it changes */
+	char *last_error;		/* said once until it changes; under mu */
 	char *last_holder;		/* the standby's "held by" line */
 };
 
@@ -200,8 +205,10 @@ say_error(struct leader *l, const char *what, const struct k8s_status *st)
 		log_kv(LOG_WARN, "leader election: cannot acquire or renew the "
 		    "lease", "lease", l->where, "identity", l->c.identity,
 		    "error", msg, NULL);
+		pthread_mutex_lock(&l->mu);
 		free(l->last_error);
 		l->last_error = msg;
+		pthread_mutex_unlock(&l->mu);
 	} else {
 		free(msg);
 	}
@@ -269,8 +276,10 @@ try_once(struct leader *l, int leading)
 	l->obs.record = json_dumps(json_object_get(done, "spec"),
 	    JSON_SORT_KEYS | JSON_COMPACT | JSON_ENCODE_ANY);
 	l->obs.at_ms = now_mono_ms();
+	pthread_mutex_lock(&l->mu);
 	free(l->last_error);
 	l->last_error = NULL;
+	pthread_mutex_unlock(&l->mu);
 	ret = TRY_OURS;
 out:
 	json_decref(cur);
@@ -316,13 +325,45 @@ standby_wait(const struct leader *l)
 	    1.2 * (double)r / 4294967296.0);
 }
 
+/*
+ * The Lease is lost: said once (by the election thread when another
+ * holds it, or by the deadline's thread), with the last API error if
+ * any, then LEADER_LOST.
+ */
+static void
+say_lost(struct leader *l, const char *holder)
+{
+	char age[32], *error;
+	int64_t ago;
+
+	pthread_mutex_lock(&l->mu);
+	if (l->lost) {
+		pthread_mutex_unlock(&l->mu);
+		return;
+	}
+	l->lost = 1;
+	l->leading = 0;
+	ago = now_mono_ms() - l->last_ok_ms;
+	error = l->last_error != NULL ? xstrdup(l->last_error) : NULL;
+	pthread_cond_broadcast(&l->cv);
+	pthread_mutex_unlock(&l->mu);
+	snprintf(age, sizeof(age), "%" PRId64 "ms", ago);
+	log_kv(LOG_ERROR, "leader election: lost", "lease", l->where,
+	    "identity", l->c.identity, "holder", holder != NULL ? holder : "",
+	    "last_renewal_ago", age, "error", error != NULL ? error :
+	    holder != NULL && *holder != '\0' ? "another process holds it" :
+	    "no renewal within renew_deadline (a call still in flight)",
+	    NULL);
+	free(error);
+	set_state(l, LEADER_LOST);
+}
+
 static void *
 leader_main(void *arg)
 {
 	struct leader *l = arg;
-	int64_t last_ok = 0;
 	enum try_result r;
-	char age[32];
+	int64_t t_ok;
 
 	thread_name("leader");
 	/* standby: try until ours */
@@ -332,29 +373,75 @@ leader_main(void *arg)
 		if (pause_ms(l, standby_wait(l)))
 			return NULL;
 	}
-	last_ok = now_mono_ms();
+	t_ok = now_mono_ms();
 	log_kv(LOG_INFO, "leader election: acquired", "lease", l->where,
 	    "identity", l->c.identity, NULL);
+	/* leading said first: a loss, said later, is never overwritten */
 	set_state(l, LEADER_LEADING);
+	pthread_mutex_lock(&l->mu);
+	l->last_ok_ms = t_ok;
+	l->leading = 1;
+	pthread_cond_broadcast(&l->cv);		/* the deadline's thread */
+	pthread_mutex_unlock(&l->mu);
 	/* leader: renew until stopped or lost */
 	while (!pause_ms(l, l->c.retry_period_ms)) {
 		r = try_once(l, 1);
+		pthread_mutex_lock(&l->mu);
+		if (l->lost) {
+			/* the deadline passed while the try was in flight */
+			pthread_mutex_unlock(&l->mu);
+			return NULL;
+		}
 		if (r == TRY_OURS) {
-			last_ok = now_mono_ms();
+			l->last_ok_ms = now_mono_ms();
+			pthread_cond_broadcast(&l->cv);
+			pthread_mutex_unlock(&l->mu);
 			continue;
 		}
-		if (r != TRY_TAKEN &&
-		    now_mono_ms() - last_ok < l->c.renew_deadline_ms)
+		pthread_mutex_unlock(&l->mu);
+		if (r == TRY_TAKEN) {
+			say_lost(l, l->last_holder);
+			return NULL;
+		}
+		/* a failed try: the deadline's thread says when it is lost */
+	}
+	return NULL;
+}
+
+/*
+ * The renew_deadline, on a thread of its own: a renewal whose call hangs
+ * (an API server that accepts the connection and says nothing) holds the
+ * election thread for as long as the call's own timeout, and a process
+ * that went on leading meanwhile could overlap with the one that took
+ * the Lease over once lease_duration had passed. As client-go's renew
+ * context does, the deadline ends the leadership on time, wherever the
+ * try is: no renewal for renew_deadline is a loss.
+ */
+static void *
+deadline_main(void *arg)
+{
+	struct leader *l = arg;
+	struct timespec ts;
+	int64_t left;
+
+	thread_name("leader-deadline");
+	pthread_mutex_lock(&l->mu);
+	while (!l->stopping && !l->lost) {
+		if (!l->leading) {
+			pthread_cond_wait(&l->cv, &l->mu);
 			continue;
-		snprintf(age, sizeof(age), "%" PRId64 "ms",
-		    now_mono_ms() - last_ok);
-		log_kv(LOG_ERROR, "leader election: lost", "lease", l->where,
-		    "identity", l->c.identity, "holder", r == TRY_TAKEN ?
-		    l->last_holder : "", "last_renewal_ago", age, "error",
-		    l->last_error, NULL);
-		set_state(l, LEADER_LOST);
+		}
+		left = l->last_ok_ms + l->c.renew_deadline_ms - now_mono_ms();
+		if (left > 0) {
+			time_deadline(CLOCK_MONOTONIC, left, &ts);
+			(void)pthread_cond_timedwait(&l->cv, &l->mu, &ts);
+			continue;
+		}
+		pthread_mutex_unlock(&l->mu);
+		say_lost(l, NULL);
 		return NULL;
 	}
+	pthread_mutex_unlock(&l->mu);
 	return NULL;
 }
 
@@ -390,8 +477,19 @@ leader_start(struct leader **out, const struct leader_config *cfg,
 	l->where = xasprintf("%s/%s", cfg->namespace, cfg->name);
 	pthread_mutex_init(&l->mu, NULL);
 	time_cond_init(&l->cv);
+	if (pthread_create(&l->deadline, NULL, deadline_main, l) != 0) {
+		*cause = xstrdup("leader election: cannot start its thread");
+		leader_free(l);
+		return -1;
+	}
+	l->deadline_running = 1;
 	if (pthread_create(&l->thread, NULL, leader_main, l) != 0) {
 		*cause = xstrdup("leader election: cannot start its thread");
+		pthread_mutex_lock(&l->mu);
+		l->stopping = 1;
+		pthread_cond_broadcast(&l->cv);
+		pthread_mutex_unlock(&l->mu);
+		pthread_join(l->deadline, NULL);
 		leader_free(l);
 		return -1;
 	}
@@ -450,9 +548,11 @@ leader_stop(struct leader *l)
 		return;
 	pthread_mutex_lock(&l->mu);
 	l->stopping = 1;
-	pthread_cond_signal(&l->cv);
+	pthread_cond_broadcast(&l->cv);
 	pthread_mutex_unlock(&l->mu);
 	pthread_join(l->thread, NULL);
+	if (l->deadline_running)
+		pthread_join(l->deadline, NULL);
 	if (leader_state(l) == LEADER_LEADING)
 		release(l);
 	leader_free(l);

@@ -17,7 +17,9 @@
  *
  * A standby tries every retry_period, with up to 1.2 times of jitter; the
  * leader renews every retry_period and has lost when no renewal succeeded
- * for renew_deadline, or when it reads another holder. Lost is final: the
+ * for renew_deadline (timed by a thread of its own, as client-go's renew
+ * context: a call that hangs does not stretch it), or when it reads
+ * another holder. Lost is final: the
  * election thread stops, and the process is expected to stop its leader's
  * work and exit (as controller-runtime does). leader_stop() of a leader
  * releases the Lease (holderIdentity "", leaseDurationSeconds 1, as
@@ -42,7 +44,8 @@ enum leader_state {
 struct leader_config {
 	/*
 	 * borrowed; its calls should give up within renew_deadline (a REST
-	 * client opened with that deadline), or a renewal overruns it
+	 * client opened with that deadline): a loss is said on time
+	 * whatever they do, but leader_stop() waits for a call in flight
 	 */
 	struct k8s_api *api;
 	const char *namespace;		/* of the Lease */
@@ -52,8 +55,9 @@ struct leader_config {
 	int64_t renew_deadline_ms;
 	int64_t retry_period_ms;
 	/*
-	 * Called on the election thread when the state changes (to
-	 * LEADER_LEADING, or LEADER_LOST); it must be quick.
+	 * Called when the state changes: to LEADER_LEADING on the election
+	 * thread, to LEADER_LOST on it or on the deadline's thread, once;
+	 * it must be quick.
 	 */
 	void (*changed)(void *arg, enum leader_state state);
 	void *arg;

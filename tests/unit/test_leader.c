@@ -1,6 +1,7 @@
 /*
- * leader: the record logic of the Lease election, without an API server
- * (tests/integration/test_leader.py runs the election itself).
+ * leader: the record logic of the Lease election, without an API server,
+ * and the renew deadline against the fake kube-apiserver
+ * (tests/integration/test_leader.py runs the election between daemons).
  */
 #include "config.h"
 
@@ -13,6 +14,7 @@
 #include <cmocka.h>
 
 #include "leader/leader.h"
+#include "storeenv.h"
 #include "testutil.h"
 
 #define DUR_MS	15000
@@ -232,6 +234,98 @@ test_identity(void **state)
 	free(b);
 }
 
+static int lost_calls, leading_calls;
+static int64_t lost_at_ms;
+
+static void
+on_change(void *arg, enum leader_state st)
+{
+	(void)arg;
+	if (st == LEADER_LEADING)
+		__atomic_add_fetch(&leading_calls, 1, __ATOMIC_SEQ_CST);
+	if (st == LEADER_LOST) {
+		__atomic_store_n(&lost_at_ms, now_mono_ms(), __ATOMIC_SEQ_CST);
+		__atomic_add_fetch(&lost_calls, 1, __ATOMIC_SEQ_CST);
+	}
+}
+
+/* Wait up to ms for l to be in state want. */
+static int
+wait_state(struct leader *l, enum leader_state want, int64_t ms)
+{
+	int64_t end = now_mono_ms() + ms;
+
+	while (leader_state(l) != want && now_mono_ms() < end)
+		sleep_ms(10);
+	return leader_state(l) == want;
+}
+
+/*
+ * A leader whose renewal hangs: the fake API server takes 3 s to answer
+ * each Lease call, the client's own timeout is 4 s, so a renewal (a get
+ * and an update) would succeed after 6 s. renew_deadline is 1 s: the
+ * leadership ends 1 s after the last renewal, while the call is still in
+ * flight, and is said once. Renewals that go through keep it (1.5 s of
+ * them first, longer than the deadline).
+ */
+static void
+test_deadline_while_hung(void **state)
+{
+	struct storeenv env;
+	struct k8s_cluster c;
+	struct k8s_rest_config rc;
+	struct k8s_api *api = NULL;
+	struct leader_config lc;
+	struct leader *l = NULL;
+	char *cause = NULL;
+	int64_t t0;
+
+	(void)state;
+	if (storeenv_open(&env, 3, 100) < 0)
+		skip();
+	memset(&c, 0, sizeof(c));
+	c.server = env.fake_server;
+	c.ca_file = env.fake_ca;
+	c.token = (char *)"contract-token";
+	c.namespace = (char *)"default";
+	memset(&rc, 0, sizeof(rc));
+	rc.connect_timeout_ms = 2000;
+	rc.timeout_ms = 4000;
+	rc.deadline_ms = 4000;
+	assert_int_equal(k8s_rest_open(&api, &c, &rc, &cause), 0);
+	memset(&lc, 0, sizeof(lc));
+	lc.api = api;
+	lc.namespace = "default";
+	lc.name = "deadline";
+	lc.identity = "me_0123456789abcdef";
+	lc.lease_duration_ms = 1500;
+	lc.renew_deadline_ms = 1000;
+	lc.retry_period_ms = 200;
+	lc.changed = on_change;
+	assert_int_equal(leader_start(&l, &lc, &cause), 0);
+	assert_true(wait_state(l, LEADER_LEADING, 10000));
+	sleep_ms(1500);
+	assert_int_equal(leader_state(l), LEADER_LEADING);
+	assert_int_equal(__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST), 0);
+
+	json_decref(storeenv_fake(&env, "POST", "/_fake/delay",
+	    "{\"ms\": 3000, \"count\": 1000, \"match\": "
+	    "\"/leases/deadline\"}"));
+	t0 = now_mono_ms();
+	assert_true(wait_state(l, LEADER_LOST, 8000));
+	/* the last renewal was at t0 at the latest */
+	if (__atomic_load_n(&lost_at_ms, __ATOMIC_SEQ_CST) - t0 > 2500)
+		fail_msg("lost %lld ms after the calls began to hang",
+		    (long long)(lost_at_ms - t0));
+	json_decref(storeenv_fake(&env, "DELETE", "/_fake/delay", NULL));
+	leader_stop(l);		/* waits for the call in flight */
+	assert_int_equal(__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST), 1);
+	assert_int_equal(__atomic_load_n(&leading_calls, __ATOMIC_SEQ_CST),
+	    1);
+	k8s_api_free(api);
+	storeenv_close(&env);
+}
+
 int
 main(void)
 {
@@ -244,6 +338,7 @@ main(void)
 		cmocka_unit_test(test_renew_and_taken),
 		cmocka_unit_test(test_no_duration),
 		cmocka_unit_test(test_identity),
+		cmocka_unit_test(test_deadline_while_hung),
 	};
 
 	return cmocka_run_group_tests_name("leader", tests, NULL, NULL);
