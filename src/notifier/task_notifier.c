@@ -64,6 +64,11 @@ struct notifier {
 	/* ask whoami again (a reload: the token may be another user's) */
 	int gh_stale;
 	int gl_stale;
+	/*
+	 * "provider:project:id" of the comments seen to be the bot's own
+	 * (still_mine), emptied when the bot's identity changes
+	 */
+	json_t *own;
 	int stopping;
 	uint64_t updates;
 	uint64_t failures;
@@ -271,6 +276,8 @@ self_known(struct notifier *n, struct scm_client *cl, enum scm_provider p,
 		n->gl_id = id;
 		n->gl_stale = 0;
 	}
+	if (changed)
+		json_object_clear(n->own);
 	pthread_mutex_unlock(&n->mu);
 	if (changed && known)
 		log_kv(LOG_INFO, "notifier: bot identity changed", "provider",
@@ -297,6 +304,67 @@ is_mine(struct notifier *n, enum scm_provider p, const struct scm_comment *c)
 		    strcasecmp(c->author, n->gl_user) == 0;
 	pthread_mutex_unlock(&n->mu);
 	return mine;
+}
+
+/* At most this many comments known to be the bot's (then: forgotten). */
+#define OWN_MAX 4096
+
+/*
+ * Whether comment id, about to be edited in place, is still the bot's
+ * own. An edit that goes through does not tell: GitHub lets anyone with
+ * write access edit anyone's comment, GitLab a Maintainer or an
+ * administrator, so after a token of another user (or an App in place of
+ * a user) the old user's comment would be edited for good. Asked once
+ * per comment while the bot's identity stays the same. 1 when it is (or
+ * cannot be told: no identity, a provider without get_comment), 0 when
+ * it is another user's, else an SCM_E* (SCM_ENOTFOUND: it is gone).
+ */
+static char *
+own_key(const struct target *t, int64_t id)
+{
+	return xasprintf("%d:%s:%" PRId64, (int)t->provider, t->project, id);
+}
+
+/* Comment id is the bot's own: made, found or checked as such. */
+static void
+own_add(struct notifier *n, const struct target *t, int64_t id)
+{
+	char *key = own_key(t, id);
+
+	pthread_mutex_lock(&n->mu);
+	if (json_object_size(n->own) >= OWN_MAX)
+		json_object_clear(n->own);
+	json_object_set_new(n->own, key, json_true());
+	pthread_mutex_unlock(&n->mu);
+	free(key);
+}
+
+static int
+still_mine(struct notifier *n, struct scm_client *cl, const struct target *t,
+    const struct scm_repo *repo, int64_t id, char **cause)
+{
+	struct scm_comment c;
+	char *key;
+	int rc, seen;
+
+	/* first: a reload's new identity empties what was known as own */
+	if (cl->ops->get_comment == NULL || !self_known(n, cl, t->provider, 0))
+		return 1;
+	key = own_key(t, id);
+	pthread_mutex_lock(&n->mu);
+	seen = json_object_get(n->own, key) != NULL;
+	pthread_mutex_unlock(&n->mu);
+	free(key);
+	if (seen)
+		return 1;
+	rc = cl->ops->get_comment(cl, repo, t->number, id, &c, cause);
+	if (rc == SCM_OK) {
+		rc = is_mine(n, t->provider, &c);
+		scm_comment_release(&c);
+	}
+	if (rc == 1)
+		own_add(n, t, id);
+	return rc;
 }
 
 /*
@@ -333,7 +401,22 @@ ensure_comment(struct notifier *n, struct scm_client *cl,
 	char *refusal = NULL;
 	int rc;
 
-	if (id > 0) {
+	if (id > 0 && (rc = still_mine(n, cl, t, &repo, id, cause)) != 1) {
+		if (rc == 0) {
+			char idb[24];
+
+			snprintf(idb, sizeof(idb), "%" PRId64, id);
+			log_kv(LOG_INFO, "notifier: the comment is another "
+			    "user's now (a token of another user?): making the "
+			    "bot's own", "repo", t->project, "comment", idb,
+			    NULL);
+		} else if (rc != SCM_ENOTFOUND) {
+			goto out;
+		}
+		/* another user's, or deleted: find or create the bot's own */
+		free(*cause);
+		*cause = NULL;
+	} else if (id > 0) {
 		rc = cl->ops->update_comment(cl, &repo, t->number, id, body,
 		    cause);
 		if (rc == SCM_OK) {
@@ -423,6 +506,8 @@ ensure_comment(struct notifier *n, struct scm_client *cl,
 	if (rc == SCM_ENOTFOUND)
 		rc = cl->ops->create_comment(cl, &repo, t->number, body, out,
 		    cause);
+	if (rc == SCM_OK)
+		own_add(n, t, *out);
 out:
 	free(refusal);
 	scm_comments_free(v, nv);
@@ -1141,6 +1226,7 @@ notifier_free(struct notifier *n)
 	free(n->workers);
 	free(n->gh_login);
 	free(n->gl_user);
+	json_decref(n->own);
 	pthread_mutex_destroy(&n->mu);
 	free(n);
 }
@@ -1167,6 +1253,7 @@ notifier_start(struct notifier **out, const struct notifier_config *cfg,
 
 	n = xcalloc(1, sizeof(*n));
 	pthread_mutex_init(&n->mu, NULL);
+	n->own = json_object();
 	n->c = *cfg;
 	if (n->c.store == NULL) {
 		*cause = xstrdup("notifier: no resource store");

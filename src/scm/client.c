@@ -1518,12 +1518,42 @@ scm_comments_free(struct scm_comment *v, size_t n)
 
 	if (v == NULL)
 		return;
-	for (i = 0; i < n; i++) {
-		free(v[i].author);
-		free(v[i].body);
-		free(v[i].created_at);
-	}
+	for (i = 0; i < n; i++)
+		scm_comment_release(&v[i]);
 	free(v);
+}
+
+void
+scm_comment_release(struct scm_comment *c)
+{
+	free(c->author);
+	free(c->body);
+	free(c->created_at);
+	memset(c, 0, sizeof(*c));
+}
+
+int
+scm_comment_reply(const struct scm_resp *rp, const char *what, int64_t id,
+    void (*from)(const json_t *, struct scm_comment *),
+    struct scm_comment *out, char **cause)
+{
+	json_t *j = NULL;
+	int ret;
+
+	memset(out, 0, sizeof(*out));
+	ret = scm_json_reply(rp, 1, what, &j, cause);
+	if (ret == SCM_OK) {
+		from(j, out);
+		if (out->id != id || (out->author == NULL &&
+		    out->author_id <= 0)) {
+			*cause = xasprintf("%s: the reply is not comment %"
+			    PRId64 ", or names no author", what, id);
+			scm_comment_release(out);
+			ret = SCM_EINTERNAL;
+		}
+	}
+	json_decref(j);
+	return ret;
 }
 
 /* ---- the bot's identity, one whoami for every asker ---- */

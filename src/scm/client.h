@@ -135,6 +135,14 @@ int64_t scm_json_int(const json_t *obj, const char *key);
 int scm_json_reply(const struct scm_resp *rp, int want_object,
     const char *what, json_t **out, char **cause);
 /*
+ * The one comment of a get_comment reply, read by from (the provider's
+ * shape) into *out: SCM_EINTERNAL (*out empty) when it is not comment id
+ * or names no author. what names the call in messages.
+ */
+int scm_comment_reply(const struct scm_resp *rp, const char *what,
+    int64_t id, void (*from)(const json_t *, struct scm_comment *),
+    struct scm_comment *out, char **cause);
+/*
  * The page after page of a list paged by offset (page=1, 2, ... of
  * SCM_PER_PAGE each), whose reply rp held got items: the page its
  * X-Next-Page names (empty on the last page), else the page= of its

@@ -585,6 +585,20 @@ out:
 	return ret;
 }
 
+/* An issue comment as the API shows it (a list's item, or one comment). */
+static void
+comment_from(const json_t *e, struct scm_comment *cm)
+{
+	const json_t *user = json_object_get(e, "user");
+
+	memset(cm, 0, sizeof(*cm));
+	cm->id = scm_json_int(e, "id");
+	cm->author = scm_json_strdup(user, "login");
+	cm->author_id = scm_json_int(user, "id");
+	cm->body = scm_json_strdup(e, "body");
+	cm->created_at = scm_json_strdup(e, "created_at");
+}
+
 static int
 gh_list_comments(struct scm_client *c, const struct scm_repo *repo,
     int64_t number, struct scm_comment **out, size_t *n, char **cause)
@@ -592,12 +606,12 @@ gh_list_comments(struct scm_client *c, const struct scm_repo *repo,
 	struct github *g = gh_of(c);
 	struct scm_req rq = { 0 };
 	struct scm_resp rp;
-	struct scm_comment *v = NULL, *cm;
+	struct scm_comment *v = NULL;
 	size_t nv = 0, cap = 0, i, pages = 0, got;
 	int64_t page = 1, next;
 	char *rpath = NULL, *url = NULL, **seen = NULL;
 	size_t nseen = 0;
-	json_t *j = NULL, *e, *user;
+	json_t *j = NULL, *e;
 	int ret;
 
 	scm_resp_init(&rp);
@@ -632,14 +646,7 @@ gh_list_comments(struct scm_client *c, const struct scm_repo *repo,
 				cap = cap ? cap * 2 : 32;
 				v = xrealloc(v, cap * sizeof(*v));
 			}
-			cm = &v[nv++];
-			memset(cm, 0, sizeof(*cm));
-			user = json_object_get(e, "user");
-			cm->id = scm_json_int(e, "id");
-			cm->author = scm_json_strdup(user, "login");
-			cm->author_id = scm_json_int(user, "id");
-			cm->body = scm_json_strdup(e, "body");
-			cm->created_at = scm_json_strdup(e, "created_at");
+			comment_from(e, &v[nv++]);
 		}
 		json_decref(j);
 		j = NULL;
@@ -750,6 +757,27 @@ gh_create_comment(struct scm_client *c, const struct scm_repo *repo,
 		*id_out = id;
 out:
 	json_decref(j);
+	scm_resp_release(&rp);
+	return ret;
+}
+
+static int
+gh_get_comment(struct scm_client *c, const struct scm_repo *repo,
+    int64_t number, int64_t id, struct scm_comment *out, char **cause)
+{
+	struct scm_resp rp;
+	char suffix[64];
+	int ret;
+
+	(void)number;
+	memset(out, 0, sizeof(*out));
+	scm_resp_init(&rp);
+	snprintf(suffix, sizeof(suffix), "/issues/comments/%" PRId64, id);
+	ret = simple(gh_of(c), repo, "get_comment", "GET", suffix, NULL, NULL,
+	    1, &rp, cause);
+	if (ret == SCM_OK)
+		ret = scm_comment_reply(&rp, "github: get comment", id,
+		    comment_from, out, cause);
 	scm_resp_release(&rp);
 	return ret;
 }
@@ -1149,6 +1177,7 @@ static const struct scm_ops github_ops = {
 	.get_pr = gh_get_pr,
 	.list_comments = gh_list_comments,
 	.create_comment = gh_create_comment,
+	.get_comment = gh_get_comment,
 	.update_comment = gh_update_comment,
 	.delete_comment = gh_delete_comment,
 	.react = gh_react,

@@ -239,6 +239,21 @@ out:
 	return ret;
 }
 
+/* A note as the API shows it (a list's item, or one note). */
+static void
+note_from(const json_t *e, struct scm_comment *cm)
+{
+	const json_t *author = json_object_get(e, "author");
+
+	memset(cm, 0, sizeof(*cm));
+	cm->id = scm_json_int(e, "id");
+	cm->author = scm_json_strdup(author, "username");
+	cm->author_id = scm_json_int(author, "id");
+	cm->body = scm_json_strdup(e, "body");
+	cm->created_at = scm_json_strdup(e, "created_at");
+	cm->system = json_is_true(json_object_get(e, "system"));
+}
+
 static int
 gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
     int64_t number, struct scm_comment **out, size_t *n, char **cause)
@@ -249,7 +264,7 @@ gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
 	size_t nv = 0, cap = 0, i, got;
 	int64_t page = 1, total = -1;
 	char url[160];
-	json_t *j = NULL, *e, *author;
+	json_t *j = NULL, *e;
 	int ret, pages = 0, relists = 0;
 
 	scm_resp_init(&rp);
@@ -304,15 +319,7 @@ gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
 				v = xrealloc(v, cap * sizeof(*v));
 			}
 			cm = &v[nv++];
-			memset(cm, 0, sizeof(*cm));
-			author = json_object_get(e, "author");
-			cm->id = scm_json_int(e, "id");
-			cm->author = scm_json_strdup(author, "username");
-			cm->author_id = scm_json_int(author, "id");
-			cm->body = scm_json_strdup(e, "body");
-			cm->created_at = scm_json_strdup(e, "created_at");
-			cm->system = json_is_true(json_object_get(e,
-			    "system"));
+			note_from(e, cm);
 		}
 		json_decref(j);
 		j = NULL;
@@ -418,23 +425,52 @@ gl_create_internal_comment(struct scm_client *c, const struct scm_repo *repo,
 	return create_note(c, repo, number, body, 1, id_out, cause);
 }
 
+/* A call on note id of MR number; body: a {"body": ...} to send. */
+static int
+note_call(struct scm_client *c, const struct scm_repo *repo, int64_t number,
+    int64_t id, const char *op, const char *method, const char *body,
+    struct scm_resp *rp, char **cause)
+{
+	char url[128];
+	int ret;
+
+	ret = check_project(repo, cause);
+	if (ret != SCM_OK)
+		return ret;
+	snprintf(url, sizeof(url), "/projects/%" PRId64 "/merge_requests/%"
+	    PRId64 "/notes/%" PRId64, repo->project_id, number, id);
+	return gl_call(gl_of(c), op, method, url, body != NULL ? "body" : NULL,
+	    body, 1, rp, cause);
+}
+
+static int
+gl_get_comment(struct scm_client *c, const struct scm_repo *repo,
+    int64_t number, int64_t id, struct scm_comment *out, char **cause)
+{
+	struct scm_resp rp;
+	int ret;
+
+	memset(out, 0, sizeof(*out));
+	scm_resp_init(&rp);
+	ret = note_call(c, repo, number, id, "get_comment", "GET", NULL, &rp,
+	    cause);
+	if (ret == SCM_OK)
+		ret = scm_comment_reply(&rp, "gitlab: get note", id, note_from,
+		    out, cause);
+	scm_resp_release(&rp);
+	return ret;
+}
+
 static int
 gl_update_comment(struct scm_client *c, const struct scm_repo *repo,
     int64_t number, int64_t id, const char *body, char **cause)
 {
 	struct scm_resp rp;
-	char url[128];
 	int ret;
 
 	scm_resp_init(&rp);
-	ret = check_project(repo, cause);
-	if (ret == SCM_OK) {
-		snprintf(url, sizeof(url), "/projects/%" PRId64
-		    "/merge_requests/%" PRId64 "/notes/%" PRId64,
-		    repo->project_id, number, id);
-		ret = gl_call(gl_of(c), "update_comment", "PUT", url, "body",
-		    body, 1, &rp, cause);
-	}
+	ret = note_call(c, repo, number, id, "update_comment", "PUT", body,
+	    &rp, cause);
 	scm_resp_release(&rp);
 	return ret;
 }
@@ -444,18 +480,11 @@ gl_delete_comment(struct scm_client *c, const struct scm_repo *repo,
     int64_t number, int64_t id, char **cause)
 {
 	struct scm_resp rp;
-	char url[128];
 	int ret;
 
 	scm_resp_init(&rp);
-	ret = check_project(repo, cause);
-	if (ret == SCM_OK) {
-		snprintf(url, sizeof(url), "/projects/%" PRId64
-		    "/merge_requests/%" PRId64 "/notes/%" PRId64,
-		    repo->project_id, number, id);
-		ret = gl_call(gl_of(c), "delete_comment", "DELETE", url, NULL,
-		    NULL, 1, &rp, cause);
-	}
+	ret = note_call(c, repo, number, id, "delete_comment", "DELETE", NULL,
+	    &rp, cause);
 	scm_resp_release(&rp);
 	return ret;
 }
@@ -739,6 +768,7 @@ static const struct scm_ops gitlab_ops = {
 	.list_comments = gl_list_comments,
 	.create_comment = gl_create_comment,
 	.create_internal_comment = gl_create_internal_comment,
+	.get_comment = gl_get_comment,
 	.update_comment = gl_update_comment,
 	.delete_comment = gl_delete_comment,
 	.react = gl_react,

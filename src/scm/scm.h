@@ -415,6 +415,7 @@ struct scm_comment {
 };
 
 void scm_comments_free(struct scm_comment *v, size_t n);
+void scm_comment_release(struct scm_comment *c);
 
 enum scm_permission {
 	SCM_PERM_NONE = 0,	/* no access, or not a member */
@@ -442,6 +443,14 @@ struct scm_ops {
 	int (*create_internal_comment)(struct scm_client *c,
 	    const struct scm_repo *repo, int64_t number, const char *body,
 	    int64_t *id_out, char **cause);
+	/*
+	 * One comment or note of the PR/MR by id, into *out (to
+	 * scm_comment_release): its author above all. SCM_ENOTFOUND when
+	 * it is gone.
+	 */
+	int (*get_comment)(struct scm_client *c, const struct scm_repo *repo,
+	    int64_t number, int64_t id, struct scm_comment *out,
+	    char **cause);
 	/* SCM_ENOTFOUND when the comment is gone (a person deleted it). */
 	int (*update_comment)(struct scm_client *c,
 	    const struct scm_repo *repo, int64_t number, int64_t id,

@@ -73,6 +73,18 @@ def now():
     return time.time()
 
 
+def member_expired(m):
+    """A GitLab membership past its expires_at (a date, UTC): it still
+    shows in members/all until the daily worker removes it, but grants
+    nothing."""
+    exp = m.get("expires_at")
+    if not exp:
+        return False
+    today = datetime.datetime.fromtimestamp(
+        now(), datetime.timezone.utc).date().isoformat()
+    return str(exp)[:10] < today
+
+
 def iso(t):
     return datetime.datetime.fromtimestamp(
         int(t), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -549,6 +561,8 @@ class State:
                     cur[k] = u[k]
             if "bot" in u:
                 cur["bot"] = bool(u["bot"])
+            if "is_admin" in u:
+                cur["is_admin"] = bool(u["is_admin"])
             return cur
         for u in s.get("users", []):
             upd(u)
@@ -2474,8 +2488,19 @@ class GitLabApi(Api):
             mr["notes"].append(n)
         self.reply(201, self.note_obj(proj, mr, n))
 
+    def may_admin_note(self, proj, n):
+        """GitLab's admin_note ability (NotePolicy, ProjectPolicy): the
+        note's author, a member of the project with the Maintainer role
+        (40) or more, or an administrator may edit or delete a note."""
+        u = self.user
+        if n["author"] == u["username"] or u.get("is_admin"):
+            return True
+        m = proj["members"].get(u["id"])
+        return (m is not None and m["state"] == "active" and
+                m["access_level"] >= 40 and not member_expired(m))
+
     def update_note(self, proj, mr, n):
-        if n["author"] != self.user["username"]:
+        if not self.may_admin_note(proj, n):
             raise gl_error(403, "403 Forbidden")
         body = self.note_body(self.params())
         with self.st.lock:
@@ -2484,7 +2509,7 @@ class GitLabApi(Api):
         self.reply(200, self.note_obj(proj, mr, n))
 
     def delete_note(self, proj, mr, n):
-        if n["author"] != self.user["username"]:
+        if not self.may_admin_note(proj, n):
             raise gl_error(403, "403 Forbidden")
         with self.st.lock:
             mr["notes"] = [x for x in mr["notes"] if x is not n]

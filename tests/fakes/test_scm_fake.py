@@ -764,6 +764,57 @@ def test_gitlab(f):
           int(r1.h("ratelimit-remaining")) - 1, r1.headers)
 
 
+def test_gitlab_note_admin():
+    """GitLab's admin_note: a note's author, a Maintainer (or more) of the
+    project and an administrator may edit or delete it; a Developer, a
+    Maintainer whose membership expired, and a non-member get 403."""
+    seed = {"gitlab": {
+        "user": {"username": "diverge-bot", "id": 50},
+        "tokens": {"glpat-dev": "dev", "glpat-maint": "maint",
+                   "glpat-old": "old-maint", "glpat-admin": "root",
+                   "glpat-out": "outsider", "glpat-pipin": "pipin"},
+        "users": [{"username": "pipin", "id": 1},
+                  {"username": "dev", "id": 2},
+                  {"username": "maint", "id": 3},
+                  {"username": "old-maint", "id": 4},
+                  {"username": "root", "id": 5, "is_admin": True},
+                  {"username": "outsider", "id": 6}],
+        "projects": [{
+            "id": 5, "path_with_namespace": "diaspora/diaspora",
+            "members": {"pipin": 30, "dev": 30, "maint": 40,
+                        "old-maint": {"access_level": 50,
+                                      "expires_at": "2020-01-01"}},
+            "merge_requests": [{"iid": 2, "author": "pipin", "notes": [
+                {"id": 301, "author": "pipin", "body": "pipin's"}]}]}]}}
+    with tempfile.NamedTemporaryFile("w", suffix=".json",
+                                     delete=False) as tf:
+        json.dump(seed, tf)
+    f = Fake("--seed", tf.name)
+    os.unlink(tf.name)
+    try:
+        got = {}
+        for tok in ("dev", "old", "out", "maint", "admin", "pipin"):
+            r = f.gl("PUT", MR + "/notes/301", {"body": "by " + tok},
+                     token="glpat-" + tok)
+            got[tok] = r.status
+        check("edit another user's note: 403 for a Developer, an expired "
+              "Maintainer, a non-member; 200 for a Maintainer, an "
+              "administrator, the author",
+              got == {"dev": 403, "old": 403, "out": 403, "maint": 200,
+                      "admin": 200, "pipin": 200}, got)
+        r = f.gl("GET", MR + "/notes/301", token="glpat-dev")
+        check("... the note keeps its author",
+              r.status == 200 and r.json["author"]["username"] == "pipin" and
+              r.json["body"] == "by pipin", r.raw)
+        r = f.gl("DELETE", MR + "/notes/301", token="glpat-dev")
+        r2 = f.gl("DELETE", MR + "/notes/301", token="glpat-maint")
+        check("delete another user's note: 403 for a Developer, 204 for a "
+              "Maintainer", (r.status, r2.status) == (403, 204),
+              (r.status, r2.status))
+    finally:
+        f.stop()
+
+
 def test_gitlab_pagination(f):
     f.ctl("POST", "seed", {"gitlab": {"projects": [{
         "id": 9, "path_with_namespace": "g/paged",
@@ -1042,7 +1093,7 @@ def main():
     finally:
         f.stop()
     for t in (test_cases, test_github_app_signed,
-              test_provider_and_lifetime):
+              test_provider_and_lifetime, test_gitlab_note_admin):
         try:
             t()
         except Exception:

@@ -615,6 +615,72 @@ pages_gitlab(void **state)
 }
 
 /*
+ * get_comment: one comment or note by id, its author as the API says
+ * (GitHub's GET /repos/:o/:r/issues/comments/:id answers the issue
+ * comment object, the shape of issues.update-comment.json; GitLab's
+ * GET .../merge_requests/:iid/notes/:id get-mr-note.json); a 404 is
+ * SCM_ENOTFOUND, a reply without its author SCM_EINTERNAL.
+ */
+static void
+get_comment(void **state)
+{
+	struct scm_client *gh, *gl;
+	struct scm_comment c;
+	char *cause = NULL;
+
+	(void)state;
+	srv_reset();
+	gh = github_client(GH_TOKEN_MODE, "");
+	gl = gitlab_client("/api/v4");
+	push_file(200, "github/issues.update-comment.json", NULL, NULL);
+	assert_int_equal(gh->ops->get_comment(gh, &gh_repo, 42, 1, &c, &cause),
+	    SCM_OK);
+	assert_int_equal(c.id, 1);
+	assert_string_equal(c.author, "octocat");
+	assert_int_equal(c.author_id, 1);
+	scm_comment_release(&c);
+	assert_string_equal(srv.recs[0].method, "GET");
+	assert_string_equal(srv.recs[0].path,
+	    "/repos/octocat/Hello-World/issues/comments/1");
+
+	push_file(200, "gitlab/get-mr-note.json", NULL, NULL);
+	assert_int_equal(gl->ops->get_comment(gl, &gl_repo, 2, 301, &c,
+	    &cause), SCM_OK);
+	assert_int_equal(c.id, 301);
+	assert_string_equal(c.author, "pipin");
+	assert_int_equal(c.author_id, 1);
+	assert_int_equal(c.system, 0);
+	scm_comment_release(&c);
+	assert_string_equal(srv.recs[1].method, "GET");
+	assert_string_equal(srv.recs[1].path,
+	    "/api/v4/projects/5/merge_requests/2/notes/301");
+
+	push(404, "{\"message\":\"Not Found\"}", NULL);
+	assert_int_equal(gh->ops->get_comment(gh, &gh_repo, 42, 7, &c, &cause),
+	    SCM_ENOTFOUND);
+	free(cause);
+	cause = NULL;
+	push(404, "{\"message\":\"404 Note Not Found\"}", NULL);
+	assert_int_equal(gl->ops->get_comment(gl, &gl_repo, 2, 7, &c, &cause),
+	    SCM_ENOTFOUND);
+	free(cause);
+	cause = NULL;
+	/* another comment's id, or no author: not an answer */
+	push(200, "{\"id\":8,\"user\":{\"login\":\"x\",\"id\":3}}", NULL);
+	assert_int_equal(gh->ops->get_comment(gh, &gh_repo, 42, 7, &c, &cause),
+	    SCM_EINTERNAL);
+	assert_null(c.author);
+	free(cause);
+	cause = NULL;
+	push(200, "{\"id\":7,\"body\":\"b\"}", NULL);
+	assert_int_equal(gl->ops->get_comment(gl, &gl_repo, 2, 7, &c, &cause),
+	    SCM_EINTERNAL);
+	free(cause);
+	scm_client_free(gh);
+	scm_client_free(gl);
+}
+
+/*
  * A note deleted between two pages of offsets: x-total changes and the
  * notes are listed again, so the note that moved back a page is seen.
  */
@@ -2248,6 +2314,7 @@ main(void)
 		cmocka_unit_test(app_tokens_threads),
 		cmocka_unit_test(read_file),
 		cmocka_unit_test(comments_gitlab),
+		cmocka_unit_test(get_comment),
 		cmocka_unit_test(config_errors),
 		cmocka_unit_test(no_secrets_in_logs),
 	};
