@@ -309,16 +309,7 @@ is_mine(struct notifier *n, enum scm_provider p, const struct scm_comment *c)
 /* At most this many comments known to be the bot's (then: forgotten). */
 #define OWN_MAX 4096
 
-/*
- * Whether comment id, about to be edited in place, is still the bot's
- * own. An edit that goes through does not tell: GitHub lets anyone with
- * write access edit anyone's comment, GitLab a Maintainer or an
- * administrator, so after a token of another user (or an App in place of
- * a user) the old user's comment would be edited for good. Asked once
- * per comment while the bot's identity stays the same. 1 when it is (or
- * cannot be told: no identity, a provider without get_comment), 0 when
- * it is another user's, else an SCM_E* (SCM_ENOTFOUND: it is gone).
- */
+/* The key of comment id in n->own. */
 static char *
 own_key(const struct target *t, int64_t id)
 {
@@ -339,6 +330,16 @@ own_add(struct notifier *n, const struct target *t, int64_t id)
 	free(key);
 }
 
+/*
+ * Whether comment id, about to be edited in place, is still the bot's
+ * own. An edit that goes through does not tell: GitHub lets anyone with
+ * write access edit anyone's comment, GitLab a Maintainer or an
+ * administrator, so after a token of another user (or an App in place of
+ * a user) the old user's comment would be edited for good. Asked once
+ * per comment while the bot's identity stays the same. 1 when it is (or
+ * cannot be told: no identity, a provider without get_comment), 0 when
+ * it is another user's, else an SCM_E* (SCM_ENOTFOUND: it is gone).
+ */
 static int
 still_mine(struct notifier *n, struct scm_client *cl, const struct target *t,
     const struct scm_repo *repo, int64_t id, char **cause)
