@@ -8,6 +8,7 @@ root (mount); skipped otherwise."""
 
 import errno
 import os
+import sqlite3
 import subprocess
 import tempfile
 import time
@@ -121,18 +122,29 @@ def run(t, mnt):
     refused = key
     # A charge writes two or three WAL frames. Room given back after the
     # fill (an inbox checkpoint truncating its WAL, a worker's last
-    # write failing) can hold that: such a charge is durable and
-    # answered 200. Then the disk is filled again and another charge
-    # tried; one must meet the full disk.
-    fits = 0
-    for attempt in range(20):
-        settle(mnt)
-        fill(mnt)
+    # write failing) can hold that; so can the WAL file itself once a
+    # checkpoint has copied all of it (which the full disk usually
+    # prevents, not always): the next write starts again at its head,
+    # over blocks it already has. Such a charge is durable and answered
+    # 200. So once a charge fits, a reader holds the WAL (as a backup
+    # would: it can no longer be rewound) and the charges go on until
+    # one must grow it, on the full disk.
+    fits, pin = 0, None
+    settle(mnt)
+    fill(mnt)
+    for attempt in range(3000):
         rid = "on-full-%d" % attempt
         s, h, j = charge(d, token, rid)
         if s != 200:
             break
         fits += 1
+        if pin is None:
+            pin = sqlite3.connect(d.db(), isolation_level=None)
+            pin.execute("BEGIN")
+            pin.execute("SELECT count(*) FROM sqlite_master").fetchall()
+    if pin is not None:
+        pin.execute("COMMIT")
+        pin.close()
     t.ok(s == 503 and h.get("retry-after") == "5" and
          j == {"error": "the store is unavailable, retry"},
          "a charge on the full disk: 503 with Retry-After (%d charge(s) "
