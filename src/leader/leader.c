@@ -23,7 +23,6 @@ struct leader {
 	char *where;			/* "namespace/name", for the logs */
 	pthread_t thread;
 	pthread_t deadline;		/* the renew_deadline's own thread */
-	int deadline_running;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;		/* broadcast: both threads wait */
 	int stopping;			/* under mu */
@@ -482,7 +481,6 @@ leader_start(struct leader **out, const struct leader_config *cfg,
 		leader_free(l);
 		return -1;
 	}
-	l->deadline_running = 1;
 	if (pthread_create(&l->thread, NULL, leader_main, l) != 0) {
 		*cause = xstrdup("leader election: cannot start its thread");
 		pthread_mutex_lock(&l->mu);
@@ -551,8 +549,7 @@ leader_stop(struct leader *l)
 	pthread_cond_broadcast(&l->cv);
 	pthread_mutex_unlock(&l->mu);
 	pthread_join(l->thread, NULL);
-	if (l->deadline_running)
-		pthread_join(l->deadline, NULL);
+	pthread_join(l->deadline, NULL);
 	if (leader_state(l) == LEADER_LEADING)
 		release(l);
 	leader_free(l);

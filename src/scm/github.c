@@ -761,20 +761,31 @@ out:
 	return ret;
 }
 
+/* A call on issue comment id; body: a {"body": ...} to send. */
+static int
+comment_call(struct scm_client *c, const struct scm_repo *repo, int64_t id,
+    const char *op, const char *method, const char *body,
+    struct scm_resp *rp, char **cause)
+{
+	char suffix[64];
+
+	snprintf(suffix, sizeof(suffix), "/issues/comments/%" PRId64, id);
+	return simple(gh_of(c), repo, op, method, suffix, body != NULL ?
+	    "body" : NULL, body, 1, rp, cause);
+}
+
 static int
 gh_get_comment(struct scm_client *c, const struct scm_repo *repo,
     int64_t number, int64_t id, struct scm_comment *out, char **cause)
 {
 	struct scm_resp rp;
-	char suffix[64];
 	int ret;
 
 	(void)number;
 	memset(out, 0, sizeof(*out));
 	scm_resp_init(&rp);
-	snprintf(suffix, sizeof(suffix), "/issues/comments/%" PRId64, id);
-	ret = simple(gh_of(c), repo, "get_comment", "GET", suffix, NULL, NULL,
-	    1, &rp, cause);
+	ret = comment_call(c, repo, id, "get_comment", "GET", NULL, &rp,
+	    cause);
 	if (ret == SCM_OK)
 		ret = scm_comment_reply(&rp, "github: get comment", id,
 		    comment_from, out, cause);
@@ -787,14 +798,12 @@ gh_update_comment(struct scm_client *c, const struct scm_repo *repo,
     int64_t number, int64_t id, const char *body, char **cause)
 {
 	struct scm_resp rp;
-	char suffix[64];
 	int ret;
 
 	(void)number;
 	scm_resp_init(&rp);
-	snprintf(suffix, sizeof(suffix), "/issues/comments/%" PRId64, id);
-	ret = simple(gh_of(c), repo, "update_comment", "PATCH", suffix,
-	    "body", body, 1, &rp, cause);
+	ret = comment_call(c, repo, id, "update_comment", "PATCH", body, &rp,
+	    cause);
 	scm_resp_release(&rp);
 	return ret;
 }
@@ -804,14 +813,12 @@ gh_delete_comment(struct scm_client *c, const struct scm_repo *repo,
     int64_t number, int64_t id, char **cause)
 {
 	struct scm_resp rp;
-	char suffix[64];
 	int ret;
 
 	(void)number;
 	scm_resp_init(&rp);
-	snprintf(suffix, sizeof(suffix), "/issues/comments/%" PRId64, id);
-	ret = simple(gh_of(c), repo, "delete_comment", "DELETE", suffix, NULL,
-	    NULL, 1, &rp, cause);
+	ret = comment_call(c, repo, id, "delete_comment", "DELETE", NULL, &rp,
+	    cause);
 	scm_resp_release(&rp);
 	return ret;
 }

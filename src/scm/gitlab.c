@@ -260,7 +260,7 @@ gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
 {
 	struct gitlab *g = gl_of(c);
 	struct scm_resp rp;
-	struct scm_comment *v = NULL, *cm;
+	struct scm_comment *v = NULL;
 	size_t nv = 0, cap = 0, i, got;
 	int64_t page = 1, total = -1;
 	char url[160];
@@ -318,8 +318,7 @@ gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
 				cap = cap ? cap * 2 : 32;
 				v = xrealloc(v, cap * sizeof(*v));
 			}
-			cm = &v[nv++];
-			note_from(e, cm);
+			note_from(e, &v[nv++]);
 		}
 		json_decref(j);
 		j = NULL;
