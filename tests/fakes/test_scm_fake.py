@@ -764,6 +764,60 @@ def test_gitlab(f):
           int(r1.h("ratelimit-remaining")) - 1, r1.headers)
 
 
+def test_github_comment_moderation():
+    """GitHub: a comment's author, and anyone with write access (write,
+    maintain, admin), may edit or delete it; a read or triage user, or a
+    user of no role on a public repository, gets 403."""
+    seed = {"github": {
+        "tokens": {"ghp_reader": "reader", "ghp_triage": "triager",
+                   "ghp_write": "writer", "ghp_maintain": "maintainer",
+                   "ghp_owner": "octo", "ghp_author": "pipin",
+                   "ghp_outsider": "outsider"},
+        "repos": [{
+            "full_name": "octo/mod", "private": False,
+            "collaborators": {"reader": "read", "triager": "triage",
+                              "writer": "write", "maintainer": "maintain",
+                              "pipin": "read"},
+            "pulls": [{"number": 3, "comments": [
+                {"id": 701, "user": "pipin", "body": "pipin's"},
+                {"id": 702, "user": "pipin", "body": "to delete"}]}]}]}}
+    with tempfile.NamedTemporaryFile("w", suffix=".json",
+                                     delete=False) as tf:
+        json.dump(seed, tf)
+    f = Fake("--seed", tf.name)
+    os.unlink(tf.name)
+    base = "/github/repos/octo/mod/issues/comments/"
+    try:
+        got, msg = {}, None
+        for who in ("reader", "triage", "outsider", "write", "maintain",
+                    "owner", "author"):
+            r = f.gh("PATCH", base + "701", {"body": "by " + who},
+                     token="ghp_" + who)
+            got[who] = r.status
+            if who == "reader":
+                msg = r.json
+        check("edit another user's comment: 403 for read, triage and no "
+              "role; 200 for write, maintain, the owner and the author",
+              got == {"reader": 403, "triage": 403, "outsider": 403,
+                      "write": 200, "maintain": 200, "owner": 200,
+                      "author": 200}, got)
+        check("... the 403 is GitHub's JSON error",
+              isinstance(msg, dict) and msg.get("message") ==
+              "Must have admin rights to Repository." and
+              "documentation_url" in msg, msg)
+        r = f.gh("GET", base + "701", token="ghp_reader")
+        check("... the comment keeps its author and the last allowed body",
+              r.status == 200 and r.json["user"]["login"] == "pipin" and
+              r.json["body"] == "by author", r.raw[:300])
+        r = f.gh("DELETE", base + "702", token="ghp_triage")
+        r2 = f.gh("DELETE", base + "702", token="ghp_write")
+        check("delete another user's comment: 403 for triage, 204 for "
+              "write", (r.status, r2.status) == (403, 204),
+              (r.status, r2.status))
+    finally:
+        f.stop()
+
+
 def test_gitlab_note_admin():
     """GitLab's admin_note: a note's author, a Maintainer (or more) of the
     project and an administrator may edit or delete it; a Developer, a
@@ -1093,7 +1147,8 @@ def main():
     finally:
         f.stop()
     for t in (test_cases, test_github_app_signed,
-              test_provider_and_lifetime, test_gitlab_note_admin):
+              test_provider_and_lifetime, test_gitlab_note_admin,
+              test_github_comment_moderation):
         try:
             t()
         except Exception:
