@@ -1263,7 +1263,7 @@ cmd_task_init(const struct command *cmd, int argc, char **argv)
 	struct init_args a = { 0 };
 	char *root = NULL, *dir = NULL, *path = NULL, *tmp = NULL;
 	size_t len = sizeof(agent_yaml_scaffold) - 1;
-	int ret, done, fd = -1;
+	int ret, done, fd;
 
 	ret = parse_opts(cmd, argc, argv, longopts, "f", init_opt, &a, &done);
 	if (done)
@@ -1288,14 +1288,19 @@ cmd_task_init(const struct command *cmd, int argc, char **argv)
 	tmp = xasprintf("%s.tmp.%ld", path, (long)getpid());
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
 	if (fd < 0 || write(fd, agent_yaml_scaffold, len) != (ssize_t)len ||
-	    fsync(fd) < 0 || close(fd) < 0) {
+	    fsync(fd) < 0) {
 		errorf("cannot write %s: %s", tmp, strerror(errno));
-		if (fd >= 0)
+		if (fd >= 0) {
+			(void)close(fd);
 			(void)unlink(tmp);
-		fd = -1;
+		}
 		goto out;
 	}
-	fd = -1;
+	if (close(fd) < 0) {
+		errorf("cannot write %s: %s", tmp, strerror(errno));
+		(void)unlink(tmp);
+		goto out;
+	}
 	if (rename(tmp, path) < 0) {
 		errorf("cannot write %s: %s", path, strerror(errno));
 		(void)unlink(tmp);
@@ -2050,7 +2055,8 @@ print_transitions(const json_t *task)
 	/* stable: equal times keep the order above */
 	for (i = 0; i < n; i++)
 		v[i].at = v[i].at * 64 + (int64_t)i;
-	qsort(v, n, sizeof(*v), cmp_transition);
+	if (n > 0)
+		qsort(v, n, sizeof(*v), cmp_transition);
 	printf("Recent transitions:\n");
 	table_init(&t, 2);
 	for (i = n > MAX_TRANSITIONS ? n - MAX_TRANSITIONS : 0; i < n; i++) {

@@ -1198,6 +1198,7 @@ start_notifier(char **cause)
 {
 	struct notifier_config nc;
 	char *gh_login = NULL, *gl_user = NULL;
+	const char *env;
 	int rc;
 
 	if (D.github_client == NULL && D.gitlab_client == NULL)
@@ -1223,13 +1224,11 @@ start_notifier(char **cause)
 	nc.github_login = gh_login;
 	nc.gitlab_username = gl_user;
 	/* a test hook: a shorter throttle of the content-only updates */
-	if (getenv("DIVERGE_TEST_NOTIFIER_THROTTLE_MS") != NULL)
-		nc.throttle_ms = strtoll(getenv(
-		    "DIVERGE_TEST_NOTIFIER_THROTTLE_MS"), NULL, 10);
+	if ((env = getenv("DIVERGE_TEST_NOTIFIER_THROTTLE_MS")) != NULL)
+		nc.throttle_ms = strtoll(env, NULL, 10);
 	/* and a shorter wait after the provider refused a write */
-	if (getenv("DIVERGE_TEST_NOTIFIER_REFUSED_MS") != NULL)
-		nc.refused_ms = strtoll(getenv(
-		    "DIVERGE_TEST_NOTIFIER_REFUSED_MS"), NULL, 10);
+	if ((env = getenv("DIVERGE_TEST_NOTIFIER_REFUSED_MS")) != NULL)
+		nc.refused_ms = strtoll(env, NULL, 10);
 	rc = notifier_start(&D.notifier, &nc, cause);
 	free(gh_login);	/* notifier_start copied them */
 	free(gl_user);

@@ -1261,7 +1261,7 @@ http_error(struct scm_http *h, const struct scm_req *rq, const char *shown,
 		m = red;
 	if (m != NULL) {
 		/* printable ASCII only, bounded */
-		for (i = 0; m[i] != '\0' && i < MAX_MESSAGE; i++)
+		for (i = 0; i < MAX_MESSAGE && m[i] != '\0'; i++)
 			msg[i] = m[i] >= 0x20 && m[i] < 0x7f ? m[i] : '?';
 		msg[i] = '\0';
 	}

@@ -189,11 +189,12 @@ keep_forms(const char *v, size_t len, int frag)
 void
 redact_secret_add(const char *v, size_t len)
 {
-	const char *p, *nl, *end = v + len;
+	const char *p, *nl, *end;
 	int lines;
 
 	if (v == NULL)
 		return;
+	end = v + len;
 	lines = memchr(v, '\n', len) != NULL;
 	pthread_rwlock_wrlock(&secrets_lock);
 	/*
