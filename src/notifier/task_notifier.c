@@ -544,9 +544,11 @@ stale(const json_t *task, const json_t *fresh, const json_t *fields)
 	    "reportedPhase"));
 	const char *phase = json_string_value(json_object_get(s1, "phase"));
 
-	if ((u0 != NULL) != (u1 != NULL) || (u0 != NULL && strcmp(u0, u1)))
+	if ((u0 != NULL) != (u1 != NULL) ||
+	    (u0 != NULL && strcmp(u0, u1) != 0))
 		return 1;
-	if ((r0 != NULL) != (r1 != NULL) || (r0 != NULL && strcmp(r0, r1)))
+	if ((r0 != NULL) != (r1 != NULL) ||
+	    (r0 != NULL && strcmp(r0, r1) != 0))
 		return 1;
 	return want != NULL && (phase == NULL || strcmp(want, phase) != 0);
 }
