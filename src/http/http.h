@@ -28,6 +28,19 @@ struct MHD_Connection;
 const char *http_framing_error(struct MHD_Connection *conn);
 
 /*
+ * libmicrohttpd decodes a request's path and query in place, so a %00 in
+ * them cut them short there: "/tasks/a%00b" would be served as
+ * "/tasks/a". http_uri_mark, its URI log callback
+ * (MHD_OPTION_URI_LOG_CALLBACK), sees the request target as sent and
+ * returns HTTP_NUL_MARK for one with a %00: the request's first context
+ * value, which its handler answers with 400 (and its completion callback
+ * leaves alone); NULL otherwise.
+ */
+extern char http_nul_mark;
+#define HTTP_NUL_MARK ((void *)&http_nul_mark)
+void *http_uri_mark(void *cls, const char *uri, struct MHD_Connection *conn);
+
+/*
  * Resolve "HOST:PORT", "[V6]:PORT" or ":PORT" (all addresses) into *ss;
  * -1 with *cause naming the address.
  */

@@ -391,6 +391,21 @@ framing_error(const struct hscan *h)
 	return NULL;
 }
 
+char http_nul_mark;
+
+void *
+http_uri_mark(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+	const char *p;
+
+	(void)cls;
+	(void)conn;
+	for (p = uri; p != NULL && (p = strchr(p, '%')) != NULL; p++)
+		if (p[1] == '0' && p[2] == '0')
+			return HTTP_NUL_MARK;
+	return NULL;
+}
+
 const char *
 http_framing_error(struct MHD_Connection *conn)
 {
@@ -506,10 +521,10 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 	struct http_req *r = *con_cls;
 	int rc;
 
-	if (r == NULL) {
+	if (r == NULL || r == HTTP_NUL_MARK) {
 		struct buf allow;
 		struct hscan hs;
-		int known;
+		int known, nul = r != NULL;
 		const char *cl, *why;
 
 		r = xcalloc(1, sizeof(*r));
@@ -527,8 +542,12 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 		pthread_mutex_unlock(&s->mu);
 
 		buf_init(&allow, 256);
-		r->route = find_route(s, method, url, &known, &allow);
-		if (r->route == NULL && !known) {
+		r->route = nul ? NULL : find_route(s, method, url, &known,
+		    &allow);
+		if (nul) {
+			http_reply_error(r, 400, "the request target holds a "
+			    "NUL byte (%00)");
+		} else if (r->route == NULL && !known) {
 			http_reply_error(r, 404, "not found");
 		} else if (r->route == NULL) {
 			http_reply_header(r, "Allow", allow.data);
@@ -659,8 +678,10 @@ completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
 	int64_t start_ms;
 
 	conn_handled(conn, 0);
-	if (r == NULL)
+	if (r == NULL || r == HTTP_NUL_MARK) {
+		*con_cls = NULL;
 		return;
+	}
 	route = r->route != NULL ? r->route->name : "unmatched";
 	/* once unlocked, r may belong to a replier still to come */
 	pthread_mutex_lock(&r->mu);
@@ -768,6 +789,8 @@ http_server_start(struct http_server **out,
 		metrics_zero("diverge_http_connections_timed_out_total", none);
 	}
 	s->d = MHD_start_daemon(flags, 0, accept_cb, s, access_cb, s,
+	    /* first: libmicrohttpd logs what it finds in the options after */
+	    MHD_OPTION_EXTERNAL_LOGGER, http_mhd_log, "http server",
 	    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
 	    MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)(cfg->threads > 0 ?
 	    cfg->threads : 1),
@@ -785,8 +808,8 @@ http_server_start(struct http_server **out,
 	    MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(2 * cfg->max_header +
 	    16384),
 	    MHD_OPTION_NOTIFY_COMPLETED, completed_cb, s,
+	    MHD_OPTION_URI_LOG_CALLBACK, http_uri_mark, NULL,
 	    MHD_OPTION_NOTIFY_CONNECTION, notify_conn, s,
-	    MHD_OPTION_EXTERNAL_LOGGER, http_mhd_log, "http server",
 	    /*
 	     * not MHD_OPTION_LISTENING_ADDRESS_REUSE: it sets SO_REUSEPORT,
 	     * and a second diverged on the same address then started and

@@ -3707,7 +3707,9 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 	const char *cl, *why, *host;
 
 	(void)version;
-	if (q == NULL) {
+	if (q == NULL || q == HTTP_NUL_MARK) {
+		int nul = q != NULL;
+
 		q = xcalloc(1, sizeof(*q));
 		q->srv = s;
 		q->api = s->api;
@@ -3719,6 +3721,12 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 		if (!authorized(s, conn)) {
 			reply_err(q, K8S_EUNAUTHORIZED, 401, "Unauthorized",
 			    "Unauthorized");
+			return send_reply(q);
+		}
+		if (nul) {
+			/* no name or selector holds one */
+			reply_err(q, K8S_EBADREQUEST, 400, "BadRequest",
+			    "the request target holds a NUL byte (%%00)");
 			return send_reply(q);
 		}
 		if ((why = http_framing_error(conn)) != NULL) {
@@ -3789,9 +3797,9 @@ completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
 	(void)cls;
 	(void)conn;
 	(void)toe;
-	if (q == NULL)
-		return;
 	*con_cls = NULL;
+	if (q == NULL || q == HTTP_NUL_MARK)
+		return;
 	watch_free(q->stream);
 	json_decref(q->reply);
 	for (i = 0; i < q->nwarnings; i++)
@@ -3900,13 +3908,15 @@ k8s_apiserver_start(struct k8s_apiserver **out, struct k8s_api *api,
 	}
 	errno = 0;
 	s->d = MHD_start_daemon(flags, 0, NULL, NULL, access_cb, s,
+	    /* first: libmicrohttpd logs what it finds in the options after */
+	    MHD_OPTION_EXTERNAL_LOGGER, http_mhd_log, "api server",
 	    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
 	    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)
 	    (cfg->max_connections > 0 ? cfg->max_connections : 256),
 	    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)API_IDLE_TIMEOUT_S,
 	    MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(128 * 1024),
 	    MHD_OPTION_NOTIFY_COMPLETED, completed_cb, s,
-	    MHD_OPTION_EXTERNAL_LOGGER, http_mhd_log, "api server",
+	    MHD_OPTION_URI_LOG_CALLBACK, http_uri_mark, NULL,
 	    MHD_OPTION_ARRAY, tls_opts,
 	    MHD_OPTION_END);
 	if (s->d == NULL) {

@@ -571,6 +571,34 @@ def subdomain_names(t, srv):
     t.eq(code, 201, "a.b-c.0d is a subdomain: created")
 
 
+def nul_paths(t, srv):
+    """libmicrohttpd decodes the path in place, so a %00 cut it short: a
+    GET or a DELETE of tasks/keep%00x read or deleted tasks/keep. A
+    request target with a %00 is refused with 400 (kube-apiserver finds
+    no such name), whatever the method, in the path or the query."""
+    local = [("Host", "127.0.0.1:" + srv.url.rsplit(":", 1)[1])]
+    t.eq(call(srv, "POST", TASKS, task("keep"))[0], 201, "keep created")
+    for method, path in (("GET", TASKS + "/keep%00x"),
+                         ("DELETE", TASKS + "/keep%00"),
+                         ("PATCH", TASKS + "/keep%00/status"),
+                         ("GET", TASKS + "?labelSelector=a%00b"),
+                         ("GET", TASKS + "/keep%2500")):
+        code, body = raw_call(srv, method, path, local + [
+            ("Content-Type", "application/merge-patch+json")],
+            b'{"spec":{"objective":"y"}}' if method == "PATCH" else b"")
+        if path.endswith("%2500"):
+            # an escaped percent sign: the name "keep%00", not found
+            t.eq(code, 404, "GET tasks/keep%2500: 404, no NUL in it")
+            continue
+        t.ok(code == 400 and body.get("reason") == "BadRequest" and
+             "NUL" in body.get("message", ""),
+             "%s %s: 400 BadRequest" % (method, path.split("/")[-1]),
+             (code, body))
+    code, body = call(srv, "GET", TASKS + "/keep")
+    t.ok(code == 200 and body["spec"]["objective"] == "x",
+         "keep is still there, unchanged", (code, body))
+
+
 def main(t):
     srv = ApiServer()
     try:
@@ -587,6 +615,7 @@ def main(t):
         simple_posts(t, srv)
         foreign_host(t, srv)
         subdomain_names(t, srv)
+        nul_paths(t, srv)
         t.eq(srv.stop(), 0, "the server stops cleanly on SIGTERM")
     finally:
         srv.cleanup()

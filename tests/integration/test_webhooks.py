@@ -160,6 +160,25 @@ def github_cases(t, d):
              "%s: 400 with a JSON error, nothing after it" % name, out[:300])
         t.eq(d.count("inbox", "key = 'github:%s'" % key2), 0,
              "%s: nothing stored" % name)
+    # a %00 would cut the decoded path short: refused, not routed
+    key2 = did()
+    out = d.raw(b"POST /webhooks/github%%00x HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nX-GitHub-Event: "
+                b"issue_comment\r\nX-Hub-Signature-256: %s\r\n"
+                b"X-GitHub-Delivery: %s\r\nContent-Length: %d\r\n"
+                b"Connection: close\r\n\r\n%s" % (
+                    sign(d.secret, body).encode(), key2.encode(), len(body),
+                    body))
+    t.ok(out.startswith(b"HTTP/1.1 400") and b"NUL" in
+         out.partition(b"\r\n\r\n")[2], "a signed delivery to "
+         "/webhooks/github%00x: 400 with a JSON error", out[:300])
+    t.eq(d.count("inbox", "key = 'github:%s'" % key2), 0,
+         "... nothing stored")
+    out = d.raw(b"GET /healthz?x=%00 HTTP/1.1\r\nHost: x\r\n"
+                b"Connection: close\r\n\r\n")
+    t.ok(out.startswith(b"HTTP/1.1 400"), "GET /healthz?x=%00: 400",
+         out[:120])
+
     def pad(kib):
         return b"".join(b"X-Pad-%d: %s\r\n" % (i, b"y" * 1000)
                         for i in range(kib))
