@@ -28,6 +28,14 @@ struct MHD_Connection;
 const char *http_framing_error(struct MHD_Connection *conn);
 
 /*
+ * What is wrong with a request's headers by RFC 9112 (a name that is not
+ * a token, as "Content-Length : 5"; no Host in HTTP/1.1, or two), or
+ * NULL: such a request is refused with 400 before its body.
+ */
+const char *http_header_error(struct MHD_Connection *conn,
+    const char *version);
+
+/*
  * libmicrohttpd decodes a request's path and query in place, so a %00 in
  * them cut them short there: "/tasks/a%00b" would be served as
  * "/tasks/a". http_uri_mark, its URI log callback

@@ -7,6 +7,7 @@
 #include "config.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -338,7 +339,23 @@ struct hscan {
 	int cl_differ;		/* another one says something else */
 	int te;			/* Transfer-Encoding headers */
 	int te_chunked;		/* the last one says just "chunked" */
+	int hosts;		/* Host headers */
+	int bad_name;		/* a name that is not a token */
 };
+
+/* Whether s[0..n) is an RFC 9110 token (what a header's name must be). */
+static int
+is_token(const char *s, size_t n)
+{
+	static const char extra[] = "!#$%&'*+-.^_`|~";
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		if (!isalnum((unsigned char)s[i]) && (s[i] == '\0' ||
+		    strchr(extra, s[i]) == NULL))
+			return 0;
+	return n > 0;
+}
 
 static MHD_RESULT
 scan_header(void *cls, enum MHD_ValueKind kind, const char *key,
@@ -350,6 +367,10 @@ scan_header(void *cls, enum MHD_ValueKind kind, const char *key,
 	h->n += key_size + value_size + 4;	/* ": " and CRLF */
 	if (key == NULL || value == NULL)
 		return MHD_YES;
+	if (!is_token(key, key_size))
+		h->bad_name = 1;
+	else if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0)
+		h->hosts++;
 	if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
 		if (h->cl == NULL)
 			h->cl = value;
@@ -406,6 +427,23 @@ http_uri_mark(void *cls, const char *uri, struct MHD_Connection *conn)
 	return NULL;
 }
 
+/*
+ * What RFC 9112 makes a server refuse with 400 in the headers (3.2, 5.1),
+ * or NULL. libmicrohttpd takes "Content-Length : 5" as another header,
+ * so a body a proxy in front read by it would be our next request.
+ */
+static const char *
+header_error(const struct hscan *h, const char *version)
+{
+	if (h->bad_name)
+		return "malformed header field name";
+	if (h->hosts > 1)
+		return "more than one host header";
+	if (h->hosts == 0 && strcmp(version, MHD_HTTP_VERSION_1_1) == 0)
+		return "missing host header";
+	return NULL;
+}
+
 const char *
 http_framing_error(struct MHD_Connection *conn)
 {
@@ -413,6 +451,15 @@ http_framing_error(struct MHD_Connection *conn)
 
 	scan_headers(conn, "", "", "", &h);
 	return framing_error(&h);
+}
+
+const char *
+http_header_error(struct MHD_Connection *conn, const char *version)
+{
+	struct hscan h;
+
+	scan_headers(conn, "", "", "", &h);
+	return header_error(&h, version);
 }
 
 /* Whether conn's request is with a handler (no deadline) or not. */
@@ -558,7 +605,8 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 		if (!r->replied && hs.n > s->max_header)
 			http_reply_error(r, 431,
 			    "request header fields too large");
-		if (!r->replied && (why = framing_error(&hs)) != NULL)
+		if (!r->replied && ((why = header_error(&hs, version)) != NULL
+		    || (why = framing_error(&hs)) != NULL))
 			http_reply_error(r, 400, why);
 		cl = hs.cl;
 		if (!r->replied && cl != NULL) {

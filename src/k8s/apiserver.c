@@ -3706,7 +3706,6 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 	struct api_req *q = *con_cls;
 	const char *cl, *why, *host;
 
-	(void)version;
 	if (q == NULL || q == HTTP_NUL_MARK) {
 		int nul = q != NULL;
 
@@ -3727,6 +3726,11 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 			/* no name or selector holds one */
 			reply_err(q, K8S_EBADREQUEST, 400, "BadRequest",
 			    "the request target holds a NUL byte (%%00)");
+			return send_reply(q);
+		}
+		if ((why = http_header_error(conn, version)) != NULL) {
+			reply_err(q, K8S_EBADREQUEST, 400, "BadRequest", "%s",
+			    why);
 			return send_reply(q);
 		}
 		if ((why = http_framing_error(conn)) != NULL) {

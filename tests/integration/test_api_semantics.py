@@ -473,6 +473,18 @@ def framing(t, srv):
              "%s: 400 with a Status at once" % hdr.split("\r\n")[-1], got)
     t.eq(call(srv, "GET", TASKS + "/framed")[0], 404,
          "nothing was created by them")
+    local = "127.0.0.1:" + port
+    for name, hdrs in (
+            ("Content-Length : N", [("Host", local),
+                                    ("Content-Length ", str(len(body)))]),
+            ("two Hosts", [("Host", local), ("Host", local)]),
+            ("no Host", [])):
+        code, st = raw_call(srv, "POST", TASKS, hdrs + [
+            ("Content-Type", "application/json")], body)
+        t.ok(code == 400 and st.get("reason") == "BadRequest",
+             "%s: 400 BadRequest" % name, (code, st))
+    t.eq(call(srv, "GET", TASKS + "/framed")[0], 404,
+         "nothing was created by them either")
 
 
 def raw_call(srv, method, path, headers, body=b""):

@@ -160,6 +160,38 @@ def github_cases(t, d):
              "%s: 400 with a JSON error, nothing after it" % name, out[:300])
         t.eq(d.count("inbox", "key = 'github:%s'" % key2), 0,
              "%s: nothing stored" % name)
+    # RFC 9112 3.2, 5.1: a header name that is not a token (libmicrohttpd
+    # takes "Content-Length : N" as another header and read no body: the
+    # body a proxy in front sent by it was our next request), two Hosts,
+    # or none in HTTP/1.1: 400 with a JSON error, nothing after it
+    smuggled = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    heads = {
+        "Content-Length : N": b"Content-Length : %d\r\nHost: x\r\n" %
+                              (len(body) + len(smuggled)),
+        "Host : x": b"Host : x\r\nContent-Length: %d\r\n" % len(body),
+        "a tab in a name": b"Host: x\r\nX\tPad: 1\r\nContent-Length: %d"
+                           b"\r\n" % len(body),
+        "two Hosts": b"Host: x\r\nHost: y\r\nContent-Length: %d\r\n" %
+                     len(body),
+        "no Host": b"Content-Length: %d\r\n" % len(body),
+    }
+    for name, head in heads.items():
+        key2 = did()
+        out = d.raw(b"POST /webhooks/github HTTP/1.1\r\n" + head +
+                    b"Content-Type: application/json\r\nX-GitHub-Event: "
+                    b"issue_comment\r\nX-Hub-Signature-256: %s\r\n"
+                    b"X-GitHub-Delivery: %s\r\n\r\n" % (
+                        sign(d.secret, body).encode(), key2.encode()) +
+                    body + smuggled)
+        t.ok(out.startswith(b"HTTP/1.1 400") and
+             out.partition(b"\r\n\r\n")[2].startswith(b'{"error":') and
+             out.count(b"HTTP/1.1 ") == 1,
+             "%s: 400 with a JSON error, nothing after it" % name, out[:300])
+        t.eq(d.count("inbox", "key = 'github:%s'" % key2), 0,
+             "%s: nothing stored" % name)
+    out = d.raw(b"GET /healthz HTTP/1.0\r\n\r\n")
+    t.ok(out.startswith(b"HTTP/1.1 200"), "HTTP/1.0 needs no Host: 200",
+         out[:100])
     # a %00 would cut the decoded path short: refused, not routed
     key2 = did()
     out = d.raw(b"POST /webhooks/github%%00x HTTP/1.1\r\nHost: x\r\n"
