@@ -190,6 +190,9 @@ static const struct http_route *
 find_route(const struct http_server *s, const char *method, const char *path,
     int *path_known, struct buf *allow)
 {
+	/* HEAD is GET without the body (RFC 9110 9.3.2; libmicrohttpd drops it) */
+	const char *want = strcmp(method, MHD_HTTP_METHOD_HEAD) == 0 ?
+	    MHD_HTTP_METHOD_GET : method;
 	size_t i;
 
 	*path_known = 0;
@@ -200,7 +203,9 @@ find_route(const struct http_server *s, const char *method, const char *path,
 		if (allow->len > 0)
 			buf_addstr(allow, ", ");
 		buf_addstr(allow, s->routes[i].method);
-		if (strcmp(s->routes[i].method, method) == 0)
+		if (strcmp(s->routes[i].method, MHD_HTTP_METHOD_GET) == 0)
+			buf_addstr(allow, ", " MHD_HTTP_METHOD_HEAD);
+		if (strcmp(s->routes[i].method, want) == 0)
 			return &s->routes[i];
 	}
 	return NULL;

@@ -113,6 +113,21 @@ def github_cases(t, d):
          (s, h))
     s, _, j = d.json("GET", "/nope")
     t.ok(s == 404 and j.get("error"), "unknown path: 404 JSON", (s, j))
+    # HEAD is served wherever GET is, without the body (RFC 9110 9.3.2)
+    for path in (b"/healthz", b"/metrics"):
+        out = d.raw(b"HEAD %s HTTP/1.1\r\nHost: x\r\nConnection: close"
+                    b"\r\n\r\n" % path)
+        head, _, rest = out.partition(b"\r\n\r\n")
+        t.ok(head.startswith(b"HTTP/1.1 200") and rest == b"" and
+             b"content-length:" in head.lower(),
+             "HEAD %s: 200, the headers only" % path.decode(), out[:300])
+    s, h, j = d.json("PUT", "/healthz")
+    t.ok(s == 405 and h.get("allow") == "GET, HEAD",
+         "PUT /healthz: 405, Allow: GET, HEAD", (s, h))
+    out = d.raw(b"HEAD /webhooks/github HTTP/1.1\r\nHost: x\r\n"
+                b"Connection: close\r\n\r\n")
+    t.ok(out.startswith(b"HTTP/1.1 405") and b"Allow: POST\r\n" in out,
+         "HEAD /webhooks/github: 405, Allow: POST", out[:300])
     # a client announcing a body over 5 MiB gets 413 after the headers
     out = d.raw(b"POST /webhooks/github HTTP/1.1\r\nHost: x\r\n"
                 b"Content-Type: application/json\r\nX-GitHub-Event: "
