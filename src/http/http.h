@@ -20,20 +20,16 @@ struct http_req;
 struct MHD_Connection;
 
 /*
- * Why the length of a libmicrohttpd request's body is ambiguous (both
+ * What is wrong with a libmicrohttpd request's headers, from one pass
+ * over them, or NULL: such a request is refused with 400 before its body.
+ * Either what RFC 9112 3.2 and 5.1 make a server refuse (a name that is
+ * not a token, as "Content-Length : 5"; no Host in HTTP/1.1, or two), or,
+ * with *framing set, why the length of the body is ambiguous (both
  * Content-Length and Transfer-Encoding, a Transfer-Encoding other than
- * one "chunked", Content-Lengths that differ), or NULL: such a request is
- * refused before its body (RFC 9112 6.1, 6.3).
+ * one "chunked", Content-Lengths that differ: RFC 9112 6.1, 6.3).
  */
-const char *http_framing_error(struct MHD_Connection *conn);
-
-/*
- * What is wrong with a request's headers by RFC 9112 (a name that is not
- * a token, as "Content-Length : 5"; no Host in HTTP/1.1, or two), or
- * NULL: such a request is refused with 400 before its body.
- */
-const char *http_header_error(struct MHD_Connection *conn,
-    const char *version);
+const char *http_request_error(struct MHD_Connection *conn,
+    const char *version, int *framing);
 
 /*
  * libmicrohttpd decodes a request's path and query in place, so a %00 in

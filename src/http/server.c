@@ -450,21 +450,18 @@ header_error(const struct hscan *h, const char *version)
 }
 
 const char *
-http_framing_error(struct MHD_Connection *conn)
+http_request_error(struct MHD_Connection *conn, const char *version,
+    int *framing)
 {
 	struct hscan h;
+	const char *why;
 
 	scan_headers(conn, "", "", "", &h);
-	return framing_error(&h);
-}
-
-const char *
-http_header_error(struct MHD_Connection *conn, const char *version)
-{
-	struct hscan h;
-
-	scan_headers(conn, "", "", "", &h);
-	return header_error(&h, version);
+	*framing = 0;
+	if ((why = header_error(&h, version)) != NULL)
+		return why;
+	*framing = (why = framing_error(&h)) != NULL;
+	return why;
 }
 
 /* Whether conn's request is with a handler (no deadline) or not. */

@@ -3707,7 +3707,7 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 	const char *cl, *why, *host;
 
 	if (q == NULL || q == HTTP_NUL_MARK) {
-		int nul = q != NULL;
+		int nul = q != NULL, framing;
 
 		q = xcalloc(1, sizeof(*q));
 		q->srv = s;
@@ -3728,15 +3728,15 @@ access_cb(void *cls, struct MHD_Connection *conn, const char *url,
 			    "the request target holds a NUL byte (%%00)");
 			return send_reply(q);
 		}
-		if ((why = http_header_error(conn, version)) != NULL) {
-			reply_err(q, K8S_EBADREQUEST, 400, "BadRequest", "%s",
-			    why);
-			return send_reply(q);
-		}
-		if ((why = http_framing_error(conn)) != NULL) {
-			reply_err(q, K8S_EBADREQUEST, 400, "BadRequest",
-			    "the length of the request body is ambiguous: %s",
-			    why);
+		if ((why = http_request_error(conn, version, &framing)) !=
+		    NULL) {
+			if (framing)
+				reply_err(q, K8S_EBADREQUEST, 400, "BadRequest",
+				    "the length of the request body is "
+				    "ambiguous: %s", why);
+			else
+				reply_err(q, K8S_EBADREQUEST, 400, "BadRequest",
+				    "%s", why);
 			return send_reply(q);
 		}
 		host = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,

@@ -1532,6 +1532,20 @@ scm_comment_release(struct scm_comment *c)
 	memset(c, 0, sizeof(*c));
 }
 
+void
+scm_comment_from(const json_t *e, const char *user, const char *login,
+    struct scm_comment *cm)
+{
+	const json_t *u = json_object_get(e, user);
+
+	memset(cm, 0, sizeof(*cm));
+	cm->id = scm_json_int(e, "id");
+	cm->author = scm_json_strdup(u, login);
+	cm->author_id = scm_json_int(u, "id");
+	cm->body = scm_json_strdup(e, "body");
+	cm->created_at = scm_json_strdup(e, "created_at");
+}
+
 int
 scm_comment_reply(const struct scm_resp *rp, const char *what, int64_t id,
     void (*from)(const json_t *, struct scm_comment *),

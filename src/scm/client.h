@@ -135,6 +135,13 @@ int64_t scm_json_int(const json_t *obj, const char *key);
 int scm_json_reply(const struct scm_resp *rp, int want_object,
     const char *what, json_t **out, char **cause);
 /*
+ * A comment as a provider's API shows it, into *cm: its id, body and
+ * created_at, and its author's id and login, as fields user.login
+ * (GitHub: "user", "login"; GitLab: "author", "username").
+ */
+void scm_comment_from(const json_t *e, const char *user, const char *login,
+    struct scm_comment *cm);
+/*
  * The one comment of a get_comment reply, read by from (the provider's
  * shape) into *out: SCM_EINTERNAL (*out empty) when it is not comment id
  * or names no author. what names the call in messages.

@@ -589,14 +589,7 @@ out:
 static void
 comment_from(const json_t *e, struct scm_comment *cm)
 {
-	const json_t *user = json_object_get(e, "user");
-
-	memset(cm, 0, sizeof(*cm));
-	cm->id = scm_json_int(e, "id");
-	cm->author = scm_json_strdup(user, "login");
-	cm->author_id = scm_json_int(user, "id");
-	cm->body = scm_json_strdup(e, "body");
-	cm->created_at = scm_json_strdup(e, "created_at");
+	scm_comment_from(e, "user", "login", cm);
 }
 
 static int

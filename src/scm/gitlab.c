@@ -243,14 +243,7 @@ out:
 static void
 note_from(const json_t *e, struct scm_comment *cm)
 {
-	const json_t *author = json_object_get(e, "author");
-
-	memset(cm, 0, sizeof(*cm));
-	cm->id = scm_json_int(e, "id");
-	cm->author = scm_json_strdup(author, "username");
-	cm->author_id = scm_json_int(author, "id");
-	cm->body = scm_json_strdup(e, "body");
-	cm->created_at = scm_json_strdup(e, "created_at");
+	scm_comment_from(e, "author", "username", cm);
 	cm->system = json_is_true(json_object_get(e, "system"));
 }
 
