@@ -1748,7 +1748,6 @@ reconcile_once(struct rctx *x)
 			goto out;
 		if (rc == 0)
 			tok_live_id = tid;
-		rc = 0;
 	}
 	if (tok_live_id != NULL && tok_live_id == sec_id)
 		tok_extends = jpath(json_object_get(o.secret.obj, "metadata"),
@@ -1782,7 +1781,6 @@ reconcile_once(struct rctx *x)
 			tok_extends = sec_id;
 			tok_live_id = tid;
 		}
-		rc = 0;
 	}
 	/*
 	 * a token replaced by another (its Secret was lost): revoke the old
@@ -1886,7 +1884,6 @@ reconcile_once(struct rctx *x)
 			o.env.conflict = 1;
 		else
 			env_exists = 1;
-		rc = 0;
 	}
 	/*
 	 * someone else's Environment of the name is not the task's preview:
@@ -1923,7 +1920,6 @@ reconcile_once(struct rctx *x)
 			log_kv(LOG_WARN, "sandbox missing, made again", "task",
 			    x->name, "namespace", x->ns, "phase",
 			    jpath(o.task, "status", "phase"), NULL);
-		rc = 0;
 	} else if (x->cfg->sandbox.warm_pool && !o.claim.conflict && !hold &&
 	    !(defer && o.claim.obj == NULL) && ((children && (tok_live_id !=
 	    NULL || paused)) || o.claim.obj != NULL)) {
@@ -1935,7 +1931,6 @@ reconcile_once(struct rctx *x)
 			goto out;
 		if (rc == 1)
 			o.claim.conflict = 1;
-		rc = 0;
 		if (o.bound != NULL && !phase_terminal(p.phase)) {
 			int cur = live && tok_live_id != NULL && !roll;
 
@@ -1967,7 +1962,6 @@ reconcile_once(struct rctx *x)
 			goto out;
 		if (rc == 1)
 			o.netpol.conflict = 1;
-		rc = 0;
 	}
 
 	if (o.secret.conflict || o.sandbox.conflict || o.claim.conflict ||

@@ -2287,7 +2287,6 @@ body_object(struct api_req *q, const struct target *t, int update,
 		    "include: application/json", NULL);
 	if (ret < 0)
 		goto out;
-	ret = -1;
 	if (!json_is_object(obj)) {
 		ret = k8s_status_set(st, K8S_EBADREQUEST, "the body of the "
 		    "request must be a JSON object", NULL);
@@ -2798,6 +2797,7 @@ delete_policy(struct api_req *q, const json_t *opts,
 	char *msg;
 	int rc;
 
+	*out = K8S_PROPAGATE_DEFAULT;
 	if ((pj != NULL && !json_is_null(pj) && pol == NULL) ||
 	    (oj != NULL && !json_is_null(oj) && !json_is_boolean(oj)))
 		return k8s_status_set(st, K8S_EBADREQUEST, "DeleteOptions: "
@@ -2813,7 +2813,6 @@ delete_policy(struct api_req *q, const json_t *opts,
 	} else if (json_is_boolean(oj)) {
 		orphan = json_is_true(oj) ? "true" : "false";
 	}
-	*out = K8S_PROPAGATE_DEFAULT;
 	if (pol == NULL || *pol == '\0') {
 		if (orphan != NULL && strcmp(orphan, "true") == 0)
 			*out = K8S_PROPAGATE_ORPHAN;
