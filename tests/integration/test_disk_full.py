@@ -128,20 +128,30 @@ def run(t, mnt):
     # over blocks it already has. Such a charge is durable and answered
     # 200. So once a charge fits, a reader holds the WAL (as a backup
     # would: it can no longer be rewound) and the charges go on until
-    # one must grow it, on the full disk.
-    fits, pin = 0, None
+    # one must grow it, on the full disk. A reader that starts just after
+    # a checkpoint has copied the whole WAL reads the database file alone
+    # and holds nothing; then the charges keep fitting, more of them than
+    # a 3 MiB WAL has frames for (one at least a charge), and the reader
+    # starts again after the next one.
+    fits, pin, pinned_at = 0, None, 0
+    frames = 3 * 1024 * 1024 // (4096 + 24)
     settle(mnt)
     fill(mnt)
-    for attempt in range(3000):
+    for attempt in range(5000):
         rid = "on-full-%d" % attempt
         s, h, j = charge(d, token, rid)
         if s != 200:
             break
         fits += 1
+        if pin is not None and fits - pinned_at > frames:
+            pin.execute("COMMIT")
+            pin.close()
+            pin = None
         if pin is None:
             pin = sqlite3.connect(d.db(), isolation_level=None)
             pin.execute("BEGIN")
             pin.execute("SELECT count(*) FROM sqlite_master").fetchall()
+            pinned_at = fits
     if pin is not None:
         pin.execute("COMMIT")
         pin.close()
