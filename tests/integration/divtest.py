@@ -238,6 +238,46 @@ def run_tests(fn):
     tap.done()
 
 
+def npm_install(t, prefix, packages, timeout=300):
+    """npm install packages (name@version) into prefix, or skip the whole
+    test with npm's own reason: its error code and what failed (a proxy's
+    certificate, no route to the registry, a version that does not
+    exist), not a silent "?"."""
+    npm = os.environ.get("NPM") or shutil.which("npm")
+    if not npm:
+        t.skip_all("npm is not installed")
+    os.makedirs(prefix, exist_ok=True)
+    what = " ".join(packages)
+    try:
+        p = subprocess.run([npm, "install", "--prefix", prefix, "--no-audit",
+                            "--no-fund", "--loglevel=error"] + list(packages),
+                           capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        t.skip_all("cannot install %s: npm did not finish in %d s"
+                   % (what, timeout))
+    if p.returncode != 0:
+        t.skip_all("cannot install %s: %s" % (what, npm_error(p)))
+
+
+def npm_error(p):
+    """The reason in a failed npm run's output (npm 9 writes "npm ERR!",
+    npm 10 and later "npm error"): its code and the line that says what
+    failed, else its last line."""
+    lines = [ln.strip() for ln in (p.stderr + "\n" + p.stdout).splitlines()
+             if ln.strip()]
+    said = [ln.split(" ", 2)[2] for ln in lines
+            if ln.startswith(("npm ERR! ", "npm error ")) and
+            len(ln.split(" ", 2)) == 3]
+    code = next((ln[5:] for ln in said if ln.startswith("code ")), None)
+    told = [ln for ln in said if not ln.startswith(
+        ("code ", "errno ", "syscall ", "A complete log", "/", "at ", "{",
+         "}", "If you are behind"))]
+    why = next((ln for ln in told if "reason:" in ln),
+               told[0] if told else None)
+    out = ": ".join(x for x in (code, why) if x)
+    return out or (lines[-1] if lines else "npm exited %d" % p.returncode)
+
+
 def sign(secret, body):
     if isinstance(secret, str):
         secret = secret.encode()

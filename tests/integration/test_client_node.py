@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 
-from divtest import TOP_BUILDDIR, run_tests
+from divtest import TOP_BUILDDIR, npm_install, run_tests
 from test_kubectl import ApiServer
 
 VERSION = "1.4.0"
@@ -138,14 +138,9 @@ def install(t):
         with open(pkg) as f:
             have = json.load(f).get("version")
     if have != VERSION:
-        os.makedirs(prefix, exist_ok=True)
-        p = subprocess.run([npm, "install", "--prefix", prefix, "--no-audit",
-                            "--no-fund", "--silent",
-                            "@kubernetes/client-node@" + VERSION],
-                           capture_output=True, text=True, timeout=300)
-        if p.returncode != 0 or not os.path.exists(pkg):
-            t.skip_all("cannot install @kubernetes/client-node: " +
-                       (p.stderr.strip().splitlines() or ["?"])[-1])
+        npm_install(t, prefix, ["@kubernetes/client-node@" + VERSION])
+        if not os.path.exists(pkg):
+            t.skip_all("npm installed no @kubernetes/client-node@" + VERSION)
     script = os.path.join(prefix, "diverge-watch-test.mjs")
     with open(script, "w") as f:
         f.write(SCRIPT)

@@ -6,11 +6,10 @@ as an independent reading of GitHub's documentation says it should be."""
 import json
 import os
 import re
-import shutil
-import subprocess
 import uuid
 
-from divtest import TOP_BUILDDIR, Daemon, GITHUB_CONFIG, run_tests, Tap
+from divtest import (TOP_BUILDDIR, Daemon, GITHUB_CONFIG, npm_install,
+                     run_tests)
 
 VERSION = "7.6.1"
 EVENTS = ("issue_comment", "pull_request", "pull_request_review_comment",
@@ -18,22 +17,15 @@ EVENTS = ("issue_comment", "pull_request", "pull_request_review_comment",
 
 
 def install(t):
-    npm = os.environ.get("NPM") or shutil.which("npm")
-    if not npm:
-        t.skip_all("npm is not installed")
     prefix = os.path.join(TOP_BUILDDIR, "tests", "node-cache")
     index = os.path.join(prefix, "node_modules", "@octokit",
                          "webhooks-examples", "api.github.com",
                          "index.json")
     if not os.path.exists(index):
-        os.makedirs(prefix, exist_ok=True)
-        p = subprocess.run([npm, "install", "--prefix", prefix, "--no-audit",
-                            "--no-fund", "--silent",
-                            "@octokit/webhooks-examples@" + VERSION],
-                           capture_output=True, text=True, timeout=300)
-        if p.returncode != 0 or not os.path.exists(index):
-            t.skip_all("cannot install @octokit/webhooks-examples: " +
-                       (p.stderr.strip().splitlines() or ["?"])[-1])
+        npm_install(t, prefix, ["@octokit/webhooks-examples@" + VERSION])
+        if not os.path.exists(index):
+            t.skip_all("@octokit/webhooks-examples@%s has no %s"
+                       % (VERSION, os.path.relpath(index, prefix)))
     with open(index) as f:
         return json.load(f)
 

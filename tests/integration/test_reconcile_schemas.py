@@ -26,7 +26,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from divtest import TOP_BUILDDIR, TOP_SRCDIR, Tap  # noqa: E402
+from divtest import TOP_BUILDDIR, TOP_SRCDIR, Tap, npm_install  # noqa: E402
 
 PACKAGES = ["ajv@8.20.0", "ajv-formats@3.0.1", "js-yaml@4.1.0",
             "kubernetes-models@5.1.0"]
@@ -208,17 +208,7 @@ def install(t):
         with open(stamp) as f:
             have = f.read()
     if have != want:
-        os.makedirs(prefix, exist_ok=True)
-        try:
-            p = subprocess.run([npm, "install", "--prefix", prefix,
-                                "--no-audit", "--no-fund", "--silent"] +
-                               PACKAGES, capture_output=True, text=True,
-                               timeout=600)
-        except subprocess.TimeoutExpired:
-            t.skip_all("npm install timed out")
-        if p.returncode != 0:
-            t.skip_all("cannot install %s: %s" % (" ".join(PACKAGES), (
-                p.stderr.strip().splitlines() or ["?"])[-1]))
+        npm_install(t, prefix, PACKAGES, timeout=600)
         with open(stamp, "w") as f:
             f.write(want)
     script = os.path.join(prefix, "validate-reconciler-objects.mjs")
