@@ -194,6 +194,17 @@ redact_secret_add(const char *v, size_t len)
 
 	if (v == NULL)
 		return;
+	/*
+	 * A value read from a file ends with a newline (one written by hand
+	 * may start with one too): that does not make it a multi-line value,
+	 * whose fragments would be left out.
+	 */
+	while (len > 0 && isspace((unsigned char)*v)) {
+		v++;
+		len--;
+	}
+	while (len > 0 && isspace((unsigned char)v[len - 1]))
+		len--;
 	end = v + len;
 	lines = memchr(v, '\n', len) != NULL;
 	pthread_rwlock_wrlock(&secrets_lock);

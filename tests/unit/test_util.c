@@ -1039,6 +1039,12 @@ redact_fragments(void **state)
 	/* a value read from a file with its newline */
 	redact_secret_add("file-tok-0123456789abcdefABCDEF\n", 32);
 	redact_is("x 23456789abcdefABCDEF", "x [redacted]");
+	/*
+	 * and one that starts like an armour line: its newline does not make
+	 * it a key, whose armour lines are left out (found by fuzz_redact)
+	 */
+	redact_secret_add("\n-----tok-9876543210zyxwvuABCDEF\n", 33);
+	redact_is("x 76543210zyxwvuABCD y", "x [redacted] y");
 	/* the index follows rotations: evicted values are no longer hidden */
 	for (i = 0; i < 300; i++) {
 		snprintf(v, sizeof(v), "rotated-secret-value-%07d-xyz", i);
