@@ -131,8 +131,8 @@ def run(t, mnt):
     # one must grow it, on the full disk. A reader that starts just after
     # a checkpoint has copied the whole WAL reads the database file alone
     # and holds nothing; then the charges keep fitting, more of them than
-    # a 3 MiB WAL has frames for (one at least a charge), and the reader
-    # starts again after the next one.
+    # a 3 MiB WAL has frames for (a charge writes one frame at least), and
+    # the reader starts again after the next one.
     fits, pin, pinned_at = 0, None, 0
     frames = 3 * 1024 * 1024 // (4096 + 24)
     settle(mnt)
