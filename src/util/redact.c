@@ -152,6 +152,18 @@ keep(const char *v, size_t len, int frag)
 		__atomic_store_n(&nsecrets, nsecrets + 1, __ATOMIC_RELAXED);
 }
 
+/* *v and *len without the white space around them. */
+static void
+trim(const char **v, size_t *len)
+{
+	while (*len > 0 && isspace((unsigned char)**v)) {
+		(*v)++;
+		(*len)--;
+	}
+	while (*len > 0 && isspace((unsigned char)(*v)[*len - 1]))
+		(*len)--;
+}
+
 /* Keep v and, when it differs, v as it reads inside a JSON string. */
 static void
 keep_forms(const char *v, size_t len, int frag)
@@ -159,12 +171,7 @@ keep_forms(const char *v, size_t len, int frag)
 	struct buf b;
 	size_t i;
 
-	while (len > 0 && isspace((unsigned char)*v)) {
-		v++;
-		len--;
-	}
-	while (len > 0 && isspace((unsigned char)v[len - 1]))
-		len--;
+	trim(&v, &len);
 	if (len < REDACT_MIN_LEN)
 		return;
 	keep(v, len, frag);
@@ -199,12 +206,7 @@ redact_secret_add(const char *v, size_t len)
 	 * may start with one too): that does not make it a multi-line value,
 	 * whose fragments would be left out.
 	 */
-	while (len > 0 && isspace((unsigned char)*v)) {
-		v++;
-		len--;
-	}
-	while (len > 0 && isspace((unsigned char)v[len - 1]))
-		len--;
+	trim(&v, &len);
 	end = v + len;
 	lines = memchr(v, '\n', len) != NULL;
 	pthread_rwlock_wrlock(&secrets_lock);
