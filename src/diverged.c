@@ -1332,15 +1332,18 @@ reload_limit(const struct config *nc)
  * have passed when the loss is seen). The main thread stops them first
  * thing; if that takes longer, the process exits at once (exit 1, as
  * controller-runtime does), its inbox safe on disk as after a kill.
+ *
+ * The watchdog is detached and may outlive the main thread's release of
+ * the configuration: it reads only its deadline, set before it starts.
  */
+static int64_t lost_deadline_ms;
+
 static void *
 lost_watchdog_main(void *arg)
 {
-	const struct config *cfg = arg;
-	int64_t end = now_mono_ms() +
-	    cfg->kubernetes.leader_election.lease_duration_ms -
-	    cfg->kubernetes.leader_election.renew_deadline_ms;
+	int64_t end = lost_deadline_ms;
 
+	(void)arg;
 	thread_name("lost-watchdog");
 	while (now_mono_ms() < end) {
 		if (__atomic_load_n(&D.leader_work_stopped, __ATOMIC_ACQUIRE))
@@ -1359,13 +1362,19 @@ lost_watchdog_main(void *arg)
 static void
 leader_changed(void *arg, enum leader_state state)
 {
+	const struct config *cfg = &D.cfg;
 	pthread_t w;
 
 	(void)arg;
 	metrics_set("diverge_leader", "", state == LEADER_LEADING ? 1 : 0);
-	if (state == LEADER_LOST && pthread_create(&w, NULL,
-	    lost_watchdog_main, &D.cfg) == 0)
-		pthread_detach(w);
+	if (state == LEADER_LOST) {
+		/* the election is lost once: the only write */
+		lost_deadline_ms = now_mono_ms() +
+		    cfg->kubernetes.leader_election.lease_duration_ms -
+		    cfg->kubernetes.leader_election.renew_deadline_ms;
+		if (pthread_create(&w, NULL, lost_watchdog_main, NULL) == 0)
+			pthread_detach(w);
+	}
 	pthread_kill(D.main_thread, SIGUSR2);
 }
 

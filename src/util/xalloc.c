@@ -110,3 +110,43 @@ util_json_init(void)
 {
 	json_set_alloc_funcs(json_xmalloc, free);
 }
+
+/*
+ * ThreadSanitizer builds (./configure --enable-tsan) carry their own
+ * settings, so that every binary (diverged, diverge, each test) gets them
+ * without TSAN_OPTIONS:
+ *
+ *  - jansson's json_incref() and json_decref() (inline, in jansson.h)
+ *    read the reference count plainly, to pass over the static values
+ *    that are never freed, before they change it atomically. A value
+ *    shared between threads (the store publishes its objects that way)
+ *    makes TSan report that read as a race with the other thread's
+ *    atomic change. It is not one: the count of a shared value is never
+ *    the static mark. Freeing a value another thread still uses would be
+ *    hidden too, when it goes through json_decref: ASan (CI) catches it.
+ *  - The crash tests fork a child that starts threads of its own;
+ *    TSan kills such a child unless told otherwise (die_after_fork).
+ */
+#if defined(__SANITIZE_THREAD__)
+#define DIVERGE_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define DIVERGE_TSAN 1
+#endif
+#endif
+#ifdef DIVERGE_TSAN
+const char *__tsan_default_suppressions(void);
+const char *__tsan_default_options(void);
+
+const char *
+__tsan_default_suppressions(void)
+{
+	return "race:json_incref\nrace:json_decref\n";
+}
+
+const char *
+__tsan_default_options(void)
+{
+	return "die_after_fork=0:second_deadlock_stack=1";
+}
+#endif

@@ -7,6 +7,7 @@
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
@@ -3164,7 +3165,7 @@ make_noise(const char *prefix, int count)
 }
 
 /* A watch that falls behind the store's window (410) relists. */
-static volatile int stall;
+static atomic_int stall;
 
 static void
 stall_hook(void *arg, const char *point)
@@ -3388,8 +3389,8 @@ open_limited(int mode, int limit)
  */
 static struct k8s_ops failing_list_ops;
 static const struct k8s_ops *real_ops;
-static volatile int fail_task_lists, task_lists, hold_task_lists;
-static volatile int counted_gets;
+static atomic_int fail_task_lists, task_lists, hold_task_lists;
+static atomic_int counted_gets;
 static const char *counted_task;
 
 static int
@@ -5205,7 +5206,7 @@ test_status_refused_gauge(void **state)
  * status refused and before the worker counts the refusal, and the
  * worker goes on only once the task watcher has seen the deletion.
  */
-static volatile int race_armed, race_deleted;
+static atomic_int race_armed, race_deleted;
 
 static void
 race_hook(void *arg, const char *point)

@@ -14,6 +14,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <fcntl.h>
@@ -2326,7 +2327,7 @@ struct chunk_writer {
 	pthread_t thread;
 	int seen;		/* the first continue request arrived */
 	int done;		/* and the writes below are made */
-	volatile int stop;
+	atomic_int stop;	/* set by the test while the writer runs */
 };
 
 /* Whether the fake has seen a list request with a continue token. */
