@@ -420,7 +420,7 @@ hammer(void *arg)
 	a.sin_family = AF_INET;
 	a.sin_port = htons((uint16_t)port);
 	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	while (!atomic_load(&hammer_stop)) {
+	while (!hammer_stop) {
 		fd = socket(AF_INET, SOCK_STREAM, 0);
 		if (fd < 0)
 			continue;
@@ -452,14 +452,14 @@ quiesce_under_load(void **state)
 	for (round = 0; round < 300; round++) {
 		s = start();
 		port = http_server_port(s);
-		atomic_store(&hammer_stop, 0);
+		hammer_stop = 0;
 		for (i = 0; i < 4; i++)
 			assert_int_equal(pthread_create(&th[i], NULL, hammer,
 			    &port), 0);
 		usleep(2000);
 		http_server_quiesce(s);
 		http_server_stop(s, 1000);
-		atomic_store(&hammer_stop, 1);
+		hammer_stop = 1;
 		for (i = 0; i < 4; i++)
 			pthread_join(th[i], NULL);
 	}
