@@ -139,7 +139,9 @@ def kube(t):
              KUBE_TOKEN not in json.dumps(c),
              "kube: the Stalled condition quotes the refusal, the token "
              "[redacted]", c or fake.request("GET", TASKS + "/fix-redact"))
-        lines = [ln for ln in d.log() if "[redacted]" in ln]
+        # the line follows the status write the condition came from
+        lines = wait(lambda: [ln for ln in d.log() if "[redacted]" in ln],
+                     10)
         t.ok(lines, "kube: the log quotes the refusal with [redacted]",
              d.log()[-10:])
         t.ok(not [ln for ln in d.log() if KUBE_TOKEN in ln],
