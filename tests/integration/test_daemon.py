@@ -316,18 +316,38 @@ def operations(t):
     t.ok(any("stopped" in l for l in d.log()), "stop logged")
 
 
+def secrets_statuses(d, toks):
+    """The statuses of listing Secrets with each token of toks, over one
+    kept-alive connection (a new one when the server closes it)."""
+    hc = __import__("http.client").client
+    out, c = [], None
+    for tok in toks:
+        for attempt in (0, 1):
+            if c is None:
+                c = hc.HTTPConnection("127.0.0.1", d.api_port, timeout=10)
+            try:
+                c.request("GET", "/api/v1/namespaces/default/secrets",
+                          headers={"Authorization": "Bearer " + tok})
+                r = c.getresponse()
+                r.read()
+                out.append(r.status)
+                if r.getheader("Connection", "").lower() == "close":
+                    c.close()
+                    c = None
+                break
+            except (OSError, hc.HTTPException):
+                c.close()
+                c = None
+                if attempt:
+                    raise
+    if c is not None:
+        c.close()
+    return out
+
+
 def secrets_status(d, tok):
     """The status of listing Secrets on d's API with bearer token tok."""
-    c = __import__("http.client").client.HTTPConnection(
-        "127.0.0.1", d.api_port, timeout=10)
-    try:
-        c.request("GET", "/api/v1/namespaces/default/secrets",
-                  headers={"Authorization": "Bearer " + tok})
-        r = c.getresponse()
-        r.read()
-        return r.status
-    finally:
-        c.close()
+    return secrets_statuses(d, [tok])[0]
 
 
 def sighup_reloaded(d):
@@ -352,6 +372,15 @@ def api_token_rotation(t):
     t.eq((secrets_status(d, "token-a"), secrets_status(d, "token-b")),
          (200, 401),
          "api.token: the configured token works, another does not")
+    # near misses: one character replaced at each place, and suffixes;
+    # a check that compared a part of the digests would let some through
+    good = "token-a"
+    near = [good[:i] + chr(c) + good[i + 1:] for i in range(len(good))
+            for c in range(0x21, 0x7f) if chr(c) != good[i]]
+    near += ["%s%d" % (good, i) for i in range(1000)]
+    got = secrets_statuses(d, near)
+    t.eq((len(got), sorted(set(got))), (len(near), [401]),
+         "%d near misses of api.token: every one 401" % len(near))
     with open(path, "w") as f:
         f.write("token-b\n")
     sighup_reloaded(d)

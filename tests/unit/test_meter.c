@@ -766,6 +766,21 @@ iterations(void **state)
 	assert_string_equal(jstr(json_object_get(task, "status"), "phase"),
 	    "Paused");
 	json_decref(task);
+	/* a token budget reached exactly is still allowed; one more is not */
+	{
+		struct task tb;
+
+		make_task(&tb, "{\"budgetTokens\":100}", 0);
+		assert_int_equal(call(&tb, "t1", 1, "m", 60, "0", &j), 200);
+		json_decref(j);
+		assert_int_equal(call(&tb, "t2", 1, "m", 40, "0", &j), 200);
+		assert_int_equal(jint(j, "totalTokensUsed"), 100);
+		json_decref(j);
+		assert_int_equal(call(&tb, "t3", 1, "m", 1, "0", &j), 429);
+		assert_string_equal(jstr(j, "reason"), "budget exceeded");
+		json_decref(j);
+		task_release(&tb);
+	}
 	/* both crossed at once: budget wins */
 	make_task(&both, "{\"maxIterations\":1,\"budgetTokens\":10}", 0);
 	assert_int_equal(call(&both, "b1", 2, "m", 11, "0", &j), 429);
@@ -1268,7 +1283,133 @@ concurrent(void **state)
 	task_release(&t);
 }
 
+/*
+ * complete revokes the task's token in the index (DESIGN 6), on every
+ * store: not only is the task ended, its entry says revoked.
+ */
+static void
+completion_revokes(void **state)
+{
+	const char *body = "{\"result\":\"succeeded\"}";
+	struct meter_reply r;
+	struct task t;
+	json_t *e;
+
+	(void)state;
+	make_task(&t, "{}", 0);
+	e = index_read(t.id);
+	assert_string_equal(jstr(e, "state"), "active");
+	json_decref(e);
+	meter_complete(meter, t.auth, body, strlen(body), &r);
+	assert_int_equal(r.status, 200);
+	meter_reply_release(&r);
+	e = index_read(t.id);
+	assert_string_equal(jstr(e, "state"), "revoked");
+	json_decref(e);
+	task_release(&t);
+}
+
 #if STORE_MODE == 3
+/*
+ * Another writer changes the task between the meter's read and its status
+ * write: the write gets the API server's 409 (a stale resourceVersion)
+ * and the meter starts again from a fresh read, so that neither the
+ * charge (or the completion) nor the other write is lost. The fake holds
+ * the meter's first status PUT while the test writes the task.
+ */
+struct raced {
+	const struct task *t;
+	int complete;
+	int status;
+	json_t *reply;
+};
+
+static void *
+raced_main(void *arg)
+{
+	struct raced *x = arg;
+	const char *body = "{\"result\":\"succeeded\"}";
+	struct meter_reply r;
+
+	if (x->complete) {
+		meter_complete(meter, x->t->auth, body, strlen(body), &r);
+		x->status = r.status;
+		meter_reply_release(&r);
+	} else {
+		x->status = call(x->t, "raced-1", 1, "m", 100, "0.01",
+		    &x->reply);
+	}
+	return NULL;
+}
+
+static void
+write_during(struct raced *x, const char *note)
+{
+	struct k8s_status st = { 0 };
+	pthread_t th;
+	json_t *p;
+	int i;
+
+	json_decref(storeenv_fake(&env, "DELETE", "/_fake/requests", NULL));
+	json_decref(storeenv_fake(&env, "POST", "/_fake/delay",
+	    "{\"ms\":700,\"count\":1,\"method\":\"PUT\",\"match\":\"/status\"}"));
+	assert_int_equal(pthread_create(&th, NULL, raced_main, x), 0);
+	/* the meter's status PUT has arrived, and the fake holds it */
+	for (i = 0; i < 400 && storeenv_fake_count(&env, "PUT", "/status") ==
+	    0; i++)
+		sleep_ms(5);
+	assert_int_equal(storeenv_fake_count(&env, "PUT", "/status"), 1);
+	p = json_pack("{s:{s:{s:s}}}", "metadata", "annotations",
+	    "example.com/note", note);
+	assert_int_equal(k8s_patch(env.api, &K8S_AGENTTASK, NS, x->t->name, 0,
+	    p, NULL, &st), 0);
+	json_decref(p);
+	assert_int_equal(pthread_join(th, NULL), 0);
+	/* the first PUT was refused (409), the second, from a new read, not */
+	assert_int_equal(storeenv_fake_count(&env, "PUT", "/status"), 2);
+}
+
+static void
+conflicting_writer(void **state)
+{
+	struct raced x = { 0 };
+	struct task t;
+	json_t *task, *e;
+
+	(void)state;
+	make_task(&t, "{}", 0);
+	x.t = &t;
+	write_during(&x, "one");
+	assert_int_equal(x.status, 200);
+	assert_true(json_is_true(json_object_get(x.reply, "charged")));
+	assert_int_equal(jint(x.reply, "totalTokensUsed"), 100);
+	json_decref(x.reply);
+	task = get_task(t.name);
+	assert_int_equal(jint(json_object_get(task, "status"),
+	    "tokensConsumed"), 100);
+	assert_string_equal(jstr(json_object_get(json_object_get(task,
+	    "metadata"), "annotations"), "example.com/note"), "one");
+	json_decref(task);
+	/* the same for complete */
+	memset(&x, 0, sizeof(x));
+	x.t = &t;
+	x.complete = 1;
+	write_during(&x, "two");
+	assert_int_equal(x.status, 200);
+	task = get_task(t.name);
+	assert_string_equal(jstr(json_object_get(task, "status"), "phase"),
+	    "Completed");
+	assert_int_equal(jint(json_object_get(task, "status"),
+	    "tokensConsumed"), 100);
+	assert_string_equal(jstr(json_object_get(json_object_get(task,
+	    "metadata"), "annotations"), "example.com/note"), "two");
+	json_decref(task);
+	e = index_read(t.id);
+	assert_string_equal(jstr(e, "state"), "revoked");
+	json_decref(e);
+	task_release(&t);
+}
+
 /*
  * The status write of a charge is done, but its answer is lost (a 504, a
  * dropped connection): the client does not send it again; the charge is
@@ -1343,10 +1484,12 @@ main(void)
 		cmocka_unit_test(iterations),
 		cmocka_unit_test(completion),
 		cmocka_unit_test(completion_fields),
+		cmocka_unit_test(completion_revokes),
 		cmocka_unit_test(pruning),
 		cmocka_unit_test(concurrent),
 #if STORE_MODE == 3
 		cmocka_unit_test(lost_answer),
+		cmocka_unit_test(conflicting_writer),
 #endif
 	};
 

@@ -868,9 +868,23 @@ redact_shapes(void **state)
 	redact_is("GET /x?page=2&access_token=abc123&per_page=5 failed",
 	    "GET /x?page=2&access_token=[redacted]&per_page=5 failed");
 	redact_is("https://u?token=s3cr3t", "https://u?token=[redacted]");
+	/* every credential parameter name, as a name's end, any case */
+	redact_is("GET /l?user=a&password=hunter2 401",
+	    "GET /l?user=a&password=[redacted] 401");
+	redact_is("/l?PassWd=hunter2&x=1", "/l?PassWd=[redacted]&x=1");
+	redact_is("/t?client_secret=abc&grant=x",
+	    "/t?client_secret=[redacted]&grant=x");
+	redact_is("/v?api_key=k1;x", "/v?api_key=[redacted];x");
+	redact_is("/v?APIKEY=k1#top", "/v?APIKEY=[redacted]#top");
+	/* a parameter that only starts like one is left alone */
+	redact_is("/m?tokens_used=5&passwords_reset=2",
+	    "/m?tokens_used=5&passwords_reset=2");
 	redact_is("push to https://x-access-token:ghs_abc@github.com/o/r.git",
 	    "push to https://[redacted]@github.com/o/r.git");
 	redact_is("proxy http://bob:hunter2@10.0.0.1:3128 refused",
+	    "proxy http://[redacted]@10.0.0.1:3128 refused");
+	/* user:password however short: a password is never shown */
+	redact_is("proxy http://al:pw@10.0.0.1:3128 refused",
 	    "proxy http://[redacted]@10.0.0.1:3128 refused");
 	/* ordinary text stays as it is */
 	redact_is("Authorization: required for this endpoint",

@@ -122,6 +122,21 @@ github_bad_signatures(void **state)
 	upper[0] = 'S';
 	assert_int_equal(webhook_github_verify(&k, upper, body, 13), -1);
 	free(upper);
+	/*
+	 * one hex digit changed, at each of the 64 places: refused (the
+	 * whole MAC is compared, not a prefix of it)
+	 */
+	trunc = xstrdup(good);
+	for (i = 7; trunc[i]; i++) {
+		char was = trunc[i];
+
+		trunc[i] = was == '0' ? '1' : '0';
+		assert_int_equal(webhook_github_verify(&k, trunc, body, 13),
+		    -1);
+		trunc[i] = was;
+	}
+	assert_int_equal(webhook_github_verify(&k, trunc, body, 13), 0);
+	free(trunc);
 	/* sha1-only (the legacy X-Hub-Signature value) */
 	assert_int_equal(webhook_github_verify(&k,
 	    "sha1=dc5e7a0ee4e3f2e8d1e0c8b1f2e3a4b5c6d7e8f9", body, 13), -1);
@@ -176,6 +191,30 @@ standard_webhooks_vector(void **state)
 	    "{\"test\": 2432232315}", strlen(payload), t, &reason), -1);
 	assert_int_equal(webhook_standard_verify(key, klen, "msg_x", ts, sig,
 	    payload, strlen(payload), t, &reason), -1);
+	/* one byte of the MAC changed, at each of the 32 places: refused */
+	{
+		unsigned char *raw = NULL;
+		size_t rlen = 0, i;
+
+		assert_int_equal(strncmp(sig, "v1,", 3), 0);
+		assert_int_equal(base64_decode(sig + 3, strlen(sig + 3), &raw,
+		    &rlen), 0);
+		assert_int_equal(rlen, 32);
+		for (i = 0; i < rlen; i++) {
+			char *b64, *bad;
+
+			raw[i] ^= 0x01;
+			b64 = base64_encode(raw, rlen, 0, 1);
+			bad = xasprintf("v1,%s", b64);
+			assert_int_equal(webhook_standard_verify(key, klen, id,
+			    ts, bad, payload, strlen(payload), t, &reason), -1);
+			assert_string_equal(reason, "bad webhook-signature");
+			free(bad);
+			free(b64);
+			raw[i] ^= 0x01;
+		}
+		free(raw);
+	}
 	/* several signatures, one good */
 	multi = xasprintf("v1,AAAA v2,xyz %s", sig);
 	assert_int_equal(webhook_standard_verify(key, klen, id, ts, multi,
@@ -209,6 +248,35 @@ gitlab_tokens(void **state)
 	assert_int_equal(webhook_gitlab_verify_token(&k, "token-one "), -1);
 	assert_int_equal(webhook_gitlab_verify_token(&k, ""), -1);
 	assert_int_equal(webhook_gitlab_verify_token(&k, NULL), -1);
+	/*
+	 * Near misses: one character replaced at each place, by each
+	 * printable character, and the token with a suffix: 900-odd tokens,
+	 * none accepted. A check that compared a part of the digests only
+	 * would let some through.
+	 */
+	{
+		char tok[32];
+		size_t pos;
+		int c, n = 0;
+
+		for (pos = 0; pos < 9; pos++)
+			for (c = 0x21; c < 0x7f; c++) {
+				memcpy(tok, "token-one", 10);
+				if (tok[pos] == c)
+					continue;
+				tok[pos] = (char)c;
+				assert_int_equal(webhook_gitlab_verify_token(&k,
+				    tok), -1);
+				n++;
+			}
+		for (c = 0; c < 100; c++) {
+			snprintf(tok, sizeof(tok), "token-two%d", c);
+			assert_int_equal(webhook_gitlab_verify_token(&k, tok),
+			    -1);
+			n++;
+		}
+		assert_true(n > 900);
+	}
 }
 
 /* ---- prefilter ---- */
