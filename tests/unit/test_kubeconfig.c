@@ -1689,6 +1689,68 @@ test_rest_tls_server_name(void **state)
 	free(server);
 }
 
+/*
+ * TLS against the fake API server (its certificate: IP 127.0.0.1 and DNS
+ * localhost, from its own CA): the server is verified, the certificate
+ * chain and the name both. Another CA, or a tls-server-name that the
+ * certificate does not carry, refuses the connection before the token
+ * is sent; insecure-skip-tls-verify is the only way around either.
+ */
+static void
+test_rest_tls_verified(void **state)
+{
+	struct storeenv env;
+	struct k8s_cluster c;
+	struct k8s_api *api = NULL;
+	char *cause = NULL, *ours, *other = data_path("certs/ca.crt");
+	int before;
+
+	(void)state;
+	memset(&env, 0, sizeof(env));
+	if (storeenv_start_fake(&env, 100, &c) < 0) {
+		free(other);
+		skip();
+	}
+	ours = c.ca_file;
+	/* its own CA, the address it was issued for */
+	assert_int_equal(k8s_rest_open(&api, &c, NULL, &cause), 0);
+	assert_int_equal(get_one(api), K8S_ENOTFOUND);
+	k8s_api_free(api);
+	/* the other name it was issued for */
+	c.tls_server_name = (char *)"localhost";
+	assert_int_equal(k8s_rest_open(&api, &c, NULL, &cause), 0);
+	assert_int_equal(get_one(api), K8S_ENOTFOUND);
+	k8s_api_free(api);
+	before = storeenv_fake_count(&env, "GET", "/secrets/nope");
+	/* a name it was not issued for: refused */
+	c.tls_server_name = (char *)"kubernetes.default.svc";
+	assert_int_equal(k8s_rest_open(&api, &c, NULL, &cause), 0);
+	assert_int_not_equal(get_one(api), K8S_ENOTFOUND);
+	assert_int_not_equal(get_one(api), 0);
+	k8s_api_free(api);
+	/* another CA: refused */
+	c.tls_server_name = NULL;
+	c.ca_file = other;
+	assert_int_equal(k8s_rest_open(&api, &c, NULL, &cause), 0);
+	assert_int_not_equal(get_one(api), K8S_ENOTFOUND);
+	assert_int_not_equal(get_one(api), 0);
+	k8s_api_free(api);
+	/* neither reached the server's handler */
+	assert_int_equal(storeenv_fake_count(&env, "GET", "/secrets/nope"),
+	    before);
+	/* insecure-skip-tls-verify: the other CA no longer matters */
+	c.insecure = 1;
+	c.ca_file = NULL;
+	assert_int_equal(k8s_rest_open(&api, &c, NULL, &cause), 0);
+	assert_int_equal(get_one(api), K8S_ENOTFOUND);
+	k8s_api_free(api);
+	c.insecure = 0;
+	c.ca_file = ours;
+	k8s_cluster_release(&c);
+	storeenv_close(&env);
+	free(other);
+}
+
 /* ---- proxy-url against real processes ---- */
 
 /* tests/fakes/connect_proxy.py, running. */
@@ -2196,6 +2258,7 @@ main(void)
 		cmocka_unit_test(test_rest_open_errors),
 		cmocka_unit_test(test_rest_refused),
 		cmocka_unit_test(test_rest_tls_server_name),
+		cmocka_unit_test(test_rest_tls_verified),
 		cmocka_unit_test(test_rest_proxy),
 		cmocka_unit_test(test_watch_lines),
 	};

@@ -747,6 +747,9 @@ test_provisioning_children(void **state)
 	assert_string_equal(jp(c, "volumeMounts.2.name"), "workspace");
 	assert_string_equal(jp(c, "volumeMounts.2.mountPath"), "/workspace");
 	assert_string_equal(jp(pod, "volumes.0.secret.secretName"), sname);
+	/* the token file: the agent's uid and group read it, no one else */
+	assert_int_equal(json_integer_value(jget(pod,
+	    "volumes.0.secret.defaultMode")), 0440);
 	assert_non_null(jget(pod, "volumes.1.emptyDir"));
 	assert_string_equal(jp(sb, "spec.volumeClaimTemplates.0.metadata."
 	    "name"), "workspace");

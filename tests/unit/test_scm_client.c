@@ -24,6 +24,7 @@
 #include "config/config.h"
 #include "scm/client.h"
 #include "scm/scm.h"
+#include "storeenv.h"
 #include "testutil.h"
 
 #define GH_TOKEN	"ghp_TESTtokenSECRETvalue0123456789"
@@ -1504,7 +1505,7 @@ burst_5xx(void **state)
 	struct scm_client *c;
 	struct scm_pr pr;
 	char *cause = NULL;
-	int64_t id = 0;
+	int64_t id = 0, t0;
 
 	(void)state;
 	srv_reset();
@@ -1534,7 +1535,106 @@ burst_5xx(void **state)
 	    &cause), SCM_OK);
 	assert_int_equal(id, 1);
 	assert_int_equal(nrecs(), 2);
+	/* a 503's Retry-After is waited out, not the shorter backoff */
+	srv_reset();
+	push(503, "{\"message\":\"maintenance\"}", "Retry-After: 1", NULL);
+	push_file(200, "github/pulls.get.json", NULL, NULL);
+	t0 = now_mono_ms();
+	assert_int_equal(c->ops->get_pr(c, &gh_repo, 1347, &pr, &cause),
+	    SCM_OK);
+	assert_true(now_mono_ms() - t0 >= 950);
+	assert_int_equal(nrecs(), 2);
+	scm_pr_release(&pr);
 	scm_client_free(c);
+}
+
+/*
+ * GitHub's redirects are followed on its host, the token with them (GitHub
+ * asks clients to follow); GitLab's are not: libcurl drops Authorization
+ * when a redirect leaves the host, but not GitLab's PRIVATE-TOKEN header.
+ */
+static void
+redirects(void **state)
+{
+	struct scm_client *c;
+	struct scm_pr pr;
+	char *cause = NULL, *loc;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	loc = xasprintf("Location: %s/repositories/1296269/pulls/1347",
+	    srv.base);
+	push(307, "", loc, NULL);
+	push_file(200, "github/pulls.get.json", NULL, NULL);
+	assert_int_equal(c->ops->get_pr(c, &gh_repo, 1347, &pr, &cause),
+	    SCM_OK);
+	assert_int_equal(nrecs(), 2);
+	assert_string_equal(srv.recs[1].path,
+	    "/repositories/1296269/pulls/1347");
+	assert_non_null(srv.recs[1].auth);
+	scm_pr_release(&pr);
+	scm_client_free(c);
+	free(loc);
+
+	srv_reset();
+	c = gitlab_client("/api/v4");
+	loc = xasprintf("Location: %s/elsewhere", srv.base);
+	push(302, "", loc, NULL);
+	push_file(200, "gitlab/get-current-user.json", NULL, NULL);
+	assert_int_not_equal(c->ops->get_pr(c, &gl_repo, 7, &pr, &cause),
+	    SCM_OK);
+	assert_int_equal(nrecs(), 1);
+	free(cause);
+	scm_client_free(c);
+	free(loc);
+}
+
+/*
+ * The API's certificate is verified: against ca_file when set, else the
+ * system's CAs. An https server whose CA is not trusted (the fake
+ * kube-apiserver of tests/fakes, a test CA) is refused before any request
+ * reaches it; given that CA, the same server is reached.
+ */
+static void
+tls_verified(void **state)
+{
+	struct storeenv env;
+	struct k8s_cluster kc;
+	struct scm_client *c = NULL;
+	struct config cfg;
+	char *login = NULL, *cause = NULL;
+	int64_t id;
+	int pass;
+
+	(void)state;
+	memset(&env, 0, sizeof(env));
+	if (storeenv_start_fake(&env, 100, &kc) < 0)
+		skip();
+	for (pass = 0; pass < 2; pass++) {
+		config_defaults(&cfg);
+		cfg.github.enabled = 1;
+		free(cfg.github.api_url);
+		cfg.github.api_url = xstrdup(env.fake_server);
+		cfg.github.token = xstrdup("env:TEST_GH_TOKEN");
+		if (pass == 1)
+			cfg.github.ca_file = xstrdup(env.fake_ca);
+		if (scm_github_new(&c, &cfg, &cause) != 0)
+			fail_msg("scm_github_new: %s", cause);
+		config_release(&cfg);
+		json_decref(storeenv_fake(&env, "DELETE", "/_fake/requests",
+		    NULL));
+		/* the fake answers /user as a kube-apiserver does: not OK */
+		assert_int_not_equal(c->ops->whoami(c, &login, &id, &cause),
+		    SCM_OK);
+		free(cause);
+		cause = NULL;
+		assert_int_equal(storeenv_fake_count(&env, "GET", "/user"),
+		    pass == 0 ? 0 : 1);
+		scm_client_free(c);
+	}
+	k8s_cluster_release(&kc);
+	storeenv_close(&env);
 }
 
 static void
@@ -2301,6 +2401,8 @@ main(void)
 		cmocka_unit_test(pages_github_stripped),
 		cmocka_unit_test(whoami_shared),
 		cmocka_unit_test(retry_after_429),
+		cmocka_unit_test(redirects),
+		cmocka_unit_test(tls_verified),
 		cmocka_unit_test(secondary_limit),
 		cmocka_unit_test(ratelimit_beyond_bound),
 		cmocka_unit_test(ratelimit_held),
