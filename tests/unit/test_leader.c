@@ -130,14 +130,15 @@ test_renewal_resets(void **state)
 	(void)state;
 	json_object_set_new(json_object_get(b, "spec"), "renewTime",
 	    json_string("2026-01-01T00:00:07.000000Z"));
+	/* a clock that does not start at 0, as a monotonic one does not */
 	assert_int_equal(leader_decide(&obs, a, "ns", "le", "me", 0, DUR_MS,
-	    0, WALL_US, &out, NULL), LEADER_NOT_OURS);
+	    5000, WALL_US, &out, NULL), LEADER_NOT_OURS);
 	assert_int_equal(leader_decide(&obs, b, "ns", "le", "me", 0, DUR_MS,
-	    9000, WALL_US, &out, NULL), LEADER_NOT_OURS);
+	    14000, WALL_US, &out, NULL), LEADER_NOT_OURS);
 	assert_int_equal(leader_decide(&obs, b, "ns", "le", "me", 0, DUR_MS,
-	    18999, WALL_US, &out, NULL), LEADER_NOT_OURS);
+	    23999, WALL_US, &out, NULL), LEADER_NOT_OURS);
 	assert_int_equal(leader_decide(&obs, b, "ns", "le", "me", 0, DUR_MS,
-	    19000, WALL_US, &out, NULL), LEADER_WRITE);
+	    24000, WALL_US, &out, NULL), LEADER_WRITE);
 	json_decref(out);
 	json_decref(a);
 	json_decref(b);
