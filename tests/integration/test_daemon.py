@@ -198,7 +198,9 @@ def embedded_default(t):
     t.eq(d.port, 8080, "no config: listens on 127.0.0.1:8080")
     t.ok(os.path.exists(os.path.join(cwd, "diverge-state", "diverge.db")),
          "no config: state in ./diverge-state")
-    t.ok(any("webhook providers disabled" in l and "--config" in l
+    # written just after the start line the start waits for
+    t.ok(d.wait_log("webhook providers disabled") and
+         any("webhook providers disabled" in l and "--config" in l
              for l in d.log()), "no config: one line says how to enable "
          "webhooks")
     s, _, j = d.github("issue_comment", DOC, "x-1")

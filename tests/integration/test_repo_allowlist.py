@@ -86,6 +86,19 @@ def gl_note(nid, pid, path, iid, body):
     return doc
 
 
+HOSTLESS = "names a host no enabled provider"
+
+
+def settled_log(d, text):
+    """d's log once text is in it and the lines written with it are too:
+    diverged says what its configuration lacks just after its start line,
+    which is what the start waits for (so an absence is also looked for
+    only then)."""
+    d.wait_log(text)
+    time.sleep(0.2)
+    return d.log()
+
+
 def daemon(fake, allow="", env=None, state_dir=None):
     """diverged against the fake with test_scm_commands' configuration
     (its repos rule sends myorg/* to team-a), the YAML allow (no braces)
@@ -135,7 +148,7 @@ def did():
 
 def at_the_door(t, fake):
     d = daemon(fake, ALLOW)
-    t.ok(not any(WARNING in ln for ln in d.log()),
+    t.ok(not any(WARNING in ln for ln in settled_log(d, "diverged started")),
          "a list: no warning at start")
 
     key = did()
@@ -241,7 +254,7 @@ def stored_then_narrowed(t, fake):
     """Entries stored with no list (held), then handled by a daemon
     started with one."""
     d = daemon(fake, env={"DIVERGE_TEST_HOLD_INBOX": "1"})
-    t.eq(sum(WARNING in ln for ln in d.log()), 1,
+    t.eq(sum(WARNING in ln for ln in settled_log(d, WARNING)), 1,
          "no list with a provider enabled: one warning at start")
     t.ok(any(WARNING in ln and "level=warn" in ln for ln in d.log()),
          "... at level warn")
@@ -274,7 +287,7 @@ def stored_then_narrowed(t, fake):
 
 def others(t, fake):
     d = Daemon("log: {{level: info}}\n").start()
-    t.ok(not any(WARNING in ln for ln in d.log()),
+    t.ok(not any(WARNING in ln for ln in settled_log(d, "diverged started")),
          "no provider enabled: no warning")
     d.stop()
     for text, want in (
@@ -302,8 +315,7 @@ def hostless(t, fake):
     a glob in front."""
     d = daemon(fake, "repo_allowlist: [\"127.0.0.1/myorg/*\", \"myorg/*\","
                " \"*/other/*\"]\n")
-    warned = [ln for ln in d.log() if "names a host no enabled provider"
-              in ln]
+    warned = [ln for ln in settled_log(d, HOSTLESS) if HOSTLESS in ln]
     t.ok(len(warned) == 1 and "key=repo_allowlist[1]" in warned[0] and
          "pattern=myorg/*" in warned[0] and "host=myorg" in warned[0] and
          "127.0.0.1" in warned[0],
@@ -311,8 +323,8 @@ def hostless(t, fake):
     d.stop()
     d = bot_daemon(fake, CONFIG.replace('"127.0.0.1/MyOrg/*"',
                                         '"MyOrg/*"'), None)
-    t.ok(any("key=repos[0]" in ln and "names a host no enabled provider"
-             in ln for ln in d.log()), "and so is a repos rule's",
+    t.ok(any("key=repos[0]" in ln and HOSTLESS in ln
+             for ln in settled_log(d, HOSTLESS)), "and so is a repos rule's",
          d.log()[-5:])
     d.stop()
 
