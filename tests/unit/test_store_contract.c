@@ -1552,6 +1552,45 @@ objects_sql(const char *path)
 }
 
 /*
+ * The API server refuses by itself to listen beyond loopback without both
+ * TLS and a token, whoever starts it (diverged's configuration refuses
+ * the same first): neither, a token only, TLS only. On loopback it starts
+ * with neither.
+ */
+static void
+apiserver_off_loopback(void **state)
+{
+	static const char *const tokens[] = { NULL, "t0ken", NULL };
+	static const char *const certs[] = { NULL, NULL, "/nonexistent/c.pem" };
+	struct k8s_apiserver_config sc;
+	struct k8s_apiserver *s = NULL;
+	char *cause = NULL;
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < ARRAY_SIZE(tokens); i++) {
+		memset(&sc, 0, sizeof(sc));
+		sc.listen = "0.0.0.0:0";
+		sc.token = tokens[i];
+		sc.tls_cert = certs[i];
+		sc.tls_key = certs[i] != NULL ? "/nonexistent/k.pem" : NULL;
+		if (k8s_apiserver_start(&s, api, &sc, &cause) == 0) {
+			k8s_apiserver_stop(s);
+			fail_msg("case %zu: started on 0.0.0.0", i);
+		}
+		assert_string_equal(cause, "api listen address '0.0.0.0:0' is "
+		    "not loopback: it needs tls_cert, tls_key and token");
+		free(cause);
+		cause = NULL;
+	}
+	memset(&sc, 0, sizeof(sc));
+	sc.listen = "127.0.0.1:0";
+	assert_int_equal(k8s_apiserver_start(&s, api, &sc, &cause), 0);
+	assert_true(k8s_apiserver_port(s) > 0);
+	k8s_apiserver_stop(s);
+}
+
+/*
  * Embedded only: a database whose objects table is the older WITHOUT ROWID
  * layout (where every task spilled into an overflow page) is converted at
  * open, keeping every object and the resourceVersion, and works as before;
@@ -2593,6 +2632,7 @@ main(void)
 		cmocka_unit_test(transactions),
 		cmocka_unit_test(watch_window_bytes),
 		cmocka_unit_test(objects_layout_migration),
+		cmocka_unit_test(apiserver_off_loopback),
 #endif
 #if STORE_MODE == 3
 		cmocka_unit_test(retry_lost_patch),

@@ -826,12 +826,27 @@ handle_requests(void **state)
 	    strlen(gl2), 0, &ev, &reason), WH_ACCEPT);
 	assert_string_equal(ev.delivery, "idem-1");
 	scm_event_release(&ev);
+	/* GitLab sends JSON only: another content type, before anything */
+	g.v[0] = "application/x-www-form-urlencoded";
+	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, gl2,
+	    strlen(gl2), 0, &ev, &reason), WH_UNSUPPORTED);
+	assert_string_equal(reason, "content type must be application/json");
+	g.v[0] = "application/json";
 	g.v[1] = "wrong";
 	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, gl2,
 	    strlen(gl2), 0, &ev, &reason), WH_UNAUTHORIZED);
 	g.k[1] = "X-Nothing";
 	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, gl2,
 	    strlen(gl2), 0, &ev, &reason), WH_UNAUTHORIZED);
+	/*
+	 * no token and no signing key (the configuration refuses that;
+	 * webhook_handle does too, for any other caller): nothing verifies
+	 */
+	g.k[1] = "X-Gitlab-Token";
+	k.nsecrets = 0;
+	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, gl2,
+	    strlen(gl2), 0, &ev, &reason), WH_UNAUTHORIZED);
+	assert_string_equal(reason, "no gitlab token configured");
 	free(gl2);
 }
 
