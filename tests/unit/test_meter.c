@@ -440,6 +440,25 @@ models(void **state)
 	assert_int_equal(call(&t, "m5", 1, "claude-3-7-sonnet-x", 1, "0", &j),
 	    403);
 	json_decref(j);
+	/*
+	 * spec.capabilities narrowed after the token was minted: its models
+	 * caveat still allows gemini-*, the task no longer does (both rule)
+	 */
+	{
+		struct k8s_status st = { 0 };
+		json_t *p = json_pack("{s:{s:[s]}}", "spec", "capabilities",
+		    "claude-3-7-sonnet");
+
+		assert_int_equal(k8s_patch(env.api, &K8S_AGENTTASK, NS, t.name,
+		    0, p, NULL, &st), 0);
+		json_decref(p);
+	}
+	assert_int_equal(call(&t, "m6", 1, "gemini-2.5-pro", 1, "0", &j), 403);
+	assert_string_equal(jstr(j, "error"), "model not allowed");
+	json_decref(j);
+	assert_int_equal(call(&t, "m7", 1, "claude-3-7-sonnet", 1, "0", &j),
+	    200);
+	json_decref(j);
 	/* no capabilities anywhere: any model, but a model */
 	make_task(&open, "{}", 0);
 	assert_int_equal(call(&open, "o1", 1, "anything", 1, "0", &j), 200);
