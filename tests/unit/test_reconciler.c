@@ -2307,6 +2307,47 @@ test_netpol_disabled(void **state)
 	free(name);
 }
 
+/*
+ * In a cluster (KUBERNETES_SERVICE_HOST set) the API server's service
+ * address is excepted from the policy's open 443 as a /32, beside the
+ * metadata range; an IPv6 address adds nothing, since the policy opens
+ * IPv4 (0.0.0.0/0) only and an IPv6 except there would be invalid.
+ */
+static void
+test_netpol_apiserver(void **state)
+{
+	static const char *hosts[] = { "10.96.0.1", "fd00:10:96::1" };
+	char *name;
+	json_t *np;
+	const json_t *ex;
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < 2; i++) {
+		close_all();
+		open_all(1);
+		setenv("KUBERNETES_SERVICE_HOST", hosts[i], 1);
+		name = provisioned(NULL, NULL);
+		unsetenv("KUBERNETES_SERVICE_HOST");
+		np = get(&K8S_NETWORKPOLICY, CONTROLLER_NETPOL);
+		assert_non_null(np);
+		assert_string_equal(jp(np, "spec.egress.1.to.0.ipBlock.cidr"),
+		    "0.0.0.0/0");
+		ex = jget(np, "spec.egress.1.to.0.ipBlock.except");
+		assert_string_equal(json_string_value(json_array_get(ex, 0)),
+		    "169.254.0.0/16");
+		if (i == 0) {
+			assert_int_equal(json_array_size(ex), 2);
+			assert_string_equal(json_string_value(
+			    json_array_get(ex, 1)), "10.96.0.1/32");
+		} else {
+			assert_int_equal(json_array_size(ex), 1);
+		}
+		json_decref(np);
+		free(name);
+	}
+}
+
 /* live -> Failed (PullRequestClosed, by the SCM side): the effects. */
 static void
 test_pr_closed(void **state)
@@ -5815,6 +5856,7 @@ main(void)
 		cmocka_unit_test(test_pr_closed),
 		cmocka_unit_test(test_paused_then_finished),
 		cmocka_unit_test(test_netpol_disabled),
+		cmocka_unit_test(test_netpol_apiserver),
 		cmocka_unit_test(test_crash_recovery),
 		cmocka_unit_test(test_token_extended_crash),
 		cmocka_unit_test_teardown(test_warm_pool_resume_crash,
