@@ -948,21 +948,23 @@ static int
 form_payload(const char *body, size_t len, char **out, size_t *outlen)
 {
 	struct buf b;
-	size_t i, start = 0, end = len;
+	size_t i, f = 0, start = 0, end = len;
 	int found = 0;
 
-	/* find the payload field among &-separated fields */
+	/*
+	 * find the payload field among &-separated fields: exactly one (two
+	 * would leave the choice to whichever parser reads the body)
+	 */
 	for (i = 0; i <= len; i++) {
 		if (i == len || body[i] == '&') {
-			if (i - start >= 8 &&
-			    memcmp(body + start, "payload=", 8) == 0) {
+			if (i - f >= 8 && memcmp(body + f, "payload=", 8) == 0) {
 				if (found)
 					return -1;
 				found = 1;
+				start = f;
 				end = i;
-				break;
 			}
-			start = i + 1;
+			f = i + 1;
 		}
 	}
 	if (!found)

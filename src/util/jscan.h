@@ -40,8 +40,10 @@ struct jfield {
 /*
  * Scan text (len bytes) as one JSON document, filling fields (n <=
  * JSCAN_MAX_FIELDS, each path at most JSCAN_MAX_PATH components).
- * max_depth bounds nesting. Returns 0, or -1 with *err set to a static
- * message when the text is not valid JSON.
+ * max_depth bounds nesting: the document's value is at depth 0, and a
+ * value deeper than max_depth is refused (max_depth + 1 nested arrays or
+ * objects pass, one more does not). Returns 0, or -1 with *err set to a
+ * static message when the text is not valid JSON.
  */
 int jscan(const char *text, size_t len, struct jfield *fields, size_t n,
     int max_depth, const char **err);

@@ -294,12 +294,15 @@ usd_parsing(void **state)
 	}
 }
 
+/* A refused meter body and the field its 400 names. */
+struct bad_body {
+	const char *body, *field;
+};
+
 static void
 body_validation(void **state)
 {
-	static const struct {
-		const char *body, *field;
-	} cases[] = {
+	static const struct bad_body cases[] = {
 		{ "{\"iteration\":1,\"tokensUsed\":1,\"costUSD\":0}", "requestId" },
 		{ "{\"requestId\":\"\",\"iteration\":1,\"tokensUsed\":1,\"costUSD\":0}", "requestId" },
 		{ "{\"requestId\":7,\"iteration\":1,\"tokensUsed\":1,\"costUSD\":0}", "requestId" },
@@ -315,6 +318,13 @@ body_validation(void **state)
 		{ "{\"requestId\":\"a\",\"iteration\":1,\"tokensUsed\":1,\"costUSD\":1000000.01}", "costUSD" },
 		{ "{\"requestId\":\"a\",\"iteration\":1,\"tokensUsed\":1,\"costUSD\":\"0.1\"}", "costUSD" },
 	};
+	static const struct bad_body dups[] = {
+		{ "{\"requestId\":\"a\",\"iteration\":1,\"tokensUsed\":0,\"tokensUsed\":5000,\"costUSD\":0}", "tokensUsed" },
+		{ "{\"requestId\":\"a\",\"iteration\":1,\"tokensUsed\":1,\"costUSD\":9,\"costUSD\":0}", "costUSD" },
+		{ "{\"requestId\":\"a\",\"requestId\":\"b\",\"iteration\":1,\"tokensUsed\":1,\"costUSD\":0}", "requestId" },
+		{ "{\"requestId\":\"a\",\"iteration\":1,\"iteration\":2,\"iteration\":3,\"tokensUsed\":1,\"costUSD\":0}", "iteration" },
+		{ "{\"requestId\":\"a\",\"iteration\":1,\"model\":\"m\",\"tokensUsed\":1,\"model\":\"n\",\"costUSD\":0}", "model" },
+	};
 	struct task t;
 	size_t i;
 	json_t *j;
@@ -327,6 +337,17 @@ body_validation(void **state)
 		    strcmp(jstr(j, "field"), cases[i].field) != 0)
 			fprintf(stderr, "# case %zu: %s\n", i, jstr(j, "error"));
 		assert_string_equal(jstr(j, "field"), cases[i].field);
+		json_decref(j);
+	}
+	/*
+	 * a field given twice is refused, whatever the values: a parser
+	 * keeping the first and one keeping the last would charge different
+	 * amounts for the same body
+	 */
+	for (i = 0; i < ARRAY_SIZE(dups); i++) {
+		assert_int_equal(charge(t.auth, dups[i].body, &j), 400);
+		assert_string_equal(jstr(j, "error"), "duplicate field");
+		assert_string_equal(jstr(j, "field"), dups[i].field);
 		json_decref(j);
 	}
 	assert_int_equal(charge(t.auth, "{", &j), 400);
@@ -861,6 +882,9 @@ completion_fields(void **state)
 		{ "commit", "not a sha" },
 		{ "commit", "abc" },
 		{ "commit", "abc1234\\u001b]52;c;aGk=\\u0007" },
+		/* 65 hex digits: longer than any object id */
+		{ "commit", "0123456789abcdef0123456789abcdef"
+		    "0123456789abcdef0123456789abcdef0" },
 		{ "branch", "a b" },
 		{ "branch", "fix/x\\n@here" },
 		{ "branch", "-x" },
@@ -873,6 +897,7 @@ completion_fields(void **state)
 		{ "pullRequestUrl", "https://github.com/o/r/pull/1\\\")<img>" },
 		{ "pullRequestUrl", "https://github.com/o/r/pull/1 x" },
 		{ "pullRequestUrl", "https://github.com@evil.example/o/r/pull/1" },
+		/* the last two: refused for their host only */
 		{ "pullRequestUrl", "https://evil.example/o/r/pull/1" },
 		{ "pullRequestUrl", "https://github.com.evil.example/o/r" },
 	};
@@ -883,6 +908,38 @@ completion_fields(void **state)
 	size_t i;
 
 	(void)state;
+	/*
+	 * a task with no repository URL has no host to compare with: each
+	 * value is refused on its own (a script link, user info), not only
+	 * because its host differs
+	 */
+	make_task(&t, "{}", 0);
+	for (i = 0; i < ARRAY_SIZE(bad) - 2; i++) {
+		body = xasprintf("{\"result\":\"succeeded\",\"%s\":\"%s\"}",
+		    bad[i][0], bad[i][1]);
+		meter_complete(meter, t.auth, body, strlen(body), &r);
+		if (r.status != 400)
+			fail_msg("no repository: %s: %d %s", body, r.status,
+			    r.body);
+		meter_reply_release(&r);
+		free(body);
+	}
+	task_release(&t);
+	/*
+	 * the repository URL's user info (a clone token) is not part of its
+	 * host: a link on that host is taken
+	 */
+	make_task(&t, "{\"repository\":{\"url\":"
+	    "\"https://x-access-token:t0k@github.com/o/r.git\"}}", 0);
+	body = xstrdup("{\"result\":\"succeeded\",\"pullRequestUrl\":"
+	    "\"https://github.com/o/r/pull/7\"}");
+	meter_complete(meter, t.auth, body, strlen(body), &r);
+	if (r.status != 200)
+		fail_msg("user info in the repository URL: %d %s", r.status,
+		    r.body);
+	meter_reply_release(&r);
+	free(body);
+	task_release(&t);
 	make_task(&t, "{\"repository\":{\"url\":"
 	    "\"https://GitHub.com/o/r.git\"}}", 0);
 	for (i = 0; i < ARRAY_SIZE(bad); i++) {

@@ -398,6 +398,28 @@ jscan_validity(void **state)
 	assert_int_equal(jscan(deep.data, deep.len, f, 1, 64, &err), -1);
 	assert_int_equal(jscan(deep.data, deep.len, f, 1, 128, &err), 0);
 	buf_release(&deep);
+	/*
+	 * the bound exactly: the outermost value is at depth 0, so
+	 * max_depth + 1 nested arrays or objects pass and one more is
+	 * refused, as nesting
+	 */
+	for (i = 9; i <= 10; i++) {
+		size_t k;
+
+		buf_init(&deep, 256);
+		/* arrays and objects in turn, the innermost an empty [] */
+		for (k = 0; k < i; k++)
+			buf_addstr(&deep, k % 2 && k + 1 < i ? "{\"a\":" :
+			    "[");
+		for (k = i; k-- > 0;)
+			buf_addstr(&deep, k % 2 && k + 1 < i ? "}" : "]");
+		err = NULL;
+		assert_int_equal(jscan(deep.data, deep.len, f, 1, 8, &err),
+		    i == 9 ? 0 : -1);
+		if (i == 10)
+			assert_string_equal(err, "nesting too deep");
+		buf_release(&deep);
+	}
 }
 
 /*

@@ -805,6 +805,59 @@ handle_requests(void **state)
 	assert_int_equal(webhook_handle(SCM_GITHUB, &k, NULL, hget, &h, form,
 	    strlen(form), 0, &ev, &reason), WH_BAD_REQUEST);
 	free(form);
+	/*
+	 * the payload field among others is read; given twice, or with a
+	 * broken %-escape, the body is refused (signed, so a 400, not 401)
+	 */
+	{
+		static const struct {
+			const char *form;
+			enum webhook_verdict want;
+		} forms[] = {
+			{ "a=1&payload=%7B%22zen%22%3A%22z%22%2C%22hook_id%22"
+			    "%3A1%7D&b=2", WH_IGNORE },
+			{ "payload=%7B%22zen%22%3A%22z%22%2C%22hook_id%22%3A1"
+			    "%7D&payload=%7B%7D", WH_BAD_REQUEST },
+			{ "payload=%7B%7D&payload=%7B%22zen%22%3A%22z%22%2C%22"
+			    "hook_id%22%3A1%7D", WH_BAD_REQUEST },
+			{ "payload=%7B%22zen%22%3A%22z%22%7D%7", WH_BAD_REQUEST },
+			{ "payload=%7B%22zen%22%3A%22z%22%7D%", WH_BAD_REQUEST },
+			{ "payload=%7B%22zen%22%3A%22z%22%7D%zz",
+			    WH_BAD_REQUEST },
+			{ "xpayload=%7B%7D", WH_BAD_REQUEST },
+		};
+		size_t fi;
+
+		for (fi = 0; fi < ARRAY_SIZE(forms); fi++) {
+			enum webhook_verdict got;
+
+			free(fsig);
+			fsig = sign_github("sekrit", forms[fi].form,
+			    strlen(forms[fi].form));
+			h.v[1] = fsig;
+			got = webhook_handle(SCM_GITHUB, &k, NULL, hget, &h,
+			    forms[fi].form, strlen(forms[fi].form), 0, &ev,
+			    &reason);
+			if (got != forms[fi].want)
+				fprintf(stderr, "# form %zu: verdict %d, %s\n",
+				    fi, (int)got, reason ? reason : "");
+			assert_int_equal(got, forms[fi].want);
+			scm_event_release(&ev);
+		}
+		/*
+		 * an escape cut by the end of the body is not completed from
+		 * the byte after it (here a 'D' that would make "%7D", and
+		 * the payload valid JSON)
+		 */
+		form = xstrdup("payload=%7B%22zen%22%3A%22z%22%2C%22hook_id"
+		    "%22%3A1%7D");
+		free(fsig);
+		fsig = sign_github("sekrit", form, strlen(form) - 1);
+		h.v[1] = fsig;
+		assert_int_equal(webhook_handle(SCM_GITHUB, &k, NULL, hget, &h,
+		    form, strlen(form) - 1, 0, &ev, &reason), WH_BAD_REQUEST);
+		free(form);
+	}
 	free(fsig);
 	free(esc);
 	free(sig);
