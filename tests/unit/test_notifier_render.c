@@ -470,6 +470,49 @@ test_injection(void **state)
 	json_decref(t);
 }
 
+/*
+ * A preview URL is linked only when it is http(s): a script, data or file
+ * URL (an Environment anyone with access to the cluster could write)
+ * gets no link at all.
+ */
+static void
+test_preview_scheme(void **state)
+{
+	static const struct {
+		const char *url;
+		int linked;
+	} cases[] = {
+		{ "javascript:alert(1)", 0 },
+		{ "JavaScript:alert(1)//https://ok.example/", 0 },
+		{ "data:text/html,<script>x</script>", 0 },
+		{ "file:///etc/passwd", 0 },
+		{ "//ok.example/", 0 },
+		{ "https://ok.example/app", 1 },
+		{ "http://ok.example:8080/", 1 },
+	};
+	struct notifier_render_opts o = { NOW, -1, -1, NULL, 0 };
+	json_t *t = hostile_task(1);
+	size_t i, len;
+	char *body;
+
+	(void)state;
+	for (i = 0; i < ARRAY_SIZE(cases); i++) {
+		json_object_set_new(json_object_get(t, "status"), "previewUrl",
+		    json_string(cases[i].url));
+		body = notifier_render(t, &o, &len);
+		if ((strstr(body, "open the preview") != NULL) !=
+		    cases[i].linked)
+			fail_msg("%s: linked %d", cases[i].url,
+			    !cases[i].linked);
+		if (cases[i].linked)
+			assert_true(strstr(body, "](https://ok.example/") !=
+			    NULL || strstr(body, "](http://ok.example:") !=
+			    NULL);
+		free(body);
+	}
+	json_decref(t);
+}
+
 /* A 100 KB objective, guidance and message: capped, under the limit. */
 static void
 test_huge(void **state)
@@ -691,6 +734,76 @@ test_invisible(void **state)
 	buf_release(&b);
 }
 
+/* cp as UTF-8 into out (5 bytes of room), NUL-terminated. */
+static void
+utf8_put(uint32_t cp, char *out)
+{
+	unsigned char *o = (unsigned char *)out;
+
+	if (cp < 0x80) {
+		*o++ = (unsigned char)cp;
+	} else if (cp < 0x800) {
+		*o++ = (unsigned char)(0xc0 | cp >> 6);
+		*o++ = (unsigned char)(0x80 | (cp & 0x3f));
+	} else if (cp < 0x10000) {
+		*o++ = (unsigned char)(0xe0 | cp >> 12);
+		*o++ = (unsigned char)(0x80 | (cp >> 6 & 0x3f));
+		*o++ = (unsigned char)(0x80 | (cp & 0x3f));
+	} else {
+		*o++ = (unsigned char)(0xf0 | cp >> 18);
+		*o++ = (unsigned char)(0x80 | (cp >> 12 & 0x3f));
+		*o++ = (unsigned char)(0x80 | (cp >> 6 & 0x3f));
+		*o++ = (unsigned char)(0x80 | (cp & 0x3f));
+	}
+	*o = '\0';
+}
+
+/*
+ * Each range of dropped characters, at both of its ends, and the
+ * characters just outside it, which stay: an off-by-one at either end
+ * would let a C1 control, a bidi override or the last Unicode tag through.
+ */
+static void
+test_invisible_bounds(void **state)
+{
+	static const uint32_t dropped[][2] = {
+		{ 0x01, 0x08 }, { 0x0b, 0x1f }, { 0x7f, 0x9f }, { 0x61c, 0x61c },
+		{ 0x180e, 0x180e }, { 0x200b, 0x200b }, { 0x200e, 0x200f },
+		{ 0x202a, 0x202e }, { 0x2060, 0x2064 }, { 0x2066, 0x2069 },
+		{ 0xfeff, 0xfeff }, { 0xfff9, 0xfffb }, { 0xe0000, 0xe007f },
+	};
+	static const uint32_t kept[] = {
+		0xa0, 0x61b, 0x61d, 0x180d, 0x180f, 0x200a, 0x200c, 0x200d,
+		0x2010, 0x2029, 0x202f, 0x205f, 0x2065, 0x206a, 0xfefe, 0xfff8,
+		0xfffc, 0xdffff, 0xe0080,
+	};
+	char ch[8], in[16], want[16];
+	struct buf b;
+	size_t i, e;
+
+	(void)state;
+	buf_init(&b, 1u << 16);
+	for (i = 0; i < ARRAY_SIZE(dropped); i++)
+		for (e = 0; e < 2; e++) {
+			utf8_put(dropped[i][e], ch);
+			snprintf(in, sizeof(in), "x%sy", ch);
+			buf_reset(&b);
+			notifier_escape_inline(&b, in, strlen(in), 100);
+			if (strcmp(b.data, "xy") != 0)
+				fail_msg("U+%04X kept", (unsigned)dropped[i][e]);
+		}
+	for (i = 0; i < ARRAY_SIZE(kept); i++) {
+		utf8_put(kept[i], ch);
+		snprintf(in, sizeof(in), "x%sy", ch);
+		snprintf(want, sizeof(want), "x%sy", ch);
+		buf_reset(&b);
+		notifier_escape_inline(&b, in, strlen(in), 100);
+		if (strcmp(b.data, want) != 0)
+			fail_msg("U+%04X dropped", (unsigned)kept[i]);
+	}
+	buf_release(&b);
+}
+
 static void
 test_fence_longer_than_content(void **state)
 {
@@ -735,6 +848,8 @@ main(void)
 		cmocka_unit_test(test_utf8_cut),
 		cmocka_unit_test(test_escape_inline),
 		cmocka_unit_test(test_invisible),
+		cmocka_unit_test(test_invisible_bounds),
+		cmocka_unit_test(test_preview_scheme),
 		cmocka_unit_test(test_fence_longer_than_content),
 		cmocka_unit_test(test_hash),
 	};
