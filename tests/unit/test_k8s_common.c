@@ -311,6 +311,127 @@ validation_rules(void **state)
 	}
 }
 
+/* n copies of c (a new string). */
+static char *
+rep(char c, size_t n)
+{
+	char *s = xmalloc(n + 1);
+
+	memset(s, c, n);
+	s[n] = '\0';
+	return s;
+}
+
+/*
+ * Each bound of the AgentTask checks, from both sides: the value at the
+ * bound is taken, the next one refused with its field named. Moving any
+ * bound by one fails here.
+ */
+static void
+validation_bounds(void **state)
+{
+	char *a253 = rep('a', 253), *a254 = rep('a', 254);
+	char *l63 = rep('v', 63), *l64 = rep('v', 64);
+	char *u2048 = rep('u', 2048 - 8), *u2049 = rep('u', 2049 - 8);
+	char *b255 = rep('b', 255), *b256 = rep('b', 256);
+	char *m32768 = rep('m', 32768), *m32769 = rep('m', 32769);
+	struct buf caps;
+	char *doc;
+	int i;
+
+	(void)state;
+	/*
+	 * budgets in USD: at most 12 whole digits (its micro-USD fit an
+	 * int64), and 1 to 6 decimals
+	 */
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"budgetUSD\":\"999999999999.999999\"}"), NULL);
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"budgetUSD\":\"1000000000000\"}"), "spec.budgetUSD");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"budgetUSD\":\"5.\"}"), "spec.budgetUSD");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"budgetUSD\":\".5\"}"), "spec.budgetUSD");
+	validate_text(&K8S_AGENTTASK, "{\"metadata\":{\"name\":\"t\"},"
+	    "\"spec\":{\"objective\":\"x\"},\"status\":{\"costUSD\":"
+	    "\"0.000001\"}}", NULL);
+	validate_text(&K8S_AGENTTASK, "{\"metadata\":{\"name\":\"t\"},"
+	    "\"spec\":{\"objective\":\"x\"},\"status\":{\"costUSD\":"
+	    "\"1e3\"}}", "status.costUSD");
+	/* integers */
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"budgetTokens\":1000000000000,\"maxIterations\":1000000,"
+	    "\"sandbox\":{\"timeoutSeconds\":2592000}}"), NULL);
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"budgetTokens\":1000000000001}"), "spec.budgetTokens");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"maxIterations\":1000001}"), "spec.maxIterations");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"sandbox\":{\"timeoutSeconds\":2592001}}"),
+	    "spec.sandbox.timeoutSeconds");
+	/* names and labels, as the API server has them */
+	for (i = 0; i < 2; i++) {
+		doc = xasprintf("{\"metadata\":{\"name\":\"%s\"},\"spec\":"
+		    "{\"objective\":\"x\"}}", i ? a254 : a253);
+		validate_text(&K8S_AGENTTASK, doc, i ? "metadata.name" : NULL);
+		free(doc);
+		doc = xasprintf("{\"metadata\":{\"name\":\"t\",\"labels\":"
+		    "{\"k\":\"%s\"}},\"spec\":{\"objective\":\"x\"}}",
+		    i ? l64 : l63);
+		validate_text(&K8S_AGENTTASK, doc, i ? "metadata.labels" :
+		    NULL);
+		free(doc);
+	}
+	validate_text(&K8S_AGENTTASK, "{\"metadata\":{\"name\":\"a-b.c\"},"
+	    "\"spec\":{\"objective\":\"x\"}}", NULL);
+	validate_text(&K8S_AGENTTASK, "{\"metadata\":{\"name\":\"ab-\"},"
+	    "\"spec\":{\"objective\":\"x\"}}", "metadata.name");
+	validate_text(&K8S_AGENTTASK, "{\"metadata\":{\"name\":\"ab.\"},"
+	    "\"spec\":{\"objective\":\"x\"}}", "metadata.name");
+	/* string lengths */
+	for (i = 0; i < 2; i++) {
+		doc = xasprintf(T("{\"objective\":\"x\",\"repository\":"
+		    "{\"url\":\"https://%s\"}}"), i ? u2049 : u2048);
+		validate_text(&K8S_AGENTTASK, doc, i ? "spec.repository.url" :
+		    NULL);
+		free(doc);
+		doc = xasprintf(T("{\"objective\":\"x\",\"repository\":"
+		    "{\"baseBranch\":\"%s\"}}"), i ? b256 : b255);
+		validate_text(&K8S_AGENTTASK, doc, i ?
+		    "spec.repository.baseBranch" : NULL);
+		free(doc);
+		doc = xasprintf("{\"metadata\":{\"name\":\"t\"},\"spec\":"
+		    "{\"objective\":\"x\"},\"status\":{\"message\":\"%s\"}}",
+		    i ? m32769 : m32768);
+		validate_text(&K8S_AGENTTASK, doc, i ? "status.message" :
+		    NULL);
+		free(doc);
+	}
+	/* 256 capabilities, then 257 */
+	buf_init(&caps, 1 << 16);
+	for (i = 0; i < 257; i++) {
+		buf_printf(&caps, "%s\"m%d\"", i ? "," : "", i);
+		if (i < 255)
+			continue;
+		doc = xasprintf(T("{\"objective\":\"x\",\"capabilities\":"
+		    "[%s]}"), caps.data);
+		validate_text(&K8S_AGENTTASK, doc, i == 256 ?
+		    "spec.capabilities" : NULL);
+		free(doc);
+	}
+	buf_release(&caps);
+	free(a253);
+	free(a254);
+	free(l63);
+	free(l64);
+	free(u2048);
+	free(u2049);
+	free(b255);
+	free(b256);
+	free(m32768);
+	free(m32769);
+}
+
 int
 main(void)
 {
@@ -320,6 +441,7 @@ main(void)
 		cmocka_unit_test(merge_patch_rfc7386),
 		cmocka_unit_test(status_mapping),
 		cmocka_unit_test(validation_rules),
+		cmocka_unit_test(validation_bounds),
 	};
 
 	util_json_init();
