@@ -742,6 +742,9 @@ names_and_roles(void **state)
 	assert_int_equal(commands_required_role(&c), CMD_ROLE_ANYONE);
 	c.kind = CMD_HELP;
 	assert_int_equal(commands_required_role(&c), CMD_ROLE_ANYONE);
+	/* a kind the table does not know needs the most, not the least */
+	c.kind = CMD_KIND_COUNT;
+	assert_int_equal(commands_required_role(&c), CMD_ROLE_MAINTAIN);
 	assert_string_equal(commands_role_name(CMD_ROLE_MAINTAIN), "maintain");
 }
 

@@ -794,6 +794,35 @@ test_provisioning_children(void **state)
 	free(name);
 }
 
+/*
+ * A task with no budgets of its own gets the configured defaults in its
+ * token, never 0 (unlimited): a call past the default token budget is
+ * refused.
+ */
+static void
+test_token_default_budgets(void **state)
+{
+	char *name = provisioned(",\"budgetUSD\":null,\"budgetTokens\":0",
+	    NULL);
+	char *token = token_of(name), money[32], num[32];
+	struct macaroon *m = NULL;
+
+	(void)state;
+	assert_true(cfg.defaults.budget_usd_micro > 0);
+	assert_true(cfg.defaults.budget_tokens > 0);
+	assert_int_equal(macaroon_inspect(token, strlen(token), &m, NULL), 0);
+	meter_format_usd(cfg.defaults.budget_usd_micro, money);
+	snprintf(num, sizeof(num), "%lld",
+	    (long long)cfg.defaults.budget_tokens);
+	assert_string_equal(macaroon_value(m, "max_cost_usd"), money);
+	assert_string_equal(macaroon_value(m, "max_tokens"), num);
+	macaroon_free(m);
+	assert_int_equal(charge(token, cfg.defaults.budget_tokens, "d1"), 200);
+	assert_int_equal(charge(token, 1, "d2"), 429);
+	free(token);
+	free(name);
+}
+
 /* Reconciling an unchanged state writes nothing, in every phase. */
 static void
 test_idempotent(void **state)
@@ -5818,6 +5847,7 @@ main(void)
 		cmocka_unit_test(test_queue),
 		cmocka_unit_test(test_new_pending),
 		cmocka_unit_test(test_provisioning_children),
+		cmocka_unit_test(test_token_default_budgets),
 		cmocka_unit_test(test_idempotent),
 		cmocka_unit_test(test_netpol_omitempty),
 		cmocka_unit_test(test_rerun_race),
