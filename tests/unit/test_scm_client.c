@@ -574,6 +574,20 @@ pages_github(void **state)
 	    &cause), SCM_EINTERNAL);
 	assert_non_null(strstr(cause, "refusing"));
 	free(cause);
+	cause = NULL;
+	/*
+	 * nor one whose address only starts like ours: here the same host
+	 * with a longer port (a prefix match of "scheme://host:port" would
+	 * send the token there)
+	 */
+	srv_reset();
+	push_file(200, "github/issues.list-comments.json",
+	    "Link: <{base}0/x?page=2>; rel=\"next\"", NULL);
+	assert_int_equal(c->ops->list_comments(c, &gh_repo, 1, &v, &n,
+	    &cause), SCM_EINTERNAL);
+	assert_non_null(strstr(cause, "refusing"));
+	assert_int_equal(nrecs(), 1);
+	free(cause);
 	scm_client_free(c);
 }
 
