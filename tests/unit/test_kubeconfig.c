@@ -944,6 +944,20 @@ exec_runs(const char *result)
 }
 
 /*
+ * A cluster whose token comes from the exec plugin dir/plugin (v1); the
+ * plugin's path, which c owns.
+ */
+static char *
+exec_cluster(struct k8s_cluster *c, const char *dir)
+{
+	memset(c, 0, sizeof(*c));
+	c->exec_argv = xcalloc(2, sizeof(char *));
+	c->exec_argv[0] = xasprintf("%s/plugin", dir);
+	c->exec_api_version = xstrdup("client.authentication.k8s.io/v1");
+	return c->exec_argv[0];
+}
+
+/*
  * A plugin that runs too long is killed at the limit; one that prints
  * more than an ExecCredential can be is refused; each says which, and
  * counts as a timeout or an error.
@@ -972,11 +986,7 @@ test_exec_limits(void **state)
 	size_t i;
 
 	(void)state;
-	memset(&c, 0, sizeof(c));
-	script = xasprintf("%s/plugin", dir);
-	c.exec_argv = xcalloc(2, sizeof(char *));
-	c.exec_argv[0] = script;
-	c.exec_api_version = xstrdup("client.authentication.k8s.io/v1");
+	script = exec_cluster(&c, dir);
 	for (i = 0; i < ARRAY_SIZE(cases); i++) {
 		write_file(script, cases[i].sh);
 		assert_int_equal(chmod(script, 0700), 0);
@@ -1004,6 +1014,99 @@ test_exec_limits(void **state)
 	}
 	/* killed and reaped: no child of this process is left */
 	assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
+	k8s_cluster_release(&c);
+	remove_tree(dir, (const char *const[]){ "plugin", NULL });
+	free(dir);
+}
+
+/*
+ * What an exec plugin prints is checked before its token is used: another
+ * kind or apiVersion, a client certificate, no token, a token with a line
+ * break (it would end the Authorization header and start another) and a
+ * bad expirationTimestamp are refused, each with its reason. A token that
+ * is taken is registered for redaction, so no log line can show it.
+ */
+static void
+test_exec_refused(void **state)
+{
+	static const struct {
+		const char *json, *want;
+	} cases[] = {
+		{ "{\"kind\":\"Secret\",\"apiVersion\":\"V1\",\"status\":"
+		  "{\"token\":\"t\"}}", " did not print an ExecCredential of "
+		  "client.authentication.k8s.io/v1" },
+		{ "{\"kind\":\"ExecCredential\",\"apiVersion\":"
+		  "\"client.authentication.k8s.io/v1beta1\",\"status\":"
+		  "{\"token\":\"t\"}}", " did not print an ExecCredential of "
+		  "client.authentication.k8s.io/v1" },
+		{ "{\"kind\":\"ExecCredential\",\"apiVersion\":\"V1\","
+		  "\"status\":{\"clientCertificateData\":\"x\","
+		  "\"clientKeyData\":\"y\"}}", " gave a client certificate; "
+		  "only tokens are supported" },
+		{ "{\"kind\":\"ExecCredential\",\"apiVersion\":\"V1\","
+		  "\"status\":{\"token\":\"\"}}", " gave no token" },
+		{ "{\"kind\":\"ExecCredential\",\"apiVersion\":\"V1\","
+		  "\"status\":{\"token\":\"t\\r\\nX-Evil: 1\"}}",
+		  " gave no token" },
+		{ "{\"kind\":\"ExecCredential\",\"apiVersion\":\"V1\","
+		  "\"status\":{\"token\":\"t\\nX-Evil: 1\"}}",
+		  " gave no token" },
+		{ "{\"kind\":\"ExecCredential\",\"apiVersion\":\"V1\","
+		  "\"status\":{\"token\":\"t\",\"expirationTimestamp\":"
+		  "\"soon\"}}", ": expirationTimestamp 'soon' is not a time" },
+		{ "{\"kind\":\"ExecCredential\",\"apiVersion\":\"V1\","
+		  "\"status\":{\"token\":\"exec-token-Qm9vb2sh-7731\","
+		  "\"expirationTimestamp\":\"2030-01-02T03:04:05Z\"}}", NULL },
+	};
+	struct k8s_cluster c;
+	char *dir = make_tmpdir(), *script, *sh, *json, *p, *cause, *tok;
+	char *want, *shown;
+	int64_t exp;
+	size_t i;
+
+	(void)state;
+	script = exec_cluster(&c, dir);
+	redact_secrets_clear();
+	for (i = 0; i < ARRAY_SIZE(cases); i++) {
+		/* "V1" stands for the whole apiVersion */
+		json = xstrdup(cases[i].json);
+		while ((p = strstr(json, "\"V1\"")) != NULL) {
+			*p = '\0';
+			p = xasprintf("%s\"client.authentication.k8s.io/v1\"%s",
+			    json, p + 4);
+			free(json);
+			json = p;
+		}
+		sh = xasprintf("#!/bin/sh\nprintf '%%s' '%s'\n", json);
+		write_file(script, sh);
+		assert_int_equal(chmod(script, 0700), 0);
+		cause = tok = NULL;
+		exp = -1;
+		assert_int_equal(k8s_exec_credential(&c, 5000, &tok, &exp,
+		    &cause), cases[i].want != NULL ? -1 : 0);
+		if (cases[i].want == NULL) {
+			assert_string_equal(tok, "exec-token-Qm9vb2sh-7731");
+			assert_int_equal(exp, 1893553445);
+			shown = redact("the plugin said "
+			    "exec-token-Qm9vb2sh-7731");
+			assert_non_null(shown);
+			assert_null(strstr(shown, "Qm9vb2sh"));
+			free(shown);
+			free(tok);
+		} else {
+			want = xasprintf("k8s: exec plugin '%s'%s", script,
+			    cases[i].want);
+			if (cause == NULL || strcmp(cause, want) != 0)
+				fail_msg("case %zu: %s", i, cause ? cause :
+				    "(none)");
+			assert_null(tok);
+			free(want);
+			free(cause);
+		}
+		free(sh);
+		free(json);
+	}
+	redact_secrets_clear();
 	k8s_cluster_release(&c);
 	remove_tree(dir, (const char *const[]){ "plugin", NULL });
 	free(dir);
@@ -2246,6 +2349,7 @@ main(void)
 		cmocka_unit_test(test_exec_rest),
 		cmocka_unit_test(test_exec_401_in_flight),
 		cmocka_unit_test(test_exec_limits),
+		cmocka_unit_test(test_exec_refused),
 		cmocka_unit_test(test_exec_child),
 		cmocka_unit_test(test_exec_child_fork),
 		cmocka_unit_test(test_release),
