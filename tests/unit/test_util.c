@@ -306,7 +306,10 @@ time_parse(void **state)
 	    "2021-13-01T00:00:00Z", "2021-04-31T00:00:00Z",
 	    "2021-02-25T24:00:00Z", "2021-02-25T15:02:10.Z",
 	    "2021-02-25T15:02:10+0100", "2021-02-25T15:02:10Zjunk",
-	    "2021-02-25T15:02:10+01:00x", "2021-0a-25T15:02:10Z" };
+	    "2021-02-25T15:02:10+01:00x", "2021-0a-25T15:02:10Z",
+	    /* a century that is no leap year; a second, an offset too far */
+	    "1900-02-29T00:00:00Z", "2021-02-25T15:02:61Z",
+	    "2021-02-25T15:02:10+24:00", "2021-02-25T15:02:10-01:60" };
 	int64_t t;
 	size_t i;
 
@@ -327,6 +330,14 @@ time_parse(void **state)
 	assert_int_equal(t, 1709164800);
 	assert_int_equal(time_parse_rfc3339("1969-12-31T23:59:59Z", &t), 0);
 	assert_int_equal(t, -1);
+	/* every 400 years a century is a leap year; a leap second is taken */
+	assert_int_equal(time_parse_rfc3339("2000-02-29T00:00:00Z", &t), 0);
+	assert_int_equal(t, 951782400);
+	assert_int_equal(time_parse_rfc3339("2016-12-31T23:59:60Z", &t), 0);
+	assert_int_equal(t, 1483228800);
+	assert_int_equal(time_parse_rfc3339("2021-02-25T15:02:10+23:59", &t),
+	    0);
+	assert_int_equal(t, 1614265330 - 23 * 3600 - 59 * 60);
 	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
 		assert_int_equal(time_parse_rfc3339(bad[i], &t), -1);
 	assert_int_equal(time_parse_rfc3339(NULL, &t), -1);
