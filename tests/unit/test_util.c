@@ -127,6 +127,9 @@ base64_cases(void **state)
 	}
 	assert_int_equal(base64_decode("Zm9v!", 5, &out, &n), -1);
 	assert_int_equal(base64_decode("Z", 1, &out, &n), -1);
+	/* one character over a quantum is no length base64 has, zero bits too */
+	assert_int_equal(base64_decode("A", 1, &out, &n), -1);
+	assert_int_equal(base64_decode("QUJDA", 5, &out, &n), -1);
 	assert_int_equal(base64_decode("Zg=", 3, &out, &n), -1);
 	assert_int_equal(base64_decode("Zh==", 4, &out, &n), -1);
 }
