@@ -875,6 +875,39 @@ retry_at_reset(void **state)
 }
 
 /*
+ * A reset the handler names sooner than the first backoff step is not
+ * taken at its word: the entry waits the step (here 2 s), so a handler
+ * that keeps naming "now" cannot spin the worker.
+ */
+static void
+retry_at_floor(void **state)
+{
+	struct inbox_config cfg = test_config(100, 2, 3600);
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+	int64_t t0;
+
+	(void)state;
+	cfg.backoff_base_ms = 2000;
+	cfg.backoff_max_ms = 4000;
+	counter_init(&c);
+	c.always = INBOX_RETRY;
+	c.retry_in_ms = 20;
+	ib = open_cfg(path, &cfg, count_handle, &c);
+	t0 = now_unix_ms();
+	assert_int_equal(inbox_put(ib, "github:soon", "github", EV),
+	    INBOX_STORED);
+	assert_true(wait_calls(&c, 1, 10000) >= 1);
+	sleep_ms(300);
+	inbox_free(ib);
+	assert_int_equal(c.calls, 1);
+	assert_true(query_int(path, "SELECT next_at FROM inbox WHERE"
+	    " key = 'github:soon'") - t0 >= 1990);
+	free(path);
+}
+
+/*
  * A rate limit that lasts beyond a day is no longer waited out for free:
  * an entry received that long ago counts its attempts again and dies.
  */
@@ -1871,6 +1904,7 @@ main(void)
 		cmocka_unit_test(outage_not_hammered),
 		cmocka_unit_test(retries_spread),
 		cmocka_unit_test(retry_at_reset),
+		cmocka_unit_test(retry_at_floor),
 		cmocka_unit_test(retry_at_old_entry),
 		cmocka_unit_test(retry_then_success),
 		cmocka_unit_test(permanent_failure),
