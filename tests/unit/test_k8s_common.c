@@ -330,13 +330,30 @@ rep(char c, size_t n)
 static void
 validation_bounds(void **state)
 {
-	char *a253 = rep('a', 253), *a254 = rep('a', 254);
-	char *l63 = rep('v', 63), *l64 = rep('v', 64);
-	char *u2048 = rep('u', 2048 - 8), *u2049 = rep('u', 2049 - 8);
-	char *b255 = rep('b', 255), *b256 = rep('b', 256);
-	char *m32768 = rep('m', 32768), *m32769 = rep('m', 32769);
+	/* each: a document around a string, the longest string it takes */
+	static const struct {
+		const char *pre, *post, *field;
+		size_t max;
+	} lens[] = {
+		{ "{\"metadata\":{\"name\":\"", "\"},\"spec\":{\"objective\":"
+		  "\"x\"}}", "metadata.name", 253 },
+		{ "{\"metadata\":{\"name\":\"t\",\"labels\":{\"k\":\"",
+		  "\"}},\"spec\":{\"objective\":\"x\"}}", "metadata.labels",
+		  63 },
+		/* the URL is 2048 long with its "https://" */
+		{ "{\"metadata\":{\"name\":\"t1\"},\"spec\":{\"objective\":"
+		  "\"x\",\"repository\":{\"url\":\"https://", "\"}}}",
+		  "spec.repository.url", 2048 - 8 },
+		{ "{\"metadata\":{\"name\":\"t1\"},\"spec\":{\"objective\":"
+		  "\"x\",\"repository\":{\"baseBranch\":\"", "\"}}}",
+		  "spec.repository.baseBranch", 255 },
+		{ "{\"metadata\":{\"name\":\"t\"},\"spec\":{\"objective\":"
+		  "\"x\"},\"status\":{\"message\":\"", "\"}}", "status.message",
+		  32768 },
+	};
 	struct buf caps;
-	char *doc;
+	char *doc, *v;
+	size_t k;
 	int i;
 
 	(void)state;
@@ -369,44 +386,26 @@ validation_bounds(void **state)
 	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
 	    "\"sandbox\":{\"timeoutSeconds\":2592001}}"),
 	    "spec.sandbox.timeoutSeconds");
-	/* names and labels, as the API server has them */
-	for (i = 0; i < 2; i++) {
-		doc = xasprintf("{\"metadata\":{\"name\":\"%s\"},\"spec\":"
-		    "{\"objective\":\"x\"}}", i ? a254 : a253);
-		validate_text(&K8S_AGENTTASK, doc, i ? "metadata.name" : NULL);
-		free(doc);
-		doc = xasprintf("{\"metadata\":{\"name\":\"t\",\"labels\":"
-		    "{\"k\":\"%s\"}},\"spec\":{\"objective\":\"x\"}}",
-		    i ? l64 : l63);
-		validate_text(&K8S_AGENTTASK, doc, i ? "metadata.labels" :
-		    NULL);
-		free(doc);
-	}
+	/*
+	 * string lengths (names and labels as the API server has them): the
+	 * longest taken, one more refused
+	 */
+	for (k = 0; k < ARRAY_SIZE(lens); k++)
+		for (i = 0; i < 2; i++) {
+			v = rep('a', lens[k].max + (size_t)i);
+			doc = xasprintf("%s%s%s", lens[k].pre, v,
+			    lens[k].post);
+			validate_text(&K8S_AGENTTASK, doc, i ? lens[k].field :
+			    NULL);
+			free(doc);
+			free(v);
+		}
 	validate_text(&K8S_AGENTTASK, "{\"metadata\":{\"name\":\"a-b.c\"},"
 	    "\"spec\":{\"objective\":\"x\"}}", NULL);
 	validate_text(&K8S_AGENTTASK, "{\"metadata\":{\"name\":\"ab-\"},"
 	    "\"spec\":{\"objective\":\"x\"}}", "metadata.name");
 	validate_text(&K8S_AGENTTASK, "{\"metadata\":{\"name\":\"ab.\"},"
 	    "\"spec\":{\"objective\":\"x\"}}", "metadata.name");
-	/* string lengths */
-	for (i = 0; i < 2; i++) {
-		doc = xasprintf(T("{\"objective\":\"x\",\"repository\":"
-		    "{\"url\":\"https://%s\"}}"), i ? u2049 : u2048);
-		validate_text(&K8S_AGENTTASK, doc, i ? "spec.repository.url" :
-		    NULL);
-		free(doc);
-		doc = xasprintf(T("{\"objective\":\"x\",\"repository\":"
-		    "{\"baseBranch\":\"%s\"}}"), i ? b256 : b255);
-		validate_text(&K8S_AGENTTASK, doc, i ?
-		    "spec.repository.baseBranch" : NULL);
-		free(doc);
-		doc = xasprintf("{\"metadata\":{\"name\":\"t\"},\"spec\":"
-		    "{\"objective\":\"x\"},\"status\":{\"message\":\"%s\"}}",
-		    i ? m32769 : m32768);
-		validate_text(&K8S_AGENTTASK, doc, i ? "status.message" :
-		    NULL);
-		free(doc);
-	}
 	/* 256 capabilities, then 257 */
 	buf_init(&caps, 1 << 16);
 	for (i = 0; i < 257; i++) {
@@ -420,16 +419,6 @@ validation_bounds(void **state)
 		free(doc);
 	}
 	buf_release(&caps);
-	free(a253);
-	free(a254);
-	free(l63);
-	free(l64);
-	free(u2048);
-	free(u2049);
-	free(b255);
-	free(b256);
-	free(m32768);
-	free(m32769);
 }
 
 int

@@ -777,7 +777,7 @@ test_invisible_bounds(void **state)
 		0x2010, 0x2029, 0x202f, 0x205f, 0x2065, 0x206a, 0xfefe, 0xfff8,
 		0xfffc, 0xdffff, 0xe0080,
 	};
-	char ch[8], in[16], want[16];
+	char ch[8], in[16];
 	struct buf b;
 	size_t i, e;
 
@@ -795,10 +795,9 @@ test_invisible_bounds(void **state)
 	for (i = 0; i < ARRAY_SIZE(kept); i++) {
 		utf8_put(kept[i], ch);
 		snprintf(in, sizeof(in), "x%sy", ch);
-		snprintf(want, sizeof(want), "x%sy", ch);
 		buf_reset(&b);
 		notifier_escape_inline(&b, in, strlen(in), 100);
-		if (strcmp(b.data, want) != 0)
+		if (strcmp(b.data, in) != 0)
 			fail_msg("U+%04X dropped", (unsigned)kept[i]);
 	}
 	buf_release(&b);

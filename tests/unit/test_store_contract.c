@@ -1139,6 +1139,32 @@ watch_selector_transitions(void **state)
 	free(other);
 }
 
+/*
+ * Patch the task HISTORY + 10 times, pushing every older version out of
+ * the watch window; the resourceVersion of the last patch.
+ */
+static int64_t
+push_history(const char *ns, const char *name)
+{
+	struct k8s_status st = { 0 };
+	int64_t newest = 0;
+	json_t *out;
+	int i;
+
+	for (i = 0; i < HISTORY + 10; i++) {
+		json_t *p = json_pack("{s:{s:i}}", "spec", "maxIterations",
+		    i + 1);
+
+		out = NULL;
+		assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, ns, name, 0, p,
+		    &out, &st), 0);
+		newest = k8s_resource_version(out);
+		json_decref(out);
+		json_decref(p);
+	}
+	return newest;
+}
+
 #if STORE_MODE != 3
 /*
  * The edge of the window exactly (the embedded store keeps the last
@@ -1155,23 +1181,13 @@ watch_gone_edge(void **state)
 	struct k8s_watch *w = NULL;
 	struct k8s_event ev;
 	char *ns = uniq("ge"), *name = uniq("gte"), cur[32];
-	json_t *obj, *out;
-	int64_t newest = 0;
-	int i, rc;
+	json_t *obj;
+	int64_t newest;
+	int rc;
 
 	(void)state;
 	obj = create_task(ns, name);
-	for (i = 0; i < HISTORY + 10; i++) {
-		json_t *p = json_pack("{s:{s:i}}", "spec", "maxIterations",
-		    i + 1);
-
-		out = NULL;
-		assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, ns, name, 0, p,
-		    &out, &st), 0);
-		newest = k8s_resource_version(out);
-		json_decref(out);
-		json_decref(p);
-	}
+	newest = push_history(ns, name);
 	/* the oldest event kept is newest - HISTORY + 1 */
 	snprintf(cur, sizeof(cur), "%lld", (long long)(newest - HISTORY));
 	o.resource_version = cur;
@@ -1207,19 +1223,11 @@ watch_gone(void **state)
 	struct k8s_event ev;
 	json_t *obj, *l = NULL;
 	char *name = uniq("gt"), *rv;
-	int i, rc;
+	int rc;
 
 	obj = create_task(ns, name);
 	rv = xstrdup(k8s_meta_str(obj, "resourceVersion"));
-	/* push the history window past rv */
-	for (i = 0; i < HISTORY + 10; i++) {
-		json_t *p = json_pack("{s:{s:i}}", "spec", "maxIterations",
-		    i + 1);
-
-		assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, ns, name, 0, p,
-		    NULL, &st), 0);
-		json_decref(p);
-	}
+	push_history(ns, name);
 	o.resource_version = rv;
 	rc = k8s_watch(api, &K8S_AGENTTASK, ns, &o, &w, &st);
 	if (rc == 0) {
