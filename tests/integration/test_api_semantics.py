@@ -550,7 +550,13 @@ def foreign_host(t, srv):
     local = "127.0.0.1:" + port
     for host in ("rebind.attacker.example:" + port, "attacker.example",
                  "localhost.attacker.example:" + port, "127.0.0.1.nip.io",
-                 "[::1]x", "127.0.0.1:" + port + "@x"):
+                 "[::1]x", "127.0.0.1:" + port + "@x",
+                 # an address, but not a loopback one
+                 "10.0.0.1:" + port, "[::ffff:10.0.0.1]:" + port,
+                 # localhost is a name, not an IPv6 address
+                 "[localhost]:" + port,
+                 # a port has five digits at most
+                 "127.0.0.1:123456"):
         code, body = raw_call(srv, "GET", SECRETS, [("Host", host)])
         t.ok(code == 403 and body.get("kind") == "Status" and
              body.get("reason") == "Forbidden",
@@ -562,7 +568,8 @@ def foreign_host(t, srv):
     t.eq(call(srv, "GET", TASKS + "/rebound")[0], 404,
          "nothing was created through another Host")
     for host in (local, "localhost:" + port, "LocalHost", "127.0.0.1",
-                 "[::1]:" + port, "127.0.0.2:" + port):
+                 "[::1]:" + port, "127.0.0.2:" + port,
+                 "[::ffff:127.0.0.1]:" + port):
         code, body = raw_call(srv, "GET", SECRETS, [("Host", host)])
         t.ok(code == 200 and body.get("kind") == "SecretList",
              "Host %s: served" % host, (code, body))
@@ -611,6 +618,202 @@ def nul_paths(t, srv):
          "keep is still there, unchanged", (code, body))
 
 
+def body_checks(t, srv):
+    """What the apiserver checks of a create or update body before the
+    store sees it: its apiVersion and kind are the resource's, metadata
+    is an object, its namespace (when given) is the path's, an update's
+    name (when given) is the path's, and a namespaced kind is created in
+    a namespace. Each is a 400 (a 405 for the last) that writes
+    nothing."""
+    base = "/apis/divergedev.com/v1alpha1/agenttasks"
+    for what, body in (
+            ("apiVersion v1", dict(task("bc-av"), apiVersion="v1")),
+            ("kind Secret", dict(task("bc-kind"), kind="Secret")),
+            ("metadata a string", dict(task("bc-meta"), metadata="bc-meta")),
+            ("metadata.namespace other", dict(task("bc-ns"), metadata={
+                "name": "bc-ns", "namespace": "other"}))):
+        code, reply = call(srv, "POST", TASKS, body)
+        t.ok(code == 400 and reply.get("reason") == "BadRequest",
+             "a create with %s: 400 BadRequest" % what, (code, reply))
+    code, reply = call(srv, "POST", base, task("bc-nons"))
+    t.ok(code == 405 and reply.get("kind") == "Status",
+         "a create of a namespaced kind without a namespace: 405",
+         (code, reply))
+    code, reply = raw_call(srv, "POST", TASKS, [
+        ("Host", "127.0.0.1"), ("Content-Type", "application/json")])
+    t.ok(code == 400 and "empty" in reply.get("message", ""),
+         "a create with an empty body: 400, saying so", (code, reply))
+    for ns in ("sem", "other"):
+        _, lst = call(srv, "GET", "/apis/divergedev.com/v1alpha1/"
+                      "namespaces/%s/agenttasks" % ns)
+        t.eq([i["metadata"]["name"] for i in lst.get("items", [])
+              if i["metadata"]["name"].startswith("bc-")], [],
+             "none of them created anything in %s" % ns)
+    t.eq(call(srv, "POST", TASKS, task("bc-put"))[0], 201, "create bc-put")
+    _, cur = call(srv, "GET", TASKS + "/bc-put")
+    other = json.loads(json.dumps(cur))
+    other["metadata"]["name"] = "bc-other"
+    other["spec"]["objective"] = "renamed"
+    code, reply = call(srv, "PUT", TASKS + "/bc-put", other)
+    t.ok(code == 400 and reply.get("reason") == "BadRequest" and
+         "bc-other" in reply.get("message", ""),
+         "a PUT whose body names another object: 400", (code, reply))
+    t.eq(call(srv, "GET", TASKS + "/bc-other")[0], 404,
+         "and it made no such object")
+    del cur["metadata"]["name"]
+    cur["spec"]["objective"] = "updated"
+    code, reply = call(srv, "PUT", TASKS + "/bc-put", cur)
+    t.ok(code == 200 and reply["metadata"]["name"] == "bc-put" and
+         reply["spec"]["objective"] == "updated",
+         "a PUT whose body has no name updates the object of the path",
+         (code, reply))
+
+
+def watch_by_name(t, srv):
+    """GET .../agenttasks/NAME?watch=true (what kubectl get -w NAME
+    asked for before fieldSelector) watches that object alone; watch=1
+    is a watch too, as the apiserver parses booleans."""
+    for n in ("wn-a", "wn-b"):
+        t.eq(call(srv, "POST", TASKS, task(n))[0], 201, "create " + n)
+    url = srv.url + TASKS + "/wn-b?watch=true&timeoutSeconds=20"
+    names = []
+    with urllib.request.urlopen(url, timeout=20) as r:
+        for n, obj in (("wn-a", "first"), ("wn-b", "second")):
+            call(srv, "PATCH", TASKS + "/" + n, {"spec": {"objective": obj}},
+                 "application/merge-patch+json")
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            ev = json.loads(line)
+            names.append((ev["type"], ev["object"]["metadata"]["name"],
+                          ev["object"]["spec"]["objective"]))
+            if ev["object"]["spec"]["objective"] == "second":
+                break
+    t.ok(names and names[-1] == ("MODIFIED", "wn-b", "second") and
+         all(n[1] == "wn-b" for n in names),
+         "a watch on tasks/wn-b sees wn-b's change, not wn-a's", names)
+    code, body = call(srv, "GET", TASKS + "?watch=1&timeoutSeconds=1"
+                      "&resourceVersion=0")
+    text = body.get("text", "")
+    t.ok(code == 200 and body.get("kind") is None and
+         '"type":"ADDED"' in text.replace(" ", ""),
+         "watch=1: a stream of events, not a list", (code, body))
+
+
+def delete_opts(t, srv):
+    """A DELETE's orphanDependents, in the query or in DeleteOptions: true
+    orphans the dependents (they stay, without the reference to the
+    deleted owner); a value other than true or false is a 400; with a
+    propagationPolicy as well, a 422 (the apiserver allows one of the
+    two). Neither refusal deletes anything."""
+    sec = "/api/v1/namespaces/sem/secrets"
+
+    def owned(owner, name):
+        _, o = call(srv, "GET", TASKS + "/" + owner)
+        return call(srv, "POST", sec, {
+            "apiVersion": "v1", "kind": "Secret", "metadata": {
+                "name": name, "ownerReferences": [{
+                    "apiVersion": "divergedev.com/v1alpha1",
+                    "kind": "AgentTask", "name": owner,
+                    "uid": o["metadata"]["uid"]}]},
+            "stringData": {"k": "v"}})[0]
+
+    t.eq(call(srv, "POST", TASKS, task("do-owner"))[0], 201,
+         "create do-owner")
+    t.eq(owned("do-owner", "do-child"), 201, "create do-child, owned by it")
+    for query, code, reason in (
+            ("orphanDependents=maybe", 400, "BadRequest"),
+            ("orphanDependents=true&propagationPolicy=Background", 422,
+             "Invalid")):
+        c, body = call(srv, "DELETE", TASKS + "/do-owner?" + query)
+        t.ok(c == code and body.get("reason") == reason,
+             "DELETE ?%s: %d %s" % (query, code, reason), (c, body))
+    c, body = call(srv, "DELETE", TASKS + "/do-owner",
+                   {"kind": "DeleteOptions", "apiVersion": "v1",
+                    "orphanDependents": True,
+                    "propagationPolicy": "Foreground"})
+    t.ok(c == 422 and body.get("reason") == "Invalid",
+         "DeleteOptions with orphanDependents and propagationPolicy: 422",
+         (c, body))
+    for opts in ({"orphanDependents": "true"}, {"propagationPolicy": 5}):
+        c, body = call(srv, "DELETE", TASKS + "/do-owner",
+                       dict(opts, kind="DeleteOptions", apiVersion="v1"))
+        t.ok(c == 400 and body.get("reason") == "BadRequest",
+             "DeleteOptions %s: 400 (the wrong type)" % json.dumps(opts),
+             (c, body))
+    t.eq(call(srv, "GET", TASKS + "/do-owner")[0], 200,
+         "do-owner is still there after the refusals")
+    c, body = call(srv, "DELETE", TASKS + "/do-owner?orphanDependents=true")
+    t.eq(c, 200, "DELETE ?orphanDependents=true")
+    deadline = time.time() + 10
+    while True:
+        c, child = call(srv, "GET", sec + "/do-child")
+        if c != 200 or not child["metadata"].get("ownerReferences") or \
+                time.time() > deadline:
+            break
+        time.sleep(0.1)
+    t.ok(c == 200 and not child["metadata"].get("ownerReferences"),
+         "the dependent stays, without its ownerReference", (c, child))
+
+
+def request_limits(t, srv):
+    """timeoutSeconds must be a whole number (400 otherwise), and a huge
+    one is capped, not wrapped into a deadline already past: such a watch
+    stays open. A body declared larger than the 16 MiB limit is refused
+    at once, before it is sent. A DELETE's body without a Content-Type
+    is read as DeleteOptions, as the apiserver reads it."""
+    local = ("Host", "127.0.0.1:" + srv.url.rsplit(":", 1)[1])
+    code, body = call(srv, "GET", TASKS + "?watch=true&timeoutSeconds=5x")
+    t.ok(code == 400 and "timeoutSeconds" in body.get("message", ""),
+         "timeoutSeconds=5x: 400", (code, body))
+    host, port = srv.url.split("//", 1)[1].rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(("GET %s?watch=true&timeoutSeconds=9223372036854775807 "
+               "HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" %
+               (TASKS, local[1])).encode())
+    got = b""
+    s.settimeout(1.5)
+    try:
+        while b"\r\n\r\n" not in got:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+        # no event comes: the stream is open while recv times out (an
+        # ended one is closed: Connection: close)
+        while True:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+        still_open = False
+    except socket.timeout:
+        still_open = True
+    s.close()
+    t.ok(got.startswith(b"HTTP/1.1 200") and still_open,
+         "a watch with timeoutSeconds = 2^63 - 1 stays open",
+         got[:200])
+    s = socket.create_connection((host, int(port)), timeout=5)
+    s.sendall(("POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: "
+               "application/json\r\nContent-Length: %d\r\n\r\n" %
+               (TASKS, local[1], 16 * 1024 * 1024 + 1)).encode())
+    try:
+        head = s.recv(4096)
+    except socket.timeout:
+        head = b"(no answer in 5 s)"
+    s.close()
+    t.ok(head.startswith(b"HTTP/1.1 413"),
+         "a body declared past 16 MiB: 413 before it is sent", head[:200])
+    t.eq(call(srv, "POST", TASKS, task("rl-a"))[0], 201, "create rl-a")
+    code, body = raw_call(srv, "DELETE", TASKS + "/rl-a", [local],
+                          b'{"propagationPolicy":"Sideways"}')
+    t.ok(code == 422 and body.get("reason") == "Invalid",
+         "DeleteOptions without a Content-Type are read: 422 for an "
+         "unknown propagationPolicy", (code, body))
+    t.eq(call(srv, "GET", TASKS + "/rl-a")[0], 200, "rl-a is still there")
+
+
 def main(t):
     srv = ApiServer()
     try:
@@ -628,6 +831,10 @@ def main(t):
         foreign_host(t, srv)
         subdomain_names(t, srv)
         nul_paths(t, srv)
+        body_checks(t, srv)
+        watch_by_name(t, srv)
+        delete_opts(t, srv)
+        request_limits(t, srv)
         t.eq(srv.stop(), 0, "the server stops cleanly on SIGTERM")
     finally:
         srv.cleanup()

@@ -582,6 +582,36 @@ def hostile(t, srv):
          (code, body.get("message")))
     code, _ = call("GET", srv.url + "/healthz")
     t.eq(code, 200, "and answers after it")
+    # the limit itself: a patched object whose deepest value sits 2,048
+    # levels down is taken, one level more is not (a value of 1,040
+    # nested arrays at /spec/x, 2 levels down; a copy of it appended
+    # j + 1 levels inside it puts its deepest value 3 + j + 1,040 down)
+    def status_of(method, url, data=None):
+        """The status alone: too deep a reply for Python's parser."""
+        req = urllib.request.Request(url, method=method, data=data, headers={
+            "Content-Type": "application/json-patch+json"})
+        try:
+            with urllib.request.urlopen(req, timeout=20) as r:
+                r.read()
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    for name, j, want in (("edge", 1005, 200), ("edge2", 1006, 422)):
+        call("POST", base, {"apiVersion": "agents.x-k8s.io/v1beta1",
+                            "kind": "Sandbox", "metadata": {"name": name},
+                            "spec": {"podTemplate": {"spec": {
+                                "containers": [{"name": "c",
+                                                "image": "x"}]}}}})
+        ops = ['{"op":"add","path":"/spec/x","value":%s0%s}' %
+               ("[" * 1040, "]" * 1040),
+               json.dumps({"op": "copy", "from": "/spec/x",
+                           "path": "/spec/x" + "/0" * j + "/-"})]
+        code = status_of("PATCH", base + "/" + name,
+                         ("[" + ",".join(ops) + "]").encode())
+        t.eq(code, want, "a patched object %d levels deep: %d" %
+             (3 + j + 1040, want))
+        status_of("DELETE", base + "/" + name)
     req = urllib.request.Request(
         srv.url + "/api/v1/namespaces/default/secrets?watch=1&"
         "timeoutSeconds=9223372036854775807")
@@ -625,7 +655,8 @@ def tls(t, exe):
         srv.cleanup()
     if openssl is None:
         for name in ("TLS with a bearer token", "a wrong token: 401",
-                     "no token: 401 Status"):
+                     "no token: 401 Status",
+                     "the token after 'bearer' (lower case): 200"):
             t.skip(name + " (openssl not installed)")
         return
     tmp = tempfile.mkdtemp(prefix="diverge-tls-")
@@ -672,6 +703,17 @@ def tls(t, exe):
         t.ok(code == 401 and body.get("kind") == "Status" and
              body.get("reason") == "Unauthorized",
              "no token: 401 Status", json.dumps(body))
+        # the scheme is case-insensitive (RFC 7235), as the apiserver's
+        # bearer token authenticator has it
+        req = urllib.request.Request(srv.url + "/apis", headers={
+            "Authorization": "bearer " + token})
+        try:
+            with urllib.request.urlopen(req, timeout=10,
+                                        context=ctx) as r:
+                code = r.status
+        except urllib.error.HTTPError as e:
+            code = e.code
+        t.eq(code, 200, "the token after 'bearer' (lower case): 200")
     finally:
         srv.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
