@@ -27,6 +27,8 @@ struct counter {
 	int record;		/* use the record effect */
 	int64_t retry_in_ms;	/* a RETRY names its time: now + this */
 	int transient;		/* a RETRY is for an outage */
+	/* the handling's effect, when set */
+	int (*effect)(struct sqlite3 *, const struct inbox_item *, void *);
 };
 
 static int
@@ -51,6 +53,8 @@ count_handle(void *arg, struct inbox_item *item, char **cause)
 		item->retry_at_ms = now_unix_ms() + c->retry_in_ms;
 	if (r == INBOX_RETRY)
 		item->transient = c->transient;
+	if (c->effect != NULL)
+		item->effect = c->effect;
 	if (r != INBOX_DONE)
 		*cause = xasprintf("planned failure %d", n);
 	else if (c->record)
@@ -542,15 +546,6 @@ full_effect(struct sqlite3 *db, const struct inbox_item *item, void *arg)
 	return -1;
 }
 
-static int
-full_handle(void *arg, struct inbox_item *item, char **cause)
-{
-	int r = count_handle(arg, item, cause);
-
-	item->effect = full_effect;
-	return r;
-}
-
 /*
  * An effect that fails on a full disk takes the whole transaction with
  * it: the completions after it in the batch must not be written one by
@@ -573,8 +568,9 @@ effect_disk_full(void **state)
 	(void)state;
 	counter_init(&c);
 	c.block = 1;
+	c.effect = full_effect;
 	settled_init(&s);
-	ib = open_cfg(path, &cfg, full_handle, &c);
+	ib = open_cfg(path, &cfg, count_handle, &c);
 	/* six keys of one shard, stored; the workers wait */
 	for (i = 0; n < 7; i++) {
 		snprintf(key, sizeof(key), "github:full-%d", i);
@@ -992,6 +988,93 @@ wait_dead(struct inbox *ib, int64_t want)
 	return inbox_dead_letters(ib);
 }
 
+static int failing_effect_calls;
+
+/*
+ * An effect that writes a row, then fails with its transaction intact
+ * (as a constraint would) the first time; records the event after that.
+ */
+static int
+failing_effect(struct sqlite3 *db, const struct inbox_item *item, void *arg)
+{
+	if (__atomic_fetch_add(&failing_effect_calls, 1, __ATOMIC_SEQ_CST) > 0)
+		return inbox_record_effect(db, item, arg);
+	assert_int_equal(sqlite3_exec(db, "INSERT INTO handled_events"
+	    " (key, provider, kind, body, count, handled_at) VALUES"
+	    " ('half', 'github', 'comment', 'x', 1, 1)", NULL, NULL, NULL),
+	    SQLITE_OK);
+	return -1;
+}
+
+/*
+ * A handling whose effect fails is not finished: the effect's writes are
+ * undone with its savepoint and the entry is handled again, done once
+ * its effect is written.
+ */
+static void
+effect_failed(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox_config cfg = test_config(100, 3, 3600);
+	struct inbox *ib;
+	int i;
+
+	(void)state;
+	counter_init(&c);
+	c.effect = failing_effect;
+	ib = open_cfg(path, &cfg, count_handle, &c);
+	assert_int_equal(inbox_put(ib, "github:eff", "github", EV),
+	    INBOX_STORED);
+	assert_int_equal(wait_calls(&c, 2, 10000), 2);
+	for (i = 0; i < 1000 && inbox_depth(ib) > 0; i++)
+		sleep_ms(10);
+	assert_int_equal(inbox_depth(ib), 0);
+	inbox_free(ib);
+	assert_int_equal(c.calls, 2);
+	assert_int_equal(query_int(path, "SELECT state FROM inbox WHERE"
+	    " key = 'github:eff'"), 1);
+	assert_int_equal(query_int(path, "SELECT attempts FROM inbox WHERE"
+	    " key = 'github:eff'"), 2);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM handled_events"
+	    " WHERE key = 'github:eff'"), 1);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM handled_events"
+	    " WHERE key = 'half'"), 0);
+	free(path);
+}
+
+/*
+ * An outcome the inbox does not know (a handler's bug) is a failure for
+ * good, not a retry forever; an event that cannot be decoded is
+ * dead-lettered without reaching the handler.
+ */
+static void
+odd_outcome_and_event(void **state)
+{
+	char *path = tmpdb();
+	struct counter c;
+	struct inbox *ib;
+
+	(void)state;
+	counter_init(&c);
+	c.always = 42;
+	ib = open_started(path, &c, 100, 3, 3600);
+	assert_int_equal(inbox_put(ib, "github:odd", "github", EV),
+	    INBOX_STORED);
+	assert_int_equal(wait_dead(ib, 1), 1);
+	assert_int_equal(inbox_put(ib, "github:garbled", "github",
+	    "{\"provider\":"), INBOX_STORED);
+	assert_int_equal(wait_dead(ib, 2), 2);
+	inbox_free(ib);
+	assert_int_equal(c.calls, 1);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox WHERE"
+	    " key = 'github:odd' AND state = 2 AND attempts = 1"), 1);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox WHERE"
+	    " key = 'github:garbled' AND state = 2 AND last_error ="
+	    " 'stored event cannot be decoded'"), 1);
+	free(path);
+}
+
 /* An inbox whose handler records, with github:d dead-lettered in it. */
 static struct inbox *
 open_dead(const char *path, struct counter *c)
@@ -1024,6 +1107,7 @@ requeue_dead_letter(void **state)
 	char *path = tmpdb();
 	struct counter c;
 	struct inbox *ib;
+	int64_t first;
 	int i;
 
 	(void)state;
@@ -1032,8 +1116,13 @@ requeue_dead_letter(void **state)
 	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox WHERE"
 	    " key = 'github:d' AND state = 2 AND last_error ="
 	    " 'planned failure 1'"), 1);
+	first = query_int(path, "SELECT received_at FROM inbox WHERE"
+	    " key = 'github:d'");
 	assert_int_equal(inbox_put(ib, "github:d", "github", EV2),
 	    INBOX_REQUEUED);
+	/* received anew: the day of patience counts from the redelivery */
+	assert_true(query_int(path, "SELECT received_at FROM inbox WHERE"
+	    " key = 'github:d'") > first);
 	assert_int_equal(inbox_dead_letters(ib), 0);
 	assert_int_equal(wait_calls(&c, 2, 5000), 2);
 	for (i = 0; i < 500 && inbox_depth(ib) > 0; i++)
@@ -1908,6 +1997,8 @@ main(void)
 		cmocka_unit_test(retry_at_old_entry),
 		cmocka_unit_test(retry_then_success),
 		cmocka_unit_test(permanent_failure),
+		cmocka_unit_test(effect_failed),
+		cmocka_unit_test(odd_outcome_and_event),
 		cmocka_unit_test(requeue_dead_letter),
 		cmocka_unit_test(requeue_once),
 		cmocka_unit_test(requeue_durable),

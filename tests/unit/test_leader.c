@@ -261,6 +261,69 @@ wait_state(struct leader *l, enum leader_state want, int64_t ms)
 	return leader_state(l) == want;
 }
 
+/* A leader on api's Lease default/name, leading once this returns. */
+static struct leader *
+start_leading(struct k8s_api *api, const char *name, int64_t duration_ms,
+    int64_t deadline_ms, int64_t retry_ms)
+{
+	struct leader_config lc;
+	struct leader *l = NULL;
+	char *cause = NULL;
+
+	memset(&lc, 0, sizeof(lc));
+	lc.api = api;
+	lc.namespace = "default";
+	lc.name = name;
+	lc.identity = "me_0123456789abcdef";
+	lc.lease_duration_ms = duration_ms;
+	lc.renew_deadline_ms = deadline_ms;
+	lc.retry_period_ms = retry_ms;
+	lc.changed = on_change;
+	assert_int_equal(leader_start(&l, &lc, &cause), 0);
+	assert_true(wait_state(l, LEADER_LEADING, 10000));
+	return l;
+}
+
+/* Another process takes Lease default/name over (an update that wins). */
+static void
+take_over(struct k8s_api *api, const char *name)
+{
+	struct k8s_status st;
+	json_t *cur = NULL, *next;
+	int rc;
+
+	memset(&st, 0, sizeof(st));
+	do {
+		k8s_status_release(&st);
+		assert_int_equal(k8s_get(api, &K8S_LEASE, "default", name,
+		    &cur, &st), 0);
+		next = json_deep_copy(cur);
+		json_decref(cur);
+		json_object_set_new(json_object_get(next, "spec"),
+		    "holderIdentity", json_string("other_fedcba9876543210"));
+		/* a renewal may write between the read and the update */
+		rc = k8s_update(api, &K8S_LEASE, "default", name, next, NULL,
+		    &st);
+		json_decref(next);
+	} while (rc == K8S_ECONFLICT);
+	assert_int_equal(rc, 0);
+	k8s_status_release(&st);
+}
+
+static const char *
+holder_of(struct k8s_api *api, const char *name, char out[64])
+{
+	struct k8s_status st;
+	json_t *cur = NULL;
+
+	memset(&st, 0, sizeof(st));
+	assert_int_equal(k8s_get(api, &K8S_LEASE, "default", name, &cur,
+	    &st), 0);
+	snprintf(out, 64, "%s", spec_s(cur, "holderIdentity"));
+	json_decref(cur);
+	return out;
+}
+
 /*
  * A leader whose renewal hangs: the fake API server takes 3 s to answer
  * each Lease call, the client's own timeout is 4 s, so a renewal (a get
@@ -276,7 +339,6 @@ test_deadline_while_hung(void **state)
 	struct k8s_cluster c;
 	struct k8s_rest_config rc;
 	struct k8s_api *api = NULL;
-	struct leader_config lc;
 	struct leader *l = NULL;
 	char *cause = NULL;
 	int64_t t0;
@@ -294,17 +356,7 @@ test_deadline_while_hung(void **state)
 	rc.timeout_ms = 4000;
 	rc.deadline_ms = 4000;
 	assert_int_equal(k8s_rest_open(&api, &c, &rc, &cause), 0);
-	memset(&lc, 0, sizeof(lc));
-	lc.api = api;
-	lc.namespace = "default";
-	lc.name = "deadline";
-	lc.identity = "me_0123456789abcdef";
-	lc.lease_duration_ms = 1500;
-	lc.renew_deadline_ms = 1000;
-	lc.retry_period_ms = 200;
-	lc.changed = on_change;
-	assert_int_equal(leader_start(&l, &lc, &cause), 0);
-	assert_true(wait_state(l, LEADER_LEADING, 10000));
+	l = start_leading(api, "deadline", 1500, 1000, 200);
 	sleep_ms(1500);
 	assert_int_equal(leader_state(l), LEADER_LEADING);
 	assert_int_equal(__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST), 0);
@@ -327,6 +379,48 @@ test_deadline_while_hung(void **state)
 	storeenv_close(&env);
 }
 
+/*
+ * A leader that finds the Lease held by another (its renewal reads
+ * another holder: an operator's edit, a process that waited out an
+ * expiry this one missed) stops leading at that renewal, not only once
+ * renew_deadline has passed without one: with a 20 s deadline and
+ * renewals every 100 ms, it is lost within 4 s, said once. A leader
+ * stopped before its next renewal sees it too: it gives up nothing
+ * that is no longer its own.
+ */
+static void
+test_taken_noticed(void **state)
+{
+	struct storeenv env;
+	struct leader *l;
+	char who[64];
+	int64_t t0;
+
+	(void)state;
+	assert_int_equal(storeenv_open(&env, 1, 100), 0);
+	__atomic_store_n(&lost_calls, 0, __ATOMIC_SEQ_CST);
+	l = start_leading(env.api, "taken", 30000, 20000, 100);
+	t0 = now_mono_ms();
+	take_over(env.api, "taken");
+	assert_true(wait_state(l, LEADER_LOST, 4000));
+	if (__atomic_load_n(&lost_at_ms, __ATOMIC_SEQ_CST) - t0 > 4000)
+		fail_msg("lost %lld ms after the Lease was taken",
+		    (long long)(lost_at_ms - t0));
+	leader_stop(l);
+	assert_int_equal(__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST), 1);
+	assert_string_equal(holder_of(env.api, "taken", who),
+	    "other_fedcba9876543210");
+
+	/* renewals every 10 s: the stop comes first */
+	l = start_leading(env.api, "stopped", 30000, 20000, 10000);
+	take_over(env.api, "stopped");
+	assert_int_equal(leader_state(l), LEADER_LEADING);
+	leader_stop(l);
+	assert_string_equal(holder_of(env.api, "stopped", who),
+	    "other_fedcba9876543210");
+	storeenv_close(&env);
+}
+
 int
 main(void)
 {
@@ -340,6 +434,7 @@ main(void)
 		cmocka_unit_test(test_no_duration),
 		cmocka_unit_test(test_identity),
 		cmocka_unit_test(test_deadline_while_hung),
+		cmocka_unit_test(test_taken_noticed),
 	};
 
 	return cmocka_run_group_tests_name("leader", tests, NULL, NULL);
