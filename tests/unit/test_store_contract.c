@@ -1920,6 +1920,14 @@ retry_policy(void **state)
 	json_decref(out);
 	out = NULL;
 	assert_int_equal(storeenv_fake_count(&env, "GET", name), 2);
+	/* not on a 501 Not Implemented: the same request gets the same */
+	requests_clear();
+	fault("{\"status\":501,\"method\":\"GET\"}");
+	assert_int_not_equal(k8s_get(api, &K8S_AGENTTASK, "default", name,
+	    &out, &st), 0);
+	assert_int_equal(st.code, 501);
+	k8s_status_release(&st);
+	assert_int_equal(storeenv_fake_count(&env, "GET", name), 1);
 
 	/*
 	 * a write: on a 429 (here a bare one, as a proxy may send; the
@@ -2052,8 +2060,48 @@ retry_deadline(void **state)
 	    &out, &st), 0);
 	json_decref(out);
 	assert_int_equal(storeenv_fake_count(&env, "GET", name), 2);
+	k8s_api_free(short_api);
+
+	/*
+	 * a GET that runs out of its own time (timeout_ms) is not sent
+	 * again: a server that slow would be asked again and again
+	 */
+	cfg.timeout_ms = 500;
+	cfg.deadline_ms = 10000;
+	short_api = fake_api(&cfg);
+	requests_clear();
+	rule = xasprintf("{\"ms\":1500,\"count\":20,\"match\":\"/%s\"}",
+	    name);
+	json_decref(storeenv_fake(&env, "POST", "/_fake/delay", rule));
+	free(rule);
+	assert_int_equal(k8s_get(short_api, &K8S_AGENTTASK, "default", name,
+	    &out, &st), K8S_ETIMEOUT);
+	k8s_status_release(&st);
+	assert_int_equal(storeenv_fake_count(&env, "GET", name), 1);
 	requests_clear();
 	k8s_api_free(short_api);
+
+	/* a write that never left (connection refused) was not done */
+	{
+		struct k8s_cluster c;
+		char *cause = NULL;
+		json_t *patch = json_pack("{s:{s:s}}", "spec", "objective",
+		    "never");
+
+		memset(&c, 0, sizeof(c));
+		c.server = (char *)"https://127.0.0.1:1";
+		c.ca_file = env.fake_ca;
+		c.token = (char *)"contract-token";
+		cfg.max_retries = 1;
+		assert_int_equal(k8s_rest_open(&short_api, &c, &cfg, &cause),
+		    0);
+		assert_int_equal(k8s_patch(short_api, &K8S_AGENTTASK,
+		    "default", name, 0, patch, NULL, &st), K8S_EUNAVAILABLE);
+		assert_false(st.maybe_done);
+		k8s_status_release(&st);
+		json_decref(patch);
+		k8s_api_free(short_api);
+	}
 	json_decref(obj);
 	free(name);
 }
@@ -2358,11 +2406,69 @@ watch_retry_after(void **state)
 	assert_int_equal(k8s_watch(capped, &K8S_AGENTTASK, ns, &o, &w, &st),
 	    0);
 	k8s_watch_free(w);
+	w = NULL;
 	assert_true(watch_request_time(1) >= 0);
 	assert_true(watch_request_time(1) - watch_request_time(0) >= 3.0);
+	/* a 503 without Retry-After is retried too, a 501 is not */
+	requests_clear();
+	fault("{\"status\":503,\"method\":\"GET\",\"match\":\"watch=true\"}");
+	assert_int_equal(k8s_watch(capped, &K8S_AGENTTASK, ns, &o, &w, &st),
+	    0);
+	k8s_watch_free(w);
+	w = NULL;
+	assert_true(watch_request_time(1) >= 0);
+	requests_clear();
+	fault("{\"status\":501,\"method\":\"GET\",\"match\":\"watch=true\"}");
+	assert_int_not_equal(k8s_watch(capped, &K8S_AGENTTASK, ns, &o, &w,
+	    &st), 0);
+	assert_int_equal(st.code, 501);
+	k8s_status_release(&st);
+	k8s_watch_free(w);
+	assert_true(watch_request_time(1) < 0);
 	requests_clear();
 	json_decref(l);
 	k8s_api_free(capped);
+	free(ns);
+}
+
+/*
+ * A server that ends every watch stream at once, before any event: the
+ * client reconnects with a growing wait and, after max_retries such
+ * ends in a row, gives up with an error (the caller lists again), not
+ * reconnecting at once for ever.
+ */
+static void
+watch_keeps_closing(void **state)
+{
+	struct k8s_rest_config cfg = { .connect_timeout_ms = 2000,
+	    .timeout_ms = 10000, .max_retries = 2,
+	    .max_retry_wait_ms = 1000, .deadline_ms = 20000 };
+	struct k8s_list_opts o = { NULL, NULL, NULL };
+	struct k8s_api *a = fake_api(&cfg);
+	struct k8s_status st = { 0 };
+	struct k8s_watch *w = NULL;
+	struct k8s_event ev;
+	char *ns = uniq("wkc");
+	int64_t end = now_mono_ms() + 8000;
+	int rc = 0;
+
+	(void)state;
+	assert_int_equal(k8s_watch(a, &K8S_AGENTTASK, ns, &o, &w, &st), 0);
+	while (rc >= 0 && now_mono_ms() < end) {
+		json_decref(storeenv_fake(&env, "POST", "/_fake/end_watches",
+		    "{\"mode\":\"close\"}"));
+		memset(&ev, 0, sizeof(ev));
+		rc = k8s_watch_next(w, 50, &ev, &st);
+		if (rc > 0)
+			json_decref(ev.object);
+	}
+	assert_true(rc < 0);
+	assert_non_null(st.message);
+	assert_non_null(strstr(st.message, "keeps closing"));
+	k8s_status_release(&st);
+	k8s_watch_free(w);
+	requests_clear();
+	k8s_api_free(a);
 	free(ns);
 }
 #endif
@@ -2710,6 +2816,7 @@ main(void)
 		cmocka_unit_test(retry_deadline),
 		cmocka_unit_test(retry_after_cap),
 		cmocka_unit_test(watch_retry_after),
+		cmocka_unit_test(watch_keeps_closing),
 		cmocka_unit_test(watch_resume),
 		cmocka_unit_test(watch_resume_initial),
 #endif
