@@ -1109,9 +1109,10 @@ test_exec_refused(void **state)
 /*
  * The REST client against the fake kube-apiserver with an exec plugin
  * for its token: run once, its token kept while it is good; run again
- * when it expires within seconds and after a 401 (a wrong token); a
- * plugin that fails leaves requests without a token (401) and is not run
- * again for every request. KUBERNETES_EXEC_INFO says it is not
+ * when it expires within seconds and after a 401 (a wrong token) to a
+ * call or to a watch; a plugin that fails leaves requests without a
+ * token (401) and is not run again for every request.
+ * KUBERNETES_EXEC_INFO says it is not
  * interactive and, with provideClusterInfo, names the cluster.
  */
 static void
@@ -1158,11 +1159,33 @@ test_exec_rest(void **state)
 	plugin_answer(dir, "good", 3600);
 	assert_int_equal(two_gets(api, K8S_ENOTFOUND, dir), 5);
 
+	/* a watch refused 401: run again before the next request, too */
+	json_decref(storeenv_fake(&env, "POST", "/_fake/faults",
+	    "{\"status\":401,\"count\":1,\"match\":\"watch=true\"}"));
+	{
+		struct k8s_list_opts o = { NULL, NULL, NULL };
+		struct k8s_status st = { 0 };
+		struct k8s_watch *w = NULL;
+		struct k8s_event ev;
+		int rc = k8s_watch(api, &K8S_SECRET, "default", &o, &w, &st);
+
+		if (rc == 0) {
+			memset(&ev, 0, sizeof(ev));
+			rc = k8s_watch_next(w, 5000, &ev, &st);
+			if (rc > 0)
+				json_decref(ev.object);
+		}
+		assert_int_equal(rc, K8S_EUNAUTHORIZED);
+		k8s_status_release(&st);
+		k8s_watch_free(w);
+	}
+	assert_int_equal(two_gets(api, K8S_ENOTFOUND, dir), 6);
+
 	/* a plugin that fails: no token, and not run for every request */
 	k8s_api_free(api);
 	plugin_answer(dir, "fail", 0);
 	assert_int_equal(k8s_rest_open(&api, &c, NULL, &cause), 0);
-	assert_int_equal(two_gets(api, K8S_EUNAUTHORIZED, dir), 6);
+	assert_int_equal(two_gets(api, K8S_EUNAUTHORIZED, dir), 7);
 	k8s_api_free(api);
 
 	/* the cluster's proxy-url goes to the plugin, as client-go's */
