@@ -511,26 +511,6 @@ jscan_get(const struct jfield *fields, size_t n, const char *path)
 	return NULL;
 }
 
-static void
-put_utf8(char *o, size_t *k, unsigned cp)
-{
-	if (cp < 0x80) {
-		o[(*k)++] = (char)cp;
-	} else if (cp < 0x800) {
-		o[(*k)++] = (char)(0xc0 | cp >> 6);
-		o[(*k)++] = (char)(0x80 | (cp & 0x3f));
-	} else if (cp < 0x10000) {
-		o[(*k)++] = (char)(0xe0 | cp >> 12);
-		o[(*k)++] = (char)(0x80 | (cp >> 6 & 0x3f));
-		o[(*k)++] = (char)(0x80 | (cp & 0x3f));
-	} else {
-		o[(*k)++] = (char)(0xf0 | cp >> 18);
-		o[(*k)++] = (char)(0x80 | (cp >> 12 & 0x3f));
-		o[(*k)++] = (char)(0x80 | (cp >> 6 & 0x3f));
-		o[(*k)++] = (char)(0x80 | (cp & 0x3f));
-	}
-}
-
 /* Decode a scanned (already validated) string. */
 int
 jscan_string(const struct jfield *f, char **out, size_t *outlen)
@@ -586,7 +566,7 @@ jscan_string(const struct jfield *f, char **out, size_t *outlen)
 			}
 			if (u == 0)
 				goto bad;
-			put_utf8(o, &k, u);
+			k += utf8_put(u, o + k);
 			continue;
 		default:	/* " \ / */
 			o[k++] = p[1];

@@ -35,6 +35,8 @@ int streq(const char *a, const char *b);
 int media_type_is(const char *ct, const char *want);
 size_t utf8_next(const unsigned char *p, size_t n, uint32_t *cp);
 size_t utf8_valid_len(const unsigned char *p, size_t n);
+/* Write code point cp (at most U+10FFFF) as UTF-8 at o; its length, 1 to 4. */
+size_t utf8_put(uint32_t cp, char *o);
 char *xvasprintf(const char *fmt, va_list ap)
     __attribute__((format(printf, 1, 0)));
 /* Install xmalloc/free into jansson; call once at start. */

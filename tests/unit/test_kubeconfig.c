@@ -1021,6 +1021,9 @@ test_exec_limits(void **state)
 
 /* The apiVersion of exec_cluster()'s plugin, as JSON. */
 #define EXEC_V1 "\"client.authentication.k8s.io/v1\""
+/* An ExecCredential of that apiVersion with status (JSON text). */
+#define EXEC_CRED(status) "{\"kind\":\"ExecCredential\",\"apiVersion\":" \
+	EXEC_V1 ",\"status\":" status "}"
 
 /*
  * What an exec plugin prints is checked before its token is used: another
@@ -1042,24 +1045,18 @@ test_exec_refused(void **state)
 		  "\"client.authentication.k8s.io/v1beta1\",\"status\":"
 		  "{\"token\":\"t\"}}", " did not print an ExecCredential of "
 		  "client.authentication.k8s.io/v1" },
-		{ "{\"kind\":\"ExecCredential\",\"apiVersion\":" EXEC_V1 ","
-		  "\"status\":{\"clientCertificateData\":\"x\","
-		  "\"clientKeyData\":\"y\"}}", " gave a client certificate; "
+		{ EXEC_CRED("{\"clientCertificateData\":\"x\","
+		  "\"clientKeyData\":\"y\"}"), " gave a client certificate; "
 		  "only tokens are supported" },
-		{ "{\"kind\":\"ExecCredential\",\"apiVersion\":" EXEC_V1 ","
-		  "\"status\":{\"token\":\"\"}}", " gave no token" },
-		{ "{\"kind\":\"ExecCredential\",\"apiVersion\":" EXEC_V1 ","
-		  "\"status\":{\"token\":\"t\\r\\nX-Evil: 1\"}}",
+		{ EXEC_CRED("{\"token\":\"\"}"), " gave no token" },
+		{ EXEC_CRED("{\"token\":\"t\\r\\nX-Evil: 1\"}"),
 		  " gave no token" },
-		{ "{\"kind\":\"ExecCredential\",\"apiVersion\":" EXEC_V1 ","
-		  "\"status\":{\"token\":\"t\\nX-Evil: 1\"}}",
+		{ EXEC_CRED("{\"token\":\"t\\nX-Evil: 1\"}"),
 		  " gave no token" },
-		{ "{\"kind\":\"ExecCredential\",\"apiVersion\":" EXEC_V1 ","
-		  "\"status\":{\"token\":\"t\",\"expirationTimestamp\":"
-		  "\"soon\"}}", ": expirationTimestamp 'soon' is not a time" },
-		{ "{\"kind\":\"ExecCredential\",\"apiVersion\":" EXEC_V1 ","
-		  "\"status\":{\"token\":\"exec-token-Qm9vb2sh-7731\","
-		  "\"expirationTimestamp\":\"2030-01-02T03:04:05Z\"}}", NULL },
+		{ EXEC_CRED("{\"token\":\"t\",\"expirationTimestamp\":"
+		  "\"soon\"}"), ": expirationTimestamp 'soon' is not a time" },
+		{ EXEC_CRED("{\"token\":\"exec-token-Qm9vb2sh-7731\","
+		  "\"expirationTimestamp\":\"2030-01-02T03:04:05Z\"}"), NULL },
 	};
 	struct k8s_cluster c;
 	char *dir = make_tmpdir(), *script, *sh, *cause, *tok;
@@ -1104,6 +1101,30 @@ test_exec_refused(void **state)
 	k8s_cluster_release(&c);
 	remove_tree(dir, (const char *const[]){ "plugin", NULL });
 	free(dir);
+}
+
+/* A watch of Secrets whose request the fake API server answers 401. */
+static void
+refused_watch(struct storeenv *env, struct k8s_api *api)
+{
+	struct k8s_list_opts o = { NULL, NULL, NULL };
+	struct k8s_status st = { 0 };
+	struct k8s_watch *w = NULL;
+	struct k8s_event ev;
+	int rc;
+
+	json_decref(storeenv_fake(env, "POST", "/_fake/faults",
+	    "{\"status\":401,\"count\":1,\"match\":\"watch=true\"}"));
+	rc = k8s_watch(api, &K8S_SECRET, "default", &o, &w, &st);
+	if (rc == 0) {
+		memset(&ev, 0, sizeof(ev));
+		rc = k8s_watch_next(w, 5000, &ev, &st);
+		if (rc > 0)
+			json_decref(ev.object);
+	}
+	assert_int_equal(rc, K8S_EUNAUTHORIZED);
+	k8s_status_release(&st);
+	k8s_watch_free(w);
 }
 
 /*
@@ -1160,25 +1181,7 @@ test_exec_rest(void **state)
 	assert_int_equal(two_gets(api, K8S_ENOTFOUND, dir), 5);
 
 	/* a watch refused 401: run again before the next request, too */
-	json_decref(storeenv_fake(&env, "POST", "/_fake/faults",
-	    "{\"status\":401,\"count\":1,\"match\":\"watch=true\"}"));
-	{
-		struct k8s_list_opts o = { NULL, NULL, NULL };
-		struct k8s_status st = { 0 };
-		struct k8s_watch *w = NULL;
-		struct k8s_event ev;
-		int rc = k8s_watch(api, &K8S_SECRET, "default", &o, &w, &st);
-
-		if (rc == 0) {
-			memset(&ev, 0, sizeof(ev));
-			rc = k8s_watch_next(w, 5000, &ev, &st);
-			if (rc > 0)
-				json_decref(ev.object);
-		}
-		assert_int_equal(rc, K8S_EUNAUTHORIZED);
-		k8s_status_release(&st);
-		k8s_watch_free(w);
-	}
+	refused_watch(&env, api);
 	assert_int_equal(two_gets(api, K8S_ENOTFOUND, dir), 6);
 
 	/* a plugin that fails: no token, and not run for every request */

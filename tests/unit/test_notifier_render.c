@@ -734,30 +734,6 @@ test_invisible(void **state)
 	buf_release(&b);
 }
 
-/* cp as UTF-8 into out (5 bytes of room), NUL-terminated. */
-static void
-utf8_put(uint32_t cp, char *out)
-{
-	unsigned char *o = (unsigned char *)out;
-
-	if (cp < 0x80) {
-		*o++ = (unsigned char)cp;
-	} else if (cp < 0x800) {
-		*o++ = (unsigned char)(0xc0 | cp >> 6);
-		*o++ = (unsigned char)(0x80 | (cp & 0x3f));
-	} else if (cp < 0x10000) {
-		*o++ = (unsigned char)(0xe0 | cp >> 12);
-		*o++ = (unsigned char)(0x80 | (cp >> 6 & 0x3f));
-		*o++ = (unsigned char)(0x80 | (cp & 0x3f));
-	} else {
-		*o++ = (unsigned char)(0xf0 | cp >> 18);
-		*o++ = (unsigned char)(0x80 | (cp >> 12 & 0x3f));
-		*o++ = (unsigned char)(0x80 | (cp >> 6 & 0x3f));
-		*o++ = (unsigned char)(0x80 | (cp & 0x3f));
-	}
-	*o = '\0';
-}
-
 /*
  * Each range of dropped characters, at both of its ends, and the
  * characters just outside it, which stay: an off-by-one at either end
@@ -785,7 +761,7 @@ test_invisible_bounds(void **state)
 	buf_init(&b, 1u << 16);
 	for (i = 0; i < ARRAY_SIZE(dropped); i++)
 		for (e = 0; e < 2; e++) {
-			utf8_put(dropped[i][e], ch);
+			ch[utf8_put(dropped[i][e], ch)] = '\0';
 			snprintf(in, sizeof(in), "x%sy", ch);
 			buf_reset(&b);
 			notifier_escape_inline(&b, in, strlen(in), 100);
@@ -793,7 +769,7 @@ test_invisible_bounds(void **state)
 				fail_msg("U+%04X kept", (unsigned)dropped[i][e]);
 		}
 	for (i = 0; i < ARRAY_SIZE(kept); i++) {
-		utf8_put(kept[i], ch);
+		ch[utf8_put(kept[i], ch)] = '\0';
 		snprintf(in, sizeof(in), "x%sy", ch);
 		buf_reset(&b);
 		notifier_escape_inline(&b, in, strlen(in), 100);

@@ -1969,20 +1969,27 @@ retry_policy(void **state)
 	free(name);
 }
 
-/* A REST client of the fake with the retry settings cfg. */
+/* A REST client of server (the fake's CA and token), settings cfg. */
 static struct k8s_api *
-fake_api(const struct k8s_rest_config *cfg)
+server_api(const char *server, const struct k8s_rest_config *cfg)
 {
 	struct k8s_cluster c;
 	struct k8s_api *a = NULL;
 	char *cause = NULL;
 
 	memset(&c, 0, sizeof(c));
-	c.server = env.fake_server;
+	c.server = (char *)server;
 	c.ca_file = env.fake_ca;
 	c.token = (char *)"contract-token";
 	assert_int_equal(k8s_rest_open(&a, &c, cfg, &cause), 0);
 	return a;
+}
+
+/* A REST client of the fake with the retry settings cfg. */
+static struct k8s_api *
+fake_api(const struct k8s_rest_config *cfg)
+{
+	return server_api(env.fake_server, cfg);
 }
 
 /*
@@ -1998,7 +2005,7 @@ retry_deadline(void **state)
 	struct k8s_status st = { 0 };
 	struct k8s_api *short_api;
 	char *name = uniq("late"), *rule;
-	json_t *obj = create_task("default", name), *out = NULL;
+	json_t *obj = create_task("default", name), *out = NULL, *patch;
 	int64_t t0, took;
 
 	/* the defaults (60 s): a Retry-After of 120 s is not waited for */
@@ -2082,26 +2089,15 @@ retry_deadline(void **state)
 	k8s_api_free(short_api);
 
 	/* a write that never left (connection refused) was not done */
-	{
-		struct k8s_cluster c;
-		char *cause = NULL;
-		json_t *patch = json_pack("{s:{s:s}}", "spec", "objective",
-		    "never");
-
-		memset(&c, 0, sizeof(c));
-		c.server = (char *)"https://127.0.0.1:1";
-		c.ca_file = env.fake_ca;
-		c.token = (char *)"contract-token";
-		cfg.max_retries = 1;
-		assert_int_equal(k8s_rest_open(&short_api, &c, &cfg, &cause),
-		    0);
-		assert_int_equal(k8s_patch(short_api, &K8S_AGENTTASK,
-		    "default", name, 0, patch, NULL, &st), K8S_EUNAVAILABLE);
-		assert_false(st.maybe_done);
-		k8s_status_release(&st);
-		json_decref(patch);
-		k8s_api_free(short_api);
-	}
+	cfg.max_retries = 1;
+	short_api = server_api("https://127.0.0.1:1", &cfg);
+	patch = json_pack("{s:{s:s}}", "spec", "objective", "never");
+	assert_int_equal(k8s_patch(short_api, &K8S_AGENTTASK, "default", name,
+	    0, patch, NULL, &st), K8S_EUNAVAILABLE);
+	assert_false(st.maybe_done);
+	k8s_status_release(&st);
+	json_decref(patch);
+	k8s_api_free(short_api);
 	json_decref(obj);
 	free(name);
 }
