@@ -32,6 +32,8 @@ NPM_PACKAGE = "macaroon@3.0.4"
 
 KEY = bytes(range(0x40, 0x60))
 OTHER_KEY = bytes(range(0x41, 0x61))
+# shorter than the 16 bytes we take: never a root key, whoever signed
+SHORT_KEY = bytes(range(0x40, 0x48))
 NOW = int(time.time())
 
 
@@ -307,12 +309,14 @@ def them_to_ours(t, impl):
              "id": "3p-caveat-1"}},
         {"op": "mint", "key": key, "id": "diverge-t1-7", "loc": LOCATION,
          "caveats": ["task_id = t2", "namespace = ns1"]},
+        {"op": "mint", "key": SHORT_KEY.hex(), "id": "diverge-t1-8",
+         "loc": LOCATION, "caveats": CAVEATS},
     ]
     if impl.v1:
         ops.append({"op": "mint", "key": key, "id": "diverge-t1-1",
                     "loc": LOCATION, "caveats": CAVEATS, "version": 1})
     res = [r["token"] for r in impl.batch(ops)]
-    same, noloc, other, old, unknown, third, task = res[:7]
+    same, noloc, other, old, unknown, third, task, short = res[:8]
 
     ours = mint(KEY, "diverge-t1-1", LOCATION, CAVEATS)
     t.eq(same, ours, "%s: the same inputs give the same token text" % n)
@@ -337,8 +341,11 @@ def them_to_ours(t, impl):
          "refused" % n)
     t.eq(verify(task), "caveat not met: task_id",
          "%s: its token for another task is refused here" % n)
+    t.eq(verify(short, key=SHORT_KEY), "bad signature",
+         "%s: its token under a root key of %d bytes is refused here, with "
+         "that key" % (n, len(SHORT_KEY)))
     if impl.v1:
-        v1 = res[7]
+        v1 = res[8]
         t.ok(v1.startswith("MDA"), "%s: writes V1" % n, v1[:20])
         t.eq(verify(v1), "ok", "%s: its V1 token verifies here" % n)
         t.eq(signature(v1), signature(same),

@@ -1027,6 +1027,20 @@ models_star(void **state)
 	ctx.model = "claude-*-sonnet";
 	assert_string_equal(check1("models = claude-**", &ctx),
 	    "caveat not met: models");
+	/* asked directly, such a token allows no model either */
+	{
+		const char *cavs[] = { "task_id = t1", "models = claude-*-x" };
+		struct macaroon *m;
+		char *token = NULL;
+
+		assert_int_equal(macaroon_mint(K, 32, "id", NULL, cavs, 2,
+		    &token, NULL), 0);
+		m = parse_ok(token);
+		assert_false(macaroon_allows_model(m, "claude-3"));
+		assert_false(macaroon_allows_model(m, "claude-*-x"));
+		macaroon_free(m);
+		free(token);
+	}
 	assert_int_equal(macaroon_model_match("*", "x"), 1);
 	assert_int_equal(macaroon_model_match("*", ""), 0);
 	assert_int_equal(macaroon_model_match("*", NULL), 0);

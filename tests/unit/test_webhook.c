@@ -155,6 +155,50 @@ github_bad_signatures(void **state)
 	assert_int_equal(webhook_github_verify(&k, good, body, 13), -1);
 }
 
+/*
+ * Only a v1 signature of the whole MAC is taken: the right MAC cut short,
+ * with a byte more, or under another version tag is refused.
+ */
+static void
+standard_mac_forms(const unsigned char *key, size_t klen, const char *id,
+    const char *ts, const char *sig, const char *payload, int64_t t)
+{
+	static const size_t cuts[] = { 16, 31 };
+	static const char *const tags[] = { "v1a,", "v2,", "V1,", "" };
+	unsigned char *raw = NULL, longer[33];
+	const char *reason = NULL;
+	char *b64, *bad;
+	size_t rlen = 0, i;
+
+	assert_int_equal(base64_decode(sig + 3, strlen(sig + 3), &raw,
+	    &rlen), 0);
+	assert_int_equal(rlen, 32);
+	for (i = 0; i < ARRAY_SIZE(cuts); i++) {
+		b64 = base64_encode(raw, cuts[i], 0, 1);
+		bad = xasprintf("v1,%s", b64);
+		assert_int_equal(webhook_standard_verify(key, klen, id, ts, bad,
+		    payload, strlen(payload), t, &reason), -1);
+		free(bad);
+		free(b64);
+	}
+	memcpy(longer, raw, 32);
+	longer[32] = 0;
+	b64 = base64_encode(longer, sizeof(longer), 0, 1);
+	bad = xasprintf("v1,%s", b64);
+	assert_int_equal(webhook_standard_verify(key, klen, id, ts, bad,
+	    payload, strlen(payload), t, &reason), -1);
+	free(bad);
+	free(b64);
+	for (i = 0; i < ARRAY_SIZE(tags); i++) {
+		bad = xasprintf("%s%s", tags[i], sig + 3);
+		assert_int_equal(webhook_standard_verify(key, klen, id, ts, bad,
+		    payload, strlen(payload), t, &reason), -1);
+		assert_string_equal(reason, "bad webhook-signature");
+		free(bad);
+	}
+	free(raw);
+}
+
 static void
 standard_webhooks_vector(void **state)
 {
@@ -226,9 +270,46 @@ standard_webhooks_vector(void **state)
 	    payload, strlen(payload), t, &reason), -1);
 	assert_int_equal(webhook_standard_verify(key, klen, id, "12ab", sig,
 	    payload, strlen(payload), t, &reason), -1);
+	assert_string_equal(reason, "bad webhook-timestamp");
+	/* the right time followed by anything is not a timestamp */
+	{
+		char *junk = xasprintf("%sx", ts);
+
+		assert_int_equal(webhook_standard_verify(key, klen, id, junk,
+		    sig, payload, strlen(payload), t, &reason), -1);
+		assert_string_equal(reason, "bad webhook-timestamp");
+		free(junk);
+	}
+	standard_mac_forms(key, klen, id, ts, sig, payload, t);
 	free(key);
 	json_decref(root);
 	free(text);
+}
+
+/* The signing key: whsec_ and base64, never empty. */
+static void
+gitlab_signing_key(void **state)
+{
+	unsigned char *key = NULL;
+	size_t klen = 0;
+
+	(void)state;
+	assert_int_equal(webhook_signing_key_decode("whsec_AAEC", &key,
+	    &klen), 0);
+	assert_int_equal(klen, 3);
+	assert_memory_equal(key, "\x00\x01\x02", 3);
+	free(key);
+	key = NULL;
+	assert_int_equal(webhook_signing_key_decode("AAEC", &key, &klen), 0);
+	assert_int_equal(klen, 3);
+	free(key);
+	key = NULL;
+	/* no key at all would sign with an empty HMAC key */
+	assert_int_equal(webhook_signing_key_decode("whsec_", &key, &klen),
+	    -1);
+	assert_int_equal(webhook_signing_key_decode("", &key, &klen), -1);
+	assert_int_equal(webhook_signing_key_decode("whsec_!!", &key, &klen),
+	    -1);
 }
 
 static void
@@ -1261,6 +1342,7 @@ main(void)
 		cmocka_unit_test(github_bad_signatures),
 		cmocka_unit_test(standard_webhooks_vector),
 		cmocka_unit_test(gitlab_tokens),
+		cmocka_unit_test(gitlab_signing_key),
 		cmocka_unit_test(prefilter),
 		cmocka_unit_test(fixtures_as_is),
 		cmocka_unit_test(fixtures_with_command),
