@@ -4666,6 +4666,62 @@ backdate_completed(const char *name, int64_t secs)
 	free(p);
 }
 
+/* Move the start of name's open period (TokenIssued) back to secs ago. */
+static void
+backdate_open_period(const char *name, int64_t secs)
+{
+	char ts[32], *json, *p;
+	json_t *t = get_task(name), *conds, *c;
+	size_t i;
+
+	time_rfc3339(now_unix() - secs, ts);
+	conds = json_deep_copy(jget(t, "status.conditions"));
+	json_decref(t);
+	json_array_foreach(conds, i, c)
+		if (strcmp(jp(c, "type"), "TokenIssued") == 0)
+			json_object_set_new(c, "lastTransitionTime",
+			    json_string(ts));
+	json = json_dumps(conds, JSON_COMPACT);
+	p = xasprintf("{\"status\":{\"conditions\":%s}}", json);
+	patch_status(name, p);
+	free(p);
+	free(json);
+	json_decref(conds);
+}
+
+/* Over its timeout while its Sandbox stops (Pausing): Failed, Timeout. */
+static void
+test_timeout_pausing(void **state)
+{
+	char *name = active();
+	json_t *t;
+
+	(void)state;
+	backdate_open_period(name, 5000);	/* the timeout is 1800 s */
+	set_suspended(name, 1);
+	reconcile(name);
+	assert_phase(name, "Failed");
+	t = get_task(name);
+	assert_string_equal(jp(t, "status.reason"), "Timeout");
+	json_decref(t);
+	free(name);
+}
+
+/* A live task is looked at again when its timeout falls due. */
+static void
+test_timeout_requeue(void **state)
+{
+	char *name = active();
+	int64_t requeue;
+
+	(void)state;
+	backdate_open_period(name, 1790);	/* 10 s of 1800 left */
+	requeue = reconcile_requeue(name);
+	assert_phase(name, "Active");
+	assert_true(requeue > 0 && requeue <= 12 * 1000);
+	free(name);
+}
+
 /* Whether the object is gone within a few seconds (a cluster's GC). */
 static int
 gone(const struct k8s_resource *r, const char *name)
@@ -5868,6 +5924,8 @@ main(void)
 		cmocka_unit_test(test_rerun_after_pod_failed),
 		cmocka_unit_test(test_reconciler_error),
 		cmocka_unit_test(test_timeout),
+		cmocka_unit_test(test_timeout_pausing),
+		cmocka_unit_test(test_timeout_requeue),
 		cmocka_unit_test(test_completed),
 		cmocka_unit_test(test_meter_429),
 		cmocka_unit_test(test_meter_pause_two_writes),

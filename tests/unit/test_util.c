@@ -934,6 +934,20 @@ redact_shapes(void **state)
 	redact_is("token expired, password reset, authorization failed",
 	    "token expired, password reset, authorization failed");
 	redact_is("", "");
+	/* GitLab's webhook token header; the Bot scheme (Discord's) */
+	redact_is("X-Gitlab-Token: s3cr3t-hook-token1 refused",
+	    "X-Gitlab-Token: [redacted] refused");
+	redact_is("Authorization: Bot MTk4NjIy.Cl2FMQ.ZnCjm1XVW7vRze4b",
+	    "Authorization: Bot [redacted]");
+	/* a query value ends at a quote or an angle bracket */
+	redact_is("{\"u\":\"/x?token=abc\"} <a href='/x?token=def'>",
+	    "{\"u\":\"/x?token=[redacted]\"} <a href='/x?token=[redacted]'>");
+	/* a user name that looks like a token, with no password */
+	redact_is("clone https://a1b2c3d4e5f6a7b8@git.example/o/r.git failed",
+	    "clone https://[redacted]@git.example/o/r.git failed");
+	/* "bearer" that starts a name is not a scheme */
+	redact_is("the bearer_token_count metric is 12345",
+	    "the bearer_token_count metric is 12345");
 }
 
 /*
@@ -988,6 +1002,9 @@ redact_vendor_shapes(void **state)
 	    "eyJhbGciOiJub25lIn0 alone",
 	    "eyJ is how JSON starts; eyJhbGciOiJub25lIn0.e30.x and "
 	    "eyJhbGciOiJub25lIn0 alone");
+	/* a second segment that is no JSON object: no JWT */
+	redact_is("eyJhbGciOiJub25lIn0.abcdefghijklmnop.x stays",
+	    "eyJhbGciOiJub25lIn0.abcdefghijklmnop.x stays");
 	/*
 	 * Macaroons (tests/unit/test_macaroon.c has the vectors): not words
 	 * that start alike, nor base64 that is too short for one
@@ -1001,6 +1018,16 @@ redact_vendor_shapes(void **state)
 	    "Again, Agile AgEYaHR0cHM6Ly9kaXZlcmdlZGV2LmxvY2FsAg1hZ2Vu "
 	    "MDN Makefile.am MDAyNmxvY2F0aW9uIGh0dHBzOi8vZGl2ZXJn "
 	    "xAgEYaHR0cHM6Ly9kaXZlcmdlZGV2LmxvY2FsAg1hZ2VudC10b2tlbi0xAAAG");
+	/* V1 (packets in base64), and V2 in padded standard base64 */
+	redact_is("token MDAyNmxvY2F0aW9uIGh0dHBzOi8vZGl2ZXJnZWRldi5sb2NhbAow"
+	    "MDIzaWRlbnRpZmllciBhZ2VudC10b2tlbi0xCjAwMmZzaWduYXR1cmUgAAECAwQF"
+	    "BgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8K refused",
+	    "token [redacted] refused");
+	redact_is("token AgEYaHR0cHM6Ly9kaXZlcmdlZGV2LmxvY2FsAg1hZ2VudC10b2tl"
+	    "bi0xAAAGIGRlZmdoaWprbG1ub3BxcnN0dXZ3eHl6e3x9fn+AgYKDeA==, "
+	    "AgEYaHR0cHM6Ly9kaXZlcmdlZGV2LmxvY2FsAg1hZ2VudC10b2tlbi0xAAAGIGRl"
+	    "ZmdoaWprbG1ub3BxcnN0dXZ3eHl6e3x9fn+AgYKDeHg= refused",
+	    "token [redacted], [redacted] refused");
 	/* PEM private keys: raw, JSON-escaped, cut before their end */
 	redact_is("key: -----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAxyz\n"
 	    "Zm9vYmFy+/0123==\n-----END RSA PRIVATE KEY-----\nnext line",
