@@ -113,7 +113,7 @@ GH_COMMENTS = [(1001, 42, "alice"), (1002, 43, "carol"), (1003, 43, "bob"),
                (1013, 42, "alice"), (1014, 42, "bob"), (1015, 42, "carol"),
                (1016, 42, "carol"), (1017, 42, "alice"), (1018, 42, "alice"),
                (1019, 42, "alice"), (1020, 43, "alice"),
-               (1030, 50, "bob"),
+               (1030, 50, "bob"), (1031, 1, "bob"),
                (1021, 43, "alice"), (1022, 43, "alice"),
                (1023, 43, "alice"), (1024, 43, "alice"),
                (1025, 43, "alice"), (4101, 42, "alice"),
@@ -490,6 +490,19 @@ def main(t):
          "default branch, not of that base branch")
     t.eq(spec.get("repository", {}).get("baseBranch"), "bob-base",
          "the task's baseBranch is still the PR's")
+    # bob's write access here, just checked, is no access to myorg/broken
+    d.github("issue_comment", gh_comment(1031, 1, "bob", "/diverge fix it",
+                                         repo="myorg/broken", uid=2),
+             str(uuid.uuid4()))
+
+    def bob_refused():
+        pulls = fake.state()["github"]["repos"]["myorg/broken"]["pulls"]
+        return [c["body"] for c in pulls["1"]["comments"]
+                if c["user"] == "diverge-bot" and "@bob" in c["body"]]
+    r = wait(bob_refused)
+    t.ok(r and "needs write access" in r[0], "an author's access is checked "
+         "repository by repository: refused in another one", r)
+    t.ok(get_task(d, "fix-pr-1") is None, "... and no task there")
 
     # --- guide, budget, pause, resume, status, help on PR 42
     def steer(cid, body, who="alice", uid=1):
