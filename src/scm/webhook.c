@@ -278,9 +278,13 @@ webhook_signing_key_decode(const char *token, unsigned char **out,
 {
 	if (strncmp(token, "whsec_", 6) == 0)
 		token += 6;
-	if (base64_decode(token, strlen(token), out, outlen) < 0 ||
-	    *outlen == 0)
+	if (base64_decode(token, strlen(token), out, outlen) < 0)
 		return -1;
+	if (*outlen == 0) {	/* no key: refused, and nothing kept */
+		free(*out);
+		*out = NULL;
+		return -1;
+	}
 	return 0;
 }
 
