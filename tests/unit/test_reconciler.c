@@ -3639,6 +3639,35 @@ queue_admission(int mode)
 		free(q[i]);
 }
 
+/*
+ * The queue is in order of age: a task created a second earlier waits
+ * ahead of a later one, whatever their names.
+ */
+static void
+test_queue_age(void **state)
+{
+	char *hold, *old, *young;
+
+	(void)state;
+	if (open_limited(1, 1) < 0)
+		return;
+	hold = provision(new_task_named(xasprintf("qa-hold"), NULL, NULL));
+	old = new_task_named(xasprintf("qa-z-old"), NULL, NULL);
+	sleep_ms(1100);		/* creationTimestamp counts seconds */
+	young = new_task_named(xasprintf("qa-a-young"), NULL, NULL);
+	reconcile(old);
+	reconcile(old);
+	assert_queued(old, "Pending", "waiting for a free slot: 1 of 1 "
+	    "tasks are running; 0 queued ahead");
+	reconcile(young);
+	reconcile(young);
+	assert_queued(young, "Pending", "waiting for a free slot: 1 of 1 "
+	    "tasks are running; 1 queued ahead");
+	free(hold);
+	free(old);
+	free(young);
+}
+
 /* On the embedded store, then through the REST client on the fake. */
 static void
 test_queue_admission(void **state)
@@ -5976,6 +6005,7 @@ main(void)
 		cmocka_unit_test_teardown(test_status_refused_deleted, unlimit),
 		cmocka_unit_test_teardown(test_ttl_after_finished, no_ttl),
 		cmocka_unit_test_teardown(test_queue_admission, unlimit),
+		cmocka_unit_test_teardown(test_queue_age, unlimit),
 		cmocka_unit_test_teardown(test_queue_timeout_rerun, unlimit),
 		cmocka_unit_test_teardown(test_queue_race, unlimit),
 		cmocka_unit_test_teardown(test_queue_admitted_counts, unlimit),
