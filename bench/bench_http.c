@@ -12,8 +12,8 @@
 #include <arpa/inet.h>
 
 #include "bench_http.h"
+#include "config/config.h"
 
-#define SECRET_MAX 4096
 #define SIG_PREFIX "sha256="
 #define SIG_LEN (sizeof(SIG_PREFIX) - 1 + 64)
 
@@ -25,32 +25,18 @@ int
 bench_secret_load(struct bench_secret *out, const char *prog,
     const char *path)
 {
-	FILE *f;
-	unsigned char *data;
-	size_t len;
+	char *ref = xasprintf("file:%s", path), *data = NULL, *cause = NULL;
+	size_t len = 0;
 
-	if ((f = fopen(path, "rb")) == NULL) {
-		fprintf(stderr, "%s: secret '%s': %s\n", prog, path,
-		    strerror(errno));
+	/* diverged's own reader: a regular file, 64 KiB at most, not empty */
+	if (config_secret_read(ref, &data, &len, &cause) < 0) {
+		fprintf(stderr, "%s: %s\n", prog, cause);
+		free(cause);
+		free(ref);
 		return -1;
 	}
-	data = xmalloc(SECRET_MAX + 1);
-	len = fread(data, 1, SECRET_MAX + 1, f);
-	if (ferror(f) || len > SECRET_MAX)
-		len = 0;
-	fclose(f);
-	if (len > 0 && data[len - 1] == '\n')
-		len--;
-	if (len > 0 && data[len - 1] == '\r')
-		len--;
-	if (len == 0) {
-		fprintf(stderr, "%s: secret '%s': empty, unreadable or too "
-		    "long\n", prog, path);
-		secure_wipe(data, SECRET_MAX + 1);
-		free(data);
-		return -1;
-	}
-	out->data = data;
+	free(ref);
+	out->data = (unsigned char *)data;
 	out->len = len;
 	return 0;
 }
@@ -60,9 +46,23 @@ bench_secret_release(struct bench_secret *s)
 {
 	if (s->data == NULL)
 		return;
-	secure_wipe(s->data, SECRET_MAX + 1);
+	secure_wipe(s->data, s->len);
 	free(s->data);
 	s->data = NULL;
+}
+
+int
+bench_parse_number(const char *s, unsigned long max, unsigned long *out)
+{
+	char *end;
+	unsigned long v;
+
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno != 0 || end == s || *end != '\0' || *s == '-' || v > max)
+		return -1;
+	*out = v;
+	return 0;
 }
 
 enum MHD_Result

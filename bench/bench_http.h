@@ -30,10 +30,16 @@ struct bench_request {
 	int too_big;
 };
 
-/* Read the secret file, dropping a trailing newline: 0, or -1 (said). */
+/*
+ * Read the secret file as diverged reads a file: secret, dropping a
+ * trailing newline: 0, or -1 (said on stderr).
+ */
 int bench_secret_load(struct bench_secret *out, const char *prog,
     const char *path);
 void bench_secret_release(struct bench_secret *s);
+
+/* A decimal number in [0, max] and nothing else: 0, or -1. */
+int bench_parse_number(const char *s, unsigned long max, unsigned long *out);
 
 /*
  * The start every bench handler shares: a POST, its body read whole, its

@@ -12,7 +12,6 @@
  */
 #include "config.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -38,20 +37,6 @@ handle(void *cls, struct MHD_Connection *conn, const char *url,
 	return BENCH_REPLY(conn, MHD_HTTP_ACCEPTED, accepted_body);
 }
 
-static int
-parse_port(const char *s, uint16_t *out)
-{
-	char *end;
-	long v;
-
-	errno = 0;
-	v = strtol(s, &end, 10);
-	if (errno != 0 || end == s || *end != '\0' || v < 1 || v > 65535)
-		return -1;
-	*out = (uint16_t)v;
-	return 0;
-}
-
 int
 main(int argc, char **argv)
 {
@@ -59,10 +44,11 @@ main(int argc, char **argv)
 	struct bench_secret secret = { NULL, 0 };
 	sigset_t set;
 	long ncpu;
-	uint16_t port;
+	unsigned long port;
 	int ret = 1;
 
-	if (argc != 3 || parse_port(argv[1], &port) != 0) {
+	if (argc != 3 || bench_parse_number(argv[1], 65535, &port) != 0 ||
+	    port == 0) {
 		fprintf(stderr, "usage: ceiling PORT SECRET_FILE\n");
 		return 2;
 	}
@@ -72,7 +58,7 @@ main(int argc, char **argv)
 	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	if (ncpu < 1)
 		ncpu = 1;
-	d = bench_listen("ceiling", port, MHD_USE_EPOLL, (unsigned int)ncpu,
+	d = bench_listen("ceiling", (uint16_t)port, MHD_USE_EPOLL, (unsigned int)ncpu,
 	    handle, &secret);
 	if (d == NULL)
 		goto out;

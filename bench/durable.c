@@ -26,7 +26,6 @@
  */
 #include "config.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -245,20 +244,6 @@ handle(void *cls, struct MHD_Connection *conn, const char *url,
 	}
 }
 
-static int
-parse_size(const char *s, unsigned long max, unsigned long *out)
-{
-	char *end;
-	unsigned long v;
-
-	errno = 0;
-	v = strtoul(s, &end, 10);
-	if (errno != 0 || end == s || *end != '\0' || *s == '-' || v > max)
-		return -1;
-	*out = v;
-	return 0;
-}
-
 int
 main(int argc, char **argv)
 {
@@ -272,9 +257,10 @@ main(int argc, char **argv)
 
 	memset(&store, 0, sizeof(store));
 	memset(&ctx, 0, sizeof(ctx));
-	if ((argc != 4 && argc != 5) || parse_size(argv[1], 65535, &port) ||
-	    port == 0 || (argc == 5 && parse_size(argv[4], BENCH_BODY_MAX,
-	    &bytes))) {
+	if ((argc != 4 && argc != 5) ||
+	    bench_parse_number(argv[1], 65535, &port) != 0 || port == 0 ||
+	    (argc == 5 && bench_parse_number(argv[4], BENCH_BODY_MAX,
+	    &bytes) != 0)) {
 		fprintf(stderr, "usage: durable PORT SECRET_FILE DB_PATH "
 		    "[STORE_BYTES]\n");
 		return 2;

@@ -1723,24 +1723,38 @@ test_reconciler_error(void **state)
 	free(name);
 }
 
-/* activeSeconds past timeoutSeconds -> Failed (Timeout); paused excluded. */
+/* Move the start of name's open period (TokenIssued) back to secs ago. */
 static void
-test_timeout(void **state)
+backdate_open_period(const char *name, int64_t secs)
 {
-	char *name = active(), *json, ts[32];
-	json_t *t, *conds, *c;
+	char ts[32], *json, *p;
+	json_t *t = get_task(name), *conds, *c;
 	size_t i;
 
-	(void)state;
-	/* 100 s of closed live time, paused since: no timeout */
-	time_rfc3339(now_unix() - 5000, ts);
-	t = get_task(name);
+	time_rfc3339(now_unix() - secs, ts);
 	conds = json_deep_copy(jget(t, "status.conditions"));
+	json_decref(t);
 	json_array_foreach(conds, i, c)
 		if (strcmp(jp(c, "type"), "TokenIssued") == 0)
 			json_object_set_new(c, "lastTransitionTime",
 			    json_string(ts));
-	json_decref(t);
+	json = json_dumps(conds, JSON_COMPACT);
+	p = xasprintf("{\"status\":{\"conditions\":%s}}", json);
+	patch_status(name, p);
+	free(p);
+	free(json);
+	json_decref(conds);
+}
+
+/* activeSeconds past timeoutSeconds -> Failed (Timeout); paused excluded. */
+static void
+test_timeout(void **state)
+{
+	char *name = active();
+	json_t *t;
+
+	(void)state;
+	/* 100 s of closed live time, paused since: no timeout */
 	set_suspended(name, 1);
 	reconcile(name);
 	play(name, "False", "SandboxSuspended", 0, NULL, 1, 0);
@@ -1751,15 +1765,7 @@ test_timeout(void **state)
 	reconcile(name);
 	assert_phase(name, "Provisioning");
 	/* the open period started 5000 s ago: over the 1800 s timeout */
-	json = json_dumps(conds, JSON_COMPACT);
-	{
-		char *p = xasprintf("{\"status\":{\"conditions\":%s}}", json);
-
-		patch_status(name, p);
-		free(p);
-	}
-	free(json);
-	json_decref(conds);
+	backdate_open_period(name, 5000);
 	reconcile(name);
 	assert_phase(name, "Failed");
 	t = get_task(name);
@@ -4693,29 +4699,6 @@ backdate_completed(const char *name, int64_t secs)
 	p = xasprintf("{\"status\":{\"completedAt\":\"%s\"}}", ts);
 	patch_status(name, p);
 	free(p);
-}
-
-/* Move the start of name's open period (TokenIssued) back to secs ago. */
-static void
-backdate_open_period(const char *name, int64_t secs)
-{
-	char ts[32], *json, *p;
-	json_t *t = get_task(name), *conds, *c;
-	size_t i;
-
-	time_rfc3339(now_unix() - secs, ts);
-	conds = json_deep_copy(jget(t, "status.conditions"));
-	json_decref(t);
-	json_array_foreach(conds, i, c)
-		if (strcmp(jp(c, "type"), "TokenIssued") == 0)
-			json_object_set_new(c, "lastTransitionTime",
-			    json_string(ts));
-	json = json_dumps(conds, JSON_COMPACT);
-	p = xasprintf("{\"status\":{\"conditions\":%s}}", json);
-	patch_status(name, p);
-	free(p);
-	free(json);
-	json_decref(conds);
 }
 
 /* Over its timeout while its Sandbox stops (Pausing): Failed, Timeout. */
