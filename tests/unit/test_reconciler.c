@@ -5707,15 +5707,32 @@ test_ttl_by_resync(void **state)
 	free(done);
 }
 
-/* A task as a watch or a read shows it. */
+/* A task of namespace ns as a watch or a read shows it. */
+static json_t *
+slot_task_in(const char *ns, const char *name, const char *uid,
+    const char *rv, const char *phase)
+{
+	return json_pack("{s:{s:s,s:s,s:s,s:s,s:s},s:{s:s}}", "metadata",
+	    "namespace", ns, "name", name, "uid", uid, "resourceVersion", rv,
+	    "creationTimestamp", "2026-01-01T00:00:00Z", "status", "phase",
+	    phase);
+}
+
 static json_t *
 slot_task(const char *name, const char *uid, const char *rv,
     const char *phase)
 {
-	return json_pack("{s:{s:s,s:s,s:s,s:s,s:s},s:{s:s}}", "metadata",
-	    "namespace", NS, "name", name, "uid", uid, "resourceVersion", rv,
-	    "creationTimestamp", "2026-01-01T00:00:00Z", "status", "phase",
-	    phase);
+	return slot_task_in(NS, name, uid, rv, phase);
+}
+
+/* controller_slots_observe of a task made by slot_task_in, then freed. */
+static int
+slots_observe(struct controller_slots *s, json_t *t, int deleted)
+{
+	int rc = controller_slots_observe(s, t, deleted);
+
+	json_decref(t);
+	return rc;
 }
 
 /* The tasks the cache shows in a slot. */
@@ -5780,6 +5797,117 @@ test_slots_stale_observations(void **state)
 	assert_int_equal(controller_slots_observe(s, t, 0), 0);
 	json_decref(t);
 	assert_int_equal(slots_holding(s), 1);
+}
+
+/*
+ * The slot cache's rules, each on its own (mutation testing found no
+ * test that noticed any of them broken): a deleted uid never comes back;
+ * an observation at exactly the version of a list that left its task out
+ * is stale; a relist keeps what was observed after it and what was made
+ * since; the namespace breaks a tie in the queue before the name does; a
+ * task whose own Sandbox runs (force) is admitted over a full limit; a
+ * new task watch is taken to have reached nothing until its list.
+ */
+static void
+test_slots_cache_rules(void **state)
+{
+	struct controller_slots *s;
+	int64_t run, ahead;
+	json_t *t, *u, *list;
+
+	(void)state;
+	if (open_limited(1, 0) < 0)
+		skip();
+	s = controller_slots_of(env.api);
+
+	/* deleted, then a newer version of the same uid: still gone */
+	assert_int_equal(slots_observe(s, slot_task("del-d", "uid-d1", "10",
+	    "Provisioning"), 0), 1);
+	assert_int_equal(slots_observe(s, slot_task("del-d", "uid-d1", "11",
+	    "Provisioning"), 1), 1);
+	assert_int_equal(slots_holding(s), 0);
+	assert_int_equal(slots_observe(s, slot_task("del-d", "uid-d1", "12",
+	    "Provisioning"), 0), -1);
+	assert_int_equal(slots_holding(s), 0);
+	/* another uid under the name is another task */
+	assert_int_equal(slots_observe(s, slot_task("del-d", "uid-d2", "13",
+	    "Provisioning"), 0), 1);
+	assert_int_equal(slots_holding(s), 1);
+
+	/*
+	 * a relist at 120: "seen-b" was observed at 150, after the list,
+	 * which shows it older (wanting a slot); "new-c" was made at 160,
+	 * after it too; del-d is in neither, so gone
+	 */
+	assert_int_equal(slots_observe(s, slot_task("seen-b", "uid-b", "150",
+	    "Active"), 0), 1);
+	assert_int_equal(slots_observe(s, slot_task("new-c", "uid-c", "160",
+	    "Provisioning"), 0), 1);
+	assert_int_equal(slots_holding(s), 3);
+	list = json_pack("{s:{s:s},s:[o]}", "metadata", "resourceVersion",
+	    "120", "items", slot_task("seen-b", "uid-b", "110", "Pending"));
+	controller_slots_relist(s, list);
+	json_decref(list);
+	assert_int_equal(slots_holding(s), 2);
+	/* at exactly the list's version, of a task it left out: stale */
+	assert_int_equal(slots_observe(s, slot_task("old-e", "uid-e", "120",
+	    "Provisioning"), 0), -1);
+	assert_int_equal(slots_observe(s, slot_task("old-e", "uid-e", "119",
+	    "Provisioning"), 0), -1);
+	assert_int_equal(slots_holding(s), 2);
+	/* force: its own Sandbox runs, over a full limit */
+	t = slot_task("force-f", "uid-f", "170", "Pending");
+	assert_int_equal(slots_observe(s, json_incref(t), 0), 1);
+	assert_int_equal(controller_slots_admit(s, t, 2, 0, 0, &run,
+	    &ahead), 0);
+	assert_int_equal(run, 2);
+	assert_int_equal(controller_slots_admit(s, t, 2, 1, 0, &run,
+	    &ahead), 1);
+	assert_int_equal(run, 3);
+	json_decref(t);
+
+	/*
+	 * the same creationTimestamp: namespace "a-ns" comes before "b-ns",
+	 * though its name sorts after (both queued: the slots are taken)
+	 */
+	t = slot_task_in("a-ns", "zz-g", "uid-g", "180", "Pending");
+	assert_int_equal(slots_observe(s, json_incref(t), 0), 1);
+	u = slot_task_in("b-ns", "aa-h", "uid-h", "181", "Pending");
+	assert_int_equal(slots_observe(s, json_incref(u), 0), 1);
+	assert_int_equal(controller_slots_admit(s, t, 1, 0, 0, &run,
+	    &ahead), 0);
+	assert_int_equal(ahead, 0);
+	assert_int_equal(controller_slots_admit(s, u, 1, 0, 0, &run,
+	    &ahead), 0);
+	assert_int_equal(ahead, 1);
+	json_decref(u);
+	json_decref(t);
+
+	/*
+	 * a watch that stopped and starts again: what it says it reached
+	 * counts only after its list, so a decision waits (then gives up)
+	 */
+	t = slot_task("wait-i", "uid-i", "250", "Pending");
+	assert_int_equal(slots_observe(s, json_incref(t), 0), 1);
+	controller_slots_feed(s, 1);
+	list = json_pack("{s:{s:s},s:[]}", "metadata", "resourceVersion",
+	    "200", "items");
+	controller_slots_relist(s, list);
+	json_decref(list);
+	controller_slots_synced(s, 300);
+	controller_slots_feed(s, 0);
+	controller_slots_feed(s, 1);
+	controller_slots_synced(s, 300);
+	assert_int_equal(controller_slots_admit(s, t, 10, 0, 50, &run,
+	    &ahead), CONTROLLER_SLOTS_BEHIND);
+	list = json_pack("{s:{s:s},s:[O]}", "metadata", "resourceVersion",
+	    "300", "items", t);
+	controller_slots_relist(s, list);
+	json_decref(list);
+	assert_int_equal(controller_slots_admit(s, t, 10, 0, 50, &run,
+	    &ahead), 1);
+	controller_slots_feed(s, 0);
+	json_decref(t);
 }
 
 /* On the embedded store, then through the REST client. */
@@ -6006,6 +6134,7 @@ main(void)
 		cmocka_unit_test_teardown(test_ttl_by_resync, no_ttl),
 		cmocka_unit_test_teardown(test_slots_stale_observations,
 		    unlimit),
+		cmocka_unit_test_teardown(test_slots_cache_rules, unlimit),
 		cmocka_unit_test_teardown(test_queue_first_list_fails, unlimit),
 		cmocka_unit_test_teardown(test_queue_cache_behind, unlimit),
 	};
