@@ -261,7 +261,8 @@ usd_parsing(void **state)
 		    INT64_C(1000000000000) }, { "1000000.000001", -1 },
 		{ "1e400", -1 }, { "-1", -1 }, { "0e0", 0 },
 		{ "0.1234565", 123456 }, { "0.1234575", 123458 },
-		{ "123.", -1 }, { "", -1 }, { "abc", -1 },
+		{ "123.", -1 }, { ".5", -1 }, { "-.5", -1 }, { "", -1 },
+		{ "abc", -1 },
 		{ "0.00000000000000000000000000000000000000000000001", 0 },
 		/* JSON numbers of value 0 with a sign: zero, not negative */
 		{ "-0", 0 }, { "-0.0", 0 }, { "-0e5", 0 }, { "-0.0000001", -1 },
@@ -325,11 +326,13 @@ body_validation(void **state)
 		{ "{\"requestId\":\"a\",\"iteration\":1,\"iteration\":2,\"iteration\":3,\"tokensUsed\":1,\"costUSD\":0}", "iteration" },
 		{ "{\"requestId\":\"a\",\"iteration\":1,\"model\":\"m\",\"tokensUsed\":1,\"model\":\"n\",\"costUSD\":0}", "model" },
 	};
-	struct task t;
+	struct task t, big;
+	char rid[257], *body;
 	size_t i;
 	json_t *j;
 
 	make_task(&t, "{}", 0);
+	make_task(&big, "{\"budgetTokens\":1000000000000}", 0);
 	for (i = 0; i < ARRAY_SIZE(cases); i++) {
 		assert_int_equal(charge(t.auth, cases[i].body, &j), 400);
 		assert_non_null(jstr(j, "error"));
@@ -353,7 +356,27 @@ body_validation(void **state)
 	assert_int_equal(charge(t.auth, "{", &j), 400);
 	json_decref(j);
 	assert_int_equal(charge(t.auth, "[1]", &j), 400);
+	assert_string_equal(jstr(j, "error"), "body is not a JSON object");
 	json_decref(j);
+	/* the bounds themselves are taken: a 256-byte requestId, 10^12 tokens */
+	memset(rid, 'r', sizeof(rid) - 1);
+	rid[sizeof(rid) - 1] = '\0';
+	assert_int_equal(call(&big, rid, 1, "m", INT64_C(1000000000000), "0",
+	    &j), 200);
+	assert_int_equal(jint(j, "totalTokensUsed"), INT64_C(1000000000000));
+	json_decref(j);
+	rid[sizeof(rid) - 2] = 's';
+	assert_int_equal(call(&big, rid, 2, "m", 0, "0", &j), 200);
+	json_decref(j);
+	/* one byte more is refused */
+	body = xasprintf("{\"requestId\":\"%sx\",\"iteration\":3,"
+	    "\"model\":\"m\",\"tokensUsed\":1,\"costUSD\":0}", rid);
+	assert_int_equal(charge(big.auth, body, &j), 400);
+	assert_string_equal(jstr(j, "field"), "requestId");
+	json_decref(j);
+	free(body);
+	stored_totals(big.name, "0.000000", INT64_C(1000000000000));
+	task_release(&big);
 	/* the body is checked before the token */
 	assert_int_equal(charge(NULL, "{}", &j), 400);
 	json_decref(j);
@@ -377,6 +400,11 @@ authentication(void **state)
 	json_decref(j);
 	assert_int_equal(charge("Basic abc", ok, &j), 401);
 	json_decref(j);
+	/* an auth scheme is case-insensitive (RFC 9110, 11.1) */
+	auth = xasprintf("bearer  %s", t.token);
+	assert_int_equal(charge(auth, ok, &j), 200);
+	json_decref(j);
+	free(auth);
 	assert_int_equal(charge("Bearer not-a-token!", ok, &j), 401);
 	assert_string_equal(jstr(j, "error"), "malformed token");
 	json_decref(j);
@@ -690,6 +718,10 @@ budgets(void **state)
 	json_decref(j);
 	/* anything else: 401, the token is revoked */
 	assert_int_equal(call(&t, "x4", 1, "m", 1, "0.01", &j), 401);
+	assert_string_equal(jstr(j, "error"), "task not live");
+	json_decref(j);
+	/* an earlier call's retry too, though its id is in the ring */
+	assert_int_equal(call(&t, "x2", 1, "m", 1, "0.01", &j), 401);
 	json_decref(j);
 	/* no spec budget: the $1.00 caveat applies */
 	assert_int_equal(call(&cav, "y1", 1, "m", 1, "1.00", &j), 200);
@@ -778,6 +810,15 @@ large_totals(void **state)
 	assert_int_equal(call(&t, "l2", 1, "m", 1, "0.000001", &j), 200);
 	json_decref(j);
 	stored_totals(t.name, "922338203000.000001", 7);
+	/* tokens: a total that would pass INT64_MAX is refused, not wrapped */
+	patch_status(t.name, json_pack("{s:I}", "tokensConsumed",
+	    (json_int_t)(INT64_MAX - 5)));
+	assert_int_equal(call(&t, "l5", 1, "m", 6, "0", &j), 400);
+	assert_string_equal(jstr(j, "error"), "totals would overflow");
+	json_decref(j);
+	assert_int_equal(call(&t, "l6", 1, "m", 5, "0", &j), 200);
+	json_decref(j);
+	stored_totals(t.name, "922338203000.000001", INT64_MAX);
 	/* a $950,000,000,000 budget: crossed, not replaced by "no budget" */
 	make_task(&b, "{\"budgetUSD\":\"950000000000\"}", 0);
 	patch_status(b.name, json_pack("{s:s}", "costUSD", "949999999999.5"));
@@ -891,15 +932,17 @@ completion_fields(void **state)
 		{ "branch", "x..y" },
 		{ "branch", "x\\u001b[2J" },
 		{ "branch", "refs/heads/x.lock" },
+		{ "branch", "fix/.hidden" },
 		{ "pullRequestUrl", "javascript:alert(1)" },
 		{ "pullRequestUrl", "data:text/html,<script>x</script>" },
 		{ "pullRequestUrl", "JaVaScRiPt:alert(1)//https://github.com/" },
 		{ "pullRequestUrl", "https://github.com/o/r/pull/1\\\")<img>" },
 		{ "pullRequestUrl", "https://github.com/o/r/pull/1 x" },
 		{ "pullRequestUrl", "https://github.com@evil.example/o/r/pull/1" },
-		/* the last two: refused for their host only */
+		/* the last three: refused for their host only */
 		{ "pullRequestUrl", "https://evil.example/o/r/pull/1" },
 		{ "pullRequestUrl", "https://github.com.evil.example/o/r" },
+		{ "pullRequestUrl", "https://github.co/o/r/pull/1" },
 	};
 	struct meter_reply r;
 	struct task t;
@@ -914,7 +957,7 @@ completion_fields(void **state)
 	 * because its host differs
 	 */
 	make_task(&t, "{}", 0);
-	for (i = 0; i < ARRAY_SIZE(bad) - 2; i++) {
+	for (i = 0; i < ARRAY_SIZE(bad) - 3; i++) {
 		body = xasprintf("{\"result\":\"succeeded\",\"%s\":\"%s\"}",
 		    bad[i][0], bad[i][1]);
 		meter_complete(meter, t.auth, body, strlen(body), &r);
@@ -1378,6 +1421,21 @@ completion_revokes(void **state)
 	json_decref(e);
 	meter_complete(meter, t.auth, body, strlen(body), &r);
 	assert_int_equal(r.status, 200);
+	meter_reply_release(&r);
+	e = index_read(t.id);
+	assert_string_equal(jstr(e, "state"), "revoked");
+	json_decref(e);
+	task_release(&t);
+	/*
+	 * a task that ended another way (the reconciler's timeout) with its
+	 * token still active: the agent's completion gets the same answer as
+	 * a repeated one, and the token is revoked all the same
+	 */
+	make_task(&t, "{}", 0);
+	patch_status(t.name, json_pack("{s:s}", "phase", "Failed"));
+	meter_complete(meter, t.auth, body, strlen(body), &r);
+	assert_int_equal(r.status, 200);
+	assert_string_equal(r.body, "{\"completed\":true,\"phase\":\"Failed\"}");
 	meter_reply_release(&r);
 	e = index_read(t.id);
 	assert_string_equal(jstr(e, "state"), "revoked");
