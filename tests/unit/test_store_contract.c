@@ -383,6 +383,137 @@ validation(void **state)
 }
 
 /*
+ * The bounds of the divergedev.com kinds are the same on every backend:
+ * the embedded store's checks and the CRDs an API server enforces (the
+ * fake validates with deploy/crds). Each value at its bound is taken,
+ * one past it refused with a 422 naming the field.
+ */
+struct schema_limit {
+	int env;		/* an Environment, else an AgentTask */
+	const char *path;	/* dotted, from the object's root */
+	char type;		/* 'i' integer, 's' string, 'a' list of strings */
+	int64_t at;		/* the largest value, length or item count */
+};
+
+/* A JSON value just at (over 0) or one past (over 1) limit l. */
+static json_t *
+limit_value(const struct schema_limit *l, int over)
+{
+	int64_t n = l->at + over, i;
+	json_t *a;
+	char *str;
+
+	if (l->type == 'i')
+		return json_integer(n);
+	if (l->type == 'a') {
+		a = json_array();
+		for (i = 0; i < n; i++)
+			json_array_append_new(a, json_string("m"));
+		return a;
+	}
+	str = xmalloc((size_t)n + 1);
+	memset(str, 'x', (size_t)n);
+	str[n] = '\0';
+	a = json_string(str);
+	free(str);
+	return a;
+}
+
+/* Set obj's dotted path to v (taken), making the objects on the way. */
+static void
+set_path(json_t *obj, const char *path, json_t *v)
+{
+	char *p = xstrdup(path), *dot, *k = p;
+
+	while ((dot = strchr(k, '.')) != NULL) {
+		*dot = '\0';
+		if (json_object_get(obj, k) == NULL)
+			json_object_set_new(obj, k, json_object());
+		obj = json_object_get(obj, k);
+		k = dot + 1;
+	}
+	json_object_set_new(obj, k, v);
+	free(p);
+}
+
+/* Write the object of limit l with its value at or past the bound. */
+static int
+write_limit(const struct schema_limit *l, int over, struct k8s_status *st)
+{
+	char *name = uniq("limit");
+	json_t *obj, *out = NULL;
+	int rc;
+
+	if (l->env)
+		obj = json_pack("{s:s,s:s,s:{s:s},s:{s:s}}", "apiVersion",
+		    "divergedev.com/v1alpha1", "kind", "Environment",
+		    "metadata", "name", name, "spec", "branch", "main");
+	else
+		obj = task(name, "fix it");
+	if (strncmp(l->path, "status.", 7) != 0) {
+		set_path(obj, l->path, limit_value(l, over));
+		rc = k8s_create(api, l->env ? &K8S_ENVIRONMENT :
+		    &K8S_AGENTTASK, "default", obj, NULL, st);
+	} else {
+		assert_int_equal(k8s_create(api, &K8S_AGENTTASK, "default",
+		    obj, &out, st), 0);
+		set_path(out, "status.phase", json_string("Pending"));
+		set_path(out, l->path, limit_value(l, over));
+		rc = k8s_update_status(api, &K8S_AGENTTASK, "default", name,
+		    out, NULL, st);
+		json_decref(out);
+	}
+	json_decref(obj);
+	free(name);
+	return rc;
+}
+
+static void
+schema_limits(void **state)
+{
+	static const struct schema_limit limits[] = {
+		{ 0, "spec.objective", 's', 4000 },
+		{ 0, "spec.maxIterations", 'i', 1000000 },
+		{ 0, "spec.budgetTokens", 'i', INT64_C(1000000000000) },
+		{ 0, "spec.repository.url", 's', 2048 },
+		{ 0, "spec.repository.baseBranch", 's', 255 },
+		{ 0, "spec.repository.workingBranch", 's', 255 },
+		{ 0, "spec.capabilities", 'a', 256 },
+		{ 0, "spec.allowedTools", 'a', 256 },
+		{ 0, "spec.sandbox.timeoutSeconds", 'i', 30 * 86400 },
+		{ 0, "spec.sandbox.image", 's', 1024 },
+		{ 0, "spec.sandbox.runtimeClassName", 's', 253 },
+		{ 0, "status.reason", 's', 256 },
+		{ 0, "status.message", 's', 32768 },
+		{ 0, "status.lastMeterRequestIds", 'a', 32 },
+		{ 1, "spec.branch", 's', 255 },
+		{ 1, "spec.service", 's', 253 },
+		{ 1, "spec.image", 's', 1024 },
+		{ 1, "spec.port", 'i', 65535 },
+		{ 1, "spec.repository", 's', 2048 },
+	};
+	struct k8s_status st = { 0 };
+	size_t i;
+	int rc;
+
+	(void)state;
+	for (i = 0; i < ARRAY_SIZE(limits); i++) {
+		rc = write_limit(&limits[i], 0, &st);
+		if (rc != 0)
+			fail_msg("%s at %lld: %d %s", limits[i].path,
+			    (long long)limits[i].at, rc, st.message);
+		k8s_status_release(&st);
+		rc = write_limit(&limits[i], 1, &st);
+		if (rc != K8S_EINVALID || st.code != 422 || st.message == NULL ||
+		    strstr(st.message, limits[i].path) == NULL)
+			fail_msg("%s past %lld: %d %d %s", limits[i].path,
+			    (long long)limits[i].at, rc, st.code,
+			    st.message ? st.message : "");
+		k8s_status_release(&st);
+	}
+}
+
+/*
  * Label keys and values, and annotation keys, are validated as the
  * apiserver's ObjectMeta validation does (a value a selector cannot
  * name is a 422, not a label nobody can select on).
@@ -2780,6 +2911,7 @@ main(void)
 		cmocka_unit_test(status_subresource),
 		cmocka_unit_test(merge_patch),
 		cmocka_unit_test(validation),
+		cmocka_unit_test(schema_limits),
 		cmocka_unit_test(label_validation),
 		cmocka_unit_test(list_selectors),
 		cmocka_unit_test(delete_cascade),
