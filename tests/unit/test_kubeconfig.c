@@ -822,6 +822,7 @@ exec_child(int mode)
 	sigset_t set, old;
 	void (*oldpipe)(int);
 	int sk, high;
+	json_t *info, *cl;
 	/* /proc's SigIgn bits of the daemon's signals */
 	unsigned long long mask = 1ULL << (SIGHUP - 1) | 1ULL << (SIGINT - 1) |
 	    1ULL << (SIGPIPE - 1) | 1ULL << (SIGTERM - 1);
@@ -835,7 +836,13 @@ exec_child(int mode)
 	c.exec_env = xcalloc(2, sizeof(char *));
 	c.exec_env[0] = xstrdup("DIVERGE_T_REGION=eu");
 	c.exec_api_version = xstrdup("client.authentication.k8s.io/v1");
+	c.exec_cluster_info = 1;
+	c.server = xstrdup("https://10.0.0.1:6443");
+	c.insecure = 1;
+	c.tls_server_name = xstrdup("api.internal");
+	c.ca_data = xstrdup("PEM");
 	setenv("DIVERGE_T_REGION", "us", 1);
+	setenv("KUBERNETES_EXEC_INFO", "{\"stale\":true}", 1);
 	sigemptyset(&set);
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
@@ -853,6 +860,24 @@ exec_child(int mode)
 	assert_string_equal(tok, "t");
 	s = lines_with(dir, "env", "DIVERGE_T_REGION=");
 	assert_string_equal(s, "DIVERGE_T_REGION=eu\n");
+	free(s);
+	/* one KUBERNETES_EXEC_INFO, ours, the process's dropped */
+	s = lines_with(dir, "env", "KUBERNETES_EXEC_INFO=");
+	assert_non_null(strchr(s, '\n'));
+	assert_string_equal(strchr(s, '\n'), "\n");
+	info = json_loads(s + strlen("KUBERNETES_EXEC_INFO="), 0, NULL);
+	assert_non_null(info);
+	cl = json_object_get(json_object_get(info, "spec"), "cluster");
+	assert_string_equal(json_string_value(json_object_get(cl, "server")),
+	    "https://10.0.0.1:6443");
+	assert_true(json_is_true(json_object_get(cl,
+	    "insecure-skip-tls-verify")));
+	assert_string_equal(json_string_value(json_object_get(cl,
+	    "tls-server-name")), "api.internal");
+	/* base64 of "PEM" */
+	assert_string_equal(json_string_value(json_object_get(cl,
+	    "certificate-authority-data")), "UEVN");
+	json_decref(info);
 	free(s);
 	s = lines_with(dir, "sig", "SigIgn:");
 	assert_int_equal(strtoull(s + 7, NULL, 16) & mask, 0);
@@ -896,6 +921,7 @@ exec_child(int mode)
 	signal(SIGPIPE, oldpipe);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	unsetenv("DIVERGE_T_REGION");
+	unsetenv("KUBERNETES_EXEC_INFO");
 	free(tok);
 	k8s_cluster_release(&c);
 	remove_tree(dir, (const char *const[]){ "plugin", "env", "sig",
@@ -1098,6 +1124,58 @@ test_exec_refused(void **state)
 		free(sh);
 	}
 	redact_secrets_clear();
+	k8s_cluster_release(&c);
+	remove_tree(dir, (const char *const[]){ "plugin", NULL });
+	free(dir);
+}
+
+/*
+ * A plugin that exits other than 0 is refused, whatever it printed (a
+ * credential included): its status and the first line of its stderr,
+ * redacted, say why; a status of 127 (the shell's "not found") adds the
+ * kubeconfig's installHint, no other status does.
+ */
+static void
+test_exec_exit(void **state)
+{
+	static const struct {
+		const char *sh, *want;
+	} cases[] = {
+		{ "#!/bin/sh\nprintf '%s' '" EXEC_CRED("{\"token\":\"t\"}") "'\n"
+		  "echo 'refused: Bearer s3cr3tT0kenValue1234567890' >&2\n"
+		  "echo 'second line' >&2\nexit 1\n",
+		  " exited with status 1: refused: Bearer " },
+		{ "#!/bin/sh\necho 'get-token: not found' >&2\nexit 127\n",
+		  " exited with status 127: get-token: not found (not found?); "
+		  "apt install get-token" },
+		{ "#!/bin/sh\necho 'cannot run' >&2\nexit 126\n",
+		  " exited with status 126: cannot run" },
+	};
+	struct k8s_cluster c;
+	char *dir = make_tmpdir(), *script, *cause, *tok, *want;
+	int64_t exp;
+	size_t i;
+
+	(void)state;
+	script = exec_cluster(&c, dir);
+	c.exec_hint = xstrdup("apt install get-token");
+	for (i = 0; i < ARRAY_SIZE(cases); i++) {
+		write_file(script, cases[i].sh);
+		assert_int_equal(chmod(script, 0700), 0);
+		cause = tok = NULL;
+		assert_int_equal(k8s_exec_credential(&c, 5000, &tok, &exp,
+		    &cause), -1);
+		assert_null(tok);
+		want = xasprintf("k8s: exec plugin '%s'%s", script,
+		    cases[i].want);
+		if (cause == NULL || strncmp(cause, want, strlen(want)) != 0 ||
+		    (i > 0 && strcmp(cause, want) != 0))
+			fail_msg("case %zu: %s", i, cause ? cause : "(none)");
+		assert_null(strstr(cause, "s3cr3tT0kenValue"));
+		assert_null(strstr(cause, "second line"));
+		free(want);
+		free(cause);
+	}
 	k8s_cluster_release(&c);
 	remove_tree(dir, (const char *const[]){ "plugin", NULL });
 	free(dir);
@@ -2370,6 +2448,7 @@ main(void)
 		cmocka_unit_test(test_exec_401_in_flight),
 		cmocka_unit_test(test_exec_limits),
 		cmocka_unit_test(test_exec_refused),
+		cmocka_unit_test(test_exec_exit),
 		cmocka_unit_test(test_exec_child),
 		cmocka_unit_test(test_exec_child_fork),
 		cmocka_unit_test(test_release),
