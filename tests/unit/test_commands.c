@@ -188,6 +188,19 @@ b_10k_objective_cmd(size_t *len)
 	return s;
 }
 
+/* budget arguments of exactly 256 bytes ("1", blanks, "2M"), and 257 */
+static char *
+b_budget_args_256(size_t *len)
+{
+	return text_of(' ', 253, "/diverge budget 1", "2M", len);
+}
+
+static char *
+b_budget_args_257(size_t *len)
+{
+	return text_of(' ', 254, "/diverge budget 1", "2M", len);
+}
+
 /* ---- the table ---- */
 
 static const struct tcase cases[] = {
@@ -319,6 +332,20 @@ static const struct tcase cases[] = {
 	    0, NULL, { 0, 0, 0 } },
 	{ "lrm kept", "/diverge fix a\xe2\x80\x8e" "b",
 	    "1:fix=a\xe2\x80\x8e" "b", 0, NULL, { 0, 0, 0 } },
+	{ "c1 control 0x9f", "/diverge fix a\xc2\x9fz", "E:control characters",
+	    0, NULL, { 0, 0, 0 } },
+	{ "nbsp is not a control", "/diverge fix a\xc2\xa0z",
+	    "1:fix=a\xc2\xa0z", 0, NULL, { 0, 0, 0 } },
+	{ "lri isolate alone", "/diverge fix a\xe2\x81\xa6z",
+	    "E:bidirectional", 0, NULL, { 0, 0, 0 } },
+	{ "pdi alone", "/diverge guide a\xe2\x81\xa9z", "E:bidirectional", 0,
+	    NULL, { 0, 0, 0 } },
+	{ "overlong 3-byte utf-8", "/diverge fix a\xe0\x83\xa9z",
+	    "E:not valid UTF-8", 0, NULL, { 0, 0, 0 } },
+	{ "overlong 4-byte utf-8", "/diverge fix a\xf0\x80\xa0\x80z",
+	    "E:not valid UTF-8", 0, NULL, { 0, 0, 0 } },
+	{ "above U+10FFFF", "/diverge fix a\xf4\x90\x80\x80z",
+	    "E:not valid UTF-8", 0, NULL, { 0, 0, 0 } },
 	/* fences */
 	{ "backtick fence", "```\n/diverge pause\n```", "", 0, NULL,
 	    { 0, 0, 0 } },
@@ -338,6 +365,13 @@ static const struct tcase cases[] = {
 	    NULL, { 0, 0, 0 } },
 	{ "backtick in info", "``` a`b\n/diverge pause", "2:pause", 0, NULL,
 	    { 0, 0, 0 } },
+	{ "two tildes are no fence", "~~\n/diverge pause\n~~", "2:pause", 0,
+	    NULL, { 0, 0, 0 } },
+	{ "two backticks are no fence", "x\n\n``\n\n/diverge pause",
+	    "5:pause", 0, NULL, { 0, 0, 0 } },
+	{ "closer indented 4 does not close",
+	    "```\n    ```\n/diverge pause\n```\n/diverge status", "5:status",
+	    0, NULL, { 0, 0, 0 } },
 	/* indented code */
 	{ "indented comment opener", "    <!--\n/diverge pause", "2:pause", 0,
 	    NULL, { 0, 0, 0 } },
@@ -356,6 +390,8 @@ static const struct tcase cases[] = {
 	    "2:pause", 0, NULL, { 0, 0, 0 } },
 	{ "unmatched backtick", "a ` b\n/diverge pause", "2:pause", 0, NULL,
 	    { 0, 0, 0 } },
+	{ "span stops at quote", "a `b\n>\n/diverge pause\n`", "3:pause", 0,
+	    NULL, { 0, 0, 0 } },
 	{ "span stops at blank", "a `b\n\n/diverge pause\n`", "3:pause", 0,
 	    NULL, { 0, 0, 0 } },
 	{ "escaped backtick", "\\`a\n/diverge pause\n`", "2:pause", 0, NULL,
@@ -404,6 +440,8 @@ static const struct tcase cases[] = {
 	{ "gitlab quote block in list", "- >>>\n  /diverge pause\n  >>>\n"
 	    "/diverge status", "4:status", 0, NULL, { 0, 0, 0 } },
 	{ "gitlab quote block text", ">>> a\n\n/diverge pause", "3:pause", 0,
+	    NULL, { 0, 0, 0 } },
+	{ "two '>' are no quote block", ">>\n/diverge pause", "2:pause", 0,
 	    NULL, { 0, 0, 0 } },
 	/* HTML comments */
 	{ "comment", "<!-- /diverge pause -->", "", 0, NULL, { 0, 0, 0 } },
@@ -480,6 +518,12 @@ static const struct tcase cases[] = {
 	    NULL, { 0, 0, 0 } },
 	{ "usd word", "/diverge budget 15 usd", "1:budget $15000000 t0", 0,
 	    NULL, { 0, 0, 0 } },
+	{ "usd word upper case", "/diverge budget 15 USD",
+	    "1:budget $15000000 t0", 0, NULL, { 0, 0, 0 } },
+	{ "unit word twice", "/diverge budget 15 usd usd",
+	    "E:`usd` must follow a number", 0, NULL, { 0, 0, 0 } },
+	{ "unit word after unit word", "/diverge budget 2 tokens tokens",
+	    "E:`tokens` must follow a number", 0, NULL, { 0, 0, 0 } },
 	{ "usd cents", "/diverge budget $0.07", "1:budget $70000 t0", 0, NULL,
 	    { 0, 0, 0 } },
 	{ "tokens plain", "/diverge budget 2000000", "1:budget $0 t2000000",
@@ -490,6 +534,10 @@ static const struct tcase cases[] = {
 	    { 0, 0, 0 } },
 	{ "tokens 500k", "/diverge budget 500k", "1:budget $0 t500000", 0,
 	    NULL, { 0, 0, 0 } },
+	{ "tokens 500K", "/diverge budget 500K", "1:budget $0 t500000", 0,
+	    NULL, { 0, 0, 0 } },
+	{ "tokens 2m", "/diverge budget 2m", "1:budget $0 t2000000", 0, NULL,
+	    { 0, 0, 0 } },
 	{ "tokens commas", "/diverge budget 2,000,000",
 	    "1:budget $0 t2000000", 0, NULL, { 0, 0, 0 } },
 	{ "tokens word", "/diverge budget 2000 tokens", "1:budget $0 t2000",
@@ -549,6 +597,15 @@ static const struct tcase cases[] = {
 	    "E:`lots` is not an amount", 0, NULL, { 0, 0, 0 } },
 	{ "bad grouping", "/diverge budget 1,00", "E:is not an amount", 0,
 	    NULL, { 0, 0, 0 } },
+	{ "four-digit group", "/diverge budget 1000,000",
+	    "E:`1000,000` is not an amount", 0, NULL, { 0, 0, 0 } },
+	{ "trailing text", "/diverge budget 15abc",
+	    "E:`15abc` is not an amount", 0, NULL, { 0, 0, 0 } },
+	{ "amount args 256 bytes", NULL, "1:budget $1000000 t2000000", 0,
+	    b_budget_args_256, { 0, 0, 0 } },
+	{ "amount args 257 bytes", NULL, "E:too many arguments; usage: "
+	    "`/diverge budget [+$usd] [tokens]`", 0, b_budget_args_257,
+	    { 0, 0, 0 } },
 	{ "bare unit word", "/diverge budget tokens",
 	    "E:`tokens` must follow a number", 0, NULL, { 0, 0, 0 } },
 	{ "decimal with M", "/diverge budget 1.5M", "E:not both", 0, NULL,
@@ -585,6 +642,9 @@ static const struct tcase cases[] = {
 	    "/diverge status", "1:status", 0, NULL, { 0, 0, 0 } },
 	{ "duplicate fix", "/diverge fix a\n\n/diverge fix a", "1:fix=a", 0,
 	    NULL, { 0, 0, 0 } },
+	{ "different token budgets", "/diverge budget 5M\n/diverge budget 6M",
+	    "1:budget $0 t5000000 | 2:budget $0 t6000000", 0, NULL,
+	    { 0, 0, 0 } },
 	{ "fix with pause", "/diverge fix a\n\n/diverge pause",
 	    "E:`fix` and `pause` cannot be in the same comment", 0, NULL,
 	    { 0, 0, 0 } },
@@ -882,6 +942,97 @@ threads(void **state)
 	}
 }
 
+/* Parse body; the result must be an error that is exactly msg. */
+static void
+expect_error(const char *body, const char *msg, int help)
+{
+	struct cmd_result r;
+
+	assert_int_equal(commands_parse(body, strlen(body), NULL, &r), 0);
+	assert_int_equal(r.ncmds, 0);
+	assert_non_null(r.error);
+	assert_string_equal(r.error, msg);
+	assert_int_equal(r.help, help);
+	commands_result_release(&r);
+}
+
+/*
+ * Whole error messages: no "line N: " prefix with a single command line,
+ * and an unknown word is echoed in a code span only when it is short and
+ * cannot break out of that span.
+ */
+static void
+exact_errors(void **state)
+{
+	(void)state;
+	expect_error("/diverge pause x",
+	    "`pause` takes no arguments; usage: `/diverge pause`", 0);
+	expect_error("text\n/diverge budget -5\nmore",
+	    "budget bumps only add: a negative amount is not allowed; usage: "
+	    "`/diverge budget [+$usd] [tokens]`", 0);
+	expect_error("/diverge status\n/diverge pause x",
+	    "line 2: `pause` takes no arguments; usage: `/diverge pause`", 0);
+	/* 32 bytes are echoed, 33 are not */
+	expect_error("/diverge abcdefghijklmnopqrstuvwxyz012345",
+	    "unknown command `abcdefghijklmnopqrstuvwxyz012345`", 1);
+	expect_error("/diverge abcdefghijklmnopqrstuvwxyz0123456",
+	    "unknown command", 1);
+	/* a backtick would close the code span of the reply */
+	expect_error("/diverge fo`o", "unknown command", 1);
+	expect_error("/diverge budget 1`0", "cannot read the amount; usage: "
+	    "`/diverge budget [+$usd] [tokens]`", 0);
+}
+
+/* resume with any bump, USD or tokens, needs a maintainer. */
+static void
+resume_bump_role(void **state)
+{
+	static const char *const bodies[] = {
+		"/diverge resume +$5", "/diverge resume 2M",
+		"/diverge resume $1 2M",
+	};
+	struct cmd_result r;
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < ARRAY_SIZE(bodies); i++) {
+		assert_int_equal(commands_parse(bodies[i], strlen(bodies[i]),
+		    NULL, &r), 0);
+		assert_null(r.error);
+		assert_int_equal(r.ncmds, 1);
+		assert_int_equal(r.cmds[0].kind, CMD_RESUME);
+		assert_int_equal(commands_required_role(&r.cmds[0]),
+		    CMD_ROLE_MAINTAIN);
+		commands_result_release(&r);
+	}
+	assert_int_equal(commands_parse("/diverge resume", 15, NULL, &r), 0);
+	assert_int_equal(r.ncmds, 1);
+	assert_int_equal(commands_required_role(&r.cmds[0]), CMD_ROLE_WRITE);
+	commands_result_release(&r);
+}
+
+/* A body of exactly COMMANDS_MAX_BODY bytes is parsed, one more is not. */
+static void
+max_body(void **state)
+{
+	struct cmd_result r;
+	char *big;
+
+	(void)state;
+	big = xmalloc(COMMANDS_MAX_BODY + 1);
+	memset(big, ' ', COMMANDS_MAX_BODY + 1);
+	memcpy(big, "/diverge status", 15);
+	assert_int_equal(commands_parse(big, COMMANDS_MAX_BODY, NULL, &r), 0);
+	assert_null(r.error);
+	assert_int_equal(r.ncmds, 1);
+	assert_int_equal(r.cmds[0].kind, CMD_STATUS);
+	commands_result_release(&r);
+	assert_int_equal(commands_parse(big, COMMANDS_MAX_BODY + 1, NULL, &r),
+	    -1);
+	commands_result_release(&r);
+	free(big);
+}
+
 static void
 table_size(void **state)
 {
@@ -899,6 +1050,9 @@ main(void)
 		cmocka_unit_test(line_and_source),
 		cmocka_unit_test(bad_input),
 		cmocka_unit_test(big_is_fast),
+		cmocka_unit_test(exact_errors),
+		cmocka_unit_test(resume_bump_role),
+		cmocka_unit_test(max_body),
 		cmocka_unit_test(threads),
 	};
 	struct CMUnitTest *tests;

@@ -218,6 +218,56 @@ static const struct error_case error_cases[] = {
 	  "t.yaml:1: 'namespace': expected a namespace name (lowercase "
 	  "letters, digits and '-', at most 63), got 'aaaaaaaaaaaaaaaaaaaaa"
 	  "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...'" },
+	{ "namespace of 64 bytes",
+	  "namespace: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	  "aaaaaaaaaaaaaaa\n",
+	  "t.yaml:1: 'namespace': expected a namespace name (lowercase "
+	  "letters, digits and '-', at most 63), got 'aaaaaaaaaaaaaaaaa"
+	  "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'" },
+	{ "value cut before a UTF-8 sequence",
+	  "namespace: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	  "aaaaaaaaaaaaaa\xc3\xa9\xc3\xa9\n",
+	  "t.yaml:1: 'namespace': expected a namespace name (lowercase "
+	  "letters, digits and '-', at most 63), got 'aaaaaaaaaaaaaaaaa"
+	  "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...'" },
+	{ "DEL shown as '?'", "namespace: \"a\\x7fb\"\n",
+	  "t.yaml:1: 'namespace': expected a namespace name (lowercase "
+	  "letters, digits and '-', at most 63), got 'a?b'" },
+	{ "lease_name of 254 bytes",
+	  "kubernetes:\n  leader_election:\n    lease_name: aaaaaaaaaaa"
+	  "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	  "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	  "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	  "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	  "aaa\n",
+	  "t.yaml:3: 'kubernetes.leader_election.lease_name': expected an "
+	  "object name (lowercase letters, digits, '-' and '.', at most 253), "
+	  "got 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	  "aaaaaaaaa...'" },
+	{ "integer that overflows 64 bits",
+	  "controller: {workers: 18446744073709551617}\n",
+	  "t.yaml:1: 'controller.workers': expected an integer from 1 to 64, "
+	  "got '18446744073709551617'" },
+	{ "size that overflows 64 bits",
+	  "http: {max_body_bytes: 17179869185GiB}\n",
+	  "t.yaml:1: 'http.max_body_bytes': expected a size like 512KiB or "
+	  "5MiB, got '17179869185GiB'" },
+	{ "listen port of 6 digits", "listen: 127.0.0.1:000080\n",
+	  "t.yaml:1: 'listen': expected host:port or [v6]:port, "
+	  "got '127.0.0.1:000080'" },
+	{ "listen host starting with '-'", "listen: -host:80\n",
+	  "t.yaml:1: 'listen': expected host:port or [v6]:port, "
+	  "got '-host:80'" },
+	{ "meter.public_url with an empty host",
+	  "meter: {public_url: \"https:///x\"}\n",
+	  "t.yaml:1: 'meter.public_url': expected an http:// or https:// "
+	  "URL, got 'https:///x'" },
+	{ "renew_deadline exactly 1.2 times retry_period",
+	  "kubernetes:\n  leader_election:\n    renew_deadline: 12s\n"
+	  "    retry_period: 10s\n",
+	  "t.yaml:4: 'kubernetes.leader_election.renew_deadline' (12s) must be "
+	  "longer than 1.2 times 'kubernetes.leader_election.retry_period' "
+	  "(10s): a renewal is tried again within the deadline" },
 	{ "repo rule namespace",
 	  "repos:\n  - {match: a/*, namespace: Team_A}\n",
 	  "t.yaml:2: 'repos[0].namespace': expected a namespace name "
@@ -1167,6 +1217,51 @@ test_value_forms(void **state)
 	config_release(&c);
 }
 
+/* The bounds of the ranges are inclusive, at both ends. */
+static void
+test_inclusive_bounds(void **state)
+{
+	struct config c;
+	char *text;
+
+	(void)state;
+	text = xasprintf("controller: {workers: 1, max_active_tasks: 100000}\n"
+	    "http: {max_body_bytes: 1KiB, max_header_bytes: 1MiB, "
+	    "connection_timeout: 1h, request_timeout: 1s}\n"
+	    "defaults: {budgetUSD: 1000000, maxIterations: 1000}\n"
+	    "commands: {max_bump_usd: \"0\", max_per_comment: 100}\n"
+	    "kubernetes:\n  leader_election:\n    lease_duration: 1h\n"
+	    "    renew_deadline: 1s201ms\n    retry_period: 1s\n"
+	    "    lease_name: %0253d\n"
+	    "namespace: %063d\n", 0, 0);
+	parse_ok(&c, text);
+	free(text);
+	assert_int_equal(c.controller.workers, 1);
+	assert_int_equal(c.controller.max_active_tasks, 100000);
+	assert_int_equal(c.http.max_body_bytes, 1024);
+	assert_int_equal(c.http.max_header_bytes, 1024 * 1024);
+	assert_int_equal(c.http.connection_timeout_s, 3600);
+	assert_int_equal(c.http.request_timeout_s, 1);
+	assert_int_equal(c.defaults.budget_usd_micro,
+	    INT64_C(1000000) * 1000000);
+	assert_int_equal(c.defaults.max_iterations, 1000);
+	assert_int_equal(c.commands.max_bump_usd_micro, 0);
+	assert_int_equal(c.commands.max_per_comment, 100);
+	assert_int_equal(c.kubernetes.leader_election.lease_duration_ms,
+	    3600 * 1000);
+	assert_int_equal(c.kubernetes.leader_election.renew_deadline_ms, 1201);
+	assert_int_equal(c.kubernetes.leader_election.retry_period_ms, 1000);
+	assert_int_equal(strlen(c.kubernetes.leader_election.lease_name), 253);
+	assert_int_equal(strlen(c.namespace), 63);
+	config_release(&c);
+	/* a task may be kept exactly as long as the audit window */
+	parse_ok(&c, "controller: {ttl_after_finished: 2d}\n"
+	    "sandbox: {audit_window: 48h}\n");
+	assert_int_equal(c.controller.ttl_after_finished_s, 2 * 86400);
+	assert_int_equal(c.sandbox.audit_window_s, 2 * 86400);
+	config_release(&c);
+}
+
 static void
 test_listen_forms(void **state)
 {
@@ -1194,6 +1289,7 @@ test_api_listen(void **state)
 {
 	static const char *const loopback[] = {
 		"127.0.0.1:8081", "127.9.9.9:1", "localhost:8081",
+		"LocalHost:8081",
 		"[::1]:8081", "[::ffff:127.0.0.1]:8081",
 	};
 	struct config c;
@@ -1317,6 +1413,16 @@ test_override(void **state)
 	assert_int_equal(config_override(&c, NULL, "localhost:0", NULL,
 	    &cause), 0);
 	assert_string_equal(c.api.listen, "localhost:0");
+	config_release(&c);
+	/* off loopback with the TLS files but no token */
+	parse_ok(&c, "api: {tls_cert: /c, tls_key: /k}\n");
+	assert_int_equal(config_override(&c, NULL, "0.0.0.0:8081", NULL,
+	    &cause), -1);
+	assert_string_equal(cause, "--api-listen '0.0.0.0:8081': not a "
+	    "loopback address but 'api.token' is not set");
+	free(cause);
+	cause = NULL;
+	assert_string_equal(c.api.listen, "127.0.0.1:8081");
 	config_release(&c);
 	/* off loopback with the TLS files and the token of the file */
 	parse_ok(&c, "api: {tls_cert: /c, tls_key: /k, token: env:T}\n");
@@ -1508,6 +1614,37 @@ test_secret_env(void **state)
 	unsetenv("DIVERGE_TEST_EMPTY");
 }
 
+/* An environment secret of 64 KiB is read, one byte more is not. */
+static void
+test_secret_env_size(void **state)
+{
+	char *big, *out = NULL, *cause = NULL;
+	size_t len = 0;
+
+	(void)state;
+	big = xmalloc(64 * 1024 + 2);
+	memset(big, 'x', 64 * 1024 + 1);
+	big[64 * 1024] = '\0';
+	setenv("DIVERGE_TEST_BIG", big, 1);
+	assert_int_equal(config_secret_read("env:DIVERGE_TEST_BIG", &out,
+	    &len, &cause), 0);
+	assert_null(cause);
+	assert_int_equal(len, 64 * 1024);
+	free(out);
+	out = NULL;
+	big[64 * 1024] = 'x';
+	big[64 * 1024 + 1] = '\0';
+	setenv("DIVERGE_TEST_BIG", big, 1);
+	assert_int_equal(config_secret_read("env:DIVERGE_TEST_BIG", &out,
+	    &len, &cause), -1);
+	assert_null(out);
+	assert_string_equal(cause, "environment variable 'DIVERGE_TEST_BIG' "
+	    "is larger than 64 KiB");
+	free(cause);
+	unsetenv("DIVERGE_TEST_BIG");
+	free(big);
+}
+
 /* No error message of the parser ever contains a secret's value. */
 static void
 test_secret_not_echoed(void **state)
@@ -1669,6 +1806,7 @@ main(void)
 		cmocka_unit_test(test_repo_allowlist),
 		cmocka_unit_test(test_load_errors),
 		cmocka_unit_test(test_value_forms),
+		cmocka_unit_test(test_inclusive_bounds),
 		cmocka_unit_test(test_listen_forms),
 		cmocka_unit_test(test_api_listen),
 		cmocka_unit_test(test_providers),
@@ -1684,6 +1822,7 @@ main(void)
 		cmocka_unit_test(test_secret_file),
 		cmocka_unit_test(test_secret_file_size),
 		cmocka_unit_test(test_secret_env),
+		cmocka_unit_test(test_secret_env_size),
 		cmocka_unit_test(test_secret_not_echoed),
 		cmocka_unit_test(test_parse_duration),
 		cmocka_unit_test(test_parse_duration_ms),
