@@ -1199,8 +1199,11 @@ on_comment(struct run *r, char **cause)
 
 	memset(&res, 0, sizeof(res));
 	lim.max_commands = r->a->ac.cfg->commands.max_per_comment;
-	lim.max_bump_usd_micro = r->a->ac.cfg->commands.max_bump_usd_micro;
-	lim.max_bump_tokens = r->a->ac.cfg->commands.max_bump_tokens;
+	/* the configuration's 0 turns a kind of raise off (not a default) */
+	lim.max_bump_usd_micro = r->a->ac.cfg->commands.max_bump_usd_micro > 0 ?
+	    r->a->ac.cfg->commands.max_bump_usd_micro : -1;
+	lim.max_bump_tokens = r->a->ac.cfg->commands.max_bump_tokens > 0 ?
+	    r->a->ac.cfg->commands.max_bump_tokens : -1;
 	if (ev->comment_body == NULL || commands_parse(ev->comment_body,
 	    strlen(ev->comment_body), &lim, &res) < 0) {
 		log_kv(LOG_WARN, "comment not parsed: ignored", "delivery",

@@ -1081,6 +1081,11 @@ parse_amounts(struct parser *ps, const struct cand *cd,
 			v = a->whole * 1000000 + a->cents * 10000;
 			if (v == 0)
 				goto zero;
+			if (lim_usd < 0) {
+				fail(ps, cd, 0, "USD budget raises are turned "
+				    "off here");
+				goto out;
+			}
 			if (v > lim_usd) {
 				fail(ps, cd, 0, "a bump is at most "
 				    "$%lld.%02lld per command",
@@ -1100,6 +1105,11 @@ parse_amounts(struct parser *ps, const struct cand *cd,
 			v = a->whole * a->mult;
 			if (v == 0)
 				goto zero;
+			if (lim_tok < 0) {
+				fail(ps, cd, 0, "token budget raises are turned "
+				    "off here");
+				goto out;
+			}
 			if (v > lim_tok) {
 				fail(ps, cd, 0, "a bump is at most %lld tokens "
 				    "per command", (long long)lim_tok);
@@ -1287,9 +1297,9 @@ commands_parse(const char *body, size_t len, const struct cmd_limits *lim,
 	if (lim != NULL) {
 		if (lim->max_commands > 0)
 			l.max_commands = lim->max_commands;
-		if (lim->max_bump_usd_micro > 0)
+		if (lim->max_bump_usd_micro != 0)
 			l.max_bump_usd_micro = lim->max_bump_usd_micro;
-		if (lim->max_bump_tokens > 0)
+		if (lim->max_bump_tokens != 0)
 			l.max_bump_tokens = lim->max_bump_tokens;
 	}
 	ps.lim = &l;

@@ -94,8 +94,10 @@ struct cmd_result {
 };
 
 /*
- * Limits an operator may configure. A field <= 0 means its default; a
- * NULL struct cmd_limits pointer means all defaults.
+ * Limits an operator may configure. A field of 0 means its default (so
+ * does a negative max_commands); a negative max_bump_* turns that kind of
+ * budget raise off (the configuration's 0). A NULL struct cmd_limits
+ * pointer means all defaults.
  */
 struct cmd_limits {
 	int max_commands;		/* distinct commands per comment */

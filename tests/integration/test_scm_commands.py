@@ -777,6 +777,7 @@ def main(t):
     claims_pruned(t, fake)
     outage_waited_out(t, fake)
     identity_learned_later(t, fake)
+    raises_turned_off(t, fake)
     fake.stop()
 
 
@@ -1011,6 +1012,32 @@ def commands_applied_once(t, fake):
     t.ok(wait(lambda: handled(d, key), 20) and run() == before + 1,
          "a new /diverge fix re-runs the finished task again (run + 1)",
          run() - before)
+    t.eq(d.stop(), 0, "clean stop")
+
+
+def raises_turned_off(t, fake):
+    """commands.max_bump_usd: 0 turns USD raises off (it is no "use the
+    default"): a USD bump is refused with a reply that says so, and a
+    token bump, whose limit is left as it is, is not refused for it."""
+    d = bot_daemon(fake, CONFIG + "commands:\n  max_bump_usd: \"0\"\n",
+                   {"DIVERGE_SCM_MAX_WAIT_MS": "2000"})
+    before = len(gh_bot_replies(fake, 43))
+    d.github("issue_comment", gh_comment(1070, 43, "alice",
+                                         "/diverge budget $5"),
+             str(uuid.uuid4()))
+    new = wait(lambda: gh_bot_replies(fake, 43)[before:], 20) or []
+    t.ok(any("USD budget raises are turned off here" in b for b in new),
+         "max_bump_usd 0: a USD raise is refused, the reply says they are "
+         "turned off", new)
+    before = len(gh_bot_replies(fake, 43))
+    d.github("issue_comment", gh_comment(1071, 43, "alice",
+                                         "/diverge budget 2M"),
+             str(uuid.uuid4()))
+    t.ok(wait(lambda: len(gh_bot_replies(fake, 43)) > before or
+              gh_reactions(fake, 43, 1071), 20), "a token raise is handled")
+    later = gh_bot_replies(fake, 43)[before:]
+    t.ok(not any("turned off" in b for b in later),
+         "... and not refused as turned off", later)
     t.eq(d.stop(), 0, "clean stop")
 
 
