@@ -527,6 +527,90 @@ get_mr_gitlab(void **state)
 	scm_client_free(c);
 }
 
+/*
+ * GitLab's other shapes: a merged MR of one project (no source or target
+ * project id in the reply: the repository's project, not a fork, one
+ * project read); a system note is marked so (never a command); a note
+ * created without an id is an error; an internal note says so; a
+ * membership that expires today gives nothing already.
+ */
+static void
+gitlab_shapes(void **state)
+{
+	struct scm_client *c;
+	struct scm_comment *v = NULL;
+	struct scm_pr pr;
+	enum scm_permission p;
+	char *cause = NULL, *body, today[16], after[16], next[16];
+	time_t now = time(NULL), tomorrow = now + 86400;
+	struct tm tm;
+	size_t n = 0;
+	int64_t id = 0;
+
+	(void)state;
+	srv_reset();
+	c = gitlab_client("/api/v4");
+	push(200, "{\"iid\":8,\"state\":\"merged\",\"source_branch\":\"fix\","
+	    "\"target_branch\":\"main\",\"sha\":\"abc1234\",\"author\":"
+	    "{\"username\":\"bob\"},\"web_url\":\"https://gitlab.example.com/"
+	    "group/project/-/merge_requests/8\"}", NULL);
+	push_file(200, "gitlab/get-project-5.json", NULL, NULL);
+	assert_int_equal(c->ops->get_pr(c, &gl_repo, 8, &pr, &cause), SCM_OK);
+	assert_int_equal(nrecs(), 2);
+	assert_string_equal(srv.recs[1].path, "/api/v4/projects/5");
+	assert_int_equal(pr.merged, 1);
+	assert_int_equal(pr.fork, 0);
+	assert_string_equal(pr.head_clone_url, pr.clone_url);
+	scm_pr_release(&pr);
+
+	push(200, "[{\"id\":9,\"body\":\"added 1 commit\",\"system\":true,"
+	    "\"author\":{\"id\":2,\"username\":\"bob\"}}]", "x-next-page: ",
+	    "x-page: 1", NULL);
+	assert_int_equal(c->ops->list_comments(c, &gl_repo, 8, &v, &n,
+	    &cause), SCM_OK);
+	assert_int_equal(n, 1);
+	assert_int_equal(v[0].system, 1);
+	scm_comments_free(v, n);
+
+	push(201, "{\"id\":0,\"body\":\"x\"}", NULL);
+	assert_int_equal(c->ops->create_comment(c, &gl_repo, 8, "x", &id,
+	    &cause), SCM_EINTERNAL);
+	free(cause);
+	cause = NULL;
+	push(201, "{\"id\":12,\"body\":\"x\",\"internal\":true}", NULL);
+	assert_int_equal(c->ops->create_internal_comment(c, &gl_repo, 8, "x",
+	    &id, &cause), SCM_OK);
+	assert_int_equal(id, 12);
+	assert_string_equal(srv.recs[nrecs() - 1].body,
+	    "{\"body\":\"x\",\"internal\":true}");
+
+	gmtime_r(&now, &tm);
+	strftime(today, sizeof(today), "%Y-%m-%d", &tm);
+	gmtime_r(&tomorrow, &tm);
+	strftime(next, sizeof(next), "%Y-%m-%d", &tm);
+	body = xasprintf("{\"id\":1,\"access_level\":40,\"state\":\"active\","
+	    "\"expires_at\":\"%s\"}", today);
+	push(200, body, NULL);
+	free(body);
+	p = 99;
+	assert_int_equal(c->ops->permission(c, &gl_repo, "u", 1, &p, &cause),
+	    SCM_OK);
+	now = time(NULL);
+	gmtime_r(&now, &tm);
+	strftime(after, sizeof(after), "%Y-%m-%d", &tm);
+	/* (a day that ended during the call proves nothing) */
+	if (strcmp(today, after) == 0)
+		assert_int_equal(p, SCM_PERM_NONE);
+	body = xasprintf("{\"id\":1,\"access_level\":40,\"state\":\"active\","
+	    "\"expires_at\":\"%s\"}", next);
+	push(200, body, NULL);
+	free(body);
+	assert_int_equal(c->ops->permission(c, &gl_repo, "u", 1, &p, &cause),
+	    SCM_OK);
+	assert_int_equal(p, SCM_PERM_MAINTAIN);
+	scm_client_free(c);
+}
+
 static void
 pages_github(void **state)
 {
@@ -2408,6 +2492,7 @@ main(void)
 		cmocka_unit_test(headers_gitlab),
 		cmocka_unit_test(get_pr_github),
 		cmocka_unit_test(get_mr_gitlab),
+		cmocka_unit_test(gitlab_shapes),
 		cmocka_unit_test(pages_github),
 		cmocka_unit_test(pages_gitlab),
 		cmocka_unit_test(pages_gitlab_relist),
