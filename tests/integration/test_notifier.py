@@ -130,6 +130,10 @@ gitlab:
   webhook_tokens: ["file:{{gitlab_token_file}}"]
   token: "file:{{tmp}}/gl-token"
 """
+# the same without the controller: the tests write the tasks' status
+CONFIG_NO_CONTROLLER = CONFIG.replace("namespace: default\n",
+                                      "namespace: default\n"
+                                      "controller:\n  enabled: false\n")
 
 
 def gh_comments(fake, number):
@@ -519,6 +523,10 @@ def main(t):
     refused(t)
     several_tasks(t)
     internal_notes(t)
+    system_note_not_sticky(t)
+    own_comment_checked_once(t)
+    refused_gone(t)
+    throttled(t)
 
 
 def app_and_token(t):
@@ -534,8 +542,7 @@ def app_and_token(t):
         "private_key_file": os.path.join(divtest.DATA, "api", "github",
                                          "jwt-test-key.pem")}
     fake.call("POST", "/_fake/seed", sd)
-    cfg = CONFIG.replace("namespace: default\n", "namespace: default\n"
-                         "controller:\n  enabled: false\n")
+    cfg = CONFIG_NO_CONTROLLER
     cfg = cfg.replace('  token: "file:{{tmp}}/gh-token"\n',
                       '  token: "file:{{tmp}}/gh-token"\n  app:\n'
                       '    id: "77"\n    private_key: "file:%s"\n' %
@@ -620,8 +627,7 @@ def rotated_case(t, prov, level):
         path = "/github/repos/myorg/checkout/issues/comments/%s"
         edit = "PATCH"
     fake.call("POST", "/_fake/seed", sd)
-    cfg = CONFIG.replace("namespace: default\n", "namespace: default\n"
-                         "controller:\n  enabled: false\n")
+    cfg = CONFIG_NO_CONTROLLER
     d = bot_daemon(fake, cfg, {
         "DIVERGE_SCM_MAX_WAIT_MS": "2000",
         "DIVERGE_TEST_NOTIFIER_THROTTLE_MS": "100",
@@ -712,8 +718,7 @@ def paged_bot(fake, prs):
                           "head": {"ref": "b%d" % num},
                           "base": {"ref": "main"}, "comments": old})
     fake.call("POST", "/_fake/seed", sd)
-    cfg = CONFIG.replace("namespace: default\n", "namespace: default\n"
-                         "controller:\n  enabled: false\n")
+    cfg = CONFIG_NO_CONTROLLER
     d = bot_daemon(fake, cfg, {"DIVERGE_SCM_MAX_WAIT_MS": "2000",
                                "DIVERGE_TEST_NOTIFIER_THROTTLE_MS": "100"})
 
@@ -885,8 +890,7 @@ def refused(t):
     and picks up again once writes are allowed."""
     fake = ScmFake()
     fake.call("POST", "/_fake/seed", seed())
-    cfg = CONFIG.replace("namespace: default\n", "namespace: default\n"
-                         "controller:\n  enabled: false\n")
+    cfg = CONFIG_NO_CONTROLLER
     d = bot_daemon(fake, cfg, {
         "DIVERGE_SCM_MAX_WAIT_MS": "2000",
         "DIVERGE_TEST_NOTIFIER_THROTTLE_MS": "100",
@@ -977,6 +981,165 @@ def refused(t):
     fake.stop()
 
 
+def system_note_not_sticky(t):
+    """A GitLab system note is never the sticky comment, even one of the
+    bot's user whose body opens with the marker (GitLab writes system
+    notes in the name of whoever acted): the notifier makes its own note
+    and leaves the system note as it was."""
+    fake = ScmFake()
+    sd = seed()
+    sysnote = MARKER + "\nchanged the description"
+    sd["gitlab"]["projects"][0]["merge_requests"].append({
+        "iid": 6, "id": 2006, "source_branch": "b6",
+        "target_branch": "main", "author": "pipin",
+        "notes": [{"id": 9600, "author": "pipin", "body": "(n)"},
+                  {"id": 9601, "author": "diverge-bot", "system": True,
+                   "body": sysnote}]})
+    fake.call("POST", "/_fake/seed", sd)
+    cfg = CONFIG_NO_CONTROLLER
+    d = bot_daemon(fake, cfg, {"DIVERGE_SCM_MAX_WAIT_MS": "2000",
+                               "DIVERGE_TEST_NOTIFIER_THROTTLE_MS": "100"})
+
+    def notes():
+        return fake.state()["gitlab"]["projects"]["5"]["merge_requests"][
+            "6"]["notes"]
+
+    def mine():
+        return [n for n in stickies(notes(), key="author")
+                if not n.get("system")]
+    s = task_on(d, "fix-mr-6", "gitlab", 6)
+    s2 = api(d, "PATCH", TASKS + "/fix-mr-6/status",
+             {"status": {"phase": "Active", "iteration": 5}},
+             "application/merge-patch+json")[0]
+    got = one_with(mine, "**Iteration:** 5")
+    t.ok(s == 201 and s2 == 200 and got and got[0]["id"] != 9601,
+         "system note: the bot makes its own sticky note",
+         [(n["id"], n.get("system"), n["body"][:40]) for n in notes()])
+    sn = [n for n in notes() if n["id"] == 9601]
+    t.ok(sn and sn[0]["body"] == sysnote and sn[0].get("system"),
+         "system note: the bot's system note with the marker is left "
+         "alone", sn)
+    t.eq(d.stop(), 0, "system note: clean stop")
+    fake.stop()
+
+
+def own_comment_checked_once(t):
+    """Before an edit in place the notifier makes sure the comment is still
+    the bot's own, once per comment while the bot's identity stays the
+    same: a comment it made itself is known to be its own, so a run of
+    updates costs no GET of the comment (a read against the bot's rate
+    limit on every status change)."""
+    fake = ScmFake()
+    sd = seed()
+    sd["github"]["repos"][0]["pulls"].append({
+        "number": 49, "title": "own", "user": "alice",
+        "head": {"ref": "b49"}, "base": {"ref": "main"},
+        "comments": [{"id": 4900, "user": "alice", "body": "(c)"}]})
+    fake.call("POST", "/_fake/seed", sd)
+    cfg = CONFIG_NO_CONTROLLER
+    d = bot_daemon(fake, cfg, {"DIVERGE_SCM_MAX_WAIT_MS": "2000",
+                               "DIVERGE_TEST_NOTIFIER_THROTTLE_MS": "100"})
+    mine = lambda: stickies(gh_comments(fake, 49))  # noqa: E731
+    s = task_on(d, "fix-pr-49", "github", 49)
+    seen = []
+    for it in (1, 2, 3, 4):
+        api(d, "PATCH", TASKS + "/fix-pr-49/status",
+            {"status": {"phase": "Active", "iteration": it}},
+            "application/merge-patch+json")
+        seen.append(bool(one_with(mine, "**Iteration:** %d" % it)))
+    cid = (mine() or [{"id": 0}])[0]["id"]
+    reqs = [(r["method"], r["path"]) for r in fake.requests()
+            if r.get("path", "").endswith("/issues/comments/%d" % cid)]
+    t.ok(s == 201 and all(seen) and
+         len([r for r in reqs if r[0] == "PATCH"]) >= 3,
+         "own comment: four status changes, one comment edited in place",
+         (seen, reqs))
+    t.ok(len([r for r in reqs if r[0] == "GET"]) <= 1,
+         "own comment: its author is not asked again before each edit",
+         reqs)
+    t.eq(d.stop(), 0, "own comment: clean stop")
+    fake.stop()
+
+
+def refused_gone(t):
+    """A 404 to the bot's write (no access any more, the PR or repository
+    gone) is a refusal like a 403: one log line that the provider refuses
+    the bot's writes, counted as refused, and no "update failed" warning
+    with a quick retry."""
+    fake = ScmFake()
+    fake.call("POST", "/_fake/seed", seed())
+    cfg = CONFIG_NO_CONTROLLER
+    d = bot_daemon(fake, cfg, {
+        "DIVERGE_SCM_MAX_WAIT_MS": "2000",
+        "DIVERGE_TEST_NOTIFIER_THROTTLE_MS": "100",
+        "DIVERGE_TEST_NOTIFIER_REFUSED_MS": str(REFUSED_WAIT_S * 1000)})
+    fake.call("POST", "/_fake/faults", {
+        "status": 404, "count": 100000, "provider": "github",
+        "match": "/issues/42/comments", "method": "POST"})
+    s = task_on(d, "fix-pr-42", "github", 42)
+    s2 = api(d, "PATCH", TASKS + "/fix-pr-42/status",
+             {"status": {"phase": "Active", "iteration": 1}},
+             "application/merge-patch+json")[0]
+
+    def lines(text):
+        return [ln for ln in d.log() if "fix-pr-42" in ln and text in ln]
+    t.ok(s == 201 and s2 == 200 and
+         wait(lambda: lines("notifier: the provider refuses"), 10),
+         "404 refused: one log line says the provider refuses the writes",
+         [ln for ln in d.log() if "fix-pr-42" in ln][-6:])
+    m = re.search(r'^diverge_notifier_updates_total\{result='
+                  r'"refused"\} (\d+)', d.metrics(), re.M)
+    t.ok(m is not None and int(m.group(1)) >= 1 and
+         not lines("update failed"),
+         "404 refused: counted as refused, not as a failed update",
+         (m and m.group(0), lines("update failed")))
+    fake.call("DELETE", "/_fake/faults")
+    t.eq(d.stop(), 0, "404 refused: clean stop")
+    fake.stop()
+
+
+def throttled(t):
+    """While the phase stays the same, a busy task's changes (only the
+    numbers moved) reach its comment at most once a throttle period: not
+    one edit for each change, and the last change is sent when the period
+    ends."""
+    fake = ScmFake()
+    fake.call("POST", "/_fake/seed", seed())
+    cfg = CONFIG_NO_CONTROLLER
+    d = bot_daemon(fake, cfg, {"DIVERGE_SCM_MAX_WAIT_MS": "2000",
+                               "DIVERGE_TEST_NOTIFIER_THROTTLE_MS":
+                               str(THROTTLE_S * 1000)})
+    mine = lambda: stickies(gh_comments(fake, 42))  # noqa: E731
+    s = task_on(d, "fix-pr-42", "github", 42)
+
+    def status(**kw):
+        return api(d, "PATCH", TASKS + "/fix-pr-42/status", {"status": kw},
+                   "application/merge-patch+json")[0]
+    got = status(phase="Active", iteration=1) == 200 and one_with(
+        mine, "**Iteration:** 1")
+    cid = (mine() or [{"id": 0}])[0]["id"]
+
+    def edits():
+        return [r for r in fake.requests() if r.get("method") == "PATCH"
+                and r.get("path", "").endswith("/issues/comments/%d" % cid)]
+    t0 = time.time()
+    for it in range(2, 7):
+        status(iteration=it)
+        time.sleep(0.1)
+    time.sleep(0.5)
+    early = [round(r["time"] - t0, 2) for r in edits()
+             if r["time"] < t0 + THROTTLE_S - 1.5]
+    t.ok(s == 201 and got and not early,
+         "throttle: five changes right after the comment was made are not "
+         "sent at once", early)
+    t.ok(one_with(mine, "**Iteration:** 6", THROTTLE_S + 10) and
+         len(edits()) <= 2,
+         "throttle: the last change is sent when the period ends, in one "
+         "edit", [round(r["time"] - t0, 2) for r in edits()])
+    t.eq(d.stop(), 0, "throttle: clean stop")
+    fake.stop()
+
+
 def several_tasks(t):
     """Several tasks report to one PR (a task made by hand with the same
     annotations as the one /diverge fix made): the comment follows one of
@@ -984,8 +1147,7 @@ def several_tasks(t):
     notification, once, also across a restart."""
     fake = ScmFake()
     fake.call("POST", "/_fake/seed", seed())
-    cfg = CONFIG.replace("namespace: default\n", "namespace: default\n"
-                         "controller:\n  enabled: false\n")
+    cfg = CONFIG_NO_CONTROLLER
     d = bot_daemon(fake, cfg, {"DIVERGE_SCM_MAX_WAIT_MS": "2000",
                                "DIVERGE_TEST_NOTIFIER_THROTTLE_MS": "100"})
 

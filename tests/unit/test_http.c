@@ -341,6 +341,38 @@ headers_too_large(void **state)
 }
 
 /*
+ * The header limit counts the request line and each field as sent
+ * ("Name: value" and its CRLF): a block of exactly max_header bytes is
+ * served, one byte more gets the 431.
+ */
+static void
+headers_at_limit(void **state)
+{
+	static const char pre[] = "POST /post HTTP/1.1\r\nHost: x\r\n"
+	    "Content-Length: 0\r\nConnection: close\r\nX-Big: ";
+	struct http_server *s = start();
+	char big[8192], buf[1024];
+	size_t k = 8192 - (sizeof(pre) - 1) - 2, extra;
+	int fd;
+
+	(void)state;
+	memset(big, 'b', sizeof(big));
+	for (extra = 0; extra <= 1; extra++) {
+		fd = dial(http_server_port(s));
+		send_str(fd, pre);
+		send_all(fd, big, k + extra);
+		send_str(fd, "\r\n\r\n");
+		assert_true(read_all(fd, buf, sizeof(buf)) > 0);
+		if (strncmp(buf, extra ? "HTTP/1.1 431" : "HTTP/1.1 200",
+		    12) != 0)
+			fail_msg("%zu bytes of headers: %.40s", 8192 + extra,
+			    buf);
+		close(fd);
+	}
+	http_server_stop(s, 1000);
+}
+
+/*
  * One request on a new connection, then the reply (what came within the
  * 5 s read timeout, to the close).
  */
@@ -352,6 +384,37 @@ exchange(int port, const char *req, char *buf, size_t cap)
 	send_str(fd, req);
 	read_all(fd, buf, cap);
 	close(fd);
+}
+
+/*
+ * Only %00 in the target is a NUL (%0a, a newline, routes as any byte);
+ * two Host fields are two whatever their case; a Content-Length that is
+ * not a number is refused before any body.
+ */
+static void
+request_edges(void **state)
+{
+	struct http_server *s = start();
+	int port = http_server_port(s);
+	char buf[2048];
+
+	(void)state;
+	exchange(port, "GET /nothing%0a HTTP/1.1\r\nHost: x\r\n"
+	    "Connection: close\r\n\r\n", buf, sizeof(buf));
+	if (strncmp(buf, "HTTP/1.1 404", 12) != 0)
+		fail_msg("/nothing%%0a: %.80s", buf);
+	exchange(port, "GET /nothing%00 HTTP/1.1\r\nHost: x\r\n"
+	    "Connection: close\r\n\r\n", buf, sizeof(buf));
+	assert_int_equal(strncmp(buf, "HTTP/1.1 400", 12), 0);
+	exchange(port, "GET /hold HTTP/1.1\r\nHost: a\r\nhost: b\r\n"
+	    "Connection: close\r\n\r\n", buf, sizeof(buf));
+	assert_int_equal(strncmp(buf, "HTTP/1.1 400", 12), 0);
+	assert_non_null(strstr(buf, "more than one host header"));
+	exchange(port, "POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 5x\r\n"
+	    "Connection: close\r\n\r\nhello", buf, sizeof(buf));
+	if (strncmp(buf, "HTTP/1.1 4", 10) != 0)
+		fail_msg("Content-Length: 5x: %.80s", buf);
+	http_server_stop(s, 1000);
 }
 
 /*
@@ -475,6 +538,8 @@ main(void)
 		cmocka_unit_test(handled_request_kept),
 		cmocka_unit_test(chunked_too_large),
 		cmocka_unit_test(headers_too_large),
+		cmocka_unit_test(headers_at_limit),
+		cmocka_unit_test(request_edges),
 		cmocka_unit_test(ambiguous_framing),
 		cmocka_unit_test(quiesce_under_load),
 	};

@@ -792,6 +792,257 @@ test_fence_longer_than_content(void **state)
 	buf_release(&b);
 }
 
+/*
+ * The edges of inline escaping: a tab is a space like a newline, a
+ * reference sigil right before the last character (#1, !2, &3 ending the
+ * text) and GH-4 ending the text are defused all the same, and a pipe
+ * does not start a table cell.
+ */
+static void
+test_escape_inline_edges(void **state)
+{
+	const char *s;
+	struct buf b;
+
+	(void)state;
+	buf_init(&b, 1u << 16);
+	notifier_escape_inline(&b, "a\tb", 3, 100);
+	assert_string_equal(b.data, "a b");
+	buf_reset(&b);
+	notifier_escape_inline(&b, "#1", 2, 100);
+	assert_string_equal(b.data, "\\#\xe2\x80\x8b" "1");
+	buf_reset(&b);
+	notifier_escape_inline(&b, "see !2", 6, 100);
+	assert_string_equal(b.data, "see \\!\xe2\x80\x8b" "2");
+	buf_reset(&b);
+	notifier_escape_inline(&b, "&3", 2, 100);
+	assert_string_equal(b.data, "&amp;\xe2\x80\x8b" "3");
+	buf_reset(&b);
+	s = "fixes GH-4";
+	notifier_escape_inline(&b, s, strlen(s), 100);
+	assert_string_equal(b.data, "fixes GH\xe2\x80\x8b-4");
+	buf_reset(&b);
+	s = "GH-4";
+	notifier_escape_inline(&b, s, strlen(s), 100);
+	assert_string_equal(b.data, "GH\xe2\x80\x8b-4");
+	buf_reset(&b);
+	notifier_escape_inline(&b, "a|b", 3, 100);
+	assert_string_equal(b.data, "a\\|b");
+	buf_release(&b);
+}
+
+/*
+ * A line of a block that starts with a slash after tabs (a GitLab quick
+ * action, a /diverge command) is made inert like one after spaces, an
+ * HTML comment opener is broken, and a fence of three backticks inside
+ * does not close the block.
+ */
+static void
+test_escape_block_edges(void **state)
+{
+	struct buf b;
+
+	(void)state;
+	buf_init(&b, 1u << 16);
+	notifier_escape_block(&b, "x\n\t/close\n \t/diverge pause", 26, 100);
+	assert_string_equal(b.data, "```text\nx\n\xe2\x80\x8b\t/close\n"
+	    "\xe2\x80\x8b \t/diverge pause\n```\n");
+	assert_false(webhook_has_command_line(b.data, b.len));
+	buf_reset(&b);
+	notifier_escape_block(&b, "a <!--", 6, 100);
+	assert_string_equal(b.data, "```text\na <\xe2\x80\x8b!--\n```\n");
+	/* a run of exactly three backticks inside: a fence of four */
+	buf_reset(&b);
+	notifier_escape_block(&b, "a\n```\nb", 7, 100);
+	assert_string_equal(b.data, "````text\na\n```\nb\n````\n");
+	assert_true(fences_balanced(b.data));
+	buf_release(&b);
+}
+
+/* A body of exactly max bytes is left alone; one byte more is cut. */
+static void
+test_truncate_exact(void **state)
+{
+	char *s;
+
+	(void)state;
+	s = xstrdup("line one\nline two\nline three\n");
+	assert_int_equal(notifier_truncate(s, strlen(s), strlen(s)),
+	    strlen("line one\nline two\nline three\n"));
+	assert_string_equal(s, "line one\nline two\nline three\n");
+	assert_true(notifier_truncate(s, strlen(s), strlen(s) - 1) <
+	    strlen("line one\nline two\nline three\n"));
+	assert_non_null(strstr(s, "(truncated)"));
+	free(s);
+}
+
+/*
+ * Backticks indented by four spaces are an indented code line, not a
+ * fence: nothing is left open, the cut stays after them.
+ */
+static void
+test_truncate_indented_backticks(void **state)
+{
+	char *s;
+
+	(void)state;
+	s = cut_at_long_line("a\n    ```\nb\n", "", 60);
+	assert_string_equal(s, "a\n    ```\nb\n\n\n"
+	    "\xe2\x80\xa6 (truncated)\n");
+	free(s);
+}
+
+/*
+ * A fence of backticks is not closed by a line of tildes: it is still
+ * open at the cut, so the cut goes before it.
+ */
+static void
+test_truncate_fence_char(void **state)
+{
+	char *s;
+
+	(void)state;
+	s = cut_at_long_line("a\n```\ncode\n~~~\nmore\n", "```\n", 60);
+	assert_string_equal(s, "a\n\n\n\xe2\x80\xa6 (truncated)\n");
+	free(s);
+}
+
+/*
+ * The badge and the commands of each phase: Pausing is not Pending, and
+ * a paused or pausing task offers resume, not guide; a provisioning task
+ * says so.
+ */
+static void
+test_phases(void **state)
+{
+	json_t *t = load_task("active");
+	size_t len;
+	char *body;
+
+	(void)state;
+	json_object_set_new(json_object_get(t, "status"), "phase",
+	    json_string("Pausing"));
+	body = notifier_render(t, NULL, &len);
+	check_body(body, len, NOTIFIER_MAX_BODY);
+	assert_non_null(strstr(body, "### \xe2\x8f\xb8\xef\xb8\x8f "
+	    "Pausing\n"));
+	assert_non_null(strstr(body, "`/diverge resume`"));
+	assert_null(strstr(body, "/diverge guide"));
+	free(body);
+	json_object_set_new(json_object_get(t, "status"), "phase",
+	    json_string("Provisioning"));
+	body = notifier_render(t, NULL, &len);
+	check_body(body, len, NOTIFIER_MAX_BODY);
+	assert_non_null(strstr(body, "### \xf0\x9f\x9a\x80 Running "
+	    "(provisioning)\n"));
+	assert_non_null(strstr(body, "`/diverge guide <hint>`"));
+	free(body);
+	json_decref(t);
+}
+
+/*
+ * status.message may quote an upstream error: a token in it never
+ * reaches the comment.
+ */
+static void
+test_message_redacted(void **state)
+{
+	static const char tok[] = "ghp_0123456789abcdefghijABCDEFGHIJ012345";
+	json_t *t = load_task("active");
+	char *body, *msg;
+
+	(void)state;
+	msg = xasprintf("push failed: https://x-access-token:%s@github.com/"
+	    "o/r said: bad credentials %s", tok, tok);
+	json_object_set_new(json_object_get(t, "status"), "message",
+	    json_string(msg));
+	body = notifier_render(t, NULL, NULL);
+	assert_non_null(strstr(body, "**Message:** push failed"));
+	assert_null(strstr(body, "ghp_"));
+	assert_null(strstr(body, "0123456789abcdef"));
+	assert_non_null(strstr(body, "redacted"));
+	free(body);
+	free(msg);
+	json_decref(t);
+}
+
+/* A finished task shows no guidance: it has nothing left to guide. */
+static void
+test_finished_no_guidance(void **state)
+{
+	static const char *const phases[] = { "Completed", "Failed" };
+	json_t *t = load_task("active");
+	size_t i;
+	char *body;
+
+	(void)state;
+	body = notifier_render(t, NULL, NULL);
+	assert_non_null(strstr(body, "**Latest guidance**"));
+	free(body);
+	for (i = 0; i < ARRAY_SIZE(phases); i++) {
+		json_object_set_new(json_object_get(t, "status"), "phase",
+		    json_string(phases[i]));
+		body = notifier_render(t, NULL, NULL);
+		assert_null(strstr(body, "Latest guidance"));
+		assert_null(strstr(body, "Keep the public API stable"));
+		free(body);
+	}
+	json_decref(t);
+}
+
+/*
+ * The exit link of a preview URL that carries the environment already
+ * keeps what follows it (another parameter, a fragment).
+ */
+static void
+test_preview_exit_link(void **state)
+{
+	struct notifier_render_opts o = { -1, -1, -1, NULL, 0 };
+	json_t *t = load_task("active");
+	char *body;
+
+	(void)state;
+	o.preview_url = "https://p.example/app?_diverge_env=e1#top";
+	body = notifier_render(t, &o, NULL);
+	assert_non_null(strstr(body, "[open the preview]"
+	    "(https://p.example/app?_diverge_env=e1#top)"));
+	assert_non_null(strstr(body, "[leave the preview]"
+	    "(https://p.example/app?_diverge_env=clear#top)\n"));
+	free(body);
+	o.preview_url = "https://p.example/app?_diverge_env=e1&x=1";
+	body = notifier_render(t, &o, NULL);
+	assert_non_null(strstr(body, "[leave the preview]"
+	    "(https://p.example/app?_diverge_env=clear&x=1)\n"));
+	free(body);
+	json_decref(t);
+}
+
+/*
+ * The finished-run comment gives the reason of a failure only, and
+ * mentions only what can be a login (not one starting with a dot).
+ */
+static void
+test_final_edges(void **state)
+{
+	json_t *t = load_task("completed");
+	char *fin;
+
+	(void)state;
+	json_object_set_new(json_object_get(t, "status"), "reason",
+	    json_string("Succeeded"));
+	fin = notifier_render_final(t, "alice", 1);
+	assert_null(strstr(fin, "Succeeded"));
+	assert_non_null(strstr(fin, "completed. The status comment"));
+	free(fin);
+	fin = notifier_render_final(t, ".alice", 1);
+	assert_null(strchr(fin, '@'));
+	free(fin);
+	fin = notifier_render_final(t, "a.lice", 1);
+	assert_non_null(strstr(fin, "@a.lice "));
+	free(fin);
+	json_decref(t);
+}
+
 static void
 test_hash(void **state)
 {
@@ -827,6 +1078,16 @@ main(void)
 		cmocka_unit_test(test_preview_scheme),
 		cmocka_unit_test(test_fence_longer_than_content),
 		cmocka_unit_test(test_hash),
+		cmocka_unit_test(test_escape_inline_edges),
+		cmocka_unit_test(test_escape_block_edges),
+		cmocka_unit_test(test_truncate_exact),
+		cmocka_unit_test(test_truncate_indented_backticks),
+		cmocka_unit_test(test_truncate_fence_char),
+		cmocka_unit_test(test_phases),
+		cmocka_unit_test(test_message_redacted),
+		cmocka_unit_test(test_finished_no_guidance),
+		cmocka_unit_test(test_preview_exit_link),
+		cmocka_unit_test(test_final_edges),
 	};
 
 	util_json_init();
