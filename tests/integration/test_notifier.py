@@ -882,19 +882,25 @@ def stale_next_page(t):
 REFUSED_WAIT_S = 6     # DIVERGE_TEST_NOTIFIER_REFUSED_MS
 
 
+def refusing_setup():
+    """A fake with the seed, and diverged (no controller) with a short
+    throttle and a short wait after the provider refused a write."""
+    fake = ScmFake()
+    fake.call("POST", "/_fake/seed", seed())
+    d = bot_daemon(fake, CONFIG_NO_CONTROLLER, {
+        "DIVERGE_SCM_MAX_WAIT_MS": "2000",
+        "DIVERGE_TEST_NOTIFIER_THROTTLE_MS": "100",
+        "DIVERGE_TEST_NOTIFIER_REFUSED_MS": str(REFUSED_WAIT_S * 1000)})
+    return fake, d
+
+
 def refused(t):
     """The PR/MR refuses the bot's writes (GitHub: an archived repository,
     a locked conversation, a revoked permission; GitLab: a locked
     discussion): the notifier gives up on the PR/MR with one log line and
     a metric, does not try again on every status change of a busy task,
     and picks up again once writes are allowed."""
-    fake = ScmFake()
-    fake.call("POST", "/_fake/seed", seed())
-    cfg = CONFIG_NO_CONTROLLER
-    d = bot_daemon(fake, cfg, {
-        "DIVERGE_SCM_MAX_WAIT_MS": "2000",
-        "DIVERGE_TEST_NOTIFIER_THROTTLE_MS": "100",
-        "DIVERGE_TEST_NOTIFIER_REFUSED_MS": str(REFUSED_WAIT_S * 1000)})
+    fake, d = refusing_setup()
     # the writes are refused, as on an archived repository or a locked
     # discussion; reads still work
     cases = [
@@ -1066,13 +1072,7 @@ def refused_gone(t):
     gone) is a refusal like a 403: one log line that the provider refuses
     the bot's writes, counted as refused, and no "update failed" warning
     with a quick retry."""
-    fake = ScmFake()
-    fake.call("POST", "/_fake/seed", seed())
-    cfg = CONFIG_NO_CONTROLLER
-    d = bot_daemon(fake, cfg, {
-        "DIVERGE_SCM_MAX_WAIT_MS": "2000",
-        "DIVERGE_TEST_NOTIFIER_THROTTLE_MS": "100",
-        "DIVERGE_TEST_NOTIFIER_REFUSED_MS": str(REFUSED_WAIT_S * 1000)})
+    fake, d = refusing_setup()
     fake.call("POST", "/_fake/faults", {
         "status": 404, "count": 100000, "provider": "github",
         "match": "/issues/42/comments", "method": "POST"})
