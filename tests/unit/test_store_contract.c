@@ -1380,6 +1380,372 @@ watch_gone(void **state)
 	free(name);
 }
 
+/* ---- cases from the mutation pass over src/k8s/embedded.c ---- */
+
+/*
+ * A write that changes nothing (a PUT of the object as it is, a merge
+ * patch that sets what is already there) is not a write: the answer keeps
+ * the resourceVersion and generation, and watchers see no event.
+ */
+static void
+noop_write(void **state)
+{
+	char *ns = uniq("np"), *name = uniq("nt");
+	json_t *obj = create_task(ns, name), *in, *out = NULL, *p, *evs;
+	struct k8s_status st = { 0 };
+	struct k8s_watch *w;
+
+	(void)state;
+	w = watch_from_now(&K8S_AGENTTASK, ns, NULL);
+	in = json_deep_copy(obj);
+	assert_int_equal(k8s_update(api, &K8S_AGENTTASK, ns, name, in, &out,
+	    &st), 0);
+	assert_string_equal(k8s_meta_str(out, "resourceVersion"),
+	    k8s_meta_str(obj, "resourceVersion"));
+	assert_int_equal(k8s_meta_int(out, "generation"), 1);
+	json_decref(out);
+	out = NULL;
+	p = json_pack("{s:{s:{s:s}},s:{s:s}}", "metadata", "labels", "team",
+	    "a", "spec", "objective", "fix it");
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, ns, name, 0, p, &out,
+	    &st), 0);
+	assert_string_equal(k8s_meta_str(out, "resourceVersion"),
+	    k8s_meta_str(obj, "resourceVersion"));
+	json_decref(p);
+	json_decref(out);
+	evs = drain(w);
+	assert_int_equal(json_array_size(evs), 0);
+	json_decref(evs);
+	json_decref(in);
+	json_decref(obj);
+	free(name);
+	free(ns);
+}
+
+/*
+ * An empty metadata.resourceVersion is no resourceVersion (not one that
+ * conflicts): a PUT of a Secret with it applies, a PUT of a custom
+ * resource with it is the 422 of an update without one, and a merge
+ * patch with it applies to the current object.
+ */
+static void
+empty_resource_version(void **state)
+{
+	char *name = uniq("erv");
+	json_t *obj = create_task("default", name), *in, *out = NULL, *s, *p;
+	struct k8s_status st = { 0 };
+
+	(void)state;
+	s = json_pack("{s:s,s:s,s:{s:s},s:{s:s}}", "apiVersion", "v1", "kind",
+	    "Secret", "metadata", "name", name, "data", "k", "eHl6");
+	assert_int_equal(k8s_create(api, &K8S_SECRET, "default", s, NULL, &st),
+	    0);
+	json_object_set_new(json_object_get(s, "metadata"), "resourceVersion",
+	    json_string(""));
+	json_object_set_new(json_object_get(s, "data"), "k",
+	    json_string("YWJj"));
+	assert_int_equal(k8s_update(api, &K8S_SECRET, "default", name, s, &out,
+	    &st), 0);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(
+	    out, "data"), "k")), "YWJj");
+	json_decref(out);
+	out = NULL;
+	in = json_deep_copy(obj);
+	json_object_set_new(json_object_get(in, "metadata"), "resourceVersion",
+	    json_string(""));
+	json_object_set_new(json_object_get(in, "spec"), "objective",
+	    json_string("changed"));
+	assert_int_equal(k8s_update(api, &K8S_AGENTTASK, "default", name, in,
+	    NULL, &st), K8S_EINVALID);
+	assert_int_equal(st.code, 422);
+	k8s_status_release(&st);
+	p = json_pack("{s:{s:s},s:{s:s}}", "metadata", "resourceVersion", "",
+	    "spec", "objective", "patched");
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, "default", name, 0, p,
+	    &out, &st), 0);
+	assert_string_equal(spec_str(out, "objective"), "patched");
+	json_decref(p);
+	json_decref(out);
+	json_decref(in);
+	json_decref(s);
+	json_decref(obj);
+	free(name);
+}
+
+/*
+ * A PUT whose body names another object than the URL is a 400, and
+ * changes neither of them.
+ */
+static void
+update_name_mismatch(void **state)
+{
+	char *name = uniq("nm"), *other = uniq("nmo");
+	json_t *obj = create_task("default", name), *in, *got = NULL;
+	struct k8s_status st = { 0 };
+
+	(void)state;
+	in = json_deep_copy(obj);
+	json_object_set_new(json_object_get(in, "metadata"), "name",
+	    json_string(other));
+	json_object_set_new(json_object_get(in, "spec"), "objective",
+	    json_string("renamed"));
+	assert_int_equal(k8s_update(api, &K8S_AGENTTASK, "default", name, in,
+	    NULL, &st), K8S_EBADREQUEST);
+	assert_int_equal(st.code, 400);
+	k8s_status_release(&st);
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", name, &got,
+	    &st), 0);
+	assert_string_equal(spec_str(got, "objective"), "fix it");
+	assert_string_equal(k8s_meta_str(got, "resourceVersion"),
+	    k8s_meta_str(obj, "resourceVersion"));
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", other, NULL,
+	    &st), K8S_ENOTFOUND);
+	k8s_status_release(&st);
+	json_decref(got);
+	json_decref(in);
+	json_decref(obj);
+	free(other);
+	free(name);
+}
+
+/*
+ * Foreground deletion of an owner that has finalizers: the owner is only
+ * marked (deletionTimestamp set, generation + 1, as the apiserver's
+ * BeforeDelete does) and stays until its finalizers are done, but its
+ * dependents are deleted at once, not when the owner finally goes.
+ */
+static void
+delete_foreground_finalizers(void **state)
+{
+	char *ns = uniq("ff"), *name = uniq("ffo");
+	char *cname = xasprintf("%s-dep", name);
+	json_t *in = task(name, "fix it"), *owner = NULL, *got = NULL, *p;
+	struct k8s_status st = { 0 };
+
+	(void)state;
+	json_object_set_new(json_object_get(in, "metadata"), "finalizers",
+	    json_pack("[s]", "example.com/hold"));
+	assert_int_equal(k8s_create(api, &K8S_AGENTTASK, ns, in, &owner, &st),
+	    0);
+	create_owned_secret(ns, cname, json_pack("[o]", task_ref(owner)));
+	assert_int_equal(k8s_delete_policy(api, &K8S_AGENTTASK, ns, name,
+	    K8S_PROPAGATE_FOREGROUND, NULL, &st), 0);
+	assert_int_equal(wait_gone_in(&K8S_SECRET, ns, cname), K8S_ENOTFOUND);
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, ns, name, &got, &st), 0);
+	assert_non_null(k8s_meta_str(got, "deletionTimestamp"));
+	assert_int_equal(k8s_meta_int(got, "generation"), 2);
+	json_decref(got);
+	p = json_pack("{s:{s:n}}", "metadata", "finalizers");
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, ns, name, 0, p, NULL,
+	    &st), 0);
+	json_decref(p);
+	assert_int_equal(wait_gone_in(&K8S_AGENTTASK, ns, name),
+	    K8S_ENOTFOUND);
+	json_decref(owner);
+	json_decref(in);
+	free(cname);
+	free(name);
+	free(ns);
+}
+
+/*
+ * An ownerReference names its owner by uid: one whose name is that of an
+ * existing object but whose uid is not (an owner deleted and created again
+ * under the same name) is dangling, and the garbage collector removes
+ * the dependent.
+ */
+static void
+owner_uid_mismatch(void **state)
+{
+	char *name = uniq("um"), *cname = xasprintf("%s-dep", name);
+	json_t *owner = create_task("default", name), *ref;
+
+	(void)state;
+	ref = task_ref(owner);
+	json_object_set_new(ref, "uid",
+	    json_string("00000000-0000-4000-8000-00000000beef"));
+	create_owned_secret("default", cname, json_pack("[o]", ref));
+	assert_int_equal(wait_gone(&K8S_SECRET, cname), K8S_ENOTFOUND);
+	json_decref(owner);
+	free(cname);
+	free(name);
+}
+
+/*
+ * A watch of one namespace sees the writes of that namespace only, even
+ * to objects of the same name elsewhere.
+ */
+static void
+watch_namespace_scope(void **state)
+{
+	char *ns = uniq("wn"), *ns2 = uniq("wx"), *name = uniq("wnt");
+	json_t *a, *b, *evs, *o;
+	struct k8s_watch *w;
+
+	(void)state;
+	w = watch_from_now(&K8S_AGENTTASK, ns, NULL);
+	b = create_task(ns2, name);
+	free(relabel(ns2, name, "z"));
+	a = create_task(ns, name);
+	evs = drain(w);
+	assert_int_equal(json_array_size(evs), 1);
+	assert_int_equal(count_events(evs, "ADDED", name), 1);
+	o = json_object_get(json_array_get(evs, 0), "object");
+	assert_string_equal(k8s_meta_str(o, "namespace"), ns);
+	assert_string_equal(k8s_meta_str(o, "uid"), k8s_meta_str(a, "uid"));
+	json_decref(evs);
+	json_decref(a);
+	json_decref(b);
+	free(name);
+	free(ns2);
+	free(ns);
+}
+
+/*
+ * The server owns metadata.generation and deletionTimestamp, and .status
+ * of a kind with a status subresource: a create that sends them gets
+ * none of them, and an update that sends another generation keeps the
+ * stored one.
+ */
+static void
+server_owned_fields(void **state)
+{
+	char *name = uniq("so");
+	json_t *in = task(name, "fix it"), *out = NULL, *got = NULL, *up;
+	struct k8s_status st = { 0 };
+
+	(void)state;
+	json_object_set_new(json_object_get(in, "metadata"),
+	    "deletionTimestamp", json_string("2026-01-01T00:00:00Z"));
+	json_object_set_new(json_object_get(in, "metadata"), "generation",
+	    json_integer(9));
+	json_object_set_new(in, "status", json_pack("{s:s}", "phase",
+	    "Active"));
+	assert_int_equal(k8s_create(api, &K8S_AGENTTASK, "default", in, &out,
+	    &st), 0);
+	assert_null(k8s_meta_str(out, "deletionTimestamp"));
+	assert_int_equal(k8s_meta_int(out, "generation"), 1);
+	assert_null(json_object_get(json_object_get(out, "status"), "phase"));
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", name, &got,
+	    &st), 0);
+	assert_null(k8s_meta_str(got, "deletionTimestamp"));
+	assert_null(json_object_get(json_object_get(got, "status"), "phase"));
+	/* a metadata-only update that claims generation 7 */
+	up = json_deep_copy(got);
+	json_object_set_new(json_object_get(up, "metadata"), "generation",
+	    json_integer(7));
+	json_object_set_new(json_object_get(json_object_get(up, "metadata"),
+	    "labels"), "team", json_string("b"));
+	json_decref(out);
+	out = NULL;
+	assert_int_equal(k8s_update(api, &K8S_AGENTTASK, "default", name, up,
+	    &out, &st), 0);
+	assert_int_equal(k8s_meta_int(out, "generation"), 1);
+	json_decref(up);
+	json_decref(got);
+	json_decref(out);
+	json_decref(in);
+	free(name);
+}
+
+/*
+ * When the garbage collector takes the last ownerReference off a
+ * dependent (Orphan), the field goes, as the apiserver serializes an
+ * empty list (omitempty): no "ownerReferences": [] is left behind.
+ */
+static void
+orphan_drops_empty_owner_refs(void **state)
+{
+	char *ns = uniq("oe"), *o = uniq("oeo");
+	json_t *t = create_task(ns, o), *g = NULL;
+	struct k8s_status st = { 0 };
+	char *uids;
+
+	(void)state;
+	create_owned_secret(ns, "dep", json_pack("[o]", task_ref(t)));
+	assert_int_equal(k8s_delete_policy(api, &K8S_AGENTTASK, ns, o,
+	    K8S_PROPAGATE_ORPHAN, NULL, &st), 0);
+	uids = owner_uids(ns, "dep", 0);
+	assert_non_null(uids);
+	free(uids);
+	assert_int_equal(k8s_get(api, &K8S_SECRET, ns, "dep", &g, &st), 0);
+	assert_null(json_object_get(json_object_get(g, "metadata"),
+	    "ownerReferences"));
+	json_decref(g);
+	json_decref(t);
+	free(o);
+	free(ns);
+}
+
+/*
+ * A resourceVersion precondition alone (no uid) is checked: stale, a 409
+ * and the object stays; current, the object goes.
+ */
+static void
+delete_precondition_rv_only(void **state)
+{
+	char *name = uniq("pr");
+	json_t *t = create_task("default", name), *out = NULL;
+	struct k8s_status st = { 0 };
+	char *rv = xstrdup(k8s_meta_str(t, "resourceVersion"));
+
+	(void)state;
+	free(relabel("default", name, "b"));
+	assert_int_equal(k8s_delete_if(api, &K8S_AGENTTASK, "default", name,
+	    K8S_PROPAGATE_DEFAULT, NULL, rv, NULL, &st), K8S_ECONFLICT);
+	assert_int_equal(st.code, 409);
+	k8s_status_release(&st);
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", name, &out,
+	    &st), 0);
+	free(rv);
+	rv = xstrdup(k8s_meta_str(out, "resourceVersion"));
+	assert_int_equal(k8s_delete_if(api, &K8S_AGENTTASK, "default", name,
+	    K8S_PROPAGATE_DEFAULT, NULL, rv, NULL, &st), 0);
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", name, NULL,
+	    &st), K8S_ENOTFOUND);
+	k8s_status_release(&st);
+	json_decref(out);
+	json_decref(t);
+	free(rv);
+	free(name);
+}
+
+#if STORE_MODE == 1
+/*
+ * A dry-run write takes no resourceVersion: the versions of real writes
+ * stay consecutive, which the watch window relies on, so a watch from the
+ * version a list gives after a dry run sees the next write.
+ */
+static void
+dry_run_keeps_versions(void **state)
+{
+	struct k8s_api *dry = k8s_embedded_dry_run(api);
+	char *ns = uniq("dr"), *name = uniq("drt"), *dname = uniq("drd");
+	json_t *in = task(dname, "fix it"), *obj, *evs;
+	struct k8s_status st = { 0 };
+	struct k8s_watch *w;
+
+	(void)state;
+	assert_non_null(dry);
+	assert_int_equal(k8s_create(dry, &K8S_AGENTTASK, ns, in, NULL, &st),
+	    0);
+	w = watch_from_now(&K8S_AGENTTASK, ns, NULL);
+	obj = create_task(ns, name);
+	evs = drain(w);
+	assert_int_equal(json_array_size(evs), 1);
+	assert_int_equal(count_events(evs, "ADDED", name), 1);
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, ns, dname, NULL, &st),
+	    K8S_ENOTFOUND);
+	k8s_status_release(&st);
+	json_decref(evs);
+	json_decref(obj);
+	json_decref(in);
+	free(dname);
+	free(name);
+	free(ns);
+}
+#endif
+
 struct racer {
 	const char *name;
 	json_t *base;
@@ -2928,11 +3294,21 @@ main(void)
 #if STORE_MODE != 3
 		cmocka_unit_test(watch_gone_edge),
 #endif
+		cmocka_unit_test(noop_write),
+		cmocka_unit_test(empty_resource_version),
+		cmocka_unit_test(update_name_mismatch),
+		cmocka_unit_test(delete_foreground_finalizers),
+		cmocka_unit_test(owner_uid_mismatch),
+		cmocka_unit_test(watch_namespace_scope),
+		cmocka_unit_test(server_owned_fields),
+		cmocka_unit_test(orphan_drops_empty_owner_refs),
+		cmocka_unit_test(delete_precondition_rv_only),
 		cmocka_unit_test(optimistic_race),
 		cmocka_unit_test(task_once),
 		cmocka_unit_test(list_chunks),
 #if STORE_MODE == 1
 		cmocka_unit_test(transactions),
+		cmocka_unit_test(dry_run_keeps_versions),
 		cmocka_unit_test(watch_window_bytes),
 		cmocka_unit_test(objects_layout_migration),
 		cmocka_unit_test(apiserver_off_loopback),
