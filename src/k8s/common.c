@@ -17,31 +17,31 @@
 
 const struct k8s_resource K8S_AGENTTASK = {
 	"divergedev.com", "v1alpha1", "agenttasks", "agenttask", "AgentTask",
-	"at", 1, 1
+	"at", 1, 1, 1
 };
 const struct k8s_resource K8S_ENVIRONMENT = {
 	"divergedev.com", "v1alpha1", "environments", "environment",
-	"Environment", "env", 1, 1
+	"Environment", "env", 1, 1, 1
 };
 const struct k8s_resource K8S_SECRET = {
-	"", "v1", "secrets", "secret", "Secret", NULL, 1, 0
+	"", "v1", "secrets", "secret", "Secret", NULL, 1, 0, 0
 };
 const struct k8s_resource K8S_SANDBOX = {
 	"agents.x-k8s.io", "v1beta1", "sandboxes", "sandbox", "Sandbox",
-	"sandbox", 1, 1
+	"sandbox", 1, 1, 1
 };
 const struct k8s_resource K8S_SANDBOXCLAIM = {
 	"extensions.agents.x-k8s.io", "v1beta1", "sandboxclaims",
-	"sandboxclaim", "SandboxClaim", NULL, 1, 1
+	"sandboxclaim", "SandboxClaim", NULL, 1, 1, 1
 };
 const struct k8s_resource K8S_NETWORKPOLICY = {
 	"networking.k8s.io", "v1", "networkpolicies", "networkpolicy",
-	"NetworkPolicy", "netpol", 1, 0
+	"NetworkPolicy", "netpol", 1, 0, 1
 };
 
 /* Used on a cluster only (leader election); the embedded store has none. */
 const struct k8s_resource K8S_LEASE = {
-	"coordination.k8s.io", "v1", "leases", "lease", "Lease", NULL, 1, 0
+	"coordination.k8s.io", "v1", "leases", "lease", "Lease", NULL, 1, 0, 0
 };
 
 const struct k8s_resource *const k8s_resources[] = {

@@ -818,7 +818,10 @@ do_create(struct embedded *e, struct op *op, struct batch *b)
 	free(uid);
 	time_rfc3339(now_unix(), ts);
 	json_object_set_new(m, "creationTimestamp", json_string(ts));
-	json_object_set_new(m, "generation", json_integer(1));
+	if (r->generation)
+		json_object_set_new(m, "generation", json_integer(1));
+	else
+		json_object_del(m, "generation");
 	set_rv(obj, b);
 	rc = store(e, r, op->ns, obj, NULL, &bytes);
 	if (rc < 0) {
@@ -875,7 +878,10 @@ commit_object(struct embedded *e, struct op *op, struct batch *b,
 	}
 	set_str(next, "apiVersion", k8s_api_version(r));
 	set_str(next, "kind", r->kind);
-	if (!status_only && !spec_equal(cur, next))
+	if (!r->generation)
+		/* none, as on a cluster (also dropped from an older store's) */
+		json_object_del(m, "generation");
+	else if (!status_only && !spec_equal(cur, next))
 		json_object_set_new(m, "generation", json_integer(gen + 1));
 	rc = k8s_validate(r, next, &op->st);
 	if (rc < 0)

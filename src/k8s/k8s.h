@@ -32,6 +32,12 @@ struct k8s_resource {
 	const char *short_name;	/* or NULL */
 	int namespaced;
 	int has_status;		/* status subresource */
+	/*
+	 * The server tracks metadata.generation (1 on create, + 1 when
+	 * anything but metadata and status changes): custom resources and
+	 * NetworkPolicy; Secret and Lease have none, as on a cluster.
+	 */
+	int generation;
 };
 
 extern const struct k8s_resource K8S_AGENTTASK;	/* divergedev.com/v1alpha1 */

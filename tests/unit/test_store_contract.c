@@ -1649,6 +1649,76 @@ server_owned_fields(void **state)
 }
 
 /*
+ * metadata.generation is tracked where a cluster tracks it: a
+ * NetworkPolicy gets 1 on create and + 1 per spec change (a label change
+ * keeps it); a Secret has none, whatever the client sends.
+ */
+static void
+generation_tracking(void **state)
+{
+	char *name = uniq("gen");
+	json_t *s, *np, *out = NULL, *got = NULL;
+	struct k8s_status st = { 0 };
+
+	(void)state;
+	s = json_pack("{s:s,s:s,s:{s:s,s:i},s:{s:s}}", "apiVersion", "v1",
+	    "kind", "Secret", "metadata", "name", name, "generation", 5,
+	    "data", "k", "eHl6");
+	assert_int_equal(k8s_create(api, &K8S_SECRET, "default", s, &out,
+	    &st), 0);
+	assert_null(json_object_get(json_object_get(out, "metadata"),
+	    "generation"));
+	json_decref(out);
+	out = NULL;
+	assert_int_equal(k8s_get(api, &K8S_SECRET, "default", name, &got,
+	    &st), 0);
+	assert_null(json_object_get(json_object_get(got, "metadata"),
+	    "generation"));
+	json_object_set_new(json_object_get(got, "data"), "k",
+	    json_string("YWJj"));
+	assert_int_equal(k8s_update(api, &K8S_SECRET, "default", name, got,
+	    &out, &st), 0);
+	assert_null(json_object_get(json_object_get(out, "metadata"),
+	    "generation"));
+	json_decref(out);
+	out = NULL;
+	json_decref(got);
+	got = NULL;
+
+	np = json_pack("{s:s,s:s,s:{s:s,s:i},s:{s:{},s:[s]}}", "apiVersion",
+	    "networking.k8s.io/v1", "kind", "NetworkPolicy", "metadata",
+	    "name", name, "generation", 9, "spec", "podSelector",
+	    "policyTypes", "Ingress");
+	assert_int_equal(k8s_create(api, &K8S_NETWORKPOLICY, "default", np,
+	    &out, &st), 0);
+	assert_int_equal(k8s_meta_int(out, "generation"), 1);
+	json_decref(out);
+	out = NULL;
+	assert_int_equal(k8s_get(api, &K8S_NETWORKPOLICY, "default", name,
+	    &got, &st), 0);
+	json_array_append_new(json_object_get(json_object_get(got, "spec"),
+	    "policyTypes"), json_string("Egress"));
+	assert_int_equal(k8s_update(api, &K8S_NETWORKPOLICY, "default", name,
+	    got, &out, &st), 0);
+	assert_int_equal(k8s_meta_int(out, "generation"), 2);
+	json_decref(got);
+	got = out;
+	out = NULL;
+	json_object_set_new(json_object_get(got, "metadata"), "labels",
+	    json_pack("{s:s}", "team", "b"));
+	assert_int_equal(k8s_update(api, &K8S_NETWORKPOLICY, "default", name,
+	    got, &out, &st), 0);
+	assert_int_equal(k8s_meta_int(out, "generation"), 2);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(
+	    json_object_get(out, "metadata"), "labels"), "team")), "b");
+	json_decref(out);
+	json_decref(got);
+	json_decref(np);
+	json_decref(s);
+	free(name);
+}
+
+/*
  * When the garbage collector takes the last ownerReference off a
  * dependent (Orphan), the field goes, as the apiserver serializes an
  * empty list (omitempty): no "ownerReferences": [] is left behind.
@@ -3301,6 +3371,7 @@ main(void)
 		cmocka_unit_test(owner_uid_mismatch),
 		cmocka_unit_test(watch_namespace_scope),
 		cmocka_unit_test(server_owned_fields),
+		cmocka_unit_test(generation_tracking),
 		cmocka_unit_test(orphan_drops_empty_owner_refs),
 		cmocka_unit_test(delete_precondition_rv_only),
 		cmocka_unit_test(optimistic_race),
