@@ -196,6 +196,42 @@ parse_fails(const char *token, size_t len, int code)
 	free(cause);
 }
 
+/* Parse the binary (base64url-encoded here), which must succeed. */
+static struct macaroon *
+parse_ok_bin(const char *bin)
+{
+	char *t = base64_encode((const unsigned char *)bin, strlen(bin), 1, 0);
+	struct macaroon *m = parse_ok(t);
+
+	free(t);
+	return m;
+}
+
+/*
+ * Expect the binary (base64url-encoded here) to fail with code and
+ * exactly the cause "<code's text>: detail": each malformed input must be
+ * refused by the check meant for it, not by a later one that happens to
+ * catch it too.
+ */
+static void
+parse_bin_fails_why(const char *name, const void *bin, size_t n, int code,
+    const char *detail)
+{
+	char *t = base64_encode(bin, n, 1, 0), *cause = NULL, *want;
+	struct macaroon *m = NULL;
+	int rc;
+
+	want = xasprintf("%s: %s", macaroon_strerror(code), detail);
+	rc = macaroon_deserialize(t, strlen(t), &m, &cause);
+	if (rc != code || cause == NULL || strcmp(cause, want) != 0)
+		fail_msg("%s: %d '%s', expected %d '%s'", name, rc,
+		    cause != NULL ? cause : "(none)", code, want);
+	assert_null(m);
+	free(want);
+	free(cause);
+	free(t);
+}
+
 static void
 parse_bin_fails(const void *bin, size_t n, int code)
 {
@@ -895,6 +931,34 @@ task_and_namespace_required(void **state)
 	    MACAROON_EBADSIG);
 	macaroon_free(m);
 	free(token);
+	/* not even one signed with that short key */
+	{
+		const char *both[] = { "task_id = t1", "namespace = ns1" };
+		unsigned char sig[32];
+		struct buf b;
+
+		chain(K, 8, "id", both, 2, sig);
+		build_bin(&b, NULL, "id", both, 2, sig);
+		token = b64(&b);
+		buf_release(&b);
+		m = parse_ok(token);
+		assert_int_equal(macaroon_verify(K, 8, m, &CTX, &reason),
+		    MACAROON_EBADSIG);
+		assert_int_equal(macaroon_verify(K, MACAROON_MIN_KEY_LEN - 1,
+		    m, &CTX, &reason), MACAROON_EBADSIG);
+		macaroon_free(m);
+		free(token);
+		/* at the minimum length, the same construction verifies */
+		chain(K, MACAROON_MIN_KEY_LEN, "id", both, 2, sig);
+		build_bin(&b, NULL, "id", both, 2, sig);
+		token = b64(&b);
+		buf_release(&b);
+		m = parse_ok(token);
+		assert_int_equal(macaroon_verify(K, MACAROON_MIN_KEY_LEN, m,
+		    &CTX, &reason), 0);
+		macaroon_free(m);
+		free(token);
+	}
 }
 
 /* ---- models ---- */
@@ -1096,6 +1160,12 @@ unknown_caveats(void **state)
 		"task_id = t\x7f",
 		"= t1",
 		"9key = 1",
+		/* the start of a known key is not that key */
+		"task = t1",
+		"task_i = t1",
+		"namespac = ns1",
+		"max_cost = 1",
+		"model = claude-3-7-sonnet",
 	};
 	size_t i;
 
@@ -1505,42 +1575,59 @@ limit_token_size(void **state)
 static void
 malformed_v2(void **state)
 {
+/* a signature field: type 6, 32 bytes */
+#define SIG32 "\x06\x20" "SSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSS"
 	static const struct {
 		const char *name;
 		const char *bin;
 		size_t len;
+		const char *detail;
 	} rows[] = {
-#define R(n, s) { n, s, sizeof(s) - 1 }
-		R("empty", ""),
-		R("version only", "\x02"),
-		R("version 3", "\x03\x02\x01x\x00\x00\x06\x20"),
-		R("no identifier", "\x02\x01\x01l\x00\x00\x00"),
-		R("header out of order", "\x02\x02\x01i\x01\x01l\x00\x00"),
-		R("vid in header", "\x02\x02\x01i\x04\x01v\x00\x00"),
-		R("unknown field", "\x02\x02\x01i\x03\x01v\x00\x00"),
-		R("length past the end", "\x02\x02\x7fi\x00\x00"),
+#define R(n, s, d) { n, s, sizeof(s) - 1, d }
+		R("version only", "\x02", "truncated"),
+		R("version 3", "\x03\x02\x01x\x00\x00\x06\x20",
+		    "unknown format"),
+		R("no identifier", "\x02\x01\x01l\x00\x00\x00",
+		    "no identifier"),
+		R("header out of order", "\x02\x02\x01i\x01\x01l\x00\x00",
+		    "fields out of order"),
+		R("identifier twice", "\x02\x02\x01i\x02\x01j\x00\x00" SIG32,
+		    "fields out of order"),
+		R("vid in header", "\x02\x02\x01i\x04\x01v\x00\x00" SIG32,
+		    "unexpected field in the header"),
+		R("unknown field", "\x02\x02\x01i\x03\x01v\x00\x00" SIG32,
+		    "unexpected field in the header"),
+		R("length past the end", "\x02\x02\x7fi\x00\x00",
+		    "truncated"),
+		/* 2^64 - 1: added to the offset, it would wrap around */
+		R("length 2^64-1", "\x02\x02\xff\xff\xff\xff\xff\xff\xff"
+		    "\xff\xff\x01i\x00\x00" SIG32, "truncated"),
 		R("endless varint", "\x02\x02\xff\xff\xff\xff\xff\xff\xff"
-		    "\xff\xff\xff\xff"),
-		R("caveat without id", "\x02\x02\x01i\x00\x04\x01v\x00"),
+		    "\xff\xff\xff\xff", "truncated"),
+		R("caveat without id", "\x02\x02\x01i\x00\x04\x01v\x00",
+		    "caveat without identifier"),
 		R("location in first party", "\x02\x02\x01i\x00\x01\x01l"
-		    "\x02\x01" "c\x00\x00"),
-		R("no signature", "\x02\x02\x01i\x00\x00"),
-		R("wrong signature type", "\x02\x02\x01i\x00\x00\x05\x01x"),
-		R("short signature", "\x02\x02\x01i\x00\x00\x06\x01x"),
+		    "\x02\x01" "c\x00\x00" SIG32,
+		    "location in a first-party caveat"),
+		R("unknown field in a caveat", "\x02\x02\x01i\x00\x02\x01"
+		    "c\x03\x01x\x00\x00" SIG32, "unexpected field in a caveat"),
+		R("no signature", "\x02\x02\x01i\x00\x00", "no signature"),
+		R("wrong signature type", "\x02\x02\x01i\x00\x00\x05\x01x",
+		    "no signature"),
+		R("short signature", "\x02\x02\x01i\x00\x00\x06\x01x",
+		    "signature is not 32 bytes"),
+		R("long signature", "\x02\x02\x01i\x00\x00\x06\x21"
+		    "SSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSS",
+		    "signature is not 32 bytes"),
+#undef R
 	};
 	unsigned char good[40];
 	size_t i;
 
-	for (i = 0; i < ARRAY_SIZE(rows); i++) {
-		char *t = base64_encode((const unsigned char *)rows[i].bin,
-		    rows[i].len, 1, 0);
-		struct macaroon *m = NULL;
-		int rc = macaroon_deserialize(t, strlen(t), &m, NULL);
-
-		if (rc != MACAROON_EMALFORMED)
-			fail_msg("%s: %d", rows[i].name, rc);
-		free(t);
-	}
+	parse_fails("", 0, MACAROON_EMALFORMED);
+	for (i = 0; i < ARRAY_SIZE(rows); i++)
+		parse_bin_fails_why(rows[i].name, rows[i].bin, rows[i].len,
+		    MACAROON_EMALFORMED, rows[i].detail);
 	/* trailing data after a good signature */
 	memcpy(good, "\x02\x02\x01i\x00\x00\x06\x20", 8);
 	memset(good + 8, 7, 32);
@@ -1557,8 +1644,49 @@ malformed_v2(void **state)
 
 		memcpy(more, good, 40);
 		more[40] = 0;
-		parse_bin_fails(more, 41, MACAROON_EMALFORMED);
+		parse_bin_fails_why("trailing data", more, 41,
+		    MACAROON_EMALFORMED, "trailing data after the signature");
 	}
+	/* a third-party caveat's vid is bounded as a caveat is */
+	{
+		struct buf b;
+		char *vid = xcalloc(1, MACAROON_MAX_CAVEAT + 2);
+		static const unsigned char z = 0;
+
+		memset(vid, 'v', MACAROON_MAX_CAVEAT + 1);
+		buf_init(&b, 1 << 16);
+		buf_add(&b, "\x02", 1);
+		put_field(&b, 2, "i", 1);
+		buf_add(&b, &z, 1);
+		put_field(&b, 2, "c", 1);
+		put_field(&b, 4, vid, MACAROON_MAX_CAVEAT + 1);
+		buf_add(&b, &z, 1);
+		buf_add(&b, &z, 1);
+		buf_add(&b, SIG32, 34);
+		parse_bin_fails_why("long vid", b.data, b.len,
+		    MACAROON_ETOOLARGE, "caveat vid is too long");
+		/* at the bound, read (a third-party caveat, unknown here) */
+		b.len = 0;
+		buf_add(&b, "\x02", 1);
+		put_field(&b, 2, "i", 1);
+		buf_add(&b, &z, 1);
+		put_field(&b, 2, "c", 1);
+		put_field(&b, 4, vid + 1, MACAROON_MAX_CAVEAT);
+		buf_add(&b, &z, 1);
+		buf_add(&b, &z, 1);
+		buf_add(&b, SIG32, 34);
+		{
+			char *t = b64(&b);
+			struct macaroon *m = parse_ok(t);
+
+			assert_true(macaroon_caveat_third_party(m, 0));
+			macaroon_free(m);
+			free(t);
+		}
+		buf_release(&b);
+		free(vid);
+	}
+#undef SIG32
 }
 
 static void
@@ -1566,7 +1694,16 @@ malformed_text(void **state)
 {
 	parse_fails("", 0, MACAROON_EMALFORMED);
 	parse_fails("   \n", 4, MACAROON_EMALFORMED);
-	parse_fails("{\"v\":2}", 7, MACAROON_EMALFORMED);
+	{
+		char *cause = NULL;
+		struct macaroon *m = NULL;
+
+		assert_int_equal(macaroon_deserialize("{\"v\":2}", 7, &m,
+		    &cause), MACAROON_EMALFORMED);
+		assert_string_equal(cause, "malformed token: the JSON format "
+		    "is not supported");
+		free(cause);
+	}
 	parse_fails("AgEY*aHR0", 9, MACAROON_EMALFORMED);
 	parse_fails("AgE Y", 5, MACAROON_EMALFORMED);
 	parse_fails("A", 1, MACAROON_EMALFORMED);
@@ -1585,23 +1722,43 @@ malformed_text(void **state)
 static void
 malformed_v1(void **state)
 {
-	static const char *const bad[] = {
-		"0011identifier x\n",
-		"000flocation x\n0010identifierx\n",
-		"000flocation x\n0011identifier x\n",
-		("000flocation x\n0011identifier i\n002esignature "
-		    "0123456789012345678901234567890\n"),
-		"000flocation x\n0011identifier i\n000avid v\n",
-		"000flocation x\n0011identifier i\n0009cl l\n",
-		"000flocation x\n0011identifier i\n000boops o\n",
-		"000flocation x\n0011identifier i\n0zzzcid c\n",
-		"000flocation x\n0011identifier i\n0003",
-		"000flocation x\n0011identifier i\n000acid c\nX",
+/* a V1 signature packet: 0x2f = 4 + "signature " + 32 + newline */
+#define V1SIG "002fsignature SSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSS\n"
+#define V1HEAD "000flocation x\n0011identifier i\n"
+	static const struct {
+		const char *text;
+		const char *detail;
+	} bad[] = {
+		{ "0011identifier x\n", "no location packet" },
+		{ "000flocation x\n0010identifierx\n", "packet without key" },
+		{ "000flocation x\n0011identifier x\n", "truncated packet" },
+		{ V1HEAD "002esignature 0123456789012345678901234567890\n",
+		    "signature is not 32 bytes" },
+		{ V1HEAD "000avid v\n" V1SIG, "misplaced vid packet" },
+		{ V1HEAD "000acid c\n000avid v\n000avid w\n" V1SIG,
+		    "misplaced vid packet" },
+		{ V1HEAD "0009cl l\n" V1SIG, "misplaced cl packet" },
+		{ V1HEAD "000acid c\n0009cl l\n" V1SIG, "misplaced cl packet" },
+		{ V1HEAD "000boops o\n", "unknown packet" },
+		{ V1HEAD "0zzzcid c\n", "bad packet header" },
+		{ V1HEAD "0003", "bad packet length" },
+		{ V1HEAD "0006", "bad packet length" },
+		{ "000flocation x\n0011identifier iX" V1SIG,
+		    "packet without newline" },
+		{ V1HEAD "000acid c\nX", "truncated packet" },
+		{ V1HEAD "000acid c\n" V1SIG "X",
+		    "trailing data after the signature" },
 	};
 	size_t i;
 
+	/* the same, well formed, parses */
+	macaroon_free(parse_ok_bin(V1HEAD "000acid c\n000avid v\n0009cl l\n"
+	    V1SIG));
 	for (i = 0; i < ARRAY_SIZE(bad); i++)
-		parse_bin_fails(bad[i], strlen(bad[i]), MACAROON_EMALFORMED);
+		parse_bin_fails_why(bad[i].text, bad[i].text,
+		    strlen(bad[i].text), MACAROON_EMALFORMED, bad[i].detail);
+#undef V1HEAD
+#undef V1SIG
 }
 
 static void
@@ -1909,7 +2066,35 @@ root_key_file_refused(void **state)
 	free(p);
 
 	assert_int_equal(meter_root_key_load_file(dir, key, &cause), -1);
+	assert_non_null(strstr(cause, "not a regular file"));
 	free(cause);
+
+	/* a FIFO in its place: refused at once, not read (nor waited on) */
+	p = xasprintf("%s/fifo", dir);
+	assert_int_equal(mkfifo(p, 0600), 0);
+	assert_int_equal(meter_root_key_load_file(p, key, &cause), -1);
+	assert_non_null(strstr(cause, "not a regular file"));
+	free(cause);
+	unlink(p);
+	free(p);
+
+	/*
+	 * A key file someone else owns, even 0600: they could rewrite it.
+	 * Only root can make one (CI runs as root); others skip it.
+	 */
+	if (geteuid() == 0) {
+		p = write_key(dir, "theirs", HEX64 "\n", 0600);
+		assert_int_equal(chown(p, 65534, 65534), 0);
+		assert_int_equal(meter_root_key_load_file(p, key, &cause), -1);
+		assert_non_null(strstr(cause, "owned by uid 65534, not by the "
+		    "user diverged runs as (uid 0)"));
+		free(cause);
+		unlink(p);
+		free(p);
+	} else {
+		fprintf(stderr, "# not root: the foreign-owner case is "
+		    "skipped\n");
+	}
 	rmdir(dir);
 	free(dir);
 }
