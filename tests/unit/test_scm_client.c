@@ -56,6 +56,8 @@ struct rec {
 
 #define MAX_QUEUE	64
 #define MAX_RECS	256
+/* a status for push(): the connection is closed without a reply */
+#define DROP		(-1)
 
 static struct {
 	struct MHD_Daemon *d;
@@ -65,6 +67,8 @@ static struct {
 	size_t qhead, qtail;
 	struct rec recs[MAX_RECS];
 	size_t nrecs;
+	/* with no reply queued: an endless list, an empty page at a time */
+	int pager;
 } srv = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
 struct upload {
@@ -148,12 +152,30 @@ handle(void *cls, struct MHD_Connection *c, const char *url,
 	memset(&cn, 0, sizeof(cn));
 	if (srv.qhead < srv.qtail)
 		cn = srv.q[srv.qhead++ % MAX_QUEUE];
-	else {
+	else if (srv.pager) {
+		/* the page asked for (?page=, 1 when none) names the next */
+		const char *pg = MHD_lookup_connection_value(c,
+		    MHD_GET_ARGUMENT_KIND, "page");
+
+		cn.status = 200;
+		cn.body = xstrdup("[]");
+		cn.len = 2;
+		cn.headers[0] = xasprintf("Link: <%s%s?per_page=100&page=%ld>; "
+		    "rel=\"next\"", srv.base, url,
+		    (pg != NULL ? atol(pg) : 1) + 1);
+	} else {
 		cn.status = 599;
 		cn.body = xstrdup("{\"message\":\"no reply queued\"}");
 		cn.len = strlen(cn.body);
 	}
 	pthread_mutex_unlock(&srv.lock);
+	if (cn.status == DROP) {
+		/* the request was read: close without a reply */
+		free(cn.body);
+		for (i = 0; i < ARRAY_SIZE(cn.headers); i++)
+			free(cn.headers[i]);
+		return MHD_NO;
+	}
 	resp = MHD_create_response_from_buffer(cn.len, cn.body,
 	    MHD_RESPMEM_MUST_FREE);
 	for (i = 0; i < ARRAY_SIZE(cn.headers) && cn.headers[i] != NULL;
@@ -270,6 +292,7 @@ srv_reset(void)
 			free(srv.q[srv.qhead % MAX_QUEUE].headers[k]);
 	}
 	srv.qhead = srv.qtail = 0;
+	srv.pager = 0;
 	pthread_mutex_unlock(&srv.lock);
 }
 
@@ -322,8 +345,9 @@ srv_stop(void **state)
 
 enum gh_mode { GH_TOKEN_MODE, GH_APP_MODE };
 
+/* A GitHub client of api_url: github.token, the App, or both. */
 static struct scm_client *
-github_client(enum gh_mode mode, const char *suffix)
+github_client_at(const char *api_url, int token, int app)
 {
 	struct scm_client *c = NULL;
 	struct config cfg;
@@ -333,10 +357,10 @@ github_client(enum gh_mode mode, const char *suffix)
 	config_defaults(&cfg);
 	cfg.github.enabled = 1;
 	free(cfg.github.api_url);
-	cfg.github.api_url = xasprintf("%s%s", srv.base, suffix);
-	if (mode == GH_TOKEN_MODE)
+	cfg.github.api_url = xstrdup(api_url);
+	if (token)
 		cfg.github.token = xstrdup("env:TEST_GH_TOKEN");
-	else {
+	if (app) {
 		cfg.github.app.id = xstrdup("1");
 		cfg.github.app.private_key = xasprintf("file:%s/tests/data/"
 		    "api/github/jwt-test-key.pem", top != NULL ? top : ".");
@@ -345,6 +369,17 @@ github_client(enum gh_mode mode, const char *suffix)
 		fail_msg("scm_github_new: %s", cause);
 	config_release(&cfg);
 	assert_non_null(c);
+	return c;
+}
+
+static struct scm_client *
+github_client(enum gh_mode mode, const char *suffix)
+{
+	char *url = xasprintf("%s%s", srv.base, suffix);
+	struct scm_client *c = github_client_at(url, mode == GH_TOKEN_MODE,
+	    mode != GH_TOKEN_MODE);
+
+	free(url);
 	return c;
 }
 
@@ -2483,6 +2518,780 @@ no_secrets_in_logs(void **state)
 	free(log);
 }
 
+/* ---- retry policy, error replies and the App's edges ---- */
+
+/* The value of the metric sample that starts with prefix, 0 when none. */
+static double
+metric_value(const char *prefix)
+{
+	struct buf m;
+	const char *p;
+	double v = 0;
+
+	buf_init(&m, 1 << 20);
+	assert_int_equal(metrics_render(&m), 0);
+	p = strstr(m.data, prefix);
+	if (p != NULL)
+		v = strtod(p + strlen(prefix), NULL);
+	buf_release(&m);
+	return v;
+}
+
+/* A token client of api_url whose calls may wait max_wait ms in all. */
+static struct scm_client *
+github_client_url(const char *api_url, const char *max_wait)
+{
+	struct scm_client *c;
+
+	setenv(SCM_MAX_WAIT_ENV, max_wait, 1);
+	c = github_client_at(api_url, 1, 0);
+	setenv(SCM_MAX_WAIT_ENV, MAX_WAIT, 1);
+	return c;
+}
+
+#define CREATE_ERRORS	"diverge_scm_requests_total{provider=\"github\"," \
+	"op=\"create_comment\",code=\"error\"} "
+
+/*
+ * A connection closed without a reply after the request went out (a
+ * proxy dropping it): creating a comment is not sent again (the server
+ * may have acted on it: a second comment), a GET is. A request that never
+ * went out (the connection refused) is sent again even when it creates a
+ * comment: here with 300 ms to wait in all, the first backoff (125 to
+ * 250 ms) fits and the second (250 to 500 ms more) does not, so two
+ * attempts. Each client is new: its first request opens a connection
+ * (libcurl itself resends on a kept one that died).
+ */
+static void
+transport_errors(void **state)
+{
+	struct scm_client *c;
+	struct scm_pr pr;
+	struct sockaddr_in sin;
+	socklen_t slen = sizeof(sin);
+	char *cause = NULL, url[64];
+	double before;
+	int64_t id = 0;
+	int fd;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	push(DROP, NULL, NULL);
+	push_file(201, "github/issues.create-comment.json", NULL, NULL);
+	assert_int_equal(c->ops->create_comment(c, &gh_repo, 1, "x", &id,
+	    &cause), SCM_EUNAVAILABLE);
+	assert_int_equal(nrecs(), 1);
+	assert_non_null(strstr(cause, "POST /repos/octocat/Hello-World/issues/"
+	    "1/comments"));
+	free(cause);
+	cause = NULL;
+	scm_client_free(c);
+
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	push(DROP, NULL, NULL);
+	push_file(200, "github/pulls.get.json", NULL, NULL);
+	assert_int_equal(c->ops->get_pr(c, &gh_repo, 1347, &pr, &cause),
+	    SCM_OK);
+	assert_int_equal(nrecs(), 2);
+	scm_pr_release(&pr);
+	scm_client_free(c);
+
+	/* refused: a loopback port bound but not listening */
+	srv_reset();
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	assert_true(fd >= 0);
+	memset(&sin, 0, sizeof(sin));
+	sin.sin_family = AF_INET;
+	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&sin, &slen), 0);
+	snprintf(url, sizeof(url), "http://127.0.0.1:%u",
+	    (unsigned int)ntohs(sin.sin_port));
+	c = github_client_url(url, "300");
+	before = metric_value(CREATE_ERRORS);
+	assert_int_equal(c->ops->create_comment(c, &gh_repo, 1, "x", &id,
+	    &cause), SCM_EUNAVAILABLE);
+	assert_true(metric_value(CREATE_ERRORS) - before == 2);
+	free(cause);
+	scm_client_free(c);
+	close(fd);
+}
+
+/*
+ * How often a call is sent: five attempts for a 5xx (here with
+ * Retry-After: 0, so no wait), its status mapped to SCM_EUNAVAILABLE with
+ * the API's message; a 501 (Not Implemented: it will not change) once;
+ * eight for rate limits. And the waits of one call add up against the
+ * bound (DIVERGE_SCM_MAX_WAIT_MS), not each on its own: with 1100 ms, a
+ * backoff (125 to 250 ms) then a Retry-After of 1 s do not fit, while
+ * either alone would.
+ */
+static void
+retry_counts(void **state)
+{
+	struct scm_client *c;
+	struct scm_pr pr;
+	char *cause = NULL;
+	int64_t t0;
+	int i;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	for (i = 0; i < 6; i++)
+		push(500, "{\"message\":\"Server Error\"}", "Retry-After: 0",
+		    NULL);
+	assert_int_equal(c->ops->get_pr(c, &gh_repo, 1, &pr, &cause),
+	    SCM_EUNAVAILABLE);
+	assert_int_equal(nrecs(), 5);
+	assert_non_null(strstr(cause, "HTTP 500 (server error: 'Server "
+	    "Error')"));
+	free(cause);
+	cause = NULL;
+
+	srv_reset();
+	push(501, "{\"message\":\"Not Implemented\"}", NULL);
+	push_file(200, "github/pulls.get.json", NULL, NULL);
+	assert_int_equal(c->ops->get_pr(c, &gh_repo, 1, &pr, &cause),
+	    SCM_EUNAVAILABLE);
+	assert_int_equal(nrecs(), 1);
+	free(cause);
+	cause = NULL;
+
+	srv_reset();
+	for (i = 0; i < 9; i++)
+		push(429, "{\"message\":\"slow down\"}", "Retry-After: 0",
+		    NULL);
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 1, 5, "x",
+	    &cause), SCM_ERATELIMITED);
+	assert_int_equal(nrecs(), 8);
+	free(cause);
+	cause = NULL;
+	scm_client_free(c);
+
+	srv_reset();
+	c = github_client_url(srv.base, "1100");
+	push(503, "{\"message\":\"maintenance\"}", NULL);
+	push(503, "{\"message\":\"maintenance\"}", "Retry-After: 1", NULL);
+	push_file(200, "github/pulls.get.json", NULL, NULL);
+	t0 = now_mono_ms();
+	assert_int_equal(c->ops->get_pr(c, &gh_repo, 1347, &pr, &cause),
+	    SCM_EUNAVAILABLE);
+	assert_true(now_mono_ms() - t0 < 900);
+	assert_int_equal(nrecs(), 2);
+	free(cause);
+	scm_client_free(c);
+}
+
+/*
+ * GitHub's order for a limited reply: Retry-After (seconds or an HTTP
+ * date, a day at most), else x-ratelimit-reset when no budget is left
+ * (and a second more: the reset is in whole seconds), else a minute for
+ * a secondary limit, else a short backoff. A 403 that says none of this
+ * is a refusal, as is any GitLab 403 (GitLab limits with 429). Each limit
+ * on a new client: a limit holds the token.
+ */
+static void
+ratelimit_waits(void **state)
+{
+	struct scm_client *c;
+	struct scm_pr pr;
+	char *cause = NULL, *reset, *login = NULL, date[80], hd[96];
+	int64_t r, id;
+	time_t t;
+	struct tm tm;
+	int i;
+
+	(void)state;
+	/* a secondary limit with budget left: a minute, not the reset */
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	reset = xasprintf("x-ratelimit-reset: %" PRId64, now_unix() + 3600);
+	push(403, "{\"message\":\"You have exceeded a secondary rate limit. "
+	    "Please wait a few minutes before you try again.\"}",
+	    "x-ratelimit-remaining: 4990", reset, NULL);
+	free(reset);
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 1, 5, "x",
+	    &cause), SCM_ERATELIMITED);
+	assert_int_equal(nrecs(), 1);
+	assert_in_range(scm_ratelimit_reset_ms() - now_unix_ms(), 58 * 1000,
+	    60 * 1000);
+	free(cause);
+	cause = NULL;
+	scm_client_free(c);
+
+	/* the primary limit: not before the second after the reset (twice) */
+	for (i = 0; i < 2; i++) {
+		srv_reset();
+		c = github_client(GH_TOKEN_MODE, "");
+		r = now_unix() + 3600;
+		reset = xasprintf("x-ratelimit-reset: %" PRId64, r);
+		push(403, "{\"message\":\"API rate limit exceeded\"}",
+		    "x-ratelimit-remaining: 0", reset, NULL);
+		free(reset);
+		assert_int_equal(c->ops->get_pr(c, &gh_repo, 1, &pr, &cause),
+		    SCM_ERATELIMITED);
+		assert_in_range(scm_ratelimit_reset_ms(), (r + 1) * 1000,
+		    (r + 3) * 1000);
+		free(cause);
+		cause = NULL;
+		scm_client_free(c);
+	}
+
+	/* Retry-After as an HTTP date, 100 s ahead */
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	t = (time_t)(now_unix() + 100);
+	gmtime_r(&t, &tm);
+	strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+	snprintf(hd, sizeof(hd), "Retry-After: %s", date);
+	push(429, "{\"message\":\"slow down\"}", hd, NULL);
+	push(200, "{}", NULL);
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 1, 5, "x",
+	    &cause), SCM_ERATELIMITED);
+	assert_int_equal(nrecs(), 1);
+	assert_in_range(scm_ratelimit_reset_ms() - now_unix_ms(), 98 * 1000,
+	    101 * 1000);
+	free(cause);
+	cause = NULL;
+	scm_client_free(c);
+
+	/* a Retry-After of three years: a day */
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	push(429, "{\"message\":\"slow down\"}", "Retry-After: 100000000",
+	    NULL);
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 1, 5, "x",
+	    &cause), SCM_ERATELIMITED);
+	assert_in_range(scm_ratelimit_reset_ms() - now_unix_ms(),
+	    86400 * 1000LL - 2000, 86400 * 1000LL);
+	free(cause);
+	cause = NULL;
+	scm_client_free(c);
+
+	/* a 429 that says nothing: a short backoff, then sent again */
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	push(429, "{}", NULL);
+	push(200, "{\"login\":\"diverge-bot\",\"id\":42}", NULL);
+	assert_int_equal(c->ops->whoami(c, &login, &id, &cause), SCM_OK);
+	assert_int_equal(nrecs(), 2);
+	free(login);
+
+	/* a 403 without rate-limit headers: refused, once */
+	srv_reset();
+	push(403, "{\"message\":\"Must have admin rights to Repository.\"}",
+	    NULL);
+	push(200, "{}", NULL);
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 1, 5, "x",
+	    &cause), SCM_EFORBIDDEN);
+	assert_int_equal(nrecs(), 1);
+	assert_non_null(strstr(cause, "HTTP 403 (forbidden: 'Must have admin "
+	    "rights to Repository.')"));
+	free(cause);
+	cause = NULL;
+	scm_client_free(c);
+
+	/* a GitLab 403 is a refusal, budget or not */
+	srv_reset();
+	c = gitlab_client("/api/v4");
+	push(403, "{\"message\":\"403 Forbidden\"}", "RateLimit-Remaining: 0",
+	    NULL);
+	push_file(200, "gitlab/update-mr-note.json", NULL, NULL);
+	assert_int_equal(c->ops->update_comment(c, &gl_repo, 2, 301, "x",
+	    &cause), SCM_EFORBIDDEN);
+	assert_int_equal(nrecs(), 1);
+	free(cause);
+	scm_client_free(c);
+}
+
+/*
+ * A Retry-After of 0 holds the token until the very millisecond it was
+ * met, not one more: the retry right after it goes out (ten times over,
+ * each retry within that millisecond or not).
+ */
+static void
+ratelimit_zero_wait(void **state)
+{
+	struct scm_client *c;
+	char *cause = NULL;
+	int i;
+
+	(void)state;
+	c = github_client(GH_TOKEN_MODE, "");
+	for (i = 0; i < 10; i++) {
+		srv_reset();
+		push(429, "{\"message\":\"slow down\"}", "Retry-After: 0",
+		    NULL);
+		push(200, "{}", NULL);
+		assert_int_equal(c->ops->update_comment(c, &gh_repo, 1, 5, "x",
+		    &cause), SCM_OK);
+		assert_int_equal(nrecs(), 2);
+	}
+	scm_client_free(c);
+}
+
+/*
+ * Of two limits known for one credential, the later end stands: a file
+ * of kept holds naming the token held for a minute, then for ten
+ * seconds, holds it for the minute.
+ */
+static void
+ratelimit_longest_kept(void **state)
+{
+	char *dir = test_tmpdir("scm-holds-two"), *path, *text;
+	struct scm_client *c;
+	int64_t now = now_unix_ms(), reset = 0;
+
+	(void)state;
+	path = xasprintf("%s/ratelimits-github.json", dir);
+	text = xasprintf("{\"api\":\"%s\",\"holds\":[{\"credential\":"
+	    "\"token\",\"untilMs\":%" PRId64 "},{\"credential\":\"token\","
+	    "\"untilMs\":%" PRId64 "}]}", srv.base, now + 60000, now + 10000);
+	put_file(path, text);
+	free(text);
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	scm_client_keep_holds(c, dir);
+	assert_int_equal(sent(c, &reset), 0);
+	assert_int_equal(reset, now + 60000);
+	scm_client_free(c);
+	free(path);
+	free(dir);
+}
+
+/*
+ * What an error reply becomes: 410 Gone is not found; the API's message
+ * is quoted printable, cut at 200 bytes, with our token redacted; the
+ * reply of a token mint (a secret) is never quoted; the path is shown
+ * without its query; a reply beyond its bound (8 MiB, a GitLab raw file
+ * 4 MiB) is an error of its own, not retried.
+ */
+static void
+error_replies(void **state)
+{
+	struct scm_repo r9 = { "octocat/Hello-World", 0, 9 };
+	struct scm_client *c;
+	char *cause = NULL, *body, *want, *data = NULL, *login = NULL;
+	size_t len = 0;
+	int64_t id;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	push(410, "{\"message\":\"Issues are disabled for this repo\"}", NULL);
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 1, 5, "x",
+	    &cause), SCM_ENOTFOUND);
+	assert_non_null(strstr(cause, "HTTP 410 (gone: 'Issues are disabled "
+	    "for this repo')"));
+	free(cause);
+	cause = NULL;
+
+	/* 300 bytes: the first 200 */
+	body = xasprintf("{\"message\":\"%0300d\"}", 0);
+	push(422, body, NULL);
+	free(body);
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 1, 5, "x",
+	    &cause), SCM_EINVALID);
+	want = xasprintf("(unprocessable: '%0200d')", 0);
+	assert_non_null(strstr(cause, want));
+	free(want);
+	free(cause);
+	cause = NULL;
+
+	/* no line break or escape sequence goes into a log line */
+	push(422, "{\"message\":\"bad\\nX-Forged: 1\\u001b[31m\"}", NULL);
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 1, 5, "x",
+	    &cause), SCM_EINVALID);
+	assert_non_null(strstr(cause, "'bad?X-Forged: 1?[31m'"));
+	assert_null(strchr(cause, '\n'));
+	assert_null(strchr(cause, '\033'));
+	free(cause);
+	cause = NULL;
+
+	/* the final reply quotes our token (a proxy echoing the header) */
+	push(422, "{\"message\":\"token " GH_TOKEN " is not valid here\"}",
+	    NULL);
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 1, 5, "x",
+	    &cause), SCM_EINVALID);
+	assert_null(strstr(cause, GH_TOKEN));
+	assert_non_null(strstr(cause, "is not valid here"));
+	free(cause);
+	cause = NULL;
+
+	/* the path, not the query */
+	push(404, "{\"message\":\"Not Found\"}", NULL);
+	assert_int_equal(c->ops->read_file(c, &gh_repo, "topic", "a.yaml",
+	    &data, &len, &cause), SCM_ENOTFOUND);
+	assert_non_null(strstr(cause, "GET /repos/octocat/Hello-World/"
+	    "contents/a.yaml: HTTP 404"));
+	assert_null(strstr(cause, "ref="));
+	free(cause);
+	cause = NULL;
+
+	/* one byte over 8 MiB */
+	srv_reset();
+	body = xmalloc(SCM_MAX_BODY + 2);
+	memset(body, ' ', SCM_MAX_BODY + 1);
+	body[0] = '{';
+	body[SCM_MAX_BODY - 1] = '}';
+	body[SCM_MAX_BODY + 1] = '\0';
+	push(200, body, NULL);
+	push(200, body, NULL);
+	free(body);
+	assert_int_equal(c->ops->whoami(c, &login, &id, &cause),
+	    SCM_EINTERNAL);
+	assert_non_null(strstr(cause, "larger than 8388608 bytes"));
+	assert_int_equal(nrecs(), 1);
+	free(cause);
+	cause = NULL;
+	srv_reset();
+	scm_client_free(c);
+
+	/* a GitLab raw file: 4 MiB at most */
+	c = gitlab_client("/api/v4");
+	body = xmalloc(SCM_MAX_FILE + 2);
+	memset(body, 'a', SCM_MAX_FILE + 1);
+	body[SCM_MAX_FILE + 1] = '\0';
+	push(200, body, NULL);
+	free(body);
+	assert_int_equal(c->ops->read_file(c, &gl_repo, "main", "big", &data,
+	    &len, &cause), SCM_EINTERNAL);
+	assert_non_null(strstr(cause, "larger than 4194304 bytes"));
+	assert_int_equal(nrecs(), 1);
+	free(cause);
+	cause = NULL;
+	scm_client_free(c);
+
+	/* an access_tokens reply is never quoted, even a harmless one */
+	srv_reset();
+	c = github_client(GH_APP_MODE, "");
+	push(422, "{\"message\":\"There is no installation 9 here\"}", NULL);
+	assert_int_equal(c->ops->react(c, &r9, 1, 2, 0, "eyes", &cause),
+	    SCM_EINVALID);
+	assert_non_null(strstr(cause, "HTTP 422"));
+	assert_null(strstr(cause, "no installation 9"));
+	free(cause);
+	scm_client_free(c);
+}
+
+/* A GitHub client with both github.token and the App. */
+static struct scm_client *
+github_both_client(void)
+{
+	return github_client_at(srv.base, 1, 1);
+}
+
+/*
+ * The App's edges: an App 401 is signed again only for a Date far from
+ * our clock (not for one that agrees, nor one that cannot be read); a
+ * revoked installation token is minted again once, not more; a mint
+ * that meets a 502 is tried again (it is idempotent); a token that would
+ * break the header line, or an installation lookup without an id, is an
+ * error; a minted token of any shape is redacted after; the JWT's limits
+ * are the App's, not the token's; a token is kept until five minutes
+ * before its expiry, an hour when the reply says none.
+ */
+static void
+app_edges(void **state)
+{
+	struct scm_repo r31 = { "octocat/Hello-World", 0, 31 };
+	struct scm_repo r32 = { "octocat/Hello-World", 0, 32 };
+	struct scm_repo r33 = { "octocat/Hello-World", 0, 33 };
+	struct scm_repo r34 = { "octocat/Hello-World", 0, 34 };
+	struct scm_repo r35 = { "octocat/Hello-World", 0, 35 };
+	struct scm_repo r36 = { "octocat/Hello-World", 0, 36 };
+	struct scm_repo r0 = { "octocat/Hello-World", 0, 0 };
+	static const char odd[] = "v1.1f2e3d4c5b6a79881f2e3d4c5b6a79881f2e3d4c";
+	struct scm_client *c;
+	char *cause = NULL, *login = NULL, *body;
+	int64_t id, now = now_unix();
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_APP_MODE, "");
+	/* the fake's Date is our clock's */
+	push(401, "{\"message\":\"A JSON web token could not be decoded\"}",
+	    NULL);
+	push_file(200, "github/apps.get-authenticated.json", NULL, NULL);
+	assert_int_equal(c->ops->whoami(c, &login, &id, &cause),
+	    SCM_EUNAUTHORIZED);
+	assert_int_equal(nrecs(), 1);
+	free(cause);
+	cause = NULL;
+	srv_reset();
+	push(401, "{\"message\":\"Bad credentials\"}", "Date: not a date",
+	    NULL);
+	push_file(200, "github/apps.get-authenticated.json", NULL, NULL);
+	assert_int_equal(c->ops->whoami(c, &login, &id, &cause),
+	    SCM_EUNAUTHORIZED);
+	assert_int_equal(nrecs(), 1);
+	free(cause);
+	cause = NULL;
+
+	/* minted, refused, minted again, refused: given up */
+	srv_reset();
+	body = token_reply(now + 3600);
+	push(201, body, NULL);
+	push(401, "{\"message\":\"Bad credentials\"}", NULL);
+	push(201, body, NULL);
+	push(401, "{\"message\":\"Bad credentials\"}", NULL);
+	push(201, body, NULL);
+	push(200, "{}", NULL);
+	assert_int_equal(c->ops->update_comment(c, &r31, 1, 3, "a", &cause),
+	    SCM_EUNAUTHORIZED);
+	assert_int_equal(nrecs(), 4);
+	free(cause);
+	cause = NULL;
+
+	/* a mint that meets a 502: minted on the second try */
+	srv_reset();
+	push(502, "bad gateway", NULL);
+	push(201, body, NULL);
+	push(200, "{}", NULL);
+	free(body);
+	assert_int_equal(c->ops->update_comment(c, &r36, 1, 3, "a", &cause),
+	    SCM_OK);
+	assert_int_equal(nrecs(), 3);
+	assert_string_equal(srv.recs[1].path,
+	    "/app/installations/36/access_tokens");
+	assert_string_equal(srv.recs[2].auth, "Bearer " INST_TOKEN);
+
+	/* a token with a line break: not sent as a header */
+	srv_reset();
+	push(201, "{\"token\":\"ghs_abc\\r\\nX-Forged: 1\",\"expires_at\":"
+	    "\"2099-01-01T00:00:00Z\"}", NULL);
+	push(200, "{}", NULL);
+	assert_int_equal(c->ops->update_comment(c, &r32, 1, 3, "a", &cause),
+	    SCM_EINTERNAL);
+	assert_int_equal(nrecs(), 1);
+	assert_non_null(strstr(cause, "no usable token"));
+	free(cause);
+	cause = NULL;
+
+	/* the installation lookup answers no id */
+	srv_reset();
+	push(200, "{\"app_id\":1,\"account\":{\"login\":\"octocat\"}}", NULL);
+	push(200, "{}", NULL);
+	assert_int_equal(c->ops->update_comment(c, &r0, 1, 3, "a", &cause),
+	    SCM_EINTERNAL);
+	assert_int_equal(nrecs(), 1);
+	assert_non_null(strstr(cause, "no id"));
+	free(cause);
+	cause = NULL;
+
+	/* a token of no known shape, quoted back by an error: redacted */
+	srv_reset();
+	body = xasprintf("{\"token\":\"%s\",\"expires_at\":\"2099-01-01T00:00:"
+	    "00Z\"}", odd);
+	push(201, body, NULL);
+	free(body);
+	body = xasprintf("{\"message\":\"token %s lacks a permission\"}", odd);
+	push(422, body, NULL);
+	free(body);
+	assert_int_equal(c->ops->update_comment(c, &r33, 1, 3, "a", &cause),
+	    SCM_EINVALID);
+	assert_int_equal(nrecs(), 2);
+	assert_string_equal(srv.recs[1].auth + strlen("Bearer "), odd);
+	assert_non_null(strstr(cause, "lacks a permission"));
+	assert_null(strstr(cause, odd));
+	free(cause);
+	cause = NULL;
+
+	/*
+	 * 6 min 40 s left: used again; no expires_at: an hour, used again
+	 * (4 min left: minted again, in app_tokens)
+	 */
+	srv_reset();
+	body = token_reply(now + 400);
+	push(201, body, NULL);
+	free(body);
+	push(200, "{}", NULL);
+	push(201, "{\"token\":\"" INST_TOKEN "\"}", NULL);
+	push(200, "{}", NULL);
+	assert_int_equal(c->ops->update_comment(c, &r34, 1, 3, "a", &cause),
+	    SCM_OK);
+	assert_int_equal(c->ops->update_comment(c, &r34, 1, 3, "b", &cause),
+	    SCM_OK);
+	assert_int_equal(nrecs(), 3);
+	assert_string_equal(srv.recs[2].method, "PATCH");
+	srv_reset();
+	push(201, "{\"token\":\"" INST_TOKEN "\"}", NULL);
+	push(200, "{}", NULL);
+	push(201, "{\"token\":\"" INST_TOKEN "\"}", NULL);
+	push(200, "{}", NULL);
+	assert_int_equal(c->ops->update_comment(c, &r35, 1, 3, "a", &cause),
+	    SCM_OK);
+	assert_int_equal(c->ops->update_comment(c, &r35, 1, 3, "b", &cause),
+	    SCM_OK);
+	assert_int_equal(nrecs(), 3);
+	assert_string_equal(srv.recs[2].method, "PATCH");
+	srv_reset();
+	scm_client_free(c);
+
+	/* the App's JWT met a limit: the token's calls go on */
+	c = github_both_client();
+	push(429, "{\"message\":\"API rate limit exceeded\"}", "Retry-After: 60",
+	    NULL);
+	assert_int_equal(c->ops->react(c, &r31, 1, 2, 0, "eyes", &cause),
+	    SCM_ERATELIMITED);
+	assert_string_equal(srv.recs[0].path,
+	    "/app/installations/31/access_tokens");
+	free(cause);
+	cause = NULL;
+	push(200, "{}", NULL);
+	assert_int_equal(c->ops->update_comment(c, &gh_repo, 1, 3, "a",
+	    &cause), SCM_OK);
+	assert_int_equal(nrecs(), 2);
+	assert_string_equal(srv.recs[1].auth, "Bearer " GH_TOKEN);
+	scm_client_free(c);
+}
+
+/* A GitHub contents reply holding n bytes of 'a'. */
+static char *
+content_of(size_t n)
+{
+	unsigned char *raw = xmalloc(n);
+	char *b64, *body;
+
+	memset(raw, 'a', n);
+	b64 = base64_encode(raw, n, 0, 1);
+	body = xasprintf("{\"type\":\"file\",\"encoding\":\"base64\","
+	    "\"content\":\"%s\"}", b64);
+	free(b64);
+	free(raw);
+	return body;
+}
+
+/*
+ * GitHub replies the client must not take as they come: the permission
+ * of a login that names another account now (renamed, and taken) is
+ * none; "." and ".." are no owner or name; a pull request without its
+ * clone URL is an error, one whose head repository is gone (null) a
+ * fork; the headers of a redirect are not the reply's (its Link is not
+ * followed); a list stops after 200 pages; a file is 4 MiB at most; a
+ * reaction (idempotent) is sent again after a 502.
+ */
+static void
+github_guards(void **state)
+{
+	static const struct scm_repo bad[] = {
+		{ "../Hello-World", 0, 0 }, { "./Hello-World", 0, 0 },
+		{ "octocat/..", 0, 0 }, { "octocat/.", 0, 0 },
+	};
+	struct scm_client *c;
+	struct scm_comment *v = NULL;
+	struct scm_pr pr;
+	enum scm_permission p;
+	char *cause = NULL, *loc, *body, *data = NULL;
+	size_t n = 0, i, len = 0;
+
+	(void)state;
+	srv_reset();
+	c = github_client(GH_TOKEN_MODE, "");
+	push(200, "{\"permission\":\"admin\",\"role_name\":\"admin\",\"user\":"
+	    "{\"login\":\"u\",\"id\":99}}", NULL);
+	p = 99;
+	assert_int_equal(c->ops->permission(c, &gh_repo, "u", 5, &p, &cause),
+	    SCM_OK);
+	assert_int_equal(p, SCM_PERM_NONE);
+	push(200, "{\"permission\":\"admin\",\"role_name\":\"admin\",\"user\":"
+	    "{\"login\":\"u\",\"id\":99}}", NULL);
+	assert_int_equal(c->ops->permission(c, &gh_repo, "u", 99, &p, &cause),
+	    SCM_OK);
+	assert_int_equal(p, SCM_PERM_MAINTAIN);
+
+	/* (replies queued: a path let through gets one, and succeeds) */
+	srv_reset();
+	for (i = 0; i < ARRAY_SIZE(bad); i++)
+		push_file(200, "github/pulls.get.json", NULL, NULL);
+	for (i = 0; i < ARRAY_SIZE(bad); i++) {
+		assert_int_equal(c->ops->get_pr(c, &bad[i], 1, &pr, &cause),
+		    SCM_EINVALID);
+		free(cause);
+		cause = NULL;
+	}
+	assert_int_equal(nrecs(), 0);
+
+	srv_reset();
+	push(200, "{\"state\":\"open\",\"head\":{\"ref\":\"t\",\"sha\":\"abc\","
+	    "\"repo\":{\"id\":1}},\"base\":{\"ref\":\"main\",\"repo\":"
+	    "{\"id\":1}}}", NULL);
+	assert_int_equal(c->ops->get_pr(c, &gh_repo, 1, &pr, &cause),
+	    SCM_EINTERNAL);
+	assert_non_null(strstr(cause, "clone_url"));
+	free(cause);
+	cause = NULL;
+	push(200, "{\"state\":\"open\",\"head\":{\"ref\":\"t\",\"sha\":\"abc\","
+	    "\"repo\":null},\"base\":{\"ref\":\"main\",\"repo\":{\"clone_url\":"
+	    "\"https://github.com/o/r.git\"}}}", NULL);
+	assert_int_equal(c->ops->get_pr(c, &gh_repo, 1, &pr, &cause), SCM_OK);
+	assert_int_equal(pr.fork, 1);
+	assert_null(pr.head_clone_url);
+	scm_pr_release(&pr);
+
+	/* a 307 with a Link, then the list's one page without */
+	srv_reset();
+	loc = xasprintf("Location: %s/repositories/1/issues/2/comments?"
+	    "per_page=100", srv.base);
+	push(307, "", loc, "Link: <{base}/repositories/1/issues/2/comments?"
+	    "per_page=100&page=2>; rel=\"next\"", NULL);
+	free(loc);
+	push(200, "[{\"id\":1,\"body\":\"c\",\"user\":{\"login\":\"bot\","
+	    "\"id\":7}}]", NULL);
+	push(200, "[]", NULL);
+	assert_int_equal(c->ops->list_comments(c, &gh_repo, 2, &v, &n,
+	    &cause), SCM_OK);
+	assert_int_equal(n, 1);
+	assert_int_equal(nrecs(), 2);
+	scm_comments_free(v, n);
+	v = NULL;
+
+	/* page after page, each naming the next: 200 read, then an error */
+	srv_reset();
+	srv.pager = 1;
+	assert_int_equal(c->ops->list_comments(c, &gh_repo, 2, &v, &n,
+	    &cause), SCM_EINTERNAL);
+	assert_non_null(strstr(cause, "more than 200 pages"));
+	assert_int_equal(nrecs(), 200);
+	assert_string_equal(srv.recs[199].query, "per_page=100&page=200");
+	assert_null(v);
+	free(cause);
+	cause = NULL;
+
+	/* 4 MiB is a file; a byte more is refused */
+	srv_reset();
+	body = content_of(SCM_MAX_FILE);
+	push(200, body, NULL);
+	free(body);
+	assert_int_equal(c->ops->read_file(c, &gh_repo, "main", "big", &data,
+	    &len, &cause), SCM_OK);
+	assert_int_equal(len, SCM_MAX_FILE);
+	free(data);
+	data = NULL;
+	body = content_of(SCM_MAX_FILE + 1);
+	push(200, body, NULL);
+	free(body);
+	assert_int_equal(c->ops->read_file(c, &gh_repo, "main", "big", &data,
+	    &len, &cause), SCM_EINVALID);
+	assert_non_null(strstr(cause, "larger than"));
+	assert_null(data);
+	free(cause);
+	cause = NULL;
+
+	/* a reaction is sent again after a 502 */
+	srv_reset();
+	push(502, "bad gateway", NULL);
+	push_file(201, "github/reactions.create-for-issue-comment.json", NULL,
+	    NULL);
+	assert_int_equal(c->ops->react(c, &gh_repo, 1, 11, 0, "eyes", &cause),
+	    SCM_OK);
+	assert_int_equal(nrecs(), 2);
+	scm_client_free(c);
+}
+
 int
 main(void)
 {
@@ -2518,6 +3327,14 @@ main(void)
 		cmocka_unit_test(get_comment),
 		cmocka_unit_test(config_errors),
 		cmocka_unit_test(no_secrets_in_logs),
+		cmocka_unit_test(transport_errors),
+		cmocka_unit_test(retry_counts),
+		cmocka_unit_test(ratelimit_waits),
+		cmocka_unit_test(ratelimit_zero_wait),
+		cmocka_unit_test(ratelimit_longest_kept),
+		cmocka_unit_test(error_replies),
+		cmocka_unit_test(app_edges),
+		cmocka_unit_test(github_guards),
 	};
 
 	util_json_init();
