@@ -69,7 +69,14 @@ SEED = {
              "collaborators": {"alice": "admin"},
              "files": {"main": {".diverge/agent.yaml": BROKEN_AGENT_YAML}},
              "pulls": [{"number": 1, "title": "x", "user": "alice",
-                        "head": {"ref": "x"}, "base": {"ref": "main"}}]}]},
+                        "head": {"ref": "x"}, "base": {"ref": "main"}}]},
+            # a PR numbered as one of myorg/checkout's, in the same
+            # namespace: its task cannot take the name fix-pr-42
+            {"full_name": "myorg/twin", "id": 503,
+             "default_branch": "main",
+             "collaborators": {"alice": "admin"},
+             "pulls": [{"number": 42, "title": "twin", "user": "alice",
+                        "head": {"ref": "t"}, "base": {"ref": "main"}}]}]},
     "gitlab": {
         "user": {"username": "diverge-bot", "id": 950},
         # glpat-rot: the token gitlab.token is rotated to (SIGHUP)
@@ -113,7 +120,8 @@ GH_COMMENTS = [(1001, 42, "alice"), (1002, 43, "carol"), (1003, 43, "bob"),
                (1013, 42, "alice"), (1014, 42, "bob"), (1015, 42, "carol"),
                (1016, 42, "carol"), (1017, 42, "alice"), (1018, 42, "alice"),
                (1019, 42, "alice"), (1020, 43, "alice"),
-               (1030, 50, "bob"), (1031, 1, "bob"),
+               (1030, 50, "bob"), (1031, 1, "bob"), (1032, 42, "bob"),
+               (1033, 42, "alice"),
                (1021, 43, "alice"), (1022, 43, "alice"),
                (1023, 43, "alice"), (1024, 43, "alice"),
                (1025, 43, "alice"), (4101, 42, "alice"),
@@ -123,6 +131,8 @@ GH_COMMENTS = [(1001, 42, "alice"), (1002, 43, "carol"), (1003, 43, "bob"),
                (1064, 43, "alice"), (1065, 43, "alice"),
                (1066, 43, "alice"),
                (1070, 44, "alice"), (1071, 45, "alice")]
+# Comments on myorg/twin's PR 42.
+TWIN_COMMENTS = [1051, 1052]
 # Review comments (on the diff), numbered apart from the issue comments as
 # on GitHub: 1040 is both an issue comment and a review comment on PR 43.
 GH_REVIEW_COMMENTS = [(1040, 43, "alice")]
@@ -136,6 +146,11 @@ GL_NOTES = [(3001, 2, "pipin"), (3002, 2, "guest"), (3003, 2, "pipin"),
 def seed():
     spec = json.loads(json.dumps(SEED))
     for repo in spec["github"]["repos"]:
+        if repo["full_name"] == "myorg/twin":
+            repo["pulls"][0]["comments"] = [
+                {"id": cid, "user": "alice", "body": "(comment %d)" % cid}
+                for cid in TWIN_COMMENTS]
+            continue
         for pr in repo["pulls"]:
             pr["comments"] = [
                 {"id": cid, "user": who, "body": "(comment %d)" % cid}
@@ -542,6 +557,38 @@ def main(t):
         l.startswith("/diverge") for l in replies[-1].splitlines()),
         "help: the command table, every example inert")
 
+    # --- one comment, commands of two roles: the highest is needed before
+    # any of them runs (bob may guide, not add to the budget)
+    was = get_task(d, "fix-pr-42")
+    before = len(gh_bot_replies(fake, 42))
+    task = steer(1032, "/diverge guide mixed-roles-hint\n/diverge budget +1",
+                 who="bob", uid=2)
+    replies = wait(lambda: (lambda r: r if len(r) == before + 1 else None)(
+        gh_bot_replies(fake, 42))) or gh_bot_replies(fake, 42)
+    t.ok(gh_reactions(fake, 42, 1032) == ["confused"] and
+         len(replies) == before + 1 and
+         "`budget` needs maintain access" in replies[-1],
+         "guide and budget in one comment by bob (write): refused, the "
+         "reply names budget", (gh_reactions(fake, 42, 1032), replies[-1:]))
+    t.eq((task["metadata"]["annotations"].get("divergedev.com/guidance"),
+          task["spec"].get("budgetUSD")),
+         (was["metadata"]["annotations"].get("divergedev.com/guidance"),
+          was["spec"].get("budgetUSD")),
+         "... and neither command ran (guidance and budget unchanged)")
+
+    # --- a reply quotes what it could not run, and a credential pasted
+    # there by mistake is not posted back for everyone to read
+    # (a GitLab token is short enough to be echoed: 26 characters)
+    pasted = "glpat-" + "R3dact3dT0kenAbCdEfG"
+    before = len(gh_bot_replies(fake, 42))
+    steer(1033, "/diverge budget " + pasted)
+    replies = wait(lambda: (lambda r: r if len(r) == before + 1 else None)(
+        gh_bot_replies(fake, 42))) or gh_bot_replies(fake, 42)
+    t.ok(len(replies) == before + 1 and "is not an amount" in replies[-1]
+         and pasted not in replies[-1] and pasted[6:14] not in replies[-1],
+         "a token pasted into a command: the reply quotes the error, the "
+         "token redacted", replies[-1:])
+
     # --- a comment retried for its reaction or reply runs its commands once
     fake.call("POST", "/_fake/faults", {"status": 429, "count": 1,
                                         "retry_after": 3,
@@ -778,6 +825,7 @@ def main(t):
     outage_waited_out(t, fake)
     identity_learned_later(t, fake)
     raises_turned_off(t, fake)
+    twin_repositories(t, fake)
     fake.stop()
 
 
@@ -834,6 +882,46 @@ def gitlab_bots(t, fake, d):
              d, "fix-mr-3")["metadata"].get("annotations", {}),
          "the Users API refusing the lookup (403): refused with a reply, "
          "nothing run (fail closed)", r)
+
+
+def twin_repositories(t, fake):
+    """Two repositories whose tasks share a namespace, each with a PR 42:
+    the second one's task takes another name (fix-pr-42-<its repo's hash>)
+    and the first one's task is never touched by the second's comments."""
+    d = bot_daemon(fake, CONFIG, {"DIVERGE_SCM_MAX_WAIT_MS": "2000"})
+
+    def fix(cid, repo, objective):
+        key = str(uuid.uuid4())
+        d.github("issue_comment", gh_comment(cid, 42, "alice",
+                                             "/diverge fix " + objective,
+                                             repo=repo), key)
+        wait(lambda: handled(d, key))
+
+    def tasks():
+        s, obj = api(d, "GET", TASKS % NS)
+        return {i["metadata"]["name"]: (
+            i["spec"].get("objective"),
+            i["metadata"].get("annotations", {}).get(
+                "divergedev.com/project"))
+            for i in (obj or {}).get("items", [])} if s == 200 else {}
+
+    fix(1001, "myorg/checkout", "the first")
+    fix(1051, "myorg/twin", "the second")
+    got = tasks()
+    other = [n for n in got if n.startswith("fix-pr-42-")]
+    t.ok(got.get("fix-pr-42") == ("the first", "myorg/checkout") and
+         len(other) == 1 and re.fullmatch(r"fix-pr-42-[0-9a-f]{6}",
+                                          other[0]) and
+         got[other[0]] == ("the second", "myorg/twin"),
+         "a PR 42 of another repository in the same namespace: its own "
+         "task fix-pr-42-<hash>, the first one's untouched", got)
+    fix(1052, "myorg/twin", "the third")
+    got2 = tasks()
+    t.ok(len(got2) == 2 and got2.get("fix-pr-42") == ("the first",
+                                                      "myorg/checkout") and
+         other and got2.get(other[0]) == ("the third", "myorg/twin"),
+         "its next fix updates its own task, found under that name", got2)
+    t.eq(d.stop(), 0, "clean stop")
 
 
 def review_comment_apart(t, fake):
