@@ -421,6 +421,317 @@ validation_bounds(void **state)
 	buf_release(&caps);
 }
 
+/* ---- tasks: amounts, hints, the admission queue ---- */
+
+/*
+ * s parses as USD (tokens: as a token amount) with max into want, or,
+ * with why set, is refused with a message holding why and *out untouched.
+ */
+static void
+amount_is(int usd, const char *s, int64_t max, int64_t want,
+    const char *why)
+{
+	int64_t v = -7;
+	char *cause = NULL;
+	int rc = usd ? k8s_task_parse_usd(s, max, &v, &cause) :
+	    k8s_task_parse_tokens(s, max, &v, &cause);
+
+	if (why == NULL && (rc != 0 || v != want))
+		fail_msg("'%s': rc %d, %lld, '%s'; wanted %lld", s ? s : "NULL",
+		    rc, (long long)v, cause ? cause : "", (long long)want);
+	if (why != NULL && (rc != -1 || v != -7 || cause == NULL ||
+	    strstr(cause, why) == NULL))
+		fail_msg("'%s': rc %d, %lld, '%s'; wanted the error '%s'",
+		    s ? s : "NULL", rc, (long long)v, cause ? cause : "(none)",
+		    why);
+	free(cause);
+}
+
+#define USD_MAX K8S_TASK_MAX_BUMP_USD_MICRO
+#define TOK_MAX K8S_TASK_MAX_BUMP_TOKENS
+
+static void
+task_usd_amounts(void **state)
+{
+	char *s;
+
+	(void)state;
+	amount_is(1, "5", USD_MAX, 5000000, NULL);
+	amount_is(1, "+$5.25", USD_MAX, 5250000, NULL);
+	amount_is(1, "$0.5", USD_MAX, 500000, NULL);
+	amount_is(1, "15usd", USD_MAX, 15000000, NULL);
+	amount_is(1, "15USD", USD_MAX, 15000000, NULL);
+	amount_is(1, "15 dollars", USD_MAX, 0, "is not a USD amount");
+	/* commas between groups of three, and only there */
+	amount_is(1, "1,000", USD_MAX, USD_MAX, NULL);
+	amount_is(1, "12,345.67", 0, 12345670000, NULL);
+	amount_is(1, "1234,567", 0, 0, "is not an amount");
+	amount_is(1, "1,23,456", 0, 0, "is not an amount");
+	amount_is(1, "1,23", 0, 0, "is not an amount");
+	amount_is(1, "1,2345", 0, 0, "is not an amount");
+	amount_is(1, ",123", 0, 0, "is not an amount");
+	amount_is(1, "5.", 0, 0, "is not an amount");
+	amount_is(1, ".5", 0, 0, "is not an amount");
+	amount_is(1, "1.234", 0, 0, "at most 2 decimals");
+	amount_is(1, "-5", 0, 0, "a negative amount is not allowed");
+	amount_is(1, "+-5", 0, 0, "a negative amount is not allowed");
+	amount_is(1, "", 0, 0, "an amount is required");
+	amount_is(1, NULL, 0, 0, "an amount is required");
+	/* zero: no bump; the bound, and a cent over it */
+	amount_is(1, "0", USD_MAX, 0, "a bump must be more than zero");
+	amount_is(1, "0", 0, 0, NULL);
+	amount_is(1, "1000.00", USD_MAX, USD_MAX, NULL);
+	amount_is(1, "1,000.01", USD_MAX, 0, "a bump is at most $1000.00");
+	/* 64 characters are read (and too large), 65 are not even read */
+	s = xcalloc(1, 66);
+	memset(s, '9', 64);
+	amount_is(1, s, 0, 0, "the amount is too large");
+	s[64] = '9';
+	amount_is(1, s, 0, 0, "the amount is too long");
+	memset(s, ',', 65);
+	amount_is(1, s, 0, 0, "the amount is too long");
+	free(s);
+}
+
+static void
+task_token_amounts(void **state)
+{
+	(void)state;
+	amount_is(0, "2000000", TOK_MAX, 2000000, NULL);
+	amount_is(0, "2M", TOK_MAX, 2000000, NULL);
+	amount_is(0, "500k", TOK_MAX, 500000, NULL);
+	amount_is(0, "500K", TOK_MAX, 500000, NULL);
+	amount_is(0, "+1,000", TOK_MAX, 1000, NULL);
+	amount_is(0, "500kk", TOK_MAX, 0, "is not a token amount");
+	amount_is(0, "5x", TOK_MAX, 0, "is not a token amount");
+	amount_is(0, "$5", TOK_MAX, 0, "is not an amount");
+	amount_is(0, "1.5M", TOK_MAX, 0, "a token amount is a whole number");
+	amount_is(0, "0", TOK_MAX, 0, "a bump must be more than zero");
+	amount_is(0, "100M", TOK_MAX, TOK_MAX, NULL);
+	amount_is(0, "100,000,001", TOK_MAX, 0,
+	    "a bump is at most 100000000 tokens");
+	/* large, and past int64 by digits or by the suffix */
+	amount_is(0, "1000000000000", 0, 1000000000000, NULL);
+	amount_is(0, "99999999999999999999", 0, 0, "the amount is too large");
+	amount_is(0, "9223372036854775k", 0, 9223372036854775000, NULL);
+	amount_is(0, "9223372036854776k", 0, 0, "the amount is too large");
+	amount_is(0, "9223372036855M", 0, 0, "the amount is too large");
+}
+
+static void
+task_usd_format(void **state)
+{
+	static const struct {
+		int64_t micro;
+		const char *text;
+	} rows[] = {
+		{ 5000000, "5.00" }, { 1500000, "1.50" }, { 22500, "0.0225" },
+		{ 1000001, "1.000001" }, { 10000, "0.01" }, { 1, "0.000001" },
+		{ 120000, "0.12" }, { 0, "0.00" }, { -1, "0.00" },
+		{ 1000000000, "1000.00" },
+	};
+	char out[32];
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < ARRAY_SIZE(rows); i++) {
+		k8s_task_format_usd(rows[i].micro, out);
+		assert_string_equal(out, rows[i].text);
+	}
+}
+
+/* hint passes, or is refused with a message holding why. */
+static void
+hint_is(const char *hint, const char *why)
+{
+	char *cause = NULL;
+	int rc = k8s_task_check_hint(hint, &cause);
+
+	if (why == NULL && rc != 0)
+		fail_msg("'%s': %s", hint, cause);
+	if (why != NULL && (rc != -1 || cause == NULL ||
+	    strstr(cause, why) == NULL))
+		fail_msg("'%s': rc %d, '%s'; wanted '%s'", hint ? hint :
+		    "NULL", rc, cause ? cause : "(none)", why);
+	free(cause);
+}
+
+static void
+task_hints(void **state)
+{
+	char *s;
+
+	(void)state;
+	hint_is("  keep the API stable \n", NULL);
+	hint_is("line one\n\tindented", NULL);
+	hint_is("caf\xc3\xa9 \xf0\x9f\x99\x82", NULL);
+	hint_is(NULL, "a hint is required");
+	hint_is("", "the hint is empty");
+	hint_is(" \t\r\n ", "the hint is empty");
+	hint_is("colour \x1b[31mred", "control character");
+	hint_is("a\rb", "control character");
+	hint_is("del \x7f", "control character");
+	hint_is("c1 \xc2\x85 next line", "control character");
+	hint_is("c1 \xc2\x9f", "control character");
+	hint_is("nbsp \xc2\xa0 is fine", NULL);
+	hint_is("rlo \xe2\x80\xae", "bidirectional");
+	hint_is("lre \xe2\x80\xaa", "bidirectional");
+	hint_is("lri \xe2\x81\xa6", "bidirectional");
+	hint_is("pdi \xe2\x81\xa9", "bidirectional");
+	hint_is("lrm \xe2\x80\x8e is a mark, not an override", NULL);
+	hint_is("bad \xff", "not valid UTF-8");
+	hint_is("overlong \xc0\xaf", "not valid UTF-8");
+	/* the bound, counted after trimming */
+	s = xcalloc(1, K8S_TASK_MAX_HINT + 8);
+	memset(s, 'a', K8S_TASK_MAX_HINT);
+	hint_is(s, NULL);
+	memmove(s + 2, s, K8S_TASK_MAX_HINT);
+	s[0] = ' ';
+	s[1] = '\n';
+	hint_is(s, NULL);
+	s[K8S_TASK_MAX_HINT + 2] = 'a';
+	hint_is(s, "the hint is too long: 2001 bytes, at most 2000");
+	free(s);
+}
+
+static json_t *
+task_in(const char *text)
+{
+	json_t *j = json_loads(text, 0, NULL);
+
+	assert_non_null(j);
+	return j;
+}
+
+static void
+task_slots(void **state)
+{
+	static const struct {
+		const char *phase;
+		int holds, wants;
+	} rows[] = {
+		{ "Provisioning", 1, 0 }, { "Active", 1, 0 },
+		{ "Pausing", 1, 0 }, { "Pending", 0, 1 }, { "Paused", 0, 1 },
+		{ "", 0, 1 }, { "Completed", 0, 0 }, { "Failed", 0, 0 },
+	};
+	json_t *t;
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < ARRAY_SIZE(rows); i++) {
+		char *doc = xasprintf("{\"spec\":{},\"status\":"
+		    "{\"phase\":\"%s\"}}", rows[i].phase);
+
+		t = task_in(doc);
+		if (k8s_task_holds_slot(t) != rows[i].holds ||
+		    k8s_task_wants_slot(t) != rows[i].wants)
+			fail_msg("%s: holds %d wants %d", rows[i].phase,
+			    k8s_task_holds_slot(t), k8s_task_wants_slot(t));
+		json_decref(t);
+		free(doc);
+	}
+	t = task_in("{\"spec\":{}}");
+	assert_true(k8s_task_wants_slot(t));
+	assert_false(k8s_task_holds_slot(t));
+	json_decref(t);
+	/* paused by someone, or going away: wants none */
+	t = task_in("{\"spec\":{\"suspended\":true},\"status\":"
+	    "{\"phase\":\"Paused\"}}");
+	assert_false(k8s_task_wants_slot(t));
+	json_decref(t);
+	t = task_in("{\"metadata\":{\"deletionTimestamp\":"
+	    "\"2026-01-01T00:00:00Z\"},\"spec\":{},\"status\":"
+	    "{\"phase\":\"Pending\"}}");
+	assert_false(k8s_task_wants_slot(t));
+	json_decref(t);
+}
+
+static void
+task_queue(void **state)
+{
+	char *msg, *doc;
+	int64_t ahead = 0;
+	json_t *t;
+
+	(void)state;
+	msg = k8s_task_queue_message(3, 3, 2, 0);
+	assert_string_equal(msg, "waiting for a free slot: 3 of 3 tasks are "
+	    "running; 2 queued ahead");
+	doc = xasprintf("{\"status\":{\"phase\":\"Pending\",\"reason\":"
+	    "\"Queued\",\"message\":\"%s\"}}", msg);
+	t = task_in(doc);
+	assert_true(k8s_task_queued(t, &ahead));
+	assert_int_equal(ahead, 2);
+	assert_true(k8s_task_queued(t, NULL));
+	json_decref(t);
+	free(doc);
+	free(msg);
+	msg = k8s_task_queue_message(1, 1, 0, 1);
+	assert_string_equal(msg, "waiting for a free slot to resume: 1 of 1 "
+	    "tasks are running; 0 queued ahead");
+	free(msg);
+	/* another reason, another phase: not queued */
+	t = task_in("{\"status\":{\"phase\":\"Pending\",\"reason\":"
+	    "\"Created\",\"message\":\"x; 5 queued ahead\"}}");
+	assert_false(k8s_task_queued(t, &ahead));
+	assert_int_equal(ahead, -1);
+	json_decref(t);
+	t = task_in("{\"status\":{\"phase\":\"Active\",\"reason\":"
+	    "\"Queued\",\"message\":\"x; 5 queued ahead\"}}");
+	assert_false(k8s_task_queued(t, &ahead));
+	json_decref(t);
+	/* queued, its place unreadable: -1, not a number from elsewhere */
+	t = task_in("{\"status\":{\"phase\":\"Paused\",\"reason\":"
+	    "\"Queued\",\"message\":\"limit changed; 5 running\"}}");
+	ahead = 0;
+	assert_true(k8s_task_queued(t, &ahead));
+	assert_int_equal(ahead, -1);
+	json_decref(t);
+	t = task_in("{\"status\":{\"phase\":\"Paused\",\"reason\":"
+	    "\"Queued\",\"message\":\"waiting; 99999999999999999999 queued "
+	    "ahead\"}}");
+	assert_true(k8s_task_queued(t, &ahead));
+	assert_int_equal(ahead, -1);
+	json_decref(t);
+}
+
+static void
+task_settled(void **state)
+{
+	static const struct {
+		const char *del, *phase;
+		int observed;
+		const char *token, *stalled;
+		int settled;
+	} rows[] = {
+		{ "", "Completed", 2, "False", "False", 1 },
+		{ "", "Failed", 2, "False", "False", 1 },
+		{ "", "Paused", 2, "False", "False", 0 },
+		{ "", "Completed", 1, "False", "False", 0 },
+		{ "", "Completed", 2, "True", "False", 0 },
+		{ "", "Completed", 2, "False", "True", 0 },
+		{ ",\"deletionTimestamp\":\"2026-01-01T00:00:00Z\"",
+		    "Completed", 2, "False", "False", 0 },
+	};
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < ARRAY_SIZE(rows); i++) {
+		char *doc = xasprintf("{\"metadata\":{\"generation\":2%s},"
+		    "\"status\":{\"phase\":\"%s\",\"observedGeneration\":%d,"
+		    "\"conditions\":[{\"type\":\"TokenIssued\",\"status\":"
+		    "\"%s\"},{\"type\":\"Stalled\",\"status\":\"%s\"}]}}",
+		    rows[i].del, rows[i].phase,
+		    rows[i].observed, rows[i].token, rows[i].stalled);
+		json_t *t = task_in(doc);
+
+		if (k8s_task_settled(t) != rows[i].settled)
+			fail_msg("row %zu: settled %d", i, k8s_task_settled(t));
+		json_decref(t);
+		free(doc);
+	}
+}
+
 int
 main(void)
 {
@@ -431,6 +742,13 @@ main(void)
 		cmocka_unit_test(status_mapping),
 		cmocka_unit_test(validation_rules),
 		cmocka_unit_test(validation_bounds),
+		cmocka_unit_test(task_usd_amounts),
+		cmocka_unit_test(task_token_amounts),
+		cmocka_unit_test(task_usd_format),
+		cmocka_unit_test(task_hints),
+		cmocka_unit_test(task_slots),
+		cmocka_unit_test(task_queue),
+		cmocka_unit_test(task_settled),
 	};
 
 	util_json_init();

@@ -25,6 +25,7 @@
 #include <sqlite3.h>
 
 #include "k8s/k8s.h"
+#include "meter/meter.h"
 #include "storeenv.h"
 #include "testutil.h"
 
@@ -1901,6 +1902,142 @@ bump_once(const char *name, const char *once, int want_ret,
 	json_decref(out);
 }
 
+/* Bumping task name with bump is refused (nothing written), saying why. */
+static void
+bump_refused(const char *name, const struct k8s_task_bump *bump,
+    const char *why)
+{
+	struct k8s_status st = { 0 };
+	json_t *out = NULL;
+	int rc;
+
+	rc = k8s_task_budget(api, "default", name, bump, NULL, &out, &st);
+	if (rc != K8S_EINVALID || st.message == NULL ||
+	    strstr(st.message, why) == NULL)
+		fail_msg("%d '%s'; wanted a refusal saying '%s'", rc,
+		    st.message ? st.message : "(none)", why);
+	assert_null(out);
+	k8s_status_release(&st);
+}
+
+/* Task name of the default namespace, read back. */
+static json_t *
+get_task_obj(const char *name)
+{
+	struct k8s_status st = { 0 };
+	json_t *o = NULL;
+
+	assert_int_equal(k8s_get(api, &K8S_AGENTTASK, "default", name, &o,
+	    &st), 0);
+	return o;
+}
+
+/* A task of name without spec.budgetUSD or budgetTokens. */
+static void
+create_unbudgeted(const char *name)
+{
+	json_t *in = task(name, "fix it");
+	struct k8s_status st = { 0 };
+
+	json_object_del(json_object_get(in, "spec"), "budgetUSD");
+	assert_int_equal(k8s_create(api, &K8S_AGENTTASK, "default", in, NULL,
+	    &st), 0);
+	json_decref(in);
+}
+
+/*
+ * What a bump refuses, writing nothing: a budget nobody can know (no spec
+ * value, no token, no default), an unlimited one (0: it stays unlimited),
+ * a sum past int64. And a token minted without budget caveats (the
+ * defaults were 0 then) leaves the budgets unlimited, from the token,
+ * even once the defaults are unknown.
+ */
+static void
+task_bump_refusals(void **state)
+{
+	static const unsigned char key[32] = { 7, 7, 7 };
+	struct k8s_task_bump bump = { .default_usd_micro = -1,
+	    .default_tokens = -1 };
+	struct k8s_task_budgets b;
+	struct k8s_status st = { 0 };
+	char *name = uniq("bumps"), *name2 = uniq("bumps"), *tok = NULL;
+	char *c0, *sname, *b64;
+	const char *cavs[2];
+	json_t *patch, *sec, *t = NULL;
+
+	(void)state;
+	create_unbudgeted(name);
+	bump.usd_micro = 1000000;
+	bump_refused(name, &bump, "cannot bump the USD budget of task");
+	bump.usd_micro = 0;
+	bump.tokens = 1000;
+	bump_refused(name, &bump, "cannot bump the token budget of task");
+	bump.default_tokens = 0;
+	bump_refused(name, &bump, "is unlimited (0 in the configured "
+	    "default)");
+	bump.tokens = 0;
+	bump.usd_micro = 1000000;
+	bump.default_usd_micro = 0;
+	bump_refused(name, &bump, "is unlimited (0 in the configured "
+	    "default)");
+	assert_null(spec_str(t = get_task_obj(name), "budgetUSD"));
+	json_decref(t);
+
+	/* the largest budgets the schema takes, and a bump past int64 */
+	patch = json_pack("{s:{s:s,s:I}}", "spec", "budgetUSD", "1000000.00",
+	    "budgetTokens", (json_int_t)1000000000000);
+	assert_int_equal(k8s_patch(api, &K8S_AGENTTASK, "default", name, 0,
+	    patch, NULL, &st), 0);
+	json_decref(patch);
+	bump.usd_micro = INT64_MAX - INT64_C(1000000000000) + 1;
+	bump_refused(name, &bump, "the USD budget of task");
+	bump_refused(name, &bump, "would be too large");
+	bump.usd_micro = 0;
+	bump.tokens = INT64_MAX - INT64_C(1000000000000) + 1;
+	bump_refused(name, &bump, "the token budget of task");
+	bump_refused(name, &bump, "would be too large");
+
+	/* a token with no budget caveats: unlimited, from the token */
+	create_unbudgeted(name2);
+	c0 = xasprintf("task_id = %s", name2);
+	cavs[0] = c0;
+	cavs[1] = "namespace = default";
+	assert_int_equal(macaroon_mint(key, sizeof(key), "id", NULL, cavs, 2,
+	    &tok, NULL), 0);
+	b64 = base64_encode((const unsigned char *)tok, strlen(tok), 0, 1);
+	sname = xasprintf("%s-token", name2);
+	sec = json_pack("{s:s,s:s,s:{s:s},s:{s:s}}", "apiVersion", "v1",
+	    "kind", "Secret", "metadata", "name", sname, "data", "token",
+	    b64);
+	assert_int_equal(k8s_create(api, &K8S_SECRET, "default", sec, NULL,
+	    &st), 0);
+	json_decref(sec);
+	t = get_task_obj(name2);
+	k8s_task_budgets(api, t, -1, -1, &b);
+	assert_int_equal(b.usd.source, K8S_TASK_TOKEN);
+	assert_int_equal(b.usd.value, 0);
+	assert_int_equal(b.tokens.source, K8S_TASK_TOKEN);
+	assert_int_equal(b.tokens.value, 0);
+	/* while a default is configured, it applies */
+	k8s_task_budgets(api, t, 7000000, 9, &b);
+	assert_int_equal(b.usd.source, K8S_TASK_DEFAULT);
+	assert_int_equal(b.usd.value, 7000000);
+	assert_int_equal(b.tokens.source, K8S_TASK_DEFAULT);
+	assert_int_equal(b.tokens.value, 9);
+	json_decref(t);
+	/* and a bump of it says where the unlimited budget comes from */
+	bump.tokens = 0;
+	bump.usd_micro = 1000000;
+	bump.default_usd_micro = -1;
+	bump_refused(name2, &bump, "is unlimited (0 in its token)");
+	free(c0);
+	free(tok);
+	free(b64);
+	free(sname);
+	free(name);
+	free(name2);
+}
+
 /*
  * An operation with an id (a slash command of a comment) takes effect
  * once: its write records the id in the task, and an id the task records
@@ -3376,6 +3513,7 @@ main(void)
 		cmocka_unit_test(delete_precondition_rv_only),
 		cmocka_unit_test(optimistic_race),
 		cmocka_unit_test(task_once),
+		cmocka_unit_test(task_bump_refusals),
 		cmocka_unit_test(list_chunks),
 #if STORE_MODE == 1
 		cmocka_unit_test(transactions),
