@@ -588,6 +588,10 @@ def main(t):
          and pasted not in replies[-1] and pasted[6:14] not in replies[-1],
          "a token pasted into a command: the reply quotes the error, the "
          "token redacted", replies[-1:])
+    # quoted as code: what the comment wrote is never read as Markdown
+    t.ok(replies[-1:] and all(line.startswith(">     ") for line in
+                              replies[-1].splitlines()[1:]),
+         "... the error in a quoted code block", replies[-1:])
 
     # --- a comment retried for its reaction or reply runs its commands once
     fake.call("POST", "/_fake/faults", {"status": 429, "count": 1,
