@@ -311,6 +311,82 @@ validation_rules(void **state)
 	}
 }
 
+/*
+ * Names, label keys and values, and the typed fields, each just inside
+ * and just outside what a cluster takes; and the first error found is
+ * the one reported.
+ */
+static void
+validation_syntax(void **state)
+{
+	static const struct {
+		const char *name;
+		int ok;
+	} names[] = {
+		{ "a", 1 }, { "a-b.c-d", 1 }, { "a--b", 1 }, { "1.2", 1 },
+		{ "-a", 0 }, { "a-", 0 }, { ".a", 0 }, { "a.", 0 },
+		{ "a..b", 0 }, { "a.-b", 0 }, { "a-.b", 0 }, { "A", 0 },
+		{ "a_b", 0 },
+	};
+	static const struct {
+		const char *labels;
+		int ok;
+	} labels[] = {
+		{ "{\"k\":\"\"}", 1 },
+		{ "{\"divergedev.com/repo\":\"v_1.x-y\"}", 1 },
+		{ "{\"k\":\"-v\"}", 0 }, { "{\"k\":\"v-\"}", 0 },
+		{ "{\"k\":\"a b\"}", 0 }, { "{\"k!\":\"v\"}", 0 },
+		{ "{\"-k\":\"v\"}", 0 }, { "{\"Bad_Prefix/k\":\"v\"}", 0 },
+		{ "{\"a..b/k\":\"v\"}", 0 }, { "{\"x.io/\":\"v\"}", 0 },
+	};
+	char *doc;
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < ARRAY_SIZE(names); i++) {
+		doc = xasprintf("{\"metadata\":{\"name\":\"%s\"},\"spec\":"
+		    "{\"objective\":\"x\"}}", names[i].name);
+		validate_text(&K8S_AGENTTASK, doc, names[i].ok ? NULL :
+		    "metadata.name");
+		free(doc);
+	}
+	for (i = 0; i < ARRAY_SIZE(labels); i++) {
+		doc = xasprintf("{\"metadata\":{\"name\":\"t\",\"labels\":%s},"
+		    "\"spec\":{\"objective\":\"x\"}}", labels[i].labels);
+		validate_text(&K8S_AGENTTASK, doc, labels[i].ok ? NULL :
+		    "metadata.labels");
+		free(doc);
+	}
+	/* annotation keys as label keys; their values are free */
+	validate_text(&K8S_AGENTTASK, "{\"metadata\":{\"name\":\"t\","
+	    "\"annotations\":{\"x.io/k\":\" any value -\"}},\"spec\":"
+	    "{\"objective\":\"x\"}}", NULL);
+	validate_text(&K8S_AGENTTASK, "{\"metadata\":{\"name\":\"t\","
+	    "\"annotations\":{\"Bad_Prefix/k\":\"v\"}},\"spec\":"
+	    "{\"objective\":\"x\"}}", "metadata.annotations");
+	validate_text(&K8S_AGENTTASK, "{\"metadata\":{\"name\":\"t\","
+	    "\"ownerReferences\":{}},\"spec\":{\"objective\":\"x\"}}",
+	    "metadata.ownerReferences");
+	/* USD: 12 whole digits and 6 decimals at most, a digit after '.' */
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"budgetUSD\":\"999999999999.123456\"}"), NULL);
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"budgetUSD\":\"1000000000000\"}"), "spec.budgetUSD");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"budgetUSD\":\"5.\"}"), "spec.budgetUSD");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"budgetUSD\":\".5\"}"), "spec.budgetUSD");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"budgetUSD\":\"5.00 \"}"), "spec.budgetUSD");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"draftPR\":\"yes\"}"), "spec.draftPR");
+	validate_text(&K8S_AGENTTASK, T("{\"objective\":\"x\","
+	    "\"suspended\":1}"), "spec.suspended");
+	/* two errors: the first found (spec.objective) is the one named */
+	validate_text(&K8S_AGENTTASK, T("{\"maxIterations\":-1,"
+	    "\"draftPR\":\"yes\"}"), "spec.objective");
+}
+
 /* n copies of c (a new string). */
 static char *
 rep(char c, size_t n)
@@ -742,6 +818,7 @@ main(void)
 		cmocka_unit_test(status_mapping),
 		cmocka_unit_test(validation_rules),
 		cmocka_unit_test(validation_bounds),
+		cmocka_unit_test(validation_syntax),
 		cmocka_unit_test(task_usd_amounts),
 		cmocka_unit_test(task_token_amounts),
 		cmocka_unit_test(task_usd_format),
