@@ -870,6 +870,8 @@ redact_secrets(void **state)
 	redact_is("the header was Bearer-less ghp_SECRETt",
 	    "the header was Bearer-less [redacted]");
 	redact_is("ends in ghp_SEC", "ends in ghp_SEC");
+	/* REDACT_MIN_LEN (8) bytes of its start are enough */
+	redact_is("ends in ghp_SECR", "ends in [redacted]");
 	/* a secret with JSON's special characters, as a JSON body has it */
 	redact_secret_add("pa\"ss\\word-1", 12);
 	redact_is("{\"password\":\"pa\\\"ss\\\\word-1\"}",
@@ -945,6 +947,18 @@ redact_shapes(void **state)
 	/* a user name that looks like a token, with no password */
 	redact_is("clone https://a1b2c3d4e5f6a7b8@git.example/o/r.git failed",
 	    "clone https://[redacted]@git.example/o/r.git failed");
+	/* a token's run takes %-escapes in */
+	redact_is("Authorization: Bearer abc%2Fdef%3D123 (denied)",
+	    "Authorization: Bearer [redacted] (denied)");
+	/* a bare "bearer" takes a token of REDACT_MIN_LEN (8), not 7 */
+	redact_is("invalid bearer a1b2c3d4 here", "invalid bearer [redacted] "
+	    "here");
+	redact_is("invalid bearer a1b2c3d here", "invalid bearer a1b2c3d here");
+	/* a header's value with no scheme, after ':' or '=' */
+	redact_is("Private-Token: abc123def456ghi sent",
+	    "Private-Token: [redacted] sent");
+	redact_is("private-token=abc123def456 sent",
+	    "private-token=[redacted] sent");
 	/* "bearer" that starts a name is not a scheme */
 	redact_is("the bearer_token_count metric is 12345",
 	    "the bearer_token_count metric is 12345");
@@ -962,6 +976,12 @@ redact_vendor_shapes(void **state)
 	redact_secrets_clear();
 	redact_is("Bad credentials: ghp_R8xq2Lm0vZ7kT4nB9cW1yH6jF3sD5aP0gE2u "
 	    "(401)", "Bad credentials: [redacted] (401)");
+	/* a GitHub token ends at a '-' (GitLab's may hold them) */
+	redact_is("ghp_R8xq2Lm0vZ7kT4nB9cW1yH6jF3sD5aP0gE2u-suffix",
+	    "[redacted]-suffix");
+	/* a V2 macaroon's third character runs from E to L */
+	redact_is("token AgLWZGl2ZXJnZS1tZXRlcgICbG9uZy1pZGVudGlmaWVyLXRo"
+	    "YXQtaXMtbG9uZwA rest", "token [redacted] rest");
 	redact_is("gho_0123456789abcdefghijABCDEFGHIJ012345,"
 	    "\"ghu_0123456789abcdefghijABCDEFGHIJ012345\","
 	    "x-access-token:ghs_0123456789abcdefghijABCDEFGHIJ012345_x "
