@@ -1990,12 +1990,16 @@ task_bump_refusals(void **state)
 	    patch, NULL, &st), 0);
 	json_decref(patch);
 	bump.usd_micro = INT64_MAX - INT64_C(1000000000000) + 1;
-	bump_refused(name, &bump, "the USD budget of task");
-	bump_refused(name, &bump, "would be too large");
+	c0 = xasprintf("the USD budget of task \"%s\" would be too large",
+	    name);
+	bump_refused(name, &bump, c0);
+	free(c0);
 	bump.usd_micro = 0;
 	bump.tokens = INT64_MAX - INT64_C(1000000000000) + 1;
-	bump_refused(name, &bump, "the token budget of task");
-	bump_refused(name, &bump, "would be too large");
+	c0 = xasprintf("the token budget of task \"%s\" would be too large",
+	    name);
+	bump_refused(name, &bump, c0);
+	free(c0);
 
 	/* a token with no budget caveats: unlimited, from the token */
 	create_unbudgeted(name2);
