@@ -123,6 +123,32 @@ github_bad_signatures(void **state)
 	assert_int_equal(webhook_github_verify(&k, upper, body, 13), -1);
 	free(upper);
 	/*
+	 * one letter upper-cased alone, at each place, the last one too (this
+	 * body's MAC ends in 'f')
+	 */
+	upper = sign_github(s[0], "Hello, World?", 13);
+	assert_int_equal(upper[7 + 63], 'f');
+	for (i = 7; upper[i]; i++) {
+		if (upper[i] < 'a')
+			continue;
+		upper[i] = (char)(upper[i] - 32);
+		assert_int_equal(webhook_github_verify(&k, upper,
+		    "Hello, World?", 13), -1);
+		upper[i] = (char)(upper[i] + 32);
+	}
+	assert_int_equal(webhook_github_verify(&k, upper, "Hello, World?", 13),
+	    0);
+	free(upper);
+	/* the right MAC with anything after it, or another separator */
+	trunc = xasprintf("%s0", good);
+	assert_int_equal(webhook_github_verify(&k, trunc, body, 13), -1);
+	trunc[strlen(good)] = ' ';
+	assert_int_equal(webhook_github_verify(&k, trunc, body, 13), -1);
+	trunc[strlen(good)] = '\0';
+	trunc[6] = ':';
+	assert_int_equal(webhook_github_verify(&k, trunc, body, 13), -1);
+	free(trunc);
+	/*
 	 * one hex digit changed, at each of the 64 places: refused (the
 	 * whole MAC is compared, not a prefix of it)
 	 */
@@ -149,6 +175,12 @@ github_bad_signatures(void **state)
 	s[1] = "It's a Secret to Everybody";
 	l[1] = strlen(s[1]);
 	k.nsecrets = 2;
+	assert_int_equal(webhook_github_verify(&k, good, body, 13), 0);
+	/* or the first, the second not */
+	s[0] = s[1];
+	l[0] = l[1];
+	s[1] = "new-secret";
+	l[1] = strlen(s[1]);
 	assert_int_equal(webhook_github_verify(&k, good, body, 13), 0);
 	/* no secret at all never verifies */
 	k.nsecrets = 0;
@@ -223,9 +255,16 @@ standard_webhooks_vector(void **state)
 	assert_int_equal(klen, 24);
 	assert_int_equal(webhook_standard_verify(key, klen, id, ts, sig,
 	    payload, strlen(payload), t, &reason), 0);
-	/* within the window on both sides, outside it refused */
+	/* within the window on both sides, its ends included */
 	assert_int_equal(webhook_standard_verify(key, klen, id, ts, sig,
 	    payload, strlen(payload), t + 299, &reason), 0);
+	assert_int_equal(webhook_standard_verify(key, klen, id, ts, sig,
+	    payload, strlen(payload), t + WEBHOOK_TIMESTAMP_WINDOW_S, &reason),
+	    0);
+	assert_int_equal(webhook_standard_verify(key, klen, id, ts, sig,
+	    payload, strlen(payload), t - WEBHOOK_TIMESTAMP_WINDOW_S, &reason),
+	    0);
+	/* outside it refused */
 	assert_int_equal(webhook_standard_verify(key, klen, id, ts, sig,
 	    payload, strlen(payload), t + 301, &reason), -1);
 	assert_int_equal(webhook_standard_verify(key, klen, id, ts, sig,
@@ -271,13 +310,22 @@ standard_webhooks_vector(void **state)
 	assert_int_equal(webhook_standard_verify(key, klen, id, "12ab", sig,
 	    payload, strlen(payload), t, &reason), -1);
 	assert_string_equal(reason, "bad webhook-timestamp");
-	/* the right time followed by anything is not a timestamp */
+	/*
+	 * the right time followed by anything, nothing (not read as 0), or a
+	 * number no int64 holds is not a timestamp
+	 */
 	{
 		char *junk = xasprintf("%sx", ts);
+		const char *const bad[] = { junk, "", "99999999999999999999",
+		    "-99999999999999999999" };
+		size_t i;
 
-		assert_int_equal(webhook_standard_verify(key, klen, id, junk,
-		    sig, payload, strlen(payload), t, &reason), -1);
-		assert_string_equal(reason, "bad webhook-timestamp");
+		for (i = 0; i < ARRAY_SIZE(bad); i++) {
+			assert_int_equal(webhook_standard_verify(key, klen, id,
+			    bad[i], sig, payload, strlen(payload), t, &reason),
+			    -1);
+			assert_string_equal(reason, "bad webhook-timestamp");
+		}
 		free(junk);
 	}
 	standard_mac_forms(key, klen, id, ts, sig, payload, t);
@@ -380,6 +428,8 @@ prefilter(void **state)
 		{ "/divergent idea", 0 },
 		{ "/diverge-x", 0 },
 		{ "/diverge\tfix", 1 },
+		{ "/diverge\r\nhelp", 1 },
+		{ "/diverge\rhelp", 1 },
 		{ "", 0 },
 		{ "/diverg", 0 },
 		{ "text\n\n/diverge", 1 },
@@ -472,6 +522,50 @@ fixtures_as_is(void **state)
 	}
 }
 
+/* A fixture as a JSON document; the caller releases it. */
+static json_t *
+fixture_doc(const char *file)
+{
+	size_t len;
+	char *text = fixture(file, &len);
+	json_t *root = json_loadb(text, len, 0, NULL);
+
+	assert_non_null(root);
+	free(text);
+	return root;
+}
+
+/* A fixture with its comment (GitHub) or note (GitLab) body replaced. */
+static json_t *
+doc_with_body(enum scm_provider p, const char *file, const char *newbody)
+{
+	json_t *root = fixture_doc(file);
+
+	if (p == SCM_GITHUB)
+		json_object_set_new(json_object_get(root, "comment"), "body",
+		    json_string(newbody));
+	else
+		json_object_set_new(json_object_get(root,
+		    "object_attributes"), "note", json_string(newbody));
+	return root;
+}
+
+/* Normalize a document, compact, as the delivery "d-2". */
+static enum webhook_verdict
+normalize_doc(enum scm_provider p, const char *event, const json_t *root,
+    const struct webhook_identity *self, struct scm_event *ev,
+    const char **reason)
+{
+	char *out = json_dumps(root, JSON_COMPACT);
+	enum webhook_verdict v;
+
+	memset(ev, 0, sizeof(*ev));
+	v = webhook_normalize(p, event, "d-2", out, strlen(out), self, ev,
+	    reason);
+	free(out);
+	return v;
+}
+
 /*
  * Replace the comment body of a fixture (and, with gl_user, a GitLab
  * note's author username) and normalize it.
@@ -482,29 +576,14 @@ with_body_by(enum scm_provider p, const char *event, const char *file,
     const struct webhook_identity *self, struct scm_event *ev,
     const char **reason)
 {
-	size_t len;
-	char *text = fixture(file, &len);
-	json_t *root = json_loads(text, 0, NULL);
-	char *out;
+	json_t *root = doc_with_body(p, file, newbody);
 	enum webhook_verdict v;
 
-	assert_non_null(root);
-	if (p == SCM_GITHUB)
-		json_object_set_new(json_object_get(root, "comment"), "body",
-		    json_string(newbody));
-	else
-		json_object_set_new(json_object_get(root,
-		    "object_attributes"), "note", json_string(newbody));
 	if (gl_user != NULL)
 		json_object_set_new(json_object_get(root, "user"), "username",
 		    json_string(gl_user));
-	out = json_dumps(root, JSON_COMPACT);
-	memset(ev, 0, sizeof(*ev));
-	v = webhook_normalize(p, event, "d-2", out, strlen(out), self, ev,
-	    reason);
-	free(out);
+	v = normalize_doc(p, event, root, self, ev, reason);
 	json_decref(root);
-	free(text);
 	return v;
 }
 
@@ -524,6 +603,15 @@ fixtures_with_command(void **state)
 	const char *reason;
 	struct webhook_identity self = { "diverge-bot[bot]", "diverge-bot",
 	    4242 };
+	/* the fixture's merge request is from project 5 to project 5 */
+	static const struct {
+		json_int_t src, dst;	/* 0: removed */
+		int fork;
+	} forks[] = {
+		{ 5, 5, 0 }, { 6, 5, 1 }, { 0, 5, -1 }, { 6, 0, -1 },
+	};
+	json_t *root;
+	size_t i;
 
 	/* GitHub: issue_comment on a PR */
 	assert_int_equal(with_body(SCM_GITHUB, "issue_comment",
@@ -548,6 +636,17 @@ fixtures_with_command(void **state)
 	    "github/go-playground--issue-comment.json", "/diverge fix x",
 	    &self, &ev, &reason), WH_IGNORE);
 	scm_event_release(&ev);
+	/* and so does one whose issue has "pull_request": null */
+	root = doc_with_body(SCM_GITHUB,
+	    "github/go-playground--pull-request-issue-comment.json",
+	    "/diverge fix x");
+	json_object_set_new(json_object_get(root, "issue"), "pull_request",
+	    json_null());
+	assert_int_equal(normalize_doc(SCM_GITHUB, "issue_comment", root,
+	    &self, &ev, &reason), WH_IGNORE);
+	assert_string_equal(reason, "comment on an issue, not a pull request");
+	scm_event_release(&ev);
+	json_decref(root);
 	/* an edit with a command stays ignored */
 	assert_int_equal(with_body(SCM_GITHUB, "issue_comment",
 	    "github/octokit-webhooks--issue_comment.edited.payload.json",
@@ -582,6 +681,30 @@ fixtures_with_command(void **state)
 	assert_string_equal(ev.base_ref, "markdown");
 	assert_int_equal(ev.fork, 0);
 	scm_event_release(&ev);
+	/*
+	 * a fork when the source project is another; unknown when either
+	 * project id is missing
+	 */
+	for (i = 0; i < ARRAY_SIZE(forks); i++) {
+		json_t *mr;
+
+		root = doc_with_body(SCM_GITLAB,
+		    "gitlab/gitlab-docs--comment-on-a-merge-request.json",
+		    "/diverge fix x");
+		mr = json_object_get(root, "merge_request");
+		if (forks[i].src == 0)
+			json_object_del(mr, "source_project_id");
+		else
+			json_object_set_new(mr, "source_project_id",
+			    json_integer(forks[i].src));
+		if (forks[i].dst == 0)
+			json_object_del(mr, "target_project_id");
+		assert_int_equal(normalize_doc(SCM_GITLAB, "Note Hook", root,
+		    &self, &ev, &reason), WH_ACCEPT);
+		assert_int_equal(ev.fork, forks[i].fork);
+		scm_event_release(&ev);
+		json_decref(root);
+	}
 	/* the older shape without action is a creation */
 	assert_int_equal(with_body(SCM_GITLAB, "Note Hook",
 	    "gitlab/go-playground--comment-merge-request-event.json",
@@ -625,40 +748,56 @@ bots_and_self(void **state)
 {
 	struct scm_event ev;
 	const char *reason;
-	struct webhook_identity self = { "chhsia0", "root", 0 };
-	size_t len, i;
-	char *text;
+	/* the authors' names, as configured: the case does not matter */
+	const struct webhook_identity selves[] = {
+		{ "chhsia0", "root", 0 }, { "CHHSIA0", "Root", 0 },
+	};
+	struct webhook_identity self = { NULL, "diverge-bot", 1 };
+	size_t i;
 	json_t *root;
-	char *out;
 
 	/* our own comment */
-	assert_int_equal(with_body(SCM_GITHUB, "issue_comment",
-	    "github/go-playground--pull-request-issue-comment.json",
-	    "/diverge fix x", &self, &ev, &reason), WH_IGNORE);
-	assert_non_null(strstr(reason, "diverge itself"));
-	scm_event_release(&ev);
+	for (i = 0; i < ARRAY_SIZE(selves); i++) {
+		assert_int_equal(with_body(SCM_GITHUB, "issue_comment",
+		    "github/go-playground--pull-request-issue-comment.json",
+		    "/diverge fix x", &selves[i], &ev, &reason), WH_IGNORE);
+		assert_string_equal(reason, "comment by diverge itself");
+		scm_event_release(&ev);
+		assert_int_equal(with_body(SCM_GITLAB, "Note Hook",
+		    "gitlab/gitlab-docs--comment-on-a-merge-request.json",
+		    "/diverge fix x", &selves[i], &ev, &reason), WH_IGNORE);
+		assert_string_equal(reason, "comment by diverge itself");
+		scm_event_release(&ev);
+	}
+	/* on GitLab, our user id under another username (the note's is 1) */
 	assert_int_equal(with_body(SCM_GITLAB, "Note Hook",
 	    "gitlab/gitlab-docs--comment-on-a-merge-request.json",
 	    "/diverge fix x", &self, &ev, &reason), WH_IGNORE);
-	assert_non_null(strstr(reason, "diverge itself"));
+	assert_string_equal(reason, "comment by diverge itself");
 	scm_event_release(&ev);
+	/* our id unknown (0) and a note without user.id: not ours */
+	self.gitlab_user_id = 0;
+	root = doc_with_body(SCM_GITLAB,
+	    "gitlab/gitlab-docs--comment-on-a-merge-request.json",
+	    "/diverge fix x");
+	json_object_del(json_object_get(root, "user"), "id");
+	assert_int_equal(normalize_doc(SCM_GITLAB, "Note Hook", root, &self,
+	    &ev, &reason), WH_ACCEPT);
+	assert_int_equal(ev.author_id, 0);
+	scm_event_release(&ev);
+	json_decref(root);
 
 	/* another bot (GitHub user.type Bot) */
-	text = fixture("github/go-playground--pull-request-issue-comment.json",
-	    &len);
-	root = json_loads(text, 0, NULL);
-	json_object_set_new(json_object_get(root, "comment"), "body",
-	    json_string("/diverge fix x"));
+	root = doc_with_body(SCM_GITHUB,
+	    "github/go-playground--pull-request-issue-comment.json",
+	    "/diverge fix x");
 	json_object_set_new(json_object_get(json_object_get(root, "comment"),
 	    "user"), "type", json_string("Bot"));
-	out = json_dumps(root, JSON_COMPACT);
-	assert_int_equal(webhook_normalize(SCM_GITHUB, "issue_comment", "d",
-	    out, strlen(out), NULL, &ev, &reason), WH_IGNORE);
-	assert_non_null(strstr(reason, "bot"));
+	assert_int_equal(normalize_doc(SCM_GITHUB, "issue_comment", root, NULL,
+	    &ev, &reason), WH_IGNORE);
+	assert_string_equal(reason, "comment by a bot");
 	scm_event_release(&ev);
-	free(out);
 	json_decref(root);
-	free(text);
 
 	/* GitLab's machine users, by the names GitLab gives them */
 	for (i = 0; i < ARRAY_SIZE(gitlab_names); i++) {
@@ -675,9 +814,11 @@ bots_and_self(void **state)
 static void
 closed_and_merged(void **state)
 {
+	static const char *const others[] = { "open", "reopen", "update",
+	    "approved", "unapproved", "approval", "unapproval" };
 	struct scm_event ev;
 	const char *reason;
-	size_t len;
+	size_t len, i;
 	char *text = fixture(
 	    "github/octokit-webhooks--pull_request.closed.payload.json", &len);
 	json_t *root = json_loads(text, 0, NULL);
@@ -697,6 +838,12 @@ closed_and_merged(void **state)
 	assert_int_equal(ev.kind, SCM_EV_MERGED);
 	scm_event_release(&ev);
 	free(out);
+	/* without the top-level number, the pull request's */
+	json_object_del(root, "number");
+	assert_int_equal(normalize_doc(SCM_GITHUB, "pull_request", root, NULL,
+	    &ev, &reason), WH_ACCEPT);
+	assert_int_equal(ev.number, 2);
+	scm_event_release(&ev);
 	json_decref(root);
 	free(text);
 
@@ -721,6 +868,16 @@ closed_and_merged(void **state)
 	assert_int_equal(ev.kind, SCM_EV_CLOSED);
 	scm_event_release(&ev);
 	free(out);
+	/* GitLab's other merge request actions are neither */
+	for (i = 0; i < ARRAY_SIZE(others); i++) {
+		json_object_set_new(json_object_get(root, "object_attributes"),
+		    "action", json_string(others[i]));
+		assert_int_equal(normalize_doc(SCM_GITLAB, "Merge Request Hook",
+		    root, NULL, &ev, &reason), WH_IGNORE);
+		assert_string_equal(reason,
+		    "merge request event other than close or merge");
+		scm_event_release(&ev);
+	}
 	json_decref(root);
 	free(text);
 }
@@ -782,6 +939,11 @@ bad_shapes(void **state)
 	assert_int_equal(webhook_normalize(SCM_GITLAB, "Merge Request Hook",
 	    "d", "{\"object_attributes\":{\"action\":\"merge\"}}", 40, NULL,
 	    &ev, &reason), WH_BAD_REQUEST);
+	/* JSON's whitespace before the object is no shape error */
+	assert_int_equal(webhook_normalize(SCM_GITHUB, "ping", "d",
+	    " \t\r\n{\"zen\":\"z\"}", 15, NULL, &ev, &reason), WH_IGNORE);
+	assert_string_equal(reason, "ping");
+	scm_event_release(&ev);
 }
 
 /* A GitLab fixture with one object_attributes field replaced, compact. */
@@ -837,7 +999,7 @@ handle_requests(void **state)
 	    "X-GitHub-Event", "X-GitHub-Delivery" }, { "application/json",
 	    sig, "ping", "abc-1" } };
 	struct hdrs g;
-	char *gl2;
+	char *gl2, *digest;
 
 	one_key(&k, s, l, "sekrit");
 	memset(&ev, 0, sizeof(ev));
@@ -865,9 +1027,37 @@ handle_requests(void **state)
 	assert_int_equal(webhook_handle(SCM_GITHUB, &k, NULL, hget, &h, body,
 	    strlen(body), 0, &ev, &reason), WH_BAD_REQUEST);
 	h.k[2] = "X-GitHub-Event";
-	h.v[3] = "has space";
+	h.v[2] = "";
 	assert_int_equal(webhook_handle(SCM_GITHUB, &k, NULL, hget, &h, body,
 	    strlen(body), 0, &ev, &reason), WH_BAD_REQUEST);
+	assert_string_equal(reason, "missing X-GitHub-Event");
+	h.v[2] = "ping";
+	/* a delivery id is printable ASCII, 200 characters at most */
+	{
+		static const char *const bad[] = { "has space", "del\x7f",
+		    "caf\xc3\xa9" };
+		char id[202];
+		size_t i;
+
+		for (i = 0; i < ARRAY_SIZE(bad); i++) {
+			h.v[3] = bad[i];
+			assert_int_equal(webhook_handle(SCM_GITHUB, &k, NULL,
+			    hget, &h, body, strlen(body), 0, &ev, &reason),
+			    WH_BAD_REQUEST);
+			assert_string_equal(reason,
+			    "missing or invalid X-GitHub-Delivery");
+		}
+		memset(id, 'a', 201);
+		id[201] = '\0';
+		h.v[3] = id;
+		assert_int_equal(webhook_handle(SCM_GITHUB, &k, NULL, hget, &h,
+		    body, strlen(body), 0, &ev, &reason), WH_BAD_REQUEST);
+		id[200] = '\0';
+		assert_int_equal(webhook_handle(SCM_GITHUB, &k, NULL, hget, &h,
+		    body, strlen(body), 0, &ev, &reason), WH_IGNORE);
+		assert_string_equal(ev.delivery, id);
+		scm_event_release(&ev);
+	}
 	h.v[3] = "abc-1";
 
 	/* form-encoded: the signature covers the raw form body */
@@ -887,8 +1077,9 @@ handle_requests(void **state)
 	    strlen(form), 0, &ev, &reason), WH_BAD_REQUEST);
 	free(form);
 	/*
-	 * the payload field among others is read; given twice, or with a
-	 * broken %-escape, the body is refused (signed, so a 400, not 401)
+	 * the payload field among others is read; given twice (an empty
+	 * one too), or with a broken %-escape, the body is refused (signed,
+	 * so a 400, not 401)
 	 */
 	{
 		static const struct {
@@ -901,6 +1092,10 @@ handle_requests(void **state)
 			    "%7D&payload=%7B%7D", WH_BAD_REQUEST },
 			{ "payload=%7B%7D&payload=%7B%22zen%22%3A%22z%22%2C%22"
 			    "hook_id%22%3A1%7D", WH_BAD_REQUEST },
+			{ "payload=&payload=%7B%22zen%22%3A%22z%22%2C%22hook_id"
+			    "%22%3A1%7D", WH_BAD_REQUEST },
+			{ "payload=%7B%22zen%22%3A%22z%22%2C%22hook_id%22%3A1"
+			    "%7D&payload=", WH_BAD_REQUEST },
 			{ "payload=%7B%22zen%22%3A%22z%22%7D%7", WH_BAD_REQUEST },
 			{ "payload=%7B%22zen%22%3A%22z%22%7D%", WH_BAD_REQUEST },
 			{ "payload=%7B%22zen%22%3A%22z%22%7D%zz",
@@ -951,7 +1146,17 @@ handle_requests(void **state)
 	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, gl2,
 	    strlen(gl2), 0, &ev, &reason), WH_ACCEPT);
 	assert_int_equal(strlen(ev.delivery), 64);
+	digest = ev.delivery;
+	ev.delivery = NULL;	/* now ours */
 	scm_event_release(&ev);
+	/* an empty Idempotency-Key is none */
+	g.k[3] = "Idempotency-Key";
+	g.v[3] = "";
+	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, gl2,
+	    strlen(gl2), 0, &ev, &reason), WH_ACCEPT);
+	assert_string_equal(ev.delivery, digest);
+	scm_event_release(&ev);
+	free(digest);
 	g.k[3] = "X-Gitlab-Event-UUID";
 	g.v[3] = "uuid-1";
 	g.k[4] = "Idempotency-Key";
@@ -1150,6 +1355,29 @@ gitlab_event_uuid(void **state)
 	assert_string_not_equal(a, b);
 	free(b);
 	free(a);
+	/*
+	 * "<UUID>.<digest>" is 200 characters at most (a UUID of 135): one
+	 * longer is refused, not cut to fit
+	 */
+	{
+		char uuid[137];
+		struct scm_event ev;
+		const char *reason;
+
+		memset(uuid, 'u', 136);
+		uuid[135] = '\0';
+		g.v[3] = uuid;
+		a = gitlab_key(&k, &g, note, 0);
+		assert_int_equal(strlen(a), 200);
+		assert_int_equal(strncmp(a, uuid, 135), 0);
+		free(a);
+		uuid[135] = 'u';
+		uuid[136] = '\0';
+		memset(&ev, 0, sizeof(ev));
+		assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g,
+		    note, strlen(note), 0, &ev, &reason), WH_BAD_REQUEST);
+		assert_string_equal(reason, "invalid delivery id");
+	}
 	free(closed);
 	free(note);
 }
@@ -1292,6 +1520,50 @@ gitlab_event_header_unsigned(void **state)
 	free(key);
 }
 
+/*
+ * An internal note (the older name: confidential; or delivered as a
+ * Confidential Note Hook) is marked internal, in the stored form too:
+ * nothing taken from it may become public.
+ */
+static void
+gitlab_internal_notes(void **state)
+{
+	static const struct {
+		const char *event;
+		const char *flag;	/* object_attributes' field set true */
+		int internal;
+	} cases[] = {
+		{ "Note Hook", NULL, 0 },
+		{ "Note Hook", "internal", 1 },
+		{ "Note Hook", "confidential", 1 },
+		{ "Confidential Note Hook", NULL, 1 },
+	};
+	struct scm_event ev, back;
+	const char *reason;
+	json_t *root;
+	char *enc;
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(cases); i++) {
+		root = doc_with_body(SCM_GITLAB,
+		    "gitlab/gitlab-docs--comment-on-a-merge-request.json",
+		    "/diverge fix x");
+		if (cases[i].flag != NULL)
+			json_object_set_new(json_object_get(root,
+			    "object_attributes"), cases[i].flag, json_true());
+		assert_int_equal(normalize_doc(SCM_GITLAB, cases[i].event,
+		    root, NULL, &ev, &reason), WH_ACCEPT);
+		assert_int_equal(ev.internal, cases[i].internal);
+		enc = scm_event_encode(&ev);
+		assert_int_equal(scm_event_decode(&back, enc, strlen(enc)), 0);
+		assert_int_equal(back.internal, cases[i].internal);
+		scm_event_release(&back);
+		scm_event_release(&ev);
+		free(enc);
+		json_decref(root);
+	}
+}
+
 static void
 event_roundtrip(void **state)
 {
@@ -1354,6 +1626,7 @@ main(void)
 		cmocka_unit_test(gitlab_event_uuid),
 		cmocka_unit_test(gitlab_signed_key),
 		cmocka_unit_test(gitlab_event_header_unsigned),
+		cmocka_unit_test(gitlab_internal_notes),
 		cmocka_unit_test(event_roundtrip),
 	};
 
