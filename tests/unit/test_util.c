@@ -369,6 +369,34 @@ time_ages(void **state)
 	}
 }
 
+/*
+ * jscan on an exact heap copy of text: with --enable-asan, a read past
+ * the end of the input is caught, not served by the NUL after a literal.
+ */
+static int
+jscan_copy(const char *text, size_t len, int max_depth, const char **err)
+{
+	struct jfield f[1] = { { .path = "a" } };
+	char *copy = xmalloc(len > 0 ? len : 1);
+	int r;
+
+	memcpy(copy, text, len);
+	r = jscan(copy, len, f, 1, max_depth, err);
+	free(copy);
+	return r;
+}
+
+/* Whether jansson reads text as one JSON value. */
+static int
+jansson_reads(const char *text, size_t len)
+{
+	json_t *j = json_loadb(text, len, JSON_DECODE_ANY, NULL);
+
+	json_decref(j);
+	return j != NULL;
+}
+
+/* Valid and invalid documents, as jansson (RFC 8259) judges them too. */
 static void
 jscan_validity(void **state)
 {
@@ -377,6 +405,8 @@ jscan_validity(void **state)
 		" {\"a\" : [1, 2, {\"b\": null}] } ",
 		"\"\\ud83d\\ude00\"", "\"\\u00e9\\n\\t\\/\"",
 		"\"caf\xc3\xa9\"", "[1e10, -2E+3, 0.5]",
+		"\"\\udbff\\udfff\\ud83d\\udfff\"", "\"\\uD83D\\uDE00\"",
+		"\"\\b\\f\\r\\\"\\\\\"", " \r\n{\r\n}\r\n",
 	};
 	static const char *const bad[] = {
 		"", "{", "}", "[1,]", "{\"a\":}", "{\"a\" 1}", "{a:1}",
@@ -384,7 +414,14 @@ jscan_validity(void **state)
 		"\"\\x\"", "\"\\ud800\"", "\"\\udc00\"",
 		"\"\\ud800\\u0041\"", "\"a\tb\"", "\"\xc0\xaf\"",
 		"\"\xed\xa0\x80\"", "\"\xf5\x80\x80\x80\"", "{} x",
-		"[1] [2]", "{\"a\":1,}", "\"\\u12\"",
+		"[1] [2]", "{\"a\":1,}", "\"\\u12\"", "\"\\u12G4\"",
+		/* lone surrogates at the range ends, pairs of the wrong kind */
+		"\"\\udfff\"", "\"\\udbff\"", "\"\\ud800\\udbff\"",
+		"\"\\ud800\\ndc00\"",
+		/* JavaScript's \', a lone continuation byte, form feed */
+		"\"\\'\"", "\"\x80\"", "\f{}", "{}\f", "[1,\f2]",
+		/* numbers and literals with a wrong byte inside or after */
+		"[1.,2]", "1e+-3", "1e--3", "trux", "[nulx]", "falsy",
 	};
 	struct jfield f[1] = { { "a", 0, NULL, 0, 0 } };
 	const char *err;
@@ -393,16 +430,20 @@ jscan_validity(void **state)
 
 	for (i = 0; i < ARRAY_SIZE(good); i++) {
 		err = NULL;
-		if (jscan(good[i], strlen(good[i]), f, 1, 64, &err) != 0)
+		if (jscan_copy(good[i], strlen(good[i]), 64, &err) != 0)
 			fprintf(stderr, "# good %zu: %s\n", i, err);
-		assert_int_equal(jscan(good[i], strlen(good[i]), f, 1, 64,
+		assert_int_equal(jscan_copy(good[i], strlen(good[i]), 64,
 		    &err), 0);
+		assert_true(jansson_reads(good[i], strlen(good[i])));
 	}
 	for (i = 0; i < ARRAY_SIZE(bad); i++) {
 		err = NULL;
-		assert_int_equal(jscan(bad[i], strlen(bad[i]), f, 1, 64, &err),
+		if (jscan_copy(bad[i], strlen(bad[i]), 64, &err) == 0)
+			fprintf(stderr, "# bad %zu passed\n", i);
+		assert_int_equal(jscan_copy(bad[i], strlen(bad[i]), 64, &err),
 		    -1);
 		assert_non_null(err);
+		assert_false(jansson_reads(bad[i], strlen(bad[i])));
 	}
 	buf_init(&deep, 1 << 20);
 	for (i = 0; i < 100; i++)
@@ -433,6 +474,49 @@ jscan_validity(void **state)
 		if (i == 10)
 			assert_string_equal(err, "nesting too deep");
 		buf_release(&deep);
+	}
+}
+
+/*
+ * A document cut short anywhere is refused without a read past the cut
+ * (each cut is an exact heap copy, for --enable-asan). Cut inside an
+ * escape or a UTF-8 sequence, the error names what was cut, whether the
+ * byte after the cut is the rest of the text or nothing.
+ */
+static void
+jscan_cuts(void **state)
+{
+	static const char doc[] = "{\"s\":\"a\\n\\u00e9\\ud83d\\ude00"
+	    "\xc3\xa9\\\\\",\"n\":[-1.5e+3,0,true,false,null],\"o\":{}}";
+	static const struct {
+		const char *text;
+		size_t cut;
+		const char *err;
+	} named[] = {
+		{ "\"\\u00e9\"", 2, "unterminated string" },
+		{ "\"\\\"\"", 2, "unterminated string" },
+		{ "\"\\u00e9\"", 6, "invalid \\u escape" },
+		{ "\"\\ud83d\\ude00\"", 12, "unpaired high surrogate" },
+		{ "\"\xc3\xa9\"", 2, "invalid UTF-8 in string" },
+	};
+	const char *err;
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < sizeof(doc) - 1; i++)
+		assert_int_equal(jscan_copy(doc, i, 8, &err), -1);
+	assert_int_equal(jscan_copy(doc, sizeof(doc) - 1, 8, &err), 0);
+	for (i = 0; i < ARRAY_SIZE(named); i++) {
+		struct jfield f[1] = { { .path = "a" } };
+
+		err = NULL;
+		assert_int_equal(jscan(named[i].text, named[i].cut, f, 1, 8,
+		    &err), -1);
+		assert_string_equal(err, named[i].err);
+		err = NULL;
+		assert_int_equal(jscan_copy(named[i].text, named[i].cut, 8,
+		    &err), -1);
+		assert_string_equal(err, named[i].err);
 	}
 }
 
@@ -506,7 +590,8 @@ jscan_fields(void **state)
 {
 	const char *doc = "{\"action\":\"created\",\"issue\":{\"number\":42,"
 	    "\"pull_request\":{\"url\":\"u\"},\"labels\":[{\"number\":7}]},"
-	    "\"comment\":{\"body\":\"hi\\n\\u00e9 \\ud83d\\ude00\","
+	    "\"comment\":{\"body\":\"hi\\n\\u00e9 \\ud83d\\ude00\\b\\f\\r\\t"
+	    "\\/\\\"\\\\\\udbff\\udfff\","
 	    "\"user\":{\"login\":\"octo\",\"type\":null}},"
 	    "\"n\":123456789012,\"big\":99999999999999999999,\"f\":1.5,"
 	    "\"t\":true,\"\\u0061\\u0062\":\"escaped key\"}";
@@ -533,13 +618,18 @@ jscan_fields(void **state)
 	assert_string_equal(str, "created");
 	free(str);
 	assert_int_equal(f[1].type, JT_OBJECT);
+	/* neither decoder takes a value of another type */
+	assert_int_equal(jscan_string(&f[1], &str, &n), -1);
+	assert_int_equal(jscan_string(&f[2], &str, &n), -1);
+	assert_int_equal(jscan_int(&f[0], &v), -1);
 	/* the number inside the labels array is not issue.number */
 	assert_int_equal(jscan_int(&f[2], &v), 0);
 	assert_int_equal(v, 42);
 	assert_int_equal(f[2].count, 1);
 	assert_int_equal(f[3].type, JT_OBJECT);
 	assert_int_equal(jscan_string(&f[4], &str, &n), 0);
-	assert_string_equal(str, "hi\n\xc3\xa9 \xf0\x9f\x98\x80");
+	assert_string_equal(str, "hi\n\xc3\xa9 \xf0\x9f\x98\x80\b\f\r\t/\"\\"
+	    "\xf4\x8f\xbf\xbf");
 	free(str);
 	assert_int_equal(f[6].type, JT_NULL);
 	assert_int_equal(jscan_int(&f[7], &v), 0);
@@ -590,6 +680,125 @@ jscan_fields(void **state)
 
 		assert_int_equal(jscan(ok, strlen(ok), d, 1, 8, &err), 0);
 		assert_int_equal(d[0].count, 1);
+	}
+}
+
+/*
+ * The documented bounds: 64 fields (the last one recorded, one more
+ * refused), paths of 8 components, jscan_int from INT64_MIN to INT64_MAX
+ * and no further, and a number too long for its buffer refused before
+ * it is copied (at 32 bytes, one too many: the sanitizer builds see it).
+ */
+static void
+jscan_bounds(void **state)
+{
+	static const char deep[] = "{\"a\":{\"b\":{\"c\":{\"d\":{\"e\":{\"f\":"
+	    "{\"g\":{\"h\":7}}}}}}}}";
+	static const struct {
+		const char *text;
+		int ok;
+		int64_t v;
+	} ints[] = {
+		{ "9223372036854775807", 1, INT64_MAX },
+		{ "-9223372036854775808", 1, INT64_MIN },
+		{ "-0", 1, 0 },
+		{ "9223372036854775808", 0, 0 },
+		{ "-9223372036854775809", 0, 0 },
+		{ "1E2", 0, 0 },
+		{ "10000000000000000000000000000000", 0, 0 },
+		{ "-1000000000000000000000000000000", 0, 0 },
+	};
+	struct jfield f[JSCAN_MAX_FIELDS + 1];
+	char names[JSCAN_MAX_FIELDS + 1][8], text[64];
+	const char *err;
+	struct buf doc;
+	int64_t v;
+	size_t i;
+
+	(void)state;
+	buf_init(&doc, 4096);
+	buf_addstr(&doc, "{");
+	for (i = 0; i <= JSCAN_MAX_FIELDS; i++) {
+		snprintf(names[i], sizeof(names[i]), "k%zu", i);
+		f[i].path = names[i];
+		buf_printf(&doc, "%s\"k%zu\":%zu", i ? "," : "", i, i);
+	}
+	buf_addstr(&doc, "}");
+	assert_int_equal(jscan(doc.data, doc.len, f, JSCAN_MAX_FIELDS, 8,
+	    &err), 0);
+	assert_int_equal(jscan_int(&f[JSCAN_MAX_FIELDS - 1], &v), 0);
+	assert_int_equal(v, JSCAN_MAX_FIELDS - 1);
+	err = NULL;
+	assert_int_equal(jscan(doc.data, doc.len, f, JSCAN_MAX_FIELDS + 1, 8,
+	    &err), -1);
+	assert_string_equal(err, "too many fields requested");
+	buf_release(&doc);
+
+	f[0].path = "a.b.c.d.e.f.g.h";
+	assert_int_equal(jscan(deep, strlen(deep), f, 1, 8, &err), 0);
+	assert_int_equal(jscan_int(&f[0], &v), 0);
+	assert_int_equal(v, 7);
+
+	f[0].path = "v";
+	for (i = 0; i < ARRAY_SIZE(ints); i++) {
+		snprintf(text, sizeof(text), "{\"v\":%s}", ints[i].text);
+		assert_int_equal(jscan(text, strlen(text), f, 1, 8, &err), 0);
+		v = -1;
+		assert_int_equal(jscan_int(&f[0], &v), ints[i].ok ? 0 : -1);
+		if (ints[i].ok)
+			assert_true(v == ints[i].v);
+	}
+}
+
+/*
+ * jscan_escape copies printable ASCII and UTF-8 as they are, wherever
+ * they fall in its blocks; it escapes quotes, backslashes and every C0
+ * control so that jansson reads the same string back; and a part the
+ * buffer refused is an error even when the closing quote still fits.
+ */
+static void
+jscan_escape_bytes(void **state)
+{
+	static const char utf8[] = "\xc3\xa9\xe2\x80\xa8\x7f \xf0\x9f\x98\x80 ";
+	char plain[128], ctl[40], want[160];
+	struct buf b;
+	json_t *j;
+	size_t i, n = 0;
+
+	(void)state;
+	for (i = 0x20; i < 0x7f; i++)
+		if (i != '"' && i != '\\')
+			plain[n++] = (char)i;
+	memcpy(plain + n, utf8, sizeof(utf8));
+	for (i = 0; plain[i] != '\0'; i++) {
+		buf_init(&b, 1024);
+		assert_int_equal(jscan_escape(&b, plain + i), 0);
+		snprintf(want, sizeof(want), "\"%s\"", plain + i);
+		assert_string_equal(b.data, want);
+		buf_release(&b);
+	}
+
+	for (i = 1; i < 0x20; i++)
+		ctl[i - 1] = (char)i;
+	memcpy(ctl + 0x1f, "\"x\\", 4);
+	buf_init(&b, 1024);
+	assert_int_equal(jscan_escape(&b, ctl), 0);
+	for (i = 0; i < b.len; i++)
+		assert_true((unsigned char)b.data[i] >= 0x20);
+	j = json_loadb(b.data, b.len, JSON_DECODE_ANY, NULL);
+	assert_non_null(j);
+	assert_string_equal(json_string_value(j), ctl);
+	json_decref(j);
+	buf_release(&b);
+
+	/*
+	 * "ab\n" escaped takes 6 bytes: 5 leave out the closing quote, 4 the
+	 * \n while the closing quote still fits
+	 */
+	for (n = 5; n >= 4; n--) {
+		buf_init(&b, n);
+		assert_int_equal(jscan_escape(&b, "ab\n"), -1);
+		buf_release(&b);
 	}
 }
 
@@ -1257,6 +1466,9 @@ main(void)
 		cmocka_unit_test(jscan_validity),
 		cmocka_unit_test(jscan_fields),
 		cmocka_unit_test(jscan_word_runs),
+		cmocka_unit_test(jscan_cuts),
+		cmocka_unit_test(jscan_bounds),
+		cmocka_unit_test(jscan_escape_bytes),
 		cmocka_unit_test(dump_compact),
 		cmocka_unit_test(log_lines),
 		cmocka_unit_test(redact_secrets),
