@@ -1454,8 +1454,15 @@ gitlab_signed_key(void **state)
 	g.k[6] = "Idempotency-Key";
 	assert_gitlab_key(&k, &g, note, 1614265330,
 	    "9d0e3c7a-2b4f-4a1e-8c6d-5f7e9a0b1c2d");
-	/* an empty webhook-id, signed: refused, not keyed by unsigned ones */
+	/* the right token does not stand in for the signature */
 	k.signing_key = key;
+	free(sig);
+	sig = sign_standard(key, klen, id, "1614265330", "{}");
+	g.v[5] = sig;
+	memset(&ev, 0, sizeof(ev));
+	assert_int_equal(webhook_handle(SCM_GITLAB, &k, NULL, hget, &g, note,
+	    strlen(note), 1614265330, &ev, &reason), WH_UNAUTHORIZED);
+	/* an empty webhook-id, signed: refused, not keyed by unsigned ones */
 	free(sig);
 	sig = sign_standard(key, klen, "", "1614265330", note);
 	g.v[3] = "";
