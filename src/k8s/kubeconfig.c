@@ -319,6 +319,13 @@ entry_dup(const struct kc_entry *e, const char *key, char **out,
 	return 0;
 }
 
+/* dir/rel, without doubling the '/' of the root directory. */
+static char *
+path_join(const char *dir, const char *rel)
+{
+	return xasprintf("%s/%s", strcmp(dir, "/") == 0 ? "" : dir, rel);
+}
+
 /* A file path field, resolved against the directory of its file. */
 static int
 entry_path(const struct kc_entry *e, const char *key, char **out,
@@ -334,7 +341,7 @@ entry_path(const struct kc_entry *e, const char *key, char **out,
 	else if (v[0] == '/')
 		*out = xstrdup(v);
 	else
-		*out = xasprintf("%s/%s", e->file->dir, v);
+		*out = path_join(e->file->dir, v);
 	return 0;
 }
 
@@ -455,7 +462,7 @@ dir_of(const char *path)
 	    xstrndup(path, (size_t)(slash - path)) : xstrdup(".");
 	if (dir[0] != '/' && getcwd(cwd, sizeof(cwd)) != NULL) {
 		char *abs = strcmp(dir, ".") == 0 ? xstrdup(cwd) :
-		    xasprintf("%s/%s", strcmp(cwd, "/") == 0 ? "" : cwd, dir);
+		    path_join(cwd, dir);
 
 		free(dir);
 		dir = abs;
@@ -830,7 +837,7 @@ load_exec(const struct kc_entry *u, yaml_node_t *node, struct k8s_cluster *c,
 	}
 	c->exec_argv = xcalloc(seq_len(args) + 2, sizeof(char *));
 	c->exec_argv[0] = strchr(cmd, '/') != NULL && cmd[0] != '/' ?
-	    xasprintf("%s/%s", e.file->dir, cmd) : xstrdup(cmd);
+	    path_join(e.file->dir, cmd) : xstrdup(cmd);
 	if (seq_strings(&e, args, "args", c->exec_argv, 1, cause) < 0)
 		return -1;
 	c->exec_env = xcalloc(seq_len(env) + 1, sizeof(char *));
@@ -1063,7 +1070,7 @@ read_trimmed(const char *path)
 	    s[len - 1] == ' ' || s[len - 1] == '\t'))
 		s[--len] = '\0';
 	while (start < len && (s[start] == ' ' || s[start] == '\t' ||
-	    s[start] == '\n'))
+	    s[start] == '\n' || s[start] == '\r'))
 		start++;
 	if (start == len) {
 		free(s);

@@ -117,6 +117,16 @@ ends_with(const char *s, const char *suffix)
 	return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
+/* fmt with its one "%s" replaced by path. */
+static char *
+subst(const char *fmt, const char *path)
+{
+	const char *at = strstr(fmt, "%s");
+
+	assert_non_null(at);
+	return xasprintf("%.*s%s%s", (int)(at - fmt), fmt, path, at + 2);
+}
+
 static void
 write_file(const char *path, const char *text)
 {
@@ -147,6 +157,63 @@ remove_tree(const char *dir, const char *const *rel)
 		free(p);
 	}
 	rmdir(dir);
+}
+
+/*
+ * Parse a kubeconfig at /etc/kube/config whose cluster c is
+ * "{cluster: {CLUSTER}}" and user u "{user: {USER}}".
+ */
+static int
+parse_kc(struct k8s_cluster *c, const char *cluster, const char *user,
+    char **cause)
+{
+	char *text = xasprintf("current-context: m\n"
+	    "contexts: [{name: m, context: {cluster: c, user: u}}]\n"
+	    "clusters: [{name: c, cluster: {%s}}]\n"
+	    "users: [{name: u, user: {%s}}]\n", cluster, user);
+	int rc;
+
+	memset(c, 0, sizeof(*c));
+	*cause = NULL;
+	rc = k8s_kubeconfig_parse_mem(c, "/etc/kube/config", text,
+	    strlen(text), NULL, cause);
+	free(text);
+	return rc;
+}
+
+/* Parse a kubeconfig whose user u is "{user: {USER}}". */
+static int
+parse_user(struct k8s_cluster *c, const char *user, char **cause)
+{
+	return parse_kc(c, "server: 'https://k.example'", user, cause);
+}
+
+/* Parse a kubeconfig whose cluster c is "{cluster: {CLUSTER}}". */
+static int
+parse_cluster(struct k8s_cluster *c, const char *cluster, char **cause)
+{
+	return parse_kc(c, cluster, "", cause);
+}
+
+/*
+ * parse_kc() that must fail (a NULL cluster has just a server): the
+ * message is fmt with "%s" the file's path, and quotes no TOPSECRET.
+ */
+static void
+kc_err(const char *cluster, const char *user, const char *fmt)
+{
+	struct k8s_cluster c, zero;
+	char *cause = NULL, *want = subst(fmt, "/etc/kube/config");
+
+	memset(&zero, 0, sizeof(zero));
+	assert_int_equal(parse_kc(&c, cluster != NULL ? cluster :
+	    "server: 'https://k.example'", user, &cause), -1);
+	assert_string_equal(cause, want);
+	assert_null(strstr(cause, "TOPSECRET"));
+	/* nothing written */
+	assert_memory_equal(&c, &zero, sizeof(c));
+	free(want);
+	free(cause);
 }
 
 static int
@@ -229,21 +296,38 @@ test_data_fields(void **state)
 	assert_null(c.cert_file);
 	assert_null(c.key_file);
 	k8s_cluster_release(&c);
+
+	/* line breaks in the base64, as base64(1) wraps it, are skipped */
+	load_data_ok(&c, "multi.yaml", "wrapped");
+	assert_string_equal(c.ca_data, "-----BEGIN CERTIFICATE-----\n"
+	    "MIIBfakeCAdataForTests0123456789\n-----END CERTIFICATE-----\n");
+	k8s_cluster_release(&c);
 }
 
 static void
 test_data_overrides_path(void **state)
 {
 	struct k8s_cluster c;
+	char *cause = NULL;
 
 	(void)state;
 	load_data_ok(&c, "multi.yaml", "both-ca");
 	assert_null(c.ca_file);
 	assert_non_null(c.ca_data);
-	/* a context without a user: no credentials at all */
+	/* a context whose user is "": no credentials at all */
 	assert_null(c.token);
 	assert_null(c.token_file);
 	assert_null(c.cert_data);
+	k8s_cluster_release(&c);
+
+	/* so do client-certificate-data and client-key-data */
+	assert_int_equal(parse_user(&c, "client-certificate: c.pem, "
+	    "client-certificate-data: Y2VydA==, client-key: k.pem, "
+	    "client-key-data: a2V5", &cause), 0);
+	assert_null(c.cert_file);
+	assert_null(c.key_file);
+	assert_string_equal(c.cert_data, "cert");
+	assert_string_equal(c.key_data, "key");
 	k8s_cluster_release(&c);
 }
 
@@ -287,6 +371,39 @@ test_insecure_server_name(void **state)
 	assert_string_equal(c.server, "https://lab.internal:8443");
 	assert_null(c.ca_file);
 	k8s_cluster_release(&c);
+}
+
+/*
+ * insecure-skip-tls-verify takes YAML 1.1's booleans, as kubectl reads
+ * the file.
+ */
+static void
+test_yaml_booleans(void **state)
+{
+	static const char *const yes[] = { "true", "True", "TRUE", "yes",
+	    "Yes", "YES", "on", "On", "ON", "y", "Y" };
+	static const char *const no[] = { "false", "False", "FALSE", "no",
+	    "No", "NO", "off", "Off", "OFF", "n", "N" };
+	struct k8s_cluster c;
+	char *cause = NULL, *f;
+	const char *v;
+	size_t i;
+	int want;
+
+	(void)state;
+	for (want = 0; want <= 1; want++) {
+		for (i = 0; i < ARRAY_SIZE(yes); i++) {
+			v = want ? yes[i] : no[i];
+			f = xasprintf("server: 'https://k.example', "
+			    "insecure-skip-tls-verify: %s", v);
+			if (parse_cluster(&c, f, &cause) != 0)
+				fail_msg("'%s': %s", v, cause);
+			if (c.insecure != want)
+				fail_msg("'%s' read as %d", v, c.insecure);
+			k8s_cluster_release(&c);
+			free(f);
+		}
+	}
 }
 
 static void
@@ -352,7 +469,7 @@ static void
 test_merge_missing_file_skipped(void **state)
 {
 	struct k8s_cluster c;
-	char *b = data_path("merge-b.yaml");
+	char *b = data_path("merge-b.yaml"), *none;
 	char *list = xasprintf("/nonexistent/kubeconfig:%s", b);
 
 	(void)state;
@@ -360,6 +477,15 @@ test_merge_missing_file_skipped(void **state)
 	/* b's current-context, now that a is absent */
 	assert_string_equal(c.server, "https://b.example.com:6443");
 	k8s_cluster_release(&c);
+	free(list);
+
+	/* and when the first file sets none */
+	none = data_path("no-current.yaml");
+	list = xasprintf("%s:%s", none, b);
+	load_ok(&c, list, NULL);
+	assert_string_equal(c.server, "https://b.example.com:6443");
+	k8s_cluster_release(&c);
+	free(none);
 	free(b);
 	free(list);
 }
@@ -465,6 +591,54 @@ test_relative_paths_tmp(void **state)
 	free(dir);
 }
 
+/*
+ * Paths in a kubeconfig named without a directory, with "./" or in "/"
+ * resolve to clean absolute paths, from a working directory of "/" too.
+ */
+static void
+test_relative_kubeconfig_name(void **state)
+{
+	static const char text[] =
+	    "current-context: m\n"
+	    "contexts: [{name: m, context: {cluster: c, user: u}}]\n"
+	    "clusters: [{name: c, cluster: {server: 'https://k.example'}}]\n"
+	    "users: [{name: u, user: {tokenFile: t}}]\n";
+	static const struct {
+		const char *name, *cwd;	/* cwd NULL: the test's */
+		const char *want;	/* relative: to the test's cwd */
+	} cases[] = {
+		{ "/config", NULL, "/t" },
+		{ "config", NULL, "t" },
+		{ "./kube/config", NULL, "kube/t" },
+		{ ".//./kube/config", NULL, "kube/t" },
+		{ "etc/kube/config", "/", "/etc/kube/t" },
+	};
+	struct k8s_cluster c;
+	char cwd[PATH_MAX], *cause, *want;
+	size_t i;
+	int rc;
+
+	(void)state;
+	assert_non_null(getcwd(cwd, sizeof(cwd)));
+	for (i = 0; i < ARRAY_SIZE(cases); i++) {
+		if (cases[i].cwd != NULL)
+			assert_int_equal(chdir(cases[i].cwd), 0);
+		memset(&c, 0, sizeof(c));
+		cause = NULL;
+		rc = k8s_kubeconfig_parse_mem(&c, cases[i].name, text,
+		    strlen(text), NULL, &cause);
+		/* back before an assertion can end the test */
+		assert_int_equal(chdir(cwd), 0);
+		if (rc != 0)
+			fail_msg("'%s': %s", cases[i].name, cause);
+		want = cases[i].want[0] == '/' ? xstrdup(cases[i].want) :
+		    xasprintf("%s/%s", cwd, cases[i].want);
+		assert_string_equal(c.token_file, want);
+		free(want);
+		k8s_cluster_release(&c);
+	}
+}
+
 static void
 test_parse_mem(void **state)
 {
@@ -493,42 +667,6 @@ test_parse_mem(void **state)
 	assert_string_equal(cause, "no current-context in '/e.yaml' and no "
 	    "--context given");
 	free(cause);
-}
-
-/*
- * Parse a kubeconfig at /etc/kube/config whose cluster c is
- * "{cluster: {CLUSTER}}" and user u "{user: {USER}}".
- */
-static int
-parse_kc(struct k8s_cluster *c, const char *cluster, const char *user,
-    char **cause)
-{
-	char *text = xasprintf("current-context: m\n"
-	    "contexts: [{name: m, context: {cluster: c, user: u}}]\n"
-	    "clusters: [{name: c, cluster: {%s}}]\n"
-	    "users: [{name: u, user: {%s}}]\n", cluster, user);
-	int rc;
-
-	memset(c, 0, sizeof(*c));
-	*cause = NULL;
-	rc = k8s_kubeconfig_parse_mem(c, "/etc/kube/config", text,
-	    strlen(text), NULL, cause);
-	free(text);
-	return rc;
-}
-
-/* Parse a kubeconfig whose user u is "{user: {USER}}". */
-static int
-parse_user(struct k8s_cluster *c, const char *user, char **cause)
-{
-	return parse_kc(c, "server: 'https://k.example'", user, cause);
-}
-
-/* Parse a kubeconfig whose cluster c is "{cluster: {CLUSTER}}". */
-static int
-parse_cluster(struct k8s_cluster *c, const char *cluster, char **cause)
-{
-	return parse_kc(c, cluster, "", cause);
 }
 
 /*
@@ -589,14 +727,10 @@ test_proxy_url(void **state)
 	for (i = 0; i < ARRAY_SIZE(bad); i++) {
 		f = xasprintf("server: 'https://k.example', proxy-url: %s",
 		    bad[i].url);
-		assert_int_equal(parse_cluster(&c, f, &cause), -1);
-		want = xasprintf("cluster 'c' in '/etc/kube/config': "
-		    "'proxy-url' %s", bad[i].why);
-		assert_string_equal(cause, want);
-		assert_null(strstr(cause, "TOPSECRET"));
-		k8s_cluster_release(&c);
+		want = xasprintf("cluster 'c' in '%%s': 'proxy-url' %s",
+		    bad[i].why);
+		kc_err(f, "", want);
 		free(want);
-		free(cause);
 		free(f);
 	}
 }
@@ -629,7 +763,7 @@ test_exec_plugin(void **state)
 		  "'exec.apiVersion' must be client.authentication.k8s.io/v1 or "
 		  "client.authentication.k8s.io/v1beta1, not "
 		  "'client.authentication.k8s.io/v1alpha1'" },
-		{ "token: t0p, exec: {apiVersion: "
+		{ "token: TOPSECRET, exec: {apiVersion: "
 		  "client.authentication.k8s.io/v1beta1, command: x}",
 		  "an exec plugin and a token or username/password may be set, "
 		  "but not both" },
@@ -668,16 +802,16 @@ test_exec_plugin(void **state)
 	assert_int_equal(c.exec_cluster_info, 1);
 	assert_string_equal(c.exec_hint, "apt install get-token");
 	k8s_cluster_release(&c);
+	assert_int_equal(parse_user(&c, "exec: {apiVersion: "
+	    "client.authentication.k8s.io/v1beta1, command: "
+	    "/usr/local/bin/get-token}", &cause), 0);
+	assert_string_equal(c.exec_argv[0], "/usr/local/bin/get-token");
+	k8s_cluster_release(&c);
 
 	for (i = 0; i < ARRAY_SIZE(bad); i++) {
-		assert_int_equal(parse_user(&c, bad[i].user, &cause), -1);
-		want = xasprintf("user 'u' in '/etc/kube/config': %s",
-		    bad[i].err);
-		assert_string_equal(cause, want);
-		assert_null(strstr(cause, "t0p"));
+		want = xasprintf("user 'u' in '%%s': %s", bad[i].err);
+		kc_err(NULL, bad[i].user, want);
 		free(want);
-		free(cause);
-		k8s_cluster_release(&c);
 	}
 }
 
@@ -1474,6 +1608,10 @@ static const struct err_case error_cases[] = {
 	    "user 'u1' in '%s': 'token' is not a string", "TOPSECRET" },
 	{ "err_clusters_not_list", "clusters-not-list.yaml", NULL,
 	    "kubeconfig '%s': 'clusters' is not a list", NULL },
+	{ "err_entry_not_mapping", "entry-not-mapping.yaml", NULL,
+	    "kubeconfig '%s': an entry of 'users' is not a mapping", NULL },
+	{ "err_context_not_mapping", "context-not-mapping.yaml", NULL,
+	    "context 'c' in '%s': 'context' is not a mapping", NULL },
 	{ "err_server_no_host", "no-host.yaml", NULL,
 	    "cluster 'c1' in '%s': server 'https://' has no host", NULL },
 	{ "err_server_userinfo", "server-userinfo.yaml", NULL,
@@ -1496,16 +1634,6 @@ static const struct err_case error_cases[] = {
 	    "cluster 'c1' in '%s': 'proxy-url' has no scheme: http://, "
 	    "https:// or socks5:// is required", "TOPSECRET" },
 };
-
-/* fmt with its one "%s" replaced by path. */
-static char *
-subst(const char *fmt, const char *path)
-{
-	const char *at = strstr(fmt, "%s");
-
-	assert_non_null(at);
-	return xasprintf("%.*s%s%s", (int)(at - fmt), fmt, path, at + 2);
-}
 
 static void
 test_error_case(void **state)
@@ -1552,6 +1680,122 @@ test_err_not_found_names_all_files(void **state)
 	free(list);
 }
 
+/*
+ * Fields that contradict each other, or data that cannot be what it
+ * claims to be, are refused naming the entry and the file.
+ */
+static void
+test_err_conflicting_fields(void **state)
+{
+	static const char both[] = "user 'u' in '%s': a client certificate "
+	    "needs both client-certificate and client-key";
+	static const char exec_and[] = "user 'u' in '%s': an exec plugin and "
+	    "a token or username/password may be set, but not both";
+	static const struct {
+		const char *cluster, *user, *fmt;
+	} cases[] = {
+		/* data counts as a root certificate too (client-go's HasCA) */
+		{ "server: 'https://k.example', insecure-skip-tls-verify: "
+		  "true, certificate-authority-data: UEVN", "",
+		  "cluster 'c' in '%s': specifying a root certificates file "
+		  "with the insecure flag is not allowed" },
+		/* a tokenFile is a bearer token (client-go's HasTokenAuth) */
+		{ NULL, "tokenFile: /run/token, username: admin, password: "
+		  "TOPSECRET", "user 'u' in '%s': username/password or bearer "
+		  "token may be set, but not both" },
+		{ NULL, "tokenFile: token, exec: {apiVersion: "
+		  "client.authentication.k8s.io/v1beta1, command: x}",
+		  exec_and },
+		{ NULL, "username: admin, password: TOPSECRET, exec: "
+		  "{apiVersion: client.authentication.k8s.io/v1beta1, "
+		  "command: x}",
+		  exec_and },
+		{ NULL, "password: TOPSECRET",
+		  "user 'u' in '%s': password without username" },
+		{ NULL, "client-key: k.pem", both },
+		{ NULL, "client-key-data: a2V5", both },
+		/* "A\0B": PEM has no NUL, and a C string would end at it */
+		{ NULL, "client-certificate: c.pem, client-key-data: QQBC",
+		  "user 'u' in '%s': 'client-key-data' is not valid base64" },
+		{ NULL, "token: \"TOPSECRET\\0tail\"",
+		  "user 'u' in '%s': 'token' contains a NUL byte" },
+	};
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < ARRAY_SIZE(cases); i++)
+		kc_err(cases[i].cluster, cases[i].user, cases[i].fmt);
+}
+
+/*
+ * A kubeconfig of 4 MiB is read, one byte more is refused; so is a
+ * KUBECONFIG list of more than 64 files (missing ones do not count).
+ */
+static void
+test_err_limits(void **state)
+{
+	static const char head[] = "current-context: m\n"
+	    "contexts: [{name: m, context: {cluster: c}}]\n"
+	    "clusters: [{name: c, cluster: {server: 'https://k.example'}}]\n";
+	const size_t size = 4 * 1024 * 1024;
+	struct k8s_cluster c;
+	struct buf list;
+	char *dir = make_tmpdir(), *text, *p, *cause, *want;
+	size_t i;
+
+	(void)state;
+	/* head, then lines of comment */
+	text = xmalloc(size + 2);
+	memset(text, '#', size);
+	memcpy(text, head, strlen(head));
+	for (i = strlen(head) + 79; i < size; i += 80)
+		text[i] = '\n';
+	text[size - 1] = '\n';
+	text[size] = '\0';
+	p = xasprintf("%s/config", dir);
+	write_file(p, text);
+	load_ok(&c, p, NULL);
+	k8s_cluster_release(&c);
+	memcpy(text + size, "\n", 2);
+	write_file(p, text);
+	free(text);
+	cause = load_err(p, NULL);
+	want = xasprintf("kubeconfig '%s': larger than 4 MiB", p);
+	assert_string_equal(cause, want);
+	free(want);
+	free(cause);
+
+	/* the config, a missing file, then empty ones */
+	write_file(p, head);
+	buf_init(&list, 1 << 20);
+	buf_addstr(&list, p);
+	buf_addstr(&list, ":/nonexistent/kubeconfig");
+	free(p);
+	for (i = 1; i <= 64; i++) {
+		p = xasprintf("%s/%02zu", dir, i);
+		write_file(p, "");
+		buf_addstr(&list, ":");
+		buf_addstr(&list, p);
+		free(p);
+		if (i == 63) {
+			/* 64 files */
+			load_ok(&c, list.data, NULL);
+			k8s_cluster_release(&c);
+		}
+	}
+	cause = load_err(list.data, NULL);
+	assert_string_equal(cause, "kubeconfig: more than 64 files");
+	free(cause);
+	buf_release(&list);
+	for (i = 1; i <= 64; i++) {
+		p = xasprintf("%s/%02zu", dir, i);
+		unlink(p);
+		free(p);
+	}
+	remove_tree(dir, (const char *const[]){ "config", NULL });
+	free(dir);
+}
+
 /* ---- in-cluster ---- */
 
 static char *
@@ -1591,7 +1835,9 @@ static void
 test_incluster_ok(void **state)
 {
 	struct k8s_cluster c;
-	char *dir = sa_root(1, 1, "team-b\n"), *cause = NULL, *want;
+	/* trimmed on both sides, CRs too, as strings.TrimSpace does */
+	char *dir = sa_root(1, 1, "\r\n\tteam-b \r\n");
+	char *cause = NULL, *want;
 
 	(void)state;
 	setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1", 1);
@@ -1629,6 +1875,14 @@ test_incluster_ipv6_pod_namespace(void **state)
 	assert_string_equal(c.server, "https://[fd00:10:96::1]:6443");
 	assert_string_equal(c.namespace, "from-env");
 	k8s_cluster_release(&c);
+
+	/* already in brackets; an empty POD_NAMESPACE is none */
+	setenv("KUBERNETES_SERVICE_HOST", "[fd00:10:96::1]", 1);
+	setenv("POD_NAMESPACE", "", 1);
+	assert_int_equal(k8s_incluster_load(&c, dir, &cause), 0);
+	assert_string_equal(c.server, "https://[fd00:10:96::1]:6443");
+	assert_string_equal(c.namespace, "from-file");
+	k8s_cluster_release(&c);
 	unsetenv("POD_NAMESPACE");
 	sa_root_remove(dir);
 }
@@ -1654,8 +1908,12 @@ test_incluster_defaults(void **state)
 static void
 test_incluster_errors(void **state)
 {
+	/* strtol alone would take "+443" and " 443" */
+	static const char *const ports[] = { "https", "443/tcp", "+443",
+	    " 443", "-443", "0", "65536", "99999999999999999999" };
 	struct k8s_cluster c, saved;
 	char *dir = sa_root(0, 1, "x"), *cause = NULL, *want;
+	size_t i;
 
 	(void)state;
 	memset(&c, 0xa5, sizeof(c));
@@ -1674,12 +1932,16 @@ test_incluster_errors(void **state)
 	free(cause);
 	cause = NULL;
 
-	setenv("KUBERNETES_SERVICE_PORT", "https", 1);
-	assert_int_equal(k8s_incluster_load(&c, dir, &cause), -1);
-	assert_string_equal(cause, "in-cluster: KUBERNETES_SERVICE_PORT "
-	    "'https' is not a port");
-	free(cause);
-	cause = NULL;
+	for (i = 0; i < ARRAY_SIZE(ports); i++) {
+		setenv("KUBERNETES_SERVICE_PORT", ports[i], 1);
+		assert_int_equal(k8s_incluster_load(&c, dir, &cause), -1);
+		want = xasprintf("in-cluster: KUBERNETES_SERVICE_PORT '%s' is "
+		    "not a port", ports[i]);
+		assert_string_equal(cause, want);
+		free(want);
+		free(cause);
+		cause = NULL;
+	}
 
 	setenv("KUBERNETES_SERVICE_PORT", "443", 1);
 	assert_int_equal(k8s_incluster_load(&c, dir, &cause), -1);
@@ -1689,6 +1951,36 @@ test_incluster_errors(void **state)
 	free(want);
 	free(cause);
 	assert_memory_equal(&c, &saved, sizeof(c));
+	sa_root_remove(dir);
+}
+
+/* The token file is read up to 64 KiB (client-go reads it whole). */
+static void
+test_incluster_token_size(void **state)
+{
+	struct k8s_cluster c;
+	char *dir = sa_root(1, 0, NULL), *p = xasprintf("%s/token", dir);
+	char *text = xmalloc(64 * 1024 + 2), *cause = NULL, *want;
+
+	(void)state;
+	setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1", 1);
+	setenv("KUBERNETES_SERVICE_PORT", "443", 1);
+	memset(text, 'a', 64 * 1024);
+	text[64 * 1024] = '\0';
+	write_file(p, text);
+	memset(&c, 0, sizeof(c));
+	assert_int_equal(k8s_incluster_load(&c, dir, &cause), 0);
+	k8s_cluster_release(&c);
+	memcpy(text + 64 * 1024, "a", 2);
+	write_file(p, text);
+	assert_int_equal(k8s_incluster_load(&c, dir, &cause), -1);
+	want = xasprintf("in-cluster: cannot read token file '%s': too large",
+	    p);
+	assert_string_equal(cause, want);
+	free(want);
+	free(cause);
+	free(text);
+	free(p);
 	sa_root_remove(dir);
 }
 
@@ -2434,6 +2726,7 @@ main(void)
 		cmocka_unit_test(test_token_file_relative),
 		cmocka_unit_test(test_basic_auth),
 		cmocka_unit_test(test_insecure_server_name),
+		cmocka_unit_test(test_yaml_booleans),
 		cmocka_unit_test(test_namespace_default_bare_server),
 		cmocka_unit_test(test_merge_first_wins),
 		cmocka_unit_test(test_merge_second_file_paths),
@@ -2441,6 +2734,7 @@ main(void)
 		cmocka_unit_test(test_kubeconfig_env),
 		cmocka_unit_test(test_home_default),
 		cmocka_unit_test(test_relative_paths_tmp),
+		cmocka_unit_test(test_relative_kubeconfig_name),
 		cmocka_unit_test(test_parse_mem),
 		cmocka_unit_test(test_proxy_url),
 		cmocka_unit_test(test_exec_plugin),
@@ -2454,10 +2748,13 @@ main(void)
 		cmocka_unit_test(test_release),
 		cmocka_unit_test(test_err_no_file_in_list),
 		cmocka_unit_test(test_err_not_found_names_all_files),
+		cmocka_unit_test(test_err_conflicting_fields),
+		cmocka_unit_test(test_err_limits),
 		cmocka_unit_test(test_incluster_ok),
 		cmocka_unit_test(test_incluster_ipv6_pod_namespace),
 		cmocka_unit_test(test_incluster_defaults),
 		cmocka_unit_test(test_incluster_errors),
+		cmocka_unit_test(test_incluster_token_size),
 		cmocka_unit_test(test_rest_open_errors),
 		cmocka_unit_test(test_rest_refused),
 		cmocka_unit_test(test_rest_tls_server_name),
