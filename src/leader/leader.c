@@ -78,23 +78,27 @@ spec_str(const json_t *spec, const char *key)
 	return s != NULL ? s : "";
 }
 
-/* The record with our identity, for a Lease that had spec old. */
+/*
+ * The record with our identity, for a Lease that had spec old. A spec
+ * that names us already is ours, leading or not (a write whose answer
+ * was lost, as client-go's IsLeader): no transition.
+ */
 static json_t *
-our_spec(const json_t *old, const char *identity, int leading,
-    int64_t lease_duration_ms, int64_t now_us)
+our_spec(const json_t *old, const char *identity, int64_t lease_duration_ms,
+    int64_t now_us)
 {
 	char now[40];
 	json_int_t transitions;
 	const char *acquire;
+	int same = strcmp(spec_str(old, "holderIdentity"), identity) == 0;
 
 	leader_micro_time(now_us, now);
 	transitions = json_integer_value(json_object_get(old,
 	    "leaseTransitions"));
 	acquire = now;
-	if (leading && strcmp(spec_str(old, "holderIdentity"), identity) == 0 &&
-	    *spec_str(old, "acquireTime") != '\0')
+	if (same && *spec_str(old, "acquireTime") != '\0')
 		acquire = spec_str(old, "acquireTime");
-	else if (old != NULL)
+	if (old != NULL && !same)
 		transitions++;		/* the holder changes */
 	return json_pack("{s:s,s:I,s:s,s:s,s:I}", "holderIdentity", identity,
 	    "leaseDurationSeconds",
@@ -122,7 +126,7 @@ leader_decide(struct leader_observed *obs, const json_t *cur,
 		obj = json_pack("{s:s,s:s,s:{s:s,s:s}}", "apiVersion",
 		    "coordination.k8s.io/v1", "kind", "Lease", "metadata",
 		    "name", name, "namespace", namespace);
-		json_object_set_new(obj, "spec", our_spec(NULL, identity, 0,
+		json_object_set_new(obj, "spec", our_spec(NULL, identity,
 		    lease_duration_ms, now_us));
 		*out = obj;
 		return LEADER_WRITE;
@@ -146,7 +150,7 @@ leader_decide(struct leader_observed *obs, const json_t *cur,
 			return LEADER_NOT_OURS;
 	}
 	obj = json_deep_copy(cur);
-	json_object_set_new(obj, "spec", our_spec(spec, identity, leading,
+	json_object_set_new(obj, "spec", our_spec(spec, identity,
 	    lease_duration_ms, now_us));
 	*out = obj;
 	return LEADER_WRITE;

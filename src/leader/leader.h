@@ -109,7 +109,8 @@ enum leader_decision {
  * identity, leading or not, at monotonic now_ms and wall clock now_us;
  * obs is updated when cur's record differs from the one observed. For
  * LEADER_WRITE, *out is the new object to create or update (cur's
- * metadata, resourceVersion included, and our record; a new reference);
+ * metadata, resourceVersion included, and our record, with one
+ * leaseTransitions more only when the holder was not us; a new reference);
  * *holder (may be NULL) gets cur's holder ("" when none), borrowed from
  * cur. lease_duration_ms stands in when the record has no duration.
  */

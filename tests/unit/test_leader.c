@@ -46,6 +46,26 @@ spec_i(const json_t *o, const char *k)
 	    k));
 }
 
+/*
+ * leader_decide for "me", leading or not, at now_ms and WALL_US, on cur:
+ * it writes our record, renewed now, with acquire and transitions.
+ */
+static void
+assert_writes(struct leader_observed *obs, const json_t *cur, int leading,
+    int64_t now_ms, const char *acquire, json_int_t transitions)
+{
+	json_t *out = NULL;
+
+	assert_int_equal(leader_decide(obs, cur, "ns", "le", "me", leading,
+	    DUR_MS, now_ms, WALL_US, &out, NULL), LEADER_WRITE);
+	assert_string_equal(spec_s(out, "holderIdentity"), "me");
+	assert_string_equal(spec_s(out, "acquireTime"), acquire);
+	assert_string_equal(spec_s(out, "renewTime"),
+	    "2026-12-01T11:43:10.123456Z");
+	assert_int_equal(spec_i(out, "leaseTransitions"), transitions);
+	json_decref(out);
+}
+
 static void
 test_micro_time(void **state)
 {
@@ -159,6 +179,9 @@ test_released(void **state)
 	assert_int_equal(spec_i(rel, "leaseTransitions"), 2);
 	assert_string_equal(spec_s(rel, "renewTime"),
 	    "2026-12-01T11:43:10.123456Z");
+	/* an update that fails if another process wrote meanwhile */
+	assert_string_equal(json_string_value(json_object_get(
+	    json_object_get(rel, "metadata"), "resourceVersion")), "42");
 	assert_int_equal(leader_decide(&obs, rel, "ns", "le", "me", 0,
 	    DUR_MS, 5, WALL_US, &out, NULL), LEADER_WRITE);
 	assert_string_equal(spec_s(out, "holderIdentity"), "me");
@@ -182,20 +205,32 @@ test_renew_and_taken(void **state)
 	json_t *out = NULL;
 
 	(void)state;
-	assert_int_equal(leader_decide(&obs, mine, "ns", "le", "me", 1,
-	    DUR_MS, 0, WALL_US, &out, NULL), LEADER_WRITE);
-	assert_string_equal(spec_s(out, "acquireTime"),
-	    "2026-01-01T00:00:00.000000Z");
-	assert_string_equal(spec_s(out, "renewTime"),
-	    "2026-12-01T11:43:10.123456Z");
-	assert_int_equal(spec_i(out, "leaseTransitions"), 1);
-	json_decref(out);
-	out = NULL;
+	assert_writes(&obs, mine, 1, 0, "2026-01-01T00:00:00.000000Z", 1);
 	assert_int_equal(leader_decide(&obs, theirs, "ns", "le", "me", 1,
 	    DUR_MS, 100000, WALL_US, &out, NULL), LEADER_TAKEN);
 	assert_null(out);
 	json_decref(mine);
 	json_decref(theirs);
+	leader_observed_release(&obs);
+}
+
+/*
+ * A record that names us is no change of holder, leading or not (a
+ * standby whose create or update went through while its answer was
+ * lost, as client-go's IsLeader): leaseTransitions and acquireTime
+ * kept, an acquireTime missing is now.
+ */
+static void
+test_same_holder(void **state)
+{
+	struct leader_observed obs = { 0 };
+	json_t *cur = lease("me", 15, 3, "2026-01-01T00:00:00.000000Z");
+
+	(void)state;
+	assert_writes(&obs, cur, 0, 0, "2026-01-01T00:00:00.000000Z", 3);
+	json_object_del(json_object_get(cur, "spec"), "acquireTime");
+	assert_writes(&obs, cur, 1, 0, "2026-12-01T11:43:10.123456Z", 3);
+	json_decref(cur);
 	leader_observed_release(&obs);
 }
 
@@ -235,6 +270,9 @@ test_identity(void **state)
 	free(b);
 }
 
+#define ME	"me_0123456789abcdef"
+#define OTHER	"other_fedcba9876543210"
+
 static int lost_calls, leading_calls;
 static int64_t lost_at_ms;
 
@@ -261,25 +299,41 @@ wait_state(struct leader *l, enum leader_state want, int64_t ms)
 	return leader_state(l) == want;
 }
 
-/* A leader on api's Lease default/name, leading once this returns. */
+/*
+ * An election on api's Lease default/name, as identity ME (the
+ * callbacks' counters start again at 0).
+ */
 static struct leader *
-start_leading(struct k8s_api *api, const char *name, int64_t duration_ms,
+start_election(struct k8s_api *api, const char *name, int64_t duration_ms,
     int64_t deadline_ms, int64_t retry_ms)
 {
 	struct leader_config lc;
 	struct leader *l = NULL;
 	char *cause = NULL;
 
+	__atomic_store_n(&leading_calls, 0, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&lost_calls, 0, __ATOMIC_SEQ_CST);
 	memset(&lc, 0, sizeof(lc));
 	lc.api = api;
 	lc.namespace = "default";
 	lc.name = name;
-	lc.identity = "me_0123456789abcdef";
+	lc.identity = ME;
 	lc.lease_duration_ms = duration_ms;
 	lc.renew_deadline_ms = deadline_ms;
 	lc.retry_period_ms = retry_ms;
 	lc.changed = on_change;
 	assert_int_equal(leader_start(&l, &lc, &cause), 0);
+	return l;
+}
+
+/* The same, leading once this returns. */
+static struct leader *
+start_leading(struct k8s_api *api, const char *name, int64_t duration_ms,
+    int64_t deadline_ms, int64_t retry_ms)
+{
+	struct leader *l = start_election(api, name, duration_ms, deadline_ms,
+	    retry_ms);
+
 	assert_true(wait_state(l, LEADER_LEADING, 10000));
 	return l;
 }
@@ -300,7 +354,7 @@ take_over(struct k8s_api *api, const char *name)
 		next = json_deep_copy(cur);
 		json_decref(cur);
 		json_object_set_new(json_object_get(next, "spec"),
-		    "holderIdentity", json_string("other_fedcba9876543210"));
+		    "holderIdentity", json_string(OTHER));
 		/* a renewal may write between the read and the update */
 		rc = k8s_update(api, &K8S_LEASE, "default", name, next, NULL,
 		    &st);
@@ -310,8 +364,9 @@ take_over(struct k8s_api *api, const char *name)
 	k8s_status_release(&st);
 }
 
-static const char *
-holder_of(struct k8s_api *api, const char *name, char out[64])
+/* Lease default/name as stored (to json_decref). */
+static json_t *
+lease_get(struct k8s_api *api, const char *name)
 {
 	struct k8s_status st;
 	json_t *cur = NULL;
@@ -319,9 +374,37 @@ holder_of(struct k8s_api *api, const char *name, char out[64])
 	memset(&st, 0, sizeof(st));
 	assert_int_equal(k8s_get(api, &K8S_LEASE, "default", name, &cur,
 	    &st), 0);
+	k8s_status_release(&st);
+	return cur;
+}
+
+static const char *
+holder_of(struct k8s_api *api, const char *name, char out[64])
+{
+	json_t *cur = lease_get(api, name);
+
 	snprintf(out, 64, "%s", spec_s(cur, "holderIdentity"));
 	json_decref(cur);
 	return out;
+}
+
+/*
+ * Wait up to ms for the fake to have seen n requests of method on Lease
+ * default/name in all.
+ */
+static int
+wait_requests(struct storeenv *env, const char *method, const char *name,
+    int n, int64_t ms)
+{
+	char *suffix = xasprintf("/leases/%s", name);
+	int64_t end = now_mono_ms() + ms;
+	int seen;
+
+	while ((seen = storeenv_fake_count(env, method, suffix)) < n &&
+	    now_mono_ms() < end)
+		sleep_ms(20);
+	free(suffix);
+	return seen >= n;
 }
 
 /*
@@ -329,8 +412,10 @@ holder_of(struct k8s_api *api, const char *name, char out[64])
  * each Lease call, the client's own timeout is 4 s, so a renewal (a get
  * and an update) would succeed after 6 s. renew_deadline is 1 s: the
  * leadership ends 1 s after the last renewal, while the call is still in
- * flight, and is said once. Renewals that go through keep it (1.5 s of
- * them first, longer than the deadline).
+ * flight, and is said once; not at lease_duration (a minute). Renewals
+ * that go through keep it (1.5 s of them first, longer than the
+ * deadline). Lost is final: once the calls answer again, the try in
+ * flight ends (one update at most) and no renewal follows it.
  */
 static void
 test_deadline_while_hung(void **state)
@@ -342,6 +427,7 @@ test_deadline_while_hung(void **state)
 	struct leader *l = NULL;
 	char *cause = NULL;
 	int64_t t0;
+	int puts;
 
 	(void)state;
 	if (storeenv_open(&env, 3, 100) < 0)
@@ -356,7 +442,7 @@ test_deadline_while_hung(void **state)
 	rc.timeout_ms = 4000;
 	rc.deadline_ms = 4000;
 	assert_int_equal(k8s_rest_open(&api, &c, &rc, &cause), 0);
-	l = start_leading(api, "deadline", 1500, 1000, 200);
+	l = start_leading(api, "deadline", 60000, 1000, 200);
 	sleep_ms(1500);
 	assert_int_equal(leader_state(l), LEADER_LEADING);
 	assert_int_equal(__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST), 0);
@@ -370,7 +456,9 @@ test_deadline_while_hung(void **state)
 	if (__atomic_load_n(&lost_at_ms, __ATOMIC_SEQ_CST) - t0 > 2500)
 		fail_msg("lost %lld ms after the calls began to hang",
 		    (long long)(lost_at_ms - t0));
+	puts = storeenv_fake_count(&env, "PUT", "/leases/deadline");
 	json_decref(storeenv_fake(&env, "DELETE", "/_fake/delay", NULL));
+	assert_false(wait_requests(&env, "PUT", "deadline", puts + 2, 6000));
 	leader_stop(l);		/* waits for the call in flight */
 	assert_int_equal(__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST), 1);
 	assert_int_equal(__atomic_load_n(&leading_calls, __ATOMIC_SEQ_CST),
@@ -398,7 +486,6 @@ test_taken_noticed(void **state)
 
 	(void)state;
 	assert_int_equal(storeenv_open(&env, 1, 100), 0);
-	__atomic_store_n(&lost_calls, 0, __ATOMIC_SEQ_CST);
 	l = start_leading(env.api, "taken", 30000, 20000, 100);
 	t0 = now_mono_ms();
 	take_over(env.api, "taken");
@@ -409,7 +496,7 @@ test_taken_noticed(void **state)
 	leader_stop(l);
 	assert_int_equal(__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST), 1);
 	assert_string_equal(holder_of(env.api, "taken", who),
-	    "other_fedcba9876543210");
+	    OTHER);
 
 	/* renewals every 10 s: the stop comes first */
 	l = start_leading(env.api, "stopped", 30000, 20000, 10000);
@@ -417,7 +504,98 @@ test_taken_noticed(void **state)
 	assert_int_equal(leader_state(l), LEADER_LEADING);
 	leader_stop(l);
 	assert_string_equal(holder_of(env.api, "stopped", who),
-	    "other_fedcba9876543210");
+	    OTHER);
+	storeenv_close(&env);
+}
+
+/*
+ * A standby takes over a Lease whose holder stopped renewing once its
+ * leaseDurationSeconds (1) has passed on our clock, one transition more;
+ * stopped, it releases the Lease (holderIdentity "", 1 s) so that the
+ * next standby need not wait, transitions kept.
+ */
+static void
+test_expired_taken_and_released(void **state)
+{
+	struct storeenv env;
+	struct k8s_status st;
+	json_t *old = lease(OTHER, 1, 5, "2026-01-01T00:00:00.000000Z");
+	json_t *meta = json_object_get(old, "metadata"), *cur;
+	struct leader *l;
+
+	(void)state;
+	assert_int_equal(storeenv_open(&env, 1, 100), 0);
+	json_object_set_new(meta, "name", json_string("expired"));
+	json_object_set_new(meta, "namespace", json_string("default"));
+	json_object_del(meta, "resourceVersion");
+	memset(&st, 0, sizeof(st));
+	assert_int_equal(k8s_create(env.api, &K8S_LEASE, "default", old, NULL,
+	    &st), 0);
+	k8s_status_release(&st);
+	json_decref(old);
+
+	l = start_leading(env.api, "expired", 30000, 20000, 100);
+	cur = lease_get(env.api, "expired");
+	assert_string_equal(spec_s(cur, "holderIdentity"), ME);
+	assert_int_equal(spec_i(cur, "leaseDurationSeconds"), 30);
+	assert_int_equal(spec_i(cur, "leaseTransitions"), 6);
+	json_decref(cur);
+
+	leader_stop(l);
+	cur = lease_get(env.api, "expired");
+	assert_string_equal(spec_s(cur, "holderIdentity"), "");
+	assert_int_equal(spec_i(cur, "leaseDurationSeconds"), 1);
+	assert_int_equal(spec_i(cur, "leaseTransitions"), 6);
+	json_decref(cur);
+	storeenv_close(&env);
+}
+
+/*
+ * What the API server answers. A standby whose tries fail (403) does not
+ * lead. A create that took effect while its answer was lost (a 500 after
+ * the commit) leaves a Lease that names us: the next try takes it as the
+ * same holder, no transition. A renewal refused with a 409 (another
+ * writer between our get and update) is a lost round, not a lost Lease:
+ * the next renewal goes through.
+ */
+static void
+test_api_answers(void **state)
+{
+	struct storeenv env;
+	struct leader *l;
+	json_t *cur;
+	int puts;
+
+	(void)state;
+	if (storeenv_open(&env, 3, 100) < 0)
+		skip();
+	json_decref(storeenv_fake(&env, "POST", "/_fake/faults",
+	    "{\"status\": 403, \"count\": 1000, \"method\": \"GET\", "
+	    "\"match\": \"/leases/answers\"}"));
+	l = start_election(env.api, "answers", 30000, 20000, 100);
+	assert_true(wait_requests(&env, "GET", "answers", 3, 10000));
+	assert_int_equal(leader_state(l), LEADER_STANDBY);
+	assert_int_equal(__atomic_load_n(&leading_calls, __ATOMIC_SEQ_CST),
+	    0);
+	json_decref(storeenv_fake(&env, "DELETE", "/_fake/faults", NULL));
+	json_decref(storeenv_fake(&env, "POST", "/_fake/faults",
+	    "{\"status\": 500, \"after\": true, \"method\": \"POST\", "
+	    "\"match\": \"/leases\"}"));
+	assert_true(wait_state(l, LEADER_LEADING, 10000));
+	cur = lease_get(env.api, "answers");
+	assert_string_equal(spec_s(cur, "holderIdentity"), ME);
+	assert_int_equal(spec_i(cur, "leaseTransitions"), 0);
+	json_decref(cur);
+
+	/* the first update after the fault, or the second, gets the 409 */
+	puts = storeenv_fake_count(&env, "PUT", "/leases/answers");
+	json_decref(storeenv_fake(&env, "POST", "/_fake/faults",
+	    "{\"status\": 409, \"method\": \"PUT\", "
+	    "\"match\": \"/leases/answers\"}"));
+	assert_true(wait_requests(&env, "PUT", "answers", puts + 3, 10000));
+	assert_int_equal(leader_state(l), LEADER_LEADING);
+	leader_stop(l);
+	assert_int_equal(__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST), 0);
 	storeenv_close(&env);
 }
 
@@ -431,10 +609,13 @@ main(void)
 		cmocka_unit_test(test_renewal_resets),
 		cmocka_unit_test(test_released),
 		cmocka_unit_test(test_renew_and_taken),
+		cmocka_unit_test(test_same_holder),
 		cmocka_unit_test(test_no_duration),
 		cmocka_unit_test(test_identity),
 		cmocka_unit_test(test_deadline_while_hung),
 		cmocka_unit_test(test_taken_noticed),
+		cmocka_unit_test(test_expired_taken_and_released),
+		cmocka_unit_test(test_api_answers),
 	};
 
 	return cmocka_run_group_tests_name("leader", tests, NULL, NULL);
