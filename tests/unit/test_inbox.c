@@ -27,6 +27,7 @@ struct counter {
 	int record;		/* use the record effect */
 	int64_t retry_in_ms;	/* a RETRY names its time: now + this */
 	int transient;		/* a RETRY is for an outage */
+	int64_t received_ms;	/* the last call's item->received_ms */
 	/* the handling's effect, when set */
 	int (*effect)(struct sqlite3 *, const struct inbox_item *, void *);
 };
@@ -43,6 +44,7 @@ count_handle(void *arg, struct inbox_item *item, char **cause)
 	while (c->block)
 		pthread_cond_wait(&c->cv, &c->mu);
 	n = ++c->calls;
+	c->received_ms = item->received_ms;
 	if (c->always)
 		r = c->always;
 	else if (n <= c->fail_first)
@@ -70,20 +72,37 @@ counter_init(struct counter *c)
 	pthread_cond_init(&c->cv, NULL);
 }
 
+/* Hold every handling of c from now on (block 1), or let them go (0). */
+static void
+counter_hold(struct counter *c, int block)
+{
+	pthread_mutex_lock(&c->mu);
+	c->block = block;
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+}
+
+/* Wait until *v, one of c's counts, is n (or ms passed): what it is. */
 static int
-wait_calls(struct counter *c, int n, int ms)
+wait_count(struct counter *c, const int *v, int n, int ms)
 {
 	int64_t end = now_mono_ms() + ms;
 	int got;
 
 	for (;;) {
 		pthread_mutex_lock(&c->mu);
-		got = c->calls;
+		got = *v;
 		pthread_mutex_unlock(&c->mu);
 		if (got >= n || now_mono_ms() > end)
 			return got;
 		sleep_ms(5);
 	}
+}
+
+static int
+wait_calls(struct counter *c, int n, int ms)
+{
+	return wait_count(c, &c->calls, n, ms);
 }
 
 static char *
@@ -414,6 +433,9 @@ capacity_refuses(void **state)
 		snprintf(key, sizeof(key), "github:%d", i);
 		assert_int_equal(inbox_put(ib, key, "github", EV),
 		    INBOX_STORED);
+		/* a duplicate takes no room: the next one still fits */
+		assert_int_equal(inbox_put(ib, key, "github", EV),
+		    INBOX_DUPLICATE);
 	}
 	assert_int_equal(inbox_depth(ib), 3);
 	assert_int_equal(inbox_put(ib, "github:x", "github", EV), INBOX_FULL);
@@ -422,10 +444,7 @@ capacity_refuses(void **state)
 	    INBOX_DUPLICATE);
 	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox"), 3);
 	/* release the handler: room again */
-	pthread_mutex_lock(&c.mu);
-	c.block = 0;
-	pthread_cond_broadcast(&c.cv);
-	pthread_mutex_unlock(&c.mu);
+	counter_hold(&c, 0);
 	assert_int_equal(wait_calls(&c, 3, 5000), 3);
 	for (i = 0; i < 200 && inbox_depth(ib) > 0; i++)
 		sleep_ms(10);
@@ -551,15 +570,17 @@ full_effect(struct sqlite3 *db, const struct inbox_item *item, void *arg)
  * it: the completions after it in the batch must not be written one by
  * one outside any transaction while the inbox counts them as retried
  * (their entries were then done on disk and pending forever in the
- * inbox's depth). Six completions of one shard are held back behind a
- * commit the test blocks, so that they share the next one.
+ * inbox's depth), and a put in the batch is refused and gives back the
+ * room it took. Six completions of one shard are held back behind a
+ * commit the test blocks, so that they share the next one with an 8th
+ * put.
  */
 static void
 effect_disk_full(void **state)
 {
-	char *path = tmpdb(), *sp, key[32];
+	char *path = tmpdb(), *sp, key[8][32], room[32];
 	struct counter c;
-	struct inbox_config cfg = test_config(100, 3, 3600);
+	struct inbox_config cfg = test_config(8, 3, 3600);
 	struct inbox *ib;
 	struct settled s;
 	sqlite3 *lock;
@@ -571,42 +592,58 @@ effect_disk_full(void **state)
 	c.effect = full_effect;
 	settled_init(&s);
 	ib = open_cfg(path, &cfg, count_handle, &c);
-	/* six keys of one shard, stored; the workers wait */
-	for (i = 0; n < 7; i++) {
-		snprintf(key, sizeof(key), "github:full-%d", i);
-		if (inbox_key_shard(key) != shard)
+	/* eight keys of one shard, six stored; the workers wait */
+	for (i = 0; n < 8; i++) {
+		snprintf(key[n], sizeof(key[n]), "github:full-%d", i);
+		if (inbox_key_shard(key[n]) != shard)
 			continue;
-		if (n++ < 6)
-			assert_int_equal(inbox_put(ib, key, "github", EV),
+		if (n < 6)
+			assert_int_equal(inbox_put(ib, key[n], "github", EV),
 			    INBOX_STORED);
+		n++;
 	}
 	/* the shard's writer takes a 7th put and waits for the lock */
 	sp = inbox_shard_path(path, shard);
 	assert_int_equal(sqlite3_open(sp, &lock), SQLITE_OK);
 	assert_int_equal(sqlite3_exec(lock, "BEGIN IMMEDIATE", NULL, NULL,
 	    NULL), SQLITE_OK);
-	inbox_put_async(ib, key, "github", EV, settled_cb, &s);
+	inbox_put_async(ib, key[6], "github", EV, settled_cb, &s);
 	sleep_ms(100);
 	/* the six are handled; their completions queue behind it */
-	pthread_mutex_lock(&c.mu);
-	c.block = 0;
-	pthread_cond_broadcast(&c.cv);
-	pthread_mutex_unlock(&c.mu);
+	counter_hold(&c, 0);
 	assert_int_equal(wait_calls(&c, 6, 5000), 6);
 	sleep_ms(100);
+	/* and so does the 8th put: it shares their commit */
+	inbox_put_async(ib, key[7], "github", EV, settled_cb, &s);
 	assert_int_equal(sqlite3_exec(lock, "COMMIT", NULL, NULL, NULL),
 	    SQLITE_OK);
 	sqlite3_close(lock);
+	pthread_mutex_lock(&s.mu);
+	while (s.n < 2)
+		pthread_cond_wait(&s.cv, &s.mu);
+	pthread_mutex_unlock(&s.mu);
+	assert_int_equal(s.by[INBOX_STORED], 1);
+	assert_int_equal(s.by[INBOX_ERROR], 1);
 	/* the failed batch is retried a second later: all done, once */
 	for (i = 0; i < 1000 && inbox_depth(ib) > 0; i++)
 		sleep_ms(10);
 	assert_int_equal(inbox_depth(ib), 0);
+	/* the refused put's room is free again: the capacity, all of it */
+	counter_hold(&c, 1);
+	for (i = 0; i < 8; i++) {
+		snprintf(room, sizeof(room), "github:room-%d", i);
+		assert_int_equal(inbox_put(ib, room, "github", EV),
+		    INBOX_STORED);
+	}
+	counter_hold(&c, 0);
+	for (i = 0; i < 1000 && inbox_depth(ib) > 0; i++)
+		sleep_ms(10);
 	inbox_free(ib);
 	assert_true(full_effect_calls > 1);
 	assert_int_equal(query_int(path,
-	    "SELECT COUNT(*) FROM inbox WHERE state = 1"), 7);
+	    "SELECT COUNT(*) FROM inbox WHERE state = 1"), 15);
 	assert_int_equal(query_int(path,
-	    "SELECT COUNT(*) FROM handled_events"), 7);
+	    "SELECT COUNT(*) FROM handled_events"), 15);
 	assert_int_equal(query_int(path,
 	    "SELECT MAX(count) FROM handled_events"), 1);
 	free(sp);
@@ -633,6 +670,48 @@ retry_then_dead(void **state)
 	    "SELECT state FROM inbox WHERE key = 'github:r'"), 2);
 	assert_int_equal(query_int(path,
 	    "SELECT attempts FROM inbox WHERE key = 'github:r'"), 3);
+	free(path);
+}
+
+/*
+ * A retry waits the backoff of its attempts: after the first, between
+ * half the first step and the whole of it (equal jitter), neither two
+ * steps nor the 15 s an outage waits. Four entries: each retry time is
+ * random, and a wrong one could fall inside the bounds by chance.
+ */
+static void
+retry_backoff(void **state)
+{
+	char *path = tmpdb(), *sql, key[32];
+	struct inbox_config cfg = test_config(100, 5, 3600);
+	struct counter c;
+	struct inbox *ib;
+	int64_t t0, t1;
+	int i;
+
+	(void)state;
+	counter_init(&c);
+	c.always = INBOX_RETRY;
+	cfg.backoff_base_ms = 10000;
+	cfg.backoff_max_ms = 600000;
+	ib = open_cfg(path, &cfg, count_handle, &c);
+	t0 = now_unix_ms();
+	for (i = 0; i < 4; i++) {
+		snprintf(key, sizeof(key), "github:b%d", i);
+		assert_int_equal(inbox_put(ib, key, "github", EV),
+		    INBOX_STORED);
+	}
+	/* the retries written, seconds before the first of them is due */
+	for (i = 0; i < 500 && query_int(path, "SELECT COUNT(*) FROM inbox"
+	    " WHERE attempts = 1") < 4; i++)
+		sleep_ms(10);
+	t1 = now_unix_ms();
+	inbox_free(ib);
+	sql = xasprintf("SELECT COUNT(*) FROM inbox WHERE attempts = 1 AND"
+	    " next_at BETWEEN %lld AND %lld", (long long)t0 + 5000,
+	    (long long)t1 + 10000);
+	assert_int_equal(query_int(path, sql), 4);
+	free(sql);
 	free(path);
 }
 
@@ -859,8 +938,12 @@ retry_at_reset(void **state)
 	    "SELECT attempts FROM inbox WHERE key = 'github:far'"), 0);
 	assert_in_range(query_int(path, "SELECT next_at FROM inbox"
 	    " WHERE key = 'github:far'") - t0, 599000, 605000);
-	/* a reset ten hours away: the next attempt within the hour */
-	run_limited(path, "github:later", 36000000, 1, &t0);
+	/*
+	 * a reset ten hours away: the next attempt within the hour; the
+	 * restart leaves github:far waiting for its reset
+	 */
+	assert_int_equal(run_limited(path, "github:later", 36000000, 1, &t0),
+	    1);
 	assert_in_range(query_int(path, "SELECT next_at FROM inbox"
 	    " WHERE key = 'github:later'") - t0, 3599000, 3605000);
 	/* near resets, many times over max_attempts: still pending */
@@ -1125,6 +1208,9 @@ requeue_dead_letter(void **state)
 	    " key = 'github:d'") > first);
 	assert_int_equal(inbox_dead_letters(ib), 0);
 	assert_int_equal(wait_calls(&c, 2, 5000), 2);
+	/* its handler is told so (from memory, as the row says) */
+	assert_int_equal(c.received_ms, query_int(path, "SELECT received_at"
+	    " FROM inbox WHERE key = 'github:d'"));
 	for (i = 0; i < 500 && inbox_depth(ib) > 0; i++)
 		sleep_ms(10);
 	assert_int_equal(inbox_depth(ib), 0);
@@ -1370,7 +1456,6 @@ clean_stop_counts_nothing(void **state)
 	struct inbox_config cfg = test_config(100, 5, 3600);
 	struct counter c;
 	struct inbox *ib;
-	int64_t end;
 	int entered;
 
 	(void)state;
@@ -1384,22 +1469,63 @@ clean_stop_counts_nothing(void **state)
 	inbox_free(ib);
 	c.block = 1;
 	ib = open_started(path, &c, 100, 5, 3600);
-	end = now_mono_ms() + 5000;
-	pthread_mutex_lock(&c.mu);
-	while (c.entered < 2 && now_mono_ms() < end) {
-		pthread_mutex_unlock(&c.mu);
-		sleep_ms(5);
-		pthread_mutex_lock(&c.mu);
-	}
-	entered = c.entered;
-	c.block = 0;
-	pthread_cond_broadcast(&c.cv);
-	pthread_mutex_unlock(&c.mu);
+	entered = wait_count(&c, &c.entered, 2, 5000);
+	counter_hold(&c, 0);
 	assert_int_equal(entered, 2);
 	assert_int_equal(wait_calls(&c, 2, 5000), 2);
 	inbox_free(ib);
 	assert_int_equal(query_int(path, "SELECT SUM(attempts) FROM inbox"),
 	    2);
+	free(path);
+}
+
+/*
+ * Entries are taken in the order they were stored, also when the queue
+ * of those waiting grows while its head has moved on (it is a ring):
+ * one worker holds the first entry while 1,100 more are queued behind
+ * it, then the audit trail, in the order of the handlings, must list
+ * each shard's keys in the order they were put.
+ */
+static void
+queue_grows_in_order(void **state)
+{
+	char *path = tmpdb();
+	struct inbox_config cfg = test_config(10000, 3, 3600);
+	struct counter c;
+	struct settled s;
+	struct inbox *ib;
+	char key[32];
+	int i;
+
+	(void)state;
+	counter_init(&c);
+	settled_init(&s);
+	c.record = 1;
+	c.block = 1;
+	cfg.workers = 1;
+	ib = open_cfg(path, &cfg, count_handle, &c);
+	assert_int_equal(inbox_put(ib, "github:q-0000", "github", EV),
+	    INBOX_STORED);
+	assert_int_equal(wait_count(&c, &c.entered, 1, 5000), 1);
+	for (i = 1; i <= 1100; i++) {
+		snprintf(key, sizeof(key), "github:q-%04d", i);
+		inbox_put_async(ib, key, "github", EV, settled_cb, &s);
+	}
+	pthread_mutex_lock(&s.mu);
+	while (s.n < 1100)
+		pthread_cond_wait(&s.cv, &s.mu);
+	pthread_mutex_unlock(&s.mu);
+	assert_int_equal(s.by[INBOX_STORED], 1100);
+	counter_hold(&c, 0);
+	assert_int_equal(wait_calls(&c, 1101, 20000), 1101);
+	for (i = 0; i < 1000 && inbox_depth(ib) > 0; i++)
+		sleep_ms(10);
+	inbox_free(ib);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM handled_events"), 1101);
+	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM handled_events"
+	    " a JOIN handled_events b ON a.rowid < b.rowid WHERE"
+	    " a.key > b.key"), 0);
 	free(path);
 }
 
@@ -1761,7 +1887,8 @@ reopen_pruned(const char *path, struct counter *c, int64_t retention)
 /*
  * A finished entry outlives a retention shorter than the replay window:
  * a signed GitLab delivery replayed while its webhook-timestamp is still
- * accepted is a duplicate, not stored and handled again.
+ * accepted is a duplicate, not stored and handled again. Its audit row
+ * is pruned after the retention all the same.
  */
 static void
 replay_kept_past_retention(void **state)
@@ -1780,6 +1907,7 @@ replay_kept_past_retention(void **state)
 			break;
 	}
 	counter_init(&c);
+	c.record = 1;
 	handle_two(path, &c, "gitlab:replay", old, 0);
 	/*
 	 * gitlab:replay finished a minute ago: past the retention (0),
@@ -1791,6 +1919,8 @@ replay_kept_past_retention(void **state)
 	ib = reopen_pruned(path, &c, 0);
 	assert_int_equal(query_int(path,
 	    "SELECT COUNT(*) FROM inbox WHERE key LIKE 'gitlab:old-%'"), 0);
+	assert_int_equal(query_int(path,
+	    "SELECT COUNT(*) FROM handled_events"), 0);
 	assert_int_equal(inbox_put(ib, "gitlab:replay", "gitlab", EV),
 	    INBOX_DUPLICATE);
 	inbox_free(ib);
@@ -1803,28 +1933,31 @@ replay_kept_past_retention(void **state)
 }
 
 /*
- * Dead letters are kept for inspection, but not for ever: 30 days (or
- * the retention, when longer) after they died, they are pruned too.
+ * Two dead letters, github:d1 that died d1_days ago and github:d2
+ * d2_days ago; an inbox with the retention (seconds) prunes d1 alone,
+ * and counts it gone. d1 has no body (like an entry stored before
+ * inbox_body existed): its row, not a body, makes it a dead letter.
  */
 static void
-prune_dead_letters(void **state)
+dead_letters_pruned(int64_t retention, int d1_days, int d2_days)
 {
-	char *path = tmpdb();
+	char *path = tmpdb(), *sql;
 	struct counter c;
 	struct inbox *ib;
 
-	(void)state;
 	counter_init(&c);
 	c.always = INBOX_FAIL;
-	handle_two(path, &c, "github:d1", "github:d2", 0);
+	handle_two(path, &c, "github:d1", "github:d2", retention);
 	assert_int_equal(query_int(path,
 	    "SELECT COUNT(*) FROM inbox WHERE state = 2"), 2);
-	/* d1 died 31 days ago, d2 29 days ago */
-	exec_shards(path, "UPDATE inbox SET finished_at = finished_at -"
-	    " 31 * 86400000 WHERE key = 'github:d1'; UPDATE inbox SET"
-	    " finished_at = finished_at - 29 * 86400000 WHERE key ="
-	    " 'github:d2'");
-	ib = reopen_pruned(path, &c, 0);
+	sql = xasprintf("UPDATE inbox SET finished_at = finished_at -"
+	    " %d * 86400000 WHERE key = 'github:d1'; UPDATE inbox SET"
+	    " finished_at = finished_at - %d * 86400000 WHERE key ="
+	    " 'github:d2'; DELETE FROM inbox_body WHERE id IN (SELECT id"
+	    " FROM inbox WHERE key = 'github:d1')", d1_days, d2_days);
+	exec_shards(path, sql);
+	free(sql);
+	ib = reopen_pruned(path, &c, retention);
 	/* the gauge counted two at the start, the prune took one */
 	assert_int_equal(wait_dead(ib, 1), 1);
 	inbox_free(ib);
@@ -1835,6 +1968,19 @@ prune_dead_letters(void **state)
 	assert_int_equal(query_int(path, "SELECT COUNT(*) FROM inbox_body"),
 	    1);
 	free(path);
+}
+
+/*
+ * Dead letters are kept for inspection, but not for ever: 30 days (or
+ * the retention, when longer) after they died, they are pruned too.
+ */
+static void
+prune_dead_letters(void **state)
+{
+	(void)state;
+	dead_letters_pruned(0, 31, 29);
+	/* a retention of 40 days keeps them 40 days, not 30 */
+	dead_letters_pruned(40 * 86400, 41, 31);
 }
 
 /*
@@ -1989,6 +2135,7 @@ main(void)
 		cmocka_unit_test(capacity_across_shards),
 		cmocka_unit_test(effect_disk_full),
 		cmocka_unit_test(retry_then_dead),
+		cmocka_unit_test(retry_backoff),
 		cmocka_unit_test(transient_waits_out_outage),
 		cmocka_unit_test(outage_not_hammered),
 		cmocka_unit_test(retries_spread),
@@ -2006,6 +2153,7 @@ main(void)
 		cmocka_unit_test(crash_loop_dead_letters),
 		cmocka_unit_test(clean_stop_counts_nothing),
 		cmocka_unit_test(concurrent_group_commit),
+		cmocka_unit_test(queue_grows_in_order),
 		cmocka_unit_test(prune_finished),
 		cmocka_unit_test(prune_keeps_bodies),
 		cmocka_unit_test(prune_catches_up),
