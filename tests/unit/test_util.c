@@ -55,6 +55,8 @@ buf_bounds(void **state)
 	assert_int_equal(b.len, 10);
 	assert_string_equal(b.data, "1234567890");
 	buf_reset(&b);
+	assert_int_equal(b.len, 0);
+	assert_string_equal(b.data, "");
 	assert_int_equal(buf_printf(&b, "%d-%s", 42, "ab"), 0);
 	assert_string_equal(b.data, "42-ab");
 	assert_int_equal(buf_printf(&b, "%s", "0123456789"), -1);
@@ -76,11 +78,60 @@ buf_bounds(void **state)
 		assert_int_equal(b.len, 255);
 		assert_int_equal(buf_printf(&b, "%.*s", 256, longs), 0);
 		assert_int_equal(b.len, 511);
+		assert_int_equal(strlen(b.data), 511);
 		buf_release(&b);
 	}
 	/* a huge n cannot wrap the length check */
 	buf_init(&b, 100);
 	assert_int_equal(buf_add(&b, "x", SIZE_MAX), -1);
+	buf_release(&b);
+}
+
+/*
+ * Appends that fill the first allocation to the last byte still leave
+ * room for the NUL (with --enable-asan a write past it is caught), and a
+ * buffer released or detached is empty and takes appends again.
+ */
+static void
+buf_reuse(void **state)
+{
+	char block[257], *p;
+	struct buf b;
+	size_t n;
+
+	(void)state;
+	memset(block, 'q', 256);
+	block[256] = '\0';
+	buf_init(&b, 4096);
+	assert_int_equal(buf_add(&b, block, 256), 0);
+	assert_int_equal(b.data[256], '\0');
+	assert_int_equal(buf_add(&b, block, 255), 0);
+	assert_int_equal(buf_add(&b, "r", 1), 0);
+	assert_int_equal(b.len, 512);
+	assert_int_equal(strlen(b.data), 512);
+	assert_int_equal(b.data[511], 'r');
+	buf_release(&b);
+	assert_int_equal(buf_addstr(&b, "ab"), 0);
+	assert_int_equal(b.len, 2);
+	assert_string_equal(b.data, "ab");
+	p = buf_detach(&b, &n);
+	assert_int_equal(n, 2);
+	assert_string_equal(p, "ab");
+	free(p);
+	assert_int_equal(b.len, 0);
+	assert_int_equal(buf_addstr(&b, "cd"), 0);
+	assert_int_equal(b.len, 2);
+	assert_string_equal(b.data, "cd");
+	p = buf_detach(&b, NULL);
+	assert_string_equal(p, "cd");
+	free(p);
+	/* a maximum that is no power of two: filled to it exactly */
+	buf_init(&b, 300);
+	assert_int_equal(buf_add(&b, block, 256), 0);
+	assert_int_equal(buf_add(&b, block, 44), 0);
+	assert_int_equal(b.data[300], '\0');
+	assert_int_equal(buf_add(&b, "", 0), 0);
+	assert_int_equal(buf_add(&b, "x", 1), -1);
 	buf_release(&b);
 }
 
@@ -97,6 +148,8 @@ base64_cases(void **state)
 		{ "fo", "Zm8=", "Zm8" },
 		{ "foo", "Zm9v", "Zm9v" },
 		{ "foob", "Zm9vYg==", "Zm9vYg" },
+		{ "fooba", "Zm9vYmE=", "Zm9vYmE" },
+		{ "foobar", "Zm9vYmFy", "Zm9vYmFy" },
 		{ "\xfb\xff\xbf", "+/+/", "-_-_" },
 	};
 	size_t i, n;
@@ -118,6 +171,8 @@ base64_cases(void **state)
 		    strlen(cases[i].std), &out, &n), 0);
 		assert_int_equal(n, rl);
 		assert_memory_equal(out, cases[i].raw, rl);
+		/* NUL-terminated for convenience, as the header says */
+		assert_int_equal(out[n], '\0');
 		free(out);
 		assert_int_equal(base64_decode(cases[i].url_nopad,
 		    strlen(cases[i].url_nopad), &out, &n), 0);
@@ -132,6 +187,56 @@ base64_cases(void **state)
 	assert_int_equal(base64_decode("QUJDA", 5, &out, &n), -1);
 	assert_int_equal(base64_decode("Zg=", 3, &out, &n), -1);
 	assert_int_equal(base64_decode("Zh==", 4, &out, &n), -1);
+	/* two leftover bits after two bytes must be zero as well */
+	assert_int_equal(base64_decode("Zm9=", 4, &out, &n), -1);
+	assert_int_equal(base64_decode("Zm9", 3, &out, &n), -1);
+	/* no third '=': that would leave one character of a quantum */
+	assert_int_equal(base64_decode("Zm9vZ===", 8, &out, &n), -1);
+}
+
+/*
+ * The 48 bytes whose sextets count 0 to 63 encode as the alphabet itself:
+ * every character's value, both alphabets, both ways.
+ */
+static void
+base64_alphabet(void **state)
+{
+	static const char std[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnop"
+	    "qrstuvwxyz0123456789+/";
+	static const char url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnop"
+	    "qrstuvwxyz0123456789-_";
+	static const char bad[] = "@[`{:*,.^~ ";
+	unsigned char raw[48], *out;
+	char *e;
+	size_t i, n;
+
+	(void)state;
+	for (i = 0; i < 16; i++) {
+		size_t v = 4 * i;
+
+		raw[3 * i] = (unsigned char)(v << 2 | (v + 1) >> 4);
+		raw[3 * i + 1] = (unsigned char)(((v + 1) & 15) << 4 |
+		    (v + 2) >> 2);
+		raw[3 * i + 2] = (unsigned char)(((v + 2) & 3) << 6 | (v + 3));
+	}
+	for (i = 0; i < 2; i++) {
+		const char *alpha = i == 0 ? std : url;
+
+		e = base64_encode(raw, sizeof(raw), (int)i, 1);
+		assert_string_equal(e, alpha);
+		free(e);
+		assert_int_equal(base64_decode(alpha, 64, &out, &n), 0);
+		assert_int_equal(n, sizeof(raw));
+		assert_memory_equal(out, raw, sizeof(raw));
+		free(out);
+	}
+	/* the characters next to each range are no base64 */
+	for (i = 0; i < strlen(bad); i++) {
+		char q[5] = "Zm9v";
+
+		q[3] = bad[i];
+		assert_int_equal(base64_decode(q, 4, &out, &n), -1);
+	}
 }
 
 static void
@@ -155,6 +260,52 @@ hex_and_hmac(void **state)
 	assert_int_equal(hex_decode("zz", 2, back, &n), -1);
 	assert_int_equal(hex_decode("AbCd", 4, back, &n), 0);
 	assert_int_equal(back[0], 0xab);
+	assert_int_equal(back[1], 0xcd);
+	/* a bad second digit of a pair is refused too */
+	assert_int_equal(hex_decode("0z", 2, back, &n), -1);
+}
+
+/* Every hex digit in either case, and the characters next to them. */
+static void
+hex_digits(void **state)
+{
+	static const char lower[] = "0123456789abcdef";
+	static const char upper[] = "0123456789ABCDEF";
+	static const char bad[] = "/:@G`g";
+	int i;
+
+	(void)state;
+	for (i = 0; i < 16; i++) {
+		assert_int_equal(hex_digit(lower[i]), i);
+		assert_int_equal(hex_digit(upper[i]), i);
+	}
+	for (i = 0; bad[i] != '\0'; i++)
+		assert_int_equal(hex_digit(bad[i]), -1);
+}
+
+/*
+ * A secret of any length is wiped to its last byte, and random_bytes
+ * fills all it is asked for: 16 bytes all still zero would happen once
+ * in 2^128 runs.
+ */
+static void
+wipe_and_random(void **state)
+{
+	static const unsigned char zero[16];
+	unsigned char r[64];
+	char one = 'k', key[] = "secret";
+
+	(void)state;
+	secure_wipe(&one, 1);
+	assert_int_equal(one, 0);
+	secure_wipe(key, sizeof(key) - 1);
+	assert_memory_equal(key, "\0\0\0\0\0\0", 7);
+	secure_wipe(NULL, 8);
+	memset(r, 0, sizeof(r));
+	assert_int_equal(random_bytes(r, sizeof(r)), 0);
+	assert_memory_not_equal(r, zero, sizeof(zero));
+	assert_memory_not_equal(r + sizeof(r) - sizeof(zero), zero,
+	    sizeof(zero));
 }
 
 /* HMAC-SHA256 against RFC 4231 and against OpenSSL's HMAC(). */
@@ -188,6 +339,17 @@ hmac_vectors(void **state)
 	pthread_t th[4];
 	void *bad;
 	int i;
+	static const struct {
+		size_t len;
+		const char *mac;
+	} keyed[] = {
+		{ 1, "55161cf0bf72b36d26f21d883618ce2396c88c80e1e5b2c8f339c0e8"
+		    "ac4cb565" },
+		{ 64, "01a77989d1da4f6b333a2ef17a99eaa5aecfdb45ae24599ce801d7b"
+		    "45b6cdb73" },
+		{ 65, "c275511f297b427291abcdabf96970884c59d0bbe3baa3bdefcbe7a"
+		    "daab03f00" },
+	};
 	static const char *const data7 = "This is a test using a larger than"
 	    " block-size key and a larger than block-size data. The key needs"
 	    " to be hashed before being used by the HMAC algorithm.";
@@ -210,6 +372,17 @@ hmac_vectors(void **state)
 	hex_encode(mac, 32, hex);
 	assert_string_equal(hex, "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0"
 	    "713938a7f51535c3a35e2");
+	/*
+	 * Keys of 1, 64 (a block: used as is) and 65 bytes (hashed first),
+	 * bytes 1, 2, 3...; the MACs from Python's hmac module.
+	 */
+	for (i = 0; i < (int)sizeof(key); i++)
+		key[i] = (unsigned char)(i + 1);
+	for (i = 0; i < (int)ARRAY_SIZE(keyed); i++) {
+		hmac_sha256(key, keyed[i].len, "Diverge", 7, mac);
+		hex_encode(mac, 32, hex);
+		assert_string_equal(hex, keyed[i].mac);
+	}
 	/* every key and data length around the block, on several threads */
 	for (i = 0; i < 4; i++)
 		assert_int_equal(pthread_create(&th[i], NULL, hmac_cross, NULL),
@@ -312,7 +485,11 @@ time_parse(void **state)
 	    "2021-02-25T15:02:10+01:00x", "2021-0a-25T15:02:10Z",
 	    /* a century that is no leap year; a second, an offset too far */
 	    "1900-02-29T00:00:00Z", "2021-02-25T15:02:61Z",
-	    "2021-02-25T15:02:10+24:00", "2021-02-25T15:02:10-01:60" };
+	    "2021-02-25T15:02:10+24:00", "2021-02-25T15:02:10-01:60",
+	    /* day and month 00, minute 60, 31 April of a leap year */
+	    "2021-02-00T00:00:00Z", "2021-00-10T00:00:00Z",
+	    "2021-02-25T15:60:10Z", "2024-04-31T00:00:00Z",
+	    "2021-02-25T15:02:10+01-00" };
 	int64_t t;
 	size_t i;
 
@@ -341,6 +518,13 @@ time_parse(void **state)
 	assert_int_equal(time_parse_rfc3339("2021-02-25T15:02:10+23:59", &t),
 	    0);
 	assert_int_equal(t, 1614265330 - 23 * 3600 - 59 * 60);
+	/* the ends of four digits: year 0 is a leap year (date -u -d) */
+	assert_int_equal(time_parse_rfc3339("0000-01-01T00:00:00Z", &t), 0);
+	assert_int_equal(t, -62167219200);
+	assert_int_equal(time_parse_rfc3339("0000-02-29T00:00:00Z", &t), 0);
+	assert_int_equal(t, -62162121600);
+	assert_int_equal(time_parse_rfc3339("9999-12-31T23:59:59Z", &t), 0);
+	assert_int_equal(t, 253402300799);
 	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
 		assert_int_equal(time_parse_rfc3339(bad[i], &t), -1);
 	assert_int_equal(time_parse_rfc3339(NULL, &t), -1);
@@ -356,8 +540,9 @@ time_ages(void **state)
 	} cases[] = { { -5, "<invalid>" }, { -1, "0s" }, { 0, "0s" },
 	    { 119, "119s" }, { 120, "2m" }, { 303, "5m3s" }, { 600, "10m" },
 	    { 659, "10m" }, { 10799, "179m" }, { 10800, "3h" },
-	    { 11100, "3h5m" }, { 28800, "8h" }, { 172799, "47h" },
-	    { 172800, "2d" }, { 183600, "2d3h" }, { 691200, "8d" },
+	    { 11100, "3h5m" }, { 28800, "8h" }, { 29100, "8h" },
+	    { 172799, "47h" }, { 172800, "2d" }, { 183600, "2d3h" },
+	    { 691200, "8d" }, { 694800, "8d" },
 	    { 63071999, "729d" }, { 63072000, "2y" }, { 65664000, "2y30d" },
 	    { 252288000, "8y" }, { 260000000, "8y" } };
 	char out[32];
@@ -366,6 +551,30 @@ time_ages(void **state)
 	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		time_human_duration(cases[i].s, out);
 		assert_string_equal(out, cases[i].want);
+	}
+}
+
+/*
+ * Backoff doubles up to its cap; equal jitter stays between d/2 and d (a
+ * draw past d would be missed 64 times in a row once in 2^64 runs).
+ */
+static void
+backoff_delays(void **state)
+{
+	int i;
+
+	(void)state;
+	assert_int_equal(backoff_delay_ms(1000, 30000, 0), 1000);
+	assert_int_equal(backoff_delay_ms(1000, 30000, 1), 2000);
+	assert_int_equal(backoff_delay_ms(1000, 30000, 4), 16000);
+	assert_int_equal(backoff_delay_ms(1000, 30000, 5), 30000);
+	assert_int_equal(backoff_delay_ms(1000, 30000, 1000), 30000);
+	assert_int_equal(backoff_jitter_ms(0), 0);
+	assert_int_equal(backoff_jitter_ms(1), 0);
+	for (i = 0; i < 64; i++) {
+		int64_t d = backoff_jitter_ms(1000);
+
+		assert_in_range(d, 500, 1000);
 	}
 }
 
@@ -1454,15 +1663,20 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(buf_bounds),
+		cmocka_unit_test(buf_reuse),
 		cmocka_unit_test(media_types),
 		cmocka_unit_test(base64_cases),
+		cmocka_unit_test(base64_alphabet),
 		cmocka_unit_test(hex_and_hmac),
+		cmocka_unit_test(hex_digits),
+		cmocka_unit_test(wipe_and_random),
 		cmocka_unit_test(hmac_vectors),
 		cmocka_unit_test(metrics_text),
 		cmocka_unit_test(metrics_buckets),
 		cmocka_unit_test(time_format),
 		cmocka_unit_test(time_parse),
 		cmocka_unit_test(time_ages),
+		cmocka_unit_test(backoff_delays),
 		cmocka_unit_test(jscan_validity),
 		cmocka_unit_test(jscan_fields),
 		cmocka_unit_test(jscan_word_runs),
