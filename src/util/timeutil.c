@@ -71,15 +71,31 @@ now_unix_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Format unix seconds as RFC 3339 UTC. */
+/* 0000-01-01T00:00:00Z and 9999-12-31T23:59:59Z: RFC 3339's years */
+#define RFC3339_MIN_S INT64_C(-62167219200)
+#define RFC3339_MAX_S INT64_C(253402300799)
+
+/*
+ * Format unix seconds as RFC 3339 UTC, clamped to the four-digit years
+ * RFC 3339 has (and time_parse_rfc3339 reads back): a time past them is
+ * written as the last second there is, never from a struct tm gmtime_r
+ * could not fill.
+ */
 void
 time_rfc3339(int64_t unix_s, char out[32])
 {
-	time_t t = (time_t)unix_s;
+	time_t t = (time_t)(unix_s < RFC3339_MIN_S ? RFC3339_MIN_S :
+	    unix_s > RFC3339_MAX_S ? RFC3339_MAX_S : unix_s);
 	struct tm tm;
 
+	memset(&tm, 0, sizeof(tm));
 	gmtime_r(&t, &tm);
-	strftime(out, 32, "%Y-%m-%dT%H:%M:%SZ", &tm);
+	/* (the modulos only tell the compiler the widths: all are in range) */
+	snprintf(out, 32, "%04u-%02u-%02uT%02u:%02u:%02uZ",
+	    (unsigned)(tm.tm_year + 1900) % 10000u,
+	    (unsigned)(tm.tm_mon + 1) % 100u, (unsigned)tm.tm_mday % 100u,
+	    (unsigned)tm.tm_hour % 100u, (unsigned)tm.tm_min % 100u,
+	    (unsigned)tm.tm_sec % 100u);
 }
 
 /* Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant). */

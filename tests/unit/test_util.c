@@ -472,6 +472,19 @@ time_format(void **state)
 	assert_string_equal(out, "1970-01-01T00:00:00Z");
 	time_rfc3339(1614265330, out);
 	assert_string_equal(out, "2021-02-25T15:02:10Z");
+	/* four-digit years, padded, and clamped to them at both ends */
+	time_rfc3339(INT64_C(-62135596800), out);
+	assert_string_equal(out, "0001-01-01T00:00:00Z");
+	time_rfc3339(INT64_C(253402300799), out);
+	assert_string_equal(out, "9999-12-31T23:59:59Z");
+	time_rfc3339(INT64_C(253402300800), out);
+	assert_string_equal(out, "9999-12-31T23:59:59Z");
+	time_rfc3339(INT64_MAX, out);
+	assert_string_equal(out, "9999-12-31T23:59:59Z");
+	time_rfc3339(INT64_C(-62167219201), out);
+	assert_string_equal(out, "0000-01-01T00:00:00Z");
+	time_rfc3339(INT64_MIN, out);
+	assert_string_equal(out, "0000-01-01T00:00:00Z");
 }
 
 static void
