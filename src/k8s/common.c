@@ -419,6 +419,20 @@ val_char(char c)
 	return isalnum((unsigned char)c) || c == '-' || c == '_' || c == '.';
 }
 
+/*
+ * A label value as labels.NewRequirement takes it: empty, or at most 63
+ * characters that begin and end with a letter or digit (the characters
+ * between are val_char's).
+ */
+static int
+label_value_ok(const char *v)
+{
+	size_t n = strlen(v);
+
+	return n == 0 || (n <= 63 && isalnum((unsigned char)v[0]) &&
+	    isalnum((unsigned char)v[n - 1]));
+}
+
 static const char *
 skip_ws(const char *p)
 {
@@ -466,7 +480,8 @@ parse_selector(const char *s, int fields, struct k8s_selector **out,
 			neg = 1;
 			p = skip_ws(p + 1);
 		}
-		r.key = take(&p, key_char, 316);
+		/* a DNS subdomain prefix, '/', a name of 63 */
+		r.key = take(&p, key_char, 253 + 1 + 63);
 		if (r.key == NULL || r.key[0] == '\0')
 			goto bad;
 		p = skip_ws(p);
@@ -500,6 +515,11 @@ parse_selector(const char *s, int fields, struct k8s_selector **out,
 		if (r.op == SEL_EQ || r.op == SEL_NE) {
 			char *v = take(&p, fields ? key_char : val_char, 253);
 
+			/* a field value is a name (253), a label's is 63 */
+			if (v != NULL && !fields && !label_value_ok(v)) {
+				free(v);
+				v = NULL;
+			}
 			if (v == NULL)
 				goto bad;
 			req_add_val(&r, v);
@@ -510,6 +530,10 @@ parse_selector(const char *s, int fields, struct k8s_selector **out,
 			for (;;) {
 				char *v = take(&p, val_char, 63);
 
+				if (v != NULL && !label_value_ok(v)) {
+					free(v);
+					v = NULL;
+				}
 				if (v == NULL)
 					goto bad;
 				req_add_val(&r, v);

@@ -71,6 +71,7 @@ label_selectors(void **state)
 		{ "a in b", "{}", -1 },
 	};
 	size_t i;
+	char sel[512], labels[600], v63[64], v64[65], k253[254], n63[64];
 
 	for (i = 0; i < ARRAY_SIZE(cases); i++) {
 		int got = matches(cases[i].sel, cases[i].labels);
@@ -80,6 +81,40 @@ label_selectors(void **state)
 			    cases[i].sel, cases[i].labels, got);
 		assert_int_equal(got, cases[i].want);
 	}
+	/* a label value: 63 characters at most, alphanumeric at both ends */
+	memset(v63, 'v', 63);
+	v63[63] = '\0';
+	memset(v64, 'v', 64);
+	v64[64] = '\0';
+	snprintf(sel, sizeof(sel), "a=%s", v63);
+	snprintf(labels, sizeof(labels), "{\"a\":\"%s\"}", v63);
+	assert_int_equal(matches(sel, labels), 1);
+	snprintf(sel, sizeof(sel), "a!=%s", v63);
+	assert_int_equal(matches(sel, labels), 0);
+	snprintf(sel, sizeof(sel), "a in (b,%s)", v63);
+	assert_int_equal(matches(sel, labels), 1);
+	snprintf(sel, sizeof(sel), "a=%s", v64);
+	assert_int_equal(matches(sel, "{}"), -1);
+	snprintf(sel, sizeof(sel), "a==%s", v64);
+	assert_int_equal(matches(sel, "{}"), -1);
+	snprintf(sel, sizeof(sel), "a!=%s", v64);
+	assert_int_equal(matches(sel, "{}"), -1);
+	snprintf(sel, sizeof(sel), "a notin (%s)", v64);
+	assert_int_equal(matches(sel, "{}"), -1);
+	assert_int_equal(matches("a=-b", "{}"), -1);
+	assert_int_equal(matches("a!=b.", "{}"), -1);
+	assert_int_equal(matches("a in (b,_c)", "{}"), -1);
+	assert_int_equal(matches("a=b-c.d_e", "{\"a\":\"b-c.d_e\"}"), 1);
+	/* the longest key: a 253-character prefix, '/', a 63-character name */
+	memset(k253, 'k', 253);
+	k253[253] = '\0';
+	memset(n63, 'n', 63);
+	n63[63] = '\0';
+	snprintf(sel, sizeof(sel), "%s/%s=x", k253, n63);
+	snprintf(labels, sizeof(labels), "{\"%s/%s\":\"x\"}", k253, n63);
+	assert_int_equal(matches(sel, labels), 1);
+	snprintf(sel, sizeof(sel), "%s/%sn=x", k253, n63);
+	assert_int_equal(matches(sel, "{}"), -1);
 }
 
 static void
@@ -97,6 +132,24 @@ field_selectors(void **state)
 	    &cause), 0);
 	assert_false(k8s_selector_match(s, o));
 	k8s_selector_free(s);
+	/* a field value is a name: 253 characters, '-' or '.' anywhere */
+	{
+		char sel[300], name[255];
+
+		memset(name, 'n', 253);
+		name[253] = '\0';
+		snprintf(sel, sizeof(sel), "metadata.name!=%s", name);
+		assert_int_equal(k8s_fieldsel_parse(sel, &s, &cause), 0);
+		assert_true(k8s_selector_match(s, o));
+		k8s_selector_free(s);
+		snprintf(sel, sizeof(sel), "metadata.name!=%sn", name);
+		assert_int_equal(k8s_fieldsel_parse(sel, &s, &cause), -1);
+		free(cause);
+		assert_int_equal(k8s_fieldsel_parse("metadata.name!=-n1.",
+		    &s, &cause), 0);
+		assert_true(k8s_selector_match(s, o));
+		k8s_selector_free(s);
+	}
 	assert_int_equal(k8s_fieldsel_parse("spec.x=1", &s, &cause), -1);
 	assert_non_null(strstr(cause, "not supported"));
 	free(cause);
