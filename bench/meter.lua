@@ -12,6 +12,8 @@
 --   of BODY_FILE (a meter body of the same length) with
 --   X-Hub-Signature-256: SIGNATURE, so bench/ceiling does its whole work
 --   (read, HMAC, compare) and answers 202.
+-- MODE "durable": as "ceiling", with X-GitHub-Delivery: the requestId the
+--   meter mode would send, under which bench/durable stores the call.
 -- TOKENS_FILE holds one token per line, line i (from 0) for task t-i.
 -- RUN_PREFIX is 8 hex digits unique to this wrk run; THREADS is wrk's -t,
 -- so that thread k starts at task k * n / THREADS (its offset) and then
@@ -52,13 +54,13 @@ function init(args)
 	local nthreads = tonumber(args[4]) or 1
 	my_tid = tonumber(tid) or 0 -- the global set by setup()
 	task = math.floor(my_tid * ntasks / nthreads) % ntasks
-	if mode == "ceiling" then
+	if mode == "ceiling" or mode == "durable" then
 		f = assert(io.open(args[5], "rb"))
 		body = f:read("*a")
 		f:close()
 		signature = args[6]
 	else
-		assert(mode == "meter", "MODE must be meter or ceiling")
+		assert(mode == "meter", "MODE must be meter, ceiling or durable")
 	end
 	wrk.method = "POST"
 	wrk.path = path
@@ -72,8 +74,12 @@ function request()
 	local b = body
 	counter = counter + 1
 	task = (task + 1) % ntasks
-	if mode == "ceiling" then
+	if mode == "ceiling" or mode == "durable" then
 		headers["X-Hub-Signature-256"] = signature
+		if mode == "durable" then
+			headers["X-GitHub-Delivery"] = string.format("%s-%d-%08x",
+				prefix, my_tid, counter)
+		end
 	else
 		b = string.format('{"requestId":"%s-%d-%08x","iteration":1,' ..
 			'"model":"bench-model","tokensUsed":100,"costUSD":0.0001}',
