@@ -356,6 +356,28 @@ def meter(d, token, body, path="/api/v1/agenttask/meter"):
     return d.json("POST", path, json.dumps(body), h)
 
 
+def scm_daemon(fake, extra=""):
+    """A Daemon (not started) with both providers enabled against the fake
+    SCM APIs of fake (a ScmFake), with webhook secrets and API tokens;
+    extra: more configuration."""
+    d = Daemon("""
+github:
+  enabled: true
+  api_url: %s
+  webhook_secrets: ["file:{secret_file}"]
+  token: "file:{tmp}/gh-token"
+gitlab:
+  enabled: true
+  api_url: %s
+  webhook_tokens: ["file:{gitlab_token_file}"]
+  token: "file:{tmp}/gl-token"
+""" % (fake.info["github"], fake.info["gitlab"]) + extra)
+    for name in ("gh-token", "gl-token"):
+        with open(os.path.join(d.tmp, name), "w") as f:
+            f.write("not-a-real-token\n")
+    return d
+
+
 class Daemon:
     """A diverged process with its own state dir and config file."""
 

@@ -16,8 +16,8 @@ import re
 import subprocess
 import tempfile
 
-from divtest import (DIVERGED, TOP_BUILDDIR, TOP_SRCDIR, Daemon, ScmFake,
-                     meter, run_tests)
+from divtest import (DIVERGED, TOP_BUILDDIR, TOP_SRCDIR, ScmFake,
+                     meter, run_tests, scm_daemon)
 
 DIVERGE = os.path.join(TOP_BUILDDIR, "diverge")
 
@@ -127,21 +127,7 @@ def metrics(t):
          documented)
     fake = ScmFake()
     try:
-        d = Daemon("""
-github:
-  enabled: true
-  api_url: %s
-  webhook_secrets: ["file:{secret_file}"]
-  token: "file:{tmp}/gh-token"
-gitlab:
-  enabled: true
-  api_url: %s
-  webhook_tokens: ["file:{gitlab_token_file}"]
-  token: "file:{tmp}/gl-token"
-""" % (fake.info["github"], fake.info["gitlab"]))
-        for name in ("gh-token", "gl-token"):
-            with open(os.path.join(d.tmp, name), "w") as f:
-                f.write("not-a-real-token\n")
+        d = scm_daemon(fake)
         d.start()
         # samples of the labelled families: a route, a delivery, a refusal
         d.request("GET", "/healthz")
