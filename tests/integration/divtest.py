@@ -8,7 +8,9 @@ import hashlib
 import hmac
 import http.client
 import json
+import math
 import os
+import re
 import select
 import shutil
 import signal
@@ -354,6 +356,197 @@ def meter(d, token, body, path="/api/v1/agenttask/meter"):
     if token:
         h["Authorization"] = "Bearer " + token
     return d.json("POST", path, json.dumps(body), h)
+
+
+# ---- Prometheus text ----
+
+PROM_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+PROM_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+PROM_TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
+
+
+def prom_value(s):
+    """A sample value as the format writes it (Go's ParseFloat), or
+    None."""
+    if s in ("+Inf", "Inf"):
+        return math.inf
+    if s == "-Inf":
+        return -math.inf
+    if s == "NaN":
+        return math.nan
+    if not re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", s):
+        return None
+    return float(s)
+
+
+def prom_labels(s, errs, where):
+    """The label set in s (between the braces), unescaped: [(name,
+    value)]; faults go to errs."""
+    out = []
+    i = 0
+    while i < len(s):
+        m = re.match(r"\s*([^=\s]*)\s*=\s*\"", s[i:])
+        if not m:
+            errs.append("%s: a label is not name=\"value\"" % where)
+            return out
+        name = m.group(1)
+        if not PROM_LABEL.match(name) or name.startswith("__"):
+            errs.append("%s: bad label name %r" % (where, name))
+        i += m.end()
+        val = []
+        while True:
+            if i >= len(s):
+                errs.append("%s: label %s: no closing quote" % (where, name))
+                return out
+            c = s[i]
+            if c == "\\":
+                nxt = s[i + 1] if i + 1 < len(s) else ""
+                if nxt not in ("\\", "\"", "n"):
+                    errs.append("%s: label %s: bad escape \\%s"
+                                % (where, name, nxt))
+                val.append("\n" if nxt == "n" else nxt)
+                i += 2
+                continue
+            if c == "\"":
+                i += 1
+                break
+            if c == "\n":
+                errs.append("%s: label %s: a raw newline" % (where, name))
+            val.append(c)
+            i += 1
+        out.append((name, "".join(val)))
+        m = re.match(r"\s*(,|$)", s[i:])
+        if not m:
+            errs.append("%s: label %s: junk after its value" % (where, name))
+            return out
+        i += m.end()
+    return out
+
+
+def prom_family(sample, types):
+    """The family a sample name belongs to, given the TYPEs seen."""
+    for suffix in ("_bucket", "_sum", "_count"):
+        base = sample[:-len(suffix)]
+        if sample.endswith(suffix) and types.get(base) in ("histogram",
+                                                            "summary"):
+            return base
+    return sample
+
+
+def prom_check(text):
+    """The faults of a /metrics text as the Prometheus text format 0.0.4
+    has them (test_metrics_format.py): a list of strings, empty when it
+    is valid; and its samples {(name, ((label, value), ...)): value}."""
+    errs = []
+    if text and not text.endswith("\n"):
+        errs.append("the last line does not end with a newline")
+    types, helps, samples = {}, {}, {}
+    seen_samples = set()   # families that had a sample
+    done = set()           # families whose block has ended
+    current = None
+    hist = {}              # (family, labels sans le) -> {...}
+    for n, line in enumerate(text.split("\n"), 1):
+        where = "line %d" % n
+        if line.strip() == "":
+            continue
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 2 and parts[1] in ("HELP", "TYPE"):
+                if len(parts) < 3 or not PROM_NAME.match(parts[2]):
+                    errs.append("%s: %s without a valid name" %
+                                (where, parts[1]))
+                    continue
+                fam = parts[2]
+                if fam in seen_samples:
+                    errs.append("%s: %s %s after its samples" %
+                                (where, parts[1], fam))
+                if fam in done:
+                    errs.append("%s: family %s split in two blocks" %
+                                (where, fam))
+                if current is not None and current != fam:
+                    done.add(current)
+                current = fam
+                if parts[1] == "HELP":
+                    if fam in helps:
+                        errs.append("%s: a second HELP for %s" %
+                                    (where, fam))
+                    helps[fam] = parts[3] if len(parts) > 3 else ""
+                    if re.search(r"\\[^\\n]|\\$", helps[fam]):
+                        errs.append("%s: HELP %s: bad escape" % (where, fam))
+                else:
+                    if fam in types:
+                        errs.append("%s: a second TYPE for %s" %
+                                    (where, fam))
+                    t = parts[3] if len(parts) > 3 else ""
+                    if t not in PROM_TYPES:
+                        errs.append("%s: TYPE %s: unknown type %r" %
+                                    (where, fam, t))
+                    types[fam] = t
+            continue
+        m = re.match(r"([^{\s]+)(\{(.*)\})?\s+(\S+)(\s+(-?\d+))?\s*$", line)
+        if not m:
+            errs.append("%s: not a sample line: %r" % (where, line))
+            continue
+        name, labels_text, value_text = m.group(1), m.group(3), m.group(4)
+        if not PROM_NAME.match(name):
+            errs.append("%s: bad metric name %r" % (where, name))
+            continue
+        labels = prom_labels(labels_text or "", errs, where)
+        names = [k for k, _ in labels]
+        if len(set(names)) != len(names):
+            errs.append("%s: a label twice" % where)
+        value = prom_value(value_text)
+        if value is None:
+            errs.append("%s: %r is not a number" % (where, value_text))
+            continue
+        fam = prom_family(name, types)
+        if fam in done:
+            errs.append("%s: family %s split in two blocks" % (where, fam))
+        if current is not None and current != fam:
+            done.add(current)
+        current = fam
+        seen_samples.add(fam)
+        key = (name, tuple(sorted(labels)))
+        if key in samples:
+            errs.append("%s: series %s%s twice" % (where, name, labels))
+        samples[key] = value
+        kind = types.get(fam, "untyped")
+        if kind == "counter" and not value >= 0:
+            errs.append("%s: counter %s is %s" % (where, name, value_text))
+        if kind == "histogram":
+            rest = tuple(sorted((k, v) for k, v in labels if k != "le"))
+            h = hist.setdefault((fam, rest), {"le": [], "sum": None,
+                                              "count": None})
+            if name == fam + "_bucket":
+                le = dict(labels).get("le")
+                bound = prom_value(le) if le is not None else None
+                if bound is None:
+                    errs.append("%s: %s without a numeric le" %
+                                (where, name))
+                else:
+                    h["le"].append((bound, value, n))
+            elif name == fam + "_sum":
+                h["sum"] = value
+            elif name == fam + "_count":
+                h["count"] = value
+            else:
+                errs.append("%s: %s in histogram %s" % (where, name, fam))
+    for (fam, rest), h in hist.items():
+        what = "histogram %s%s" % (fam, dict(rest) or "")
+        bounds = [b for b, _, _ in h["le"]]
+        if bounds != sorted(bounds) or len(set(bounds)) != len(bounds):
+            errs.append("%s: le bounds not strictly ascending" % what)
+        counts = [c for _, c, _ in h["le"]]
+        if any(b < a for a, b in zip(counts, counts[1:])):
+            errs.append("%s: buckets not cumulative: %s" % (what, counts))
+        if not bounds or bounds[-1] != math.inf:
+            errs.append("%s: no +Inf bucket last" % what)
+        elif h["count"] is None or counts[-1] != h["count"]:
+            errs.append("%s: +Inf bucket %s, _count %s" %
+                        (what, counts[-1], h["count"]))
+        if h["sum"] is None:
+            errs.append("%s: no _sum" % what)
+    return errs, samples
 
 
 def scm_daemon(fake, extra=""):

@@ -18,7 +18,7 @@ import shutil
 import sys
 import time
 
-from divtest import Daemon, FakeKube, run_tests, wait
+from divtest import Daemon, FakeKube, prom_check, run_tests, wait
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_readme import readme_metrics  # noqa: E402
@@ -287,6 +287,8 @@ def run(t, fake):
     t.ok(types == documented and sorted(helps) == sorted(types),
          "README.md documents exactly the diverge_kube_* families, with "
          "their types and a HELP each", (types, documented, helps))
+    t.eq(prom_check(text)[0], [], "its /metrics is valid Prometheus text "
+         "(test_metrics_format.py's checks)")
     t.eq(d.stop(), 0, "SIGTERM: exit 0")
 
 
