@@ -463,6 +463,145 @@ metrics_buckets(void **state)
 	metrics_reset();
 }
 
+static double
+seven_and_a_half(void *arg)
+{
+	(void)arg;
+	return 7.5;
+}
+
+/* Where want first occurs in text: fails when it is absent. */
+static const char *
+found(const char *text, const char *want)
+{
+	const char *p = strstr(text, want);
+
+	if (p == NULL)
+		fail_msg("missing: %s\nin:\n%s", want, text);
+	return p;
+}
+
+/* How many times want occurs in text. */
+static int
+occurrences(const char *text, const char *want)
+{
+	int n = 0;
+
+	for (; (text = strstr(text, want)) != NULL; text++)
+		n++;
+	return n;
+}
+
+/*
+ * Families: in the order of their first declaration, declared once
+ * however often described, told apart when one name starts another; a
+ * family never declared takes its type from its first use and has no
+ * HELP. Series are told apart when one label set starts another; values
+ * keep every digit; a gauge is set, not added to; metrics_zero makes
+ * each label set; a gauge function is read when rendering.
+ */
+static void
+metrics_families(void **state)
+{
+	static const char *const zeros[] = { "code=\"500\"", "code=\"200\"",
+	    NULL };
+	static atomic_uint_fast64_t hits = 41;
+	struct buf b;
+
+	(void)state;
+	metrics_reset();
+	metrics_describe("t_req", METRIC_GAUGE, "Short name.");
+	metrics_describe("t_req_total", METRIC_COUNTER, "Requests.");
+	metrics_describe("t_req", METRIC_COUNTER, "Declared again.");
+	metrics_zero("t_req_total", zeros);
+	metrics_inc("t_req_total", "code=\"200\"", 1234567891);
+	metrics_inc("t_req_total", "code=\"200\",x=\"1\"", 1);
+	metrics_set("t_req", "", 0.25);
+	metrics_set("t_req", "", 12345678.5);
+	metrics_set("t_req", "q=\"a\"", 0.125);
+	metrics_inc("t_loose_total", "", 1);
+	metrics_set("t_loose_gauge", "", 2);
+	metrics_observe("t_loose_seconds", "", 1);
+	metrics_gauge_fn("t_fn", "", seven_and_a_half, NULL);
+	metrics_gauge_fn("t_hits_total", "", metrics_read_atomic, &hits);
+	buf_init(&b, 1 << 20);
+	assert_int_equal(metrics_render(&b), 0);
+	assert_true(found(b.data, "# HELP t_req Short name.\n"
+	    "# TYPE t_req gauge\n") < found(b.data,
+	    "# HELP t_req_total Requests.\n# TYPE t_req_total counter\n"));
+	assert_int_equal(occurrences(b.data, "# TYPE t_req "), 1);
+	assert_int_equal(occurrences(b.data, "# HELP t_req "), 1);
+	found(b.data, "\nt_req 12345678.5\n");
+	found(b.data, "\nt_req{q=\"a\"} 0.125\n");
+	found(b.data, "\nt_req_total{code=\"500\"} 0\n");
+	found(b.data, "\nt_req_total{code=\"200\"} 1234567891\n");
+	found(b.data, "\nt_req_total{code=\"200\",x=\"1\"} 1\n");
+	found(b.data, "# TYPE t_loose_total counter\nt_loose_total 1\n");
+	found(b.data, "# TYPE t_loose_gauge gauge\nt_loose_gauge 2\n");
+	found(b.data, "# TYPE t_loose_seconds histogram\n");
+	found(b.data, "# TYPE t_fn gauge\nt_fn 7.5\n");
+	found(b.data, "\nt_hits_total 41\n");
+	assert_null(strstr(b.data, "# HELP t_loose"));
+	assert_null(strstr(b.data, "# HELP t_fn"));
+	buf_release(&b);
+	/* a buffer too small is an error, not a cut text */
+	buf_init(&b, 64);
+	assert_int_equal(metrics_render(&b), -1);
+	buf_release(&b);
+	metrics_reset();
+}
+
+/*
+ * A sample on a bound is in that bound's bucket (le: less or equal),
+ * for the registry's histograms and an owner's; the default bounds end
+ * at 10 s; labelled and unlabelled sums keep every digit; a labelled
+ * _count is every sample, those above the last bound too.
+ */
+static void
+metrics_bounds(void **state)
+{
+	static const double slow[] = { 0.5, 1 };
+	static const double fast[] = { 0.25, 0.5 };
+	static struct metrics_hist h = METRICS_HIST_INIT(fast);
+	struct buf b;
+
+	(void)state;
+	metrics_reset();
+	metrics_describe_buckets("t_wait_seconds", "Waits.", slow,
+	    ARRAY_SIZE(slow));
+	metrics_observe("t_wait_seconds", "q=\"a\"", 0.5);
+	metrics_observe("t_wait_seconds", "q=\"a\"", 1);
+	metrics_observe("t_wait_seconds", "q=\"a\"", 1234.0625);
+	metrics_describe("t_default_seconds", METRIC_HISTOGRAM, "Default.");
+	metrics_observe("t_default_seconds", "", 10);
+	metrics_observe("t_default_seconds", "", 1234.0625);
+	metrics_describe("t_owned_seconds", METRIC_HISTOGRAM, "Owned.");
+	metrics_hist_register("t_owned_seconds", "", &h);
+	metrics_hist_observe(&h, 0.25);
+	metrics_hist_observe(&h, 0.5);
+	buf_init(&b, 1 << 20);
+	assert_int_equal(metrics_render(&b), 0);
+	found(b.data, "# TYPE t_wait_seconds histogram\n"
+	    "t_wait_seconds_bucket{q=\"a\",le=\"0.5\"} 1\n"
+	    "t_wait_seconds_bucket{q=\"a\",le=\"1\"} 2\n"
+	    "t_wait_seconds_bucket{q=\"a\",le=\"+Inf\"} 3\n"
+	    "t_wait_seconds_sum{q=\"a\"} 1235.5625\n"
+	    "t_wait_seconds_count{q=\"a\"} 3\n");
+	found(b.data, "t_default_seconds_bucket{le=\"5\"} 0\n"
+	    "t_default_seconds_bucket{le=\"10\"} 1\n"
+	    "t_default_seconds_bucket{le=\"+Inf\"} 2\n"
+	    "t_default_seconds_sum 1244.0625\n"
+	    "t_default_seconds_count 2\n");
+	found(b.data, "# TYPE t_owned_seconds histogram\n"
+	    "t_owned_seconds_bucket{le=\"0.25\"} 1\n"
+	    "t_owned_seconds_bucket{le=\"0.5\"} 2\n"
+	    "t_owned_seconds_bucket{le=\"+Inf\"} 2\n"
+	    "t_owned_seconds_sum 0.75\n"
+	    "t_owned_seconds_count 2\n");
+	buf_release(&b);
+	metrics_reset();
+}
+
 static void
 time_format(void **state)
 {
@@ -1157,6 +1296,65 @@ dump_compact(void **state)
 	}
 }
 
+/* n arrays, or objects {"a":...}, one in another. */
+static json_t *
+nested(int n, int objects)
+{
+	json_t *v = objects ? json_object() : json_array(), *o;
+
+	while (--n > 0) {
+		o = objects ? json_object() : json_array();
+		if (objects)
+			json_object_set_new(o, "a", v);
+		else
+			json_array_append_new(o, v);
+		v = o;
+	}
+	return v;
+}
+
+/*
+ * The edges of json_dump_compact: no value, no text; values nested
+ * 2048 deep are written, one deeper is refused, in an array or an
+ * object, first or after others; texts of about the first buffer's size
+ * (4 KiB, its NUL included) come out whole.
+ */
+static void
+dump_edges(void **state)
+{
+	json_t *v;
+	char *s;
+	size_t n = 7;
+	int objects, len;
+
+	(void)state;
+	assert_null(json_dump_compact(NULL, &n));
+	assert_int_equal(n, 7);
+	for (objects = 0; objects <= 1; objects++) {
+		v = nested(2049, objects);
+		same_dump(v);
+		json_decref(v);
+		v = nested(2050, objects);
+		assert_null(json_dump_compact(v, NULL));
+		json_decref(v);
+		v = json_pack("[i,o]", 1, nested(2049, objects));
+		assert_null(json_dump_compact(v, NULL));
+		json_decref(v);
+		v = json_pack("{s:i,s:o}", "a", 1, "b", nested(2049, objects));
+		assert_null(json_dump_compact(v, NULL));
+		json_decref(v);
+	}
+	for (len = 4090; len <= 4100; len++) {
+		s = xmalloc((size_t)len + 1);
+		memset(s, 'x', (size_t)len);
+		s[len] = '\0';
+		v = json_string(s);
+		same_dump(v);
+		json_decref(v);
+		free(s);
+	}
+}
+
 /*
  * Put stderr back (saved) after logging into fd, and quiet the log: fd
  * to read from the start.
@@ -1244,6 +1442,269 @@ log_lines(void **state)
 	fclose(f);
 	unlink(path);
 	free(huge);
+}
+
+/* Send stderr to a new file made from the mkstemp template path. */
+static int
+log_to(char *path)
+{
+	int fd = mkstemp(path), saved = dup(2);
+
+	assert_true(fd >= 0 && saved >= 0);
+	assert_int_equal(dup2(fd, 2), 2);
+	close(fd);
+	return saved;
+}
+
+/* Put stderr back (saved), quiet the log: what went to path (removed). */
+static char *
+log_back(const char *path, int saved)
+{
+	struct buf b;
+	char chunk[8192];
+	size_t n;
+	FILE *f;
+
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	log_setup(LOG_ERROR, 0);
+	f = fopen(path, "r");
+	assert_non_null(f);
+	buf_init(&b, 1 << 24);
+	buf_add(&b, "", 0);
+	while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
+		assert_int_equal(buf_add(&b, chunk, n), 0);
+	fclose(f);
+	unlink(path);
+	return buf_detach(&b, NULL);
+}
+
+/*
+ * The one line log_kv writes for msg and a pair (k NULL: none) in the
+ * text or JSON format, from msg on; the whole line in *all (may be NULL).
+ */
+static char *
+log_one(int json, const char *msg, const char *k, const char *v,
+    char **all)
+{
+	char path[] = "/tmp/diverge-log-XXXXXX";
+	int saved = log_to(path);
+	char *text, *from, *line;
+
+	log_setup(LOG_INFO, json);
+	log_kv(LOG_INFO, msg, k, v, NULL);
+	text = log_back(path, saved);
+	assert_int_equal(occurrences(text, "\n"), 1);
+	from = strstr(text, json ? "\"msg\":" : " msg=");
+	assert_non_null(from);
+	line = xstrdup(from + (json ? 0 : 1));
+	if (all != NULL)
+		*all = text;
+	else
+		free(text);
+	return line;
+}
+
+/*
+ * Each byte a value may hold, as both formats write it: the JSON
+ * escapes (short ones for \n \r \t), control bytes and DEL as \u00XX,
+ * invalid UTF-8 as U+FFFD; a text value is quoted when it is empty or
+ * holds a space, a quote, '=', a backslash or a byte from 0x7f, and so
+ * is a key; NULL is "-". A value with a newline stays on its line and
+ * cannot start a line of its own.
+ */
+static void
+log_escapes(void **state)
+{
+	char path[] = "/tmp/diverge-log-XXXXXX";
+	int saved = log_to(path), json;
+	char *text, *line, *nl;
+
+	(void)state;
+	for (json = 1; json >= 0; json--) {
+		log_setup(LOG_INFO, json);
+		log_kv(LOG_INFO, "m", "q", "a\"b", "bs", "a\\b", "nl", "a\nb",
+		    "cr", "a\rb", "tab", "a\tb", "del", "a\x7f" "b", "ctl",
+		    "\x01\x1f", "empty", "", "eq", "a=b", "sp", "a b", "utf8",
+		    "\xc3\xa9", "bad", "\xff", "null", NULL, "a b", "plain",
+		    NULL);
+	}
+	text = log_back(path, saved);
+	line = strstr(text, "\"msg\":");
+	nl = strchr(text, '\n');
+	assert_true(line != NULL && nl != NULL && line < nl);
+	*nl = '\0';
+	assert_string_equal(line, "\"msg\":\"m\",\"q\":\"a\\\"b\","
+	    "\"bs\":\"a\\\\b\",\"nl\":\"a\\nb\",\"cr\":\"a\\rb\","
+	    "\"tab\":\"a\\tb\",\"del\":\"a\\u007fb\",\"ctl\":\"\\u0001\\u001f\","
+	    "\"empty\":\"\",\"eq\":\"a=b\",\"sp\":\"a b\",\"utf8\":\"\xc3\xa9\","
+	    "\"bad\":\"\\ufffd\",\"null\":\"-\",\"a b\":\"plain\"}");
+	line = strstr(nl + 1, " msg=");
+	assert_non_null(line);
+	assert_string_equal(line, " msg=m q=\"a\\\"b\" bs=\"a\\\\b\" "
+	    "nl=\"a\\nb\" cr=\"a\\rb\" tab=\"a\\tb\" del=\"a\\u007fb\" "
+	    "ctl=\"\\u0001\\u001f\" empty=\"\" eq=\"a=b\" sp=\"a b\" "
+	    "utf8=\"\xc3\xa9\" bad=\"\\ufffd\" null=- \"a b\"=plain\n");
+	free(text);
+	/* a message and a value that try to forge a second line */
+	for (json = 1; json >= 0; json--) {
+		line = log_one(json, "x\nts=2021-01-01T00:00:00.000Z "
+		    "level=error msg=forged", "did",
+		    "1\" level=error msg=\"forged", NULL);
+		assert_string_equal(line, json ?
+		    "\"msg\":\"x\\nts=2021-01-01T00:00:00.000Z level=error "
+		    "msg=forged\",\"did\":\"1\\\" level=error "
+		    "msg=\\\"forged\"}\n" :
+		    "msg=\"x\\nts=2021-01-01T00:00:00.000Z level=error "
+		    "msg=forged\" did=\"1\\\" level=error msg=\\\"forged\"\n");
+		free(line);
+	}
+}
+
+/*
+ * A value is cut after LOG_VALUE_MAX (2048) bytes, not before: in JSON,
+ * and in text, where a plain value that long is quoted to be cut; a line
+ * with more pairs than its buffer holds drops the last ones and stays
+ * whole (valid JSON, one line, within LOG_LINE_MAX).
+ */
+static void
+log_cuts(void **state)
+{
+	char *v = xmalloc(2050), *ctl = xmalloc(2049), *line, *want;
+	char path[] = "/tmp/diverge-log-XXXXXX";
+	int saved, json, n;
+	json_t *j;
+
+#define WIDE4 "k", ctl, "k", ctl, "k", ctl, "k", ctl
+	(void)state;
+	memset(v, 'a', 2049);
+	v[2048] = '\0';
+	line = log_one(1, "m", "did", v, NULL);
+	want = xasprintf("\"msg\":\"m\",\"did\":\"%s\"}\n", v);
+	assert_string_equal(line, want);
+	free(want);
+	free(line);
+	line = log_one(0, "m", "did", v, NULL);
+	want = xasprintf("msg=m did=%s\n", v);
+	assert_string_equal(line, want);
+	free(want);
+	free(line);
+	v[2048] = 'a';
+	v[2049] = '\0';
+	for (json = 1; json >= 0; json--) {
+		line = log_one(json, "m", "did", v, NULL);
+		v[2048] = '\0';
+		want = xasprintf(json ? "\"msg\":\"m\",\"did\":\"%s"
+		    "\xe2\x80\xa6(truncated)\"}\n" :
+		    "msg=m did=\"%s\xe2\x80\xa6(truncated)\"\n", v);
+		v[2048] = 'a';
+		assert_string_equal(line, want);
+		free(want);
+		free(line);
+	}
+	/* 32 values of 2048 bytes escaped to six each: 384 KiB */
+	memset(ctl, 1, 2048);
+	ctl[2048] = '\0';
+	saved = log_to(path);
+	for (json = 1; json >= 0; json--) {
+		log_setup(LOG_INFO, json);
+		log_kv(LOG_INFO, "wide", WIDE4, WIDE4, WIDE4, WIDE4, WIDE4,
+		    WIDE4, WIDE4, WIDE4, NULL);
+	}
+	line = log_back(path, saved);
+	want = strchr(line, '\n');
+	assert_non_null(want);
+	assert_true(want - line < 256 * 1024);
+	*want++ = '\0';
+	j = json_loads(line, 0, NULL);
+	assert_non_null(j);
+	assert_int_equal(strlen(json_string_value(json_object_get(j, "k"))),
+	    2048);
+	n = occurrences(line, "\"k\":");
+	assert_true(n > 0 && n < 32);
+	json_decref(j);
+	assert_int_equal(occurrences(want, "\n"), 1);
+	n = occurrences(want, " k=");
+	assert_true(n > 0 && n < 32);
+	assert_true(strlen(want) < 256 * 1024);
+	assert_string_equal(want + strlen(want) - 2, "\"\n");
+	free(line);
+#undef WIDE4
+	free(ctl);
+	free(v);
+}
+
+/* Whether a line starts with a time stamp to the millisecond. */
+static int
+stamped(const char *line, int json)
+{
+	const char *ts = line + (json ? 7 : 3);
+	static const char shape[] = "dddd-dd-ddTdd:dd:dd.dddZ";
+	size_t i;
+
+	if (strncmp(line, json ? "{\"ts\":\"" : "ts=", json ? 7 : 3) != 0)
+		return 0;
+	for (i = 0; i < sizeof(shape) - 1; i++)
+		if (shape[i] == 'd' ? ts[i] < '0' || ts[i] > '9' :
+		    ts[i] != shape[i])
+			return 0;
+	return ts[i] == (json ? '"' : ' ');
+}
+
+/*
+ * Time stamps have three digits of milliseconds, zeros too: two lines
+ * are written in the first tenth of a second.
+ */
+static void
+log_stamps(void **state)
+{
+	char path[] = "/tmp/diverge-log-XXXXXX";
+	int64_t t0, t1;
+	char *text, *second;
+	int saved, tries;
+
+	(void)state;
+	for (tries = 0; tries < 10; tries++) {
+		while (now_unix_ms() % 1000 >= 20)
+			usleep(1000);
+		saved = log_to(path);
+		t0 = now_unix_ms();
+		log_setup(LOG_INFO, 1);
+		log_kv(LOG_INFO, "m", NULL);
+		log_setup(LOG_INFO, 0);
+		log_kv(LOG_INFO, "m", NULL);
+		t1 = now_unix_ms();
+		text = log_back(path, saved);
+		second = strchr(text, '\n');
+		assert_non_null(second);
+		assert_true(stamped(text, 1));
+		assert_true(stamped(second + 1, 0));
+		free(text);
+		if (t0 / 1000 == t1 / 1000 && t1 % 1000 < 100)
+			break;
+	}
+	assert_true(tries < 10);
+}
+
+/* Level names, "warning" for warn; a line at the minimum is written. */
+static void
+log_levels(void **state)
+{
+	(void)state;
+	assert_int_equal(log_level_parse("debug"), LOG_DEBUG);
+	assert_int_equal(log_level_parse("info"), LOG_INFO);
+	assert_int_equal(log_level_parse("warn"), LOG_WARN);
+	assert_int_equal(log_level_parse("warning"), LOG_WARN);
+	assert_int_equal(log_level_parse("error"), LOG_ERROR);
+	assert_int_equal(log_level_parse("Error"), -1);
+	assert_int_equal(log_level_parse("errors"), -1);
+	assert_int_equal(log_level_parse(""), -1);
+	log_setup(LOG_WARN, 0);
+	assert_false(log_enabled(LOG_INFO));
+	assert_true(log_enabled(LOG_WARN));
+	assert_true(log_enabled(LOG_ERROR));
+	log_setup(LOG_ERROR, 0);
 }
 
 /* redact(s) as a string: s itself when nothing was hidden. */
@@ -1686,6 +2147,8 @@ main(void)
 		cmocka_unit_test(hmac_vectors),
 		cmocka_unit_test(metrics_text),
 		cmocka_unit_test(metrics_buckets),
+		cmocka_unit_test(metrics_families),
+		cmocka_unit_test(metrics_bounds),
 		cmocka_unit_test(time_format),
 		cmocka_unit_test(time_parse),
 		cmocka_unit_test(time_ages),
@@ -1697,7 +2160,12 @@ main(void)
 		cmocka_unit_test(jscan_bounds),
 		cmocka_unit_test(jscan_escape_bytes),
 		cmocka_unit_test(dump_compact),
+		cmocka_unit_test(dump_edges),
 		cmocka_unit_test(log_lines),
+		cmocka_unit_test(log_escapes),
+		cmocka_unit_test(log_cuts),
+		cmocka_unit_test(log_stamps),
+		cmocka_unit_test(log_levels),
 		cmocka_unit_test(redact_secrets),
 		cmocka_unit_test(redact_shapes),
 		cmocka_unit_test(redact_vendor_shapes),
