@@ -3118,6 +3118,230 @@ test_queue(void **state)
 	controller_queue_free(q);
 }
 
+/* Add the keys ns/k<*last>.. (n of them), counting *last on. */
+static void
+queue_add_n(struct controller_queue *q, int *last, int n)
+{
+	char k[32];
+
+	for (; n > 0; n--) {
+		snprintf(k, sizeof(k), "ns/k%d", (*last)++);
+		controller_queue_add(q, k);
+	}
+}
+
+/* Take n keys, which must be ns/k<*next>.. in that order. */
+static void
+queue_take_n(struct controller_queue *q, int *next, int n)
+{
+	char k[32], *got;
+
+	for (; n > 0; n--) {
+		snprintf(k, sizeof(k), "ns/k%d", (*next)++);
+		got = controller_queue_get(q, 0);
+		assert_non_null(got);
+		assert_string_equal(got, k);
+		controller_queue_done(q, got);
+		free(got);
+	}
+}
+
+/*
+ * The waiting keys come out in the order they went in when their ring
+ * (64 at first) wraps around its end, and when it grows while wrapped.
+ */
+static void
+test_queue_ring(void **state)
+{
+	struct controller_queue *q = controller_queue_new();
+	int last = 0, next = 0, i;
+
+	(void)state;
+	for (i = 0; i < 50; i++) {
+		queue_add_n(q, &last, 1);
+		queue_take_n(q, &next, 1);
+	}
+	/* 30 from slot 50 on: past the end */
+	queue_add_n(q, &last, 30);
+	assert_int_equal(controller_queue_len(q), 30);
+	queue_take_n(q, &next, 20);
+	/* the ring full from slot 6 round to slot 5, then grown */
+	queue_add_n(q, &last, 60);
+	assert_int_equal(controller_queue_len(q), 70);
+	queue_take_n(q, &next, 70);
+	assert_int_equal(next, last);
+	assert_null(controller_queue_get(q, 0));
+	controller_queue_free(q);
+}
+
+/*
+ * A delay of 0 is none; of two delays for one key the sooner wins,
+ * whichever was asked first, and the key comes once, not again at the
+ * later time; a key due soon wakes a get while a later one waits.
+ */
+static void
+test_queue_delays(void **state)
+{
+	struct controller_queue *q = controller_queue_new();
+	char *got;
+	int64_t t0;
+
+	(void)state;
+	controller_queue_add_after(q, "ns/now", 0);
+	assert_int_equal(controller_queue_len(q), 1);
+	got = controller_queue_get(q, 0);
+	assert_string_equal(got, "ns/now");
+	controller_queue_done(q, got);
+	free(got);
+
+	controller_queue_add_after(q, "ns/d", 60000);
+	controller_queue_add_after(q, "ns/d", 50);
+	got = controller_queue_get(q, 3000);
+	assert_non_null(got);
+	assert_string_equal(got, "ns/d");
+	controller_queue_done(q, got);
+	free(got);
+
+	controller_queue_add_after(q, "ns/e", 50);
+	controller_queue_add_after(q, "ns/e", 500);
+	got = controller_queue_get(q, 3000);
+	assert_non_null(got);
+	assert_string_equal(got, "ns/e");
+	controller_queue_done(q, got);
+	free(got);
+	assert_null(controller_queue_get(q, 1500));
+
+	/* (the get would end after 30 s; 15 s is a loaded machine's slack) */
+	controller_queue_add_after(q, "ns/late", 60000);
+	controller_queue_add_after(q, "ns/soon", 50);
+	t0 = now_mono_ms();
+	got = controller_queue_get(q, 30000);
+	assert_non_null(got);
+	assert_string_equal(got, "ns/soon");
+	assert_true(now_mono_ms() - t0 < 15000);
+	controller_queue_done(q, got);
+	free(got);
+	controller_queue_free(q);
+}
+
+/* A get of up to 30 s on another thread (test_queue_wakeups). */
+struct queue_waiter {
+	struct controller_queue *q;
+	char *key;
+	int64_t at;	/* when the get returned */
+};
+
+static void *
+queue_waiter_main(void *arg)
+{
+	struct queue_waiter *w = arg;
+
+	w->key = controller_queue_get(w->q, 30000);
+	w->at = now_mono_ms();
+	return NULL;
+}
+
+/*
+ * Start a waiter on q, give it time to wait (if it did not yet, it finds
+ * the key at once: the test then proves less, but does not fail), do
+ * what (0: add ns/a, 1: add ns/a after 50 ms, 2: shut down); the key it
+ * got, and in *took how long after that it returned.
+ */
+static char *
+queue_wake(struct controller_queue *q, int what, int64_t *took)
+{
+	struct queue_waiter w = { q, NULL, 0 };
+	pthread_t th;
+	int64_t t0;
+
+	assert_int_equal(pthread_create(&th, NULL, queue_waiter_main, &w), 0);
+	sleep_ms(200);
+	t0 = now_mono_ms();
+	if (what == 0)
+		controller_queue_add(q, "ns/a");
+	else if (what == 1)
+		controller_queue_add_after(q, "ns/a", 50);
+	else
+		controller_queue_shutdown(q);
+	pthread_join(th, NULL);
+	*took = w.at - t0;
+	return w.key;
+}
+
+/*
+ * A worker waiting for a key is woken by an add, by an add after a delay
+ * shorter than its wait, and by a shutdown, not left to its timeout (30
+ * s; 15 s is a loaded machine's slack). A queue shut down takes no key.
+ */
+static void
+test_queue_wakeups(void **state)
+{
+	struct controller_queue *q = controller_queue_new();
+	int64_t took;
+	char *got;
+	int what;
+
+	(void)state;
+	for (what = 0; what < 2; what++) {
+		got = queue_wake(q, what, &took);
+		assert_non_null(got);
+		assert_string_equal(got, "ns/a");
+		assert_true(took < 15000);
+		controller_queue_done(q, got);
+		free(got);
+	}
+	assert_null(queue_wake(q, 2, &took));
+	assert_true(took < 15000);
+	controller_queue_add(q, "ns/b");
+	assert_int_equal(controller_queue_len(q), 0);
+	controller_queue_free(q);
+}
+
+/*
+ * Each failure in a row of a key at least doubles its back-off (the
+ * eighth waits 320 ms or more); another key's is its own, and forget
+ * starts the first again at 5 ms.
+ */
+static void
+test_queue_rate_limited(void **state)
+{
+	struct controller_queue *q = controller_queue_new();
+	int64_t t0, took;
+	char *got;
+	unsigned n;
+
+	(void)state;
+	for (n = 1; n <= 8; n++) {
+		t0 = now_mono_ms();
+		controller_queue_add_rate_limited(q, "ns/f");
+		got = controller_queue_get(q, 60000);
+		took = now_mono_ms() - t0;
+		assert_non_null(got);
+		assert_string_equal(got, "ns/f");
+		if (took < controller_backoff_ms(n, 0))
+			fail_msg("failure %u came back after %lld ms", n,
+			    (long long)took);
+		controller_queue_done(q, got);
+		free(got);
+	}
+	assert_true(controller_backoff_ms(8, 0) >= 320);
+	/* 5 ms for each, due long before the get's end */
+	controller_queue_add_rate_limited(q, "ns/g");
+	got = controller_queue_get(q, 250);
+	assert_non_null(got);
+	assert_string_equal(got, "ns/g");
+	controller_queue_done(q, got);
+	free(got);
+	controller_queue_forget(q, "ns/f");
+	controller_queue_add_rate_limited(q, "ns/f");
+	got = controller_queue_get(q, 250);
+	assert_non_null(got);
+	assert_string_equal(got, "ns/f");
+	controller_queue_done(q, got);
+	free(got);
+	controller_queue_free(q);
+}
+
 /* ----------------------------------------- the running controller */
 
 static int
@@ -5343,6 +5567,58 @@ test_status_refused_gauge(void **state)
 }
 
 /*
+ * run_status_refused with a resync every 200 ms: the status of
+ * stall-status refused through at least 5 resyncs (each lists the tasks
+ * and queues it, and its pass is refused again).
+ */
+static void
+run_status_refused_resync(void)
+{
+	struct controller *c = NULL;
+	char *name, *cause = NULL;
+	int lists;
+	int64_t end;
+
+	refuse_status();
+	cc.workers = 1;
+	cc.resync_ms = 200;
+	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	running = c;
+	name = new_task_named(xstrdup("stall-status"), NULL, NULL);
+	assert_true(wait_metric("diverge_tasks_stalled", 1, 10000));
+	lists = storeenv_fake_count(&env, "GET", "/agenttasks");
+	end = now_mono_ms() + 20000;
+	while (storeenv_fake_count(&env, "GET", "/agenttasks") < lists + 5 &&
+	    now_mono_ms() < end)
+		sleep_ms(50);
+	assert_true(storeenv_fake_count(&env, "GET", "/agenttasks") >=
+	    lists + 5);
+	assert_true(metric("diverge_tasks_stalled") == 1);
+	stop_running(NULL);
+	free(name);
+}
+
+/*
+ * A resync keeps the refusal of a task's status that a pass saw (the
+ * list cannot tell it: no condition says it): the refusal is logged
+ * once, not again at the pass of each resync, and the task still counts
+ * in diverge_tasks_stalled.
+ */
+static void
+test_status_refused_resync(void **state)
+{
+	char *log;
+
+	(void)state;
+	if (open_limited(3, 0) < 0)
+		skip();
+	log = capture_stderr(run_status_refused_resync);
+	if (count_of(log, "task status refused") != 1)
+		fail_msg("log: %s", log);
+	free(log);
+}
+
+/*
  * race_hook: the task stall-status is deleted after a pass found its
  * status refused and before the worker counts the refusal, and the
  * worker goes on only once the task watcher has seen the deletion.
@@ -5666,6 +5942,365 @@ test_queue_cache_behind(void **state)
 	counted_task = NULL;
 	free(a);
 	free(b);
+}
+
+/*
+ * The store's ops with every read of the task "flaky" by a thread other
+ * than the test's failing (503) while flaky_fail is set; such reads are
+ * counted in flaky_reads, and the failed ones' times kept in flaky_at.
+ */
+static struct k8s_ops flaky_ops;
+static pthread_t flaky_tester;
+static pthread_mutex_t flaky_mu = PTHREAD_MUTEX_INITIALIZER;
+static int flaky_fail, flaky_reads, flaky_failed;
+static int64_t flaky_at[64];
+
+static int
+flaky_get(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
+    const char *name, json_t **out, struct k8s_status *st)
+{
+	int fail = 0;
+
+	if (r == &K8S_AGENTTASK && streq_safe(name, "flaky") &&
+	    !pthread_equal(pthread_self(), flaky_tester)) {
+		pthread_mutex_lock(&flaky_mu);
+		flaky_reads++;
+		if ((fail = flaky_fail) != 0 && flaky_failed < 64)
+			flaky_at[flaky_failed] = now_mono_ms();
+		flaky_failed += fail;
+		pthread_mutex_unlock(&flaky_mu);
+	}
+	if (fail)
+		return k8s_status_set(st, K8S_EUNAVAILABLE,
+		    "injected: the read failed", NULL);
+	return real_ops->get(api, r, ns, name, out, st);
+}
+
+static void
+flaky_set(int fail)
+{
+	pthread_mutex_lock(&flaky_mu);
+	flaky_fail = fail;
+	pthread_mutex_unlock(&flaky_mu);
+}
+
+/* The reads of flaky so far, and the failed ones in *failed. */
+static int
+flaky_count(int *failed)
+{
+	int n;
+
+	pthread_mutex_lock(&flaky_mu);
+	n = flaky_reads;
+	if (failed != NULL)
+		*failed = flaky_failed;
+	pthread_mutex_unlock(&flaky_mu);
+	return n;
+}
+
+/* Whether flaky_failed reaches n within ms. */
+static int
+wait_flaky_failed(int n, int64_t ms)
+{
+	int64_t end = now_mono_ms() + ms;
+	int failed;
+
+	for (;;) {
+		(void)flaky_count(&failed);
+		if (failed >= n)
+			return 1;
+		if (now_mono_ms() >= end)
+			return 0;
+		sleep_ms(5);
+	}
+}
+
+/*
+ * A pass that fails is tried again, after a back-off that grows (not at
+ * once, not never), and a pass that goes through resets it: after 11
+ * failures in a row (the next back-off 2.5 s or more) and a success, a
+ * failure is tried again within milliseconds (2.5 s is a loaded
+ * machine's slack). The task is suspended, so that its passes write no
+ * children, whose events would bring other passes.
+ */
+static void
+test_controller_backoff(void **state)
+{
+	struct controller *c = NULL;
+	char *name, *cause = NULL;
+	int64_t end, gap;
+	int reads, failed, n;
+
+	(void)state;
+	if (open_limited(1, 0) < 0)
+		skip();
+	name = new_task_named(xstrdup("flaky"), ",\"suspended\":true", NULL);
+	real_ops = env.api->ops;
+	flaky_ops = *real_ops;
+	flaky_ops.get = flaky_get;
+	flaky_tester = pthread_self();
+	flaky_reads = flaky_failed = 0;
+	flaky_set(1);
+	env.api->ops = &flaky_ops;
+	cc.workers = 1;
+	cc.resync_ms = 3600 * 1000;
+	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	running = c;
+	assert_true(wait_flaky_failed(11, 30000));
+	pthread_mutex_lock(&flaky_mu);
+	gap = flaky_at[10] - flaky_at[0];
+	pthread_mutex_unlock(&flaky_mu);
+	if (gap < 1000)
+		fail_msg("11 failed passes in %lld ms", (long long)gap);
+
+	flaky_set(0);
+	assert_true(wait_phase(name, "Paused", 30000));
+	/* quiet (if a pass came later, the test would only prove less) */
+	end = now_mono_ms() + 10000;
+	do {
+		reads = flaky_count(NULL);
+		sleep_ms(500);
+	} while (flaky_count(NULL) != reads && now_mono_ms() < end);
+
+	(void)flaky_count(&failed);
+	flaky_set(1);
+	controller_enqueue(c, NS, name);
+	assert_true(wait_flaky_failed(failed + 2, 30000));
+	pthread_mutex_lock(&flaky_mu);
+	n = failed + 1 < 64 ? failed + 1 : 63;
+	gap = flaky_at[n] - flaky_at[n - 1];
+	pthread_mutex_unlock(&flaky_mu);
+	if (gap >= 2500)
+		fail_msg("a failure after a success came back after %lld ms",
+		    (long long)gap);
+	stop_running(NULL);
+	env.api->ops = real_ops;
+	free(name);
+}
+
+/*
+ * The store's ops for test_controller_grace: the first 11 reads of the
+ * task "grace" by a thread other than the test's fail (503); from the
+ * next on (at grace_t1, monotonic) the task read shows a Stalled
+ * condition, when it has none, that began 299 s before, and every create
+ * of another kind is refused for good (403).
+ */
+static struct k8s_ops grace_ops;
+static int grace_failed;
+static int64_t grace_t1, grace_since;
+
+static int
+grace_get(struct k8s_api *api, const struct k8s_resource *r, const char *ns,
+    const char *name, json_t **out, struct k8s_status *st)
+{
+	json_t *status, *conds, *c;
+	int64_t since = 0;
+	char ts[32];
+	size_t i;
+	int rc, stalled = 0;
+
+	if (r == &K8S_AGENTTASK && streq_safe(name, "grace") &&
+	    !pthread_equal(pthread_self(), flaky_tester)) {
+		pthread_mutex_lock(&flaky_mu);
+		if (grace_failed < 11) {
+			grace_failed++;
+			pthread_mutex_unlock(&flaky_mu);
+			return k8s_status_set(st, K8S_EUNAVAILABLE,
+			    "injected: the read failed", NULL);
+		}
+		if (grace_t1 == 0) {
+			grace_t1 = now_mono_ms();
+			grace_since = now_unix() - CONTROLLER_ERROR_GRACE_S + 1;
+		}
+		since = grace_since;
+		pthread_mutex_unlock(&flaky_mu);
+	}
+	rc = real_ops->get(api, r, ns, name, out, st);
+	if (rc < 0 || since == 0)
+		return rc;
+	status = json_object_get(*out, "status");
+	if (!json_is_object(status))
+		json_object_set_new(*out, "status", (status = json_object()));
+	conds = json_object_get(status, "conditions");
+	if (!json_is_array(conds))
+		json_object_set_new(status, "conditions", (conds =
+		    json_array()));
+	json_array_foreach(conds, i, c)
+		stalled |= streq_safe(jp(c, "type"), "Stalled");
+	if (!stalled) {
+		time_rfc3339(since, ts);
+		json_array_append_new(conds, json_pack("{s:s,s:s,s:s,s:s,s:s}",
+		    "type", "Stalled", "status", "True", "reason",
+		    CONTROLLER_REASON_STALLED, "message", "injected",
+		    "lastTransitionTime", ts));
+	}
+	return rc;
+}
+
+static int
+grace_create(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const json_t *obj, json_t **out, struct k8s_status *st)
+{
+	int refuse;
+
+	pthread_mutex_lock(&flaky_mu);
+	refuse = grace_t1 != 0 && r != &K8S_AGENTTASK;
+	pthread_mutex_unlock(&flaky_mu);
+	if (refuse)
+		return k8s_status_set(st, K8S_EFORBIDDEN,
+		    "injected: forbidden", NULL);
+	return real_ops->create(api, r, ns, obj, out, st);
+}
+
+/*
+ * A stalled task fails when its grace ends, not at its next back-off
+ * pass: its pass that fails asks for a look then, and the worker takes
+ * the earlier of the two. After 11 failed passes (the next back-off is
+ * 5.12 s or more), the first pass refused for good finds the task
+ * Stalled for 299 s of the 300: it fails 2 s later (4.5 s is a loaded
+ * machine's slack).
+ */
+static void
+test_controller_grace(void **state)
+{
+	struct controller *c = NULL;
+	char *name, *cause = NULL;
+	int64_t end, t1 = 0;
+
+	(void)state;
+	if (open_limited(1, 0) < 0)
+		skip();
+	name = pending_named("grace");
+	real_ops = env.api->ops;
+	grace_ops = *real_ops;
+	grace_ops.get = grace_get;
+	grace_ops.create = grace_create;
+	flaky_tester = pthread_self();
+	grace_failed = 0;
+	grace_t1 = grace_since = 0;
+	env.api->ops = &grace_ops;
+	cc.workers = 1;
+	cc.resync_ms = 3600 * 1000;
+	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	running = c;
+	end = now_mono_ms() + 30000;
+	while (t1 == 0 && now_mono_ms() < end) {
+		pthread_mutex_lock(&flaky_mu);
+		t1 = grace_t1;
+		pthread_mutex_unlock(&flaky_mu);
+		sleep_ms(5);
+	}
+	assert_true(t1 > 0);
+	end = t1 + 4500 - now_mono_ms();
+	if (!wait_phase(name, "Failed", end > 0 ? end : 0))
+		fail_msg("not Failed %lld ms after its first refused pass",
+		    (long long)(now_mono_ms() - t1));
+	fprintf(stderr, "# Failed %lld ms after its first refused pass\n",
+	    (long long)(now_mono_ms() - t1));
+	stop_running(NULL);
+	env.api->ops = real_ops;
+	free(name);
+}
+
+/*
+ * The times (unix seconds) of the watches of the tasks in the fake's
+ * request log, up to max of them; how many.
+ */
+static int
+task_watch_times(double *out, int max)
+{
+	json_t *reqs = storeenv_fake(&env, "GET", "/_fake/requests", NULL);
+	json_t *r;
+	const char *p, *q;
+	size_t i;
+	int n = 0;
+
+	json_array_foreach(reqs, i, r) {
+		p = json_string_value(json_object_get(r, "path"));
+		q = json_string_value(json_object_get(r, "query"));
+		if (p == NULL || q == NULL || strlen(p) < 11 ||
+		    strcmp(p + strlen(p) - 11, "/agenttasks") != 0 ||
+		    strstr(q, "watch=true") == NULL || n >= max)
+			continue;
+		out[n++] = json_real_value(json_object_get(r, "time"));
+	}
+	json_decref(reqs);
+	return n;
+}
+
+/*
+ * A watch that delivers events starts its back-off again: after 4
+ * refused watches (the next wait would be 2.56 s or more) the watch of
+ * the tasks goes through and brings the task's ADDED event; when it
+ * later breaks and the next watch is refused, the one after is made
+ * 160 to 320 ms after it (2.5 s is a loaded machine's slack). Through
+ * the fake kube-apiserver, whose request log has the times.
+ */
+static void
+test_watch_backoff_reset(void **state)
+{
+	struct controller *c = NULL;
+	char *name, *cause = NULL;
+	double at[2];
+	int64_t end;
+	json_t *j;
+
+	(void)state;
+	if (open_limited(3, 0) < 0)
+		skip();
+	name = new_task_named(xstrdup("rewatch"), NULL, NULL);
+	refuse_calls("GET", "/agenttasks?watch=true", 403, 4, NULL);
+	cc.workers = 1;
+	cc.resync_ms = 3600 * 1000;
+	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	running = c;
+	/* its pass follows the ADDED event */
+	assert_true(wait_phase(name, "Pending", 30000));
+
+	json_decref(storeenv_fake(&env, "DELETE", "/_fake/requests", NULL));
+	refuse_calls("GET", "/agenttasks?watch=true", 403, 1, NULL);
+	j = storeenv_fake(&env, "POST", "/_fake/end_watches",
+	    "{\"mode\":\"error\"}");
+	assert_non_null(j);
+	json_decref(j);
+	end = now_mono_ms() + 30000;
+	while (task_watch_times(at, 2) < 2 && now_mono_ms() < end)
+		sleep_ms(20);
+	assert_int_equal(task_watch_times(at, 2), 2);
+	fprintf(stderr, "# watched again %.0f ms after the refusal\n",
+	    (at[1] - at[0]) * 1000);
+	assert_true((at[1] - at[0]) * 1000 < 2500);
+	stop_running(NULL);
+	free(name);
+}
+
+/*
+ * A resync_ms of 0 is the default, 10 minutes: the task watcher lists
+ * the tasks once, when its watch starts, not at every wait for an event
+ * (each 250 ms: 1.5 s would see 6 more).
+ */
+static void
+test_resync_default(void **state)
+{
+	struct controller *c = NULL;
+	char *cause = NULL;
+	int64_t end;
+
+	(void)state;
+	if (open_limited(1, 0) < 0)
+		skip();
+	use_failing_list_ops(0);
+	cc.workers = 1;
+	cc.resync_ms = 0;
+	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	running = c;
+	end = now_mono_ms() + 10000;
+	while (task_lists < 1 && now_mono_ms() < end)
+		sleep_ms(10);
+	sleep_ms(1500);
+	assert_int_equal(task_lists, 1);
+	stop_running(NULL);
+	env.api->ops = real_ops;
 }
 
 /*
@@ -6041,6 +6676,10 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_queue),
+		cmocka_unit_test(test_queue_ring),
+		cmocka_unit_test(test_queue_delays),
+		cmocka_unit_test(test_queue_wakeups),
+		cmocka_unit_test(test_queue_rate_limited),
 		cmocka_unit_test(test_new_pending),
 		cmocka_unit_test(test_provisioning_children),
 		cmocka_unit_test(test_token_default_budgets),
@@ -6137,6 +6776,11 @@ main(void)
 		cmocka_unit_test_teardown(test_slots_cache_rules, unlimit),
 		cmocka_unit_test_teardown(test_queue_first_list_fails, unlimit),
 		cmocka_unit_test_teardown(test_queue_cache_behind, unlimit),
+		cmocka_unit_test_teardown(test_controller_backoff, unlimit),
+		cmocka_unit_test_teardown(test_controller_grace, unlimit),
+		cmocka_unit_test_teardown(test_watch_backoff_reset, unlimit),
+		cmocka_unit_test_teardown(test_resync_default, unlimit),
+		cmocka_unit_test_teardown(test_status_refused_resync, unlimit),
 	};
 
 	if (getenv("TEST_FILTER") != NULL)
