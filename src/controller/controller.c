@@ -18,6 +18,8 @@
 #define BACKOFF_BASE_MS 5
 #define BACKOFF_MAX_MS (5 * 60 * 1000)
 #define WATCH_POLL_MS 250
+/* a watch stream that ran this long before it broke was a healthy one */
+#define WATCH_HEALTHY_MS 60000
 #define MAX_WORKERS 64
 
 /* ------------------------------------------------------------- queue */
@@ -606,8 +608,9 @@ handle_event(struct watcher *w, struct k8s_event *ev)
 }
 
 /*
- * The watcher's wait after n failures in a row (of its watch, or of its
- * list from scratch): 320 ms doubling, up to 5 minutes, with jitter.
+ * The watcher's wait after n failures in a row (a watch refused or
+ * broken, or its list from scratch): 160 to 320 ms, doubling up to 5
+ * minutes (the upper end), with jitter.
  */
 static int64_t
 watch_backoff_ms(unsigned n)
@@ -646,7 +649,8 @@ watch_main(void *arg)
 		struct k8s_list_opts lo;
 		struct k8s_status st = { 0 };
 		struct k8s_watch *wt = NULL;
-		int rc;
+		int64_t opened;
+		int rc, broke = 0;
 
 		memset(&lo, 0, sizeof(lo));
 		if (!w->is_task)
@@ -666,6 +670,7 @@ watch_main(void *arg)
 			pause_unless_stopped(c, watch_backoff_ms(++failures));
 			continue;
 		}
+		opened = now_mono_ms();
 		/*
 		 * from scratch (at start, after 410 Gone): the ADDED events
 		 * tell every task's slot again, but a task deleted while the
@@ -727,12 +732,25 @@ watch_main(void *arg)
 			pthread_mutex_lock(&c->mu);
 			c->relists++;
 			pthread_mutex_unlock(&c->mu);
-		} else if (rc < 0) {
+		} else if (rc < 0 && !stopping(c)) {
 			log_kv(LOG_WARN, "controller watch broke", "resource",
 			    w->r->plural, "error", st.message, NULL);
+			broke = 1;
 		}
 		k8s_status_release(&st);
 		k8s_watch_free(wt);
+		/*
+		 * A broken stream (an ERROR event, or the client's own
+		 * retries spent) is watched again after a back-off, as
+		 * client-go's reflector does: one that breaks the moment it
+		 * opens would otherwise be a loop of watches and lists. A
+		 * stream that ran a while counts as a success.
+		 */
+		if (broke) {
+			if (now_mono_ms() - opened >= WATCH_HEALTHY_MS)
+				failures = 0;
+			pause_unless_stopped(c, watch_backoff_ms(++failures));
+		}
 	}
 	return NULL;
 }

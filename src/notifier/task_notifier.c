@@ -35,6 +35,10 @@
 #define RATELIMIT_MAX_MS (60 * 60 * 1000)	/* a reset further away: look again */
 #define MAX_CONFLICTS 20
 #define DEFAULT_REFUSED_MS (10 * 60 * 1000)
+#define WATCH_BACKOFF_BASE_MS 500
+#define WATCH_BACKOFF_MAX_MS 30000
+/* a watch that ran this long before it ended was a healthy one */
+#define WATCH_HEALTHY_MS 60000
 
 /* One known task: which PR/MR it reports to, and its throttle clock. */
 struct entry {
@@ -70,6 +74,7 @@ struct notifier {
 	 */
 	json_t *own;
 	int stopping;
+	pthread_cond_t stop_cv;	/* with mu: the watcher's waits end at a stop */
 	uint64_t updates;
 	uint64_t failures;
 	uint64_t lists;	/* lists of the tasks so far (the watcher's) */
@@ -1151,6 +1156,26 @@ relist(struct notifier *n, char **rv)
 	return 0;
 }
 
+/*
+ * The watcher's wait after its n-th failure in a row (a list, a watch
+ * refused, a stream broken): 500 ms doubling up to 30 s, with jitter, as
+ * client-go's reflector backs off; it ends early at a stop.
+ */
+static void
+watcher_backoff(struct notifier *n, unsigned failures)
+{
+	struct timespec ts;
+	int64_t d = backoff_jitter_ms(backoff_delay_ms(WATCH_BACKOFF_BASE_MS,
+	    WATCH_BACKOFF_MAX_MS, failures > 1 ? failures - 1 : 0));
+
+	time_deadline(CLOCK_MONOTONIC, d, &ts);
+	pthread_mutex_lock(&n->mu);
+	while (!n->stopping && pthread_cond_timedwait(&n->stop_cv, &n->mu,
+	    &ts) == 0)
+		;
+	pthread_mutex_unlock(&n->mu);
+}
+
 static void *
 watcher_main(void *arg)
 {
@@ -1161,13 +1186,14 @@ watcher_main(void *arg)
 	struct k8s_event ev;
 	char *rv = NULL, *tkey;
 	int64_t listed = 0;
+	unsigned failures = 0;
 	int rc;
 
 	thread_name("notifier-watch");
 	while (!is_stopping(n)) {
 		if (w == NULL) {
 			if (relist(n, &rv) < 0) {
-				sleep_ms(1000);
+				watcher_backoff(n, ++failures);
 				continue;
 			}
 			listed = now_mono_ms();
@@ -1178,7 +1204,7 @@ watcher_main(void *arg)
 			k8s_status_release(&st);
 			if (rc < 0) {
 				w = NULL;
-				sleep_ms(1000);
+				watcher_backoff(n, ++failures);
 				continue;
 			}
 		}
@@ -1189,13 +1215,17 @@ watcher_main(void *arg)
 			/* 410 Gone, a broken stream, or time to resync */
 			k8s_watch_free(w);
 			w = NULL;
+			/* a stream that ran a while was a success */
+			if (now_mono_ms() - listed >= WATCH_HEALTHY_MS)
+				failures = 0;
 			if (rc < 0 && rc != K8S_EGONE)
-				sleep_ms(500);
+				watcher_backoff(n, ++failures);
 			json_decref(ev.object);
 			continue;
 		}
 		if (rc == 0)
 			continue;
+		failures = 0;
 		if (ev.type == K8S_ADDED || ev.type == K8S_MODIFIED)
 			track(n, ev.object);
 		else if (ev.type == K8S_DELETED &&
@@ -1230,6 +1260,7 @@ notifier_free(struct notifier *n)
 	free(n->gh_login);
 	free(n->gl_user);
 	json_decref(n->own);
+	pthread_cond_destroy(&n->stop_cv);
 	pthread_mutex_destroy(&n->mu);
 	free(n);
 }
@@ -1256,6 +1287,7 @@ notifier_start(struct notifier **out, const struct notifier_config *cfg,
 
 	n = xcalloc(1, sizeof(*n));
 	pthread_mutex_init(&n->mu, NULL);
+	time_cond_init(&n->stop_cv);
 	n->own = json_object();
 	n->c = *cfg;
 	if (n->c.store == NULL) {
@@ -1330,6 +1362,7 @@ notifier_stop(struct notifier *n)
 		return;
 	pthread_mutex_lock(&n->mu);
 	n->stopping = 1;
+	pthread_cond_broadcast(&n->stop_cv);
 	pthread_mutex_unlock(&n->mu);
 	if (n->q != NULL)
 		controller_queue_shutdown(n->q);

@@ -6275,6 +6275,114 @@ test_watch_backoff_reset(void **state)
 }
 
 /*
+ * breaking_ops: every watch opens (the store's own) and its stream then
+ * breaks at once, as when the API server sends an ERROR event (500) the
+ * moment a watch starts; the watches of the tasks are counted.
+ */
+static struct k8s_ops breaking_ops;
+static atomic_int task_watches;
+
+static int
+counting_watch(struct k8s_api *api, const struct k8s_resource *r,
+    const char *ns, const struct k8s_list_opts *opts,
+    struct k8s_watch **out, struct k8s_status *st)
+{
+	if (r == &K8S_AGENTTASK)
+		task_watches++;
+	return real_ops->watch(api, r, ns, opts, out, st);
+}
+
+static int
+breaking_watch_next(struct k8s_watch *w, int timeout_ms, struct k8s_event *ev,
+    struct k8s_status *st)
+{
+	(void)w;
+	(void)timeout_ms;
+	(void)ev;
+	return k8s_status_set(st, K8S_EINTERNAL, "injected: etcdserver: "
+	    "request timed out", NULL);
+}
+
+/* The store's ops become breaking_ops, the count at 0. */
+static void
+use_breaking_ops(void)
+{
+	real_ops = env.api->ops;
+	breaking_ops = *real_ops;
+	breaking_ops.watch = counting_watch;
+	breaking_ops.watch_next = breaking_watch_next;
+	task_watches = 0;
+	env.api->ops = &breaking_ops;
+}
+
+/*
+ * A watch whose stream breaks as soon as it opens is watched again after
+ * the watcher's back-off (160 to 320 ms, then doubling), as client-go's
+ * reflector backs off, not at once: in 3 s the tasks are watched 3 to 6
+ * times (at once again: thousands of watches, and as many lists and
+ * warnings). A stop during that back-off is not held up by it.
+ */
+static void
+test_watch_broken_backoff(void **state)
+{
+	struct controller *c = NULL;
+	char *cause = NULL;
+	int64_t t0, took;
+	int n;
+
+	(void)state;
+	use_breaking_ops();
+	cc.workers = 1;
+	cc.resync_ms = 3600 * 1000;
+	assert_int_equal(controller_start(&c, &cc, &cause), 0);
+	running = c;
+	sleep_ms(3000);
+	n = task_watches;
+	fprintf(stderr, "# the tasks watched %d times in 3 s\n", n);
+	assert_in_range(n, 3, 6);
+	t0 = now_mono_ms();
+	stop_running(NULL);
+	took = now_mono_ms() - t0;
+	assert_true(took < 2000);
+	env.api->ops = real_ops;
+}
+
+/*
+ * The notifier's watch of the tasks backs off too when its stream breaks
+ * the moment it opens: 250 to 500 ms, doubling up to 30 s, so in 8 s it
+ * watches (and lists) the tasks 4 to 8 times, not every 500 ms (16); a
+ * stop in the middle of a wait ends it (within 1 s, not after the 2 to
+ * 8 s it has left).
+ */
+static void
+test_notifier_broken_backoff(void **state)
+{
+	struct notifier *n = NULL;
+	struct notifier_config nc;
+	char *cause = NULL;
+	int64_t t0, took;
+	int k;
+
+	(void)state;
+	use_breaking_ops();
+	memset(&nc, 0, sizeof(nc));
+	nc.store = env.api;	/* no SCM client: tracked, never posted */
+	nc.cfg = &cfg;
+	nc.resync_ms = 3600 * 1000;
+	assert_int_equal(notifier_start(&n, &nc, &cause), 0);
+	sleep_ms(8000);
+	k = task_watches;
+	fprintf(stderr, "# the notifier watched the tasks %d times in 8 s\n",
+	    k);
+	t0 = now_mono_ms();
+	notifier_stop(n);
+	took = now_mono_ms() - t0;
+	env.api->ops = real_ops;
+	assert_in_range(k, 4, 8);
+	assert_true(took < 1000);
+}
+
+/*
  * A resync_ms of 0 is the default, 10 minutes: the task watcher lists
  * the tasks once, when its watch starts, not at every wait for an event
  * (each 250 ms: 1.5 s would see 6 more).
@@ -6779,6 +6887,8 @@ main(void)
 		cmocka_unit_test_teardown(test_controller_backoff, unlimit),
 		cmocka_unit_test_teardown(test_controller_grace, unlimit),
 		cmocka_unit_test_teardown(test_watch_backoff_reset, unlimit),
+		cmocka_unit_test_teardown(test_watch_broken_backoff, unlimit),
+		cmocka_unit_test(test_notifier_broken_backoff),
 		cmocka_unit_test_teardown(test_resync_default, unlimit),
 		cmocka_unit_test_teardown(test_status_refused_resync, unlimit),
 	};
