@@ -8,8 +8,10 @@
  */
 #include "config.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -273,21 +275,51 @@ hist_snapshot(struct series *s, const double **bounds, size_t *nbounds)
 	memcpy(&s->value, &bits, sizeof(s->value));
 }
 
+/*
+ * A sample value as the exposition format spells it: Go's ParseFloat
+ * takes "NaN", "+Inf" and "-Inf", not C's "nan", "-nan" or "inf".
+ */
+static const char *
+fmt_value(char out[32], double v)
+{
+	if (isnan(v))
+		return "NaN";
+	if (isinf(v))
+		return v > 0 ? "+Inf" : "-Inf";
+	snprintf(out, 32, "%.17g", v);
+	return out;
+}
+
+/* HELP text: a backslash and a line break escaped, as the format says. */
+static int
+render_help(struct buf *b, const struct family *f)
+{
+	const char *p;
+	int r = buf_printf(b, "# HELP %s ", f->name);
+
+	for (p = f->help; *p != '\0' && r == 0; p++)
+		r = *p == '\\' ? buf_add(b, "\\\\", 2) :
+		    *p == '\n' ? buf_add(b, "\\n", 2) :
+		    buf_add(b, p, 1);
+	return r | buf_add(b, "\n", 1);
+}
+
 static int
 render_series(struct buf *b, const struct family *f, struct series *s)
 {
 	const char *sep = s->labels[0] ? "," : "";
 	const double *bounds = f->bounds;
 	size_t i, nbounds = f->nbounds;
+	char num[32];
 	int r = 0;
 
 	if (f->type != METRIC_HISTOGRAM) {
 		double v = s->fn != NULL ? s->fn(s->arg) : s->value;
 
 		if (s->labels[0])
-			return buf_printf(b, "%s{%s} %.17g\n", f->name,
-			    s->labels, v);
-		return buf_printf(b, "%s %.17g\n", f->name, v);
+			return buf_printf(b, "%s{%s} %s\n", f->name,
+			    s->labels, fmt_value(num, v));
+		return buf_printf(b, "%s %s\n", f->name, fmt_value(num, v));
 	}
 	if (s->hist != NULL)
 		hist_snapshot(s, &bounds, &nbounds);
@@ -298,12 +330,13 @@ render_series(struct buf *b, const struct family *f, struct series *s)
 	r |= buf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", f->name,
 	    s->labels, sep, (unsigned long long)s->count);
 	if (s->labels[0]) {
-		r |= buf_printf(b, "%s_sum{%s} %.17g\n", f->name, s->labels,
-		    s->value);
+		r |= buf_printf(b, "%s_sum{%s} %s\n", f->name, s->labels,
+		    fmt_value(num, s->value));
 		r |= buf_printf(b, "%s_count{%s} %llu\n", f->name, s->labels,
 		    (unsigned long long)s->count);
 	} else {
-		r |= buf_printf(b, "%s_sum %.17g\n", f->name, s->value);
+		r |= buf_printf(b, "%s_sum %s\n", f->name,
+		    fmt_value(num, s->value));
 		r |= buf_printf(b, "%s_count %llu\n", f->name,
 		    (unsigned long long)s->count);
 	}
@@ -321,7 +354,7 @@ metrics_render(struct buf *b)
 	pthread_mutex_lock(&lock);
 	for (f = families; f != NULL && r == 0; f = f->next) {
 		if (f->help[0])
-			r |= buf_printf(b, "# HELP %s %s\n", f->name, f->help);
+			r |= render_help(b, f);
 		r |= buf_printf(b, "# TYPE %s %s\n", f->name,
 		    type_name(f->type));
 		for (s = f->series; s != NULL && r == 0; s = s->next)

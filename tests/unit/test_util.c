@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <math.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -423,6 +424,58 @@ metrics_text(void **state)
 		assert_string_equal(e, "a\\\"b\\\\c\\nd");
 		free(e);
 	}
+	metrics_reset();
+}
+
+static double
+value_of(void *arg)
+{
+	return *(double *)arg;
+}
+
+/*
+ * Values C would print as "nan", "-nan" or "inf" are written as the
+ * format (Go's ParseFloat) spells them, in a sample and a histogram's
+ * _sum; a HELP text's backslash and line break are escaped (a raw line
+ * break would start a line that is no sample).
+ */
+static void
+metrics_special_values(void **state)
+{
+	static double nan_v, neg_nan, inf, ninf;
+	struct buf b;
+
+	(void)state;
+	nan_v = NAN;
+	neg_nan = -NAN;
+	inf = INFINITY;
+	ninf = -INFINITY;
+	metrics_reset();
+	metrics_describe("t_g", METRIC_GAUGE, "Line one\nC:\\path.");
+	metrics_gauge_fn("t_g", "k=\"1\"", value_of, &nan_v);
+	metrics_gauge_fn("t_g", "k=\"2\"", value_of, &neg_nan);
+	metrics_gauge_fn("t_g", "k=\"3\"", value_of, &inf);
+	metrics_gauge_fn("t_g", "k=\"4\"", value_of, &ninf);
+	metrics_describe("t_plain", METRIC_GAUGE, "Plain.");
+	metrics_set("t_plain", "", INFINITY);
+	metrics_describe("t_h", METRIC_HISTOGRAM, "H.");
+	metrics_observe("t_h", "", INFINITY);
+	metrics_observe("t_h", "a=\"b\"", -INFINITY);
+	buf_init(&b, 1 << 20);
+	assert_int_equal(metrics_render(&b), 0);
+	assert_non_null(strstr(b.data,
+	    "# HELP t_g Line one\\nC:\\\\path.\n# TYPE t_g gauge\n"));
+	assert_non_null(strstr(b.data, "t_g{k=\"1\"} NaN\n"));
+	assert_non_null(strstr(b.data, "t_g{k=\"2\"} NaN\n"));
+	assert_non_null(strstr(b.data, "t_g{k=\"3\"} +Inf\n"));
+	assert_non_null(strstr(b.data, "t_g{k=\"4\"} -Inf\n"));
+	assert_non_null(strstr(b.data, "\nt_plain +Inf\n"));
+	assert_non_null(strstr(b.data, "\nt_h_sum +Inf\n"));
+	assert_non_null(strstr(b.data, "\nt_h_sum{a=\"b\"} -Inf\n"));
+	assert_null(strstr(b.data, "nan"));
+	assert_null(strstr(b.data, " inf"));
+	assert_null(strstr(b.data, "\nC:"));
+	buf_release(&b);
 	metrics_reset();
 }
 
@@ -2146,6 +2199,7 @@ main(void)
 		cmocka_unit_test(wipe_and_random),
 		cmocka_unit_test(hmac_vectors),
 		cmocka_unit_test(metrics_text),
+		cmocka_unit_test(metrics_special_values),
 		cmocka_unit_test(metrics_buckets),
 		cmocka_unit_test(metrics_families),
 		cmocka_unit_test(metrics_bounds),
