@@ -1400,9 +1400,15 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 			if (at.hd.retry_after_ms >= 0)
 				wait = at.hd.retry_after_ms;
 			else if (at.hd.rl_reset > 0 &&
-			    (at.hd.rl_remaining == 0 || !secondary))
+			    (at.hd.rl_remaining == 0 ||
+			    h->provider == SCM_GITLAB)) {
+				/*
+				 * GitLab's reset is the met limit's (a minute
+				 * at most); GitHub's with budget left is the
+				 * primary window's, up to an hour away
+				 */
 				wait = reset_wait_ms(at.hd.rl_reset);
-			else if (secondary)
+			} else if (secondary)
 				wait = SECONDARY_WAIT_MS;
 			else
 				wait = backoff_ms(rl_tries);

@@ -2779,6 +2779,22 @@ ratelimit_waits(void **state)
 	assert_int_equal(c->ops->whoami(c, &login, &id, &cause), SCM_OK);
 	assert_int_equal(nrecs(), 2);
 	free(login);
+	login = NULL;
+
+	/*
+	 * Nor one with budget left: GitHub sends its x-ratelimit-* on every
+	 * reply, and that reset is the primary window's, up to an hour
+	 * away; waiting for it held the token an hour
+	 */
+	srv_reset();
+	reset = xasprintf("x-ratelimit-reset: %" PRId64, now_unix() + 3600);
+	push(429, "{\"message\":\"slow down\"}", "x-ratelimit-remaining: 4990",
+	    reset, NULL);
+	free(reset);
+	push(200, "{\"login\":\"diverge-bot\",\"id\":42}", NULL);
+	assert_int_equal(c->ops->whoami(c, &login, &id, &cause), SCM_OK);
+	assert_int_equal(nrecs(), 2);
+	free(login);
 
 	/* a 403 without rate-limit headers: refused, once */
 	srv_reset();
