@@ -11,9 +11,11 @@
  *     (x-ratelimit-reset on GitHub when x-ratelimit-remaining is 0,
  *     RateLimit-Reset on GitLab), else 60 s for a GitHub secondary limit
  *     without Retry-After, else exponential backoff with equal jitter;
- *   - the waits of one call add up to at most max_wait_ms
- *     (DIVERGE_SCM_MAX_WAIT_MS, default 30 s): when the next one would
- *     not fit, a rate-limited call returns SCM_ERATELIMITED at once and
+ *   - a call retries only while its time so far (attempts and waits)
+ *     and the next wait add up to at most max_wait_ms
+ *     (DIVERGE_SCM_MAX_WAIT_MS, default 30 s), so that it lasts at most
+ *     that and one attempt's timeout: when the next wait would not fit,
+ *     a rate-limited call returns SCM_ERATELIMITED at once and
  *     the caller requeues its work instead of holding a worker, for the
  *     time that wait ends (scm_ratelimit_reset_ms);
  *   - 404 is retried only when the request asks (retry_404: 1 s, 2 s);
@@ -1300,7 +1302,7 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 	struct attempt at;
 	CURL *c = NULL;
 	CURLcode rc = CURLE_OK;
-	int64_t waited = 0, wait, until, rl_until = 0;
+	int64_t t0 = now_mono_ms(), wait, until, rl_until = 0;
 	int tries = 0, rl_tries = 0, n404 = 0, sent, retry, rl, secondary;
 	int ret = SCM_EINTERNAL;
 
@@ -1424,8 +1426,12 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 			retry = 0;
 		if (retry && wait < 0)
 			wait = backoff_ms(tries);
-		if (retry && waited + wait > h->max_wait_ms) {
-			/* the wait does not fit: give up now, not later */
+		if (retry && now_mono_ms() - t0 + wait > h->max_wait_ms) {
+			/*
+			 * the wait does not fit: give up now, not later. The
+			 * attempts count too: a gateway answering 502 after
+			 * 29 s held a worker for minutes
+			 */
 			retry = 0;
 		}
 		/* the limit is the credential's: every call of it waits */
@@ -1480,7 +1486,6 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 		    rq->method, "path", shown, "error", what, "wait_ms", ms,
 		    NULL);
 		retry_wait(wait);
-		waited += wait;
 	}
 out:
 	hdrs_reset(&at.hd);

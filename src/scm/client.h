@@ -16,10 +16,11 @@
 
 /*
  * Tuning knob: the environment variable DIVERGE_SCM_MAX_WAIT_MS, read when
- * a client is created, bounds the time one call may spend waiting between
- * its attempts (rate limits, Retry-After, backoff); default 30000. A call
- * that would have to wait longer returns SCM_ERATELIMITED (or the error
- * of its last attempt) at once, so that the caller requeues its work.
+ * a client is created, bounds the time one call may spend before its last
+ * attempt: its attempts so far and the waits between them (rate limits,
+ * Retry-After, backoff); default 30000. A call whose next wait would end
+ * later returns SCM_ERATELIMITED (or the error of its last attempt) at
+ * once, so that the caller requeues its work.
  */
 #define SCM_MAX_WAIT_ENV	"DIVERGE_SCM_MAX_WAIT_MS"
 #define SCM_DEF_MAX_WAIT_MS	30000
