@@ -303,6 +303,27 @@ scm_json_reply(const struct scm_resp *rp, int want_object, const char *what,
 	return SCM_OK;
 }
 
+/* Parse a list's page, no fuller than per_page allows. */
+int
+scm_json_page(const struct scm_resp *rp, const char *what, json_t **out,
+    char **cause)
+{
+	json_t *j = NULL;
+	int ret = scm_json_reply(rp, 0, what, &j, cause);
+
+	if (ret != SCM_OK)
+		return ret;
+	if (json_array_size(j) > SCM_PER_PAGE) {
+		/* 200 such pages could keep millions of items */
+		*cause = xasprintf("%s: a page holds more than %d items",
+		    what, SCM_PER_PAGE);
+		json_decref(j);
+		return SCM_EINTERNAL;
+	}
+	*out = j;
+	return SCM_OK;
+}
+
 /* The page= of a Link URL's query (offset pagination), 0: none. */
 static int64_t
 link_page(const char *url)

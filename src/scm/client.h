@@ -136,6 +136,13 @@ int64_t scm_json_int(const json_t *obj, const char *key);
 int scm_json_reply(const struct scm_resp *rp, int want_object,
     const char *what, json_t **out, char **cause);
 /*
+ * Parse rp's body as one page of a list into *out: a JSON array of at
+ * most SCM_PER_PAGE items (the most per_page gives on either API);
+ * SCM_EINTERNAL with *cause otherwise. what names the call.
+ */
+int scm_json_page(const struct scm_resp *rp, const char *what, json_t **out,
+    char **cause);
+/*
  * A comment as a provider's API shows it, into *cm: its id, body and
  * created_at, and its author's id and login, as fields user.login
  * (GitHub: "user", "login"; GitLab: "author", "username").

@@ -627,8 +627,7 @@ gh_list_comments(struct scm_client *c, const struct scm_repo *repo,
 		ret = gh_call(g, repo, rpath, &rq, &rp, cause);
 		if (ret != SCM_OK)
 			goto out;
-		ret = scm_json_reply(&rp, 0, "github: list comments", &j,
-		    cause);
+		ret = scm_json_page(&rp, "github: list comments", &j, cause);
 		if (ret != SCM_OK)
 			goto out;
 		got = json_array_size(j);

@@ -279,7 +279,7 @@ gl_list_comments(struct scm_client *c, const struct scm_repo *repo,
 		    &rp, cause);
 		if (ret != SCM_OK)
 			goto out;
-		ret = scm_json_reply(&rp, 0, "gitlab: list notes", &j, cause);
+		ret = scm_json_page(&rp, "gitlab: list notes", &j, cause);
 		if (ret != SCM_OK)
 			goto out;
 		/*

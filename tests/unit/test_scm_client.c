@@ -910,12 +910,9 @@ list_check(enum scm_provider p, size_t want_items, size_t want_reqs)
 	scm_client_free(c);
 }
 
-/*
- * The list of PR 2 or MR 2 fails after want_reqs requests: its next page
- * went back to one read already.
- */
+/* The list of PR 2 or MR 2 fails after want_reqs requests, saying why. */
 static void
-list_stale(enum scm_provider p, size_t want_reqs)
+list_fails(enum scm_provider p, size_t want_reqs, const char *why)
 {
 	struct scm_client *c = p == SCM_GITHUB ?
 	    github_client(GH_TOKEN_MODE, "") : gitlab_client("/api/v4");
@@ -925,11 +922,18 @@ list_stale(enum scm_provider p, size_t want_reqs)
 
 	assert_int_equal(c->ops->list_comments(c, p == SCM_GITHUB ? &gh_repo :
 	    &gl_repo, 2, &v, &n, &cause), SCM_EINTERNAL);
-	assert_non_null(strstr(cause, "goes back to a page read already"));
+	assert_non_null(strstr(cause, why));
 	assert_null(v);
 	assert_int_equal(nrecs(), want_reqs);
 	free(cause);
 	scm_client_free(c);
+}
+
+/* Its next page went back to one read already. */
+static void
+list_stale(enum scm_provider p, size_t want_reqs)
+{
+	list_fails(p, want_reqs, "goes back to a page read already");
 }
 
 /*
@@ -942,6 +946,7 @@ pages_gitlab_stripped(void **state)
 {
 	char *full = items_json(SCM_GITLAB, 1, 100);
 	char *one = items_json(SCM_GITLAB, 101, 1);
+	char *over = items_json(SCM_GITLAB, 1, 101);
 
 	(void)state;
 	/* no X-Total: X-Next-Page alone leads */
@@ -974,6 +979,15 @@ pages_gitlab_stripped(void **state)
 	push(200, full, "x-next-page: 2", NULL);
 	push(200, full, "x-next-page: 1", NULL);
 	list_stale(SCM_GITLAB, 2);
+	/*
+	 * A page fuller than per_page allows (GitLab gives 100 at most):
+	 * refused, or 200 pages could keep millions of notes (an 8 MiB
+	 * reply of {} items holds 2.8 million)
+	 */
+	srv_reset();
+	push(200, over, "x-next-page: ", NULL);
+	list_fails(SCM_GITLAB, 1, "list notes: a page holds more than 100 "
+	    "items");
 	/* neither: the next page while one comes back full */
 	srv_reset();
 	push(200, full, NULL);
@@ -986,6 +1000,7 @@ pages_gitlab_stripped(void **state)
 	list_check(SCM_GITLAB, 100, 2);
 	free(full);
 	free(one);
+	free(over);
 }
 
 #define GH_LIST	"/repos/octocat/Hello-World/issues/2/comments"
@@ -1019,6 +1034,7 @@ pages_github_stripped(void **state)
 	char *p2 = items_json(SCM_GITHUB, 101, 100);
 	char *p3 = items_json(SCM_GITHUB, 201, 50);
 	char *short2 = items_json(SCM_GITHUB, 101, 50);
+	char *over = items_json(SCM_GITHUB, 1, 101);
 	char *reset = NULL, *cause = NULL;
 	struct scm_client *c;
 	struct scm_comment *v = NULL;
@@ -1072,6 +1088,12 @@ pages_github_stripped(void **state)
 	push(200, p2, "Link: <{base}" GH_LIST "?per_page=100&after=x>; "
 	    "rel=\"next\"", NULL);
 	list_stale(SCM_GITHUB, 2);
+	/* a page fuller than per_page allows: refused, as on GitLab */
+	srv_reset();
+	push(200, over, NULL);
+	push(200, "[]", NULL);
+	list_fails(SCM_GITHUB, 1, "list comments: a page holds more than 100 "
+	    "items");
 
 	/* the page asked for goes through the rate limits as any call */
 	srv_reset();
@@ -1100,6 +1122,7 @@ pages_github_stripped(void **state)
 	free(p2);
 	free(p3);
 	free(short2);
+	free(over);
 }
 
 static void *
