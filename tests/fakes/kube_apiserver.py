@@ -2405,6 +2405,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 self.answering("closed")
                 self.log_line("closed")
                 return
+            if fault and "body" in fault:
+                # a misbehaving server's (or proxy's) answer, as given:
+                # JSON, or a string's bytes (watch event lines, say)
+                if isinstance(fault["body"], str):
+                    return self.send_bytes(int(fault["status"]),
+                                           fault["body"].encode())
+                return self.send_json(int(fault["status"]), fault["body"])
             if fault:
                 code = int(fault["status"])
                 # a real apiserver's 429 (max-in-flight, priority and

@@ -1097,6 +1097,22 @@ def t_faults(f):
           closed and f.req("GET", AT + "/tafter")[0] == 200, closed)
     st, _, b = f.req("POST", "/_fake/faults", {"count": 1}, token=None)
     check("a fault needs a status or close", st == 400, b)
+    page = {"kind": "AgentTaskList", "apiVersion": "divergedev.com/v1alpha1",
+            "metadata": {"resourceVersion": "1", "continue": "again"},
+            "items": []}
+    f.req("POST", "/_fake/faults", {"status": 200, "body": page,
+                                    "match": "continue=again"}, token=None)
+    a = f.req("GET", AT + "?limit=500&continue=again")
+    b = f.req("GET", AT + "?limit=500&continue=again")[0]
+    check("fault body: answered as given, once", a[0] == 200 and
+          a[2] == page and b == 400, (a[0], a[2], b))
+    line = '{"type":"ADDED","object":{"kind":"AgentTask"}}\n'
+    f.req("POST", "/_fake/faults", {"status": 200, "body": line,
+                                    "match": "watch=true"}, token=None)
+    st, r, got = f.req("GET", AT + "?watch=true")
+    check("fault body: a string is sent as it is", st == 200 and
+          got == json.loads(line) and
+          r.getheader("Content-Length") == str(len(line)), (st, got))
 
 
 def t_plain(g):
