@@ -47,6 +47,10 @@
  * each bounded by MAX_LIST_BODY, so a list of any length fits. A token
  * the server no longer has (410 Expired: it keeps them about five
  * minutes) starts the list again from scratch, up to LIST_RESTARTS times.
+ * Pages that cannot be one snapshot fail the list: a continue token given
+ * before (A, B, A, ...: it would never end), an item (uid) an earlier page
+ * had (the continue parameter lost on the way: the first page again), and
+ * so does a list of more than LIST_MAX_PAGES pages.
  *
  * Watches: one thread per watch drives a curl multi handle (so that
  * watch_free can wake it at once with curl_multi_wakeup), splits the
@@ -106,6 +110,7 @@
 #define MAX_LIST_BODY		(64 * MIB)	/* a page of a list */
 #define LIST_CHUNK		500		/* items a page, as client-go */
 #define LIST_RESTARTS		3		/* after an expired continue */
+#define LIST_MAX_PAGES		1000		/* 500,000 items */
 #define MAX_ERR_BODY		(1 * MIB)	/* a watch's error reply */
 #define MAX_LINE		(16 * MIB)	/* one watch event */
 #define MAX_TOKEN		(64 * 1024)
@@ -1593,6 +1598,30 @@ list_items(json_t *list)
 }
 
 /*
+ * Note the uids of page's items in seen; 1 when one was there already (a
+ * snapshot has each object once).
+ */
+static int
+page_repeats(json_t *seen, json_t *page)
+{
+	json_t *it;
+	const char *uid;
+	size_t i;
+	int dup = 0;
+
+	json_array_foreach(list_items(page), i, it) {
+		uid = k8s_meta_str(it, "uid");
+		if (uid == NULL || uid[0] == '\0')
+			continue;
+		if (json_object_get(seen, uid) != NULL)
+			dup = 1;
+		else
+			json_object_set_new(seen, uid, json_true());
+	}
+	return dup;
+}
+
+/*
  * Every page of one list, as client-go's pager reads them: *out the first
  * page (its metadata, resourceVersion included: the pages are a snapshot
  * at that version) with the items of the others appended, and metadata
@@ -1605,29 +1634,46 @@ list_pages(struct rest *rs, const struct k8s_resource *r, const char *ns,
     struct k8s_status *st)
 {
 	json_t *list = NULL, *page = NULL, *meta, *cur;
+	json_t *tokens = json_object(), *uids = json_object();
 	const char *next;
-	char *cont = NULL;
-	int ret;
+	char *cont = NULL, *msg;
+	int ret, pages = 1;
 
 	ret = list_page(rs, r, ns, opts, NULL, &list, st);
+	if (ret == 0)
+		(void)page_repeats(uids, list);
 	for (cur = list; ret == 0; cur = page) {
 		next = json_string_value(json_object_get(json_object_get(cur,
 		    "metadata"), "continue"));
 		if (next == NULL || next[0] == '\0')
 			break;
-		if (cont != NULL && strcmp(cont, next) == 0) {
+		if (json_object_get(tokens, next) != NULL) {
 			ret = k8s_status_set(st, K8S_EINTERNAL, "k8s: the "
-			    "list answer gives the same continue token again",
+			    "list answer gives a continue token it gave before",
 			    NULL);
 			break;
 		}
+		if (pages == LIST_MAX_PAGES) {
+			msg = xasprintf("k8s: the list has more than %d pages",
+			    LIST_MAX_PAGES);
+			ret = k8s_status_set(st, K8S_EINTERNAL, msg, NULL);
+			free(msg);
+			break;
+		}
+		json_object_set_new(tokens, next, json_true());
 		free(cont);
 		cont = xstrdup(next);
 		json_decref(page);
 		page = NULL;
 		ret = list_page(rs, r, ns, opts, cont, &page, st);
+		pages++;
 		if (ret == K8S_EGONE)
 			*expired = 1;
+		else if (ret == 0 && page_repeats(uids, page))
+			ret = k8s_status_set(st, K8S_EINTERNAL, "k8s: a page "
+			    "of the list repeats items of an earlier page: "
+			    "the server did not continue where it left off",
+			    NULL);
 		else if (ret == 0)
 			json_array_extend(list_items(list),
 			    list_items(page));
@@ -1645,6 +1691,8 @@ list_pages(struct rest *rs, const struct k8s_resource *r, const char *ns,
 out:
 	json_decref(page);
 	json_decref(list);
+	json_decref(tokens);
+	json_decref(uids);
 	free(cont);
 	return ret;
 }

@@ -3477,6 +3477,101 @@ list_chunks(void **state)
 	free(rv);
 }
 
+#if STORE_MODE == 3
+#define PAGES_NS "pages"
+#define PAGES_MAX 1000		/* rest.c's LIST_MAX_PAGES */
+
+/*
+ * A fault rule: the next count GETs whose target has match get a page of
+ * a secret list, with continue token cont and a secret of each uid.
+ */
+static json_t *
+page_rule(const char *match, int count, const char *cont,
+    const char *uid)
+{
+	json_t *items = json_array();
+
+	if (uid != NULL)
+		json_array_append_new(items, json_pack("{s:{s:s,s:s,s:s,s:s}}",
+		    "metadata", "name", uid, "namespace", PAGES_NS, "uid", uid,
+		    "resourceVersion", "7"));
+	return json_pack("{s:i,s:i,s:s,s:s,s:{s:s,s:s,s:{s:s,s:s},s:o}}",
+	    "status", 200, "count", count, "method", "GET", "match", match,
+	    "body", "kind", "SecretList", "apiVersion", "v1", "metadata",
+	    "resourceVersion", "7", "continue", cont, "items", items);
+}
+
+/*
+ * Give the fake the page rules (taken) and a first page with continue
+ * token cont and a secret first_uid: listing PAGES_NS's secrets must fail,
+ * for why, after requests requests.
+ */
+static void
+list_fails(json_t *rules, const char *cont, const char *first_uid,
+    const char *why, int requests)
+{
+	struct k8s_status st = { 0 };
+	json_t *l = NULL;
+	char *s;
+
+	json_array_append_new(rules, page_rule("secrets?limit=", 1, cont,
+	    first_uid));
+	s = json_dumps(rules, JSON_COMPACT);
+	json_decref(rules);
+	requests_clear();
+	fault(s);
+	free(s);
+	assert_int_equal(k8s_list(api, &K8S_SECRET, PAGES_NS, NULL, &l, &st),
+	    K8S_EINTERNAL);
+	assert_null(l);
+	assert_non_null(strstr(st.message, why));
+	k8s_status_release(&st);
+	assert_int_equal(storeenv_fake_count(&env, "GET", "/" PAGES_NS
+	    "/secrets"), requests);
+	requests_clear();
+}
+
+/*
+ * A server (or a proxy in front of it) whose pages do not make one list:
+ * continue tokens that come round again (A, B, A, ...: 202 pages before,
+ * ended only by the fake's rules running out), a page repeating the items
+ * of an earlier one (the continue parameter dropped on the way: the item
+ * came twice before), tokens without end (1013 pages before, until the
+ * rules ran out). The list fails, saying why, after the page that shows
+ * it (or PAGES_MAX), not reading pages for ever and not returning items
+ * twice.
+ */
+static void
+list_bad_pages(void **state)
+{
+	json_t *rules;
+	char match[32], cont[32];
+	int i;
+
+	(void)state;
+	rules = json_array();
+	json_array_append_new(rules, page_rule("continue=cyc-a", 100, "cyc-b",
+	    "u-2"));
+	json_array_append_new(rules, page_rule("continue=cyc-b", 100, "cyc-a",
+	    NULL));
+	list_fails(rules, "cyc-a", "u-1", "a continue token it gave before",
+	    3);
+
+	rules = json_array();
+	json_array_append_new(rules, page_rule("continue=ovl-a", 1, "",
+	    "u-1"));
+	list_fails(rules, "ovl-a", "u-1", "items of an earlier page", 2);
+
+	rules = json_array();
+	for (i = 0; i <= PAGES_MAX + 10; i++) {
+		snprintf(match, sizeof(match), "continue=t%05d", i);
+		snprintf(cont, sizeof(cont), "t%05d", i + 1);
+		json_array_append_new(rules, page_rule(match, 1, cont, NULL));
+	}
+	list_fails(rules, "t00000", NULL, "more than 1000 pages", PAGES_MAX);
+}
+#endif
+
 int
 main(void)
 {
@@ -3536,6 +3631,7 @@ main(void)
 		cmocka_unit_test(watch_keeps_closing),
 		cmocka_unit_test(watch_resume),
 		cmocka_unit_test(watch_resume_initial),
+		cmocka_unit_test(list_bad_pages),
 #endif
 	};
 
