@@ -60,8 +60,11 @@
  * pushes back on the server; if that lasts long enough for the low-speed
  * guard to fire, the stream is simply re-opened from the newest delivered
  * resourceVersion. When the server ends the stream (timeoutSeconds, a
- * proxy idle timeout, a reset) it is re-opened the same way, transparently;
- * only an ERROR event, a 410 or repeated failures end the watch. A refused
+ * proxy idle timeout, a reset) it is re-opened the same way, transparently:
+ * at once when it ran a second or moved the resourceVersion on, else after
+ * a growing wait, max_retries times in a row at most (events it had
+ * already, sent again, are not progress); only an ERROR event, a 410 or
+ * repeated failures end the watch. A refused
  * (re)connection is retried as a call is, but after the whole of its
  * Retry-After (up to WATCH_RETRY_AFTER_MAX_MS).
  *
@@ -241,7 +244,7 @@ struct rest_watch {
 	int fatal;		/* the stream itself ended the watch */
 	int fatal_err;
 	struct k8s_status fatal_st;
-	size_t nevents;
+	size_t nforward;	/* events that moved rv on */
 };
 
 int k8s_rest_watch_parse_line(const char *line, size_t len,
@@ -2133,8 +2136,8 @@ watch_line(struct rest_watch *w, const char *s, size_t len)
 	if (rvcopy != NULL) {
 		free(w->rv);
 		w->rv = rvcopy;
+		w->nforward++;
 	}
-	w->nevents++;
 	return 0;
 }
 
@@ -2228,7 +2231,7 @@ watch_connect(struct rest_watch *w, char *errbuf)
 
 	w->code = 0;
 	w->timed = 0;
-	w->nevents = 0;
+	w->nforward = 0;
 	w->retry_after_ms = -1;
 	buf_reset(&w->line);
 	buf_reset(&w->errbody);
@@ -2342,9 +2345,10 @@ watch_main(void *arg)
 			 * The stream ran and ended (timeoutSeconds, a reset
 			 * or the low-speed guard): go on from the last
 			 * resourceVersion, at once unless it keeps ending
-			 * before anything arrives.
+			 * before anything new arrives (events older than the
+			 * resume point, sent again, are no progress).
 			 */
-			if (w->nevents > 0 || now_mono_ms() - t0 >= 1000)
+			if (w->nforward > 0 || now_mono_ms() - t0 >= 1000)
 				failures = 0;
 			else if (++failures > rs->cfg.max_retries) {
 				err = rc != CURLE_OK ?

@@ -3135,32 +3135,33 @@ watch_retry_after(void **state)
 	free(ns);
 }
 
-/*
- * A server that ends every watch stream at once, before any event: the
- * client reconnects with a growing wait and, after max_retries such
- * ends in a row, gives up with an error (the caller lists again), not
- * reconnecting at once for ever.
- */
-static void
-watch_keeps_closing(void **state)
+/* A client of the fake that gives a broken watch up soon: 2 retries. */
+static struct k8s_api *
+few_retries_api(void)
 {
 	struct k8s_rest_config cfg = { .connect_timeout_ms = 2000,
 	    .timeout_ms = 10000, .max_retries = 2,
 	    .max_retry_wait_ms = 1000, .deadline_ms = 20000 };
-	struct k8s_list_opts o = { NULL, NULL, NULL };
-	struct k8s_api *a = fake_api(&cfg);
+
+	return fake_api(&cfg);
+}
+
+/*
+ * Read w, ending its streams each time when end_streams, until it fails
+ * (8 s at most): it must, saying the server keeps closing the stream.
+ */
+static void
+watch_gives_up(struct k8s_watch *w, int end_streams)
+{
 	struct k8s_status st = { 0 };
-	struct k8s_watch *w = NULL;
 	struct k8s_event ev;
-	char *ns = uniq("wkc");
 	int64_t end = now_mono_ms() + 8000;
 	int rc = 0;
 
-	(void)state;
-	assert_int_equal(k8s_watch(a, &K8S_AGENTTASK, ns, &o, &w, &st), 0);
 	while (rc >= 0 && now_mono_ms() < end) {
-		json_decref(storeenv_fake(&env, "POST", "/_fake/end_watches",
-		    "{\"mode\":\"close\"}"));
+		if (end_streams)
+			json_decref(storeenv_fake(&env, "POST",
+			    "/_fake/end_watches", "{\"mode\":\"close\"}"));
 		memset(&ev, 0, sizeof(ev));
 		rc = k8s_watch_next(w, 50, &ev, &st);
 		if (rc > 0)
@@ -3170,9 +3171,81 @@ watch_keeps_closing(void **state)
 	assert_non_null(st.message);
 	assert_non_null(strstr(st.message, "keeps closing"));
 	k8s_status_release(&st);
+}
+
+/*
+ * A server that ends every watch stream at once, before any event: the
+ * client reconnects with a growing wait and, after max_retries such
+ * ends in a row, gives up with an error (the caller lists again), not
+ * reconnecting at once for ever.
+ */
+static void
+watch_keeps_closing(void **state)
+{
+	struct k8s_list_opts o = { NULL, NULL, NULL };
+	struct k8s_api *a = few_retries_api();
+	struct k8s_status st = { 0 };
+	struct k8s_watch *w = NULL;
+	char *ns = uniq("wkc");
+
+	(void)state;
+	assert_int_equal(k8s_watch(a, &K8S_AGENTTASK, ns, &o, &w, &st), 0);
+	watch_gives_up(w, 1);
 	k8s_watch_free(w);
 	requests_clear();
 	k8s_api_free(a);
+	free(ns);
+}
+
+/*
+ * A server that answers every watch with one event the client had already
+ * (its resourceVersion older than the resume point), then ends the
+ * stream: that is no progress, and is backed off and given up as a stream
+ * that ends at once is, not re-opened at once for ever (50 watches in
+ * 53 ms before).
+ */
+static void
+watch_stale_events(void **state)
+{
+	struct k8s_list_opts o = { NULL, NULL, NULL };
+	struct k8s_api *a = few_retries_api();
+	struct k8s_status st = { 0 };
+	struct k8s_watch *w = NULL;
+	char *ns = uniq("wst"), *suffix, *match, *line, *rule;
+	json_t *t = create_task(ns, "t1"), *l = NULL, *j;
+
+	(void)state;
+	assert_int_equal(k8s_list(a, &K8S_AGENTTASK, ns, NULL, &l, &st), 0);
+	o.resource_version = k8s_meta_str(l, "resourceVersion");
+	j = json_pack("{s:s,s:{s:s,s:s,s:{s:s,s:s,s:s}}}", "type", "ADDED",
+	    "object", "apiVersion", "divergedev.com/v1alpha1", "kind",
+	    "AgentTask", "metadata", "name", "t1", "namespace", ns,
+	    "resourceVersion", "1");
+	rule = json_dumps(j, JSON_COMPACT);
+	json_decref(j);
+	line = xasprintf("%s\n", rule);
+	free(rule);
+	suffix = xasprintf("/%s/agenttasks", ns);
+	match = xasprintf("%s?watch=true", suffix);
+	j = json_pack("{s:i,s:i,s:s,s:s,s:s}", "status", 200, "count", 50,
+	    "method", "GET", "match", match, "body", line);
+	rule = json_dumps(j, JSON_COMPACT);
+	json_decref(j);
+	requests_clear();
+	fault(rule);
+	assert_int_equal(k8s_watch(a, &K8S_AGENTTASK, ns, &o, &w, &st), 0);
+	watch_gives_up(w, 0);
+	/* the first watch and max_retries more */
+	assert_int_equal(storeenv_fake_count(&env, "GET", suffix), 3);
+	k8s_watch_free(w);
+	requests_clear();
+	k8s_api_free(a);
+	json_decref(l);
+	json_decref(t);
+	free(rule);
+	free(match);
+	free(line);
+	free(suffix);
 	free(ns);
 }
 #endif
@@ -3629,6 +3702,7 @@ main(void)
 		cmocka_unit_test(retry_after_cap),
 		cmocka_unit_test(watch_retry_after),
 		cmocka_unit_test(watch_keeps_closing),
+		cmocka_unit_test(watch_stale_events),
 		cmocka_unit_test(watch_resume),
 		cmocka_unit_test(watch_resume_initial),
 		cmocka_unit_test(list_bad_pages),
