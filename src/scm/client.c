@@ -1404,8 +1404,16 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 			goto out;
 		}
 		rl = 0;
+		/*
+		 * GitHub's limits: a secondary one says so, and a 429 that
+		 * comes with GitHub's headers and budget left is one too
+		 * (its docs: without Retry-After or an exhausted budget,
+		 * wait a minute); a bare 429 is a proxy's
+		 */
 		secondary = rc == CURLE_OK && h->provider == SCM_GITHUB &&
-		    (rp->code == 403 || rp->code == 429) && is_secondary(rp);
+		    (((rp->code == 403 || rp->code == 429) &&
+		    is_secondary(rp)) || (rp->code == 429 &&
+		    at.hd.rl_remaining > 0));
 		wait = -1;
 		if (rc == CURLE_ABORTED_BY_CALLBACK) {
 			/* a stop: the entry is requeued, its next run retries */
@@ -1428,7 +1436,8 @@ scm_http_call(struct scm_http *h, const struct scm_req *rq,
 				/*
 				 * GitLab's reset is the met limit's (a minute
 				 * at most); GitHub's with budget left is the
-				 * primary window's, up to an hour away
+				 * primary window's, up to an hour away: a
+				 * secondary limit's minute instead
 				 */
 				wait = reset_wait_ms(at.hd.rl_reset);
 			} else if (secondary)
