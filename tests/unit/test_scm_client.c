@@ -2749,6 +2749,18 @@ retry_slow_replies(void **state)
 	srv_reset();
 }
 
+/* A call (rc) limited for a secondary limit's minute, after 1 request. */
+static void
+minute_limit(int rc, char **cause)
+{
+	assert_int_equal(rc, SCM_ERATELIMITED);
+	assert_int_equal(nrecs(), 1);
+	assert_in_range(scm_ratelimit_reset_ms() - now_unix_ms(), 58 * 1000,
+	    60 * 1000);
+	free(*cause);
+	*cause = NULL;
+}
+
 /*
  * GitHub's order for a limited reply: Retry-After (seconds or an HTTP
  * date, a day at most), else x-ratelimit-reset when no budget is left
@@ -2778,13 +2790,8 @@ ratelimit_waits(void **state)
 	    "Please wait a few minutes before you try again.\"}",
 	    "x-ratelimit-remaining: 4990", reset, NULL);
 	free(reset);
-	assert_int_equal(c->ops->update_comment(c, &gh_repo, 1, 5, "x",
-	    &cause), SCM_ERATELIMITED);
-	assert_int_equal(nrecs(), 1);
-	assert_in_range(scm_ratelimit_reset_ms() - now_unix_ms(), 58 * 1000,
-	    60 * 1000);
-	free(cause);
-	cause = NULL;
+	minute_limit(c->ops->update_comment(c, &gh_repo, 1, 5, "x", &cause),
+	    &cause);
 	scm_client_free(c);
 
 	/* the primary limit: not before the second after the reset (twice) */
@@ -2860,13 +2867,7 @@ ratelimit_waits(void **state)
 	    reset, NULL);
 	free(reset);
 	push(200, "{\"login\":\"diverge-bot\",\"id\":42}", NULL);
-	assert_int_equal(c->ops->whoami(c, &login, &id, &cause),
-	    SCM_ERATELIMITED);
-	assert_int_equal(nrecs(), 1);
-	assert_in_range(scm_ratelimit_reset_ms() - now_unix_ms(), 58 * 1000,
-	    60 * 1000);
-	free(cause);
-	cause = NULL;
+	minute_limit(c->ops->whoami(c, &login, &id, &cause), &cause);
 	scm_client_free(c);
 
 	/* a 403 without rate-limit headers: refused, once */
