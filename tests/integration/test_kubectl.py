@@ -155,12 +155,12 @@ class Kubectl:
         self.env.pop("KUBECONFIG", None)
         self.env["HOME"] = self.home
 
-    def argv(self, args):
+    def argv(self, args, request_timeout="20s"):
         where = ["--kubeconfig", self.kubeconfig] if self.kubeconfig else \
             ["--server", self.server.url, "--kubeconfig", os.devnull]
         return [self.exe] + where + [
             "--cache-dir", os.path.join(self.home, "cache"),
-            "--request-timeout", "20s"] + list(args)
+            "--request-timeout", request_timeout] + list(args)
 
     def run(self, *args, stdin=None, env=None, timeout=60):
         e = dict(self.env)
@@ -177,8 +177,12 @@ class Kubectl:
         return json.loads(out)
 
     def background(self, *args):
-        """Start kubectl; returns (proc, lines) filled by a thread."""
-        p = subprocess.Popen(self.argv(args), stdout=subprocess.PIPE,
+        """Start kubectl; returns (proc, lines) filled by a thread. Its
+        request timeout is 10 minutes, not 20 s: for a watch it is the
+        watch's timeoutSeconds, and the server would end the watch (and
+        kubectl get -w with it) while a loaded machine runs the steps
+        the watch must see."""
+        p = subprocess.Popen(self.argv(args, "10m"), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True,
                              env=self.env)
         lines = []
