@@ -244,6 +244,34 @@ assert_phase(const char *name, const char *phase)
 	assert_string_equal(jp(t, "status.phase"), phase);
 	json_decref(t);
 }
+static void
+assert_reason(const char *name, const char *reason)
+{
+	json_t *t = get_task(name);
+
+	assert_string_equal(jp(t, "status.reason"), reason);
+	json_decref(t);
+}
+/* A pass, and the task is in phase: the task read (to json_decref). */
+static json_t *
+pass_to(const char *name, const char *phase)
+{
+	reconcile(name);
+	assert_phase(name, phase);
+	return get_task(name);
+}
+
+/* Two passes, then the task is in phase and has no member path. */
+static void
+twice_without(const char *name, const char *phase, const char *path)
+{
+	json_t *t;
+
+	reconcile(name);
+	t = pass_to(name, phase);
+	assert_null(jget(t, path));
+	json_decref(t);
+}
 
 static const json_t *
 cond(const json_t *obj, const char *type)
@@ -298,6 +326,15 @@ play(const char *name, const char *ready, const char *reason, int gen_delta,
 {
 	play_msg(name, ready, reason, "played", gen_delta, ip, suspended,
 	    ltt);
+}
+/* The Sandbox Suspended as play says, then a pass: the task in phase. */
+static void
+played(const char *name, const char *ready, const char *reason,
+    const char *ip, const char *phase)
+{
+	play(name, ready, reason, 0, ip, 1, 0);
+	reconcile(name);
+	assert_phase(name, phase);
 }
 
 static void
@@ -537,6 +574,18 @@ task_token_id(const char *name)
 	return id;
 }
 
+/* A pass takes name to Provisioning with a new live token, not old_id. */
+static void
+assert_minted_anew(const char *name, const char *old_id)
+{
+	json_t *t = pass_to(name, "Provisioning");
+
+	assert_non_null(jp(t, "status.tokenId"));
+	assert_string_not_equal(jp(t, "status.tokenId"), old_id);
+	assert_index(jp(t, "status.tokenId"), "active");
+	json_decref(t);
+}
+
 /*
  * The task's Sandbox has operatingMode mode and records token_id (when
  * not NULL) as the token its pod was started with.
@@ -594,18 +643,22 @@ assert_sandbox_rolled(const char *name, const char *old_id)
 
 /* ------------------------------------------------------------- tests */
 
-/* (new) -> Pending, nothing else written. */
+/* (new) -> Pending, nothing else written, and a pass again at once. */
 static void
 test_new_pending(void **state)
 {
-	char *name = new_task(NULL, NULL);
+	char *name = new_task(NULL, NULL), *cause = NULL;
 	uint64_t w0 = writes();
+	int64_t requeue = -1;
 	json_t *t;
 	char *sname = xasprintf("%s-token", name);
 
 	(void)state;
-	reconcile(name);
+	assert_int_equal(controller_reconcile(&cc, NS, name, &requeue, NULL,
+	    &cause), 0);
 	assert_int_equal(writes() - w0, 1);
+	/* the next pass, which provisions it, at once */
+	assert_int_equal(requeue, 0);
 	t = get_task(name);
 	assert_string_equal(jp(t, "status.phase"), "Pending");
 	assert_int_equal(json_integer_value(jget(t,
@@ -1137,6 +1190,49 @@ test_pause_resume(void **state)
 }
 
 /*
+ * Pausing ends when the Sandbox has stopped: Suspended, not Ready, its
+ * Ready reason SandboxSuspended, and its Suspended condition True (its
+ * podIPs may lag) or no pod IP left. A Ready Sandbox still runs.
+ */
+static void
+test_pausing_until_stopped(void **state)
+{
+	char *name = active();
+
+	(void)state;
+	set_suspended(name, 1);
+	reconcile(name);
+	assert_phase(name, "Pausing");
+	assert_reason(name, "Suspending");
+	/* Ready: it still runs */
+	played(name, "True", "SandboxSuspended", NULL, "Pausing");
+	/* Suspended, its podIPs not cleared yet: stopped */
+	played(name, "False", "SandboxSuspended", "10.0.0.7", "Paused");
+	free(name);
+}
+
+/*
+ * A resume finds no token index (deleted meanwhile): its Secret's old
+ * token is not live, and a new one is minted, the index made again.
+ */
+static void
+test_resume_index_lost(void **state)
+{
+	struct k8s_status st = { 0 };
+	char *name = active(), *old_id = task_token_id(name);
+
+	(void)state;
+	pause_task(name);
+	assert_int_equal(k8s_delete(env.api, &K8S_SECRET, NS,
+	    METER_INDEX_SECRET, NULL, &st), 0);
+	k8s_status_release(&st);
+	set_suspended(name, 0);
+	assert_minted_anew(name, old_id);
+	free(old_id);
+	free(name);
+}
+
+/*
  * Resumed before the Sandbox stopped (Pausing -> Provisioning): the pod
  * that may still run holds the token the pause revoked, so the Sandbox
  * stays Suspended until it is gone and only then runs, with the new one.
@@ -1543,6 +1639,35 @@ assert_token_extended(const char *name, const char *old_id,
 }
 
 /*
+ * A token id in the task's Secret that the index has active for another
+ * task is not the task's live token (someone edited the Secret): a new
+ * one is minted, the other task's left alone.
+ */
+static void
+test_token_of_other_task(void **state)
+{
+	struct k8s_status st = { 0 };
+	char *a = active(), *b = active(), *ida = task_token_id(a), *text;
+	char *sname = xasprintf("%s-token", b);
+	json_t *p;
+
+	(void)state;
+	text = xasprintf("{\"metadata\":{\"annotations\":{\"divergedev.com/"
+	    "token-id\":\"%s\"}}}", ida);
+	p = json_loads(text, 0, NULL);
+	assert_int_equal(k8s_patch(env.api, &K8S_SECRET, NS, sname, 0, p,
+	    NULL, &st), 0);
+	json_decref(p);
+	assert_minted_anew(b, ida);
+	assert_index(ida, "active");
+	free(text);
+	free(sname);
+	free(ida);
+	free(b);
+	free(a);
+}
+
+/*
  * A timeout raised while the task runs, past what its token covers: the
  * token is extended in place, once; the pod is not restarted; a pause
  * revokes every token of the task.
@@ -1709,6 +1834,11 @@ test_reconciler_error(void **state)
 	json_t *t;
 
 	(void)state;
+	/* a Ready True is no error, whatever its reason says */
+	play(name, "True", "ReconcilerError", 0, "10.0.0.7", 0, now_unix() -
+	    301);
+	reconcile(name);
+	assert_phase(name, "Active");
 	play(name, "False", "ReconcilerError", 0, NULL, 0, now_unix() - 10);
 	assert_int_equal(controller_reconcile(&cc, NS, name, &requeue, NULL,
 	    &cause), 0);
@@ -1773,6 +1903,23 @@ test_timeout(void **state)
 	assert_true(json_integer_value(jget(t, "status.activeSeconds")) >=
 	    5100);
 	json_decref(t);
+	free(name);
+}
+
+/*
+ * The open live period is counted from TokenIssued's transition at every
+ * pass and written to activeSeconds only when it closes: passes of a
+ * live task do not add it twice (1000 s open, twice, is still under the
+ * 1800 s timeout).
+ */
+static void
+test_open_period_counted_once(void **state)
+{
+	char *name = active();
+
+	(void)state;
+	backdate_open_period(name, 1000);
+	twice_without(name, "Active", "status.activeSeconds");
 	free(name);
 }
 
@@ -1849,6 +1996,7 @@ test_meter_pause_two_writes(void **state)
 	t = get_task(name);
 	assert_string_equal(jp(t, "status.tokenId"), old_id);
 	assert_string_equal(jp(t, "status.reason"), "BudgetExceeded");
+	assert_string_equal(jp(t, "status.message"), "budget exceeded");
 	json_decref(t);
 	/* its second write, then a resume with a bigger budget */
 	patch_task(name, 0, "{\"spec\":{\"suspended\":true}}");
@@ -1861,6 +2009,26 @@ test_meter_pause_two_writes(void **state)
 	t = get_task(name);
 	assert_string_not_equal(jp(t, "status.tokenId"), old_id);
 	json_decref(t);
+	free(old_id);
+	free(name);
+}
+
+/*
+ * A resume read before any pass saw the meter's pause: the status still
+ * says TokenIssued for the token the meter revoked, and the phase is no
+ * longer live, so that token is not taken as live: a new one is minted.
+ */
+static void
+test_resume_after_meter_pause(void **state)
+{
+	char *name = active(), *old_id = task_token_id(name), *cause = NULL;
+
+	(void)state;
+	patch_status(name, "{\"status\":{\"phase\":\"Paused\",\"reason\":"
+	    "\"BudgetExceeded\",\"message\":\"budget exceeded\"}}");
+	assert_int_equal(meter_revoke_token(meter, NS, old_id, &cause), 0);
+	patch_task(name, 0, "{\"spec\":{\"budgetTokens\":10000000}}");
+	assert_minted_anew(name, old_id);
 	free(old_id);
 	free(name);
 }
@@ -2021,6 +2189,35 @@ create_text(const struct k8s_resource *r, const char *text)
 	json_decref(o);
 }
 
+/* Someone else's <name>-token Secret, with its own token. */
+static void
+foreign_token_secret(const char *name)
+{
+	char *text = xasprintf("{\"apiVersion\":\"v1\",\"kind\":"
+	    "\"Secret\",\"metadata\":{\"name\":\"%s-token\"},\"data\":{"
+	    "\"token\":\"c2VjcmV0\"}}", name);
+
+	create_text(&K8S_SECRET, text);
+	free(text);
+}
+/*
+ * Someone else's Sandbox (text, taken) of the task's name: the task,
+ * provisioned, reports the conflict.
+ */
+static void
+sandbox_conflict(char *name, char *text)
+{
+	json_t *t;
+
+	create_text(&K8S_SANDBOX, text);
+	free(text);
+	provision(name);
+	t = get_task(name);
+	assert_string_equal(jp(cond(t, "SandboxReady"), "reason"),
+	    "ChildConflict");
+	json_decref(t);
+}
+
 /*
  * A child-named object someone else made may carry the task's label but
  * no controller owner reference of the task's uid (only the label, or an
@@ -2096,14 +2293,85 @@ test_foreign_labelled(void **state)
 	    "\"labels\":{\"divergedev.com/task\":\"%s\"}},\"spec\":{"
 	    "\"podTemplate\":{\"spec\":{\"serviceAccountName\":\"admin\","
 	    "\"containers\":[]}}}}", name, name);
-	create_text(&K8S_SANDBOX, text);
-	free(text);
-	provision(name);
+	sandbox_conflict(name, text);
 	assert_sandbox_foreign(name);
-	t = get_task(name);
-	assert_string_equal(jp(cond(t, "SandboxReady"), "reason"),
-	    "ChildConflict");
+	free(name);
+}
+
+/*
+ * A controller owner reference with the task's uid but another kind is
+ * not the task's: a Sandbox of the task's name under it is a conflict,
+ * left as it was.
+ */
+static void
+test_foreign_owner_kind(void **state)
+{
+	char *name = new_task(NULL, NULL), *text;
+	json_t *t = get_task(name);
+
+	(void)state;
+	text = xasprintf("{\"apiVersion\":\"agents.x-k8s.io/v1beta1\","
+	    "\"kind\":\"Sandbox\",\"metadata\":{\"name\":\"%s\","
+	    "\"ownerReferences\":[{\"apiVersion\":\"v1\",\"kind\":"
+	    "\"ConfigMap\",\"name\":\"%s\",\"uid\":\"%s\",\"controller\":"
+	    "true}]},\"spec\":{\"podTemplate\":{\"spec\":{\"containers\":"
+	    "[]}}}}", name, name, k8s_meta_str(t, "uid"));
 	json_decref(t);
+	sandbox_conflict(name, text);
+	t = get(&K8S_SANDBOX, name);
+	assert_null(jget(t, "spec.operatingMode"));
+	assert_int_equal(k8s_meta_int(t, "generation"), 1);
+	json_decref(t);
+	free(name);
+}
+
+/*
+ * Warm-pool mode: a claim whose status names a Sandbox its claim does not
+ * control (another claim's) is not bound to it: that Sandbox gets no
+ * token and no mode, and the task does not name it.
+ */
+static void
+test_warm_pool_other_sandbox(void **state)
+{
+	struct k8s_status st = { 0 };
+	char *name;
+	json_t *claim, *sb;
+
+	(void)state;
+	cfg.sandbox.warm_pool = 2;
+	name = provisioned(NULL, NULL);
+	create_text(&K8S_SANDBOXCLAIM, "{\"apiVersion\":\"extensions.agents."
+	    "x-k8s.io/v1beta1\",\"kind\":\"SandboxClaim\",\"metadata\":{"
+	    "\"name\":\"other\"},\"spec\":{\"warmPoolRef\":{\"name\":"
+	    "\"pool\"}}}");
+	claim = get(&K8S_SANDBOXCLAIM, "other");
+	sb = json_pack("{s:s,s:s,s:{s:s,s:[{s:s,s:s,s:s,s:s,s:b}]},"
+	    "s:{s:s,s:{s:{s:[{s:s,s:s}]}}}}", "apiVersion",
+	    "agents.x-k8s.io/v1beta1", "kind", "Sandbox", "metadata", "name",
+	    "pool-other", "ownerReferences", "apiVersion",
+	    "extensions.agents.x-k8s.io/v1beta1", "kind", "SandboxClaim",
+	    "name", "other", "uid", k8s_meta_str(claim, "uid"), "controller", 1,
+	    "spec", "operatingMode", "Suspended", "podTemplate", "spec",
+	    "containers", "name", "runner", "image", "runner:1");
+	assert_int_equal(k8s_create(env.api, &K8S_SANDBOX, NS, sb, NULL, &st),
+	    0);
+	json_decref(sb);
+	json_decref(claim);
+	play("pool-other", "True", "DependenciesReady", 0, "10.0.0.9", 0, 0);
+	claim = get(&K8S_SANDBOXCLAIM, name);
+	json_object_set_new(claim, "status", json_pack("{s:{s:s}}", "sandbox",
+	    "name", "pool-other"));
+	assert_int_equal(k8s_update_status(env.api, &K8S_SANDBOXCLAIM, NS,
+	    name, claim, NULL, &st), 0);
+	json_decref(claim);
+	twice_without(name, "Provisioning", "status.sandboxName");
+	sb = get(&K8S_SANDBOX, "pool-other");
+	assert_string_equal(jp(sb, "spec.operatingMode"), "Suspended");
+	assert_null(jget(sb, "metadata.annotations"));
+	assert_null(env_value(jget(sb, "spec.podTemplate.spec.containers.0"),
+	    "DIVERGE_MACAROON_TOKEN"));
+	json_decref(sb);
+	cfg.sandbox.warm_pool = 0;
 	free(name);
 }
 
@@ -2262,6 +2530,62 @@ test_no_preview(void **state)
 	json_decref(sb);
 	free(ename);
 	free(a);
+}
+
+/*
+ * Preview disabled on a running task: the task no longer names the
+ * Environment (status and annotations), PreviewReady says so.
+ */
+static void
+test_preview_disabled_later(void **state)
+{
+	char *name = active();
+	json_t *t = get_task(name);
+
+	(void)state;
+	assert_non_null(jp(t, "status.previewUrl"));
+	assert_non_null(jp(t, "metadata.annotations.divergedev.com/"
+	    "preview-url"));
+	json_decref(t);
+	patch_task(name, 0, "{\"metadata\":{\"annotations\":{\"divergedev."
+	    "com/preview-enabled\":\"false\"}}}");
+	reconcile(name);
+	t = get_task(name);
+	assert_null(jget(t, "status.previewUrl"));
+	assert_null(jget(t, "status.previewEnvironment"));
+	assert_null(jget(t, "metadata.annotations.divergedev.com/"
+	    "preview-url"));
+	assert_null(jget(t, "metadata.annotations.divergedev.com/"
+	    "preview-environment"));
+	assert_string_equal(jp(cond(t, "PreviewReady"), "reason"),
+	    "PreviewDisabled");
+	json_decref(t);
+	free(name);
+}
+
+/*
+ * A new preview.url_template (a SIGHUP) moves the task's preview URL, in
+ * its status and its annotation, the Environment staying the same.
+ */
+static void
+test_preview_url_moved(void **state)
+{
+	char *name = active(), *was = cfg.preview.url_template, *want;
+	json_t *t;
+
+	(void)state;
+	cfg.preview.url_template = xstrdup("https://p2.example.com/{env}");
+	reconcile(name);
+	free(cfg.preview.url_template);
+	cfg.preview.url_template = was;
+	want = xasprintf("https://p2.example.com/agent-preview-%s", name);
+	t = get_task(name);
+	assert_string_equal(jp(t, "status.previewUrl"), want);
+	assert_string_equal(jp(t, "metadata.annotations.divergedev.com/"
+	    "preview-url"), want);
+	json_decref(t);
+	free(want);
+	free(name);
 }
 
 /* Created suspended: Pending -> Paused, nothing provisioned. */
@@ -2451,13 +2775,23 @@ test_paused_then_finished(void **state)
 	free(name);
 }
 
+/* Warm-pool mode: a pass, and the task runs Active in Sandbox sbname. */
+static void
+assert_active_in(const char *name, const char *sbname)
+{
+	json_t *t = pass_to(name, "Active");
+
+	assert_string_equal(jp(t, "status.sandboxName"), sbname);
+	json_decref(t);
+}
+
 /* Warm-pool mode: the claim's Sandbox is paused, and only ours. */
 static void
 test_warm_pool_pause(void **state)
 {
 	struct k8s_status st = { 0 };
 	char *name, sbname[64];
-	json_t *claim, *sb, *t;
+	json_t *claim, *sb;
 
 	(void)state;
 	cfg.sandbox.warm_pool = 2;
@@ -2486,11 +2820,7 @@ test_warm_pool_pause(void **state)
 	assert_int_equal(k8s_update_status(env.api, &K8S_SANDBOXCLAIM, NS,
 	    name, claim, NULL, &st), 0);
 	json_decref(claim);
-	reconcile(name);
-	assert_phase(name, "Active");
-	t = get_task(name);
-	assert_string_equal(jp(t, "status.sandboxName"), sbname);
-	json_decref(t);
+	assert_active_in(name, sbname);
 	set_suspended(name, 1);
 	reconcile(name);
 	assert_phase(name, "Pausing");
@@ -2505,13 +2835,13 @@ test_warm_pool_pause(void **state)
 }
 
 /*
- * Play the claim controller for a claim with env (reference/
- * agent-sandbox.md section 4): a cold start, a Sandbox named as the
- * claim, controlled by it, from the pool's template with the claim's env
- * in its first container; then Ready, and the claim binds it.
+ * Play the claim controller's cold start of a claim with env (reference/
+ * agent-sandbox.md section 4): a Sandbox named as the claim, controlled by
+ * it, from the pool's template with the claim's env in its first
+ * container, then Ready; the claim's status not yet written.
  */
 static void
-play_claim_cold(const char *name)
+play_claim_sandbox(const char *name)
 {
 	struct k8s_status st = { 0 };
 	json_t *claim = get(&K8S_SANDBOXCLAIM, name), *sb;
@@ -2533,6 +2863,18 @@ play_claim_cold(const char *name)
 	    0);
 	json_decref(sb);
 	play(name, "True", "DependenciesReady", 0, "10.0.0.5", 0, 0);
+	json_decref(claim);
+}
+
+/* ... and the claim binds it. */
+static void
+play_claim_cold(const char *name)
+{
+	struct k8s_status st = { 0 };
+	json_t *claim;
+
+	play_claim_sandbox(name);
+	claim = get(&K8S_SANDBOXCLAIM, name);
 	json_object_set_new(claim, "status", json_pack("{s:{s:s}}", "sandbox",
 	    "name", name));
 	assert_int_equal(k8s_update_status(env.api, &K8S_SANDBOXCLAIM, NS,
@@ -2676,6 +3018,41 @@ test_warm_pool_resume(void **state)
 	cfg.sandbox.warm_pool = 0;
 	free(old_tok);
 	free(old_id);
+	free(name);
+}
+
+/*
+ * Warm-pool mode: the cold-started Sandbox is named as the claim and
+ * counts as soon as it exists, before the claim's status names it.
+ */
+static void
+test_warm_pool_unbound_sandbox(void **state)
+{
+	char *name;
+
+	(void)state;
+	cfg.sandbox.warm_pool = 2;
+	name = provisioned(NULL, NULL);
+	play_claim_sandbox(name);
+	assert_active_in(name, name);
+	assert_warm_current(name);
+	cfg.sandbox.warm_pool = 0;
+	free(name);
+}
+
+/* Warm-pool mode: a claim with no Sandbox yet has nothing to stop. */
+static void
+test_warm_pool_pause_unbound(void **state)
+{
+	char *name;
+
+	(void)state;
+	cfg.sandbox.warm_pool = 2;
+	name = provisioned(NULL, NULL);
+	set_suspended(name, 1);
+	reconcile(name);
+	assert_phase(name, "Paused");
+	cfg.sandbox.warm_pool = 0;
 	free(name);
 }
 
@@ -2875,6 +3252,51 @@ test_token_extended_crash(void **state)
 		free(tok0);
 		free(name);
 	}
+}
+
+/*
+ * Only a settled token is extended: one a restart left in the Secret
+ * (its Secret lost and a new token written, the status not yet) is taken
+ * as the live one as it is, though the timeout was raised meanwhile; the
+ * pass after that settles it extends it.
+ */
+static void
+test_token_unsettled_not_extended(void **state)
+{
+	struct k8s_status st = { 0 };
+	char *name, *sname, *id;
+	json_t *t, *sec;
+
+	(void)state;
+	close_all();
+	open_all(1);
+	name = active();
+	sname = xasprintf("%s-token", name);
+	assert_int_equal(k8s_delete(env.api, &K8S_SECRET, NS, sname, NULL,
+	    &st), 0);
+	k8s_status_release(&st);
+	/* the new token and its Secret written, then the crash */
+	crash_reconcile(name, 2);
+	sec = get(&K8S_SECRET, sname);
+	assert_non_null(sec);
+	id = xstrdup(jp(sec, "metadata.annotations.divergedev.com/token-id"));
+	json_decref(sec);
+	set_timeout(name, 4 * 3600);
+	reconcile(name);
+	t = get_task(name);
+	assert_string_equal(jp(t, "status.tokenId"), id);
+	json_decref(t);
+	reconcile(name);
+	t = get_task(name);
+	assert_string_not_equal(jp(t, "status.tokenId"), id);
+	json_decref(t);
+	sec = get(&K8S_SECRET, sname);
+	assert_string_equal(jp(sec, "metadata.annotations.divergedev.com/"
+	    "token-extends"), id);
+	json_decref(sec);
+	free(id);
+	free(sname);
+	free(name);
 }
 
 /*
@@ -3762,6 +4184,42 @@ complete_task(const char *name)
 }
 
 /*
+ * A task that ends while its <task>-token Secret is someone else's (the
+ * task's own deleted, another made in its place) still shuts its
+ * Sandbox down: the Sandbox gets its shutdownTime, the Secret is left,
+ * and the task's message stays how it ended.
+ */
+static void
+test_foreign_token_secret_end(void **state)
+{
+	struct k8s_status st = { 0 };
+	char *name = active(), *sname = xasprintf("%s-token", name);
+	json_t *t, *sb, *sec;
+
+	(void)state;
+	assert_int_equal(k8s_delete(env.api, &K8S_SECRET, NS, sname, NULL,
+	    &st), 0);
+	k8s_status_release(&st);
+	foreign_token_secret(name);
+	patch_status(name, "{\"status\":{\"phase\":\"Completed\","
+	    "\"reason\":\"Succeeded\",\"message\":\"all done\"}}");
+	reconcile(name);
+	t = get_task(name);
+	sb = get(&K8S_SANDBOX, name);
+	sec = get(&K8S_SECRET, sname);
+	assert_string_equal(jp(t, "status.phase"), "Completed");
+	assert_non_null(jp(sb, "spec.shutdownTime"));
+	assert_string_equal(jp(sec, "data.token"), "c2VjcmV0");
+	/* the conflict does not hide how the task ended */
+	assert_string_equal(jp(t, "status.message"), "all done");
+	json_decref(sec);
+	json_decref(sb);
+	json_decref(t);
+	free(sname);
+	free(name);
+}
+
+/*
  * Four tasks and two slots: the first two (FIFO: creationTimestamp, then
  * name) are provisioned, the others wait, Pending with reason Queued and
  * their place, and a later one never overtakes an earlier one. A task
@@ -3867,6 +4325,36 @@ queue_admission(int mode)
 	q[0] = provision(new_task_named(xasprintf("q5"), NULL, NULL));
 	for (i = 0; i <= 4; i++)
 		free(q[i]);
+}
+
+/*
+ * With a limit, a pass whose read of the task is older than what the
+ * slot cache knows (a watch event ahead of it) decides nothing on it:
+ * it reads again, and while the cache stays ahead the task is not
+ * admitted (a conflict).
+ */
+static void
+test_queue_stale_read(void **state)
+{
+	char *name, *cause = NULL;
+	json_t *t;
+
+	(void)state;
+	assert_int_equal(open_limited(1, 2), 0);
+	name = new_task(NULL, NULL);
+	reconcile(name);
+	t = get_task(name);
+	json_object_set_new(json_object_get(t, "metadata"), "resourceVersion",
+	    json_string("999999999"));
+	assert_int_equal(controller_slots_observe(controller_slots_of(
+	    env.api), t, 0), 1);
+	json_decref(t);
+	assert_int_equal(controller_reconcile(&cc, NS, name, NULL, NULL,
+	    &cause), K8S_ECONFLICT);
+	free(cause);
+	assert_phase(name, "Pending");
+	assert_no_children(name);
+	free(name);
 }
 
 /*
@@ -4234,6 +4722,41 @@ refuse_calls(const char *method, const char *match, int status, int count,
 	json_decref(j);
 	json_decref(rule);
 	free(text);
+}
+
+/*
+ * Someone else's <task>-token Secret made after the pass looked (here: a
+ * read that missed it) is found when the new token is written: a
+ * conflict, and the token minted for it revoked, since no Secret of the
+ * task holds it.
+ */
+static void
+test_foreign_token_secret_late(void **state)
+{
+	char *name, *path;
+	json_t *t;
+
+	(void)state;
+	if (reopen_store(3) < 0)
+		return;
+	name = new_task(NULL, NULL);
+	reconcile(name);
+	foreign_token_secret(name);
+	path = xasprintf("/secrets/%s-token", name);
+	refuse_calls("GET", path, 404, 1, NULL);
+	free(path);
+	reconcile(name);
+	assert_phase(name, "Provisioning");
+	t = get_task(name);
+	assert_string_equal(jp(cond(t, "TokenIssued"), "reason"),
+	    "ChildConflict");
+	assert_null(jp(t, "status.tokenId"));
+	json_decref(t);
+	assert_int_equal(index_active_tokens(name), 0);
+	assert_null(get(&K8S_SANDBOX, name));
+	free(name);
+	close_all();
+	open_all(1);
 }
 
 /* The next count Sandbox requests of method are answered status. */
@@ -6779,6 +7302,20 @@ test_rest_token_extended(void **state)
 	open_all(1);
 }
 
+/* Whether name is one of the comma-separated list. */
+static int
+name_listed(const char *list, const char *name)
+{
+	size_t n = strlen(name);
+	const char *p;
+
+	for (p = list; (p = strstr(p, name)) != NULL; p += n)
+		if ((p == list || p[-1] == ',') && (p[n] == ',' ||
+		    p[n] == '\0'))
+			return 1;
+	return 0;
+}
+
 int
 main(void)
 {
@@ -6797,6 +7334,8 @@ main(void)
 		cmocka_unit_test(test_active_needs_current_generation),
 		cmocka_unit_test(test_active_not_on_replaced_generation),
 		cmocka_unit_test(test_pause_resume),
+		cmocka_unit_test(test_pausing_until_stopped),
+		cmocka_unit_test(test_resume_index_lost),
 		cmocka_unit_test(test_resume_before_stopped),
 		cmocka_unit_test(test_sandbox_write_order),
 		cmocka_unit_test(test_rest_sandbox_write_order),
@@ -6805,35 +7344,48 @@ main(void)
 		cmocka_unit_test(test_warm_pool_write_order),
 		cmocka_unit_test(test_annotations_keep_phase),
 		cmocka_unit_test(test_token_replaced_revoked),
+		cmocka_unit_test(test_token_of_other_task),
 		cmocka_unit_test(test_token_extended),
 		cmocka_unit_test(test_token_extended_lost),
 		cmocka_unit_test(test_pod_failed),
 		cmocka_unit_test(test_rerun_after_pod_failed),
 		cmocka_unit_test(test_reconciler_error),
 		cmocka_unit_test(test_timeout),
+		cmocka_unit_test(test_open_period_counted_once),
 		cmocka_unit_test(test_timeout_pausing),
 		cmocka_unit_test(test_timeout_requeue),
 		cmocka_unit_test(test_completed),
 		cmocka_unit_test(test_meter_429),
 		cmocka_unit_test(test_meter_pause_two_writes),
+		cmocka_unit_test(test_resume_after_meter_pause),
 		cmocka_unit_test(test_conflict),
 		cmocka_unit_test(test_foreign_token_secret),
 		cmocka_unit_test(test_foreign_labelled),
 		cmocka_unit_test(test_foreign_environment),
+		cmocka_unit_test(test_foreign_owner_kind),
+		cmocka_unit_test_teardown(test_warm_pool_other_sandbox,
+		    warm_off),
 		cmocka_unit_test(test_long_name),
 		cmocka_unit_test(test_sandbox_long_message),
 		cmocka_unit_test(test_no_preview),
+		cmocka_unit_test(test_preview_disabled_later),
+		cmocka_unit_test(test_preview_url_moved),
 		cmocka_unit_test(test_created_suspended),
 		cmocka_unit_test(test_warm_pool),
 		cmocka_unit_test(test_warm_pool_pause),
 		cmocka_unit_test_teardown(test_warm_pool_resume, warm_off),
 		cmocka_unit_test_teardown(test_warm_pool_roll, warm_off),
+		cmocka_unit_test_teardown(test_warm_pool_unbound_sandbox,
+		    warm_off),
+		cmocka_unit_test_teardown(test_warm_pool_pause_unbound,
+		    warm_off),
 		cmocka_unit_test(test_pr_closed),
 		cmocka_unit_test(test_paused_then_finished),
 		cmocka_unit_test(test_netpol_disabled),
 		cmocka_unit_test(test_netpol_apiserver),
 		cmocka_unit_test(test_crash_recovery),
 		cmocka_unit_test(test_token_extended_crash),
+		cmocka_unit_test(test_token_unsettled_not_extended),
 		cmocka_unit_test_teardown(test_warm_pool_resume_crash,
 		    warm_off),
 		cmocka_unit_test(test_rest_pause_resume),
@@ -6850,6 +7402,8 @@ main(void)
 		cmocka_unit_test_teardown(test_watch_resume_newest,
 		    stop_running),
 		cmocka_unit_test(test_dump),
+		cmocka_unit_test(test_foreign_token_secret_late),
+		cmocka_unit_test(test_foreign_token_secret_end),
 		cmocka_unit_test_teardown(test_stalled_task_fails, unlimit),
 		cmocka_unit_test_teardown(test_stalled_suspended, unlimit),
 		cmocka_unit_test_teardown(test_stalled_token_index, unlimit),
@@ -6864,6 +7418,7 @@ main(void)
 		cmocka_unit_test_teardown(test_ttl_after_finished, no_ttl),
 		cmocka_unit_test_teardown(test_queue_admission, unlimit),
 		cmocka_unit_test_teardown(test_queue_age, unlimit),
+		cmocka_unit_test_teardown(test_queue_stale_read, unlimit),
 		cmocka_unit_test_teardown(test_queue_timeout_rerun, unlimit),
 		cmocka_unit_test_teardown(test_queue_race, unlimit),
 		cmocka_unit_test_teardown(test_queue_admitted_counts, unlimit),
@@ -6893,8 +7448,16 @@ main(void)
 		cmocka_unit_test_teardown(test_status_refused_resync, unlimit),
 	};
 
+	struct CMUnitTest run[sizeof(tests) / sizeof(tests[0])];
+	const char *skip = getenv("TEST_SKIP");
+	size_t i, n = 0;
+
 	if (getenv("TEST_FILTER") != NULL)
 		cmocka_set_test_filter(getenv("TEST_FILTER"));
-	return cmocka_run_group_tests_name("reconciler", tests, setup,
+	/* TEST_SKIP: a comma-separated list of test names not to run */
+	for (i = 0; i < sizeof(tests) / sizeof(tests[0]); i++)
+		if (skip == NULL || !name_listed(skip, tests[i].name))
+			run[n++] = tests[i];
+	return _cmocka_run_group_tests("reconciler", run, n, setup,
 	    teardown);
 }
