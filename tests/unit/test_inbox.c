@@ -371,7 +371,8 @@ legacy_row(void **state)
 	counter_init(&c);
 	c.record = 1;
 	ib = open_started(path, &c, 100, 3, 3600);
-	assert_int_equal(inbox_depth(ib), 1);
+	/* the workers may have taken it already: their call is the proof */
+	assert_in_range(inbox_depth(ib), 0, 1);
 	assert_int_equal(wait_calls(&c, 1, 5000), 1);
 	assert_int_equal(inbox_put(ib, "github:new", "github", EV),
 	    INBOX_STORED);
