@@ -3596,6 +3596,18 @@ test_queue_ring(void **state)
 	controller_queue_free(q);
 }
 
+/* The next key of q, within ms: want; done with it. */
+static void
+take_key(struct controller_queue *q, int64_t ms, const char *want)
+{
+	char *got = controller_queue_get(q, ms);
+
+	assert_non_null(got);
+	assert_string_equal(got, want);
+	controller_queue_done(q, got);
+	free(got);
+}
+
 /*
  * A delay of 0 is none; of two delays for one key the sooner wins,
  * whichever was asked first, and the key comes once, not again at the
@@ -3611,26 +3623,15 @@ test_queue_delays(void **state)
 	(void)state;
 	controller_queue_add_after(q, "ns/now", 0);
 	assert_int_equal(controller_queue_len(q), 1);
-	got = controller_queue_get(q, 0);
-	assert_string_equal(got, "ns/now");
-	controller_queue_done(q, got);
-	free(got);
+	take_key(q, 0, "ns/now");
 
 	controller_queue_add_after(q, "ns/d", 60000);
 	controller_queue_add_after(q, "ns/d", 50);
-	got = controller_queue_get(q, 3000);
-	assert_non_null(got);
-	assert_string_equal(got, "ns/d");
-	controller_queue_done(q, got);
-	free(got);
+	take_key(q, 3000, "ns/d");
 
 	controller_queue_add_after(q, "ns/e", 50);
 	controller_queue_add_after(q, "ns/e", 500);
-	got = controller_queue_get(q, 3000);
-	assert_non_null(got);
-	assert_string_equal(got, "ns/e");
-	controller_queue_done(q, got);
-	free(got);
+	take_key(q, 3000, "ns/e");
 	assert_null(controller_queue_get(q, 1500));
 
 	/* (the get would end after 30 s; 15 s is a loaded machine's slack) */
@@ -3749,18 +3750,10 @@ test_queue_rate_limited(void **state)
 	assert_true(controller_backoff_ms(8, 0) >= 320);
 	/* 5 ms for each, due long before the get's end */
 	controller_queue_add_rate_limited(q, "ns/g");
-	got = controller_queue_get(q, 250);
-	assert_non_null(got);
-	assert_string_equal(got, "ns/g");
-	controller_queue_done(q, got);
-	free(got);
+	take_key(q, 250, "ns/g");
 	controller_queue_forget(q, "ns/f");
 	controller_queue_add_rate_limited(q, "ns/f");
-	got = controller_queue_get(q, 250);
-	assert_non_null(got);
-	assert_string_equal(got, "ns/f");
-	controller_queue_done(q, got);
-	free(got);
+	take_key(q, 250, "ns/f");
 	controller_queue_free(q);
 }
 
